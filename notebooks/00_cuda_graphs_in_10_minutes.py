@@ -1,0 +1,473 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # CUDA graphs in 10 minutes
+#
+# This first notebook covers what a CUDA graph is, what it freezes, and how it breaks. It ends
+# with a real decode step captured and replayed by `refimpl`'s `GraphRunner`, in the way SGLang's
+# `CudaGraphRunner` does it. Every claim on this page is checked by an `assert` in the cell that
+# shows it. If a claim stops being true, the notebook fails.
+#
+# ## 1. Framing
+#
+# A **CUDA graph** is a recording of GPU work. You run a step once while the stream is in
+# *capture* mode. The kernels it launches are stored instead of being executed one by one.
+# After that, `graph.replay()` launches the whole recording with a single call.
+#
+# **Why serving engines use it.** A decode step for a small batch is made of hundreds of tiny
+# kernels (norms, projections, attention, and so on for every layer). Each launch costs several
+# microseconds of CPU-side Python and driver work. At batch size 1 to 32 that overhead can take
+# longer than the math itself. Replaying a graph removes it. This is why SGLang, vLLM and
+# TensorRT-LLM capture one graph per batch size for decode (and for speculative verify / draft
+# steps), and run prefill eagerly.
+#
+# **The contract.** You get that speed-up only if you keep these rules:
+#
+# * **Capture once, replay many.** The step runs under capture one time; every later call is
+#   `replay()`.
+# * **Static buffers.** Replay reads and writes the *same memory* it saw at capture. New inputs
+#   must be **copied into** the captured tensors (`copy_`), and outputs come back in the same
+#   tensors every time.
+# * **No host syncs.** Nothing may read a GPU value on the CPU during capture: no `.item()`,
+#   `if tensor:`, `.tolist()`, `nonzero`...
+# * **Python is frozen.** Scalars, shapes, slice lengths and branches stay as they were at
+#   capture; no Python of the step runs at replay.
+#
+# **No GPU? No problem.** `refimpl` ships a CPU emulator of CUDA graphs
+# (`refimpl/graphs/emulator.py`). It records the tensor ops of a step with a
+# `TorchDispatchMode` and re-executes them on the captured tensors, with the same contract and
+# the same errors. `make_engine("auto")` picks the real `torch.cuda.CUDAGraph` engine when a GPU
+# is present and the emulator otherwise. Sections 2–4 use the emulator explicitly so the page is
+# the same everywhere. Section 5 runs the same program on a GPU.
+
+# %%
+import time
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import torch
+
+from refimpl import ForwardMode, GraphConfig, ModelConfig
+from refimpl.backends.torch_native import TorchNativeBackend
+from refimpl.batch import World
+from refimpl.batchgen import BatchGenerator
+from refimpl.check import CheckSettings, run_checks
+from refimpl.graphs import GraphCaptureError, make_engine
+from refimpl.graphs.runner import GraphRunner
+from refimpl.model import TinyDecoder
+
+NOTEBOOK_T0 = time.perf_counter()
+torch.manual_seed(0)
+
+auto = make_engine("auto")
+print("make_engine('auto') ->", auto.name, "on", auto.device)
+assert auto.name == ("cuda" if torch.cuda.is_available() else "cpu-emulator")
+
+emu = make_engine("cpu-emulator")  # sections 2-4: the emulator, on every machine
+print("sections 2-4 use    ->", emu.name)
+
+# %% [markdown]
+# ## 2. Capture once, replay many
+#
+# Below is a tiny "step": `y = sin(x @ w) * 2 + 1`. Its input `x` is a **static buffer**: a
+# tensor we allocate once and keep. The step also counts how many times its Python body runs.
+
+# %%
+def program(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The step we capture (reused on the GPU in section 5)."""
+    return torch.sin(x @ w) * 2 + 1
+
+
+static_x = torch.zeros(2, 3)  # the static input buffer: allocated once, never replaced
+w = torch.randn(3, 4)
+python_calls = 0
+
+
+def step():
+    global python_calls
+    python_calls += 1
+    return program(static_x, w)
+
+
+graph = emu.new_graph()
+static_y = graph.capture(step)  # runs step() once, under the recorder
+y_ptr = static_y.data_ptr()
+print("after capture: Python body ran", python_calls, "time(s)")
+assert python_calls == 1
+
+# %% [markdown]
+# To feed new data we **copy it into the static input** and replay. The output appears in the
+# *same* tensor `static_y` (same address) each time, and the Python body never runs again.
+
+# %%
+for _ in range(3):
+    new_x = torch.randn(2, 3)
+    static_x.copy_(new_x)  # copy INTO the captured buffer (never `static_x = new_x`)
+    graph.replay()
+    assert torch.equal(static_y, program(new_x, w)), "replay recomputes the step on new data"
+    assert static_y.data_ptr() == y_ptr, "the output lives at the captured address"
+
+print("3 replays done; Python body ran", python_calls, "time(s) in total")
+assert python_calls == 1
+
+# %% [markdown]
+# The graph can be inspected. `ops()` lists everything that was recorded. `kernels()` counts the
+# ops that launch work at replay; views and allocations launch nothing, so they are left out.
+
+# %%
+print("ops:    ", graph.ops())
+print("kernels:", dict(graph.kernels()))
+assert graph.kernels() == {"aten.mm.default": 1, "aten.sin.default": 1,
+                           "aten.mul.Tensor": 1, "aten.add.Tensor": 1}
+
+# %% [markdown]
+# ## 3. What is frozen
+#
+# Anything Python decides during capture is fixed for good. Here is a step that sums "the valid
+# entries" of a buffer. The count is a plain Python `int`, the way a backend might keep
+# `self.max_seq_len`. It is 3 at capture. Later the batch has 5 valid entries and we update the
+# Python value, but replay still sums 3. This is how the old TRT-LLM `max_seq_len` bug worked: a
+# Python bound baked in at capture silently truncates longer sequences at replay.
+
+# %%
+vals = torch.zeros(8)
+knobs = {"n_valid": 3, "scale": 1.0}  # plain Python values read by the step
+
+g_frozen = emu.new_graph()
+total = g_frozen.capture(lambda: vals[: knobs["n_valid"]].sum() * knobs["scale"])
+
+vals.copy_(torch.tensor([1.0, 2, 3, 4, 5, 0, 0, 0]))
+knobs.update(n_valid=5, scale=10.0)  # too late: the graph already froze 3 and 1.0
+g_frozen.replay()
+
+print(f"graph says {total.item():.0f};  eager with the new knobs says "
+      f"{(vals[: knobs['n_valid']].sum() * knobs['scale']).item():.0f}")
+assert total.item() == 1 + 2 + 3, "slice length 3 and scale 1.0 were frozen at capture"
+
+# %% [markdown]
+# How to fix it: anything that changes from batch to batch must be **tensor data in a static
+# buffer**, for example a `kv_indptr` that the replay hook refills. A Python value is fine only
+# as a *bound* that holds for every future batch, for example `max_kv_len = max_context_len` in
+# `TorchNativeBackend`.
+#
+# ## 4. Classic pitfalls, live
+#
+# ### 4a. Host synchronisation during capture
+# Under CUDA stream capture, reading a device value on the host is illegal. That includes
+# `.item()`, `int(t)`, `if t.any():`, `.tolist()`, `nonzero`, and boolean indexing. The emulator
+# refuses the same things and raises `GraphCaptureError`.
+
+# %%
+def capture_error(fn) -> str:
+    """Capture fn on a fresh emulator graph; return the GraphCaptureError message."""
+    g = emu.new_graph()
+    try:
+        g.capture(fn)
+    except GraphCaptureError as e:
+        assert not g.captured
+        return str(e)
+    raise AssertionError("capture should have failed")
+
+
+def uses_item():
+    n = int(static_x.abs().sum().item())  # host read of a device value
+    return static_x * n
+
+
+def data_dependent_if():
+    if (static_x > 0).any():  # bool(tensor): the branch needs the value on the host
+        return static_x + 1
+    return static_x - 1
+
+
+def uses_nonzero():
+    return static_x.nonzero()  # output shape depends on the values
+
+
+for fn in (uses_item, data_dependent_if, uses_nonzero):
+    msg = capture_error(fn)
+    print(f"{fn.__name__}:\n    GraphCaptureError: {msg}")
+    assert "host synchronisation" in msg or "data-dependent" in msg
+
+# %% [markdown]
+# ### 4b. The "stale bound buffer" bug
+# A backend keeps metadata that the captured step reads, here `meta.scale`. Between steps it
+# must update that metadata. The buggy update **rebinds the attribute to a fresh tensor**.
+# Eagerly this works fine. The graph, though, recorded the *old* tensor object, so it never
+# sees the new one. No error is raised; the answer is just wrong. The fix is to write into the
+# captured buffer with `copy_`.
+
+# %%
+class Meta:
+    def __init__(self):
+        self.scale = torch.ones(4)  # allocated once, before capture
+
+    def update_buggy(self, s):
+        self.scale = torch.full((4,), s)  # fresh tensor: invisible to the graph
+
+    def update_fixed(self, s):
+        self.scale.copy_(torch.full((4,), s))  # in place: the graph reads it
+
+
+x4 = torch.arange(4.0)
+results = {}
+for how in ("buggy", "fixed"):
+    meta = Meta()
+    g = emu.new_graph()
+    out = g.capture(lambda meta=meta: x4 * meta.scale)  # captured with scale = 1
+    getattr(meta, f"update_{how}")(3.0)
+    g.replay()
+    results[how] = out.clone()
+    print(f"{how:>5}: eager would give {(x4 * meta.scale).tolist()}, graph gives {out.tolist()}")
+
+assert torch.equal(results["buggy"], x4 * 1.0), "the rebound tensor is invisible: stale scale 1"
+assert torch.equal(results["fixed"], x4 * 3.0), "copy_ into the captured buffer is seen"
+
+# %% [markdown]
+# ## 5. The same on a GPU
+#
+# The next two cells are tagged `gpu`. They run only when CUDA is present: the test run skips
+# them on CPU, and their bodies are guarded as well. They capture `program` from section 2 with
+# the real `torch.cuda.CUDAGraph` engine and with the emulator, feed both the same new data, and
+# check that they agree. Then they show that `.item()` during *CUDA* stream capture is refused
+# with the same `GraphCaptureError`. No later cell uses anything defined here.
+
+# %% tags=["gpu"]
+if torch.cuda.is_available():
+    gpu_engine = make_engine("cuda")
+    gpu_w = w.cuda()
+    gpu_x, cpu_x = torch.zeros(2, 3, device="cuda"), torch.zeros(2, 3)
+
+    gpu_graph, cpu_graph = gpu_engine.new_graph(), emu.new_graph()
+    gpu_engine.warmup(lambda: program(gpu_x, gpu_w), 2)  # side-stream warm-up, as SGLang does
+    gpu_y = gpu_graph.capture(lambda: program(gpu_x, gpu_w))
+    cpu_y = cpu_graph.capture(lambda: program(cpu_x, w))
+
+    for _ in range(3):
+        new_x = torch.randn(2, 3)
+        gpu_x.copy_(new_x)
+        cpu_x.copy_(new_x)
+        gpu_graph.replay()
+        cpu_graph.replay()
+        torch.cuda.synchronize()
+        assert torch.allclose(gpu_y.cpu(), cpu_y, atol=1e-5), (gpu_y.cpu() - cpu_y).abs().max()
+    gpu_kernels = dict(gpu_graph.kernels())
+    print("cuda kernels:    ", gpu_kernels)
+    print("emulator kernels:", dict(cpu_graph.kernels()))
+    assert gpu_kernels == dict(cpu_graph.kernels())
+    print("CUDA graph and emulator agree on 3 replays")
+
+# %% tags=["gpu"]
+if torch.cuda.is_available():
+    gpu_bad_graph = gpu_engine.new_graph()
+    try:
+        gpu_bad_graph.capture(lambda: gpu_x * gpu_x.sum().item())
+    except GraphCaptureError as e:
+        gpu_msg = str(e)
+    else:
+        raise AssertionError(".item() during CUDA capture must raise")
+    print("GraphCaptureError:", gpu_msg)
+    assert not gpu_bad_graph.captured
+
+# %% [markdown]
+# ## 6. A real step: the graph runner
+#
+# Now for the real thing. We build:
+#
+# * a `World`, which holds the request table `req_to_token`, the token-slot allocator and the KV
+#   cache. Request row 0 and token slot 0 are reserved for padded rows. `randomize_kv` fills
+#   the cache as if every prefix had already been prefilled;
+# * a `TinyDecoder`: two layers of projections + attention. This is the program that gets
+#   captured;
+# * `TorchNativeBackend`, the "hello world" attention backend with page-size-1 CSR metadata;
+# * a `GraphRunner` for DECODE that captures graphs for batch sizes 1, 2, 4 and 8.
+#
+# `make_engine("auto")` is the emulator here and CUDA on a GPU; the whole section runs on either.
+
+# %%
+engine = make_engine("auto")
+device = engine.device
+cfg = ModelConfig()  # MHA: 2 layers, 4 query heads, 2 KV heads, fp32
+world = World.create(cfg, max_context_len=48, pool_size=24, device=device)
+world.randomize_kv(0)
+model = TinyDecoder(cfg, device)
+backend = TorchNativeBackend(world, None)
+runner = GraphRunner(model, backend, engine, ForwardMode.DECODE,
+                     GraphConfig(max_bs=8, capture_bs=(1, 2, 4, 8), max_context_len=48))
+
+records = runner.capture()  # largest first: smaller graphs reuse the bigger one's memory
+print(f"{'bs':>3} {'seconds':>8}  kernels (refimpl custom ops)")
+for r in records:
+    print(f"{r.bs:>3} {r.seconds:8.3f}  {r.kernels}")
+assert [r.bs for r in records] == [8, 4, 2, 1]
+assert all(r.kernels == {"refimpl.dense_paged_attention.default": cfg.num_layers} for r in records)
+
+# %% [markdown]
+# Each graph contains one attention kernel per layer. The attention *metadata* (`kv_indptr`,
+# `kv_indices`) is **not** in the graph: the backend's replay hook rebuilds it before each
+# replay, outside the graph, into buffers that the graph reads.
+#
+# Next, a decode batch of **3** requests. No graph has batch size 3, so the runner picks the
+# smallest captured size that fits, 4, and **pads** one row.
+
+# %%
+gen = BatchGenerator(world, None, seed=1)
+fb = gen.decode(3)
+print("live batch: req_pool_indices", fb.req_pool_indices.tolist(),
+      " seq_lens", fb.seq_lens.tolist(), " out_cache_loc", fb.out_cache_loc.tolist())
+
+res = runner.run(fb)
+print(f"used_graph={res.used_graph}  graph_bs={res.graph_bs}  logits {tuple(res.logits.shape)}")
+assert res.used_graph and res.graph_bs == 4
+assert res.logits.data_ptr() == runner.outputs[4].data_ptr(), "logits view the static output"
+graph_logits = res.logits.clone()  # clone: the next replay overwrites the static output
+
+# %% [markdown]
+# The runner's static inputs after this replay are shown below. The graph for bs 4 reads rows
+# 0–3. Rows 0–2 hold the live batch. Row 3 is padding: `seq_len` = the backend's fill value (1),
+# request row 0, cache slot 0. So the padded row attends over one reserved token and writes its
+# KV into the reserved slot 0, and its logits are thrown away.
+
+# %%
+raw_bs, bs = fb.batch_size, res.graph_bs
+fill = backend.get_cuda_graph_seq_len_fill_value()
+print(f"{'row':>3}  {'kind':<7} {'req_pool_idx':>12} {'seq_len':>8} {'out_cache_loc':>13}")
+for i in range(runner.max_bs):
+    kind = "live" if i < raw_bs else ("padded" if i < bs else "unread")
+    print(f"{i:>3}  {kind:<7} {int(runner.req_pool_indices[i]):>12} {int(runner.seq_lens[i]):>8} "
+          f"{int(runner.out_cache_loc[i]):>13}")
+
+assert fill == 1
+assert torch.equal(runner.req_pool_indices[:raw_bs], fb.req_pool_indices)
+assert torch.equal(runner.seq_lens[:raw_bs], fb.seq_lens)
+assert torch.equal(runner.out_cache_loc[:raw_bs], fb.out_cache_loc)
+assert (runner.seq_lens[raw_bs:bs] == fill).all()
+assert (runner.req_pool_indices[raw_bs:bs] == 0).all()
+assert (runner.out_cache_loc[raw_bs:bs] == 0).all()
+
+# %% [markdown]
+# **Correctness.** The replayed graph gives the same logits as running the step eagerly, where
+# Python runs, fresh metadata is built, and there is no padding.
+
+# %%
+eager_logits = runner.eager(fb)
+max_diff = (graph_logits - eager_logits).abs().max().item()
+print(f"graph vs eager: max |diff| = {max_diff:.2e}")
+assert torch.allclose(graph_logits, eager_logits, atol=1e-4)
+
+# %% [markdown]
+# **Poison check.** Padding is only safe if padded rows never write into a live request's KV.
+# We snapshot every live KV slot except the ones this batch is supposed to write. We clear the
+# reserved slot 0, replay, and compare. The live slots are unchanged, and slot 0 now holds what
+# the padded row wrote.
+
+# %%
+own = set(fb.out_cache_loc.tolist())
+guarded = torch.tensor([s for s in world.live_slots().tolist() if s not in own], device=device)
+bufs = world.kv_cache.buffers()  # k and v of every layer
+before = [b[guarded].clone() for b in bufs]
+for b in bufs:
+    b[0].zero_()  # clear the reserved slot so we can see the padded row write it
+
+runner.replay(fb)
+
+assert all(torch.equal(b[guarded], old) for b, old in zip(bufs, before)), "a live KV slot changed"
+assert all(b[0].abs().sum() > 0 for b in bufs), "the padded row writes its KV into slot 0"
+print(f"{guarded.numel()} live slots untouched; "
+      f"the padded row wrote slot 0 in all {len(bufs)} K/V buffers")
+
+# %% [markdown]
+# **Fallback.** A batch larger than the largest captured size cannot be replayed. The runner
+# runs it eagerly and reports the reason.
+
+# %%
+big = gen.decode(9)
+res_big = runner.run(big)
+print(f"used_graph={res_big.used_graph}  fallback_reason={res_big.fallback_reason!r}")
+assert not res_big.used_graph and res_big.graph_bs is None
+assert "exceeds the largest captured size 8" in res_big.fallback_reason
+assert res_big.logits.shape == (9, cfg.vocab_size)  # still served, eagerly
+
+# %% [markdown]
+# ## 7. Picture: the padded replay's static buffers
+#
+# Below is the same table as a picture. Live rows are blue, the padded row is orange, and rows
+# the bs-4 graph never reads are grey.
+
+# %%
+names = ["req_pool_indices", "seq_lens", "out_cache_loc"]
+table = torch.stack([runner.req_pool_indices, runner.seq_lens.long(), runner.out_cache_loc], 1)
+row_kind = torch.tensor([0 if i < raw_bs else 1 if i < bs else 2 for i in range(runner.max_bs)])
+colors = torch.tensor([[0.62, 0.79, 0.96], [1.0, 0.73, 0.45], [0.88, 0.88, 0.88]])
+
+fig, ax = plt.subplots(figsize=(5.2, 3.6))
+ax.imshow(colors[row_kind][:, None, :].expand(-1, len(names), -1).numpy(), aspect="auto")
+for i in range(runner.max_bs):
+    for j in range(len(names)):
+        ax.text(j, i, int(table[i, j].cpu()), ha="center", va="center", fontsize=10)
+ax.set_xticks(range(len(names)), names)
+labels = ["live", "padded", "unread"]
+ax.set_yticks(range(runner.max_bs), [f"{i} {labels[int(k)]}" for i, k in enumerate(row_kind)])
+ax.hlines([i + 0.5 for i in range(runner.max_bs - 1)], -0.5, len(names) - 0.5, colors="white")
+ax.xaxis.tick_top()
+ax.set_title(f"raw bs {raw_bs} replayed by the bs-{bs} graph (fill value {fill})",
+             fontsize=10, pad=28)
+fig.tight_layout()
+
+fig_path = Path("../figures/00_runner_padding.png")
+fig_path.parent.mkdir(parents=True, exist_ok=True)
+fig.savefig(fig_path, dpi=120, metadata={"Software": None})
+assert fig_path.exists()
+plt.show()
+
+# %% [markdown]
+# ## 8. Wrap-up: the checker
+#
+# `refimpl.check.run_checks` runs this whole section as an automated test, for every backend and
+# mode. For each raw batch size it asks three questions:
+# (a) do the capture path and the replay path leave identical graph-read state?
+# (b) does the graph replay equal eager execution, without touching another request's KV?
+# (c) does eager execution match a dense float64 oracle?
+# Here it runs on the hello-world backend, for plain decode and for speculative *target verify*
+# (N = 4 draft tokens per request).
+
+# %%
+checks = run_checks(backends=["torch_native"], modes=["decode", "target_verify"],
+                    settings=CheckSettings(raw_bs=(1, 3)))
+print(f"{'backend':<13} {'mode':<14} {'raw bs':>6}  capture=replay  graph=eager  =oracle  passed")
+for r in checks:
+    print(f"{r.backend:<13} {r.mode:<14} {r.bs:>6}  {r.capture_equals_replay!s:>14}  "
+          f"{r.graph_equals_eager!s:>11}  {r.matches_oracle!s:>7}  {r.passed}")
+    for f in r.findings:
+        print("    finding:", f)
+assert len(checks) == 4 and all(r.passed for r in checks)
+
+gen.release_all()
+print(f"notebook ran in {time.perf_counter() - NOTEBOOK_T0:.1f} s")
+
+# %% [markdown]
+# **Summary.** A graph freezes *addresses* and *Python*. Inputs therefore travel through static
+# buffers filled in place, metadata is rebuilt outside the graph into buffers the graph reads,
+# Python values may only be bounds that hold for every batch, and padded rows are sent to a
+# reserved request row and KV slot.
+#
+# **Next:**
+# * **01: forward modes and their buffers.** Decode, target verify, draft extend (v1/v2) and
+#   multi-step draft decode: how many tokens each request takes up in a graph, and which static
+#   buffers each attention backend needs.
+# * **02: two patterns.** How a backend can keep its capture and replay paths in agreement:
+#   "capture = replay body + freeze views" (Pattern A, as in `TorchNativeBackend`) versus
+#   "prepare graph-bound objects, then replay" (Pattern B), and the drift that follows when the
+#   two paths are written separately (Pattern C).

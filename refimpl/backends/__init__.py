@@ -1,0 +1,67 @@
+"""Backend registry: every (backend, variant) the checker and the notebooks can build.
+
+Heavy or hardware-bound backends register with an ``unavailable()`` probe that returns a reason
+string when they cannot run on this machine; importing ``refimpl.backends`` never imports them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+from .base import AttentionBackend, GraphModeNotSupported
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    name: str
+    variant: str
+    target: str  # "module:Class", imported lazily
+    model_kind: str  # "mha" or "mla": the model flavour it serves
+    page_size: int = 1
+    unavailable: Callable[[], str | None] | None = None
+    is_reference: bool = False  # unified shapes must pass the checker; legacy ones show findings
+
+    def load(self) -> type[AttentionBackend]:
+        module, cls = self.target.split(":")
+        return getattr(importlib.import_module(module, __name__), cls)
+
+    def why_unavailable(self) -> str | None:
+        return self.unavailable() if self.unavailable else None
+
+    @property
+    def must_pass(self) -> bool:
+        return self.variant == "unified"
+
+
+REGISTRY: list[BackendEntry] = [
+    BackendEntry("torch_native", "unified", ".torch_native:TorchNativeBackend", "mha"),
+    BackendEntry("torch_native_mla", "unified", ".torch_native:TorchNativeBackend", "mla"),
+]
+
+
+def register(entry: BackendEntry) -> None:
+    if any((e.name, e.variant) == (entry.name, entry.variant) for e in REGISTRY):
+        raise ValueError(f"backend {entry.name}/{entry.variant} is already registered")
+    REGISTRY.append(entry)
+
+
+def find(name: str | None = None, variant: str | None = None) -> list[BackendEntry]:
+    out = [e for e in REGISTRY if (name is None or e.name == name)]
+    out = [e for e in out if (variant is None or e.variant == variant)]
+    if name is not None and not out:
+        names = sorted({e.name for e in REGISTRY})
+        raise ValueError(f"unknown backend {name!r} (variant {variant!r}); known: {names}")
+    return out
+
+
+__all__ = [
+    "AttentionBackend",
+    "BackendEntry",
+    "GraphModeNotSupported",
+    "REGISTRY",
+    "find",
+    "register",
+]

@@ -1,0 +1,110 @@
+"""The dense oracle as a backend: what every backend's output must equal.
+
+Eager only. It ignores every backend's metadata and derives each request's query rows, key
+range and mask straight from the batch and the request table, per mode (digest §4.6, §4.8),
+then runs ``kernels.oracle`` in float64:
+
+| mode            | query rows of request i       | keys                                  | mask |
+|-----------------|-------------------------------|---------------------------------------|------|
+| EXTEND          | ``extend_seq_lens[i]``        | ``req_to_token[r, :seq_len]``         | causal |
+| DECODE / IDLE   | 1                             | ``req_to_token[r, :seq_len]``         | none |
+| TARGET_VERIFY   | N                             | ``req_to_token[r, :seq_len + N]``     | the spec's tree mask |
+| DRAFT_EXTEND v1 | ``extend_seq_lens[i]``        | ``req_to_token[r, :seq_len]``         | causal |
+| DRAFT_EXTEND_V2 | N                             | ``req_to_token[r, :seq_len]``         | causal |
+
+Multi-step draft decode sets ``spec_info.kv_indptr/kv_indices`` per step; when those are set,
+the oracle uses them (one query row per kv range).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..batch import ForwardBatch
+from ..kernels import mha_oracle, mla_oracle
+from .base import AttentionBackend
+
+
+class OracleBackend(AttentionBackend):
+    name = "oracle"
+    variant = "reference"
+    pattern = "-"
+    graph_modes = frozenset()
+
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        mode, bs = fb.forward_mode, fb.batch_size
+        seq = fb.seq_lens_cpu.tolist()
+        rpi = fb.req_pool_indices.tolist()
+        spec = fb.spec_info
+        kv_ptr_in = getattr(spec, "kv_indptr", None)
+        if mode.is_decode_or_idle() and kv_ptr_in is not None:  # multi-step draft decode
+            kv_indptr = kv_ptr_in.to(torch.int64)
+            kv_indices = spec.kv_indices.to(torch.int64)
+            rows = kv_indptr.numel() - 1
+            qo = torch.arange(rows + 1, dtype=torch.int64)
+            self.forward_metadata = (qo, kv_indptr, kv_indices, None, None, False)
+            return
+        if mode.is_target_verify():
+            n = spec.draft_token_num
+            q_rows, kv_lens = [n] * bs, [s + n for s in seq]
+        elif mode.is_decode_or_idle():
+            q_rows, kv_lens = [1] * bs, seq
+        elif mode.is_extend() or mode.is_any_draft_extend():
+            ext = fb.extend_seq_lens if mode.is_extend() else spec.extend_seq_lens
+            q_rows, kv_lens = ext.tolist(), seq
+        else:
+            raise ValueError(f"oracle: unknown mode {mode}")
+        r2t = self.world.req_to_token
+        kv_indices = torch.cat(
+            [r2t[r, :n].to(torch.int64) for r, n in zip(rpi, kv_lens)]
+            or [torch.zeros(0, dtype=torch.int64, device=self.device)]
+        )
+        qo = torch.tensor([0] + q_rows, dtype=torch.int64).cumsum(0)
+        kv_indptr = torch.tensor([0] + list(kv_lens), dtype=torch.int64).cumsum(0)
+        mask = mask_indptr = None
+        causal = not mode.is_decode_or_idle() and not mode.is_target_verify()
+        if mode.is_target_verify() and spec.custom_mask is not None:
+            mask = spec.custom_mask.to(torch.bool)
+            mask_indptr = torch.tensor([0] + [n * k for n, k in zip(q_rows, kv_lens)]).cumsum(0)
+        self.forward_metadata = (qo, kv_indptr, kv_indices, mask, mask_indptr, causal)
+
+    def init_cuda_graph_state(self, max_bs, max_num_tokens):
+        raise NotImplementedError("the oracle runs eagerly only")
+
+    def init_forward_metadata_capture_cuda_graph(self, *a, **k):
+        raise NotImplementedError("the oracle runs eagerly only")
+
+    def init_forward_metadata_replay_cuda_graph(self, *a, **k):
+        raise NotImplementedError("the oracle runs eagerly only")
+
+    def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
+        qo, kv_indptr, kv_indices, mask, mask_indptr, causal = self.forward_metadata
+        cache, cfg = self.world.kv_cache, self.cfg
+        dev = lambda t: None if t is None else t.to(q.device)  # noqa: E731
+        args = dict(custom_mask=dev(mask), mask_indptr=dev(mask_indptr), causal=causal)
+        if cfg.is_mla:
+            cache.set_kv(layer, fb.out_cache_loc, k)
+            r = cfg.kv_lora_rank
+            out = mla_oracle(
+                q[..., :r],
+                q[..., r:],
+                cache.kv[layer],
+                dev(qo),
+                dev(kv_indptr),
+                dev(kv_indices),
+                cfg.sm_scale,
+                **args,
+            )
+        else:
+            cache.set_kv(layer, fb.out_cache_loc, k, v)
+            out = mha_oracle(
+                q,
+                cache.k[layer],
+                cache.v[layer],
+                dev(qo),
+                dev(kv_indptr),
+                dev(kv_indices),
+                cfg.sm_scale,
+                **args,
+            )
+        return out.to(q.dtype)

@@ -1,0 +1,201 @@
+"""The "hello world" backend: page-1 CSR metadata + a pure-torch attention op, Pattern A.
+
+Not one of SGLang's six; it shows the whole contract on one screen so the notebooks can start
+here. Modes under graphs: decode / idle and target verify (FlashInfer-style: the kv range of a
+verify request covers its prefix *and* its N draft tokens, whose KV the step wrote first, and a
+custom mask says which of them each draft row sees; digest §4.6).
+
+Static buffers (``init_cuda_graph_state``; B = max_bs, T = max_num_tokens, L = max_context_len):
+
+| buffer        | shape      | dtype | holds                                           |
+|---------------|------------|-------|-------------------------------------------------|
+| kv_indptr     | [B+1]      | int32 | ``[0, cumsum(kv_lens)]``                         |
+| kv_indices    | [B*L]      | int64 | token slots of every request's kv range, packed |
+| custom_mask   | [T*L]      | uint8 | verify only: the spec mask, packed (§4.6)       |
+| mask_indptr   | [B+1]      | int64 | verify only: ``[0, cumsum(N * kv_lens)]``        |
+
+Pattern A: ``capture`` = ``replay`` (fill the buffers) + freeze a metadata object whose tensors
+are views of those buffers and whose ints are bounds valid for any batch of that size
+(``max_kv_len = L``, ``q_per_req``). ``replay`` = the same fill; nothing is allocated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..batch import ForwardBatch
+from ..kernels import build_kv_indices, dense_paged_attention, dense_paged_mla_attention
+from ..modes import ForwardMode
+from ..spec import VerifyInput
+from .base import AttentionBackend
+
+
+# fmt: off
+@dataclass
+class TorchNativeMetadata:
+    kv_indptr: torch.Tensor                     # [bs+1] int32, device
+    kv_indices: torch.Tensor                    # [>= kv_indptr[bs]] int64, device
+    q_per_req: int                              # 1 (decode) or N (verify); frozen in a graph
+    max_kv_len: int                             # bound on any kv range; frozen in a graph
+    custom_mask: torch.Tensor | None = None  # [>= mask_indptr[bs]] uint8/bool, device
+    mask_indptr: torch.Tensor | None = None  # [bs+1] int64, device
+
+    def __post_init__(self):
+        assert self.kv_indptr.dtype == torch.int32, self.kv_indptr.dtype
+        assert (self.custom_mask is None) == (self.mask_indptr is None)
+# fmt: on
+
+
+class TorchNativeBackend(AttentionBackend):
+    name = "torch_native"
+    variant = "unified"
+    pattern = "A"
+    graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY})
+
+    # --- shared helpers -----------------------------------------------------------------------
+    def _kv_lens(self, mode: ForwardMode, seq_lens: torch.Tensor, n: int) -> torch.Tensor:
+        return seq_lens + n if mode.is_target_verify() else seq_lens  # verify: prefix + N drafts
+
+    def _graph_num_draft_tokens(self, spec_info: Any) -> int:
+        """N as captured (from the SpecConfig); a verify batch must carry the same N."""
+        if self.spec is None:
+            raise ValueError(f"{self.name}: target verify under graphs needs a SpecConfig")
+        n = self.spec.num_draft_tokens
+        if spec_info is not None and spec_info.draft_token_num != n:
+            raise ValueError(
+                f"verify batch has draft_token_num={spec_info.draft_token_num}, the graph was "
+                f"captured for num_draft_tokens={n}"
+            )
+        return n
+
+    @staticmethod
+    def _verify_spec(mode: ForwardMode, spec_info: Any) -> VerifyInput | None:
+        if not mode.is_target_verify():
+            return None
+        if not isinstance(spec_info, VerifyInput):
+            raise ValueError(f"target_verify needs a VerifyInput spec input, got {spec_info!r}")
+        return spec_info
+
+    # --- eager --------------------------------------------------------------------------------
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        mode = fb.forward_mode
+        if not (mode.is_decode_or_idle() or mode.is_target_verify()):
+            raise ValueError(f"{self.name} runs decode, idle and target_verify, not {mode.label}")
+        bs = fb.batch_size
+        spec = self._verify_spec(mode, fb.spec_info)
+        n = spec.draft_token_num if spec is not None else 1
+        lens = self._kv_lens(mode, fb.seq_lens, n)
+        kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=self.device)
+        kv_indptr[1:] = torch.cumsum(lens, 0)
+        host_lens = self._kv_lens(mode, fb.seq_lens_cpu, n)  # host values: eager may use them
+        kv_indices = torch.zeros(
+            max(int(host_lens.sum()), 1), dtype=torch.int64, device=self.device
+        )
+        build_kv_indices(self.world.req_to_token, fb.req_pool_indices, lens, kv_indptr, kv_indices)
+        mask = mask_indptr = None
+        if spec is not None and spec.custom_mask is not None:
+            mask = spec.custom_mask
+            mask_indptr = torch.zeros(bs + 1, dtype=torch.int64, device=self.device)
+            mask_indptr[1:] = torch.cumsum(lens.to(torch.int64) * spec.draft_token_num, 0)
+        max_len = int(host_lens.max()) if bs else 1
+        self.forward_metadata = TorchNativeMetadata(
+            kv_indptr, kv_indices, n, max_len, mask, mask_indptr
+        )
+
+    # --- graphs -------------------------------------------------------------------------------
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        L, dev = self.world.max_context_len, self.device
+        self.max_bs, self.max_num_tokens = max_bs, max_num_tokens
+        self.cuda_graph_kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=dev)
+        self.cuda_graph_kv_indices = torch.zeros(max_bs * L, dtype=torch.int64, device=dev)
+        self.cuda_graph_custom_mask = torch.zeros(max_num_tokens * L, dtype=torch.uint8, device=dev)
+        self.cuda_graph_mask_indptr = torch.zeros(max_bs + 1, dtype=torch.int64, device=dev)
+
+    def init_forward_metadata_capture_cuda_graph(
+        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
+    ) -> None:
+        self.check_graph_mode(forward_mode)
+        # Pattern A: capture runs exactly the replay body, then freezes views.
+        self.init_forward_metadata_replay_cuda_graph(
+            bs, req_pool_indices, seq_lens, None, encoder_lens, forward_mode, spec_info, None
+        )
+        spec = self._verify_spec(forward_mode, spec_info)
+        has_mask = spec is not None and spec.custom_mask is not None
+        self.forward_metadata = TorchNativeMetadata(
+            kv_indptr=self.cuda_graph_kv_indptr[: bs + 1],
+            kv_indices=self.cuda_graph_kv_indices,
+            q_per_req=self._graph_num_draft_tokens(spec) if spec is not None else 1,
+            max_kv_len=self.world.max_context_len,  # valid for any future batch
+            custom_mask=self.cuda_graph_custom_mask if has_mask else None,
+            mask_indptr=self.cuda_graph_mask_indptr[: bs + 1] if has_mask else None,
+        )
+
+    def init_forward_metadata_replay_cuda_graph(
+        self,
+        bs,
+        req_pool_indices,
+        seq_lens,
+        seq_lens_sum,
+        encoder_lens,
+        forward_mode,
+        spec_info,
+        seq_lens_cpu,
+    ) -> None:
+        seq_lens, rpi = seq_lens[:bs], req_pool_indices[:bs]
+        spec = self._verify_spec(forward_mode, spec_info)
+        n = self._graph_num_draft_tokens(spec) if spec is not None else 1
+        lens = self._kv_lens(forward_mode, seq_lens, n)
+        kv_indptr = self.cuda_graph_kv_indptr[: bs + 1]
+        kv_indptr[1:] = torch.cumsum(lens, 0)  # in place: the graph reads this buffer
+        build_kv_indices(self.world.req_to_token, rpi, lens, kv_indptr, self.cuda_graph_kv_indices)
+        if spec is not None and spec.custom_mask is not None:
+            mask = spec.custom_mask
+            if mask.numel() > self.cuda_graph_custom_mask.numel():
+                raise ValueError(
+                    f"custom mask of {mask.numel()} entries exceeds the graph buffer "
+                    f"({self.cuda_graph_custom_mask.numel()} = max_num_tokens * max_context_len)"
+                )
+            self.cuda_graph_custom_mask[: mask.numel()].copy_(mask)
+            self.cuda_graph_mask_indptr[1 : bs + 1] = torch.cumsum(lens.to(torch.int64) * n, 0)
+
+    def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
+        md = self.forward_metadata
+        end = int(md.kv_indptr[bs])
+        state = {
+            "kv_indptr": md.kv_indptr[: bs + 1],
+            "kv_indices": md.kv_indices[:end],
+            "q_per_req": md.q_per_req,
+            "max_kv_len": md.max_kv_len,
+        }
+        if md.custom_mask is not None:
+            state["mask_indptr"] = md.mask_indptr[: bs + 1]
+            state["custom_mask"] = md.custom_mask[: int(md.mask_indptr[bs])].to(torch.uint8)
+        return state
+
+    # --- the captured step --------------------------------------------------------------------
+    def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
+        md, cache, cfg = self.forward_metadata, self.world.kv_cache, self.cfg
+        T, H = q.shape[0], cfg.num_heads
+        out = torch.empty(T, H, cfg.out_head_dim, dtype=q.dtype, device=q.device)
+        common = dict(
+            sm_scale=cfg.sm_scale,
+            max_kv_len=md.max_kv_len,
+            q_per_req=md.q_per_req,
+            custom_mask=md.custom_mask,
+            mask_indptr=md.mask_indptr,
+        )
+        if cfg.is_mla:
+            cache.set_kv(layer, fb.out_cache_loc, k)
+            r = cfg.kv_lora_rank
+            dense_paged_mla_attention(
+                q[..., :r], q[..., r:], cache.kv[layer], md.kv_indptr, md.kv_indices, out, **common
+            )
+        else:
+            cache.set_kv(layer, fb.out_cache_loc, k, v)
+            dense_paged_attention(
+                q, cache.k[layer], cache.v[layer], md.kv_indptr, md.kv_indices, out, **common
+            )
+        return out

@@ -1,0 +1,208 @@
+"""``ForwardBatch`` (what one forward step sees) and ``World`` (the pools it indexes into).
+
+Conventions, per mode (digest §1, §4.6):
+
+| mode            | ``seq_lens[i]`` counts ...                         | query rows of request i |
+|-----------------|----------------------------------------------------|-------------------------|
+| EXTEND          | all tokens incl. the new ones                      | ``extend_seq_lens[i]``  |
+| DECODE / IDLE   | all tokens incl. the one being decoded             | 1 (``topk`` in draft decode) |
+| TARGET_VERIFY   | the prefix only (tokens before the N drafts)       | N                       |
+| DRAFT_EXTEND v1 | all tokens incl. the ``accept_length+1`` new ones  | ``accept_length[i]+1`` eager, S+1 in a graph |
+| DRAFT_EXTEND_V2 | all tokens incl. the N new ones                    | N                       |
+
+``out_cache_loc[t]`` is the token slot that query row t writes its KV into; it equals
+``req_to_token[req_pool_indices[i], position]`` for a live row and 0 (the reserved slot) for a
+padded row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from ._env import default_device
+from .config import ModelConfig
+from .memory import MHAKVCache, MLAKVCache, ReqToTokenPool, TokenSlotAllocator, make_kv_cache
+from .modes import ForwardMode
+
+
+@dataclass
+class World:
+    """Everything a batch's indices point into: request table, slot allocator, KV cache."""
+
+    cfg: ModelConfig
+    req_to_token_pool: ReqToTokenPool
+    allocator: TokenSlotAllocator
+    kv_cache: MHAKVCache | MLAKVCache
+    device: torch.device
+
+    @classmethod
+    def create(
+        cls,
+        cfg: ModelConfig,
+        *,
+        max_context_len: int,
+        pool_size: int = 64,
+        num_slots: int | None = None,
+        page_size: int = 1,
+        device: str | torch.device | None = None,
+        seed: int = 0,
+    ) -> "World":
+        if num_slots is None:
+            per_req = -(-max_context_len // page_size) * page_size
+            num_slots = (pool_size + 1) * per_req + page_size
+        num_slots = -(-num_slots // page_size) * page_size
+        dev = torch.device(device) if device is not None else default_device()
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        return cls(
+            cfg=cfg,
+            req_to_token_pool=ReqToTokenPool(pool_size, max_context_len, dev),
+            allocator=TokenSlotAllocator(num_slots, page_size, seed=seed),
+            kv_cache=make_kv_cache(cfg, num_slots, dev),
+            device=dev,
+        )
+
+    @property
+    def req_to_token(self) -> torch.Tensor:
+        return self.req_to_token_pool.req_to_token
+
+    @property
+    def max_context_len(self) -> int:
+        return self.req_to_token_pool.max_context_len
+
+    @property
+    def page_size(self) -> int:
+        return self.allocator.page_size
+
+    def new_request(self, num_tokens: int) -> int:
+        """Allocate a request slot and pages for ``num_tokens`` positions; fill its row."""
+        L = self.max_context_len
+        if num_tokens > L:
+            raise ValueError(f"request of {num_tokens} tokens exceeds max_context_len={L}")
+        (slot,) = self.req_to_token_pool.alloc(1)
+        pages = self.allocator.alloc_pages(-(-num_tokens // self.page_size))
+        slots = self.allocator.slots_for(pages, num_tokens)
+        self.req_to_token[slot, :num_tokens] = slots.to(self.device, torch.int32)
+        return slot
+
+    def randomize_kv(self, seed: int = 0, scale: float = 1.0) -> None:
+        """Fill every KV slot with random values, as if all prefixes had been prefilled.
+
+        Slot 0 (the padded rows' dump) gets random values too; nothing live ever reads it.
+        """
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        for buf in self.kv_cache.buffers():
+            buf.copy_((torch.randn(buf.shape, generator=g) * scale).to(buf.dtype))
+
+    def clone_to(self, device: str | torch.device) -> "World":
+        """A copy on another device with the same tables, cache contents and free lists."""
+        import copy
+
+        twin = copy.deepcopy(self)  # small pools: a deep copy is simplest and exact
+        dev = torch.device(device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        twin.device = dev
+        pool = twin.req_to_token_pool
+        pool.device, pool.req_to_token = dev, pool.req_to_token.to(dev)
+        cache = twin.kv_cache
+        for name in ("k", "v", "kv"):
+            if hasattr(cache, name):
+                setattr(cache, name, [b.to(dev) for b in getattr(cache, name)])
+        return twin
+
+    def live_slots(self) -> torch.Tensor:
+        """Every token slot referenced by a live request row (row 0 excluded)."""
+        rows = self.req_to_token[1:]
+        return torch.unique(rows[rows > 0]).to(torch.int64)
+
+
+@dataclass
+class ForwardBatch:
+    forward_mode: ForwardMode
+    batch_size: int
+    input_ids: torch.Tensor  # [num_tokens] int64, device
+    positions: torch.Tensor  # [num_tokens] int64, device
+    req_pool_indices: torch.Tensor  # [bs] int64, device
+    seq_lens: torch.Tensor  # [bs] int32, device
+    seq_lens_cpu: torch.Tensor  # [bs] int32, host mirror (planning only; never baked in)
+    out_cache_loc: torch.Tensor  # [num_tokens] int64, device
+    seq_lens_sum: int
+    world: World
+    spec_info: Any | None = None  # refimpl.spec.{VerifyInput,DraftExtendInput,DraftDecodeInput}
+    extend_seq_lens: torch.Tensor | None = None  # [bs] int32, EXTEND only
+    extend_prefix_lens: torch.Tensor | None = None  # [bs] int32, EXTEND only
+    meta: dict = field(default_factory=dict)  # free-form notes from generators (for drawing)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    @property
+    def locs_per_row(self) -> int:
+        """KV slots each row writes: 1, or S in multi-step draft decode (one per step)."""
+        from .spec import DraftDecodeInput  # local: spec imports nothing from batch at runtime
+
+        return self.spec_info.num_steps if isinstance(self.spec_info, DraftDecodeInput) else 1
+
+    @property
+    def device(self) -> torch.device:
+        return self.input_ids.device
+
+    def to_world(self, world: "World") -> "ForwardBatch":
+        """The same batch against ``world`` (e.g. a ``World.clone_to('cuda')`` twin)."""
+        import dataclasses
+
+        def move(x):
+            return x.to(world.device) if isinstance(x, torch.Tensor) else x
+
+        spec = self.spec_info
+        if spec is not None and dataclasses.is_dataclass(spec):
+            spec = dataclasses.replace(
+                spec, **{f.name: move(getattr(spec, f.name)) for f in dataclasses.fields(spec)}
+            )
+        moved = {
+            f.name: move(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if f.name not in ("world", "spec_info", "seq_lens_cpu")
+        }
+        return ForwardBatch(**moved, seq_lens_cpu=self.seq_lens_cpu, world=world, spec_info=spec)
+
+    def replace(self, **kw) -> "ForwardBatch":
+        return replace(self, **kw)
+
+    def validate(self) -> None:
+        """Raise a ``ValueError`` naming the value and the limit for anything malformed."""
+        bs, dev, L = self.batch_size, self.world.device, self.world.max_context_len
+        checks = {
+            "input_ids": (self.input_ids, torch.int64, None),
+            "positions": (self.positions, torch.int64, self.num_tokens),
+            "req_pool_indices": (self.req_pool_indices, torch.int64, bs),
+            "seq_lens": (self.seq_lens, torch.int32, bs),
+            "out_cache_loc": (self.out_cache_loc, torch.int64, self.num_tokens * self.locs_per_row),
+        }
+        for name, (t, dtype, n) in checks.items():
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"ForwardBatch.{name} must be a tensor, got {type(t).__name__}")
+            if t.dtype != dtype:
+                raise ValueError(f"ForwardBatch.{name} has dtype {t.dtype}, expected {dtype}")
+            if t.device != dev:
+                raise ValueError(f"ForwardBatch.{name} is on {t.device}, expected {dev}")
+            if n is not None and t.numel() != n:
+                raise ValueError(f"ForwardBatch.{name} has {t.numel()} entries, expected {n}")
+        if self.seq_lens_cpu.device.type != "cpu":
+            raise ValueError(
+                f"ForwardBatch.seq_lens_cpu is on {self.seq_lens_cpu.device}, expected cpu"
+            )
+        if bs > 0:
+            longest = int(self.seq_lens_cpu.max())
+            extra = 0
+            if self.forward_mode.is_target_verify() and self.spec_info is not None:
+                extra = int(self.spec_info.draft_token_num)
+            if longest + extra > L:
+                raise ValueError(f"sequence length {longest + extra} exceeds max_context_len={L}")
+            if int(self.seq_lens_cpu.min()) < 1:
+                raise ValueError(f"seq_lens must be >= 1, got min {int(self.seq_lens_cpu.min())}")

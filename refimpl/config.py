@@ -1,0 +1,141 @@
+"""Model, speculative-decoding and graph configuration.
+
+All shapes in refimpl are small on purpose: a reader runs every capture on a laptop CPU.
+The MLA latent cache keeps DeepSeek's real row width (512 + 64 = 576, digest §4.1) because
+the MLA backends' layouts depend on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from .modes import ForwardMode
+
+
+def sglang_default_capture_bs(max_bs: int, speculative: bool) -> list[int]:
+    """SGLang's default batch-size ladder (mid-2025 runner, digest §1.1), capped at ``max_bs``.
+
+    - no speculative decoding: ``[1, 2, 4, 8] + range(16, 161, 8)``
+    - speculative decoding:    ``range(1, 9) + range(10, 33, 2) + range(40, 161, 16)``
+    """
+    if speculative:
+        ladder = list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 161, 16))
+    else:
+        ladder = [1, 2, 4, 8] + list(range(16, 161, 8))
+    capped = sorted({bs for bs in ladder if bs <= max_bs})
+    if not capped or capped[-1] != max_bs:
+        capped.append(max_bs)  # the largest batch the pools can hold must be capturable
+    return capped
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A tiny decoder: a few layers of projections + attention, MHA or absorbed MLA."""
+
+    kind: Literal["mha", "mla"] = "mha"
+    num_layers: int = 2
+    hidden_size: int = 64
+    vocab_size: int = 96
+    num_heads: int = 4  # H: query heads
+    num_kv_heads: int = 2  # Hkv (MHA only); GQA when < num_heads
+    head_dim: int = 16  # MHA q/k head dim
+    v_head_dim: int = 16  # MHA v head dim
+    kv_lora_rank: int = 512  # MLA latent width (the value of absorbed MLA)
+    qk_rope_head_dim: int = 64  # MLA rope part of the key
+    qk_nope_head_dim: int = 128  # MLA: only used for the softmax scale (digest §4.1)
+    dtype: torch.dtype = torch.float32
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("mha", "mla"):
+            raise ValueError(f"ModelConfig.kind must be 'mha' or 'mla', got {self.kind!r}")
+        if self.kind == "mha" and self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
+            )
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kind == "mla"
+
+    @property
+    def kv_row_width(self) -> int:
+        """MLA latent cache row: kv_lora_rank + rope = 576."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.kv_row_width if self.is_mla else self.head_dim
+
+    @property
+    def out_head_dim(self) -> int:
+        return self.kv_lora_rank if self.is_mla else self.v_head_dim
+
+    @property
+    def sm_scale(self) -> float:
+        # MLA: the model's scale comes from nope+rope (192 for DeepSeek), not from 576 (§4.1)
+        d = self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim
+        return d**-0.5
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """EAGLE-style speculative decoding shape.
+
+    S = num_steps (draft decode steps), topk = branches per step, N = num_draft_tokens
+    (tokens verified per request). A chain has topk == 1 and N == S + 1.
+    """
+
+    num_steps: int = 3  # S
+    topk: int = 1
+    num_draft_tokens: int = 4  # N
+
+    def __post_init__(self) -> None:
+        if self.num_steps < 1 or self.topk < 1 or self.num_draft_tokens < 2:
+            raise ValueError(f"invalid SpecConfig {self}: need num_steps>=1, topk>=1, N>=2")
+        # EAGLE: step 0 drafts topk children of the root, every later step topk*topk candidates
+        max_tree = 1 + self.topk + (self.num_steps - 1) * self.topk * self.topk
+        if self.topk == 1 and self.num_draft_tokens != self.num_steps + 1:
+            raise ValueError(
+                f"a chain (topk=1) verifies num_steps+1={self.num_steps + 1} tokens, "
+                f"got num_draft_tokens={self.num_draft_tokens}"
+            )
+        if self.num_draft_tokens > max_tree and self.topk > 1:
+            raise ValueError(
+                f"num_draft_tokens={self.num_draft_tokens} exceeds what {self.num_steps} steps "
+                f"of topk={self.topk} can draft ({max_tree} incl. the root)"
+            )
+
+    def tokens_per_request(self, mode: ForwardMode, multi_step_draft: bool = False) -> int:
+        """digest §1.2: tokens each request occupies in a captured graph of ``mode``."""
+        if mode.is_decode_or_idle():
+            return self.topk if multi_step_draft else 1
+        if mode.is_target_verify() or mode.is_draft_extend_v2():
+            return self.num_draft_tokens
+        if mode.is_draft_extend_v1():
+            return self.num_steps + 1
+        raise ValueError(f"{mode.name} is not captured in a graph")
+
+
+@dataclass(frozen=True)
+class GraphConfig:
+    """What the runner captures: batch sizes, context length, padding."""
+
+    max_bs: int = 8
+    capture_bs: tuple[int, ...] | None = None  # None: SGLang's default ladder up to max_bs
+    max_context_len: int = 64  # L: longest sequence (prefix + new tokens) a request may have
+    disable_padding: bool = False  # True: only exactly-captured batch sizes run as graphs
+    speculative: bool = False
+    num_warmups: int = 2  # SGLang runs the step twice before capture (§1.4)
+    extra: dict = field(default_factory=dict)
+
+    def batch_sizes(self) -> list[int]:
+        if self.capture_bs is not None:
+            bad = [b for b in self.capture_bs if not 1 <= b <= self.max_bs]
+            if bad:
+                raise ValueError(f"capture_bs {bad} outside 1..max_bs={self.max_bs}")
+            return sorted(set(self.capture_bs))
+        return sglang_default_capture_bs(self.max_bs, self.speculative)

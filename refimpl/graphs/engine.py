@@ -1,0 +1,91 @@
+"""The contract every graph engine honours (CUDA and the CPU emulator alike).
+
+A ``Graph`` is captured once from a Python callable and replayed many times:
+
+- ``capture(fn)`` runs ``fn`` under the engine's recorder and returns what ``fn`` returned;
+  those returned tensors are the graph's *static outputs*: every replay rewrites them in place.
+- ``replay()`` re-runs the recorded work on the captured storage. No Python from ``fn`` runs:
+  Python scalars, shapes, branches taken and tensors read are all frozen at capture.
+- ``ops()`` / ``kernels()`` list what was recorded ("introspection"); every refimpl kernel is a
+  registered torch custom op, so it shows up as one ``refimpl.<name>`` entry.
+
+Errors: ``GraphCaptureError`` for work that cannot be captured (a host synchronisation such as
+``.item()``), ``GraphReplayError`` for a replay that cannot happen (replay before capture).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+class GraphCaptureError(RuntimeError):
+    """Raised when captured code does something a CUDA graph cannot record."""
+
+
+class GraphReplayError(RuntimeError):
+    """Raised when a graph is replayed in a state it cannot be replayed in."""
+
+
+# Ops that only allocate or re-view memory: no kernel runs for them in a CUDA graph.
+_NON_KERNEL_PREFIXES = ("aten.empty", "aten.empty_like", "aten.empty_strided", "aten.lift_fresh")
+
+
+def is_kernel_op(name: str, is_view: bool) -> bool:
+    return not is_view and not name.startswith(_NON_KERNEL_PREFIXES)
+
+
+class Graph(ABC):
+    engine_name: str = "?"
+
+    def __init__(self) -> None:
+        self.captured = False
+        self._op_log: list[tuple[str, bool]] = []  # (op name, is a pure view/alias)
+
+    @abstractmethod
+    def capture(self, fn: Callable[[], Any]) -> Any: ...
+
+    @abstractmethod
+    def replay(self) -> None: ...
+
+    def ops(self) -> list[str]:
+        """Every recorded op, in order (views and allocations included)."""
+        return [name for name, _ in self._op_log]
+
+    def kernels(self) -> Counter:
+        """Ops that launch work at replay, with counts (views and allocations left out)."""
+        return Counter(n for n, view in self._op_log if is_kernel_op(n, view))
+
+    def custom_kernels(self) -> Counter:
+        """Only refimpl's own registered kernels (``refimpl.*`` custom ops)."""
+        return Counter({k: v for k, v in self.kernels().items() if k.startswith("refimpl.")})
+
+    def _check_captured(self) -> None:
+        if not self.captured:
+            raise GraphReplayError(f"{self.engine_name} graph replayed before capture")
+
+
+class GraphEngine(ABC):
+    """Creates graphs and owns what captures share (the CUDA memory pool)."""
+
+    name: str = "?"
+    device: torch.device
+
+    @abstractmethod
+    def new_graph(self) -> Graph: ...
+
+    def warmup(self, fn: Callable[[], Any], n: int) -> None:
+        """Run the step ``n`` times eagerly before capture (SGLang runs it twice, §1.4)."""
+        for _ in range(n):
+            fn()
+
+    def synchronize(self) -> None:  # noqa: B027 - a no-op on engines without streams
+        return None
+
+    def memory_in_use(self) -> int | None:
+        """Bytes the engine's graphs hold (CUDA: the graph pool), None where not meaningful."""
+        return None

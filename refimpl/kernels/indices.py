@@ -1,0 +1,325 @@
+"""KV-index builders: token-level CSR indices (digest §4.2) and paged block tables (§4.3).
+
+Both read the request pool ``req_to_token[pool, L]`` (§4.1: row = request slot, column j =
+position j, value = token slot) and write into a *preallocated* destination, so they are safe
+inside a CUDA graph: no allocation, no host sync, every bound comes from shapes or Python ints.
+
+- ``build_kv_indices``:  ``kv_indices[kv_indptr[i] + j] = req_to_token[rpi[i], start_i + j]``
+  for ``j < lens[i]`` (what the Triton / FlashInfer backends feed their kernels).
+- ``build_block_table``: ``block_table[i, p] = req_to_token[rpi[i], start_i + p*P] // P`` for
+  ``p < cdiv(lens[i], P)`` (FlashMLA / Cutlass / TRTLLM MLA page tables).
+- ``block_table_to_kv_indices``: host-side inverse view of a block table, for oracles and tests.
+
+Each builder is a Triton kernel wrapped in a ``torch.library.custom_op`` (one recorded op per
+launch), a validating Python wrapper, and a pure-torch ``*_ref`` for tests.
+"""
+
+import torch
+
+from .. import _env  # noqa: F401  (sets TRITON_INTERPRET before any @triton.jit)
+
+# isort: split
+import triton
+import triton.language as tl
+
+CSR_BLOCK = 512  # positions copied per loop iteration (digest §4.2)
+BLOCK_TABLE_CHUNK = 4096  # positions covered per loop iteration: 4096 // P pages (digest §4.3)
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+# ----------------------------------------------------------------------------------------------
+# shared validation (shapes / dtypes / devices only: never tensor values, so graph-safe)
+
+
+def _check_index_tensor(t: torch.Tensor, name: str, ndim: int = 1, min_len: int = 0) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in _INDEX_DTYPES:
+        raise ValueError(f"{name}.dtype={t.dtype}: must be one of torch.int32 / torch.int64")
+    if t.dim() != ndim:
+        raise ValueError(f"{name}.shape={tuple(t.shape)}: must be {ndim}-D")
+    if t.shape[0] < min_len:
+        raise ValueError(f"{name}.shape[0]={t.shape[0]}: must be >= {min_len}")
+    if t.numel() > 0 and t.stride(-1) != 1:
+        raise ValueError(f"{name}.stride(-1)={t.stride(-1)}: last dim must be contiguous (1)")
+
+
+def _check_same_device(**tensors: torch.Tensor | None) -> None:
+    named = [(n, t) for n, t in tensors.items() if t is not None]
+    ref_name, ref = named[0]
+    for name, t in named[1:]:
+        if t.device != ref.device:
+            raise ValueError(f"{name}.device={t.device}: must match {ref_name}.device={ref.device}")
+
+
+def _check_pool_inputs(req_to_token, req_pool_indices, lens, kv_start_idx) -> int:
+    """Validate the inputs both builders share; return bs = lens.numel()."""
+    _check_index_tensor(lens, "lens")
+    bs = lens.shape[0]
+    _check_index_tensor(req_to_token, "req_to_token", ndim=2)
+    _check_index_tensor(req_pool_indices, "req_pool_indices", min_len=bs)
+    if kv_start_idx is not None:
+        _check_index_tensor(kv_start_idx, "kv_start_idx", min_len=bs)
+    return bs
+
+
+# ----------------------------------------------------------------------------------------------
+# CSR kv indices (digest §4.2)
+
+
+@triton.jit
+def _build_kv_indices_kernel(
+    req_to_token_ptr,  # [pool, L] int32, row stride = req_to_token_stride
+    req_pool_indices_ptr,  # [bs] int32/int64
+    lens_ptr,  # [bs] int32/int64
+    kv_indptr_ptr,  # [bs+1] int32/int64, already [0, cumsum(lens)]
+    kv_start_idx_ptr,  # [bs] (ignored unless HAS_START)
+    kv_indices_ptr,  # [>= kv_indptr[bs]] int32/int64, written
+    req_to_token_stride,
+    HAS_START: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    i = tl.program_id(0)  # one program per request
+    req_slot = tl.load(req_pool_indices_ptr + i).to(tl.int64)
+    n = tl.load(lens_ptr + i).to(tl.int64)
+    out_start = tl.load(kv_indptr_ptr + i).to(tl.int64)
+    start = 0
+    if HAS_START:  # constexpr: resolved at compile time
+        start = tl.load(kv_start_idx_ptr + i).to(tl.int64)
+    src_row = req_to_token_ptr + req_slot * req_to_token_stride + start  # int64 arithmetic
+    for b in range(tl.cdiv(n, BLOCK)):
+        j = b * BLOCK + tl.arange(0, BLOCK).to(tl.int64)  # [BLOCK] positions in this block
+        keep = j < n
+        slots = tl.load(src_row + j, mask=keep)
+        tl.store(
+            kv_indices_ptr + out_start + j,
+            slots.to(kv_indices_ptr.dtype.element_ty),
+            mask=keep,
+        )
+
+
+@torch.library.custom_op("refimpl::build_kv_indices", mutates_args=("kv_indices",))
+def _build_kv_indices_op(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    lens: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_start_idx: torch.Tensor | None,
+) -> None:
+    bs = lens.shape[0]
+    if bs == 0:  # shape, not data: an empty batch launches nothing
+        return
+    has_start = kv_start_idx is not None
+    _build_kv_indices_kernel[(bs,)](
+        req_to_token,
+        req_pool_indices,
+        lens,
+        kv_indptr,
+        kv_start_idx if has_start else lens,  # dummy pointer, never read
+        kv_indices,
+        req_to_token.stride(0),
+        HAS_START=has_start,
+        BLOCK=CSR_BLOCK,
+    )
+
+
+@_build_kv_indices_op.register_fake
+def _(req_to_token, req_pool_indices, lens, kv_indptr, kv_indices, kv_start_idx) -> None:
+    return None
+
+
+def build_kv_indices(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    lens: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_start_idx: torch.Tensor | None = None,
+) -> None:
+    """Fill ``kv_indices`` in place with the token slots of each request (CSR, digest §4.2).
+
+    bs = lens.numel(). ``kv_indptr[:bs+1]`` must already hold ``[0, cumsum(lens)]``; only the
+    ranges ``kv_indptr[i] : kv_indptr[i] + lens[i]`` of ``kv_indices`` are written. The caller
+    guarantees ``kv_indices.numel() >= kv_indptr[bs]`` and ``start_i + lens[i] <= L`` (values
+    cannot be checked here without a host sync). The output dtype follows ``kv_indices``.
+    """
+    bs = _check_pool_inputs(req_to_token, req_pool_indices, lens, kv_start_idx)
+    _check_index_tensor(kv_indptr, "kv_indptr", min_len=bs + 1)
+    _check_index_tensor(kv_indices, "kv_indices")
+    _check_same_device(
+        req_to_token=req_to_token,
+        req_pool_indices=req_pool_indices,
+        lens=lens,
+        kv_indptr=kv_indptr,
+        kv_indices=kv_indices,
+        kv_start_idx=kv_start_idx,
+    )
+    _build_kv_indices_op(req_to_token, req_pool_indices, lens, kv_indptr, kv_indices, kv_start_idx)
+
+
+def build_kv_indices_ref(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    lens: torch.Tensor,
+    kv_start_idx: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Expected CSR indices: concat_i req_to_token[rpi[i], start_i : start_i + lens[i]] (int64)."""
+    bs = lens.numel()
+    starts = [0] * bs if kv_start_idx is None else kv_start_idx[:bs].tolist()
+    rows = [
+        req_to_token[r, s : s + n].long()
+        for r, s, n in zip(req_pool_indices[:bs].tolist(), starts, lens.tolist())
+    ]
+    empty = torch.zeros(0, dtype=torch.int64, device=req_to_token.device)
+    return torch.cat(rows) if rows else empty  # [sum(lens)] int64
+
+
+# ----------------------------------------------------------------------------------------------
+# paged block table (digest §4.3)
+
+
+@triton.jit
+def _build_block_table_kernel(
+    req_to_token_ptr,  # [pool, L] int32
+    req_pool_indices_ptr,  # [bs]
+    lens_ptr,  # [bs]
+    kv_start_idx_ptr,  # [bs] (ignored unless HAS_START)
+    block_table_ptr,  # [bs_max, max_blocks] int32, written
+    req_to_token_stride,
+    block_table_stride,
+    max_blocks,
+    PAGE_SIZE: tl.constexpr,
+    PAGES_PER_CHUNK: tl.constexpr,
+    HAS_START: tl.constexpr,
+):
+    i = tl.program_id(0)  # one program per request
+    req_slot = tl.load(req_pool_indices_ptr + i).to(tl.int64)
+    n = tl.load(lens_ptr + i).to(tl.int64)
+    start = 0
+    if HAS_START:  # constexpr: resolved at compile time
+        start = tl.load(kv_start_idx_ptr + i).to(tl.int64)
+    num_pages = tl.cdiv(n, PAGE_SIZE)
+    src_row = req_to_token_ptr + req_slot * req_to_token_stride + start
+    dst_row = block_table_ptr + i.to(tl.int64) * block_table_stride
+    for c in range(tl.cdiv(num_pages, PAGES_PER_CHUNK)):
+        p = c * PAGES_PER_CHUNK + tl.arange(0, PAGES_PER_CHUNK).to(tl.int64)  # [chunk] pages
+        keep = (p < num_pages) & (p < max_blocks)  # never write past the row
+        first_slot = tl.load(src_row + p * PAGE_SIZE, mask=keep, other=0)
+        tl.store(dst_row + p, (first_slot // PAGE_SIZE).to(tl.int32), mask=keep)
+
+
+@torch.library.custom_op("refimpl::build_block_table", mutates_args=("block_table",))
+def _build_block_table_op(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    lens: torch.Tensor,
+    block_table: torch.Tensor,
+    page_size: int,
+    kv_start_idx: torch.Tensor | None,
+) -> None:
+    bs = lens.shape[0]
+    if bs == 0:
+        return
+    has_start = kv_start_idx is not None
+    pages_per_chunk = max(1, BLOCK_TABLE_CHUNK // page_size)
+    pages_per_chunk = 1 << (pages_per_chunk.bit_length() - 1)  # tl.arange needs a power of 2
+    _build_block_table_kernel[(bs,)](
+        req_to_token,
+        req_pool_indices,
+        lens,
+        kv_start_idx if has_start else lens,  # dummy pointer, never read
+        block_table,
+        req_to_token.stride(0),
+        block_table.stride(0),
+        block_table.shape[1],
+        PAGE_SIZE=page_size,
+        PAGES_PER_CHUNK=pages_per_chunk,
+        HAS_START=has_start,
+    )
+
+
+@_build_block_table_op.register_fake
+def _(req_to_token, req_pool_indices, lens, block_table, page_size, kv_start_idx) -> None:
+    return None
+
+
+def build_block_table(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    lens: torch.Tensor,
+    block_table: torch.Tensor,
+    page_size: int,
+    kv_start_idx: torch.Tensor | None = None,
+) -> None:
+    """Fill rows ``[:bs]`` of ``block_table`` with page ids (digest §4.3), bs = lens.numel().
+
+    ``block_table[i, p] = req_to_token[rpi[i], start_i + p*P] // P`` for ``p < cdiv(lens[i], P)``;
+    entries at ``p >= cdiv(lens[i], P)`` keep their previous value (−1 or 1 by convention). The
+    caller guarantees ``cdiv(lens[i], P) <= max_blocks``; the kernel masks ``p < max_blocks`` so it
+    never writes out of bounds even if that is violated (the extra pages are then dropped).
+    """
+    if not isinstance(page_size, int) or page_size < 1:
+        raise ValueError(f"page_size={page_size!r}: must be an int >= 1")
+    bs = _check_pool_inputs(req_to_token, req_pool_indices, lens, kv_start_idx)
+    if not isinstance(block_table, torch.Tensor):
+        raise TypeError(f"block_table must be a torch.Tensor, got {type(block_table).__name__}")
+    if block_table.dtype != torch.int32:
+        raise ValueError(f"block_table.dtype={block_table.dtype}: must be torch.int32")
+    if block_table.dim() != 2:
+        raise ValueError(f"block_table.shape={tuple(block_table.shape)}: must be 2-D")
+    if block_table.shape[0] < bs:
+        raise ValueError(f"block_table.shape[0]={block_table.shape[0]}: must be >= bs={bs}")
+    if block_table.numel() > 0 and block_table.stride(1) != 1:
+        raise ValueError(f"block_table.stride(1)={block_table.stride(1)}: must be 1")
+    _check_same_device(
+        req_to_token=req_to_token,
+        req_pool_indices=req_pool_indices,
+        lens=lens,
+        block_table=block_table,
+        kv_start_idx=kv_start_idx,
+    )
+    _build_block_table_op(
+        req_to_token, req_pool_indices, lens, block_table, page_size, kv_start_idx
+    )
+
+
+def build_block_table_ref(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    lens: torch.Tensor,
+    block_table: torch.Tensor,
+    page_size: int,
+    kv_start_idx: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Expected table: a copy of ``block_table`` with the written entries replaced."""
+    out = block_table.clone()  # [bs_max, max_blocks] int32
+    bs = lens.numel()
+    starts = [0] * bs if kv_start_idx is None else kv_start_idx[:bs].tolist()
+    for i, (r, s, n) in enumerate(zip(req_pool_indices[:bs].tolist(), starts, lens.tolist())):
+        num_pages = min(-(-n // page_size), out.shape[1])
+        for p in range(num_pages):
+            out[i, p] = int(req_to_token[r, s + p * page_size]) // page_size
+    return out
+
+
+def block_table_to_kv_indices(
+    block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-level CSR view of a block table (host-side helper for oracles and tests).
+
+    Slot of position t of request i = ``block_table[i, t // P] * P + t % P``; bs = seq_lens.numel().
+    Returns ``(kv_indptr [bs+1] int64, kv_indices [sum(seq_lens)] int64)``.
+    """
+    bs = seq_lens.numel()
+    assert block_table.dim() == 2 and block_table.shape[0] >= bs, "block_table must be [>=bs, *]"
+    device = block_table.device
+    kv_indptr = torch.zeros(bs + 1, dtype=torch.int64, device=device)  # [bs+1] int64
+    kv_indptr[1:] = torch.cumsum(seq_lens.to(torch.int64), 0)
+    rows = []
+    for i, n in enumerate(seq_lens.tolist()):
+        t = torch.arange(n, device=device)  # [n] positions
+        rows.append(block_table[i, t // page_size].long() * page_size + t % page_size)
+    kv_indices = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.int64, device=device)
+    return kv_indptr, kv_indices

@@ -1,0 +1,153 @@
+"""Request and token pools, and the KV caches the captured step writes into.
+
+Three tables (digest §4.1):
+
+- ``req_to_token`` ``[pool_size, L]`` int32: row = request slot, column j = position j, value =
+  the token slot holding that position's KV. Row 0 is reserved: padded graph rows point at it.
+- token slots, handed out in pages of ``page_size`` contiguous, aligned slots
+  (``page_id = slot // page_size``). Page 0 (slots ``0..page_size-1``) is reserved: padded rows
+  write their KV into slot 0, which therefore never belongs to a live request.
+- the KV cache: MHA ``k[layer]`` ``[slots, Hkv, D]`` / ``v[layer]`` ``[slots, Hkv, Dv]``, or MLA
+  ``kv[layer]`` ``[slots, 1, 512 + 64]`` (latent | rope).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import ModelConfig
+
+RESERVED_REQ_SLOT = 0
+RESERVED_TOKEN_SLOT = 0
+
+
+class ReqToTokenPool:
+    """``req_to_token[size, max_context_len]`` int32 with request slot 0 reserved."""
+
+    def __init__(self, size: int, max_context_len: int, device: str | torch.device = "cpu"):
+        if size < 2:
+            raise ValueError(f"ReqToTokenPool size={size}: need >= 2 (slot 0 is reserved)")
+        self.size = size
+        self.max_context_len = max_context_len
+        self.device = torch.device(device)
+        self.req_to_token = torch.zeros(size, max_context_len, dtype=torch.int32, device=device)
+        self._free = list(range(1, size))  # slot 0 never handed out
+
+    @property
+    def available(self) -> int:
+        return len(self._free)
+
+    def alloc(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise RuntimeError(
+                f"ReqToTokenPool: asked for {n} request slots, only {len(self._free)} free "
+                f"(pool size {self.size}, slot 0 reserved)"
+            )
+        out, self._free = self._free[:n], self._free[n:]
+        return out
+
+    def free(self, slots: list[int]) -> None:
+        for s in slots:
+            if s == RESERVED_REQ_SLOT:
+                raise ValueError("request slot 0 is reserved and cannot be freed")
+            self.row(s).zero_()  # a freed row must not leak stale slot ids
+        self._free.extend(slots)
+
+    def row(self, slot: int) -> torch.Tensor:
+        return self.req_to_token[slot]
+
+
+class TokenSlotAllocator:
+    """Hands out KV slots page by page; page 0 is reserved for padded rows.
+
+    ``page_size`` is 1 for Triton / FlashInfer, 64 for FlashMLA, 128 for Cutlass-MLA and 32 or
+    64 for TRTLLM-MLA (digest §4.1). A request's slots for positions ``[p*P, (p+1)*P)`` live in
+    one page, so ``req_to_token[r, p*P] // P`` is that page's id (what block tables store).
+    """
+
+    def __init__(self, num_slots: int, page_size: int = 1, seed: int = 0):
+        if num_slots % page_size:
+            raise ValueError(f"num_slots={num_slots} is not a multiple of page_size={page_size}")
+        if num_slots // page_size < 2:
+            raise ValueError(f"num_slots={num_slots}: need >= 2 pages (page 0 is reserved)")
+        self.num_slots = num_slots
+        self.page_size = page_size
+        g = torch.Generator().manual_seed(seed)
+        # shuffled so that a request's pages are not contiguous: index bugs then show up
+        pages = torch.randperm(num_slots // page_size - 1, generator=g) + 1
+        self._free_pages: list[int] = pages.tolist()
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free_pages)
+
+    def alloc_pages(self, n: int) -> list[int]:
+        if n > len(self._free_pages):
+            raise RuntimeError(
+                f"TokenSlotAllocator: asked for {n} pages of {self.page_size} slots, only "
+                f"{len(self._free_pages)} free"
+            )
+        out, self._free_pages = self._free_pages[:n], self._free_pages[n:]
+        return out
+
+    def free_page_ids(self, pages: list[int]) -> None:
+        if 0 in pages:
+            raise ValueError("page 0 is reserved and cannot be freed")
+        self._free_pages.extend(pages)
+
+    def slots_for(self, pages: list[int], num_tokens: int) -> torch.Tensor:
+        """Token slots for positions ``0..num_tokens-1`` laid out over ``pages``."""
+        p = self.page_size
+        if num_tokens > len(pages) * p:
+            raise ValueError(f"{num_tokens} tokens do not fit in {len(pages)} pages of {p}")
+        page_ids = torch.tensor(pages, dtype=torch.int64)
+        pos = torch.arange(num_tokens, dtype=torch.int64)
+        return page_ids[pos // p] * p + pos % p
+
+
+class MHAKVCache:
+    """Per layer ``k[slots, Hkv, D]`` and ``v[slots, Hkv, Dv]`` ("NHD", page size folded in)."""
+
+    def __init__(self, cfg: ModelConfig, num_slots: int, device: str | torch.device = "cpu"):
+        self.cfg = cfg
+        self.num_slots = num_slots
+        shape_k = (num_slots, cfg.num_kv_heads, cfg.head_dim)
+        shape_v = (num_slots, cfg.num_kv_heads, cfg.v_head_dim)
+        self.k = [
+            torch.zeros(shape_k, dtype=cfg.dtype, device=device) for _ in range(cfg.num_layers)
+        ]
+        self.v = [
+            torch.zeros(shape_v, dtype=cfg.dtype, device=device) for _ in range(cfg.num_layers)
+        ]
+
+    def set_kv(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        # loc: [tokens] int64; k: [tokens, Hkv, D]; an in-place scatter (graph-safe)
+        self.k[layer].index_copy_(0, loc, k.to(self.k[layer].dtype))
+        self.v[layer].index_copy_(0, loc, v.to(self.v[layer].dtype))
+
+    def buffers(self) -> list[torch.Tensor]:
+        return self.k + self.v
+
+
+class MLAKVCache:
+    """Per layer ``kv[slots, 1, kv_lora_rank + rope]``: latent in ``[..., :512]``, rope after."""
+
+    def __init__(self, cfg: ModelConfig, num_slots: int, device: str | torch.device = "cpu"):
+        self.cfg = cfg
+        self.num_slots = num_slots
+        shape = (num_slots, 1, cfg.kv_row_width)
+        self.kv = [
+            torch.zeros(shape, dtype=cfg.dtype, device=device) for _ in range(cfg.num_layers)
+        ]
+
+    def set_kv(self, layer: int, loc: torch.Tensor, latent_and_rope: torch.Tensor) -> None:
+        # latent_and_rope: [tokens, 576] or [tokens, 1, 576]
+        row = latent_and_rope.reshape(-1, 1, self.cfg.kv_row_width)
+        self.kv[layer].index_copy_(0, loc, row.to(self.kv[layer].dtype))
+
+    def buffers(self) -> list[torch.Tensor]:
+        return list(self.kv)
+
+
+def make_kv_cache(cfg: ModelConfig, num_slots: int, device: str | torch.device = "cpu"):
+    return MLAKVCache(cfg, num_slots, device) if cfg.is_mla else MHAKVCache(cfg, num_slots, device)

@@ -1,0 +1,86 @@
+"""Forward modes and one explicit predicate per mode.
+
+SGLang's ``ForwardMode`` (digest §2) has grouped predicates with easy-to-miss defaults:
+``is_draft_extend()`` silently excludes DRAFT_EXTEND_V2 unless ``include_v2=True``. Here every
+mode has exactly one predicate that is true for that mode alone, and the few groupings the
+graph code needs are spelled out by name (``is_decode_or_idle``, ``is_any_draft_extend``).
+
+Tokens per request in a captured graph (digest §1.2, §4.9 item 5):
+
+| mode             | tokens per request |
+|------------------|--------------------|
+| DECODE / IDLE    | 1 (``topk`` rows per request in multi-step draft decode) |
+| TARGET_VERIFY    | N = num_draft_tokens |
+| DRAFT_EXTEND     | S + 1 (v1: num_steps + 1) |
+| DRAFT_EXTEND_V2  | N (v2: the runner's captured request width) |
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ForwardMode(enum.IntEnum):
+    EXTEND = enum.auto()  # eager prefill, never captured here
+    DECODE = enum.auto()
+    IDLE = enum.auto()  # a DP rank with no requests; graphs treat it like decode
+    TARGET_VERIFY = enum.auto()
+    DRAFT_EXTEND = enum.auto()  # EAGLE v1 draft extend
+    DRAFT_EXTEND_V2 = enum.auto()  # EAGLE v2 draft extend ("fixed shape")
+
+    # --- one predicate per mode ------------------------------------------------------------
+    def is_extend(self) -> bool:
+        return self is ForwardMode.EXTEND
+
+    def is_decode(self) -> bool:
+        return self is ForwardMode.DECODE
+
+    def is_idle(self) -> bool:
+        return self is ForwardMode.IDLE
+
+    def is_target_verify(self) -> bool:
+        return self is ForwardMode.TARGET_VERIFY
+
+    def is_draft_extend_v1(self) -> bool:
+        return self is ForwardMode.DRAFT_EXTEND
+
+    def is_draft_extend_v2(self) -> bool:
+        return self is ForwardMode.DRAFT_EXTEND_V2
+
+    # --- named groupings ----------------------------------------------------------------------
+    def is_decode_or_idle(self) -> bool:
+        return self in (ForwardMode.DECODE, ForwardMode.IDLE)
+
+    def is_any_draft_extend(self) -> bool:
+        """DRAFT_EXTEND or DRAFT_EXTEND_V2 (SGLang: ``is_draft_extend(include_v2=True)``)."""
+        return self in (ForwardMode.DRAFT_EXTEND, ForwardMode.DRAFT_EXTEND_V2)
+
+    def has_multi_token_queries(self) -> bool:
+        """Modes whose requests carry more than one query row (the 'extend' kernels)."""
+        return self in (
+            ForwardMode.EXTEND,
+            ForwardMode.TARGET_VERIFY,
+            ForwardMode.DRAFT_EXTEND,
+            ForwardMode.DRAFT_EXTEND_V2,
+        )
+
+    def is_graph_mode(self) -> bool:
+        """Modes a graph runner captures in refimpl (EXTEND always runs eagerly)."""
+        return self is not ForwardMode.EXTEND
+
+    @classmethod
+    def parse(cls, name: str) -> "ForwardMode":
+        """``'target_verify'`` / ``'TARGET_VERIFY'`` / ``'draft_extend_v2'`` -> member."""
+        key = name.strip().upper().replace("-", "_")
+        try:
+            return cls[key]
+        except KeyError:
+            valid = ", ".join(m.name.lower() for m in cls)
+            raise ValueError(f"unknown forward mode {name!r}; valid modes: {valid}") from None
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+GRAPH_MODES = tuple(m for m in ForwardMode if m.is_graph_mode())

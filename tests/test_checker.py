@@ -1,0 +1,140 @@
+"""The checker passes the unified hello-world backend and catches each classic bug class."""
+
+import pytest
+import torch
+
+from refimpl.backends import BackendEntry
+from refimpl.backends.torch_native import TorchNativeBackend, TorchNativeMetadata
+from refimpl.check import CheckSettings, check_entry_mode, diff_states, run_checks
+from refimpl.graphs import CPUEmulatorEngine
+from refimpl.modes import ForwardMode
+
+FAST = CheckSettings(capture_bs=(1, 2, 4), raw_bs=(1, 3), max_context_len=32)
+
+
+class FreshBufferAtReplay(TorchNativeBackend):
+    """Bug class 'stale bound buffer': replay builds kv_indptr in a fresh tensor."""
+
+    variant = "bug-fresh-buffer"
+
+    def init_forward_metadata_replay_cuda_graph(self, bs, rpi, seq_lens, *args, **kw):
+        real = self.cuda_graph_kv_indptr
+        self.cuda_graph_kv_indptr = torch.zeros_like(real)  # the graph still reads `real`
+        try:
+            super().init_forward_metadata_replay_cuda_graph(bs, rpi, seq_lens, *args, **kw)
+        finally:
+            self.cuda_graph_kv_indptr = real
+
+
+class FrozenScalarAtCapture(TorchNativeBackend):
+    """Bug class 'Python scalar baked at capture' (old TRTLLM-MLA max_seq_len)."""
+
+    variant = "bug-frozen-scalar"
+
+    def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, rpi, seq_lens, *a, **k):
+        super().init_forward_metadata_capture_cuda_graph(bs, num_tokens, rpi, seq_lens, *a, **k)
+        md = self.forward_metadata
+        longest = int(seq_lens[:bs].max())  # host read *outside* the graph, then frozen
+        self.forward_metadata = TorchNativeMetadata(
+            md.kv_indptr, md.kv_indices, md.q_per_req, longest, md.custom_mask, md.mask_indptr
+        )
+
+
+def entry(cls, variant):
+    e = BackendEntry(
+        "torch_native", variant, "refimpl.backends.torch_native:TorchNativeBackend", "mha"
+    )
+    object.__setattr__(e, "load", lambda: cls)
+    return e
+
+
+@pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.IDLE])
+def test_unified_hello_world_passes(mode):
+    rows = check_entry_mode(entry(TorchNativeBackend, "unified"), mode, CPUEmulatorEngine(), FAST)
+    assert rows and all(r.passed for r in rows), [r.findings for r in rows]
+    assert all(r.findings == [] for r in rows)
+
+
+def test_fresh_buffer_at_replay_is_caught():
+    rows = check_entry_mode(
+        entry(FreshBufferAtReplay, "bug"), ForwardMode.DECODE, CPUEmulatorEngine(), FAST
+    )
+    bad = [r for r in rows if r.bs > 1]
+    # Pattern A shares the buggy body between capture and replay, so (a) cannot see it ...
+    assert bad and all(r.capture_equals_replay for r in bad)
+    # ... but the graph reads the real buffer, which nobody refilled: (b) fails
+    assert all(r.graph_equals_eager is False for r in bad)
+    assert all(any(f.startswith("graph vs eager") for f in r.findings) for r in bad)
+    assert all(r.matches_oracle for r in rows), "the eager path itself is right"
+
+
+class ReplayForgetsMaskIndptr(TorchNativeBackend):
+    """Bug class 'capture and replay drifted apart' (Pattern C): replay skips mask_indptr."""
+
+    variant = "bug-drift"
+
+    def init_forward_metadata_replay_cuda_graph(self, bs, rpi, seq_lens, *args, **kw):
+        saved = self.cuda_graph_mask_indptr.clone()
+        super().init_forward_metadata_replay_cuda_graph(bs, rpi, seq_lens, *args, **kw)
+        if not getattr(self, "_capturing", False):
+            self.cuda_graph_mask_indptr.copy_(saved)
+
+    def init_forward_metadata_capture_cuda_graph(self, *a, **k):
+        self._capturing = True
+        try:
+            super().init_forward_metadata_capture_cuda_graph(*a, **k)
+        finally:
+            self._capturing = False
+
+
+def test_capture_replay_drift_is_caught():
+    rows = check_entry_mode(
+        entry(ReplayForgetsMaskIndptr, "bug"), ForwardMode.TARGET_VERIFY, CPUEmulatorEngine(), FAST
+    )
+    assert all(r.capture_equals_replay is False for r in rows)
+    assert all(any(f.startswith("mask_indptr:") for f in r.findings) for r in rows)
+    # request 0's mask starts at 0 either way; with more requests the stale offsets bite
+    assert all(r.graph_equals_eager is False for r in rows if r.bs > 1)
+
+
+def test_frozen_scalar_is_caught():
+    rows = check_entry_mode(
+        entry(FrozenScalarAtCapture, "bug"), ForwardMode.DECODE, CPUEmulatorEngine(), FAST
+    )
+    assert all(r.capture_equals_replay is False for r in rows)
+    assert any("max_kv_len" in f and "frozen at capture" in f for f in rows[0].findings)
+    assert any(r.graph_equals_eager is False for r in rows)
+
+
+def test_unsupported_mode_is_reported_as_skipped():
+    rows = check_entry_mode(
+        entry(TorchNativeBackend, "unified"), ForwardMode.DRAFT_EXTEND, CPUEmulatorEngine(), FAST
+    )
+    assert len(rows) == 1 and rows[0].passed and "skipped" in rows[0].findings[0]
+
+
+def test_diff_states_names_buffer_and_elements():
+    a = {"kv_indptr": torch.tensor([0, 3, 5]), "max_len": 8}
+    b = {"kv_indptr": torch.tensor([0, 3, 6]), "max_len": 9, "extra": torch.zeros(1)}
+    out = diff_states(a, b)
+    assert "kv_indptr: 1 of 3 elements differ ([2] 5 vs 6" in out[1]
+    assert out[2] == "max_len: 8 frozen at capture vs 9 after replay"
+    assert out[0] == "extra: only the replay path sets it"
+
+
+def test_run_checks_json_keys_and_unknown_backend():
+    rows = run_checks(["torch_native"], ["decode"], None, "cpu-emulator", FAST)
+    keys = set(rows[0].to_json())
+    assert keys == {
+        "backend",
+        "variant",
+        "mode",
+        "bs",
+        "engine",
+        "capture_equals_replay",
+        "graph_equals_eager",
+        "matches_oracle",
+        "findings",
+    }
+    with pytest.raises(ValueError, match="unknown backend 'nope'"):
+        run_checks(["nope"], None, None, "cpu-emulator", FAST)

@@ -1,0 +1,145 @@
+"""Every rule of the CPU graph emulator (design §3), one test each; each fails if the rule breaks."""
+
+import pytest
+import torch
+
+from refimpl.graphs import CPUEmulatorEngine, GraphCaptureError, GraphReplayError
+
+
+@torch.library.custom_op("refimpl_test::scale_into", mutates_args=("out",))
+def scale_into(x: torch.Tensor, out: torch.Tensor, factor: float) -> None:
+    # a stand-in "kernel" with several internal aten ops: the recorder must see one op
+    out.copy_(x * factor + 0.0)
+
+
+def capture(fn):
+    g = CPUEmulatorEngine().new_graph()
+    return g, g.capture(fn)
+
+
+def test_replay_does_not_run_python():
+    x, calls = torch.ones(4), []
+
+    def step():
+        calls.append(1)
+        return x * 3
+
+    g, y = capture(step)
+    assert len(calls) == 1
+    x.fill_(2.0)
+    g.replay()
+    g.replay()
+    assert len(calls) == 1, "replay must not call the Python function again"
+    assert torch.equal(y, torch.full((4,), 6.0)), "replay must recompute the recorded ops"
+
+
+def test_replay_writes_into_captured_storage():
+    x = torch.arange(6.0)
+
+    def step():
+        h = x + 1
+        return (h * 2).sum(0, keepdim=True), h[2:4]  # a fresh tensor and a view of an intermediate
+
+    g, (total, view) = capture(step)
+    ptrs = (total.data_ptr(), view.data_ptr())
+    x.copy_(torch.full((6,), 10.0))
+    g.replay()
+    assert (total.data_ptr(), view.data_ptr()) == ptrs, "outputs must stay at the captured address"
+    assert total.item() == 6 * 22.0
+    assert torch.equal(view, torch.tensor([11.0, 11.0])), "views of intermediates must see new data"
+
+
+def test_in_place_ops_rerun_on_static_buffers():
+    cache, loc, val = torch.zeros(8), torch.tensor([1, 5]), torch.tensor([1.0, 2.0])
+
+    def step():
+        cache.index_copy_(0, loc, val)
+
+    g, _ = capture(step)
+    cache.zero_()
+    loc.copy_(torch.tensor([0, 7]))
+    val.copy_(torch.tensor([9.0, 8.0]))
+    g.replay()
+    assert cache.tolist() == [9.0, 0, 0, 0, 0, 0, 0, 8.0]
+
+
+def test_python_scalars_and_shapes_are_frozen():
+    x = torch.arange(8.0)
+    knobs = {"factor": 2.0, "n": 3}
+
+    def step():
+        return x[: knobs["n"]] * knobs["factor"]
+
+    g, y = capture(step)
+    knobs.update(factor=100.0, n=8)  # a backend updating a Python attribute at replay time
+    g.replay()
+    assert y.shape == (3,), "the captured slice length must not change"
+    assert torch.equal(y, torch.tensor([0.0, 2.0, 4.0])), "the captured scalar must not change"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda x: x.sum().item(),
+        lambda x: (x + 1) if x.sum() > 0 else x,  # data-dependent branching
+        lambda x: x.tolist(),
+        lambda x: x.cpu(),
+        lambda x: x.numpy(),
+        lambda x: torch.equal(x, x),
+        lambda x: int(x[0]),
+        lambda x: x.nonzero(),
+        lambda x: x[x > 0],  # boolean indexing: data-dependent shape
+    ],
+    ids=["item", "branch", "tolist", "cpu", "numpy", "equal", "int", "nonzero", "bool-index"],
+)
+def test_host_sync_during_capture_raises(bad):
+    x = torch.arange(4.0)
+    with pytest.raises(GraphCaptureError):
+        capture(lambda: bad(x))
+    assert x.tolist() == [0.0, 1.0, 2.0, 3.0], "tolist must work again after a failed capture"
+
+
+def test_tensors_allocated_after_capture_are_invisible():
+    class Backend:
+        buf = torch.tensor([1.0, 2.0])
+
+    b = Backend()
+    g, y = capture(lambda: b.buf * 10)
+    b.buf = torch.tensor([7.0, 7.0])  # a fresh tensor at replay time: the graph never sees it
+    g.replay()
+    assert y.tolist() == [10.0, 20.0]
+    b_old = g._steps[0].args[0]
+    b_old.copy_(torch.tensor([3.0, 4.0]))  # writing the captured buffer in place does count
+    g.replay()
+    assert y.tolist() == [30.0, 40.0]
+
+
+def test_custom_op_is_one_recorded_kernel():
+    x, out = torch.arange(4.0), torch.zeros(4)
+    g, _ = capture(lambda: scale_into(x, out, 3.0))
+    assert g.kernels() == {"refimpl_test.scale_into.default": 1}, g.ops()
+    x.fill_(1.0)
+    g.replay()
+    assert out.tolist() == [3.0] * 4
+
+
+def test_allocations_are_not_rerun_but_fills_are():
+    def step():
+        a = torch.empty(3)
+        a.fill_(5.0)
+        return a + torch.zeros(3)
+
+    g, y = capture(step)
+    assert "aten.empty.memory_format" not in g.kernels()
+    y.zero_()
+    g.replay()
+    assert y.tolist() == [5.0] * 3
+
+
+def test_replay_before_capture_and_double_capture_raise():
+    g = CPUEmulatorEngine().new_graph()
+    with pytest.raises(GraphReplayError):
+        g.replay()
+    g.capture(lambda: torch.ones(1) + 1)
+    with pytest.raises(GraphCaptureError):
+        g.capture(lambda: torch.ones(1))

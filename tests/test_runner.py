@@ -1,0 +1,159 @@
+"""The graph runner: padding, fallbacks, bad input, and padded rows never touching live KV."""
+
+import pytest
+import torch
+
+from refimpl.backends.torch_native import TorchNativeBackend
+from refimpl.batch import World
+from refimpl.batchgen import BatchGenerator
+from refimpl.config import GraphConfig, ModelConfig, SpecConfig
+from refimpl.graphs import CPUEmulatorEngine, GraphReplayError
+from refimpl.graphs.runner import GraphRunner
+from refimpl.model import TinyDecoder
+from refimpl.modes import ForwardMode
+
+L = 40
+
+
+def make(mode=ForwardMode.DECODE, spec=None, capture_bs=(1, 2, 4), capture=True, kind="mha"):
+    cfg = ModelConfig(kind=kind, num_heads=2 if kind == "mla" else 4)
+    world = World.create(cfg, max_context_len=L, pool_size=24)
+    world.randomize_kv(0)
+    backend = TorchNativeBackend(world, spec)
+    gcfg = GraphConfig(max_bs=max(capture_bs), capture_bs=capture_bs, max_context_len=L)
+    runner = GraphRunner(TinyDecoder(cfg), backend, CPUEmulatorEngine(), mode, gcfg, spec)
+    if capture:
+        runner.capture()
+    return runner, BatchGenerator(world, spec, seed=3)
+
+
+def test_captures_largest_first_and_reports():
+    runner, _ = make()
+    assert [r.bs for r in runner.capture_records] == [4, 2, 1]
+    rec = runner.capture_records[0]
+    assert rec.seconds > 0 and rec.pool_bytes is None
+    assert (
+        rec.kernels == {"refimpl.build_kv_indices.default": 0}
+        or "refimpl.dense_paged_attention.default" in rec.kernels
+    )
+
+
+def test_padding_uses_fill_value_slot_zero_and_matches_eager():
+    runner, gen = make()
+    fb = gen.decode(3)
+    res = runner.run(fb)
+    assert res.used_graph and res.graph_bs == 4
+    assert runner.seq_lens[3].item() == 1 and runner.req_pool_indices[3].item() == 0
+    assert runner.out_cache_loc[3].item() == 0
+    assert torch.allclose(res.logits, runner.eager(fb), atol=1e-5, rtol=1e-5)
+
+
+def test_padded_rows_never_write_live_kv():
+    runner, gen = make()
+    world = runner.world
+    fb = gen.decode(3)
+    # poison: every slot of every other live request, plus NaN in the unused slots
+    own = set(fb.out_cache_loc.tolist())
+    others = [s for s in world.live_slots().tolist() if s not in own]
+    keep = [b[others].clone() for b in world.kv_cache.buffers()]
+    runner.replay(fb)
+    for b, old in zip(world.kv_cache.buffers(), keep):
+        assert torch.equal(b[others], old), "a padded row wrote a live request's KV"
+    # and the graph really wrote the batch's own slots
+    k0 = world.kv_cache.k[0]
+    snapshot = k0[fb.out_cache_loc].clone()
+    k0[fb.out_cache_loc] = float("nan")
+    runner.replay(fb)
+    assert torch.equal(k0[fb.out_cache_loc], snapshot)
+
+
+def test_fresh_batches_after_capture_match_eager():
+    runner, gen = make()
+    for bs in (1, 2, 3, 4):
+        fb = gen.decode(bs)
+        assert torch.allclose(runner.replay(fb), runner.eager(fb), atol=1e-5, rtol=1e-5)
+        gen.release(fb)
+
+
+def test_target_verify_graph_matches_eager_with_tree_masks():
+    spec = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
+    runner, gen = make(ForwardMode.TARGET_VERIFY, spec)
+    fb = gen.target_verify(3)
+    assert torch.allclose(runner.replay(fb), runner.eager(fb), atol=1e-5, rtol=1e-5)
+
+
+def test_fallbacks_say_why():
+    runner, gen = make()
+    big = gen.decode(5)
+    res = runner.run(big)
+    assert not res.used_graph and "exceeds the largest captured size 4" in res.fallback_reason
+    gen.release(big)
+    spec = SpecConfig()
+    vgen = BatchGenerator(runner.world, spec, seed=1)
+    res = runner.run(vgen.target_verify(2))
+    assert "target_verify was not captured" in res.fallback_reason
+
+
+def test_no_padding_mode_runs_only_captured_sizes():
+    spec = None
+    cfg = ModelConfig()
+    world = World.create(cfg, max_context_len=L, pool_size=16)
+    gcfg = GraphConfig(max_bs=4, capture_bs=(2, 4), max_context_len=L, disable_padding=True)
+    runner = GraphRunner(
+        TinyDecoder(cfg),
+        TorchNativeBackend(world, spec),
+        CPUEmulatorEngine(),
+        ForwardMode.DECODE,
+        gcfg,
+    )
+    runner.capture()
+    res = runner.run(BatchGenerator(world, None).decode(3))
+    assert not res.used_graph and "padding is disabled" in res.fallback_reason
+
+
+def test_replay_before_capture_raises():
+    runner, gen = make(capture=False)
+    with pytest.raises(GraphReplayError, match="no graph captured"):
+        runner.replay(gen.decode(1))
+
+
+def test_bad_input_errors_name_value_and_limit():
+    runner, gen = make()
+    fb = gen.decode(2)
+    with pytest.raises(ValueError, match="dtype torch.int32, expected torch.int64"):
+        runner.replay(fb.replace(out_cache_loc=fb.out_cache_loc.to(torch.int32)))
+    long = fb.replace(seq_lens_cpu=torch.tensor([L + 1, 3], dtype=torch.int32))
+    with pytest.raises(ValueError, match=f"exceeds max_context_len={L}"):
+        runner.replay(long)
+    wrong_tokens = fb.replace(input_ids=fb.input_ids.repeat(2), positions=fb.positions.repeat(2))
+    with pytest.raises(GraphReplayError, match="1 per request"):
+        runner.replay(wrong_tokens)
+
+
+def test_missing_spec_input_is_an_error():
+    spec = SpecConfig()
+    runner, gen = make(ForwardMode.TARGET_VERIFY, spec)
+    fb = gen.target_verify(2)
+    with pytest.raises(ValueError, match="needs a VerifyInput"):
+        runner.replay(fb.replace(spec_info=None))
+    with pytest.raises(ValueError, match="needs a SpecConfig"):
+        make(ForwardMode.TARGET_VERIFY, None, capture=False)
+
+
+def test_request_pool_must_hold_the_largest_graph():
+    cfg = ModelConfig()
+    world = World.create(cfg, max_context_len=L, pool_size=4)
+    with pytest.raises(ValueError, match="request pool larger than 4"):
+        GraphRunner(
+            TinyDecoder(cfg),
+            TorchNativeBackend(world),
+            CPUEmulatorEngine(),
+            ForwardMode.DECODE,
+            GraphConfig(max_bs=4, capture_bs=(1, 4)),
+        )
+
+
+def test_mla_runner_matches_eager():
+    runner, gen = make(kind="mla")
+    fb = gen.decode(3)
+    assert torch.allclose(runner.replay(fb), runner.eager(fb), atol=1e-4, rtol=1e-4)
