@@ -7,7 +7,7 @@ Conventions, per mode (digest §1, §4.6):
 | EXTEND          | all tokens incl. the new ones                      | ``extend_seq_lens[i]``  |
 | DECODE / IDLE   | all tokens incl. the one being decoded             | 1 (``topk`` in draft decode) |
 | TARGET_VERIFY   | the prefix only (tokens before the N drafts)       | N                       |
-| DRAFT_EXTEND v1 | all tokens incl. the ``accept_length+1`` new ones  | ``accept_length[i]+1`` eager, S+1 in a graph |
+| DRAFT_EXTEND v1 | all tokens incl. the S+1 new ones                  | S+1 (the verified chain; ``accept_length[i]+1`` real) |
 | DRAFT_EXTEND_V2 | all tokens incl. the N new ones                    | N                       |
 
 ``out_cache_loc[t]`` is the token slot that query row t writes its KV into; it equals

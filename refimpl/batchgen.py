@@ -200,8 +200,12 @@ class BatchGenerator:
         version: int,
         seq_lens: Sequence[int] | None = None,
         accept_length: Sequence[int] | None = None,
+        ragged: bool = False,
     ) -> ForwardBatch:
-        """DRAFT_EXTEND (v1: accept+1 ragged rows) or DRAFT_EXTEND_V2 (N rows per request)."""
+        """DRAFT_EXTEND (v1: S+1 rows per request) or DRAFT_EXTEND_V2 (N rows per request).
+
+        ``ragged=True`` (v1): only the accept+1 real rows per request (SGLang's old eager layout).
+        """
         if version not in (1, 2):
             raise ValueError(f"draft extend version must be 1 or 2, got {version!r}")
         mode = ForwardMode.DRAFT_EXTEND if version == 1 else ForwardMode.DRAFT_EXTEND_V2
@@ -214,7 +218,8 @@ class BatchGenerator:
             acc = self._listify(accept_length, bs, "accept_length")
             for i, a in enumerate(acc):
                 self._check_range(f"accept_length[{i}]", a, 0, S, "num_steps")
-        rows = [a + 1 for a in acc] if version == 1 else [N] * bs
+        spec_info = make_draft_extend_input(version, acc, S, N, self.world.device, ragged)
+        rows = spec_info.extend_seq_lens.tolist()
         if seq_lens is None:  # at least one verified token before the new rows
             seq = [self._sample_len(r + 1, L) for r in rows]
         else:
@@ -224,9 +229,8 @@ class BatchGenerator:
         rpi = self._alloc(seq)
 
         cols = [list(range(s - r, s)) for s, r in zip(seq, rows)]
-        spec_info = make_draft_extend_input(version, acc, S, N, self.world.device)
         batch = self._assemble(mode, rpi, seq, cols, positions=cols, spec_info=spec_info)
-        batch.meta.update(accept_length=acc, rows_per_req=rows)
+        batch.meta.update(accept_length=acc, rows_per_req=rows, ragged=ragged)
         return self._finish(batch)
 
     def draft_decode(self, bs: int, seq_lens: Sequence[int] | None = None) -> ForwardBatch:

@@ -23,14 +23,14 @@ import torch
 
 from .backends import BackendEntry, find
 from .backends.base import GraphModeNotSupported
-from .backends.oracle import OracleBackend
+from .backends.oracle import OracleBackend, OracleMultiStep
 from .batch import ForwardBatch, World
 from .batchgen import BatchGenerator
 from .config import GraphConfig, ModelConfig, SpecConfig
 from .graphs import GraphEngine, make_engine
 from .graphs.runner import GraphRunner, capture_spec_input
-from .model import TinyDecoder
-from .modes import GRAPH_MODES, ForwardMode
+from .model import MultiStepDraftProgram, TinyDecoder
+from .modes import ForwardMode
 
 
 @dataclass
@@ -56,13 +56,12 @@ class CheckRecord:
 
 @dataclass
 class CheckSettings:
-    capture_bs: tuple[int, ...] = (1, 2, 4, 8)
-    raw_bs: tuple[int, ...] = (1, 3, 4, 7)  # 3 and 7 are padded, 1 and 4 are not
+    capture_bs: tuple[int, ...] = (1, 2, 4)
+    raw_bs: tuple[int, ...] = (1, 3, 4)  # 3 is padded to 4; 1 and 4 are captured sizes
     spec: SpecConfig = field(default_factory=SpecConfig)
     max_context_len: int = 48
     dtype: torch.dtype | None = None  # None: float32 on CPU, bfloat16 on CUDA
     seed: int = 0
-    multi_step_draft: bool = False
 
 
 def default_model_config(kind: str, dtype: torch.dtype) -> ModelConfig:
@@ -125,7 +124,8 @@ def _padded_inputs(fb: ForwardBatch, bs: int, fill: int):
 def capture_vs_replay(
     entry: BackendEntry, runner: GraphRunner, fb: ForwardBatch, bs: int
 ) -> list[str]:
-    cls, world, spec, mode = entry.load(), runner.world, runner.spec_cfg, runner.mode
+    cls = entry.load(runner.multi_step_draft)
+    world, spec, mode = runner.world, runner.spec_cfg, runner.mode
     fill = runner.fill_value
     rpi, seq, seq_cpu, seq_sum = _padded_inputs(fb, bs, fill)
     num_tokens = bs * runner.tokens_per_req
@@ -148,10 +148,30 @@ def capture_vs_replay(
     return diff_states(state_p, state_q)
 
 
-# --- the whole check for one backend entry and mode ----------------------------------------------
+# --- the whole check for one backend entry and case ----------------------------------------------
+# A case is a captured graph kind: a forward mode, or multi-step draft decode (DECODE steps).
+CASES: dict[str, tuple[ForwardMode, bool]] = {
+    "decode": (ForwardMode.DECODE, False),
+    "idle": (ForwardMode.IDLE, False),
+    "target_verify": (ForwardMode.TARGET_VERIFY, False),
+    "draft_extend": (ForwardMode.DRAFT_EXTEND, False),
+    "draft_extend_v2": (ForwardMode.DRAFT_EXTEND_V2, False),
+    "draft_decode": (ForwardMode.DECODE, True),
+}
+
+
+def parse_case(name: str) -> str:
+    key = name.strip().lower().replace("-", "_")
+    if key not in CASES:
+        raise ValueError(f"unknown graph mode {name!r}; valid: {', '.join(CASES)}")
+    return key
+
+
 def check_entry_mode(
-    entry: BackendEntry, mode: ForwardMode, engine: GraphEngine, settings: CheckSettings
+    entry: BackendEntry, case: str | ForwardMode, engine: GraphEngine, settings: CheckSettings
 ) -> list[CheckRecord]:
+    label = case.label if isinstance(case, ForwardMode) else parse_case(case)
+    mode, multi_step = CASES[label]
     dev = engine.device
     dtype = settings.dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
     cfg = default_model_config(entry.model_kind, dtype)
@@ -166,35 +186,36 @@ def check_entry_mode(
     )
     world.randomize_kv(settings.seed)
     spec = settings.spec
-    model = TinyDecoder(cfg, dev)
-    backend = entry.load()(world, spec)
     rows: list[CheckRecord] = []
 
     def record(bs, *v, findings):
-        rows.append(
-            CheckRecord(entry.name, entry.variant, mode.label, bs, engine.name, *v, findings)
-        )
+        rows.append(CheckRecord(entry.name, entry.variant, label, bs, engine.name, *v, findings))
 
+    model = TinyDecoder(cfg, dev)
     try:
+        backend = entry.load(multi_step)(world, spec)
         backend.check_graph_mode(mode)
     except GraphModeNotSupported as e:
         record(0, None, None, None, findings=[f"skipped: {e}"])
         return rows
+    if multi_step:
+        program, oracle = MultiStepDraftProgram(model, spec.num_steps), OracleMultiStep(world, spec)
+    else:
+        program, oracle = model, OracleBackend(world, spec)
     gcfg = GraphConfig(
         max_bs=max(settings.capture_bs),
         capture_bs=settings.capture_bs,
         max_context_len=L,
         speculative=True,
     )
-    runner = GraphRunner(model, backend, engine, mode, gcfg, spec, settings.multi_step_draft)
+    runner = GraphRunner(program, backend, engine, mode, gcfg, spec, multi_step)
     runner.capture()
     gen = BatchGenerator(world, spec, seed=settings.seed + 1)
-    oracle = OracleBackend(world, spec)
     tol = tolerances(dtype)
     raw_sizes = (0,) if mode.is_idle() else settings.raw_bs
     for raw_bs in raw_sizes:
         findings: list[str] = []
-        fb = gen.for_mode(mode, raw_bs, multi_step_draft=settings.multi_step_draft)
+        fb = gen.for_mode(mode, raw_bs, multi_step_draft=multi_step)
         bs = runner.pick_bs(raw_bs)
         # (a) capture path vs replay path
         diffs = capture_vs_replay(entry, runner, fb, bs)
@@ -210,7 +231,7 @@ def check_entry_mode(
         )
         # (c) eager vs the dense oracle
         oracle.init_forward_metadata(fb)
-        ref = model(fb, oracle)
+        ref = program(fb, oracle)
         o_eq = _close(eager_out, ref, tol, "eager vs oracle", findings)
         record(raw_bs, cap_eq, g_eq, o_eq, findings=findings)
         gen.release(fb)
@@ -265,7 +286,7 @@ def run_checks(
     entries = [e for n in (backends or [None]) for e in find(n)]
     if variants:
         entries = [e for e in entries if e.variant in set(variants)]
-    mode_list = [ForwardMode.parse(m) for m in modes] if modes else list(GRAPH_MODES)
+    case_list = [parse_case(m) for m in modes] if modes else list(CASES)
     rows: list[CheckRecord] = []
     for entry in entries:
         why = entry.why_unavailable()
@@ -284,6 +305,6 @@ def run_checks(
                 )
             )
             continue
-        for mode in mode_list:
-            rows.extend(check_entry_mode(entry, mode, eng, settings))
+        for case in case_list:
+            rows.extend(check_entry_mode(entry, case, eng, settings))
     return rows

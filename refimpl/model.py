@@ -82,3 +82,34 @@ class TinyDecoder:
             o = backend.forward(q, k, v, i, fb)  # [T, H, Dv]
             x = x + o.reshape(T, H * cfg.out_head_dim) @ p["wo"]
         return _rms_norm(x) @ self.lm_head  # [T, vocab]
+
+
+class MultiStepDraftProgram:
+    """The captured program of multi-step draft decode (digest §1.2, §3.1, §4.8).
+
+    ``S - 1`` decode steps over ``bs * topk`` rows (one per draft branch). Step i feeds draft
+    token i of every branch at ``positions + i``, writes its KV at the step's slice of
+    ``out_cache_loc`` (``[step][seq][branch]``), attends through ``backend.step_backend(i)``
+    and picks the branch's next token greedily (``argmax``: graph-safe; real EAGLE re-ranks
+    the top-k children of every branch, which changes which tokens are fed, not the shapes).
+    Returns ``[rows, S-1, vocab]``, rows first so the runner can slice the live rows.
+    """
+
+    def __init__(self, model: TinyDecoder, num_steps: int):
+        if num_steps < 2:
+            raise ValueError(f"multi-step draft decode needs num_steps >= 2, got {num_steps}")
+        self.model, self.num_steps = model, num_steps
+        self.cfg = model.cfg
+
+    def __call__(self, fb: ForwardBatch, backend) -> torch.Tensor:
+        rows, ids, outs = fb.num_tokens, fb.input_ids, []
+        for i in range(self.num_steps - 1):
+            step = fb.replace(
+                input_ids=ids,
+                positions=fb.positions + i,
+                out_cache_loc=fb.out_cache_loc[i * rows : (i + 1) * rows],
+            )
+            logits = self.model(step, backend.step_backend(i))  # [rows, vocab]
+            outs.append(logits)
+            ids = logits.argmax(-1)  # [rows] int64: the next draft token of every branch
+        return torch.stack(outs, 1)  # [rows, S-1, vocab]

@@ -310,10 +310,14 @@ def make_verify_input(
 class DraftExtendInput:
     """Draft extend after verify (EagleDraftInput for v1, its fixed-shape v2 variant).
 
-    v1: request i extends by ``accept_length[i] + 1`` tokens (eager layout is ragged;
-        a captured graph lays requests out with a uniform stride of S+1, digest §3.1).
+    v1: every request carries the S+1 tokens of its verified chain (uniform stride S+1, the
+        layout a captured graph uses, digest §3.1); the first ``accept_length[i] + 1`` are real
+        (accepted drafts + the bonus token), the rest are rejected drafts whose outputs are
+        discarded. (``ragged=True`` in ``make_draft_extend_input`` builds SGLang's old eager
+        layout with only the ``accept_length[i] + 1`` real rows; graphs never see it.)
     v2: every request extends by exactly N tokens (``extend_seq_lens`` == N); rows past a
         request's accepted tokens carry rejected drafts whose outputs are discarded.
+    Causal attention makes the real rows' outputs independent of the rejected rows after them.
     """
 
     version: int  # 1 or 2
@@ -333,15 +337,24 @@ def make_draft_extend_input(
     num_steps: int,
     num_draft_tokens: int,
     device: str | torch.device = "cpu",
+    ragged: bool = False,
 ) -> DraftExtendInput:
-    """DraftExtendInput for accepted lengths in ``[0, S]``; v1 rows = accept+1, v2 rows = N."""
+    """DraftExtendInput for accepted lengths in ``[0, S]``: rows S+1 (v1) or N (v2) per request.
+
+    ``ragged=True`` (v1 only): rows = accept+1 per request, the old eager layout.
+    """
     if version not in (1, 2):
         raise ValueError(f"draft extend version must be 1 or 2, got {version!r}")
     acc = [int(a) for a in accept_length]
     for i, a in enumerate(acc):
         if not 0 <= a <= num_steps:
             raise ValueError(f"accept_length[{i}]={a} outside [0, num_steps={num_steps}]")
-    rows = [a + 1 for a in acc] if version == 1 else [num_draft_tokens] * len(acc)
+    if ragged and version != 1:
+        raise ValueError("only draft extend v1 has a ragged layout")
+    if version == 1:
+        rows = [a + 1 for a in acc] if ragged else [num_steps + 1] * len(acc)
+    else:
+        rows = [num_draft_tokens] * len(acc)
     return DraftExtendInput(
         version=version,
         accept_length=torch.tensor(acc, dtype=torch.int32, device=device),  # [bs] int32

@@ -8,7 +8,7 @@ from refimpl.batch import World
 from refimpl.batchgen import BatchGenerator
 from refimpl.check import CheckSettings, run_checks
 from refimpl.config import GraphConfig, ModelConfig, SpecConfig
-from refimpl.graphs import CPUEmulatorEngine, GraphCaptureError, make_engine
+from refimpl.graphs import CPUEmulatorEngine, make_engine
 from refimpl.graphs.runner import GraphRunner
 from refimpl.model import TinyDecoder
 from refimpl.modes import ForwardMode

@@ -465,7 +465,7 @@ def test_each_kernel_is_one_dispatched_op():
         dense_paged_mla_attention(mla["q_nope"], mla["q_rope"], mla["kv_cache"], mla["kv_indptr"],
                                   mla["kv_indices"], mla_out, sm_scale=1.0, max_kv_len=4,
                                   q_per_req=1)  # fmt: skip
-    expected = [name.replace("::", ".") + ".default" for name in KERNEL_OPS]
+    expected = [name.replace("::", ".") + ".default" for name in KERNEL_OPS[:4]]  # the 4 above
     assert rec.names == expected, rec.names
     assert kv_indices.tolist() == build_kv_indices_ref(r2t, rpi, lens).tolist()  # it really ran
     assert (out != 0).any() and (mla_out != 0).any()

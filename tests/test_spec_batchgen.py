@@ -254,7 +254,8 @@ def check_batch(b: ForwardBatch, spec: SpecConfig | None) -> None:
         assert all(0 <= a <= S for a in acc)
         if mode.is_draft_extend_v1():
             assert de.version == 1 and de.num_tokens_per_req == S + 1
-            counts = [a + 1 for a in acc]
+            # the verified chain, uniform (graph layout); ragged: only the real rows
+            counts = [a + 1 for a in acc] if b.meta["ragged"] else [S + 1] * bs
         else:
             assert de.version == 2 and de.num_tokens_per_req == n
             counts = [n] * bs
@@ -305,8 +306,10 @@ def test_explicit_lengths_and_layouts():
     assert t.positions.tolist() == [5, 6, 6, 7, 7, 7]
     rpi = int(t.req_pool_indices[0])
     assert t.out_cache_loc.tolist() == world.req_to_token[rpi, 5:11].tolist()
-    v1 = gen.draft_extend(2, 1, seq_lens=[10, 4], accept_length=[3, 0])
-    assert v1.positions.tolist() == [6, 7, 8, 9, 3] and v1.num_tokens == 5
+    v1 = gen.draft_extend(2, 1, seq_lens=[10, 5], accept_length=[3, 0])  # S = 3: 4 rows each
+    assert v1.positions.tolist() == [6, 7, 8, 9, 1, 2, 3, 4] and v1.num_tokens == 8
+    v1r = gen.draft_extend(2, 1, seq_lens=[10, 4], accept_length=[3, 0], ragged=True)
+    assert v1r.positions.tolist() == [6, 7, 8, 9, 3] and v1r.num_tokens == 5
     v2 = gen.draft_extend(2, 2, seq_lens=[10, 7], accept_length=[3, 0])
     assert v2.positions.tolist() == list(range(4, 10)) + list(range(1, 7))
     dd = gen.draft_decode(2, seq_lens=[5, 3])
@@ -317,7 +320,7 @@ def test_explicit_lengths_and_layouts():
     assert draft_decode_step_view(dd)[0].tolist() == [int(x) for x in step0]
     assert draft_decode_step_view(dd)[2].tolist() == [int(x) for x in step2]
     assert dd.positions.tolist() == [5, 5, 3, 3]
-    for b in (d, e, t, v1, v2, dd):
+    for b in (d, e, t, v1, v1r, v2, dd):
         check_batch(b, TREE)
 
 

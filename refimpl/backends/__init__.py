@@ -10,7 +10,6 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-
 from .base import AttentionBackend, GraphModeNotSupported
 
 
@@ -22,24 +21,33 @@ class BackendEntry:
     model_kind: str  # "mha" or "mla": the model flavour it serves
     page_size: int = 1
     unavailable: Callable[[], str | None] | None = None
-    is_reference: bool = False  # unified shapes must pass the checker; legacy ones show findings
+    multi_step_target: str | None = None  # "module:Class" of its multi-step draft wrapper
 
-    def load(self) -> type[AttentionBackend]:
-        module, cls = self.target.split(":")
+    def load(self, multi_step: bool = False) -> type[AttentionBackend]:
+        target = self.multi_step_target if multi_step else self.target
+        if target is None:
+            raise GraphModeNotSupported(
+                f"{self.name}/{self.variant} has no multi-step draft backend"
+            )
+        module, cls = target.split(":")
         return getattr(importlib.import_module(module, __name__), cls)
 
     def why_unavailable(self) -> str | None:
         return self.unavailable() if self.unavailable else None
 
-    @property
-    def must_pass(self) -> bool:
-        return self.variant == "unified"
-
 
 REGISTRY: list[BackendEntry] = [
     BackendEntry("torch_native", "unified", ".torch_native:TorchNativeBackend", "mha"),
     BackendEntry("torch_native_mla", "unified", ".torch_native:TorchNativeBackend", "mla"),
-]
+    BackendEntry("triton", "unified", ".triton:TritonAttnBackend", "mha",
+                 multi_step_target=".multistep:TritonMultiStepDraftBackend"),
+    BackendEntry("triton", "legacy", ".triton:TritonAttnBackendLegacy", "mha",
+                 multi_step_target=".multistep:TritonMultiStepDraftBackendLegacy"),
+    BackendEntry("wave", "unified", ".wave:WaveAttnBackend", "mha",
+                 multi_step_target=".multistep:WaveMultiStepDraftBackend"),
+    BackendEntry("wave", "legacy", ".wave:WaveAttnBackendLegacy", "mha",
+                 multi_step_target=".multistep:WaveMultiStepDraftBackendLegacy"),
+]  # fmt: skip
 
 
 def register(entry: BackendEntry) -> None:

@@ -12,8 +12,9 @@ then runs ``kernels.oracle`` in float64:
 | DRAFT_EXTEND v1 | ``extend_seq_lens[i]``        | ``req_to_token[r, :seq_len]``         | causal |
 | DRAFT_EXTEND_V2 | N                             | ``req_to_token[r, :seq_len]``         | causal |
 
-Multi-step draft decode sets ``spec_info.kv_indptr/kv_indices`` per step; when those are set,
-the oracle uses them (one query row per kv range).
+Multi-step draft decode (``OracleMultiStep``): step i, row (r, k) attends the prefix
+``req_to_token[r, :seq_len]`` plus the i+1 draft slots of branch k at columns
+``seq_len + k*S + j`` (the layout of ``batchgen.draft_decode``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 
 from ..batch import ForwardBatch
 from ..kernels import mha_oracle, mla_oracle
+from ..spec import DraftDecodeInput
 from .base import AttentionBackend
 
 
@@ -31,17 +33,30 @@ class OracleBackend(AttentionBackend):
     pattern = "-"
     graph_modes = frozenset()
 
+    def __init__(self, world, spec=None, step: int | None = None):
+        super().__init__(world, spec)
+        self.step = step  # multi-step draft decode: which step this oracle computes
+
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         mode, bs = fb.forward_mode, fb.batch_size
         seq = fb.seq_lens_cpu.tolist()
         rpi = fb.req_pool_indices.tolist()
         spec = fb.spec_info
-        kv_ptr_in = getattr(spec, "kv_indptr", None)
-        if mode.is_decode_or_idle() and kv_ptr_in is not None:  # multi-step draft decode
-            kv_indptr = kv_ptr_in.to(torch.int64)
-            kv_indices = spec.kv_indices.to(torch.int64)
-            rows = kv_indptr.numel() - 1
-            qo = torch.arange(rows + 1, dtype=torch.int64)
+        r2t = self.world.req_to_token
+        if mode.is_decode_or_idle() and isinstance(spec, DraftDecodeInput):
+            # multi-step draft decode, step i: row (r, k) = prefix + the i+1 drafts of branch k
+            if self.step is None:
+                raise ValueError("oracle: draft decode needs the step index (OracleMultiStep)")
+            S, topk, i = spec.num_steps, spec.topk, self.step
+            ranges = [
+                torch.cat([r2t[r, :n], r2t[r, n + k * S : n + k * S + i + 1]]).to(torch.int64)
+                for r, n in zip(rpi, seq)
+                for k in range(topk)
+            ]
+            kv_indices = torch.cat(ranges) if ranges else torch.zeros(0, dtype=torch.int64)
+            kv_lens = [x.numel() for x in ranges]
+            kv_indptr = torch.tensor([0] + kv_lens, dtype=torch.int64).cumsum(0)
+            qo = torch.arange(len(ranges) + 1, dtype=torch.int64)
             self.forward_metadata = (qo, kv_indptr, kv_indices, None, None, False)
             return
         if mode.is_target_verify():
@@ -54,7 +69,6 @@ class OracleBackend(AttentionBackend):
             q_rows, kv_lens = ext.tolist(), seq
         else:
             raise ValueError(f"oracle: unknown mode {mode}")
-        r2t = self.world.req_to_token
         kv_indices = torch.cat(
             [r2t[r, :n].to(torch.int64) for r, n in zip(rpi, kv_lens)]
             or [torch.zeros(0, dtype=torch.int64, device=self.device)]
@@ -108,3 +122,18 @@ class OracleBackend(AttentionBackend):
                 **args,
             )
         return out.to(q.dtype)
+
+
+class OracleMultiStep(OracleBackend):
+    """One oracle per draft step, for ``MultiStepDraftProgram``."""
+
+    def __init__(self, world, spec=None):
+        super().__init__(world, spec)
+        self.steps = [OracleBackend(world, spec, step=i) for i in range(spec.num_steps - 1)]
+
+    def step_backend(self, i: int) -> OracleBackend:
+        return self.steps[i]
+
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        for b in self.steps:
+            b.init_forward_metadata(fb)

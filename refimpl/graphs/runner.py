@@ -205,7 +205,12 @@ class GraphRunner:
             self.req_pool_indices.zero_()
         self.input_ids[:n].copy_(fb.input_ids)
         self.positions[:n].copy_(fb.positions)
-        self.out_cache_loc[: fb.out_cache_loc.numel()].copy_(fb.out_cache_loc)
+        if self.multi_step_draft:  # [step][seq][branch]: each step's block starts at step*rows
+            steps = self.spec_cfg.num_steps
+            static = self.out_cache_loc[: bs * self.locs_per_req].view(steps, -1)
+            static[:, :n].copy_(fb.out_cache_loc.view(steps, n))
+        else:
+            self.out_cache_loc[: fb.out_cache_loc.numel()].copy_(fb.out_cache_loc)
         self.req_pool_indices[:raw_bs].copy_(fb.req_pool_indices)
         self.seq_lens[:raw_bs].copy_(fb.seq_lens)
         self.seq_lens_cpu[:raw_bs].copy_(fb.seq_lens_cpu)

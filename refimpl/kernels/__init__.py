@@ -3,12 +3,20 @@
 - ``indices``: CSR kv-index builder (digest §4.2) and paged block-table builder (§4.3), Triton.
 - ``attention``: graph-safe dense paged attention, MHA/GQA and MLA, plain torch (§4.1, §4.6).
 - ``oracle``: float64 reference attention over ragged batches, for tests.
+- ``triton_decode``: split-KV decode (stage 1 + merge) and the split-count heuristic (§4.4, §4.5).
+- ``triton_extend``: extend attention for target verify / draft extend (prefix paged, new k/v direct).
+- ``draft_indices``: multi-step draft-decode kv index generator (§4.8).
 
 Every op is one ``torch.library.custom_op``: a ``TorchDispatchMode`` recorder sees exactly one
 ``refimpl.<name>.default`` per launch (names in ``KERNEL_OPS``).
 """
 
 from .attention import dense_paged_attention, dense_paged_mla_attention
+from .draft_indices import (
+    draft_decode_kv_indices,
+    draft_decode_kv_indices_ref,
+    draft_decode_used_len,
+)
 from .indices import (
     block_table_to_kv_indices,
     build_block_table,
@@ -17,12 +25,19 @@ from .indices import (
     build_kv_indices_ref,
 )
 from .oracle import attention_from_dense, mha_oracle, mla_oracle, relative_error
+from .triton_decode import decode_attention, get_num_kv_splits, get_num_kv_splits_ref
+from .triton_extend import extend_attention
 
 KERNEL_OPS = (
     "refimpl::build_kv_indices",
     "refimpl::build_block_table",
     "refimpl::dense_paged_attention",
     "refimpl::dense_paged_mla_attention",
+    "refimpl::decode_attention_stage1",
+    "refimpl::decode_attention_stage2",
+    "refimpl::num_kv_splits",
+    "refimpl::extend_attention",
+    "refimpl::draft_decode_kv_indices",
 )
 
 __all__ = [
@@ -33,6 +48,13 @@ __all__ = [
     "build_block_table_ref",
     "build_kv_indices",
     "build_kv_indices_ref",
+    "decode_attention",
+    "draft_decode_kv_indices",
+    "draft_decode_kv_indices_ref",
+    "draft_decode_used_len",
+    "extend_attention",
+    "get_num_kv_splits",
+    "get_num_kv_splits_ref",
     "dense_paged_attention",
     "dense_paged_mla_attention",
     "mha_oracle",

@@ -1,0 +1,199 @@
+"""Multi-step draft decode: one wrapper, S-1 step backends, per-step kv buffers (digest §3.1, §4.8).
+
+EAGLE drafts S tokens per branch: the first comes from draft extend, the next S-1 from S-1
+decode steps over ``bs * topk`` rows (one per branch). SGLang's ``*MultiStepDraftBackend``
+owns, per step i, a ``kv_indptr`` row and a ``kv_indices`` row; one Triton launch
+(``draft_decode_kv_indices``, grid ``(S, num_seqs, topk)``) fills all of them from
+``req_to_token``: row (r, k) of step i = the ``seq_lens[r]`` prefix slots + the ``i+1`` draft
+slots of branch k. Each step backend then points its metadata at its row
+(``common_template``).
+
+| buffer                 | shape                   | dtype                  |
+|------------------------|-------------------------|------------------------|
+| kv_indptr              | [S, pool*topk + 1]      | int32                  |
+| cuda_graph_kv_indices  | [S, B*topk*L]           | the step backend's     |
+| shared num_kv_splits   | [B*topk] (Triton only)  | int32                  |
+
+Replay regenerates the indices in place, then (Triton) computes the split counts **once** into
+the buffer every step shares, or (Wave) runs each step's replay, which copies the wrapper's rows
+into Wave's buffers (self-copies: the wrapper lent them) and computes that step's splits.
+
+The unified wrapper also computes the split counts at capture (capture = the replay body + the
+steps' captures). Upstream's capture still skips them: the same benign class of drift as Wave's
+legacy bug; the legacy wrapper keeps it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..batch import ForwardBatch, World
+from ..config import SpecConfig
+from ..kernels import draft_decode_kv_indices
+from ..modes import ForwardMode
+from ..spec import DraftDecodeInput
+from .base import AttentionBackend, GraphModeNotSupported
+from .triton import TritonAttnBackend, TritonAttnBackendLegacy
+from .wave import WaveAttnBackend, WaveAttnBackendLegacy
+
+
+class MultiStepDraftBackend(AttentionBackend):
+    step_cls: type = AttentionBackend
+    share_splits = True  # Triton: one split buffer for every step, computed once per replay
+    compute_splits_at_capture = True  # unified; the legacy wrapper sets False (upstream)
+    graph_modes = frozenset({ForwardMode.DECODE})
+
+    def __init__(self, world: World, spec: SpecConfig | None = None, **step_kw):
+        if spec is None or spec.num_steps < 2:
+            raise ValueError(
+                f"multi-step draft decode needs a SpecConfig with num_steps >= 2, got {spec}"
+            )
+        super().__init__(world, spec)
+        self.S, self.topk = spec.num_steps, spec.topk
+        pool = world.req_to_token_pool.size
+        self.kv_indptr = torch.zeros(
+            self.S, pool * self.topk + 1, dtype=torch.int32, device=self.device
+        )
+        self.step_backends = [
+            self.step_cls(
+                world, spec, kv_indptr_buf=self.kv_indptr[i], skip_prefill=True, **step_kw
+            )
+            for i in range(self.S - 1)
+        ]
+        first = self.step_backends[0]
+        self.name, self.variant, self.pattern = first.name, first.variant, first.pattern
+
+    def step_backend(self, i: int) -> AttentionBackend:
+        return self.step_backends[i]
+
+    def check_graph_mode(self, mode: ForwardMode) -> None:
+        if not mode.is_decode_or_idle():
+            raise GraphModeNotSupported(
+                f"multi-step draft decode runs decode steps, not {mode.label}"
+            )
+
+    # --- index generation (common_template) -----------------------------------------------------
+    def _common_template(self, bs, rpi, seq_lens, kv_indices, kv_indptr, call_fn) -> None:
+        rows = bs * self.topk
+        draft_decode_kv_indices(
+            rpi[:bs], self.world.req_to_token, seq_lens[:bs], kv_indices, kv_indptr,
+            topk=self.topk, num_steps=self.S,
+        )  # fmt: skip
+        for i in range(self.S - 1):
+            # the full row, not SGLang's [:used_len] slice: no host value decides a view's size
+            spec_i = DraftDecodeInput(self.topk, self.S, kv_indptr[i, : rows + 1], kv_indices[i])
+            if call_fn is not None:
+                call_fn(i, spec_i)
+
+    # --- eager --------------------------------------------------------------------------------
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        bs, L = fb.batch_size, self.world.max_context_len
+        rows = bs * self.topk
+        dtype = self.step_backends[0].kv_indices_dtype
+        kv_indices = torch.zeros(self.S, max(rows * L, 1), dtype=dtype, device=self.device)
+        kv_indptr = torch.zeros(self.S, rows + 1, dtype=torch.int32, device=self.device)
+
+        def eager_step(i, spec_i):
+            self.step_backends[i].init_forward_metadata(fb.replace(spec_info=spec_i))
+
+        self._common_template(
+            bs, fb.req_pool_indices, fb.seq_lens, kv_indices, kv_indptr, eager_step
+        )
+
+    # --- graphs -------------------------------------------------------------------------------
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        L = self.world.max_context_len
+        self.max_bs, self.max_num_tokens = max_bs, max_num_tokens
+        dtype = self.step_backends[0].kv_indices_dtype
+        width = max_bs * self.topk * L
+        self.cuda_graph_kv_indices = torch.zeros(self.S, width, dtype=dtype, device=self.device)
+        self.cuda_graph_num_kv_splits = torch.full(
+            (max_num_tokens,),
+            self.step_backends[0].max_kv_splits,
+            dtype=torch.int32,
+            device=self.device,
+        )
+        shared = self.cuda_graph_num_kv_splits if self.share_splits else None
+        for i, b in enumerate(self.step_backends):
+            b.init_cuda_graph_state(max_bs, max_num_tokens, self.cuda_graph_kv_indices[i], shared)
+
+    def _replay_body(self, bs, rpi, seq_lens) -> None:
+        if self.share_splits:
+            self._common_template(
+                bs, rpi, seq_lens, self.cuda_graph_kv_indices, self.kv_indptr, None
+            )
+            step0 = self.step_backends[0]
+            step0._splits(self.cuda_graph_num_kv_splits[: bs * self.topk], seq_lens[:bs])
+        else:
+
+            def replay_step(i, spec_i):
+                self.step_backends[i].init_forward_metadata_replay_cuda_graph(
+                    bs, rpi, seq_lens, None, None, ForwardMode.DECODE, spec_i, None
+                )
+
+            self._common_template(
+                bs, rpi, seq_lens, self.cuda_graph_kv_indices, self.kv_indptr, replay_step
+            )
+
+    def init_forward_metadata_capture_cuda_graph(
+        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
+    ) -> None:
+        self.check_graph_mode(forward_mode)
+
+        def capture_step(i, spec_i):
+            self.step_backends[i].init_forward_metadata_capture_cuda_graph(
+                bs, bs * self.topk, req_pool_indices, seq_lens, None, ForwardMode.DECODE, spec_i
+            )
+
+        self._common_template(
+            bs, req_pool_indices, seq_lens, self.cuda_graph_kv_indices, self.kv_indptr, capture_step
+        )
+        if self.compute_splits_at_capture:
+            self._replay_body(bs, req_pool_indices, seq_lens)
+
+    def init_forward_metadata_replay_cuda_graph(
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
+        seq_lens_cpu,
+    ) -> None:  # fmt: skip
+        self._replay_body(bs, req_pool_indices, seq_lens)
+
+    def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
+        state: dict[str, Any] = {}
+        for i, b in enumerate(self.step_backends):
+            state.update({f"step{i}.{k}": v for k, v in b.graph_state(bs, mode).items()})
+        return state
+
+    def forward(self, q, k, v, layer, fb):
+        raise RuntimeError("the multi-step program calls step_backend(i).forward, not the wrapper")
+
+
+class TritonMultiStepDraftBackend(MultiStepDraftBackend):
+    step_cls = TritonAttnBackend
+
+
+class TritonMultiStepDraftBackendLegacy(MultiStepDraftBackend):
+    step_cls = TritonAttnBackendLegacy
+
+    compute_splits_at_capture = False
+
+
+class WaveMultiStepDraftBackend(MultiStepDraftBackend):
+    step_cls = WaveAttnBackend
+
+    share_splits = False
+
+    def check_graph_mode(self, mode: ForwardMode) -> None:
+        super().check_graph_mode(mode)
+        if self.topk > 1:
+            raise GraphModeNotSupported(
+                f"wave sizes its decode buffers by max_bs, so multi-step draft decode with "
+                f"topk={self.topk} (bs*topk rows) does not fit; chains only"
+            )
+
+
+class WaveMultiStepDraftBackendLegacy(WaveMultiStepDraftBackend):
+    step_cls = WaveAttnBackendLegacy
+
+    compute_splits_at_capture = False

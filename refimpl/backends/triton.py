@@ -1,0 +1,444 @@
+"""SGLang's Triton attention backend (digest §3.1), unified (Pattern A) and legacy (Pattern C).
+
+Kernels: refimpl's own Triton kernels, registered as custom ops: the CSR kv-index builder
+(§4.2), split-KV decode with its split-count heuristic (§4.4, §4.5) and the extend kernel for
+target verify / draft extend (prefix KV through ``kv_indices``, the new tokens' KV passed
+directly, tree mask through ``mask_indptr``).
+
+Static buffers (``init_cuda_graph_state``; B = max_bs, T = max_num_tokens, L = max_context_len):
+
+| buffer                  | shape                        | dtype   | read by                 |
+|-------------------------|------------------------------|---------|-------------------------|
+| kv_indptr (``__init__``)| [pool+1] (or a multi-step row)| int32  | decode, extend          |
+| qo_indptr (``__init__``)| [pool+1]                     | int64   | extend                  |
+| mask_indptr             | [pool+1]                     | int64   | target verify           |
+| cuda_graph_attn_logits  | [T, H, max_kv_splits, Dv]    | float32 | decode stage 1 / 2      |
+| cuda_graph_attn_lse     | [T, H, max_kv_splits]        | float32 | decode stage 1 / 2      |
+| cuda_graph_num_kv_splits| [T] (or shared)              | int32   | decode (data, per row)  |
+| cuda_graph_kv_indices   | [T*L] (or a multi-step row)  | int64   | decode, extend          |
+| cuda_graph_custom_mask  | [T*L]                        | uint8   | target verify           |
+
+Frozen in a graph: the buffer addresses, ``max_kv_splits`` (grid dim 3 of decode stage 1),
+``max_extend_len`` (the extend kernel's q-block grid), head counts and dims.
+
+Per-mode token layout (uniform strides, §4.9 item 5): decode 1, target verify N, draft extend
+S+1 (v1) or N (v2, #27545). refimpl's ``seq_lens`` always count a request's new rows (see
+``batch.py``), so the extend kernel's prefix is ``seq_lens - rows`` in every extend mode.
+(SGLang's v1 passes ``seq_lens`` without the new rows and v2 subtracts ``extend_seq_lens``:
+the keys are the same.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..batch import ForwardBatch, World
+from ..config import SpecConfig
+from ..kernels import build_kv_indices, decode_attention, extend_attention, get_num_kv_splits
+from ..modes import ForwardMode
+from ..spec import DraftDecodeInput, DraftExtendInput, VerifyInput, require_spec
+from .base import AttentionBackend, GraphModeNotSupported
+
+
+# fmt: off
+@dataclass
+class TritonMetadata:
+    kv_indptr: torch.Tensor                      # [bs+1] int32 (rows+1 in draft decode)
+    kv_indices: torch.Tensor                     # [>= kv_indptr[-1]] int64 (int32 for Wave)
+    attn_logits: torch.Tensor | None = None      # decode: [T, H, max_kv_splits, Dv] float32
+    attn_lse: torch.Tensor | None = None         # decode: [T, H, max_kv_splits] float32
+    num_kv_splits: torch.Tensor | None = None    # decode: [T] int32, data read by the kernel
+    max_extend_len: int | None = None            # extend: q rows per request bound (frozen)
+    qo_indptr: torch.Tensor | None = None        # extend: [bs+1]
+    custom_mask: torch.Tensor | None = None      # verify: [>= mask_indptr[bs]] uint8/bool
+    mask_indptr: torch.Tensor | None = None      # verify: [bs+1] int64
+
+    def __post_init__(self):
+        assert self.kv_indptr.dtype == torch.int32, self.kv_indptr.dtype
+        assert (self.custom_mask is None) == (self.mask_indptr is None)
+        assert (self.attn_logits is None) == (self.num_kv_splits is None)
+# fmt: on
+
+
+def default_core_count(device: torch.device) -> int:
+    """SM count on a GPU (§4.5 'core_count'); a fixed 8 on CPU so CPU runs are reproducible."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 8
+
+
+class TritonAttnBackend(AttentionBackend):
+    """Unified shape (POST-#26665): capture = replay body + ``_build_cuda_graph_forward_metadata``."""
+
+    name = "triton"
+    variant = "unified"
+    pattern = "A"
+    graph_modes = frozenset(
+        {
+            ForwardMode.DECODE,
+            ForwardMode.IDLE,
+            ForwardMode.TARGET_VERIFY,
+            ForwardMode.DRAFT_EXTEND,
+            ForwardMode.DRAFT_EXTEND_V2,
+        }
+    )
+    kv_indices_dtype = torch.int64
+    qo_indptr_dtype = torch.int64
+
+    def __init__(
+        self,
+        world: World,
+        spec: SpecConfig | None = None,
+        *,
+        max_kv_splits: int = 8,
+        kv_indptr_buf: torch.Tensor | None = None,
+        skip_prefill: bool = False,
+    ):
+        super().__init__(world, spec)
+        if world.page_size != 1:
+            raise ValueError(f"{self.name} indexes tokens (page size 1), got {world.page_size}")
+        pool = world.req_to_token_pool.size
+        i32, i64 = (
+            dict(dtype=torch.int32, device=self.device),
+            dict(dtype=torch.int64, device=self.device),
+        )
+        self.kv_indptr = (
+            kv_indptr_buf if kv_indptr_buf is not None else torch.zeros(pool + 1, **i32)
+        )
+        self.qo_indptr = torch.zeros(pool + 1, dtype=self.qo_indptr_dtype, device=self.device)
+        self.mask_indptr = torch.zeros(pool + 1, **i64)
+        self.max_kv_splits = max_kv_splits
+        self.core_count = default_core_count(self.device)
+        self.skip_prefill = skip_prefill
+
+    # --- small helpers ------------------------------------------------------------------------
+    def _num_draft_tokens(self) -> int:
+        if self.spec is None:
+            raise ValueError(f"{self.name}: speculative modes need a SpecConfig")
+        return self.spec.num_draft_tokens
+
+    def _draft_extend_stride(self, mode: ForwardMode) -> int:
+        """Rows per request in a draft-extend graph: N for v2 (#27545), S+1 for v1."""
+        if self.spec is None:
+            raise ValueError(f"{self.name}: draft extend needs a SpecConfig")
+        return self.spec.num_draft_tokens if mode.is_draft_extend_v2() else self.spec.num_steps + 1
+
+    def _splits(self, num_kv_splits: torch.Tensor, seq_lens: torch.Tensor) -> None:
+        get_num_kv_splits(
+            num_kv_splits,
+            seq_lens,
+            num_group=num_kv_splits.numel() // max(seq_lens.numel(), 1),
+            num_heads=self.cfg.num_heads,
+            num_kv_heads=self.cfg.num_kv_heads,
+            max_kv_splits=self.max_kv_splits,
+            core_count=self.core_count,
+        )
+
+    def _check_verify_n(self, spec_info: VerifyInput) -> int:
+        n = self._num_draft_tokens()
+        if spec_info.draft_token_num != n:
+            raise ValueError(
+                f"verify batch has draft_token_num={spec_info.draft_token_num}, the graph was "
+                f"captured for num_draft_tokens={n}"
+            )
+        return n
+
+    # --- eager --------------------------------------------------------------------------------
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        mode, bs, dev = fb.forward_mode, fb.batch_size, self.device
+        rpi, seq = fb.req_pool_indices, fb.seq_lens
+        kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
+
+        def fresh_kv(lens: torch.Tensor, host_total: int) -> torch.Tensor:
+            kv_indptr[1:] = torch.cumsum(lens, 0)
+            idx = torch.zeros(max(host_total, 1), dtype=self.kv_indices_dtype, device=dev)
+            build_kv_indices(self.world.req_to_token, rpi, lens, kv_indptr, idx)
+            return idx
+
+        if mode.is_decode_or_idle():
+            rows = fb.num_tokens
+            if isinstance(fb.spec_info, DraftDecodeInput) and fb.spec_info.kv_indptr is not None:
+                kv_indptr, kv_indices = fb.spec_info.kv_indptr, fb.spec_info.kv_indices
+            else:
+                kv_indices = fresh_kv(seq, fb.seq_lens_sum)
+            H, Dv, S = self.cfg.num_heads, self.cfg.v_head_dim, self.max_kv_splits
+            splits = torch.empty(max(rows, 1), dtype=torch.int32, device=dev)
+            if bs:
+                self._splits(splits[:rows], seq)
+            self.forward_metadata = TritonMetadata(
+                kv_indptr, kv_indices,
+                attn_logits=torch.empty(max(rows, 1), H, S, Dv, dtype=torch.float32, device=dev),
+                attn_lse=torch.empty(max(rows, 1), H, S, dtype=torch.float32, device=dev),
+                num_kv_splits=splits,
+            )  # fmt: skip
+            return
+        if mode.is_target_verify():
+            spec = require_spec(mode, fb.spec_info, VerifyInput)
+            n = spec.draft_token_num
+            kv_indices = fresh_kv(seq, fb.seq_lens_sum)  # prefix only: drafts come as k/v
+            qo = torch.arange(0, (bs + 1) * n, n, dtype=self.qo_indptr_dtype, device=dev)
+            mask = mask_indptr = None
+            if spec.custom_mask is not None:
+                mask = spec.custom_mask
+                mask_indptr = torch.zeros(bs + 1, dtype=torch.int64, device=dev)
+                mask_indptr[1:] = torch.cumsum(n * (seq.to(torch.int64) + n), 0)
+            self.forward_metadata = TritonMetadata(
+                kv_indptr, kv_indices, max_extend_len=n, qo_indptr=qo,
+                custom_mask=mask, mask_indptr=mask_indptr,
+            )  # fmt: skip
+            return
+        # EXTEND and draft extend: causal over the new rows, prefix = seq_lens - rows
+        if mode.is_any_draft_extend():
+            rows = require_spec(mode, fb.spec_info, DraftExtendInput).extend_seq_lens
+        elif mode.is_extend():
+            rows = fb.extend_seq_lens
+        else:
+            raise ValueError(f"{self.name}: unknown mode {mode}")
+        prefix = seq - rows
+        qo = torch.zeros(bs + 1, dtype=self.qo_indptr_dtype, device=dev)
+        qo[1:] = torch.cumsum(rows, 0)
+        kv_indices = fresh_kv(prefix, fb.seq_lens_sum - fb.num_tokens)
+        max_len = int(rows.max()) if bs else 1  # eager: a host read is allowed (SGLang: .item())
+        self.forward_metadata = TritonMetadata(
+            kv_indptr, kv_indices, max_extend_len=max_len, qo_indptr=qo
+        )
+
+    # --- graph buffers ------------------------------------------------------------------------
+    def init_cuda_graph_state(
+        self,
+        max_bs: int,
+        max_num_tokens: int,
+        kv_indices_buf: torch.Tensor | None = None,
+        num_kv_splits_buf: torch.Tensor | None = None,
+    ) -> None:
+        T, L, H, dev = max_num_tokens, self.world.max_context_len, self.cfg.num_heads, self.device
+        self.max_bs, self.max_num_tokens = max_bs, max_num_tokens
+        S, Dv = self.max_kv_splits, self.cfg.v_head_dim
+        f32 = dict(dtype=torch.float32, device=dev)
+        self.cuda_graph_attn_logits = torch.zeros(T, H, S, Dv, **f32)
+        self.cuda_graph_attn_lse = torch.zeros(T, H, S, **f32)
+        if num_kv_splits_buf is None:
+            num_kv_splits_buf = torch.full((T,), S, dtype=torch.int32, device=dev)
+        self.cuda_graph_num_kv_splits = num_kv_splits_buf
+        if kv_indices_buf is None:
+            kv_indices_buf = torch.zeros(T * L, dtype=self.kv_indices_dtype, device=dev)
+        self.cuda_graph_kv_indices = kv_indices_buf
+        if not self.skip_prefill:
+            self.cuda_graph_custom_mask = torch.zeros(T * L, dtype=torch.uint8, device=dev)
+
+    # --- the shared fill helpers (post-#26665) --------------------------------------------------
+    def _fill_kv_indptr_and_indices(self, bs, lens, rpi, kv_indices) -> torch.Tensor:
+        kv_indptr = self.kv_indptr[: bs + 1]
+        kv_indptr[1:] = torch.cumsum(lens, 0)  # in place: the graph reads this buffer
+        build_kv_indices(self.world.req_to_token, rpi, lens, kv_indptr, kv_indices)
+        return kv_indptr
+
+    def _update_decode_kv_buffers(self, bs, seq_lens, rpi) -> None:
+        self._fill_kv_indptr_and_indices(bs, seq_lens[:bs], rpi[:bs], self.cuda_graph_kv_indices)
+
+    def _update_target_verify_buffers(self, bs, seq_lens, rpi, spec_info) -> None:
+        spec = require_spec(ForwardMode.TARGET_VERIFY, spec_info, VerifyInput)
+        n = self._check_verify_n(spec)
+        seq_lens = seq_lens[:bs]
+        self.qo_indptr[: bs + 1].copy_(torch.arange(0, (bs + 1) * n, n, device=self.device))
+        self._fill_kv_indptr_and_indices(bs, seq_lens, rpi[:bs], self.cuda_graph_kv_indices)
+        if spec.custom_mask is not None:
+            mask = spec.custom_mask
+            if mask.numel() > self.cuda_graph_custom_mask.numel():
+                raise ValueError(
+                    f"tree mask of {mask.numel()} entries exceeds the graph buffer of "
+                    f"{self.cuda_graph_custom_mask.numel()} (max_num_tokens * max_context_len)"
+                )
+            self.cuda_graph_custom_mask[: mask.numel()].copy_(mask)
+        self.mask_indptr[1 : bs + 1] = torch.cumsum(n * (seq_lens.to(torch.int64) + n), 0)
+
+    def _update_draft_extend_buffers(self, bs, seq_lens, rpi, mode, spec_info) -> None:
+        tpr = self._draft_extend_stride(mode)
+        self.qo_indptr[: bs + 1].copy_(torch.arange(0, bs * tpr + 1, tpr, device=self.device))
+        # prefix = seq_lens - rows; padded rows (seq_len 1 < rows) clamp to an empty prefix
+        kv_lens = torch.clamp(seq_lens[:bs] - tpr, min=0)
+        self._fill_kv_indptr_and_indices(bs, kv_lens, rpi[:bs], self.cuda_graph_kv_indices)
+
+    def _build_cuda_graph_forward_metadata(self, bs: int, mode: ForwardMode, spec_info: Any):
+        """Metadata whose tensors are views of the static buffers (nothing is computed)."""
+        kv = dict(kv_indptr=self.kv_indptr[: bs + 1], kv_indices=self.cuda_graph_kv_indices)
+        if mode.is_decode_or_idle():
+            return TritonMetadata(
+                **kv,
+                attn_logits=self.cuda_graph_attn_logits,
+                attn_lse=self.cuda_graph_attn_lse,
+                num_kv_splits=self.cuda_graph_num_kv_splits,
+            )
+        if mode.is_target_verify():
+            has_mask = spec_info is not None and spec_info.custom_mask is not None
+            return TritonMetadata(
+                **kv,
+                max_extend_len=self._num_draft_tokens(),
+                qo_indptr=self.qo_indptr[: bs + 1],
+                custom_mask=self.cuda_graph_custom_mask if has_mask else None,
+                mask_indptr=self.mask_indptr[: bs + 1] if has_mask else None,
+            )
+        if mode.is_any_draft_extend():
+            # upstream freezes S+1 here for v2 too (digest §3.1 divergence 4); refimpl freezes
+            # the stride the rows are laid out with, which is what the kernel's grid needs
+            return TritonMetadata(
+                **kv,
+                max_extend_len=self._draft_extend_stride(mode),
+                qo_indptr=self.qo_indptr[: bs + 1],
+            )
+        raise ValueError(f"Invalid forward mode {mode} for a CUDA graph")
+
+    # --- Pattern A ----------------------------------------------------------------------------
+    def init_forward_metadata_capture_cuda_graph(
+        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
+    ) -> None:
+        self.check_graph_mode(forward_mode)
+        if forward_mode.is_decode_or_idle() and isinstance(spec_info, DraftDecodeInput):
+            # multi-step draft decode: the multi-step wrapper owns and fills the kv buffers
+            self.forward_metadata = TritonMetadata(
+                spec_info.kv_indptr,
+                spec_info.kv_indices,
+                attn_logits=self.cuda_graph_attn_logits,
+                attn_lse=self.cuda_graph_attn_lse,
+                num_kv_splits=self.cuda_graph_num_kv_splits,
+            )
+            return
+        self.init_forward_metadata_replay_cuda_graph(
+            bs, req_pool_indices, seq_lens, None, encoder_lens, forward_mode, spec_info, None
+        )
+        self.forward_metadata = self._build_cuda_graph_forward_metadata(bs, forward_mode, spec_info)
+
+    def init_forward_metadata_replay_cuda_graph(
+        self,
+        bs,
+        req_pool_indices,
+        seq_lens,
+        seq_lens_sum,
+        encoder_lens,
+        forward_mode,
+        spec_info,
+        seq_lens_cpu,
+    ) -> None:
+        if forward_mode.is_decode_or_idle():
+            if isinstance(spec_info, DraftDecodeInput):
+                raise ValueError("multi-step draft decode replays through its multi-step wrapper")
+            self._update_decode_kv_buffers(bs, seq_lens, req_pool_indices)
+            self._splits(self.cuda_graph_num_kv_splits[:bs], seq_lens[:bs])
+        elif forward_mode.is_target_verify():
+            self._update_target_verify_buffers(bs, seq_lens, req_pool_indices, spec_info)
+        elif forward_mode.is_any_draft_extend():
+            self._update_draft_extend_buffers(
+                bs, seq_lens, req_pool_indices, forward_mode, spec_info
+            )
+        else:
+            raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")
+
+    # --- checker support ----------------------------------------------------------------------
+    def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
+        md: TritonMetadata = self.forward_metadata
+        rows = md.kv_indptr.numel() - 1
+        state: dict[str, Any] = {
+            "kv_indptr": md.kv_indptr,
+            "kv_indices": md.kv_indices[: int(md.kv_indptr[-1])],
+        }
+        if md.num_kv_splits is not None:
+            state["num_kv_splits"] = md.num_kv_splits[:rows]
+            state["max_kv_splits"] = md.attn_logits.shape[2]
+        if md.qo_indptr is not None:
+            state["qo_indptr"] = md.qo_indptr
+            state["max_extend_len"] = md.max_extend_len
+        if md.mask_indptr is not None:
+            state["mask_indptr"] = md.mask_indptr
+            state["custom_mask"] = md.custom_mask[: int(md.mask_indptr[-1])].to(torch.uint8)
+        return state
+
+    # --- the captured step --------------------------------------------------------------------
+    def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
+        md: TritonMetadata = self.forward_metadata
+        cache, cfg = self.world.kv_cache, self.cfg
+        cache.set_kv(layer, fb.out_cache_loc[: q.shape[0]], k, v)
+        out = torch.empty(q.shape[0], cfg.num_heads, cfg.v_head_dim, dtype=q.dtype, device=q.device)
+        if q.shape[0] == 0:  # an idle batch
+            return out
+        if md.num_kv_splits is not None:  # decode / idle / draft decode
+            decode_attention(
+                q, cache.k[layer], cache.v[layer], out, md.kv_indptr, md.kv_indices,
+                md.attn_logits, md.attn_lse, md.num_kv_splits, md.attn_logits.shape[2],
+                cfg.sm_scale,
+            )  # fmt: skip
+        else:  # target verify / draft extend / extend: new tokens' k, v passed directly
+            extend_attention(
+                q, k, v, out, cache.k[layer], cache.v[layer], md.qo_indptr, md.kv_indptr,
+                md.kv_indices, md.custom_mask, md.mask_indptr, md.custom_mask is None,
+                md.max_extend_len, cfg.sm_scale,
+            )  # fmt: skip
+        return out
+
+
+# ----------------------------------------------------------------------------------------------
+class TritonAttnBackendLegacy(TritonAttnBackend):
+    """Legacy shape (Pattern C, before #26665): capture and replay are two separate bodies.
+
+    The historical differences, kept on purpose:
+    1. capture never calls ``get_num_kv_splits``: the split buffer still holds
+       ``max_kv_splits`` from ``torch.full`` during warm-up and capture (benign: the kernel
+       reads the buffer at run time and replay does compute it);
+    2. draft-extend replay lays ``qo_indptr`` out by cumulative accept lengths (a ragged
+       stride, ``accept_length + 1`` real rows per request) while capture used the uniform
+       stride the rows are actually laid out with: requests after the first read the wrong rows.
+    """
+
+    variant = "legacy"
+    pattern = "C"
+
+    def init_forward_metadata_capture_cuda_graph(
+        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
+    ) -> None:
+        self.check_graph_mode(forward_mode)
+        rpi, seq = req_pool_indices[:bs], seq_lens[:bs]
+        if forward_mode.is_decode_or_idle() and isinstance(spec_info, DraftDecodeInput):
+            return super().init_forward_metadata_capture_cuda_graph(
+                bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
+            )
+        if forward_mode.is_decode_or_idle():
+            self._fill_kv_indptr_and_indices(bs, seq, rpi, self.cuda_graph_kv_indices)
+            # (1) no get_num_kv_splits here
+        elif forward_mode.is_target_verify():
+            self._update_target_verify_buffers(bs, seq_lens, req_pool_indices, spec_info)
+        elif forward_mode.is_any_draft_extend():
+            tpr = self._draft_extend_stride(forward_mode)  # (2) capture: uniform stride
+            self.qo_indptr[: bs + 1].copy_(torch.arange(0, bs * tpr + 1, tpr, device=self.device))
+            kv_lens = torch.clamp(seq - tpr, min=0)
+            self._fill_kv_indptr_and_indices(bs, kv_lens, rpi, self.cuda_graph_kv_indices)
+        self.forward_metadata = self._build_cuda_graph_forward_metadata(bs, forward_mode, spec_info)
+
+    def init_forward_metadata_replay_cuda_graph(
+        self,
+        bs,
+        req_pool_indices,
+        seq_lens,
+        seq_lens_sum,
+        encoder_lens,
+        forward_mode,
+        spec_info,
+        seq_lens_cpu,
+    ) -> None:
+        rpi, seq = req_pool_indices[:bs], seq_lens[:bs]
+        if forward_mode.is_decode_or_idle():
+            self._fill_kv_indptr_and_indices(bs, seq, rpi, self.cuda_graph_kv_indices)
+            self._splits(self.cuda_graph_num_kv_splits[:bs], seq)
+        elif forward_mode.is_target_verify():
+            self._update_target_verify_buffers(bs, seq_lens, req_pool_indices, spec_info)
+        elif forward_mode.is_any_draft_extend():
+            spec = require_spec(forward_mode, spec_info, DraftExtendInput)
+            tpr = self._draft_extend_stride(forward_mode)
+            real = torch.ones(bs, dtype=torch.int64, device=self.device)  # padded rows: 1
+            real[: spec.accept_length.numel()] = spec.accept_length.to(torch.int64) + 1
+            self.qo_indptr[1 : bs + 1] = torch.cumsum(real, 0)  # (2) replay: ragged stride
+            kv_lens = torch.clamp(seq - tpr, min=0)
+            self._fill_kv_indptr_and_indices(bs, kv_lens, rpi, self.cuda_graph_kv_indices)
+        else:
+            raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")
