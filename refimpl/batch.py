@@ -95,7 +95,7 @@ class World:
         """
         g = torch.Generator(device="cpu").manual_seed(seed)
         for buf in self.kv_cache.buffers():
-            buf.copy_((torch.randn(buf.shape, generator=g) * scale).to(buf.dtype))
+            buf.copy_((torch.randn(buf.shape, generator=g, device="cpu") * scale).to(buf.dtype))
 
     def clone_to(self, device: str | torch.device) -> "World":
         """A copy on another device with the same tables, cache contents and free lists."""
@@ -204,5 +204,14 @@ class ForwardBatch:
                 extra = int(self.spec_info.draft_token_num)
             if longest + extra > L:
                 raise ValueError(f"sequence length {longest + extra} exceeds max_context_len={L}")
+            mask = getattr(self.spec_info, "custom_mask", None)
+            if self.forward_mode.is_target_verify() and mask is not None:
+                n = int(self.spec_info.draft_token_num)
+                want = sum(n * (s + n) for s in self.seq_lens_cpu.tolist())
+                if mask.numel() != want:
+                    raise ValueError(
+                        f"tree mask has {mask.numel()} entries, expected {want} = "
+                        f"sum over requests of N*(seq_len+N) with N={n} (digest §4.6)"
+                    )
             if int(self.seq_lens_cpu.min()) < 1:
                 raise ValueError(f"seq_lens must be >= 1, got min {int(self.seq_lens_cpu.min())}")

@@ -259,7 +259,7 @@ class BatchGenerator:
             positions=positions,
             req_pool_indices=rpi_t,
             seq_lens=seq_t.to(torch.int32),  # [bs] int32: prefix (verified tokens)
-            seq_lens_cpu=torch.tensor(seq, dtype=torch.int32),  # [bs] int32, cpu
+            seq_lens_cpu=torch.tensor(seq, dtype=torch.int32, device="cpu"),  # [bs] int32, cpu
             out_cache_loc=out_cache_loc,
             seq_lens_sum=sum(seq),
             world=self.world,
@@ -415,7 +415,9 @@ class BatchGenerator:
         return DraftTree.random(spec.num_draft_tokens, spec.topk, spec.num_steps, self.rng)
 
     def _random_ids(self, n: int) -> torch.Tensor:
-        ids = torch.randint(0, self.world.cfg.vocab_size, (n,), generator=self.torch_gen)
+        ids = torch.randint(
+            0, self.world.cfg.vocab_size, (n,), generator=self.torch_gen, device="cpu"
+        )
         return ids.to(self.world.device)  # [n] int64, device
 
     def _i32(self, values: list[int]) -> torch.Tensor:
@@ -446,7 +448,7 @@ class BatchGenerator:
             positions=pos,  # [T] int64
             req_pool_indices=rpi_t,  # [bs] int64
             seq_lens=torch.tensor(seq, dtype=torch.int32, device=dev),  # [bs] int32
-            seq_lens_cpu=torch.tensor(seq, dtype=torch.int32),  # [bs] int32, cpu
+            seq_lens_cpu=torch.tensor(seq, dtype=torch.int32, device="cpu"),  # [bs] int32, cpu
             out_cache_loc=out_cache_loc,  # [T] int64
             seq_lens_sum=int(sum(seq)),
             world=self.world,

@@ -74,7 +74,7 @@ class TokenSlotAllocator:
         self.page_size = page_size
         g = torch.Generator().manual_seed(seed)
         # shuffled so that a request's pages are not contiguous: index bugs then show up
-        pages = torch.randperm(num_slots // page_size - 1, generator=g) + 1
+        pages = torch.randperm(num_slots // page_size - 1, generator=g, device="cpu") + 1
         self._free_pages: list[int] = pages.tolist()
 
     @property

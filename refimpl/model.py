@@ -37,7 +37,9 @@ class TinyDecoder:
         hd = cfg.hidden_size
 
         def w(*shape):  # scaled so activations stay O(1) through the layers
-            return (torch.randn(*shape, generator=g) / math.sqrt(shape[0])).to(device, cfg.dtype)
+            return (torch.randn(*shape, generator=g, device="cpu") / math.sqrt(shape[0])).to(
+                device, cfg.dtype
+            )
 
         self.embed = w(cfg.vocab_size, hd) * math.sqrt(cfg.vocab_size)
         self.inv_freq = 1.0 / (10000 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))

@@ -90,7 +90,7 @@ def test_checker_passes_unified_rows_on_cuda():
         ["decode", "target_verify", "idle"],
         None,
         "cuda",
-        CheckSettings(raw_bs=(1, 3, 8)),
+        CheckSettings(raw_bs=(1, 3, 4)),
     )
     assert rows and all(r.engine == "cuda" for r in rows)
     assert all(r.passed for r in rows), [(r.backend, r.mode, r.bs, r.findings) for r in rows]

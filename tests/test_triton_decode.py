@@ -379,7 +379,8 @@ def _valid_args(max_kv_splits=4):
 )  # fmt: skip
 def test_decode_wrapper_errors_name_the_value(change, match):
     args = _valid_args()
-    args.update(change)
+    # parametrize values are built at collection time, on the CPU: move them to DEVICE
+    args.update({k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in change.items()})
     with pytest.raises(ValueError, match=match):
         decode_attention(**args)
 

@@ -84,3 +84,102 @@ def test_triton_legacy_draft_extend_layout_mismatch():
     assert any(f.startswith("qo_indptr:") for f in r.findings), r.findings
     # the graph's rows are laid out with stride S+1; the ragged qo_indptr reads the wrong rows
     assert r.graph_equals_eager is False and r.matches_oracle
+
+
+# --- bad input and static-buffer tails ---------------------------------------------------------
+import torch  # noqa: E402
+
+from refimpl.backends.multistep import TritonMultiStepDraftBackend  # noqa: E402
+from refimpl.backends.triton import TritonAttnBackend  # noqa: E402
+from refimpl.batch import World  # noqa: E402
+from refimpl.batchgen import BatchGenerator  # noqa: E402
+from refimpl.config import GraphConfig, ModelConfig  # noqa: E402
+from refimpl.graphs.runner import GraphRunner  # noqa: E402
+from refimpl.model import MultiStepDraftProgram, TinyDecoder  # noqa: E402
+from refimpl.modes import ForwardMode  # noqa: E402
+from refimpl.spec import DraftDecodeInput, VerifyInput  # noqa: E402
+
+L = 40
+
+
+def triton_runner(mode, spec=CHAIN, multi_step=False):
+    world = World.create(ModelConfig(), max_context_len=L, pool_size=24)
+    world.randomize_kv(0)
+    model = TinyDecoder(world.cfg)
+    if multi_step:
+        backend, program = TritonMultiStepDraftBackend(world, spec), MultiStepDraftProgram(model, 3)
+    else:
+        backend, program = TritonAttnBackend(world, spec), model
+    gcfg = GraphConfig(max_bs=4, capture_bs=(1, 2, 4), max_context_len=L)
+    runner = GraphRunner(program, backend, CPUEmulatorEngine(), mode, gcfg, spec, multi_step)
+    runner.capture()
+    return runner, BatchGenerator(world, spec, seed=11)
+
+
+def test_verify_with_another_draft_count_is_refused():
+    runner, _ = triton_runner(ForwardMode.TARGET_VERIFY)
+    other = SpecConfig(num_steps=4, topk=1, num_draft_tokens=5)
+    fb = BatchGenerator(runner.world, other, seed=2).target_verify(2)
+    res = runner.run(fb)  # 10 tokens for 2 requests: not the captured layout -> eager, with why
+    assert not res.used_graph and "4 per request" in res.fallback_reason
+    with pytest.raises(ValueError, match="draft_token_num=5.*num_draft_tokens=4"):
+        runner.backend.init_forward_metadata_replay_cuda_graph(
+            2, fb.req_pool_indices, fb.seq_lens, None, None, ForwardMode.TARGET_VERIFY,
+            fb.spec_info, None,
+        )  # fmt: skip
+
+
+def test_tree_mask_of_the_wrong_size_is_refused():
+    runner, gen = triton_runner(ForwardMode.TARGET_VERIFY)
+    fb = gen.target_verify(2)
+    short = VerifyInput(4, fb.spec_info.custom_mask[:-3])
+    with pytest.raises(ValueError, match=r"tree mask has \d+ entries, expected \d+"):
+        runner.replay(fb.replace(spec_info=short))
+
+
+def test_split_counts_above_max_are_refused():
+    world = World.create(ModelConfig(), max_context_len=L, pool_size=8)
+    with pytest.raises(ValueError, match="max_kv_splits=0"):
+        TritonAttnBackend(world, CHAIN, max_kv_splits=0)
+    b = TritonAttnBackend(world, CHAIN, max_kv_splits=4)
+    with pytest.raises(ValueError, match="split count of 9, above this backend's max_kv_splits=4"):
+        b.init_cuda_graph_state(2, 2, num_kv_splits_buf=torch.full((2,), 9, dtype=torch.int32))
+
+
+def test_multi_step_batch_with_wrong_topk_is_refused():
+    runner, gen = triton_runner(ForwardMode.DECODE, CHAIN, multi_step=True)
+    fb = gen.draft_decode(2)
+    bad = fb.replace(spec_info=DraftDecodeInput(topk=2, num_steps=3))
+    with pytest.raises(ValueError, match="topk=2.*built for topk=1"):
+        runner.backend.init_forward_metadata(bad)
+    tree = BatchGenerator(runner.world, TREE, seed=1).draft_decode(2)
+    assert runner.can_run(tree) == (
+        False,
+        "4 tokens for 2 requests; the graph lays out 1 per request (2)",
+    )
+    with pytest.raises(ValueError, match="topk=2"):  # and the eager fallback refuses it too
+        runner.run(tree)
+
+
+@pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY])
+def test_poisoned_buffer_tails_do_not_change_outputs(mode):
+    """No kernel reads past the live part of a static buffer."""
+    runner, gen = triton_runner(mode)
+    fb = gen.for_mode(mode, 3)
+    clean = runner.replay(fb).clone()
+    b, world = runner.backend, runner.world
+    nan_slot = world.kv_cache.k[0].shape[0] - 1  # a slot no request owns: make it NaN
+    assert nan_slot not in world.live_slots().tolist()
+    for buf in world.kv_cache.buffers():
+        buf[nan_slot] = float("nan")
+    live = int(b.kv_indptr[4])
+    b.cuda_graph_kv_indices[live:] = nan_slot
+    b.cuda_graph_attn_logits[4:] = float("nan")
+    b.cuda_graph_attn_lse[4:] = float("nan")
+    b.cuda_graph_num_kv_splits[4:] = b.max_kv_splits
+    mask_live = int(b.mask_indptr[4]) if mode.is_target_verify() else 0
+    b.cuda_graph_custom_mask[mask_live:] = 1
+    b.kv_indptr[5:] = 10**6
+    b.qo_indptr[5:] = 10**6
+    again = runner.replay(fb)
+    assert torch.equal(again, clean)

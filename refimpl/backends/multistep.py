@@ -74,6 +74,15 @@ class MultiStepDraftBackend(AttentionBackend):
                 f"multi-step draft decode runs decode steps, not {mode.label}"
             )
 
+    def _check_spec(self, spec_info: Any) -> None:
+        if not isinstance(spec_info, DraftDecodeInput):
+            raise ValueError(f"multi-step draft decode needs a DraftDecodeInput, got {spec_info!r}")
+        if (spec_info.topk, spec_info.num_steps) != (self.topk, self.S):
+            raise ValueError(
+                f"draft batch has topk={spec_info.topk}, num_steps={spec_info.num_steps}; the "
+                f"backend was built for topk={self.topk}, num_steps={self.S}"
+            )
+
     # --- index generation (common_template) -----------------------------------------------------
     def _common_template(self, bs, rpi, seq_lens, kv_indices, kv_indptr, call_fn) -> None:
         rows = bs * self.topk
@@ -89,6 +98,7 @@ class MultiStepDraftBackend(AttentionBackend):
 
     # --- eager --------------------------------------------------------------------------------
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        self._check_spec(fb.spec_info)
         bs, L = fb.batch_size, self.world.max_context_len
         rows = bs * self.topk
         dtype = self.step_backends[0].kv_indices_dtype
@@ -141,6 +151,7 @@ class MultiStepDraftBackend(AttentionBackend):
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
     ) -> None:
         self.check_graph_mode(forward_mode)
+        self._check_spec(spec_info)
 
         def capture_step(i, spec_i):
             self.step_backends[i].init_forward_metadata_capture_cuda_graph(
@@ -157,6 +168,7 @@ class MultiStepDraftBackend(AttentionBackend):
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
         seq_lens_cpu,
     ) -> None:  # fmt: skip
+        self._check_spec(spec_info)
         self._replay_body(bs, req_pool_indices, seq_lens)
 
     def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:

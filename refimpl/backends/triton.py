@@ -110,6 +110,8 @@ class TritonAttnBackend(AttentionBackend):
         )
         self.qo_indptr = torch.zeros(pool + 1, dtype=self.qo_indptr_dtype, device=self.device)
         self.mask_indptr = torch.zeros(pool + 1, **i64)
+        if not 1 <= max_kv_splits <= 256:
+            raise ValueError(f"max_kv_splits={max_kv_splits} outside [1, 256]")
         self.max_kv_splits = max_kv_splits
         self.core_count = default_core_count(self.device)
         self.skip_prefill = skip_prefill
@@ -222,6 +224,11 @@ class TritonAttnBackend(AttentionBackend):
         self.cuda_graph_attn_lse = torch.zeros(T, H, S, **f32)
         if num_kv_splits_buf is None:
             num_kv_splits_buf = torch.full((T,), S, dtype=torch.int32, device=dev)
+        elif int(num_kv_splits_buf.max()) > S:  # outside any graph: a host read is fine here
+            raise ValueError(
+                f"shared num_kv_splits buffer holds a split count of {int(num_kv_splits_buf.max())}, "
+                f"above this backend's max_kv_splits={S} (the decode grid's third dimension)"
+            )
         self.cuda_graph_num_kv_splits = num_kv_splits_buf
         if kv_indices_buf is None:
             kv_indices_buf = torch.zeros(T * L, dtype=self.kv_indices_dtype, device=dev)

@@ -188,6 +188,9 @@ class GraphRunner:
         return True, None
 
     def pick_bs(self, raw_bs: int) -> int:
+        """The smallest captured batch size >= ``raw_bs`` (an idle batch uses the smallest)."""
+        if raw_bs > self.max_bs:
+            raise ValueError(f"batch size {raw_bs} exceeds the largest captured size {self.max_bs}")
         return self.capture_bs[bisect.bisect_left(self.capture_bs, max(raw_bs, 1))]
 
     def replay(self, fb: ForwardBatch) -> torch.Tensor:
