@@ -64,9 +64,14 @@ class CheckSettings:
     seed: int = 0
 
 
-def default_model_config(kind: str, dtype: torch.dtype) -> ModelConfig:
+def default_model_config(kind: str, dtype: torch.dtype, device_type: str = "cpu") -> ModelConfig:
+    """Tiny on CPU (the Triton interpreter is slow); on a GPU, head dims FlashInfer compiles."""
+    if kind == "mha" and device_type == "cuda":
+        return ModelConfig(kind="mha", num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64,
+                           v_head_dim=64, dtype=dtype)  # fmt: skip
     if kind == "mla":
-        return ModelConfig(kind="mla", num_layers=2, hidden_size=64, num_heads=2, dtype=dtype)
+        # 16 heads: the real FlashInfer MLA kernels' smallest supported head count
+        return ModelConfig(kind="mla", num_layers=2, hidden_size=64, num_heads=16, dtype=dtype)
     return ModelConfig(kind="mha", num_layers=2, num_heads=4, num_kv_heads=2, dtype=dtype)
 
 
@@ -174,7 +179,7 @@ def check_entry_mode(
     mode, multi_step = CASES[label]
     dev = engine.device
     dtype = settings.dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
-    cfg = default_model_config(entry.model_kind, dtype)
+    cfg = default_model_config(entry.model_kind, dtype, dev.type)
     L = settings.max_context_len
     world = World.create(
         cfg,

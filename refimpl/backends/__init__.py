@@ -47,6 +47,14 @@ REGISTRY: list[BackendEntry] = [
                  multi_step_target=".multistep:WaveMultiStepDraftBackend"),
     BackendEntry("wave", "legacy", ".wave:WaveAttnBackendLegacy", "mha",
                  multi_step_target=".multistep:WaveMultiStepDraftBackendLegacy"),
+    BackendEntry("flashinfer", "unified", ".flashinfer:FlashInferAttnBackend", "mha",
+                 multi_step_target=".multistep:FlashInferMultiStepDraftBackend"),
+    BackendEntry("flashinfer", "legacy", ".flashinfer:FlashInferAttnBackendLegacy", "mha",
+                 multi_step_target=".multistep:FlashInferMultiStepDraftBackendLegacy"),
+    BackendEntry("flashinfer_mla", "unified", ".flashinfer_mla:FlashInferMLAAttnBackend", "mla"),
+    BackendEntry("flashinfer_mla", "as-upstream",
+                 ".flashinfer_mla:FlashInferMLAAttnBackendAsUpstream", "mla"),
+    BackendEntry("flashinfer_mla", "legacy", ".flashinfer_mla:FlashInferMLAAttnBackendLegacy", "mla"),
 ]  # fmt: skip
 
 

@@ -35,6 +35,7 @@ from ..kernels import draft_decode_kv_indices
 from ..modes import ForwardMode
 from ..spec import DraftDecodeInput
 from .base import AttentionBackend, GraphModeNotSupported
+from .flashinfer import FlashInferAttnBackend, FlashInferAttnBackendLegacy
 from .triton import TritonAttnBackend, TritonAttnBackendLegacy
 from .wave import WaveAttnBackend, WaveAttnBackendLegacy
 
@@ -92,7 +93,9 @@ class MultiStepDraftBackend(AttentionBackend):
         )  # fmt: skip
         for i in range(self.S - 1):
             # the full row, not SGLang's [:used_len] slice: no host value decides a view's size
-            spec_i = DraftDecodeInput(self.topk, self.S, kv_indptr[i, : rows + 1], kv_indices[i])
+            spec_i = DraftDecodeInput(
+                self.topk, self.S, kv_indptr[i, : rows + 1], kv_indices[i], extra={"step": i}
+            )
             if call_fn is not None:
                 call_fn(i, spec_i)
 
@@ -129,7 +132,7 @@ class MultiStepDraftBackend(AttentionBackend):
         for i, b in enumerate(self.step_backends):
             b.init_cuda_graph_state(max_bs, max_num_tokens, self.cuda_graph_kv_indices[i], shared)
 
-    def _replay_body(self, bs, rpi, seq_lens) -> None:
+    def _replay_body(self, bs, rpi, seq_lens, seq_lens_cpu) -> None:
         if self.share_splits:
             self._common_template(
                 bs, rpi, seq_lens, self.cuda_graph_kv_indices, self.kv_indptr, None
@@ -140,7 +143,7 @@ class MultiStepDraftBackend(AttentionBackend):
 
             def replay_step(i, spec_i):
                 self.step_backends[i].init_forward_metadata_replay_cuda_graph(
-                    bs, rpi, seq_lens, None, None, ForwardMode.DECODE, spec_i, None
+                    bs, rpi, seq_lens, None, None, ForwardMode.DECODE, spec_i, seq_lens_cpu
                 )
 
             self._common_template(
@@ -162,14 +165,14 @@ class MultiStepDraftBackend(AttentionBackend):
             bs, req_pool_indices, seq_lens, self.cuda_graph_kv_indices, self.kv_indptr, capture_step
         )
         if self.compute_splits_at_capture:
-            self._replay_body(bs, req_pool_indices, seq_lens)
+            self._replay_body(bs, req_pool_indices, seq_lens, seq_lens[:bs].cpu())
 
     def init_forward_metadata_replay_cuda_graph(
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
         seq_lens_cpu,
     ) -> None:  # fmt: skip
         self._check_spec(spec_info)
-        self._replay_body(bs, req_pool_indices, seq_lens)
+        self._replay_body(bs, req_pool_indices, seq_lens, seq_lens_cpu)
 
     def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
         state: dict[str, Any] = {}
@@ -209,3 +212,14 @@ class WaveMultiStepDraftBackendLegacy(WaveMultiStepDraftBackend):
     step_cls = WaveAttnBackendLegacy
 
     compute_splits_at_capture = False
+
+
+class FlashInferMultiStepDraftBackend(MultiStepDraftBackend):
+    """Each step backend re-plans its bound decode wrapper with the fast plan (host indptr)."""
+
+    step_cls = FlashInferAttnBackend
+    share_splits = False
+
+
+class FlashInferMultiStepDraftBackendLegacy(FlashInferMultiStepDraftBackend):
+    step_cls = FlashInferAttnBackendLegacy

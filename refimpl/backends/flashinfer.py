@@ -1,0 +1,392 @@
+"""SGLang's FlashInfer (MHA) backend (digest §3.2): unified (Pattern B) and legacy (Pattern C).
+
+The kernels live inside FlashInfer wrapper objects. A wrapper built with ``use_cuda_graph=True``
+is *bound* to buffers given at construction; ``plan`` copies indptr / indices / mask into them
+and writes a work partition, computed on the host, into the workspace; ``run`` reads only those.
+So a graph captured around ``run`` stays valid as long as every replay **re-plans** the same
+wrapper. On a GPU with flashinfer installed these are the real wrappers; everywhere else the
+stand-ins of ``refimpl.fi`` (same constructor / plan / run, same binding behaviour).
+
+Why Pattern B needs a *prepare* step: the graph captures a specific wrapper object (its bound
+buffer addresses, its workspace, its compiled module), so capture must first create that
+object, bind it and register it under the batch size; replay finds it in the registry and
+re-plans it. Only then can capture and replay share one body.
+
+Static buffers (B = max_bs, T = max_num_tokens, L = max_context_len):
+
+| buffer                  | shape    | dtype | bound as                                          |
+|-------------------------|----------|-------|---------------------------------------------------|
+| kv_indptr               | [pool+1] | int32 | decode ``paged_kv_indptr_buffer[:T+1]``, prefill ``[:bs+1]`` |
+| kv_last_page_len        | [pool]   | int32 | all ones (page size 1)                            |
+| cuda_graph_kv_indices   | [T*L]    | int32 | ``paged_kv_indices_buffer``                        |
+| cuda_graph_qo_indptr    | [pool+1] | int32 | prefill ``qo_indptr_buf[:bs+1]``                   |
+| cuda_graph_custom_mask  | [T*L]    | uint8 | prefill ``custom_mask_buf``, only if the spec has a mask |
+| cuda_graph_qk_indptr    | [pool+1] | int32 | prefill ``mask_indptr_buf[:bs+1]``, likewise       |
+
+Decode re-plans through the fast plan (``refimpl.fi.fast_plan``): host indptr from
+``seq_lens_cpu``, no device-to-host copy. Prefill wrappers (verify, draft extend) re-plan fully.
+Target verify indexes prefix + N drafts (their KV is written first) under the tree mask; draft
+extend indexes ``seq_lens`` (which count the new rows) causally, rows laid out with the graph's
+uniform stride (S+1 for v1, N for v2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..batch import ForwardBatch, World
+from ..config import SpecConfig
+from ..fi import make_workspace, wrapper_classes
+from ..fi.fast_plan import install_fast_decode_plan
+from ..kernels import build_kv_indices
+from ..modes import ForwardMode
+from ..spec import DraftDecodeInput, DraftExtendInput, VerifyInput, require_spec
+from .base import AttentionBackend, GraphModeNotSupported
+
+
+@dataclass
+class DecodeMetadata:
+    decode_wrappers: list  # [BatchDecodeWithPagedKVCacheWrapper], bound per bs in a graph
+
+
+@dataclass
+class PrefillMetadata:
+    prefill_wrappers: list  # [BatchPrefillWithPagedKVCacheWrapper]
+    causal: bool  # draft extend / extend: causal; target verify: the tree mask governs
+
+
+class FlashInferAttnBackend(AttentionBackend):
+    """Unified shape (POST-#26665): capture = ``_prepare_cuda_graph_metadata`` + replay body."""
+
+    name = "flashinfer"
+    variant = "unified"
+    pattern = "B"
+    graph_modes = frozenset(
+        {
+            ForwardMode.DECODE,
+            ForwardMode.IDLE,
+            ForwardMode.TARGET_VERIFY,
+            ForwardMode.DRAFT_EXTEND,
+            ForwardMode.DRAFT_EXTEND_V2,
+        }
+    )
+    kv_indices_dtype = torch.int32
+
+    def __init__(
+        self,
+        world: World,
+        spec: SpecConfig | None = None,
+        *,
+        kv_indptr_buf: torch.Tensor | None = None,
+        skip_prefill: bool = False,
+        prefer_real: bool = True,
+    ):
+        super().__init__(world, spec)
+        if world.page_size != 1:
+            raise ValueError(f"{self.name} runs with page size 1, got {world.page_size}")
+        pool, dev = world.req_to_token_pool.size, self.device
+        self.fi = wrapper_classes(prefer_real=prefer_real and dev.type == "cuda")
+        self.workspace = make_workspace(dev)
+        i32 = dict(dtype=torch.int32, device=dev)
+        self.kv_indptr = (
+            kv_indptr_buf if kv_indptr_buf is not None else torch.zeros(pool + 1, **i32)
+        )
+        self.kv_last_page_len = torch.ones(pool, **i32)
+        self.qo_indptr = torch.zeros(pool + 1, **i32)
+        self.skip_prefill = skip_prefill
+        self.max_kv_splits = (
+            1  # for the generic multi-step wrapper (FlashInfer plans its own splits)
+        )
+        self.decode_cuda_graph_metadata: dict[int, list] = {}
+        self.prefill_cuda_graph_metadata: dict[int, list] = {}
+        self._eager_decode = self.fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD")
+        self._eager_prefill = self.fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
+
+    # --- plan arguments shared by every path ----------------------------------------------------
+    def _heads(self) -> tuple[int, int, int]:
+        return self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim
+
+    def _kv_len_for(self, mode: ForwardMode, seq_lens: torch.Tensor) -> torch.Tensor:
+        if mode.is_target_verify():
+            return seq_lens + self.spec.num_draft_tokens  # prefix + the N drafts
+        return seq_lens  # decode; draft extend / extend: seq_lens already count the new rows
+
+    def _rows_per_req(self, mode: ForwardMode, spec_info: Any) -> int:
+        if mode.is_target_verify():
+            spec = require_spec(mode, spec_info, VerifyInput)
+            if spec.draft_token_num != self.spec.num_draft_tokens:
+                raise ValueError(
+                    f"verify batch has draft_token_num={spec.draft_token_num}, the backend "
+                    f"was built for num_draft_tokens={self.spec.num_draft_tokens}"
+                )
+            return spec.draft_token_num
+        require_spec(mode, spec_info, DraftExtendInput)
+        s = self.spec
+        return s.num_draft_tokens if mode.is_draft_extend_v2() else s.num_steps + 1
+
+    # --- the update paths (eager, capture and replay all use them) -----------------------------
+    def _update_decode(self, bs, rpi, seq_lens, seq_lens_cpu, wrappers, spec_info) -> None:
+        wrapper = wrappers[0]
+        if isinstance(spec_info, DraftDecodeInput) and spec_info.kv_indptr is not None:
+            kv_indptr, kv_indices = spec_info.kv_indptr, spec_info.kv_indices  # multi-step rows
+            rows = kv_indptr.numel() - 1
+            host_lens = (seq_lens_cpu[:bs] + spec_info.extra["step"] + 1).repeat_interleave(
+                spec_info.topk
+            )
+        else:
+            rows = bs
+            kv_indptr = self.kv_indptr[: bs + 1]
+            kv_indptr[1:] = torch.cumsum(seq_lens[:bs], 0)
+            if wrapper.is_cuda_graph_enabled:  # the Triton kernel writes the bound buffer itself
+                kv_indices = wrapper._paged_kv_indices_buf
+            else:
+                total = int(seq_lens_cpu[:bs].sum())
+                kv_indices = torch.empty(max(total, 1), dtype=torch.int32, device=self.device)
+            build_kv_indices(
+                self.world.req_to_token, rpi[:bs], seq_lens[:bs], kv_indptr, kv_indices
+            )
+            host_lens = seq_lens_cpu[:bs]
+        indptr_cpu = torch.zeros(rows + 1, dtype=torch.int32)  # host: no device-to-host copy
+        indptr_cpu[1:] = torch.cumsum(host_lens, 0)
+        H, Hkv, D = self._heads()
+        wrapper.plan(
+            kv_indptr, kv_indices, self.kv_last_page_len[:rows], H, Hkv, D, 1,
+            data_type=self.cfg.dtype, q_data_type=self.cfg.dtype, sm_scale=self.cfg.sm_scale,
+            non_blocking=True, **self._host_indptr_kw(wrapper, indptr_cpu),
+        )  # fmt: skip
+
+    @staticmethod
+    def _host_indptr_kw(wrapper, indptr_cpu) -> dict:
+        """The fast plan takes the host indptr; a full plan reads the device one itself."""
+        return (
+            {"global_override_indptr_cpu": indptr_cpu}
+            if getattr(wrapper, "_refimpl_fast", False)
+            else {}
+        )
+
+    def _update_prefill(self, bs, rpi, seq_lens, seq_lens_cpu, wrappers, mode, spec_info) -> None:
+        """Verify and draft extend: one branch (POST merged the identical ones)."""
+        wrapper, dev = wrappers[0], self.device
+        n = self._rows_per_req(mode, spec_info)
+        kv_lens = self._kv_len_for(mode, seq_lens[:bs])
+        qo_indptr = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device=dev)
+        kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
+        kv_indptr[1:] = torch.cumsum(kv_lens, 0)
+        total = int(
+            self._kv_len_for(mode, seq_lens_cpu[:bs]).sum()
+        )  # host (as generate_attn_arg_prefill)
+        kv_indices = torch.empty(max(total, 1), dtype=torch.int32, device=dev)
+        build_kv_indices(self.world.req_to_token, rpi[:bs], kv_lens, kv_indptr, kv_indices)
+        mask = None
+        if mode.is_target_verify() and spec_info.custom_mask is not None:
+            mask = self._pad_mask(
+                spec_info.custom_mask, n, self._kv_len_for(mode, seq_lens_cpu[:bs])
+            )
+        H, Hkv, D = self._heads()
+        wrapper.plan(
+            qo_indptr, kv_indptr, kv_indices, self.kv_last_page_len[:bs], H, Hkv, D, 1,
+            custom_mask=mask, causal=mask is None, sm_scale=self.cfg.sm_scale,
+            q_data_type=self.cfg.dtype, kv_data_type=self.cfg.dtype, non_blocking=True,
+        )  # fmt: skip
+
+    def _pad_mask(self, mask: torch.Tensor, n: int, kv_lens_cpu: torch.Tensor) -> torch.Tensor:
+        """The spec mask covers the live requests; padded ones get allow-all blocks (host math)."""
+        ends = torch.cumsum(n * kv_lens_cpu.to(torch.int64), 0).tolist()  # host values
+        if mask.numel() not in [0] + ends:
+            raise ValueError(
+                f"tree mask has {mask.numel()} entries; N*(seq_len+N) summed over the first k "
+                f"requests gives one of {[0] + ends}"
+            )
+        missing = ends[-1] - mask.numel() if ends else 0
+        if missing:
+            mask = torch.cat([mask, torch.ones(missing, dtype=mask.dtype, device=mask.device)])
+        return mask
+
+    # --- eager --------------------------------------------------------------------------------
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        mode, bs = fb.forward_mode, fb.batch_size
+        if mode.is_decode_or_idle():
+            self._update_decode(bs, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_cpu,
+                                [self._eager_decode], fb.spec_info)  # fmt: skip
+            self.forward_metadata = DecodeMetadata([self._eager_decode])
+        elif mode.is_target_verify() or mode.is_any_draft_extend():
+            self._update_prefill(bs, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_cpu,
+                                 [self._eager_prefill], mode, fb.spec_info)  # fmt: skip
+            self.forward_metadata = PrefillMetadata(
+                [self._eager_prefill], not mode.is_target_verify()
+            )
+        else:
+            raise ValueError(f"{self.name}: eager {mode.label} is not modelled here")
+
+    # --- graphs -------------------------------------------------------------------------------
+    def init_cuda_graph_state(
+        self, max_bs: int, max_num_tokens: int, kv_indices_buf: torch.Tensor | None = None,
+        num_kv_splits_buf: torch.Tensor | None = None,
+    ) -> None:  # fmt: skip
+        T, L, dev = max_num_tokens, self.world.max_context_len, self.device
+        self.max_bs, self.max_num_tokens = max_bs, max_num_tokens
+        if kv_indices_buf is None:
+            kv_indices_buf = torch.zeros(T * L, dtype=torch.int32, device=dev)
+        self.cuda_graph_kv_indices = kv_indices_buf
+        if not self.skip_prefill:
+            self.cuda_graph_custom_mask = torch.zeros(T * L, dtype=torch.uint8, device=dev)
+            self.cuda_graph_qk_indptr = torch.zeros_like(self.kv_indptr)
+            self.cuda_graph_qo_indptr = torch.zeros_like(self.kv_indptr)
+
+    def _create_decode_wrappers(self, bs: int, num_tokens: int) -> list:
+        return [
+            self.fi.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=False,
+                paged_kv_indptr_buffer=self.kv_indptr[: num_tokens + 1],
+                paged_kv_indices_buffer=self.cuda_graph_kv_indices,
+                paged_kv_last_page_len_buffer=self.kv_last_page_len[:num_tokens],
+            )
+        ]  # fmt: skip
+
+    def _create_prefill_wrappers(self, bs: int, use_custom_mask: bool) -> list:
+        # a zero mask buffer would block all attention: bind it only when there is a mask (§3.2)
+        return [
+            self.fi.BatchPrefillWithPagedKVCacheWrapper(
+                self.workspace, "NHD", use_cuda_graph=True,
+                qo_indptr_buf=self.cuda_graph_qo_indptr[: bs + 1],
+                paged_kv_indptr_buf=self.kv_indptr[: bs + 1],
+                paged_kv_indices_buf=self.cuda_graph_kv_indices,
+                paged_kv_last_page_len_buf=self.kv_last_page_len[:bs],
+                custom_mask_buf=self.cuda_graph_custom_mask if use_custom_mask else None,
+                mask_indptr_buf=self.cuda_graph_qk_indptr[: bs + 1] if use_custom_mask else None,
+            )
+        ]  # fmt: skip
+
+    def _prepare_cuda_graph_metadata(self, bs, num_tokens, mode, spec_info) -> None:
+        """Create, bind and register the wrappers this graph will capture (the 'B' in Pattern B)."""
+        if mode.is_decode_or_idle():
+            wrappers = self._create_decode_wrappers(bs, num_tokens)
+            self.decode_cuda_graph_metadata[bs] = wrappers
+            self.forward_metadata = DecodeMetadata(wrappers)
+        elif mode.is_target_verify() or mode.is_any_draft_extend():
+            use_mask = (
+                mode.is_target_verify() and getattr(spec_info, "custom_mask", None) is not None
+            )
+            wrappers = self._create_prefill_wrappers(bs, use_mask)
+            self.prefill_cuda_graph_metadata[bs] = wrappers
+            self.forward_metadata = PrefillMetadata(wrappers, not mode.is_target_verify())
+        else:
+            raise GraphModeNotSupported(f"{self.name}: {mode.label} is not captured")
+
+    def init_forward_metadata_capture_cuda_graph(
+        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
+    ) -> None:
+        self.check_graph_mode(forward_mode)
+        seq_lens_sum = int(seq_lens[:bs].sum())  # capture may sync; steady state may not
+        seq_lens_cpu = seq_lens[:bs].cpu()
+        self._prepare_cuda_graph_metadata(bs, num_tokens, forward_mode, spec_info)
+        self.init_forward_metadata_replay_cuda_graph(
+            bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
+            seq_lens_cpu,
+        )  # fmt: skip
+        if forward_mode.is_decode_or_idle():  # the first full plan set _cached_module: go fast now
+            for w in self.decode_cuda_graph_metadata[bs]:
+                install_fast_decode_plan(w)
+
+    def init_forward_metadata_replay_cuda_graph(
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
+        seq_lens_cpu,
+    ) -> None:  # fmt: skip
+        if forward_mode.is_decode_or_idle():
+            wrappers = self.decode_cuda_graph_metadata[bs]
+            self._update_decode(bs, req_pool_indices, seq_lens, seq_lens_cpu, wrappers, spec_info)
+        elif forward_mode.is_target_verify() or forward_mode.is_any_draft_extend():
+            wrappers = self.prefill_cuda_graph_metadata[bs]
+            self._update_prefill(bs, req_pool_indices, seq_lens, seq_lens_cpu, wrappers,
+                                 forward_mode, spec_info)  # fmt: skip
+        else:
+            raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")
+
+    # --- checker support ----------------------------------------------------------------------
+    def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
+        """The bound buffers' live parts (what ``run`` reads), per wrapper kind."""
+        md = self.forward_metadata
+        w = (md.decode_wrappers if isinstance(md, DecodeMetadata) else md.prefill_wrappers)[0]
+        indptr = w._paged_kv_indptr_buf
+        state: dict[str, Any] = {
+            "paged_kv_indptr": indptr,
+            "paged_kv_indices": w._paged_kv_indices_buf[: int(indptr[-1])],
+        }
+        if isinstance(md, PrefillMetadata):
+            state["qo_indptr"] = w._qo_indptr_buf
+            state["causal"] = md.causal
+            if getattr(w, "_custom_mask_buf", None) is not None:
+                state["mask_indptr"] = w._mask_indptr_buf
+                state["custom_mask"] = w._custom_mask_buf[: int(w._mask_indptr_buf[-1])]
+        return state
+
+    # --- the captured step --------------------------------------------------------------------
+    def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
+        cache, md = self.world.kv_cache, self.forward_metadata
+        cache.set_kv(layer, fb.out_cache_loc[: q.shape[0]], k, v)
+        if q.shape[0] == 0:
+            return q.new_empty(0, self.cfg.num_heads, self.cfg.v_head_dim)
+        kv = (cache.k[layer], cache.v[layer])
+        if isinstance(md, DecodeMetadata):
+            return md.decode_wrappers[0].run(q, kv)
+        return md.prefill_wrappers[0].run(q, kv)
+
+
+# ----------------------------------------------------------------------------------------------
+class FlashInferAttnBackendLegacy(FlashInferAttnBackend):
+    """Pattern C (before #26665): capture builds wrappers and plans inline, per mode; replay
+    repeats the per-mode dispatch. The two copies happen to agree today: the refactor's
+    FlashInfer motivation was the duplicated ~240 lines, not a divergence (the checker finds
+    none). Read the two methods below side by side: the same four branches, twice.
+    """
+
+    variant = "legacy"
+    pattern = "C"
+
+    def init_forward_metadata_capture_cuda_graph(
+        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
+    ) -> None:
+        self.check_graph_mode(forward_mode)
+        rpi, seq = req_pool_indices[:bs], seq_lens[:bs]
+        seq_cpu = seq.cpu()  # "may add a little overhead in capture stage"
+        if forward_mode.is_decode_or_idle():
+            wrappers = self._create_decode_wrappers(bs, num_tokens)
+            self._update_decode(bs, rpi, seq, seq_cpu, wrappers, spec_info)  # the real plan
+            self.decode_cuda_graph_metadata[bs] = wrappers
+            self.forward_metadata = DecodeMetadata(wrappers)
+            for w in wrappers:
+                install_fast_decode_plan(w)
+        elif forward_mode.is_target_verify():
+            use_mask = getattr(spec_info, "custom_mask", None) is not None
+            wrappers = self._create_prefill_wrappers(bs, use_mask)
+            self._update_prefill(bs, rpi, seq, seq_cpu, wrappers, forward_mode, spec_info)
+            self.prefill_cuda_graph_metadata[bs] = wrappers
+            self.forward_metadata = PrefillMetadata(wrappers, False)
+        elif forward_mode.is_any_draft_extend():
+            wrappers = self._create_prefill_wrappers(bs, False)
+            self._update_prefill(bs, rpi, seq, seq_cpu, wrappers, forward_mode, spec_info)
+            self.prefill_cuda_graph_metadata[bs] = wrappers
+            self.forward_metadata = PrefillMetadata(wrappers, True)
+        else:
+            raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")
+
+    def init_forward_metadata_replay_cuda_graph(
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
+        seq_lens_cpu,
+    ) -> None:  # fmt: skip
+        rpi, seq, seq_cpu = req_pool_indices[:bs], seq_lens[:bs], seq_lens_cpu[:bs]
+        if forward_mode.is_decode_or_idle():
+            self._update_decode(
+                bs, rpi, seq, seq_cpu, self.decode_cuda_graph_metadata[bs], spec_info
+            )
+        elif forward_mode.is_target_verify():
+            wrappers = self.prefill_cuda_graph_metadata[bs]
+            self._update_prefill(bs, rpi, seq, seq_cpu, wrappers, forward_mode, spec_info)
+        elif forward_mode.is_any_draft_extend():  # textually the same as the branch above
+            wrappers = self.prefill_cuda_graph_metadata[bs]
+            self._update_prefill(bs, rpi, seq, seq_cpu, wrappers, forward_mode, spec_info)
+        else:
+            raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")

@@ -1,0 +1,298 @@
+"""SGLang's FlashInfer-MLA backend (digest §3.4): legacy, as-upstream and unified shapes.
+
+One wrapper kind, ``BatchMLAPagedAttentionWrapper``, serves every mode: absorbed MLA over the
+latent cache ``[slots, 1, 512 + 64]`` (``ckv = [..., :512]``, ``kpe = [..., 512:]``), page size 1.
+
+Static buffers (B = max_bs, L = max_context_len):
+
+| buffer                     | shape    | dtype | bound as (``use_cuda_graph=True``)            |
+|----------------------------|----------|-------|-----------------------------------------------|
+| cuda_graph_qo_indptr       | [pool+1] | int32 | ``qo_indptr`` (0, 1, 2, ... for decode)         |
+| cuda_graph_kv_indptr       | [pool+1] | int32 | ``kv_indptr``                                   |
+| cuda_graph_kv_indices      | [B*L]    | int32 | ``kv_indices``                                  |
+| cuda_graph_kv_lens         | [B]      | int32 | ``kv_len_arr``                                  |
+| cuda_graph_*_cpu           | host     | int32 | the fast plan's host indptrs                    |
+
+Decode replays with the fast MLA plan (host indptrs from ``seq_lens_cpu``, no device-to-host
+copy, nothing copied into the bound buffers: #3987). Target verify and draft extend re-plan
+fully, ``causal=True`` (upstream has no custom mask here: "TODO: support custom mask when
+topk > 1", so trees are refused).
+
+The three shapes:
+- **legacy** (Pattern C): capture and replay each carry a target-verify and a draft-extend
+  branch that are textually identical; decode replay rebuilds ``kv_indptr`` in the backend's
+  *eager* buffer.
+- **as-upstream** (POST-#26665): the identical branches merged, but decode replay still writes
+  the eager ``kv_indptr`` (open issue #37975): the graph-bound ``kv_indptr`` and ``kv_len_arr``
+  keep the capture-time batch. FlashInfer's decode kernel reads the plan's partition, so the
+  output is right and the stale buffer stays hidden; the checker shows it.
+- **unified**: merged branches, and decode replay writes the bound buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..batch import ForwardBatch, World
+from ..config import SpecConfig
+from ..fi import make_workspace, wrapper_classes
+from ..fi.fast_plan import install_fast_mla_decode_plan
+from ..kernels import build_kv_indices
+from ..modes import ForwardMode
+from ..spec import DraftExtendInput, VerifyInput, require_spec
+from .base import AttentionBackend, GraphModeNotSupported
+
+
+@dataclass
+class MLAMetadata:
+    wrapper: Any  # BatchMLAPagedAttentionWrapper (bound per bs in a graph)
+    decode: bool
+
+
+class FlashInferMLAAttnBackend(AttentionBackend):
+    name = "flashinfer_mla"
+    variant = "unified"
+    pattern = "B"
+    writes_bound_kv_indptr = True  # False: the #37975 behaviour
+    graph_modes = frozenset(
+        {
+            ForwardMode.DECODE,
+            ForwardMode.IDLE,
+            ForwardMode.TARGET_VERIFY,
+            ForwardMode.DRAFT_EXTEND,
+            ForwardMode.DRAFT_EXTEND_V2,
+        }
+    )
+
+    def __init__(self, world: World, spec: SpecConfig | None = None, *, prefer_real: bool = True):
+        super().__init__(world, spec)
+        if not self.cfg.is_mla or world.page_size != 1:
+            raise ValueError(f"{self.name} needs an MLA model with page size 1")
+        pool, dev = world.req_to_token_pool.size, self.device
+        self.fi = wrapper_classes(prefer_real=prefer_real and dev.type == "cuda")
+        self.workspace = make_workspace(dev)
+        self.kv_indptr = torch.zeros(pool + 1, dtype=torch.int32, device=dev)  # the eager buffer
+        self.q_indptr_decode = torch.arange(pool + 1, dtype=torch.int32, device=dev)
+        self.decode_cuda_graph_metadata: dict[int, Any] = {}
+        self.prefill_cuda_graph_metadata: dict[int, Any] = {}
+        self._eager = self.fi.BatchMLAPagedAttentionWrapper(self.workspace, backend="auto")
+
+    def check_graph_mode(self, mode: ForwardMode) -> None:
+        super().check_graph_mode(mode)
+        if mode.is_target_verify() and self.spec is not None and self.spec.topk > 1:
+            raise GraphModeNotSupported(
+                f"{self.name}: verify plans causal=True without a tree mask (upstream TODO: "
+                f"custom mask when topk > 1); topk={self.spec.topk}"
+            )
+
+    # --- plans --------------------------------------------------------------------------------
+    def _plan_args(self, causal: bool) -> tuple:
+        c = self.cfg
+        return (
+            c.num_heads,
+            c.kv_lora_rank,
+            c.qk_rope_head_dim,
+            1,
+            causal,
+            c.sm_scale,
+            c.dtype,
+            c.dtype,
+        )
+
+    def _full_decode_plan(self, bs, rpi, seq_lens, seq_lens_cpu, wrapper) -> None:
+        """indices_updater_decode.update(init_metadata_replay=False): fresh indices, full plan."""
+        kv_indptr = self.kv_indptr[: bs + 1]
+        kv_indptr[1:] = torch.cumsum(seq_lens[:bs], 0)
+        kv_indices = torch.empty(
+            max(int(seq_lens_cpu[:bs].sum()), 1), dtype=torch.int32, device=self.device
+        )
+        build_kv_indices(self.world.req_to_token, rpi[:bs], seq_lens[:bs], kv_indptr, kv_indices)
+        wrapper.plan(self.q_indptr_decode[: bs + 1], kv_indptr, kv_indices,
+                     seq_lens[:bs].to(torch.int32), *self._plan_args(False))  # fmt: skip
+
+    def _fast_decode_replay(self, bs, rpi, seq_lens, seq_lens_cpu) -> None:
+        """Decode replay: indices into the bound buffer, host indptrs into the fast plan."""
+        wrapper = self.decode_cuda_graph_metadata[bs]
+        kv_len_cpu = seq_lens_cpu[:bs].to(torch.int32)
+        self.cuda_graph_kv_indptr_cpu[1 : bs + 1] = torch.cumsum(kv_len_cpu, 0)  # host
+        target = self.cuda_graph_kv_indptr if self.writes_bound_kv_indptr else self.kv_indptr
+        kv_indptr = target[: bs + 1]
+        kv_indptr[1:] = torch.cumsum(seq_lens[:bs], 0)
+        if self.writes_bound_kv_indptr:
+            self.cuda_graph_kv_lens[:bs].copy_(seq_lens[:bs])
+        build_kv_indices(self.world.req_to_token, rpi[:bs], seq_lens[:bs], kv_indptr,
+                         self.cuda_graph_kv_indices)  # fmt: skip
+        wrapper.plan(
+            self.cuda_graph_qo_indptr_cpu[: bs + 1], self.cuda_graph_kv_indptr_cpu[: bs + 1],
+            self.cuda_graph_kv_indices, kv_len_cpu, *self._plan_args(False),
+        )  # fmt: skip
+
+    def _prefill_plan(self, bs, rpi, seq_lens, seq_lens_cpu, wrapper, mode, spec_info) -> None:
+        """Verify and draft extend (generate_attn_arg_prefill): fresh args, full plan."""
+        dev = self.device
+        if mode.is_target_verify():
+            n = require_spec(mode, spec_info, VerifyInput).draft_token_num
+            extra = n  # kv = prefix + the N drafts
+        else:
+            require_spec(mode, spec_info, DraftExtendInput)
+            s = self.spec
+            n, extra = (s.num_draft_tokens if mode.is_draft_extend_v2() else s.num_steps + 1), 0
+        kv_lens = seq_lens[:bs] + extra
+        qo_indptr = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device=dev)
+        kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
+        kv_indptr[1:] = torch.cumsum(kv_lens, 0)
+        total = int((seq_lens_cpu[:bs] + extra).sum())
+        kv_indices = torch.empty(max(total, 1), dtype=torch.int32, device=dev)
+        build_kv_indices(self.world.req_to_token, rpi[:bs], kv_lens, kv_indptr, kv_indices)
+        wrapper.plan(
+            qo_indptr, kv_indptr, kv_indices, kv_lens.to(torch.int32), *self._plan_args(True)
+        )
+
+    # --- eager --------------------------------------------------------------------------------
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        mode, bs = fb.forward_mode, fb.batch_size
+        args = (bs, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_cpu, self._eager)
+        if mode.is_decode_or_idle():
+            self._full_decode_plan(*args)
+        elif mode.is_target_verify() or mode.is_any_draft_extend():
+            self._prefill_plan(*args, mode, fb.spec_info)
+        else:
+            raise ValueError(f"{self.name}: eager {mode.label} is not modelled here")
+        self.forward_metadata = MLAMetadata(self._eager, mode.is_decode_or_idle())
+
+    # --- graphs -------------------------------------------------------------------------------
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        B, L, dev = max_bs, self.world.max_context_len, self.device
+        self.max_bs, self.max_num_tokens = max_bs, max_num_tokens
+        self.cuda_graph_kv_indices = torch.zeros(B * L, dtype=torch.int32, device=dev)
+        self.cuda_graph_qo_indptr = self.q_indptr_decode.clone()
+        self.cuda_graph_kv_indptr = self.kv_indptr.clone()
+        self.cuda_graph_kv_lens = torch.ones(B, dtype=torch.int32, device=dev)
+        # copy=True: on a CPU run .cpu() would alias the device buffer instead of mirroring it
+        self.cuda_graph_qo_indptr_cpu = self.cuda_graph_qo_indptr.to("cpu", copy=True)
+        self.cuda_graph_kv_indptr_cpu = self.cuda_graph_kv_indptr.to("cpu", copy=True)
+
+    def _create_wrapper(self, n: int):
+        """A wrapper bound to the ``[:n+1]`` / ``[:n]`` slices of the graph buffers."""
+        return self.fi.BatchMLAPagedAttentionWrapper(
+            self.workspace, use_cuda_graph=True,
+            qo_indptr=self.cuda_graph_qo_indptr[: n + 1], kv_indptr=self.cuda_graph_kv_indptr[: n + 1],
+            kv_indices=self.cuda_graph_kv_indices, kv_len_arr=self.cuda_graph_kv_lens[:n],
+            backend="auto",
+        )  # fmt: skip
+
+    def init_forward_metadata_capture_cuda_graph(
+        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
+    ) -> None:
+        self.check_graph_mode(forward_mode)
+        seq_cpu = seq_lens[:bs].cpu()  # capture may sync
+        if forward_mode.is_decode_or_idle():
+            wrapper = self._create_wrapper(num_tokens)
+            self._full_decode_plan(bs, req_pool_indices, seq_lens, seq_cpu, wrapper)
+            self.decode_cuda_graph_metadata[bs] = wrapper
+            install_fast_mla_decode_plan(wrapper)
+        else:  # target verify and draft extend: one branch
+            wrapper = self._create_wrapper(bs)
+            self.prefill_cuda_graph_metadata[bs] = wrapper
+            self._prefill_plan(
+                bs, req_pool_indices, seq_lens, seq_cpu, wrapper, forward_mode, spec_info
+            )
+        self.forward_metadata = MLAMetadata(wrapper, forward_mode.is_decode_or_idle())
+
+    def init_forward_metadata_replay_cuda_graph(
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
+        seq_lens_cpu,
+    ) -> None:  # fmt: skip
+        if forward_mode.is_decode_or_idle():
+            if seq_lens_cpu is None:
+                raise ValueError(f"{self.name}: decode replay plans from seq_lens_cpu (host)")
+            self._fast_decode_replay(bs, req_pool_indices, seq_lens, seq_lens_cpu)
+        elif forward_mode.is_target_verify() or forward_mode.is_any_draft_extend():
+            wrapper = self.prefill_cuda_graph_metadata[bs]
+            self._prefill_plan(bs, req_pool_indices, seq_lens, seq_lens_cpu, wrapper,
+                               forward_mode, spec_info)  # fmt: skip
+        else:
+            raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")
+
+    # --- checker support ----------------------------------------------------------------------
+    def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
+        """The wrapper's bound buffers, live parts: what any consumer of them would read."""
+        n = bs  # decode: one query per request; prefill wrappers are bound at [:bs+1] too
+        kv_indptr = self.cuda_graph_kv_indptr[: n + 1]
+        return {
+            "qo_indptr": self.cuda_graph_qo_indptr[: n + 1],
+            "kv_indptr": kv_indptr,
+            "kv_len_arr": self.cuda_graph_kv_lens[:n],
+            "kv_indices": self.cuda_graph_kv_indices[: int(kv_indptr[-1])],
+        }
+
+    # --- the captured step --------------------------------------------------------------------
+    def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
+        cache, r = self.world.kv_cache, self.cfg.kv_lora_rank
+        cache.set_kv(layer, fb.out_cache_loc[: q.shape[0]], k)
+        if q.shape[0] == 0:
+            return q.new_empty(0, self.cfg.num_heads, r)
+        kv = cache.kv[layer]  # [slots, 1, 576]
+        return self.forward_metadata.wrapper.run(q[..., :r], q[..., r:], kv[..., :r], kv[..., r:])
+
+
+class FlashInferMLAAttnBackendAsUpstream(FlashInferMLAAttnBackend):
+    """POST-#26665 as merged: decode replay still writes the eager kv_indptr (#37975, open)."""
+
+    variant = "as-upstream"
+    writes_bound_kv_indptr = False
+
+
+class FlashInferMLAAttnBackendLegacy(FlashInferMLAAttnBackendAsUpstream):
+    """Pattern C: verify and draft extend are two textually identical branches, in capture and
+    again in replay (the ~38 lines the refactor merged); decode replay as upstream (#37975)."""
+
+    variant = "legacy"
+    pattern = "C"
+
+    def init_forward_metadata_capture_cuda_graph(
+        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
+    ) -> None:
+        self.check_graph_mode(forward_mode)
+        seq_cpu = seq_lens[:bs].cpu()
+        if forward_mode.is_decode_or_idle():
+            wrapper = self._create_wrapper(num_tokens)
+            self._full_decode_plan(bs, req_pool_indices, seq_lens, seq_cpu, wrapper)
+            self.decode_cuda_graph_metadata[bs] = wrapper
+            install_fast_mla_decode_plan(wrapper)
+        elif forward_mode.is_target_verify():
+            wrapper = self._create_wrapper(bs)
+            self.prefill_cuda_graph_metadata[bs] = wrapper
+            self._prefill_plan(
+                bs, req_pool_indices, seq_lens, seq_cpu, wrapper, forward_mode, spec_info
+            )
+        elif forward_mode.is_any_draft_extend():
+            wrapper = self._create_wrapper(bs)
+            self.prefill_cuda_graph_metadata[bs] = wrapper
+            self._prefill_plan(
+                bs, req_pool_indices, seq_lens, seq_cpu, wrapper, forward_mode, spec_info
+            )
+        else:
+            raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")
+        self.forward_metadata = MLAMetadata(wrapper, forward_mode.is_decode_or_idle())
+
+    def init_forward_metadata_replay_cuda_graph(
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
+        seq_lens_cpu,
+    ) -> None:  # fmt: skip
+        if forward_mode.is_decode_or_idle():
+            assert seq_lens_cpu is not None
+            self._fast_decode_replay(bs, req_pool_indices, seq_lens, seq_lens_cpu)
+        elif forward_mode.is_target_verify():
+            wrapper = self.prefill_cuda_graph_metadata[bs]
+            self._prefill_plan(bs, req_pool_indices, seq_lens, seq_lens_cpu, wrapper,
+                               forward_mode, spec_info)  # fmt: skip
+        elif forward_mode.is_any_draft_extend():
+            wrapper = self.prefill_cuda_graph_metadata[bs]
+            self._prefill_plan(bs, req_pool_indices, seq_lens, seq_lens_cpu, wrapper,
+                               forward_mode, spec_info)  # fmt: skip
+        else:
+            raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")

@@ -1,0 +1,703 @@
+"""refimpl.fi: flashinfer stand-ins (signatures, binding, plan partition, run) and the fast plans.
+
+CPU only. The signature-parity tests need the real flashinfer importable (for instance
+``pip install --no-deps --target /tmp/fi_site flashinfer_python-0.6.0*.whl`` plus its pure-python
+deps, then ``PYTHONPATH=/tmp/fi_site pytest tests/test_fi_standins.py``); they skip otherwise.
+"""
+
+import inspect
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from refimpl.fi import (
+    STANDIN_WORKSPACE_BYTES,
+    flashinfer_available,
+    is_standin,
+    make_workspace,
+    real_wrapper_classes,
+    set_kv_window,
+    standins,
+    wrapper_classes,
+)
+from refimpl.fi.fast_plan import (
+    fast_decode_plan,
+    fast_mla_decode_plan,
+    install_fast_decode_plan,
+    install_fast_mla_decode_plan,
+    is_fast_plan_installed,
+)
+from refimpl.graphs import CPUEmulatorEngine
+from refimpl.kernels import mha_oracle, mla_oracle, relative_error
+
+Decode = standins.BatchDecodeWithPagedKVCacheWrapper
+Prefill = standins.BatchPrefillWithPagedKVCacheWrapper
+MLA = standins.BatchMLAPagedAttentionWrapper
+
+F32 = torch.float32
+I32 = torch.int32
+H, HKV, D = 4, 2, 16  # GQA group 2
+R, RR, HM = 32, 8, 4  # MLA: latent rank, rope dim, heads
+SLOTS = 96
+TOL = 1e-5
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def csr(lens, g: torch.Generator, slots: int = SLOTS):
+    """indptr [bs+1] int32 and random distinct cache slots as indices (req_to_token-free)."""
+    lens = torch.as_tensor(lens, dtype=torch.int64)
+    indptr = torch.zeros(len(lens) + 1, dtype=I32)
+    indptr[1:] = torch.cumsum(lens, 0)
+    indices = torch.randperm(slots, generator=g)[: int(lens.sum())].to(I32)
+    return indptr, indices
+
+
+def qo(q_lens) -> torch.Tensor:
+    out = torch.zeros(len(q_lens) + 1, dtype=I32)
+    out[1:] = torch.cumsum(torch.as_tensor(q_lens), 0)
+    return out
+
+
+def mha_cache(g):
+    return torch.randn(SLOTS, HKV, D, generator=g), torch.randn(SLOTS, HKV, D, generator=g)
+
+
+def mla_cache(g):
+    return torch.randn(SLOTS, 1, R + RR, generator=g)
+
+
+def rand_mask(q_lens, kv_lens, g) -> torch.Tensor:
+    n = sum(a * b for a, b in zip(q_lens, kv_lens))
+    return torch.rand(n, generator=g) < 0.6
+
+
+def mask_indptr_of(q_lens, kv_lens) -> torch.Tensor:
+    return qo([a * b for a, b in zip(q_lens, kv_lens)])
+
+
+def ones(bs) -> torch.Tensor:
+    return torch.ones(bs, dtype=I32)
+
+
+def ws():
+    return make_workspace("cpu")
+
+
+def decode_plan(w, lens, g, **kw):
+    indptr, indices = csr(lens, g)
+    w.plan(indptr, indices, ones(len(lens)), H, HKV, D, 1, q_data_type=F32, **kw)
+    return indptr, indices
+
+
+def decode_ref(q, k, v, indptr, indices):
+    return mha_oracle(q, k, v, torch.arange(q.shape[0] + 1), indptr, indices, 1 / D**0.5)
+
+
+def close(out, ref) -> bool:
+    return relative_error(out, ref) < TOL
+
+
+def bound_decode(bs, indices_len=64, **kw):
+    bufs = dict(
+        paged_kv_indptr_buffer=torch.zeros(bs + 1, dtype=I32),
+        paged_kv_indices_buffer=torch.zeros(indices_len, dtype=I32),
+        paged_kv_last_page_len_buffer=torch.ones(bs, dtype=I32),
+    )
+    return Decode(ws(), "NHD", use_cuda_graph=True, **bufs, **kw), bufs
+
+
+def bound_prefill(bs, with_mask: bool, indices_len=64, mask_len=256):
+    bufs = dict(
+        qo_indptr_buf=torch.zeros(bs + 1, dtype=I32),
+        paged_kv_indptr_buf=torch.zeros(bs + 1, dtype=I32),
+        paged_kv_indices_buf=torch.zeros(indices_len, dtype=I32),
+        paged_kv_last_page_len_buf=torch.ones(bs, dtype=I32),
+    )
+    if with_mask:
+        bufs["custom_mask_buf"] = torch.zeros(mask_len, dtype=torch.uint8)
+        bufs["mask_indptr_buf"] = torch.zeros(bs + 1, dtype=I32)
+    return Prefill(ws(), "NHD", use_cuda_graph=True, **bufs), bufs
+
+
+def bound_mla(bs, indices_len=64):
+    bufs = dict(
+        qo_indptr=torch.arange(bs + 1, dtype=I32),
+        kv_indptr=torch.zeros(bs + 1, dtype=I32),
+        kv_indices=torch.zeros(indices_len, dtype=I32),
+        kv_len_arr=torch.ones(bs, dtype=I32),
+    )
+    return MLA(ws(), use_cuda_graph=True, **bufs, backend="auto"), bufs
+
+
+def mla_plan(w, q_lens, kv_lens, g, causal=False, sm_scale=0.3):
+    indptr, indices = csr(kv_lens, g)
+    w.plan(qo(q_lens), indptr, indices, torch.tensor(kv_lens, dtype=I32), HM, R, RR, 1, causal,
+           sm_scale, F32, F32)  # fmt: skip
+    return indptr, indices
+
+
+def capture(fn):
+    graph = CPUEmulatorEngine().new_graph()
+    return graph, graph.capture(fn)
+
+
+# ----------------------------------------------------------------------------------------------
+# package surface
+
+
+def test_import_does_not_import_flashinfer():
+    code = "import sys, refimpl.fi, refimpl.fi.fast_plan; print('flashinfer' in sys.modules)"
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "False", "importing refimpl.fi must not import flashinfer"
+
+
+def test_wrapper_classes_and_workspace():
+    cls = wrapper_classes(prefer_real=False)
+    assert not cls.real
+    for c in (cls.BatchDecodeWithPagedKVCacheWrapper, cls.BatchPrefillWithPagedKVCacheWrapper,
+              cls.BatchMLAPagedAttentionWrapper):  # fmt: skip
+        assert c.IS_STANDIN is True and is_standin(c)
+    auto = wrapper_classes()
+    if not torch.cuda.is_available():
+        assert flashinfer_available() == "CUDA is not available"
+        assert not auto.real and auto.reason == "CUDA is not available"
+    w = make_workspace("cpu")
+    assert w.dtype == torch.uint8 and w.numel() == STANDIN_WORKSPACE_BYTES and not w.any()
+    assert make_workspace("cpu", 4096).numel() == 4096
+    assert make_workspace("cpu", real=True).numel() == 128 * 1024 * 1024
+
+
+def _real_classes():
+    try:
+        return real_wrapper_classes()
+    except ImportError as e:
+        pytest.skip(f"real flashinfer not importable: {e}")
+
+
+def _params(f):
+    return [(p.name, p.kind, p.default) for p in inspect.signature(f).parameters.values()]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "BatchDecodeWithPagedKVCacheWrapper",
+        "BatchPrefillWithPagedKVCacheWrapper",
+        "BatchMLAPagedAttentionWrapper",
+    ],
+)
+def test_signature_parity_with_real_flashinfer(name):
+    real = getattr(_real_classes(), name)
+    mine = getattr(standins, name)
+    for method in ("__init__", "plan", "run", "forward", "begin_forward", "run_return_lse"):
+        has_real, has_mine = hasattr(real, method), hasattr(mine, method)
+        assert has_real == has_mine, f"{name}.{method}: real has it={has_real}, stand-in={has_mine}"
+        if has_real:
+            assert _params(getattr(mine, method)) == _params(getattr(real, method)), (
+                f"{name}.{method} signature differs from flashinfer's"
+            )
+
+
+# ----------------------------------------------------------------------------------------------
+# outputs vs the oracle
+
+
+@pytest.mark.parametrize("kv_format", ["tuple3", "tuple4", "single4", "single5"])
+@pytest.mark.parametrize("tensor_cores", [False, True])
+def test_decode_matches_oracle(kv_format, tensor_cores):
+    g = gen(1)
+    k, v = mha_cache(g)
+    kv = {
+        "tuple3": (k, v),
+        "tuple4": (k[:, None], v[:, None]),
+        "single4": torch.stack([k, v], 1),
+        "single5": torch.stack([k, v], 1)[:, :, None],
+    }[kv_format]
+    w = Decode(ws(), "NHD", use_tensor_cores=tensor_cores)
+    indptr, indices = decode_plan(w, [5, 1, 9, 3], g)
+    q = torch.randn(4, H, D, generator=g)
+    assert close(w.run(q, kv), decode_ref(q, k, v, indptr, indices))
+    assert w._max_kv_len == 9 and w._batch_size == 4 and w._cached_q_data_type == F32
+
+
+def test_decode_forward_sets_scalars_and_scales():
+    g = gen(2)
+    k, v = mha_cache(g)
+    w = Decode(ws())
+    indptr, indices = decode_plan(w, [4, 6], g)
+    q = torch.randn(2, H, D, generator=g)
+    out = w.forward(q, (k, v), sm_scale=0.5, k_scale=0.5, v_scale=2.0)
+    ref = mha_oracle(q, k, v, torch.arange(3), indptr, indices, 0.25) * 2.0
+    assert close(out, ref)
+
+
+@pytest.mark.parametrize("mode", ["mask", "causal", "full"])
+def test_prefill_matches_oracle(mode):
+    g = gen(3)
+    k, v = mha_cache(g)
+    q_lens, kv_lens = [3, 1, 4, 2], [5, 2, 4, 7]  # ragged queries, kv >= q
+    indptr, indices = csr(kv_lens, g)
+    q = torch.randn(sum(q_lens), H, D, generator=g)
+    mask = rand_mask(q_lens, kv_lens, g) if mode == "mask" else None
+    w = Prefill(ws(), "NHD")
+    w.plan(qo(q_lens), indptr, indices, ones(4), H, HKV, D, 1, custom_mask=mask,
+           causal=mode == "causal", q_data_type=F32)  # fmt: skip
+    mi = mask_indptr_of(q_lens, kv_lens) if mask is not None else None
+    ref = mha_oracle(q, k, v, qo(q_lens), indptr, indices, 1 / D**0.5, mask, mi, mode == "causal")
+    assert close(w.run(q, (k, v)), ref)
+    if mask is not None:  # the stand-in's representation: bytes + element offsets
+        assert w._custom_mask_buf.dtype == torch.uint8 and torch.equal(
+            w._custom_mask_buf, mask.to(torch.uint8)
+        )
+        assert torch.equal(w._mask_indptr_buf, mi)
+
+
+def test_prefill_mask_wins_over_causal_and_padding_rows_are_zero():
+    g = gen(4)
+    k, v = mha_cache(g)
+    q_lens, kv_lens = [2, 2], [3, 5]
+    indptr, indices = csr(kv_lens, g)
+    q = torch.randn(6, H, D, generator=g)  # two rows past qo_indptr[-1] = 4
+    mask = rand_mask(q_lens, kv_lens, g)
+    w = Prefill(ws())
+    w.plan(qo(q_lens), indptr, indices, ones(2), H, HKV, D, 1, custom_mask=mask, causal=True,
+           q_data_type=F32)  # fmt: skip
+    out = w.run(q, (k, v))
+    ref = mha_oracle(q[:4], k, v, qo(q_lens), indptr, indices, 1 / D**0.5, mask,
+                     mask_indptr_of(q_lens, kv_lens))  # fmt: skip
+    assert close(out[:4], ref) and not out[4:].any()
+
+
+@pytest.mark.parametrize("joined", [True, False])
+@pytest.mark.parametrize("case", ["decode", "verify"])
+def test_mla_matches_oracle(joined, case):
+    g = gen(5)
+    cache = mla_cache(g)
+    ckv, kpe = (
+        (cache[..., :R], cache[..., R:])
+        if joined
+        else (cache[..., :R].clone(), cache[..., R:].clone())
+    )
+    q_lens = [1, 1, 1] if case == "decode" else [3, 3, 3]
+    kv_lens = [4, 9, 6]
+    causal = case == "verify"
+    w = MLA(ws())
+    indptr, indices = mla_plan(w, q_lens, kv_lens, g, causal=causal)
+    T = sum(q_lens)
+    q_nope, q_pe = torch.randn(T, HM, R, generator=g), torch.randn(T, HM, RR, generator=g)
+    out = w.run(q_nope, q_pe, ckv, kpe)
+    ref = mla_oracle(q_nope, q_pe, cache, qo(q_lens), indptr, indices, 0.3, causal=causal)
+    assert close(out, ref)
+
+
+# ----------------------------------------------------------------------------------------------
+# binding: plan copies into the bound buffers, run reads only them (+ the partition)
+
+
+def test_plan_copies_into_bound_buffers():
+    g = gen(6)
+    w, bufs = bound_decode(3)
+    ptrs = {n: b.data_ptr() for n, b in bufs.items()}
+    indptr, indices = decode_plan(w, [2, 5, 3], g)
+    assert w._fixed_batch_size == 3
+    assert w._paged_kv_indptr_buf is bufs["paged_kv_indptr_buffer"]
+    assert {n: b.data_ptr() for n, b in bufs.items()} == ptrs
+    assert torch.equal(bufs["paged_kv_indptr_buffer"], indptr)
+    assert torch.equal(bufs["paged_kv_indices_buffer"][:10], indices)
+    q_len, kv_len = standins.read_partition(w)  # the partition lives in the int workspace
+    assert q_len.tolist() == [1, 1, 1] and kv_len.tolist() == [2, 5, 3]
+    assert kv_len.untyped_storage().data_ptr() == w._int_workspace_buffer.data_ptr()
+    assert w._int_workspace_buffer.numel() == standins.INT_WORKSPACE_BYTES
+
+    pw, pbufs = bound_prefill(2, with_mask=True)
+    q_lens, kv_lens = [2, 3], [4, 3]
+    indptr, indices = csr(kv_lens, g)
+    mask = rand_mask(q_lens, kv_lens, g)
+    pw.plan(qo(q_lens), indptr, indices, ones(2), H, HKV, D, 1, custom_mask=mask, q_data_type=F32)
+    assert (
+        pw._custom_mask_buf is pbufs["custom_mask_buf"]
+        and pw._qo_indptr_buf is pbufs["qo_indptr_buf"]
+    )
+    assert torch.equal(pbufs["qo_indptr_buf"], qo(q_lens))
+    assert torch.equal(pbufs["custom_mask_buf"][: mask.numel()], mask.to(torch.uint8))
+    assert torch.equal(pbufs["mask_indptr_buf"], mask_indptr_of(q_lens, kv_lens))
+
+    mw, mbufs = bound_mla(2)
+    indptr, indices = mla_plan(mw, [1, 1], [3, 6], g)
+    assert mw._kv_indices_buf is mbufs["kv_indices"]
+    assert torch.equal(mbufs["kv_indptr"], indptr) and mbufs["kv_len_arr"].tolist() == [3, 6]
+    assert torch.equal(mbufs["kv_indices"][:9], indices)
+
+
+def test_decode_graph_replay_after_replan():
+    g = gen(7)
+    k, v = mha_cache(g)
+    w, _ = bound_decode(3)
+    decode_plan(w, [2, 5, 3], g)
+    q = torch.randn(3, H, D, generator=g)
+    graph, out = capture(lambda: w.run(q, (k, v)))
+    assert graph.custom_kernels() == {"refimpl.dense_paged_attention.default": 1}
+    indptr, indices = decode_plan(w, [7, 1, 12], g)  # same bs, new lengths / indices
+    q.copy_(torch.randn(3, H, D, generator=g))
+    graph.replay()
+    assert close(out, decode_ref(q, k, v, indptr, indices))
+
+
+def test_prefill_graph_replay_after_replan_with_new_mask():
+    g = gen(8)
+    k, v = mha_cache(g)
+    w, _ = bound_prefill(2, with_mask=True)
+    q = torch.randn(6, H, D, generator=g)
+
+    def plan(q_lens, kv_lens):
+        indptr, indices = csr(kv_lens, g)
+        mask = rand_mask(q_lens, kv_lens, g)
+        w.plan(qo(q_lens), indptr, indices, ones(2), H, HKV, D, 1, custom_mask=mask,
+               q_data_type=F32)  # fmt: skip
+        return indptr, indices, mask
+
+    plan([3, 3], [4, 6])
+    graph, out = capture(lambda: w.run(q, (k, v)))
+    assert graph.custom_kernels() == {"refimpl.dense_paged_attention.default": 1}
+    q_lens, kv_lens = [2, 4], [9, 5]  # ragged this time
+    indptr, indices, mask = plan(q_lens, kv_lens)
+    graph.replay()
+    ref = mha_oracle(q, k, v, qo(q_lens), indptr, indices, 1 / D**0.5, mask,
+                     mask_indptr_of(q_lens, kv_lens))  # fmt: skip
+    assert close(out, ref)
+
+
+def test_mla_graph_replay_after_replan_causal():
+    g = gen(9)
+    cache = mla_cache(g)
+    w, _ = bound_mla(2)
+    mla_plan(w, [2, 2], [3, 5], g, causal=True)
+    q_nope, q_pe = torch.randn(4, HM, R, generator=g), torch.randn(4, HM, RR, generator=g)
+    graph, out = capture(lambda: w.run(q_nope, q_pe, cache[..., :R], cache[..., R:]))
+    assert graph.custom_kernels() == {"refimpl.dense_paged_mla_attention.default": 1}
+    indptr, indices = mla_plan(w, [2, 2], [8, 2], g, causal=True)
+    graph.replay()
+    ref = mla_oracle(q_nope, q_pe, cache, qo([2, 2]), indptr, indices, 0.3, causal=True)
+    assert close(out, ref)
+
+
+def test_stale_partition_editing_bound_indptr_changes_nothing():
+    g = gen(10)
+    k, v = mha_cache(g)
+    w, bufs = bound_decode(2)
+    indptr, indices = decode_plan(w, [3, 4], g)
+    q = torch.randn(2, H, D, generator=g)
+    graph, out = capture(lambda: w.run(q, (k, v)))
+    before = out.clone()
+    bufs["paged_kv_indptr_buffer"].copy_(torch.tensor([0, 1, 2], dtype=I32))  # no re-plan
+    graph.replay()
+    assert torch.equal(out, before), "run must read the planned partition, not the bound indptr"
+    assert torch.equal(w.run(q, (k, v)), before)
+    assert close(out, decode_ref(q, k, v, indptr, indices))
+
+    cache = mla_cache(g)
+    mw, mbufs = bound_mla(2)
+    mla_plan(mw, [1, 1], [5, 2], g)
+    qn, qp = torch.randn(2, HM, R, generator=g), torch.randn(2, HM, RR, generator=g)
+    old = mw.run(qn, qp, cache[..., :R], cache[..., R:])
+    mbufs["kv_indptr"].copy_(torch.tensor([0, 1, 2], dtype=I32))
+    mbufs["kv_len_arr"].fill_(1)
+    assert torch.equal(mw.run(qn, qp, cache[..., :R], cache[..., R:]), old)
+
+
+def test_kv_window_is_fixed_at_construction_in_graph_mode():
+    g = gen(11)
+    w, _ = bound_decode(2, indices_len=40)
+    assert w._kv_window == 40
+    assert set_kv_window(w, 8) and w._kv_window == 8
+    with pytest.raises(ValueError, match=r"kv_len=9 > the wrapper's kv window 8"):
+        decode_plan(w, [9, 1], g)
+    eager = Decode(ws())
+    decode_plan(eager, [6, 2], g)
+    assert eager._window(eager._plan_info) == 6  # eager: the planned max
+
+
+# ----------------------------------------------------------------------------------------------
+# fast plans
+
+
+def test_fast_decode_plan_matches_full_plan_and_replays():
+    g = gen(12)
+    k, v = mha_cache(g)
+    fast_w, _ = bound_decode(3)
+    full_w, _ = bound_decode(3)
+    decode_plan(fast_w, [2, 2, 2], g)
+    q = torch.randn(3, H, D, generator=g)
+    graph, out = capture(lambda: fast_w.run(q, (k, v)))
+
+    lens = [6, 3, 11]
+    indptr, indices = csr(lens, g)
+    # the caller writes the bound buffers in place (as SGLang's kv-indices kernel does) ...
+    fast_w._paged_kv_indptr_buf.copy_(indptr)
+    fast_w._paged_kv_indices_buf[: len(indices)].copy_(indices)
+    # ... and re-plans from the host indptr: no device-to-host copy
+    fast_decode_plan(fast_w, indptr.clone(), ones(3), H, HKV, D, 1, q_data_type=F32)
+    full_w.plan(indptr, indices, ones(3), H, HKV, D, 1, q_data_type=F32)
+    graph.replay()
+    assert torch.equal(out, full_w.run(q, (k, v)))
+    assert close(out, decode_ref(q, k, v, indptr, indices))
+    assert fast_w._batch_size == 3 and fast_w._plan_info[1] == 3
+
+
+def test_install_fast_decode_plan_routes_plan_and_begin_forward():
+    g = gen(13)
+    k, v = mha_cache(g)
+    w, bufs = bound_decode(2)
+    decode_plan(w, [3, 3], g)
+    assert not is_fast_plan_installed(w)
+    install_fast_decode_plan(w)
+    assert is_fast_plan_installed(w) and w._refimpl_fast and w.begin_forward is w.plan
+    indptr, indices = csr([5, 8], g)
+    bufs["paged_kv_indptr_buffer"].copy_(indptr)
+    bufs["paged_kv_indices_buffer"][:13].copy_(indices)
+    w.plan(bufs["paged_kv_indptr_buffer"], bufs["paged_kv_indices_buffer"],
+           bufs["paged_kv_last_page_len_buffer"], H, HKV, D, 1, data_type=F32, q_data_type=F32,
+           non_blocking=True, global_override_indptr_cpu=indptr)  # fmt: skip
+    q = torch.randn(2, H, D, generator=g)
+    assert close(w.run(q, (k, v)), decode_ref(q, k, v, indptr, indices))
+    with pytest.raises(ValueError, match="indices is not the wrapper's bound buffer"):
+        w.plan(bufs["paged_kv_indptr_buffer"], indices, ones(2), H, HKV, D, 1, q_data_type=F32,
+               global_override_indptr_cpu=indptr)  # fmt: skip
+    with pytest.raises(ValueError, match="indptr is not the wrapper's bound buffer"):
+        w.plan(indptr.clone(), bufs["paged_kv_indices_buffer"], ones(2), H, HKV, D, 1,
+               q_data_type=F32, global_override_indptr_cpu=indptr)  # fmt: skip
+
+
+class Recording:
+    """Wraps a ``_cached_module`` and records the positional arguments of each ``plan``."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def plan(self, *args):
+        self.calls.append(args)
+        return self.inner.plan(*args)
+
+
+def test_fast_decode_plan_tensor_core_path_and_module_arguments():
+    g = gen(14)
+    k, v = mha_cache(g)
+    for tc in (False, True):
+        w, bufs = bound_decode(2, use_tensor_cores=tc)
+        decode_plan(w, [1, 1], g)
+        w._cached_module = Recording(w._cached_module)
+        indptr, indices = csr([4, 7], g)
+        bufs["paged_kv_indptr_buffer"].copy_(indptr)
+        bufs["paged_kv_indices_buffer"][:11].copy_(indices)
+        fast_decode_plan(w, indptr, ones(2), H, HKV, D, 1, q_data_type=F32)
+        (args,) = w._cached_module.calls
+        if tc:  # the prefill module's fa2 argument list
+            assert len(args) == 19 and args[3].tolist() == [0, 1, 2] and args[4] is indptr
+            assert args[5].tolist() == [4, 7] and args[6:8] == (2, 2) and args[14] is False
+        else:  # the CUDA-core decode module's 15 arguments
+            assert len(args) == 15 and args[3] is indptr and args[4:9] == (2, H, HKV, 1, True)
+            assert args[13].dtype == F32 and args[14].dtype == F32
+        assert args[0] is w._float_workspace_buffer and args[1] is w._int_workspace_buffer
+        q = torch.randn(2, H, D, generator=g)
+        assert close(w.run(q, (k, v)), decode_ref(q, k, v, indptr, indices))
+
+
+def test_fast_decode_plan_refusals():
+    g = gen(15)
+    w, _ = bound_decode(2)
+    with pytest.raises(RuntimeError, match="planned once with its full plan"):
+        fast_decode_plan(w, torch.tensor([0, 1, 2], dtype=I32), ones(2), H, HKV, D, 1,
+                         q_data_type=F32)  # fmt: skip
+    with pytest.raises(RuntimeError, match="planned once"):
+        install_fast_decode_plan(w)
+    decode_plan(w, [1, 2], g)
+    with pytest.raises(ValueError, match="must be a CPU tensor"):
+        fast_decode_plan(w, torch.empty(3, device="meta"), ones(2), H, HKV, D, 1, q_data_type=F32)
+    with pytest.raises(ValueError, match="batch_size=3 differs from the batch size 2"):
+        fast_decode_plan(w, torch.tensor([0, 1, 2, 3]), ones(3), H, HKV, D, 1, q_data_type=F32)
+    with pytest.raises(ValueError, match="q_data_type=torch.float16 differs"):
+        fast_decode_plan(w, torch.tensor([0, 1, 2]), ones(2), H, HKV, D, 1, q_data_type="float16")
+    install_fast_decode_plan(w)
+    with pytest.raises(ValueError, match="needs the host indptr"):
+        w.plan(torch.empty(3, device="meta"), torch.zeros(4, dtype=I32), ones(2), H, HKV, D, 1,
+               q_data_type=F32)  # fmt: skip
+
+
+def test_fast_mla_decode_plan_matches_full_plan():
+    g = gen(16)
+    cache = mla_cache(g)
+    ckv, kpe = cache[..., :R], cache[..., R:]
+    w, bufs = bound_mla(3)
+    with pytest.raises(RuntimeError, match="planned once"):
+        fast_mla_decode_plan(w, qo([1, 1, 1]), qo([1, 1, 1]), ones(3), HM, R, RR, 1, False, 0.3,
+                             F32, F32)  # fmt: skip
+    mla_plan(w, [1, 1, 1], [2, 2, 2], g)
+    qn, qp = torch.randn(3, HM, R, generator=g), torch.randn(3, HM, RR, generator=g)
+    graph, out = capture(lambda: w.run(qn, qp, ckv, kpe))
+    install_fast_mla_decode_plan(w)
+    assert is_fast_plan_installed(w)
+
+    kv_lens = [5, 9, 1]
+    indptr, indices = csr(kv_lens, g)
+    stale_indptr = bufs["kv_indptr"].clone()
+    bufs["kv_indices"][:15].copy_(indices)  # the caller writes the bound indices in place
+    w.plan(qo([1, 1, 1]), indptr, bufs["kv_indices"], torch.tensor(kv_lens, dtype=I32),
+           HM, R, RR, 1, False, 0.3, F32, F32)  # fmt: skip
+    assert torch.equal(bufs["kv_indptr"], stale_indptr), "the fast plan copies nothing"
+    graph.replay()
+    ref = mla_oracle(qn, qp, cache, qo([1, 1, 1]), indptr, indices, 0.3)
+    assert close(out, ref)
+    full, _ = bound_mla(3)
+    mla_plan(full, [1, 1, 1], [2, 2, 2], g)
+    full.plan(qo([1, 1, 1]), indptr, indices, torch.tensor(kv_lens, dtype=I32), HM, R, RR, 1,
+              False, 0.3, F32, F32)  # fmt: skip
+    assert torch.equal(out, full.run(qn, qp, ckv, kpe))
+    with pytest.raises(ValueError, match="must be a CPU tensor"):
+        fast_mla_decode_plan(w, torch.empty(4, device="meta"), indptr, ones(3), HM, R, RR, 1,
+                             False, 0.3, F32, F32)  # fmt: skip
+    with pytest.raises(ValueError, match="not the wrapper's bound buffer"):
+        w.plan(qo([1, 1, 1]), indptr, indices, torch.tensor(kv_lens, dtype=I32), HM, R, RR, 1,
+               False, 0.3, F32, F32)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------
+# errors
+
+
+def test_plan_validation_errors_name_values():
+    g = gen(17)
+    idx = torch.arange(20, dtype=I32)
+    w = Decode(ws())
+    with pytest.raises(
+        ValueError, match=r"indptr must be non-decreasing: indptr\[1\]=5 > indptr\[2\]=3"
+    ):
+        w.plan(torch.tensor([0, 5, 3], dtype=I32), idx, ones(2), H, HKV, D, 1, q_data_type=F32)
+    with pytest.raises(ValueError, match=r"indptr\[0\]=2: must be 0"):
+        w.plan(torch.tensor([2, 5, 7], dtype=I32), idx, ones(2), H, HKV, D, 1, q_data_type=F32)
+
+    bw, _ = bound_decode(2, indices_len=8)
+    with pytest.raises(ValueError, match="batch_size=3 differs from the batch size 2"):
+        bw.plan(qo([1, 1, 1]), idx[:3], ones(3), H, HKV, D, 1, q_data_type=F32)
+    with pytest.raises(
+        ValueError,
+        match=r"indices has 20 entries, more than the bound paged_kv_indices_buffer holds \(8\)",
+    ):
+        bw.plan(qo([2, 2]), idx, ones(2), H, HKV, D, 1, q_data_type=F32)
+
+    pw = Prefill(ws())
+    indptr, indices = csr([3, 4], g)
+    with pytest.raises(
+        ValueError, match=r"custom_mask has 13 entries, expected sum\(q_len_i \* kv_len_i\) = 14"
+    ):
+        pw.plan(qo([2, 2]), indptr, indices, ones(2), H, HKV, D, 1,
+                custom_mask=torch.ones(13, dtype=torch.bool), q_data_type=F32)  # fmt: skip
+    bp, _ = bound_prefill(2, with_mask=True, mask_len=10)
+    with pytest.raises(
+        ValueError,
+        match=r"custom_mask has 14 entries, more than the bound custom_mask_buf holds \(10\)",
+    ):
+        bp.plan(qo([2, 2]), indptr, indices, ones(2), H, HKV, D, 1,
+                custom_mask=torch.ones(14, dtype=torch.bool), q_data_type=F32)  # fmt: skip
+    bm, _ = bound_mla(2)
+    with pytest.raises(ValueError, match="batch_size=3 differs from the batch size 2"):
+        mla_plan(bm, [1, 1, 1], [1, 1, 1], g)
+    with pytest.raises(ValueError, match=r"kv_len_arr \[3, 3\] disagrees"):
+        bm.plan(qo([1, 1]), qo([2, 4]), torch.arange(6, dtype=I32), torch.tensor([3, 3], dtype=I32),
+                HM, R, RR, 1, False, 0.3, F32, F32)  # fmt: skip
+
+
+def test_constructor_and_run_errors():
+    with pytest.raises(ValueError, match="paged_kv_indices_buffer should be a torch.Tensor"):
+        Decode(ws(), "NHD", use_cuda_graph=True, paged_kv_indptr_buffer=torch.zeros(3, dtype=I32),
+               paged_kv_last_page_len_buffer=ones(2))  # fmt: skip
+    with pytest.raises(ValueError, match="qo_indptr_buf should be a torch.Tensor"):
+        Prefill(ws(), use_cuda_graph=True)
+    with pytest.raises(ValueError, match="kv_indices should be a torch.Tensor"):
+        MLA(ws(), use_cuda_graph=True, qo_indptr=qo([1]), kv_indptr=qo([1]), kv_len_arr=ones(1))
+    w = Decode(ws())
+    with pytest.raises(RuntimeError, match="call plan"):
+        w.run(torch.zeros(1, H, D), (torch.zeros(4, HKV, D), torch.zeros(4, HKV, D)))
+    g = gen(18)
+    decode_plan(w, [2], g)
+    k, v = mha_cache(g)
+    with pytest.raises(ValueError, match="does not match the q_data_type"):
+        w.run(torch.zeros(1, H, D, dtype=torch.float16), (k, v))
+    w.plan(*csr([2], g), ones(1), H, HKV, D, 1)  # q_data_type defaults to float16, as flashinfer
+    with pytest.raises(ValueError, match="q_data_type torch.float16"):
+        w.run(torch.zeros(1, H, D), (k, v))
+
+
+@pytest.mark.parametrize(
+    "kw, feature",
+    [
+        (dict(pos_encoding_mode="ROPE_LLAMA"), "pos_encoding_mode"),
+        (dict(window_left=16), "sliding window"),
+        (dict(logits_soft_cap=30.0), "soft capping"),
+        (dict(page_size=16), "page_size=16"),
+    ],
+)
+def test_unmodelled_features_raise_not_implemented(kw, feature):
+    page_size = kw.pop("page_size", 1)
+    with pytest.raises(NotImplementedError, match=feature):
+        Decode(ws()).plan(qo([2]), torch.arange(2, dtype=I32), ones(1), H, HKV, D, page_size,
+                          q_data_type=F32, **kw)  # fmt: skip
+
+
+def test_unmodelled_constructor_and_run_features():
+    with pytest.raises(NotImplementedError, match="HND"):
+        Decode(ws(), "HND")
+    with pytest.raises(NotImplementedError, match="cutlass"):
+        MLA(ws(), backend="cutlass")
+    g = gen(19)
+    pw = Prefill(ws())
+    indptr, indices = csr([2], g)
+    with pytest.raises(NotImplementedError, match="packed_custom_mask"):
+        pw.plan(qo([1]), indptr, indices, ones(1), H, HKV, D, 1,
+                packed_custom_mask=torch.ones(1, dtype=torch.uint8), q_data_type=F32)  # fmt: skip
+    w = Decode(ws())
+    decode_plan(w, [2], g)
+    k, v = mha_cache(g)
+    with pytest.raises(NotImplementedError, match="return_lse"):
+        w.run_return_lse(torch.zeros(1, H, D), (k, v))
+
+
+def test_idle_batch_plans_and_runs():
+    g = gen(20)
+    k, v = mha_cache(g)
+    empty = torch.zeros(0, dtype=I32)
+    w = Decode(ws())
+    w.plan(qo([]), empty, empty, H, HKV, D, 1, q_data_type=F32)
+    assert w.run(torch.zeros(0, H, D), (k, v)).shape == (0, H, D)
+    pw, _ = bound_prefill(0, with_mask=False)
+    pw.plan(qo([]), qo([]), empty, empty, H, HKV, D, 1, q_data_type=F32)
+    assert not pw.run(torch.ones(2, H, D), (k, v)).any()
+    mw = MLA(ws())
+    mw.plan(qo([]), qo([]), empty, empty, HM, R, RR, 1, False, 0.3, F32, F32)
+    cache = mla_cache(g)
+    out = mw.run(torch.ones(0, HM, R), torch.ones(0, HM, RR), cache[..., :R], cache[..., R:])
+    assert out.shape == (0, HM, R)
+
+
+def test_bound_mask_buffer_selects_mask_mode_even_without_a_plan_mask():
+    # flashinfer picks CUSTOM mode from whether custom_mask_buf was bound (digest §3.2): a plan
+    # without a mask then still reads the (here: all-zero) bound mask, blocking every key.
+    g = gen(21)
+    k, v = mha_cache(g)
+    w, _ = bound_prefill(1, with_mask=True)
+    indptr, indices = csr([3], g)
+    w.plan(qo([2]), indptr, indices, ones(1), H, HKV, D, 1, causal=True, q_data_type=F32)
+    assert not w.run(torch.randn(2, H, D, generator=g), (k, v)).any()
