@@ -44,7 +44,11 @@ import time
 from pathlib import Path
 
 import torch
-from IPython.display import Image, display
+
+try:
+    from IPython.display import Image, display
+except ImportError:  # run as a plain script (the GPU check does): nothing to display
+    Image = display = lambda *args, **kwargs: None  # noqa: E731
 
 from refimpl import ForwardMode, GraphConfig, ModelConfig, viz
 from refimpl.backends import GraphModeNotSupported, find

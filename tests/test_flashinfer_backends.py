@@ -1,7 +1,6 @@
 """FlashInfer and FlashInfer-MLA backends on the CPU stand-ins, through the checker."""
 
 import pytest
-import torch
 
 from refimpl.backends import find
 from refimpl.backends.flashinfer import FlashInferAttnBackend
@@ -59,7 +58,7 @@ def test_flashinfer_mla_refuses_tree_verify():
 
 def test_flashinfer_mask_of_wrong_length_is_refused():
     world = World.create(ModelConfig(), max_context_len=40, pool_size=8)
-    b = FlashInferAttnBackend(world, CHAIN)
+    b = FlashInferAttnBackend(world, CHAIN, prefer_real=False)
     fb = BatchGenerator(world, CHAIN, seed=0).target_verify(2)
     bad = fb.replace(spec_info=VerifyInput(4, fb.spec_info.custom_mask[:-5]))
     with pytest.raises(ValueError, match="mask"):
@@ -67,8 +66,10 @@ def test_flashinfer_mask_of_wrong_length_is_refused():
 
 
 def test_flashinfer_batch_larger_than_bound_is_refused():
+    # the stand-in's own error (the real library raises its own, surfaced unchanged; it also
+    # has no float32 kernels, hence prefer_real=False on a GPU machine)
     world = World.create(ModelConfig(), max_context_len=40, pool_size=8)
-    b = FlashInferAttnBackend(world, CHAIN)
+    b = FlashInferAttnBackend(world, CHAIN, prefer_real=False)
     b.init_cuda_graph_state(2, 2)
     gen = BatchGenerator(world, CHAIN, seed=0)
     small = gen.decode(2)
@@ -79,4 +80,3 @@ def test_flashinfer_batch_larger_than_bound_is_refused():
     with pytest.raises(ValueError, match="3"):
         b._update_decode(3, big.req_pool_indices, big.seq_lens, big.seq_lens_cpu,
                          b.decode_cuda_graph_metadata[2], None)  # fmt: skip
-    assert torch.equal(small.seq_lens, small.seq_lens)

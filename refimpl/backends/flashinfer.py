@@ -41,6 +41,7 @@ from ..batch import ForwardBatch, World
 from ..config import SpecConfig
 from ..fi import make_workspace, wrapper_classes
 from ..fi.fast_plan import install_fast_decode_plan
+from ..fi.ops import fi_run
 from ..kernels import build_kv_indices
 from ..modes import ForwardMode
 from ..spec import DraftDecodeInput, DraftExtendInput, VerifyInput, require_spec
@@ -329,10 +330,10 @@ class FlashInferAttnBackend(AttentionBackend):
         cache.set_kv(layer, fb.out_cache_loc[: q.shape[0]], k, v)
         if q.shape[0] == 0:
             return q.new_empty(0, self.cfg.num_heads, self.cfg.v_head_dim)
-        kv = (cache.k[layer], cache.v[layer])
-        if isinstance(md, DecodeMetadata):
-            return md.decode_wrappers[0].run(q, kv)
-        return md.prefill_wrappers[0].run(q, kv)
+        wrapper = (
+            md.decode_wrappers[0] if isinstance(md, DecodeMetadata) else md.prefill_wrappers[0]
+        )
+        return fi_run(wrapper, q, cache.k[layer], cache.v[layer])  # one refimpl op per run
 
 
 # ----------------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from ..batch import ForwardBatch, World
 from ..config import SpecConfig
 from ..fi import make_workspace, wrapper_classes
 from ..fi.fast_plan import install_fast_mla_decode_plan
+from ..fi.ops import fi_mla_run
 from ..kernels import build_kv_indices
 from ..modes import ForwardMode
 from ..spec import DraftExtendInput, VerifyInput, require_spec
@@ -236,7 +237,9 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         if q.shape[0] == 0:
             return q.new_empty(0, self.cfg.num_heads, r)
         kv = cache.kv[layer]  # [slots, 1, 576]
-        return self.forward_metadata.wrapper.run(q[..., :r], q[..., r:], kv[..., :r], kv[..., r:])
+        return fi_mla_run(
+            self.forward_metadata.wrapper, q[..., :r], q[..., r:], kv[..., :r], kv[..., r:]
+        )
 
 
 class FlashInferMLAAttnBackendAsUpstream(FlashInferMLAAttnBackend):

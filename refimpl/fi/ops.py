@@ -1,0 +1,55 @@
+"""``wrapper.run`` as registered torch custom ops.
+
+The real FlashInfer wrappers launch their kernels through their own JIT module, not through
+PyTorch's dispatcher: a ``TorchDispatchMode`` (the CPU graph emulator, and the op listing of the
+CUDA engine) would not see them. Routing every ``run`` through one ``refimpl::fi_*_run`` op
+makes the call visible as one kernel to both engines, and lets the emulator replay it: the op
+looks the wrapper up by a handle frozen at capture, exactly as a CUDA graph is bound to the
+wrapper object it captured. (The stand-ins' own kernel is a refimpl op already; wrapping it
+again costs one extra ``copy_``.)
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+# weak: the backend's per-bs registry keeps a captured wrapper alive, as long as its graph lives
+_WRAPPERS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def handle_of(wrapper: Any) -> int:
+    """A stable integer handle for ``wrapper`` (``id``; valid while the wrapper lives)."""
+    h = id(wrapper)
+    _WRAPPERS[h] = wrapper
+    return h
+
+
+@torch.library.custom_op("refimpl::fi_run", mutates_args=("out",))
+def _fi_run(handle: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            out: torch.Tensor) -> None:  # fmt: skip
+    out.copy_(_WRAPPERS[handle].run(q, (k_cache, v_cache)))
+
+
+@torch.library.custom_op("refimpl::fi_mla_run", mutates_args=("out",))
+def _fi_mla_run(handle: int, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor,
+                kpe: torch.Tensor, out: torch.Tensor) -> None:  # fmt: skip
+    out.copy_(_WRAPPERS[handle].run(q_nope, q_pe, ckv, kpe))
+
+
+def fi_run(
+    wrapper: Any, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+) -> torch.Tensor:
+    """Decode or prefill ``wrapper.run(q, (k, v))`` -> ``[tokens, H, Dv]``."""
+    out = torch.empty(q.shape[0], q.shape[1], v_cache.shape[-1], dtype=q.dtype, device=q.device)
+    _fi_run(handle_of(wrapper), q, k_cache, v_cache, out)
+    return out
+
+
+def fi_mla_run(wrapper: Any, q_nope, q_pe, ckv, kpe) -> torch.Tensor:
+    """MLA ``wrapper.run(q_nope, q_pe, ckv, kpe)`` -> ``[tokens, H, kv_lora_rank]``."""
+    out = torch.empty_like(q_nope)
+    _fi_mla_run(handle_of(wrapper), q_nope, q_pe, ckv, kpe, out)
+    return out
