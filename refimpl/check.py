@@ -57,7 +57,7 @@ class CheckRecord:
 @dataclass
 class CheckSettings:
     capture_bs: tuple[int, ...] = (1, 2, 4)
-    raw_bs: tuple[int, ...] = (1, 3, 4)  # 3 is padded to 4; 1 and 4 are captured sizes
+    raw_bs: tuple[int, ...] = (1, 3)  # 3 is padded to the bs-4 graph; 1 is a captured size
     spec: SpecConfig = field(default_factory=SpecConfig)
     max_context_len: int = 48
     dtype: torch.dtype | None = None  # None: float32 on CPU, bfloat16 on CUDA
