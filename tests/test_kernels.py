@@ -8,9 +8,9 @@ import math
 
 import pytest
 import torch
+from helpers import RecordOps
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from refimpl._env import default_device  # refimpl first: sets TRITON_INTERPRET on CPU
 from refimpl.kernels import (
@@ -427,16 +427,6 @@ def test_attention_rejects_bad_inputs():
 
 # ----------------------------------------------------------------------------------------------
 # dispatch: one op per launch, nothing leaks from inside
-
-
-class RecordOps(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 def test_each_kernel_is_one_dispatched_op():

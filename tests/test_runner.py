@@ -125,6 +125,8 @@ def test_bad_input_errors_name_value_and_limit():
     long = fb.replace(seq_lens_cpu=torch.tensor([L + 1, 3], dtype=torch.int32))
     with pytest.raises(ValueError, match=f"exceeds max_context_len={L}"):
         runner.replay(long)
+    with pytest.raises(ValueError, match="input_ids is on meta, expected"):
+        runner.replay(fb.replace(input_ids=fb.input_ids.to("meta")))
     wrong_tokens = fb.replace(input_ids=fb.input_ids.repeat(2), positions=fb.positions.repeat(2))
     with pytest.raises(GraphReplayError, match="1 per request"):
         runner.replay(wrong_tokens)

@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from helpers import RecordOps
 
 from refimpl._env import default_device  # refimpl first: sets TRITON_INTERPRET on CPU
 from refimpl.batch import World
@@ -430,16 +430,6 @@ def test_draft_decode_errors_name_the_value():
 
 # ----------------------------------------------------------------------------------------------
 # dispatch: one op per launch
-
-
-class RecordOps(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 def test_each_op_is_one_dispatched_op():
