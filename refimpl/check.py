@@ -144,7 +144,7 @@ def capture_vs_replay(
     Q.init_cuda_graph_state(runner.max_bs, runner.max_num_tokens)
     d_rpi = torch.zeros(bs, dtype=torch.int64, device=world.device)
     d_seq = torch.full((bs,), fill, dtype=torch.int32, device=world.device)
-    dummy_spec = capture_spec_input(mode, bs, runner, runner.multi_step_draft)
+    dummy_spec = capture_spec_input(mode, bs, runner)
     Q.init_forward_metadata_capture_cuda_graph(bs, num_tokens, d_rpi, d_seq, None, mode, dummy_spec)
     Q.init_forward_metadata_replay_cuda_graph(
         bs, rpi, seq, seq_sum, None, mode, fb.spec_info, seq_cpu

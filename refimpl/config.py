@@ -7,7 +7,7 @@ the MLA backends' layouts depend on it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -130,7 +130,6 @@ class GraphConfig:
     disable_padding: bool = False  # True: only exactly-captured batch sizes run as graphs
     speculative: bool = False
     num_warmups: int = 2  # SGLang runs the step twice before capture (§1.4)
-    extra: dict = field(default_factory=dict)
 
     def batch_sizes(self) -> list[int]:
         if self.capture_bs is not None:

@@ -96,11 +96,7 @@ class FlashInferAttnBackend(AttentionBackend):
             kv_indptr_buf if kv_indptr_buf is not None else torch.zeros(pool + 1, **i32)
         )
         self.kv_last_page_len = torch.ones(pool, **i32)
-        self.qo_indptr = torch.zeros(pool + 1, **i32)
         self.skip_prefill = skip_prefill
-        self.max_kv_splits = (
-            1  # for the generic multi-step wrapper (FlashInfer plans its own splits)
-        )
         self.decode_cuda_graph_metadata: dict[int, list] = {}
         self.prefill_cuda_graph_metadata: dict[int, list] = {}
         self._eager_decode = self.fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD")

@@ -122,13 +122,11 @@ class MultiStepDraftBackend(AttentionBackend):
         dtype = self.step_backends[0].kv_indices_dtype
         width = max_bs * self.topk * L
         self.cuda_graph_kv_indices = torch.zeros(self.S, width, dtype=dtype, device=self.device)
-        self.cuda_graph_num_kv_splits = torch.full(
-            (max_num_tokens,),
-            self.step_backends[0].max_kv_splits,
-            dtype=torch.int32,
-            device=self.device,
-        )
-        shared = self.cuda_graph_num_kv_splits if self.share_splits else None
+        shared = None
+        if self.share_splits:  # one split buffer every step reads, computed once per replay
+            splits = self.step_backends[0].max_kv_splits
+            shared = torch.full((max_num_tokens,), splits, dtype=torch.int32, device=self.device)
+        self.cuda_graph_num_kv_splits = shared
         for i, b in enumerate(self.step_backends):
             b.init_cuda_graph_state(max_bs, max_num_tokens, self.cuda_graph_kv_indices[i], shared)
 

@@ -29,7 +29,7 @@ import torch
 from ..batch import ForwardBatch
 from ..kernels import build_kv_indices, dense_paged_attention, dense_paged_mla_attention
 from ..modes import ForwardMode
-from ..spec import VerifyInput
+from ..spec import VerifyInput, require_spec
 from .base import AttentionBackend
 
 
@@ -73,11 +73,7 @@ class TorchNativeBackend(AttentionBackend):
 
     @staticmethod
     def _verify_spec(mode: ForwardMode, spec_info: Any) -> VerifyInput | None:
-        if not mode.is_target_verify():
-            return None
-        if not isinstance(spec_info, VerifyInput):
-            raise ValueError(f"target_verify needs a VerifyInput spec input, got {spec_info!r}")
-        return spec_info
+        return require_spec(mode, spec_info, VerifyInput) if mode.is_target_verify() else None
 
     # --- eager --------------------------------------------------------------------------------
     def init_forward_metadata(self, fb: ForwardBatch) -> None:

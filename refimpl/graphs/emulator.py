@@ -85,10 +85,6 @@ class _Step:
             self.rerun = True
             self.copy_back = [i for i, a in enumerate(aliased) if not a]
 
-    @property
-    def is_view(self) -> bool:
-        return not self.rerun
-
     def replay(self) -> None:
         if not self.rerun:
             return
@@ -131,7 +127,7 @@ class _Recorder(TorchDispatchMode):
             )
         out = func(*args, **kwargs)
         step = _Step(func, args, kwargs, out)
-        self.names.append((name, step.is_view))
+        self.names.append((name, step.rerun))  # rerun == launches work at replay
         if self.steps is not None:
             self.steps.append(step)
         return out

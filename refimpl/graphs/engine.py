@@ -31,20 +31,13 @@ class GraphReplayError(RuntimeError):
     """Raised when a graph is replayed in a state it cannot be replayed in."""
 
 
-# Ops that only allocate or re-view memory: no kernel runs for them in a CUDA graph.
-_NON_KERNEL_PREFIXES = ("aten.empty", "aten.empty_like", "aten.empty_strided", "aten.lift_fresh")
-
-
-def is_kernel_op(name: str, is_view: bool) -> bool:
-    return not is_view and not name.startswith(_NON_KERNEL_PREFIXES)
-
-
 class Graph(ABC):
     engine_name: str = "?"
 
     def __init__(self) -> None:
         self.captured = False
-        self._op_log: list[tuple[str, bool]] = []  # (op name, is a pure view/alias)
+        # (op name, launches work at replay): views and pure allocations do not
+        self._op_log: list[tuple[str, bool]] = []
 
     @abstractmethod
     def capture(self, fn: Callable[[], Any]) -> Any: ...
@@ -58,7 +51,7 @@ class Graph(ABC):
 
     def kernels(self) -> Counter:
         """Ops that launch work at replay, with counts (views and allocations left out)."""
-        return Counter(n for n, view in self._op_log if is_kernel_op(n, view))
+        return Counter(n for n, launches in self._op_log if launches)
 
     def custom_kernels(self) -> Counter:
         """Only refimpl's own registered kernels (``refimpl.*`` custom ops)."""

@@ -131,7 +131,7 @@ class GraphRunner:
             order = tqdm(order, desc=f"capture {self.mode.label}")
         for bs in order:
             t0, mem0 = time.perf_counter(), self.engine.memory_in_use()
-            spec_info = capture_spec_input(self.mode, bs, self, self.multi_step_draft)
+            spec_info = capture_spec_input(self.mode, bs, self)
             fb = self._static_batch(bs, spec_info)
             self.backend.init_forward_metadata_capture_cuda_graph(
                 bs, fb.num_tokens, fb.req_pool_indices, fb.seq_lens, None, self.mode, spec_info
@@ -198,6 +198,10 @@ class GraphRunner:
         ok, why = self.can_run(fb)
         if not ok:
             raise GraphReplayError(why)
+        return self._replay(fb)
+
+    def _replay(self, fb: ForwardBatch) -> torch.Tensor:
+        """The replay path proper (``can_run`` already said yes)."""
         fb.validate()
         raw_bs, n = fb.batch_size, fb.num_tokens
         bs = self.pick_bs(raw_bs)
@@ -240,12 +244,11 @@ class GraphRunner:
         """Replay when possible, else run eagerly and report the reason."""
         ok, why = self.can_run(fb)
         if ok:
-            logits = self.replay(fb)
-            return RunResult(logits, True, self.pick_bs(fb.batch_size))
+            return RunResult(self._replay(fb), True, self.pick_bs(fb.batch_size))
         return RunResult(self.eager(fb), False, None, why)
 
 
-def capture_spec_input(mode: ForwardMode, bs: int, runner: GraphRunner, multi_step: bool) -> Any:
+def capture_spec_input(mode: ForwardMode, bs: int, runner: GraphRunner) -> Any:
     """A plausible spec input for the dummy capture batch (every row: seq_len = fill value)."""
     spec, dev = runner.spec_cfg, runner.device
     if mode.is_target_verify():
@@ -267,6 +270,6 @@ def capture_spec_input(mode: ForwardMode, bs: int, runner: GraphRunner, multi_st
             extend_seq_lens=torch.full((bs,), tpr, dtype=torch.int32, device=dev),
             num_tokens_per_req=tpr,
         )
-    if mode.is_decode_or_idle() and multi_step:
+    if mode.is_decode_or_idle() and runner.multi_step_draft:
         return DraftDecodeInput(topk=spec.topk, num_steps=spec.num_steps)
     return None
