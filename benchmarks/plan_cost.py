@@ -31,8 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import refimpl  # noqa: E402,F401
-from refimpl.fi import flashinfer_available, make_workspace, wrapper_classes  # noqa: E402
-from refimpl.fi.fast_plan import fast_decode_plan, fast_mla_decode_plan  # noqa: E402
+from refimpl.flashinfer_wrappers import flashinfer_available, make_workspace, wrapper_classes  # noqa: E402
+from refimpl.flashinfer_wrappers.fast_plan import fast_decode_plan, fast_mla_decode_plan  # noqa: E402
 
 H, HKV, D = 32, 8, 128  # a Llama-3-8B-like decode shape (per TP rank)
 MLA_H, CKV, KPE = 16, 512, 64  # DeepSeek-like MLA (per TP rank)

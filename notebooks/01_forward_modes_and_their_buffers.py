@@ -7,7 +7,7 @@
 #       extension: .py
 #       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -17,7 +17,8 @@
 #
 # Notebook 00 captured a plain decode step. A speculative-decoding server (EAGLE) captures
 # graphs for several **forward modes**, and each one lays out a different number of query rows
-# per request (digest §1.2):
+# per request (the rules live in `refimpl/layout.py`; upstream facts in
+# [docs/sglang_facts.md](../docs/sglang_facts.md#tokens-per-request)):
 #
 # | mode                          | rows per request      | kv indexed through `kv_indices`      |
 # |-------------------------------|-----------------------|--------------------------------------|
@@ -30,9 +31,10 @@
 # (S = `num_steps`, topk = branches per step, N = `num_draft_tokens`.) A graph freezes
 # addresses and Python values, so every mode gets static buffers that the backend's replay hook
 # refills before each replay. This notebook goes through the modes on SGLang's **Triton**
-# attention backend (refimpl's unified shape, digest §3.1). For each mode it captures graphs for
+# attention backend (refimpl's unified shape, [facts](../docs/sglang_facts.md#triton)). For each
+# mode it captures graphs for
 # batch sizes 1, 2 and 4, replays a fresh batch of 3 (padded to 4), checks graph == eager, and
-# draws the buffers that replay left behind. It ends with the **Wave** backend (§3.3), which
+# draws the buffers that replay left behind. It ends with the **Wave** backend, which
 # sizes its buffers differently, and with two historical bugs that the checker finds.
 #
 # The kernels are refimpl's Triton kernels. Without a GPU they run in the Triton interpreter,
@@ -52,7 +54,7 @@ except ImportError:  # run as a plain script (the GPU check does): nothing to di
 
 from refimpl import ForwardMode, GraphConfig, ModelConfig, viz
 from refimpl.backends import GraphModeNotSupported, find
-from refimpl.backends.multistep import TritonMultiStepDraftBackend
+from refimpl.backends.triton import TritonMultiStepDraftBackend
 from refimpl.backends.triton import TritonAttnBackend, TritonAttnBackendLegacy
 from refimpl.backends.wave import WaveAttnBackend, WaveAttnBackendLegacy
 from refimpl.batch import World
@@ -60,7 +62,7 @@ from refimpl.batchgen import BatchGenerator, draft_decode_step_view
 from refimpl.check import CheckSettings, check_entry_mode
 from refimpl.config import SpecConfig
 from refimpl.graphs import CPUEmulatorEngine, make_engine
-from refimpl.graphs.runner import GraphRunner
+from refimpl.graphs.runner import GraphRunner, call_capture_hook, call_replay_hook
 from refimpl.kernels import draft_decode_kv_indices_ref, get_num_kv_splits_ref
 from refimpl.model import MultiStepDraftProgram, TinyDecoder
 from refimpl.spec import DraftTree
@@ -122,7 +124,7 @@ def show(fig, name):
 # One row per request. In decode the Triton backend's graph reads `kv_indptr`,
 # `cuda_graph_kv_indices`, `cuda_graph_num_kv_splits`, and the split-KV scratch
 # `cuda_graph_attn_logits` / `cuda_graph_attn_lse`. The replay hook fills the first three
-# outside the graph (the CSR kernel of §4.2 and the split heuristic of §4.5). The graph holds
+# outside the graph (the CSR kv-index kernel and the split heuristic). The graph holds
 # only the attention kernels: two per layer, stage 1 (per split) and stage 2 (the merge).
 
 # %%
@@ -165,14 +167,14 @@ show(viz.draw_csr(world.req_to_token, rpi, seq, kv_indptr, tri_dec.cuda_graph_kv
 # %% [markdown]
 # ### num_kv_splits: data, next to a frozen grid dimension
 #
-# Split-KV decode (§4.4) cuts each request's KV range into `num_kv_splits[b]` chunks. Stage 1
+# Split-KV decode cuts each request's KV range into `num_kv_splits[b]` chunks. Stage 1
 # runs one program per (row, head group, split) and stage 2 merges the splits with their
 # log-sum-exp. The stage-1 grid has `max_kv_splits` programs along its third axis, and
 # `attn_logits` is `[T, H, max_kv_splits, Dv]`. Both are frozen in the graph. The *per-row*
 # count is data in `cuda_graph_num_kv_splits`: programs with `s >= num_kv_splits[b]` do nothing,
 # so the hook can change the counts on every replay.
 #
-# The heuristic `get_num_kv_splits` (§4.5) runs as one kernel on the device, with no host sync:
+# The heuristic `get_num_kv_splits` runs as one kernel on the device, with no host sync:
 # 1. take the max and min length of the batch (the padded row counts, so here min = 1);
 #    `splits_1 = min(cdiv(max, min), max_kv_splits)`, `chunk_1 = cdiv(max, splits_1)`;
 # 2. `ext_cores = core_count * max(log2(max / 64), 1)` and `token_grid` = stage-1 programs per
@@ -265,7 +267,7 @@ show(viz.draw_csr(world.req_to_token, rpi, seq, kv_indptr, tri_tv.cuda_graph_kv_
 #
 # Draft token q may attend the whole prefix and its own ancestors in the tree. Per request the
 # mask is a row-major block `[N, seq + N]`: prefix columns all 1, then the tree's ancestry
-# matrix (§4.6). The blocks are flattened and concatenated, and `mask_indptr =
+# matrix. The blocks are flattened and concatenated, and `mask_indptr =
 # [0, cumsum(N * (seq + N))]` says where each starts. Draft q sits at position
 # `seq + depth(q)` but writes its KV at `req_to_token` column `seq + q`.
 
@@ -332,7 +334,7 @@ show(viz.draw_csr(world.req_to_token, run_v1.req_pool_indices[:bs], kv_lens_v1,
 # %% [markdown]
 # **v2**, with the tree spec: **N = 6** rows per request. The stride must be N. Before #27545 it
 # was S + 1 = 4 for v2 as well, so request 1's "rows" started at row 4, which is in the middle of
-# request 0, and the outputs were NaN at bs > 1 (digest §3.1). Below, `positions` shows which
+# request 0, and the outputs were NaN at bs > 1 ([#27545](https://github.com/sgl-project/sglang/pull/27545)). Below, `positions` shows which
 # tokens sit where: with stride N each request's slice is exactly its N new positions; with
 # stride S + 1 it is not.
 
@@ -353,7 +355,7 @@ for i in range(fb_v2.batch_size):
     assert good == mine
     assert (bad == mine) == (i == 0)  # only request 0 is right with stride S+1
 
-assert run_v2.tokens_per_req == N == frozen_v2.max_extend_len  # upstream freezes S+1 (§3.1 #4)
+assert run_v2.tokens_per_req == N == frozen_v2.max_extend_len  # current upstream freezes N too
 assert qo_v2.tolist() == list(range(0, bs * N + 1, N))
 assert tri_v2.kv_indptr[: bs + 1].tolist() == [0] + torch.cumsum(kv_lens_v2, 0).tolist()
 
@@ -378,7 +380,7 @@ show(viz.draw_buffers({
 # `S - 1` from decode steps over `bs * topk` rows (one per branch), all captured in **one**
 # graph (`MultiStepDraftProgram`). The wrapper `TritonMultiStepDraftBackend` owns, per step i,
 # a `kv_indptr` row and a `kv_indices` row, and lends them to `S - 1` step backends. One kernel
-# (§4.8) fills every step: row (seq r, branch k) of step i = the `seq_lens[r]` prefix slots
+# fills every step: row (seq r, branch k) of step i = the `seq_lens[r]` prefix slots
 # followed by the `i + 1` draft slots of branch k (`req_to_token` columns `seq + k*S + j`).
 # The kernel fills all S steps, but only the first S - 1 are read.
 
@@ -431,7 +433,8 @@ assert splits_dd == get_num_kv_splits_ref(seq.tolist(), num_group=topk, num_head
 # ## 5. Wave
 #
 # SGLang's Wave backend (AMD) has the same hooks as Triton, with a different buffer layout
-# (§3.3). refimpl runs Wave's layout and hooks on the same Triton kernels. First, the decode
+# ([facts](../docs/sglang_facts.md#wave)). refimpl runs Wave's layout and hooks on the same
+# Triton kernels. First, the decode
 # batch of section 1 replayed on Wave: the same answer, and the same kv indices, stored as
 # **int32**.
 
@@ -488,8 +491,9 @@ else:
 
 # %% [markdown]
 # (`qo_indptr` has `pool + 1` = 25 entries: one per request row of the pool (24, row 0 being
-# the reserved one) plus one, whatever the batch size. refimpl sizes Wave's custom-mask buffer by tokens on purpose: the digest
-# records `[B*L]`, too small for `B` requests of `N*(seq+N)` entries each.)
+# the reserved one) plus one, whatever the batch size. refimpl sizes Wave's custom-mask buffer
+# by tokens on purpose: upstream's `[B*L]` is too small for `B` requests of `N*(seq+N)` entries
+# each ([differences](../docs/sglang_facts.md#where-refimpl-deliberately-differs-from-upstream)).)
 #
 # ### The legacy Wave bug: capture skipped the split counts (#26134)
 #
@@ -516,27 +520,23 @@ assert wave_rec.graph_equals_eager is True and wave_rec.matches_oracle is True
 # paths should leave the same state. Here are the same two paths on section 1's decode batch:
 
 # %%
-def capture_vs_replay_state(cls, spec, mode, fb, tokens_per_req, key):
-    """`key` of the graph-read state after the capture hook (fed `fb`) and after the replay hook."""
-    raw, fill = fb.batch_size, 1
-    rpi = torch.zeros(bs, dtype=torch.int64, device=device)
-    seq = torch.full((bs,), fill, dtype=torch.int32, device=device)
-    rpi[:raw], seq[:raw] = fb.req_pool_indices, fb.seq_lens
+def capture_vs_replay_state(cls, runner, fb, key):
+    """`key` of the graph-read state after the capture hook fed `fb` (padded by the runner), and
+    after the runner's capture batch + the replay hook fed `fb`: the checker's verdict (a)."""
+    padded, bs = runner.padded_batch(fb), runner.pick_bs(fb.batch_size)
     out = []
-    for path in ("capture", "replay"):
-        b = cls(world, spec)
-        b.init_cuda_graph_state(bs, bs * tokens_per_req)
-        b.init_forward_metadata_capture_cuda_graph(bs, bs * tokens_per_req, rpi, seq, None, mode,
-                                                   fb.spec_info)
-        if path == "replay":
-            b.init_forward_metadata_replay_cuda_graph(bs, rpi, seq, None, None, mode,
-                                                      fb.spec_info, seq.cpu())
-        out.append(b.graph_state(bs, mode)[key].clone())
+    for first in (padded, runner.capture_batch(bs)):
+        b = cls(runner.world, runner.spec_cfg)
+        b.init_cuda_graph_state(runner.max_bs, runner.max_num_tokens)
+        call_capture_hook(b, first)
+        if first is not padded:
+            call_replay_hook(b, padded)
+        out.append(b.graph_state(bs, runner.mode)[key].clone())
     return out
 
 
-wave_cap, wave_rep = capture_vs_replay_state(WaveAttnBackendLegacy, None, ForwardMode.DECODE,
-                                             fb_dec, 1, "num_kv_splits")
+wave_cap, wave_rep = capture_vs_replay_state(WaveAttnBackendLegacy, run_dec, fb_dec,
+                                             "num_kv_splits")
 print("legacy Wave num_kv_splits after capture:", wave_cap.tolist(), " after replay:",
       wave_rep.tolist())
 assert (wave_cap == S_MAX).all() and wave_rep.tolist() == splits_1
@@ -557,8 +557,7 @@ print(tri_rec)
 assert tri_rec.capture_equals_replay is False and tri_rec.findings[0].startswith("qo_indptr")
 assert tri_rec.graph_equals_eager is False and tri_rec.matches_oracle is True
 
-qo_cap, qo_rep = capture_vs_replay_state(TritonAttnBackendLegacy, CHAIN, ForwardMode.DRAFT_EXTEND,
-                                         fb_v1, tpr1, "qo_indptr")
+qo_cap, qo_rep = capture_vs_replay_state(TritonAttnBackendLegacy, run_v1, fb_v1, "qo_indptr")
 acc = fb_v1.spec_info.accept_length.tolist() + [0]  # + the padded row: 1 row
 assert qo_cap.tolist() == list(range(0, bs * tpr1 + 1, tpr1))
 assert qo_rep.tolist() == [0] + torch.cumsum(torch.tensor(acc) + 1, 0).tolist()
@@ -585,7 +584,7 @@ show(viz.draw_buffers({
 # | draft extend v2         | N              | stride N      | `seq_lens - N`          | –                      |
 # | multi-step draft decode | topk           | –             | per step: prefix + i+1 drafts | one shared `num_kv_splits` |
 #
-# The layout at capture must equal the layout at replay (§4.9 item 5). The two legacy findings
+# The layout at capture must equal the layout at replay (`refimpl/layout.py`). The two legacy findings
 # show both kinds of drift: state that the kernel re-reads at run time (benign) and a layout
 # that the graph has already baked in (a wrong answer).
 #

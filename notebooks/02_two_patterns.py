@@ -7,7 +7,7 @@
 #       extension: .py
 #       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -24,11 +24,11 @@
 #
 # ## 1. The story
 #
-# Every attention backend has two graph hooks (digest §1.4, §1.5).
+# Every attention backend has two graph hooks ([facts](../docs/sglang_facts.md#the-graph-runner)).
 # `init_forward_metadata_capture_cuda_graph` runs once per batch size, before capture.
 # `init_forward_metadata_replay_cuda_graph` runs before every replay. Both must leave the
 # buffers the graph reads in the *same layout*. Before the refactor each backend kept two
-# independent copies of the buffer-filling code, and the copies drifted (digest §0, PR #26134):
+# independent copies of the buffer-filling code, and the copies drifted ([#26134](https://github.com/sgl-project/sglang/pull/26134)):
 #
 # * **Wave** skipped `get_num_kv_splits` at capture but called it at replay;
 # * **Cutlass-MLA** asserted `seq_lens_cpu is not None` in replay, a parameter it never read;
@@ -42,7 +42,8 @@
 # |---------|-----------------------------------------------------------------------|----------------------------------|-------------------------------------------------------|
 # | **C** (old) | its own copy of the buffer filling, per mode                      | a second copy, per mode          | every `legacy` variant                                |
 # | **A**   | calls the replay body, then *freezes* a metadata object whose tensors are views of the graph buffers (`_build_cuda_graph_forward_metadata`) | the one filling body | Triton, Wave (unified); torch_native                  |
-# | **B**   | *prepares* graph-bound objects (wrappers bound to the static buffers, registered per batch size), then runs the replay body, then capture-only tail steps (install the fast plan) | the one update body: re-plan the registered wrapper | FlashInfer (unified), FlashInfer-MLA (unified, as-upstream) |
+# | **B**   | *prepares* graph-bound objects (wrappers bound to the static buffers, registered per batch size), then runs the replay body, then capture-only tail steps (install the fast plan) | the one update body: re-plan the registered wrapper | FlashInfer (unified), FlashInfer-MLA (unified: refimpl's shape) |
+# | **C, merged branches** | two bodies, but the identical target-verify / draft-extend branches inside each are merged | its own body | FlashInfer-MLA (as-upstream: what #26665 did) |
 #
 # With A or B the capture state is, by construction, what replay would produce for the same
 # batch. With C nothing guarantees it, and the checker has to find out.
@@ -79,10 +80,10 @@ from refimpl.backends.triton import TritonAttnBackend, TritonAttnBackendLegacy
 from refimpl.backends.wave import WaveAttnBackend, WaveAttnBackendLegacy
 from refimpl.batch import World
 from refimpl.batchgen import BatchGenerator
-from refimpl.check import CheckSettings, check_entry_mode, default_model_config
-from refimpl.fi import flashinfer_available, is_standin
-from refimpl.fi.fast_plan import fast_decode_plan, is_fast_plan_installed
-from refimpl.fi.standins import read_partition
+from refimpl.check import CheckSettings, check_entry_mode
+from refimpl.config import tiny_model_config
+from refimpl.flashinfer_wrappers import flashinfer_available, is_standin, read_partition
+from refimpl.flashinfer_wrappers.fast_plan import fast_decode_plan, is_fast_plan_installed
 from refimpl.graphs import CPUEmulatorEngine, make_engine
 from refimpl.graphs.runner import GraphRunner
 from refimpl.model import TinyDecoder
@@ -163,18 +164,19 @@ def show(fig, name):
 #
 # ### The source
 #
-# Here is legacy Wave's capture hook, all of it. For decode it fills `kv_indptr` /
-# `kv_indices` itself and freezes the metadata; every other mode goes to the parent class.
+# Here is legacy Wave's capture hook, all of it, written as upstream looked before the
+# refactor: each mode fills `kv_indptr` / `kv_indices` inline and freezes the metadata itself.
 # What it does *not* do is compute the split counts.
 
 # %%
 wave_legacy_cap = WaveAttnBackendLegacy.init_forward_metadata_capture_cuda_graph
 print(textwrap.dedent(inspect.getsource(wave_legacy_cap)))
 
-assert calls(wave_legacy_cap, "_update_decode_kv_buffers") == 1
+assert calls(wave_legacy_cap, "build_kv_indices") == 2  # decode and verify, inline
+assert calls(wave_legacy_cap, "_update_decode_kv_buffers") == 0  # no helper of the refactor
 assert calls(wave_legacy_cap, "_splits") == 0 and calls(wave_legacy_cap, "get_num_kv_splits") == 0
-# ... while the replay body it pairs with does compute them for decode:
-assert calls(TritonAttnBackend.init_forward_metadata_replay_cuda_graph, "self._splits") == 1
+# ... while its own replay body does compute them for decode:
+assert calls(WaveAttnBackendLegacy.init_forward_metadata_replay_cuda_graph, "self._splits") == 1
 
 # %% [markdown]
 # The unified capture hook is shared: Wave inherits Triton's. Apart from multi-step draft
@@ -212,7 +214,7 @@ removed = [line for line in diff if line.startswith("-") and not line.startswith
 added = [line for line in diff if line.startswith("+") and not line.startswith("+++")]
 assert any("self._splits(" in line for line in added)  # replay computes the splits ...
 assert not any("self._splits(" in line for line in removed)  # ... capture never did
-assert any("torch.arange(0, bs * tpr + 1, tpr" in line for line in removed)  # uniform stride
+assert any("torch.arange(0, bs * stride + 1, stride" in line for line in removed)  # uniform
 assert any("torch.cumsum(real, 0)" in line for line in added)  # ragged stride
 assert calls(legacy_cap, "self._splits") == 0 and calls(legacy_rep, "self._splits") == 1
 
@@ -226,7 +228,7 @@ assert calls(legacy_cap, "self._splits") == 0 and calls(legacy_rep, "self._split
 #
 # **Wave, decode.** Legacy: the split counts differ (capture left `max_kv_splits` = 8 from the
 # buffer's `torch.full`), but graph = eager, because every replay recomputes them before
-# `graph.replay()` and the kernel reads the buffer at run time (notebook 01, §5). Unified: no
+# `graph.replay()` and the kernel reads the buffer at run time (notebook 01, section 5). Unified: no
 # findings.
 
 # %%
@@ -294,9 +296,9 @@ assert calls(FlashInferAttnBackend._prepare_cuda_graph_metadata, "self._create_p
 # %% [markdown]
 # ### Live, with the stand-ins
 #
-# Without a GPU, `FlashInferAttnBackend` builds the stand-in wrappers of `refimpl.fi`: the same
-# constructor / `plan` / `run` signatures as flashinfer 0.6.0, the same binding, the same
-# partition-in-the-workspace behaviour (`refimpl/fi/standins.py`). `prefer_real=False` asks for
+# Without a GPU, `FlashInferAttnBackend` builds the stand-in wrappers of
+# `refimpl.flashinfer_wrappers`: flashinfer 0.6.0's constructor / `plan` / `run` arguments, the
+# same binding, the same partition-in-the-workspace behaviour (`standin.py`). `prefer_real=False` asks for
 # them on every machine, so this section reads the same on a GPU. We capture decode graphs for
 # batch sizes 1, 2 and 4.
 
@@ -316,7 +318,7 @@ fi_runner = GraphRunner(model, fi, emu, ForwardMode.DECODE, GRAPHS)
 records = fi_runner.capture()
 for r in records:
     print(f"bs {r.bs}: graph kernels {r.kernels}")
-# every wrapper.run is one `refimpl.fi_run` op (refimpl/fi/ops.py): the real library's kernels
+# every wrapper.run is one `refimpl.fi_run` op (flashinfer_wrappers/ops.py): the real kernels
 # bypass PyTorch's dispatcher, so the op is what lets both engines see (and replay) them
 assert all(r.kernels == {"refimpl.fi_run.default": cfg.num_layers} for r in records)
 
@@ -471,15 +473,17 @@ print(f"legacy hooks: {legacy_lines} lines; unified hooks: {unified_lines} lines
 # to `cuda_graph_qo_indptr`, `cuda_graph_kv_indptr`, `cuda_graph_kv_indices` and
 # `cuda_graph_kv_lens` (`kv_len_arr`). Decode replays with the fast MLA plan (#3987), which
 # takes *host* indptrs and copies nothing into the bound buffers. refimpl keeps three shapes
-# (digest §3.4):
+# ([facts](../docs/sglang_facts.md#flashinfer-mla)):
 #
 # * **legacy** (C): target verify and draft extend are two textually identical branches, in
 #   capture and again in replay; decode replay rebuilds `kv_indptr` in the backend's *eager*
 #   buffer;
-# * **as-upstream** (after #26665): the identical branches are merged, but decode replay still
+# * **as-upstream** (C, merged branches: what #26665 did): the identical branches are merged,
+#   but capture and replay stay two bodies, and decode replay still
 #   writes the eager `kv_indptr` (open issue **#37975**): the graph-bound `kv_indptr` and
 #   `kv_len_arr` keep the capture-time batch;
-# * **unified**: merged branches, and decode replay writes the bound buffers.
+# * **unified** (B, refimpl's shape): prepare the wrapper, run the replay body, install the fast
+#   plan; and decode replay writes the bound buffers (a fix upstream has not made).
 #
 # The checker on decode (the MLA model: 16 heads, latent 512 + rope 64):
 
@@ -504,7 +508,7 @@ assert mla_rows["unified"].passed and not mla_rows["unified"].findings
 # Live, on the as-upstream shape, after replaying a batch of 3:
 
 # %%
-mla_cfg = default_model_config("mla", torch.float32)
+mla_cfg = tiny_model_config("mla", torch.float32)
 mla_world = World.create(mla_cfg, max_context_len=L, pool_size=24, device=device)
 mla_world.randomize_kv(0)
 mla_model = TinyDecoder(mla_cfg, device)
@@ -571,11 +575,21 @@ for hook in ("init_forward_metadata_capture_cuda_graph", "init_forward_metadata_
 
 unified_src = "\n".join(hook_code(FlashInferMLAAttnBackend.init_forward_metadata_replay_cuda_graph))
 assert "forward_mode.is_target_verify() or forward_mode.is_any_draft_extend()" in unified_src
+merged = {  # as-upstream: two bodies, each with one merged verify / draft-extend branch
+    "capture": FlashInferMLAAttnBackendAsUpstream.init_forward_metadata_capture_cuda_graph,
+    "replay": FlashInferMLAAttnBackendAsUpstream.init_forward_metadata_replay_cuda_graph,
+}
+for hook in merged.values():
+    assert "is_any_draft_extend" not in mode_branches(hook)  # no separate draft-extend branch
+    assert calls(hook, "self._prefill_plan") == 1
 for hook in ("init_forward_metadata_capture_cuda_graph", "init_forward_metadata_replay_cuda_graph"):
-    unified_branches = mode_branches(getattr(FlashInferMLAAttnBackend, hook))
-    assert "is_any_draft_extend" not in unified_branches  # no separate draft-extend branch
-    assert calls(getattr(FlashInferMLAAttnBackend, hook), "self._prefill_plan") == 1
     assert calls(getattr(FlashInferMLAAttnBackendLegacy, hook), "self._prefill_plan") == 2
+# ... and capture never runs the replay body: "C, merged branches", not A or B
+assert calls(merged["capture"], "self.init_forward_metadata_replay_cuda_graph") == 0
+# refimpl's unified shape is a real Pattern B: prepare the wrapper, then the replay body
+unified_cap = FlashInferMLAAttnBackend.init_forward_metadata_capture_cuda_graph
+assert calls(unified_cap, "self._prepare_cuda_graph_metadata") == 1
+assert calls(unified_cap, "self.init_forward_metadata_replay_cuda_graph") == 1
 
 # %% [markdown]
 # ## 5. What the fast re-plan skips
@@ -583,7 +597,7 @@ for hook in ("init_forward_metadata_capture_cuda_graph", "init_forward_metadata_
 # Pattern B's replay body re-plans on every replay, so the cost of `plan()` is paid on every
 # decode step. A full `plan()` copies the indptr to the host, copies the batch into the bound
 # buffers, selects the kernel module, and computes the partition on the host and writes it
-# into the workspace. The fast decode plans of `refimpl/fi/fast_plan.py` (SGLang's
+# into the workspace. The fast decode plans of `refimpl/flashinfer_wrappers/fast_plan.py` (SGLang's
 # `fast_decode_plan` / `fast_mla_decode_plan`, our way) keep only that last step, and never
 # wait on the stream:
 #
@@ -623,8 +637,8 @@ msgs = {
     "other dtype": refusal(lambda: fast_decode_plan(
         w4, host_indptr, ones_cpu, H, Hkv, D, 1, q_data_type=torch.float16)),
 }
-for what, msg in msgs.items():
-    print(f"{what}:\n    {textwrap.shorten(msg, 160)}")
+for what, msg in msgs.items():  # addresses change run to run: printed as 0x...
+    print(f"{what}:\n    {textwrap.shorten(re.sub(r'0x[0-9a-f]+', '0x...', msg), 160)}")
 assert "_cached_module" in msgs["never planned"]
 assert "not the wrapper's bound buffer" in msgs["not the bound buffer"]
 assert "differs from the full plan's" in msgs["other dtype"]
@@ -725,7 +739,7 @@ if torch.cuda.is_available():
         import flashinfer
 
         gpu_engine = make_engine("cuda")
-        gpu_cfg = default_model_config("mha", torch.bfloat16, "cuda")
+        gpu_cfg = tiny_model_config("mha", torch.bfloat16, "cuda")
         gpu_world = World.create(gpu_cfg, max_context_len=96, pool_size=24, device=gpu_engine.device)
         gpu_world.randomize_kv(0)
         gpu_model = TinyDecoder(gpu_cfg, gpu_world.device)

@@ -1,14 +1,7 @@
 """``ForwardBatch`` (what one forward step sees) and ``World`` (the pools it indexes into).
 
-Conventions, per mode (digest §1, §4.6):
-
-| mode            | ``seq_lens[i]`` counts ...                         | query rows of request i |
-|-----------------|----------------------------------------------------|-------------------------|
-| EXTEND          | all tokens incl. the new ones                      | ``extend_seq_lens[i]``  |
-| DECODE / IDLE   | all tokens incl. the one being decoded             | 1 (``topk`` in draft decode) |
-| TARGET_VERIFY   | the prefix only (tokens before the N drafts)       | N                       |
-| DRAFT_EXTEND v1 | all tokens incl. the S+1 new ones                  | S+1 (the verified chain; ``accept_length[i]+1`` real) |
-| DRAFT_EXTEND_V2 | all tokens incl. the N new ones                    | N                       |
+What ``seq_lens`` counts and how many query rows each request has, per mode: ``refimpl.layout``
+(EXTEND, eager only: ``extend_seq_lens[i]`` rows, ``seq_lens`` incl. them).
 
 ``out_cache_loc[t]`` is the token slot that query row t writes its KV into; it equals
 ``req_to_token[req_pool_indices[i], position]`` for a live row and 0 (the reserved slot) for a
@@ -17,15 +10,19 @@ padded row.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
+from . import layout
 from ._env import default_device
 from .config import ModelConfig
 from .memory import MHAKVCache, MLAKVCache, ReqToTokenPool, TokenSlotAllocator, make_kv_cache
 from .modes import ForwardMode
+from .spec import DraftDecodeInput
 
 
 @dataclass
@@ -99,8 +96,6 @@ class World:
 
     def clone_to(self, device: str | torch.device) -> "World":
         """A copy on another device with the same tables, cache contents and free lists."""
-        import copy
-
         twin = copy.deepcopy(self)  # small pools: a deep copy is simplest and exact
         dev = torch.device(device)
         if dev.type == "cuda" and dev.index is None:
@@ -144,8 +139,6 @@ class ForwardBatch:
     @property
     def locs_per_row(self) -> int:
         """KV slots each row writes: 1, or S in multi-step draft decode (one per step)."""
-        from .spec import DraftDecodeInput  # local: spec imports nothing from batch at runtime
-
         return self.spec_info.num_steps if isinstance(self.spec_info, DraftDecodeInput) else 1
 
     @property
@@ -154,7 +147,6 @@ class ForwardBatch:
 
     def to_world(self, world: "World") -> "ForwardBatch":
         """The same batch against ``world`` (e.g. a ``World.clone_to('cuda')`` twin)."""
-        import dataclasses
 
         def move(x):
             return x.to(world.device) if isinstance(x, torch.Tensor) else x
@@ -207,11 +199,11 @@ class ForwardBatch:
             mask = getattr(self.spec_info, "custom_mask", None)
             if self.forward_mode.is_target_verify() and mask is not None:
                 n = int(self.spec_info.draft_token_num)
-                want = sum(n * (s + n) for s in self.seq_lens_cpu.tolist())
+                want = sum(layout.tree_mask_sizes(self.seq_lens_cpu.tolist(), n))
                 if mask.numel() != want:
                     raise ValueError(
                         f"tree mask has {mask.numel()} entries, expected {want} = "
-                        f"sum over requests of N*(seq_len+N) with N={n} (digest §4.6)"
+                        f"sum over requests of N*(seq_len+N) with N={n} (refimpl.layout)"
                     )
             if int(self.seq_lens_cpu.min()) < 1:
                 raise ValueError(f"seq_lens must be >= 1, got min {int(self.seq_lens_cpu.min())}")

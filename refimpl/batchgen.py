@@ -210,7 +210,7 @@ class BatchGenerator:
             raise ValueError(f"draft extend version must be 1 or 2, got {version!r}")
         mode = ForwardMode.DRAFT_EXTEND if version == 1 else ForwardMode.DRAFT_EXTEND_V2
         spec = self._need_spec(mode)
-        S, N, L = spec.num_steps, spec.num_draft_tokens, self.world.max_context_len
+        S, L = spec.num_steps, self.world.max_context_len
         self._check_bs(bs, min_bs=1)
         if accept_length is None:
             acc = [self.rng.randint(0, S) for _ in range(bs)]
@@ -218,7 +218,7 @@ class BatchGenerator:
             acc = self._listify(accept_length, bs, "accept_length")
             for i, a in enumerate(acc):
                 self._check_range(f"accept_length[{i}]", a, 0, S, "num_steps")
-        spec_info = make_draft_extend_input(version, acc, S, N, self.world.device, ragged)
+        spec_info = make_draft_extend_input(version, acc, spec, self.world.device, ragged)
         rows = spec_info.extend_seq_lens.tolist()
         if seq_lens is None:  # at least one verified token before the new rows
             seq = [self._sample_len(r + 1, L) for r in rows]
@@ -303,6 +303,13 @@ class BatchGenerator:
                 f"request slots {foreign} were not allocated by this generator "
                 "(or were already released)"
             )
+        self._free(slots)
+
+    def release_all(self) -> None:
+        """Free every request this generator still holds."""
+        self._free(list(self._owned))
+
+    def _free(self, slots: list[int]) -> None:
         P = self.world.page_size
         for slot in slots:
             n = self._owned.pop(slot)
@@ -311,15 +318,6 @@ class BatchGenerator:
             assert len(pages) == _cdiv(n, P)
             self.world.allocator.free_page_ids(pages)
             self.world.req_to_token_pool.free([slot])
-
-    def release_all(self) -> None:
-        """Free every request this generator still holds."""
-        P = self.world.page_size
-        for slot, n in list(self._owned.items()):
-            row = self.world.req_to_token[slot, :n].to(torch.int64).cpu()
-            self.world.allocator.free_page_ids((row[::P] // P).tolist())
-            self.world.req_to_token_pool.free([slot])
-        self._owned.clear()
 
     @property
     def live_requests(self) -> dict[int, int]:

@@ -1,21 +1,28 @@
-"""The capture/replay equivalence checker.
-
-For one backend x variant x mode x batch size it answers three questions:
+"""The capture/replay equivalence checker: three verdicts per backend x variant x mode x bs.
 
 (a) ``capture_equals_replay`` — fed the same batch, do the capture path and the replay path
     leave identical graph-read state? Two fresh backend instances: P runs the *capture* hook on
-    the batch; Q runs the capture hook on the runner's dummy batch (as a real runner does) and
-    then the *replay* hook on the batch. Their ``graph_state`` (live buffer views + frozen
-    scalars) must match element for element; each difference is reported by buffer and index.
+    the batch padded to its captured size; Q runs the capture hook on the runner's capture batch
+    (as the runner does) and then the *replay* hook on the padded batch. Their ``graph_state``
+    (live buffer views + frozen scalars) must match element for element; each difference is
+    reported by buffer and index.
 (b) ``graph_equals_eager`` — after capture, a fresh batch replayed through the graph gives the
     eager output, and the replay wrote no live request's KV slot other than its own.
 (c) ``matches_oracle`` — eager output equals the dense float64 oracle.
+(d) ``replay_matches_reference`` — after the replay hook, the graph-read state equals a
+    reference computed from first principles (the backend's ``reference_graph_state``: the
+    ``*_ref`` builders and ``refimpl.layout``), so a bug inside a body that capture and replay
+    share, invisible to (a), is named by buffer even when it does not change the output.
+
+The checker is a client of the runner: the batches it feeds the hooks come from
+``GraphRunner.capture_batch`` / ``padded_batch`` and the hooks are called through the runner's
+``call_capture_hook`` / ``call_replay_hook``, so it checks exactly what a replay does.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,9 +33,9 @@ from .backends.base import GraphModeNotSupported
 from .backends.oracle import OracleBackend, OracleMultiStep
 from .batch import ForwardBatch, World
 from .batchgen import BatchGenerator
-from .config import GraphConfig, ModelConfig, SpecConfig
+from .config import GraphConfig, SpecConfig, tiny_model_config
 from .graphs import GraphEngine, make_engine
-from .graphs.runner import GraphRunner, capture_spec_input
+from .graphs.runner import GraphRunner, call_capture_hook, call_replay_hook
 from .model import MultiStepDraftProgram, TinyDecoder
 from .modes import ForwardMode
 
@@ -44,10 +51,13 @@ class CheckRecord:
     graph_equals_eager: bool | None
     matches_oracle: bool | None
     findings: list[str] = field(default_factory=list)
+    pattern: str = ""
+    replay_matches_reference: bool | None = None
 
     @property
     def passed(self) -> bool:
-        verdicts = (self.capture_equals_replay, self.graph_equals_eager, self.matches_oracle)
+        verdicts = (self.capture_equals_replay, self.graph_equals_eager, self.matches_oracle,
+                    self.replay_matches_reference)  # fmt: skip
         return all(v is not False for v in verdicts)
 
     def to_json(self) -> dict:
@@ -64,26 +74,26 @@ class CheckSettings:
     seed: int = 0
 
 
-def default_model_config(kind: str, dtype: torch.dtype, device_type: str = "cpu") -> ModelConfig:
-    """Tiny on CPU (the Triton interpreter is slow); on a GPU, head dims FlashInfer compiles."""
-    if kind == "mha" and device_type == "cuda":
-        return ModelConfig(kind="mha", num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64,
-                           v_head_dim=64, dtype=dtype)  # fmt: skip
-    if kind == "mla":
-        # 16 heads: the real FlashInfer MLA kernels' smallest supported head count
-        return ModelConfig(kind="mla", num_layers=2, hidden_size=64, num_heads=16, dtype=dtype)
-    return ModelConfig(kind="mha", num_layers=2, num_heads=4, num_kv_heads=2, dtype=dtype)
-
-
 def tolerances(dtype: torch.dtype) -> dict:
     if dtype == torch.float32:
         return dict(rtol=1e-4, atol=1e-4)
     return dict(rtol=3e-2, atol=3e-2)
 
 
-# --- comparing graph-read state ----------------------------------------------------------------
+# --- (a) comparing graph-read state ----------------------------------------------------------------
 def _snapshot(state: dict[str, Any]) -> dict[str, Any]:
     return {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
+
+def _tensor_diff(key: str, a: torch.Tensor, b: torch.Tensor, what: str, limit: int) -> list[str]:
+    a_, b_ = a.to("cpu"), b.to("cpu")
+    bad = (a_ != b_) & ~(a_.isnan() & b_.isnan()) if a_.is_floating_point() else a_ != b_
+    idx = bad.flatten().nonzero().flatten()
+    if not idx.numel():
+        return []
+    af, bf = a_.flatten(), b_.flatten()
+    ex = ", ".join(f"[{i}] {af[i].item()} vs {bf[i].item()}" for i in idx[:limit].tolist())
+    return [f"{key}: {idx.numel()} of {a_.numel()} elements differ ({ex}; {what})"]
 
 
 def diff_states(capture: dict[str, Any], replay: dict[str, Any], limit: int = 4) -> list[str]:
@@ -101,149 +111,57 @@ def diff_states(capture: dict[str, Any], replay: dict[str, Any], limit: int = 4)
                     f"{key}: shape {tuple(a.shape)} after capture vs {tuple(b.shape)} after replay"
                 )
                 continue
-            a_, b_ = a.to("cpu"), b.to("cpu")
-            bad = (a_ != b_) & ~(a_.isnan() & b_.isnan()) if a_.is_floating_point() else a_ != b_
-            idx = bad.flatten().nonzero().flatten()
-            if idx.numel():
-                af, bf = a_.flatten(), b_.flatten()
-                ex = ", ".join(
-                    f"[{i}] {af[i].item()} vs {bf[i].item()}" for i in idx[:limit].tolist()
-                )
-                out.append(
-                    f"{key}: {idx.numel()} of {a_.numel()} elements differ ({ex}; capture vs replay)"
-                )
+            out += _tensor_diff(key, a, b, "capture vs replay", limit)
         elif a != b:
             out.append(f"{key}: {a!r} frozen at capture vs {b!r} after replay")
     return out
 
 
-def _padded_inputs(fb: ForwardBatch, bs: int, fill: int):
-    dev, raw = fb.device, fb.batch_size
-    rpi = torch.zeros(bs, dtype=torch.int64, device=dev)
-    seq = torch.full((bs,), fill, dtype=torch.int32, device=dev)
-    seq_cpu = torch.full((bs,), fill, dtype=torch.int32)
-    rpi[:raw], seq[:raw], seq_cpu[:raw] = fb.req_pool_indices, fb.seq_lens, fb.seq_lens_cpu
-    return rpi, seq, seq_cpu, fb.seq_lens_sum + (bs - raw) * fill
+def diff_reference(state: dict[str, Any], ref: dict[str, Any], limit: int = 4) -> list[str]:
+    """Verdict (d): ``state`` against the reference, key by key, over the reference's region."""
+    out = []
+    for key in sorted(ref):
+        want, got = ref[key], state.get(key)
+        if got is None:
+            out.append(f"reference: {key}: the graph reads no such state")
+        elif isinstance(want, torch.Tensor):
+            got = got.detach().flatten()
+            n = want.numel()
+            if got.numel() < n:
+                out.append(f"reference: {key}: graph state has {got.numel()} entries, needs {n}")
+                continue
+            got = got[:n].to(want.dtype) if want.dtype != torch.bool else got[:n].bool()
+            out += _tensor_diff(f"reference: {key}", got, want.flatten().to("cpu"),
+                                "graph reads vs reference", limit)  # fmt: skip
+        elif got != want:
+            out.append(f"reference: {key}: graph reads {got!r}, reference {want!r}")
+    return out
 
 
 def capture_vs_replay(
-    entry: BackendEntry, runner: GraphRunner, fb: ForwardBatch, bs: int
-) -> list[str]:
-    cls = entry.load(runner.multi_step_draft)
-    world, spec, mode = runner.world, runner.spec_cfg, runner.mode
-    fill = runner.fill_value
-    rpi, seq, seq_cpu, seq_sum = _padded_inputs(fb, bs, fill)
-    num_tokens = bs * runner.tokens_per_req
+    new_backend: Callable[[], Any], runner: GraphRunner, fb: ForwardBatch
+) -> tuple[list[str], list[str] | None]:
+    """Verdicts (a) and (d) for one batch: P (capture hook fed the batch) vs Q (capture, then
+    replay); Q's state against its reference (None when the backend gives none)."""
+    padded = runner.padded_batch(fb)
+    bs, mode = padded.batch_size, runner.mode
 
-    P = cls(world, spec)  # the capture path, fed the batch
+    P = new_backend()
     P.init_cuda_graph_state(runner.max_bs, runner.max_num_tokens)
-    P.init_forward_metadata_capture_cuda_graph(bs, num_tokens, rpi, seq, None, mode, fb.spec_info)
+    call_capture_hook(P, padded)
     state_p = _snapshot(P.graph_state(bs, mode))
 
-    Q = cls(world, spec)  # the replay path: captured on the dummy batch, replayed with the batch
+    Q = new_backend()
     Q.init_cuda_graph_state(runner.max_bs, runner.max_num_tokens)
-    d_rpi = torch.zeros(bs, dtype=torch.int64, device=world.device)
-    d_seq = torch.full((bs,), fill, dtype=torch.int32, device=world.device)
-    dummy_spec = capture_spec_input(mode, bs, runner)
-    Q.init_forward_metadata_capture_cuda_graph(bs, num_tokens, d_rpi, d_seq, None, mode, dummy_spec)
-    Q.init_forward_metadata_replay_cuda_graph(
-        bs, rpi, seq, seq_sum, None, mode, fb.spec_info, seq_cpu
-    )
+    call_capture_hook(Q, runner.capture_batch(bs))
+    call_replay_hook(Q, padded)
     state_q = _snapshot(Q.graph_state(bs, mode))
-    return diff_states(state_p, state_q)
+    ref = Q.reference_graph_state(padded)
+    return diff_states(state_p, state_q), None if ref is None else diff_reference(state_q, ref)
 
 
-# --- the whole check for one backend entry and case ----------------------------------------------
-# A case is a captured graph kind: a forward mode, or multi-step draft decode (DECODE steps).
-CASES: dict[str, tuple[ForwardMode, bool]] = {
-    "decode": (ForwardMode.DECODE, False),
-    "idle": (ForwardMode.IDLE, False),
-    "target_verify": (ForwardMode.TARGET_VERIFY, False),
-    "draft_extend": (ForwardMode.DRAFT_EXTEND, False),
-    "draft_extend_v2": (ForwardMode.DRAFT_EXTEND_V2, False),
-    "draft_decode": (ForwardMode.DECODE, True),
-}
-
-
-def parse_case(name: str) -> str:
-    key = name.strip().lower().replace("-", "_")
-    if key not in CASES:
-        raise ValueError(f"unknown graph mode {name!r}; valid: {', '.join(CASES)}")
-    return key
-
-
-def check_entry_mode(
-    entry: BackendEntry, case: str | ForwardMode, engine: GraphEngine, settings: CheckSettings
-) -> list[CheckRecord]:
-    label = case.label if isinstance(case, ForwardMode) else parse_case(case)
-    mode, multi_step = CASES[label]
-    dev = engine.device
-    dtype = settings.dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
-    cfg = default_model_config(entry.model_kind, dtype, dev.type)
-    L = settings.max_context_len
-    world = World.create(
-        cfg,
-        max_context_len=L,
-        pool_size=4 * max(settings.capture_bs) + 8,
-        page_size=entry.page_size,
-        device=dev,
-        seed=settings.seed,
-    )
-    world.randomize_kv(settings.seed)
-    spec = settings.spec
-    rows: list[CheckRecord] = []
-
-    def record(bs, *v, findings):
-        rows.append(CheckRecord(entry.name, entry.variant, label, bs, engine.name, *v, findings))
-
-    model = TinyDecoder(cfg, dev)
-    try:
-        backend = entry.load(multi_step)(world, spec)
-        backend.check_graph_mode(mode)
-    except GraphModeNotSupported as e:
-        record(0, None, None, None, findings=[f"skipped: {e}"])
-        return rows
-    if multi_step:
-        program, oracle = MultiStepDraftProgram(model, spec.num_steps), OracleMultiStep(world, spec)
-    else:
-        program, oracle = model, OracleBackend(world, spec)
-    gcfg = GraphConfig(
-        max_bs=max(settings.capture_bs),
-        capture_bs=settings.capture_bs,
-        max_context_len=L,
-        speculative=True,
-    )
-    runner = GraphRunner(program, backend, engine, mode, gcfg, spec, multi_step)
-    runner.capture()
-    gen = BatchGenerator(world, spec, seed=settings.seed + 1)
-    tol = tolerances(dtype)
-    raw_sizes = (0,) if mode.is_idle() else settings.raw_bs
-    for raw_bs in raw_sizes:
-        findings: list[str] = []
-        fb = gen.for_mode(mode, raw_bs, multi_step_draft=multi_step)
-        bs = runner.pick_bs(raw_bs)
-        # (a) capture path vs replay path
-        diffs = capture_vs_replay(entry, runner, fb, bs)
-        findings += diffs
-        cap_eq = not diffs
-        # (b) graph replay vs eager, and no write into another request's KV
-        guard = _KVGuard(world, fb)
-        graph_out = runner.replay(fb).clone()
-        findings += guard.check()
-        eager_out = runner.eager(fb).clone()
-        g_eq = (
-            _close(graph_out, eager_out, tol, "graph vs eager", findings) and not guard.violations
-        )
-        # (c) eager vs the dense oracle
-        oracle.init_forward_metadata(fb)
-        ref = program(fb, oracle)
-        o_eq = _close(eager_out, ref, tol, "eager vs oracle", findings)
-        record(raw_bs, cap_eq, g_eq, o_eq, findings=findings)
-        gen.release(fb)
-    return rows
-
-
-class _KVGuard:
+# --- (b) no foreign KV written, (b)/(c) outputs agree -------------------------------------------
+class KVGuard:
     """Snapshot every live KV slot the batch must not write; compare after the replay."""
 
     def __init__(self, world: World, fb: ForwardBatch):
@@ -279,36 +197,110 @@ def _close(out: torch.Tensor, ref: torch.Tensor, tol: dict, what: str, findings:
     return False
 
 
+# --- one backend entry x graph mode ------------------------------------------------------------
+# A case is a captured graph kind: a forward mode, or multi-step draft decode (DECODE steps).
+CASES: dict[str, tuple[ForwardMode, bool]] = {
+    "decode": (ForwardMode.DECODE, False),
+    "idle": (ForwardMode.IDLE, False),
+    "target_verify": (ForwardMode.TARGET_VERIFY, False),
+    "draft_extend": (ForwardMode.DRAFT_EXTEND, False),
+    "draft_extend_v2": (ForwardMode.DRAFT_EXTEND_V2, False),
+    "draft_decode": (ForwardMode.DECODE, True),
+}
+
+
+def parse_case(name: str) -> str:
+    key = name.strip().lower().replace("-", "_")
+    if key not in CASES:
+        raise ValueError(f"unknown graph mode {name!r}; valid: {', '.join(CASES)}")
+    return key
+
+
+def check_entry_mode(
+    entry: BackendEntry, case: str | ForwardMode, engine: GraphEngine, settings: CheckSettings
+) -> list[CheckRecord]:
+    label = case.label if isinstance(case, ForwardMode) else parse_case(case)
+    mode, multi_step = CASES[label]
+    dev = engine.device
+    dtype = settings.dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    cfg = tiny_model_config(entry.model_kind, dtype, dev.type)
+    L, spec = settings.max_context_len, settings.spec
+    world = World.create(cfg, max_context_len=L, pool_size=4 * max(settings.capture_bs) + 8,
+                         page_size=entry.page_size, device=dev, seed=settings.seed)  # fmt: skip
+    world.randomize_kv(settings.seed)
+    rows: list[CheckRecord] = []
+    backend_cls = None
+
+    def new_backend():
+        return backend_cls(world, spec)
+
+    def record(bs, *v, findings, ref=None):
+        pattern = getattr(backend_cls or entry.load(), "pattern", "")
+        rows.append(CheckRecord(entry.name, entry.variant, label, bs, engine.name, *v, findings,
+                                pattern, ref))  # fmt: skip
+
+    try:
+        backend_cls = entry.load(multi_step)
+        backend = new_backend()
+        backend.check_graph_mode(mode)
+    except GraphModeNotSupported as e:
+        record(0, None, None, None, findings=[f"skipped: {e}"])
+        return rows
+    model = TinyDecoder(cfg, dev)
+    if multi_step:
+        program, oracle = MultiStepDraftProgram(model, spec.num_steps), OracleMultiStep(world, spec)
+    else:
+        program, oracle = model, OracleBackend(world, spec)
+    gcfg = GraphConfig(max_bs=max(settings.capture_bs), capture_bs=settings.capture_bs,
+                       max_context_len=L, speculative=True)  # fmt: skip
+    runner = GraphRunner(program, backend, engine, mode, gcfg, spec, multi_step)
+    runner.capture()
+    gen = BatchGenerator(world, spec, seed=settings.seed + 1)
+    tol = tolerances(dtype)
+    for raw_bs in (0,) if mode.is_idle() else settings.raw_bs:
+        findings: list[str] = []
+        fb = gen.for_mode(mode, raw_bs, multi_step_draft=multi_step)
+        # (a) capture path vs replay path, (d) replay state vs the first-principles reference
+        diffs, ref_diffs = capture_vs_replay(new_backend, runner, fb)
+        findings += diffs + (ref_diffs or [])
+        cap_eq, ref_eq = not diffs, None if ref_diffs is None else not ref_diffs
+        # (b) graph replay vs eager, and no write into another request's KV
+        guard = KVGuard(world, fb)
+        graph_out = runner.replay(fb).clone()
+        findings += guard.check()
+        eager_out = runner.eager(fb).clone()
+        g_eq = _close(graph_out, eager_out, tol, "graph vs eager", findings)
+        g_eq = g_eq and not guard.violations
+        # (c) eager vs the dense oracle
+        oracle.init_forward_metadata(fb)
+        o_eq = _close(eager_out, program(fb, oracle), tol, "eager vs oracle", findings)
+        record(raw_bs, cap_eq, g_eq, o_eq, findings=findings, ref=ref_eq)
+        gen.release(fb)
+    return rows
+
+
 def run_checks(
     backends: Iterable[str] | None = None,
     modes: Iterable[str] | None = None,
     variants: Iterable[str] | None = None,
     engine: str = "auto",
     settings: CheckSettings | None = None,
+    entries: Iterable[BackendEntry] | None = None,
 ) -> list[CheckRecord]:
+    """Check the registered backends (``backends`` / ``variants`` filter them) or ``entries``."""
     settings = settings or CheckSettings()
     eng = make_engine(engine)
-    entries = [e for n in (backends or [None]) for e in find(n)]
-    if variants:
-        entries = [e for e in entries if e.variant in set(variants)]
+    if entries is None:
+        entries = [e for n in (backends or [None]) for e in find(n)]
+        if variants:
+            entries = [e for e in entries if e.variant in set(variants)]
     case_list = [parse_case(m) for m in modes] if modes else list(CASES)
     rows: list[CheckRecord] = []
     for entry in entries:
         why = entry.why_unavailable()
         if why:
-            rows.append(
-                CheckRecord(
-                    entry.name,
-                    entry.variant,
-                    "-",
-                    0,
-                    eng.name,
-                    None,
-                    None,
-                    None,
-                    [f"unavailable: {why}"],
-                )
-            )
+            rows.append(CheckRecord(entry.name, entry.variant, "-", 0, eng.name, None, None, None,
+                                    [f"unavailable: {why}"]))  # fmt: skip
             continue
         for case in case_list:
             rows.extend(check_entry_mode(entry, case, eng, settings))

@@ -1,7 +1,7 @@
 """Model, speculative-decoding and graph configuration.
 
 All shapes in refimpl are small on purpose: a reader runs every capture on a laptop CPU.
-The MLA latent cache keeps DeepSeek's real row width (512 + 64 = 576, digest §4.1) because
+The MLA latent cache keeps DeepSeek's real row width (512 + 64 = 576, [facts#memory-pools]) because
 the MLA backends' layouts depend on it.
 """
 
@@ -12,11 +12,11 @@ from typing import Literal
 
 import torch
 
-from .modes import ForwardMode
-
 
 def sglang_default_capture_bs(max_bs: int, speculative: bool) -> list[int]:
-    """SGLang's default batch-size ladder (mid-2025 runner, digest §1.1), capped at ``max_bs``.
+    """SGLang's default batch-size ladder (mid-2025 runner), capped at ``max_bs``.
+
+    [facts#capture-batch-sizes]
 
     - no speculative decoding: ``[1, 2, 4, 8] + range(16, 161, 8)``
     - speculative decoding:    ``range(1, 9) + range(10, 33, 2) + range(40, 161, 16)``
@@ -45,7 +45,7 @@ class ModelConfig:
     v_head_dim: int = 16  # MHA v head dim
     kv_lora_rank: int = 512  # MLA latent width (the value of absorbed MLA)
     qk_rope_head_dim: int = 64  # MLA rope part of the key
-    qk_nope_head_dim: int = 128  # MLA: only used for the softmax scale (digest §4.1)
+    qk_nope_head_dim: int = 128  # MLA: only used for the softmax scale ([facts#memory-pools])
     dtype: torch.dtype = torch.float32
     seed: int = 0
 
@@ -67,18 +67,21 @@ class ModelConfig:
         return self.kv_lora_rank + self.qk_rope_head_dim
 
     @property
-    def qk_head_dim(self) -> int:
-        return self.kv_row_width if self.is_mla else self.head_dim
-
-    @property
     def out_head_dim(self) -> int:
         return self.kv_lora_rank if self.is_mla else self.v_head_dim
 
     @property
     def sm_scale(self) -> float:
-        # MLA: the model's scale comes from nope+rope (192 for DeepSeek), not from 576 (§4.1)
+        # MLA: the model's scale comes from nope+rope (192 for DeepSeek), not from 576 ([facts#memory-pools])
         d = self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim
         return d**-0.5
+
+
+def eagle_max_tree_nodes(topk: int, num_steps: int) -> int:
+    """Largest tree EAGLE drafts in ``num_steps`` steps of ``topk`` (root included): step 0
+    drafts ``topk`` children of the root, every later step expands the ``topk`` best beams of
+    the previous depth into ``topk`` children each (``topk * topk`` candidates)."""
+    return 1 + topk + (num_steps - 1) * topk * topk
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,7 @@ class SpecConfig:
         if self.num_steps < 1 or self.topk < 1 or self.num_draft_tokens < 2:
             raise ValueError(f"invalid SpecConfig {self}: need num_steps>=1, topk>=1, N>=2")
         # EAGLE: step 0 drafts topk children of the root, every later step topk*topk candidates
-        max_tree = 1 + self.topk + (self.num_steps - 1) * self.topk * self.topk
+        max_tree = eagle_max_tree_nodes(self.topk, self.num_steps)
         if self.topk == 1 and self.num_draft_tokens != self.num_steps + 1:
             raise ValueError(
                 f"a chain (topk=1) verifies num_steps+1={self.num_steps + 1} tokens, "
@@ -109,16 +112,6 @@ class SpecConfig:
                 f"of topk={self.topk} can draft ({max_tree} incl. the root)"
             )
 
-    def tokens_per_request(self, mode: ForwardMode, multi_step_draft: bool = False) -> int:
-        """digest §1.2: tokens each request occupies in a captured graph of ``mode``."""
-        if mode.is_decode_or_idle():
-            return self.topk if multi_step_draft else 1
-        if mode.is_target_verify() or mode.is_draft_extend_v2():
-            return self.num_draft_tokens
-        if mode.is_draft_extend_v1():
-            return self.num_steps + 1
-        raise ValueError(f"{mode.name} is not captured in a graph")
-
 
 @dataclass(frozen=True)
 class GraphConfig:
@@ -129,7 +122,7 @@ class GraphConfig:
     max_context_len: int = 64  # L: longest sequence (prefix + new tokens) a request may have
     disable_padding: bool = False  # True: only exactly-captured batch sizes run as graphs
     speculative: bool = False
-    num_warmups: int = 2  # SGLang runs the step twice before capture (§1.4)
+    num_warmups: int = 2  # SGLang runs the step twice before capture ([facts#capture])
 
     def batch_sizes(self) -> list[int]:
         if self.capture_bs is not None:
@@ -138,3 +131,14 @@ class GraphConfig:
                 raise ValueError(f"capture_bs {bad} outside 1..max_bs={self.max_bs}")
             return sorted(set(self.capture_bs))
         return sglang_default_capture_bs(self.max_bs, self.speculative)
+
+
+def tiny_model_config(kind: str, dtype: torch.dtype, device_type: str = "cpu") -> ModelConfig:
+    """The checker's model: tiny on CPU (the Triton interpreter is slow); on a GPU, head dims the
+    real FlashInfer kernels compile for; MLA with 16 heads (FlashInfer MLA's smallest)."""
+    if kind == "mha" and device_type == "cuda":
+        return ModelConfig(kind="mha", num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64,
+                           v_head_dim=64, dtype=dtype)  # fmt: skip
+    if kind == "mla":
+        return ModelConfig(kind="mla", num_layers=2, hidden_size=64, num_heads=16, dtype=dtype)
+    return ModelConfig(kind="mha", num_layers=2, num_heads=4, num_kv_heads=2, dtype=dtype)

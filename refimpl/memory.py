@@ -1,6 +1,6 @@
 """Request and token pools, and the KV caches the captured step writes into.
 
-Three tables (digest §4.1):
+Three tables ([facts#memory-pools]):
 
 - ``req_to_token`` ``[pool_size, L]`` int32: row = request slot, column j = position j, value =
   the token slot holding that position's KV. Row 0 is reserved: padded graph rows point at it.
@@ -61,7 +61,7 @@ class TokenSlotAllocator:
     """Hands out KV slots page by page; page 0 is reserved for padded rows.
 
     ``page_size`` is 1 for Triton / FlashInfer, 64 for FlashMLA, 128 for Cutlass-MLA and 32 or
-    64 for TRTLLM-MLA (digest §4.1). A request's slots for positions ``[p*P, (p+1)*P)`` live in
+    64 for TRTLLM-MLA ([facts#memory-pools]). A request's slots for positions ``[p*P, (p+1)*P)`` live in
     one page, so ``req_to_token[r, p*P] // P`` is that page's id (what block tables store).
     """
 

@@ -5,7 +5,7 @@ through the backend, as in SGLang), output projection, residual. Positions enter
 sinusoidal embedding, so a draft token's tree position changes its logits.
 
 MHA flavour: q ``[T, H, D]``, k ``[T, Hkv, D]``, v ``[T, Hkv, Dv]``.
-MLA flavour (absorbed, digest §3.4/§4.1): q ``[T, H, 512 + 64]`` (q_nope | q_rope already
+MLA flavour (absorbed, [facts#flashinfer-mla]): q ``[T, H, 512 + 64]`` (q_nope | q_rope already
 absorbed into latent space), k = the cache row ``[T, 1, 576]`` (latent | rope), v = its latent
 ``[T, 1, 512]``; attention returns ``[T, H, 512]``.
 
@@ -87,7 +87,7 @@ class TinyDecoder:
 
 
 class MultiStepDraftProgram:
-    """The captured program of multi-step draft decode (digest §1.2, §3.1, §4.8).
+    """The captured program of multi-step draft decode ([facts#multi-step-draft-decode-indices]).
 
     ``S - 1`` decode steps over ``bs * topk`` rows (one per draft branch). Step i feeds draft
     token i of every branch at ``positions + i``, writes its KV at the step's slice of

@@ -1,18 +1,12 @@
 """Forward modes and one explicit predicate per mode.
 
-SGLang's ``ForwardMode`` (digest §2) has grouped predicates with easy-to-miss defaults:
-``is_draft_extend()`` silently excludes DRAFT_EXTEND_V2 unless ``include_v2=True``. Here every
-mode has exactly one predicate that is true for that mode alone, and the few groupings the
-graph code needs are spelled out by name (``is_decode_or_idle``, ``is_any_draft_extend``).
+SGLang's ``ForwardMode`` ([facts#forward-modes]) has grouped predicates with easy-to-miss
+defaults: ``is_draft_extend()`` silently excludes DRAFT_EXTEND_V2 unless ``include_v2=True``.
+Here every mode has exactly one predicate that is true for that mode alone, and the few
+groupings the graph code needs are spelled out by name (``is_decode_or_idle``,
+``is_any_draft_extend``).
 
-Tokens per request in a captured graph (digest §1.2, §4.9 item 5):
-
-| mode             | tokens per request |
-|------------------|--------------------|
-| DECODE / IDLE    | 1 (``topk`` rows per request in multi-step draft decode) |
-| TARGET_VERIFY    | N = num_draft_tokens |
-| DRAFT_EXTEND     | S + 1 (v1: num_steps + 1) |
-| DRAFT_EXTEND_V2  | N (v2: the runner's captured request width) |
+Rows per request in each captured mode, and what ``seq_lens`` counts: ``refimpl.layout``.
 """
 
 from __future__ import annotations
@@ -54,15 +48,6 @@ class ForwardMode(enum.IntEnum):
     def is_any_draft_extend(self) -> bool:
         """DRAFT_EXTEND or DRAFT_EXTEND_V2 (SGLang: ``is_draft_extend(include_v2=True)``)."""
         return self in (ForwardMode.DRAFT_EXTEND, ForwardMode.DRAFT_EXTEND_V2)
-
-    def has_multi_token_queries(self) -> bool:
-        """Modes whose requests carry more than one query row (the 'extend' kernels)."""
-        return self in (
-            ForwardMode.EXTEND,
-            ForwardMode.TARGET_VERIFY,
-            ForwardMode.DRAFT_EXTEND,
-            ForwardMode.DRAFT_EXTEND_V2,
-        )
 
     def is_graph_mode(self) -> bool:
         """Modes a graph runner captures in refimpl (EXTEND always runs eagerly)."""

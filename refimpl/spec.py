@@ -2,7 +2,7 @@
 
 The data classes below are the contract the backends and the runner rely on.
 
-Layouts (digest §4.6, §4.8):
+Layouts ([facts#target-verify-custom-mask], [facts#multi-step-draft-decode-indices]):
 
 - A draft tree has N nodes; node 0 is the root (the last verified token), ``parents[0] == -1``
   and ``parents[q] < q``. Its ancestry mask ``anc[q, k]`` is True when node k is node q or one
@@ -38,20 +38,13 @@ from typing import TypeVar
 
 import torch
 
+from . import layout
+from .config import SpecConfig, eagle_max_tree_nodes
 from .modes import ForwardMode
 
 # --------------------------------------------------------------------------------------------
 # Draft trees
 # --------------------------------------------------------------------------------------------
-
-
-def eagle_max_tree_nodes(topk: int, num_steps: int) -> int:
-    """Largest tree EAGLE can draft in ``num_steps`` steps of ``topk`` (root included).
-
-    Step 0 drafts ``topk`` children of the root; every later step expands the ``topk`` best
-    beams of the previous depth into ``topk`` children each, i.e. ``topk*topk`` candidates.
-    """
-    return 1 + topk + (num_steps - 1) * topk * topk
 
 
 @dataclass
@@ -196,7 +189,7 @@ def tree_positions(tree: DraftTree, device: str | torch.device = "cpu") -> torch
 
 
 # --------------------------------------------------------------------------------------------
-# Custom mask (target verify, digest §4.6)
+# Custom mask (target verify, [facts#target-verify-custom-mask])
 # --------------------------------------------------------------------------------------------
 
 
@@ -238,7 +231,7 @@ def build_custom_mask(
         block[:, s:] = tree.ancestry_mask()  # last N columns: the tree
         blocks.append(block.flatten())
     mask = torch.cat(blocks).to(device)
-    assert mask.numel() == sum(n * (s + n) for s in lens)
+    assert mask.numel() == sum(layout.tree_mask_sizes(lens, n))
     return mask
 
 
@@ -250,11 +243,8 @@ def build_mask_indptr(
     """``[0, cumsum(N * (seq_lens + N))]``  # [bs+1] int64 (on seq_lens' device by default)."""
     if device is None:
         device = seq_lens.device if isinstance(seq_lens, torch.Tensor) else "cpu"
-    n = int(num_draft_tokens)
-    lens = torch.tensor(_as_int_list(seq_lens), dtype=torch.int64)
-    indptr = torch.zeros(lens.numel() + 1, dtype=torch.int64)
-    indptr[1:] = torch.cumsum(n * (lens + n), dim=0)
-    return indptr.to(device)
+    lens = torch.tensor(_as_int_list(seq_lens), dtype=torch.int64, device=device)
+    return layout.mask_indptr(lens, num_draft_tokens)
 
 
 # --------------------------------------------------------------------------------------------
@@ -271,16 +261,6 @@ class VerifyInput:
     parents: list[list[int]] | None = None  # per request, the tree (for drawing / oracle)
     topk: int = 1
     mask_indptr: torch.Tensor | None = None  # [bs+1] int64, device (eager convenience)
-
-    @classmethod
-    def make(
-        cls,
-        seq_lens: Sequence[int] | torch.Tensor,
-        trees: Sequence[DraftTree],
-        device: str | torch.device = "cpu",
-        topk: int | None = None,
-    ) -> VerifyInput:
-        return make_verify_input(seq_lens, trees, device, topk=topk)
 
 
 def make_verify_input(
@@ -311,7 +291,7 @@ class DraftExtendInput:
     """Draft extend after verify (EagleDraftInput for v1, its fixed-shape v2 variant).
 
     v1: every request carries the S+1 tokens of its verified chain (uniform stride S+1, the
-        layout a captured graph uses, digest §3.1); the first ``accept_length[i] + 1`` are real
+        layout a captured graph uses, [facts#triton]); the first ``accept_length[i] + 1`` are real
         (accepted drafts + the bonus token), the rest are rejected drafts whose outputs are
         discarded. (``ragged=True`` in ``make_draft_extend_input`` builds SGLang's old eager
         layout with only the ``accept_length[i] + 1`` real rows; graphs never see it.)
@@ -334,33 +314,30 @@ class DraftExtendInput:
 def make_draft_extend_input(
     version: int,
     accept_length: Sequence[int],
-    num_steps: int,
-    num_draft_tokens: int,
+    spec: SpecConfig,
     device: str | torch.device = "cpu",
     ragged: bool = False,
 ) -> DraftExtendInput:
-    """DraftExtendInput for accepted lengths in ``[0, S]``: rows S+1 (v1) or N (v2) per request.
-
-    ``ragged=True`` (v1 only): rows = accept+1 per request, the old eager layout.
-    """
+    """DraftExtendInput for accepted lengths in ``[0, S]``: S+1 (v1) or N (v2) rows per request
+    (``refimpl.layout.rows_per_request``). ``ragged=True`` (v1 only): rows = accept+1 per
+    request, the old eager layout."""
     if version not in (1, 2):
         raise ValueError(f"draft extend version must be 1 or 2, got {version!r}")
     acc = [int(a) for a in accept_length]
     for i, a in enumerate(acc):
-        if not 0 <= a <= num_steps:
-            raise ValueError(f"accept_length[{i}]={a} outside [0, num_steps={num_steps}]")
+        if not 0 <= a <= spec.num_steps:
+            raise ValueError(f"accept_length[{i}]={a} outside [0, num_steps={spec.num_steps}]")
     if ragged and version != 1:
         raise ValueError("only draft extend v1 has a ragged layout")
-    if version == 1:
-        rows = [a + 1 for a in acc] if ragged else [num_steps + 1] * len(acc)
-    else:
-        rows = [num_draft_tokens] * len(acc)
+    mode = ForwardMode.DRAFT_EXTEND if version == 1 else ForwardMode.DRAFT_EXTEND_V2
+    stride = layout.rows_per_request(mode, spec)
+    rows = [a + 1 for a in acc] if ragged else [stride] * len(acc)
     return DraftExtendInput(
         version=version,
         accept_length=torch.tensor(acc, dtype=torch.int32, device=device),  # [bs] int32
         accept_length_cpu=acc,
         extend_seq_lens=torch.tensor(rows, dtype=torch.int32, device=device),  # [bs] int32
-        num_tokens_per_req=num_steps + 1 if version == 1 else num_draft_tokens,
+        num_tokens_per_req=stride,
     )
 
 
@@ -369,7 +346,7 @@ class DraftDecodeInput:
     """Multi-step draft decode: S steps, each expanding ``topk`` branches per request.
 
     Step i of branch k of request r attends the request's ``seq_lens[r]`` prefix slots plus the
-    ``i+1`` draft slots of branch k (digest §4.8). The draft slots live in the request's row of
+    ``i+1`` draft slots of branch k. The draft slots live in the request's row of
     ``req_to_token`` at columns ``seq_lens[r] + k*S + j`` (branch-major).
     The multi-step backend sets ``kv_indptr`` / ``kv_indices`` per step (SGLang's common_template).
     """
@@ -379,6 +356,38 @@ class DraftDecodeInput:
     kv_indptr: torch.Tensor | None = None  # set per step by the multi-step backend
     kv_indices: torch.Tensor | None = None
     extra: dict = field(default_factory=dict)
+
+
+def dummy_spec_input(
+    mode: ForwardMode,
+    bs: int,
+    spec: SpecConfig | None,
+    fill_value: int,
+    device: str | torch.device,
+    multi_step_draft: bool = False,
+) -> VerifyInput | DraftExtendInput | DraftDecodeInput | None:
+    """The spec input of a capture batch (every row a padded row, ``seq_len = fill_value``).
+
+    Target verify: a chain mask per request (SGLang captures with a dummy mask too); draft
+    extend: nothing accepted, uniform rows; multi-step draft decode: the step shape only.
+    """
+    if mode.is_target_verify():
+        n = spec.num_draft_tokens
+        # request block [N, seq + N]: prefix all ones, then a causal chain over the drafts
+        block = torch.cat(
+            [
+                torch.ones(n, fill_value, dtype=torch.bool),
+                torch.ones(n, n, dtype=torch.bool).tril(),
+            ],
+            1,
+        )
+        return VerifyInput(n, block.flatten().repeat(bs).to(device), topk=spec.topk)
+    if mode.is_any_draft_extend():
+        version = 2 if mode.is_draft_extend_v2() else 1
+        return make_draft_extend_input(version, [0] * bs, spec, device)
+    if mode.is_decode_or_idle() and multi_step_draft:
+        return DraftDecodeInput(topk=spec.topk, num_steps=spec.num_steps)
+    return None
 
 
 SpecInput = VerifyInput | DraftExtendInput | DraftDecodeInput

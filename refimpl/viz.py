@@ -5,12 +5,12 @@ Every builder takes plain tensors (any device; they are copied to the host), ret
 pyplot figure manager) and is deterministic: the same inputs give the same picture.
 
 - ``draw_csr``: a batch's ``req_to_token`` rows above the packed ``kv_indices`` strip that a
-  CSR builder (digest §4.2) makes from them, with the ``kv_indptr`` boundaries.
-- ``draw_tree_mask``: one request's target-verify custom-mask block ``[N, seq + N]`` (§4.6) and,
+  CSR builder ([facts#csr-kv-index-builder]) makes from them, with the ``kv_indptr`` boundaries.
+- ``draw_tree_mask``: one request's target-verify custom-mask block ``[N, seq + N]`` and,
   given the parents, its draft tree.
 - ``draw_buffers``: 1-D buffers as rows of annotated cells, scalars as text.
 - ``draw_draft_decode_indices``: the per-step ``kv_indptr`` / ``kv_indices`` rows of multi-step
-  draft decode (§4.8), prefix and draft slots colour-coded.
+  draft decode ([facts#multi-step-draft-decode-indices]), prefix and draft slots colour-coded.
 - ``save``: write a figure reproducibly (no software tag in the PNG).
 
 Cell colours: live requests get light colours (blue, green, purple, ...), padded rows (request
@@ -29,6 +29,8 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
+
+from . import layout
 
 __all__ = [
     "draw_buffers",
@@ -213,7 +215,7 @@ def _mask_indptr(t: np.ndarray, N: int) -> np.ndarray:
     steps = np.diff(t)
     if t.size >= 2 and t[0] == 0 and (steps % N == 0).all() and (steps // N >= N).all():
         return t
-    return np.concatenate([[0], np.cumsum(N * (t + N))])
+    return np.concatenate([[0], np.cumsum(layout.tree_mask_sizes(t.tolist(), N))])
 
 
 def _ancestry(parents: Sequence[int]) -> np.ndarray:

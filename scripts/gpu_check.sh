@@ -6,7 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu_out}; mkdir -p "$out"
-if ls .whl/*.whl >/dev/null 2>&1; then  # flashinfer wheels carried from shared/gpu/offline_wheels.sh
+if ls .whl/*.whl >/dev/null 2>&1; then  # flashinfer wheels: scripts/fetch_flashinfer_wheels.sh
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi

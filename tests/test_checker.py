@@ -135,6 +135,9 @@ def test_run_checks_json_keys_and_unknown_backend():
         "graph_equals_eager",
         "matches_oracle",
         "findings",
+        "pattern",
+        "replay_matches_reference",
     }
+    assert rows[0].pattern == "A"  # the label the backend class carries
     with pytest.raises(ValueError, match="unknown backend 'nope'"):
         run_checks(["nope"], None, None, "cpu-emulator", FAST)

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from refimpl import layout
 from refimpl.batch import World
 from refimpl.config import GraphConfig, ModelConfig, SpecConfig, sglang_default_capture_bs
 from refimpl.memory import ReqToTokenPool, TokenSlotAllocator
@@ -35,11 +36,12 @@ def test_mode_parse_errors_name_the_value():
 
 def test_tokens_per_request_per_mode():
     spec = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
-    assert spec.tokens_per_request(ForwardMode.DECODE) == 1
-    assert spec.tokens_per_request(ForwardMode.DECODE, multi_step_draft=True) == 2
-    assert spec.tokens_per_request(ForwardMode.TARGET_VERIFY) == 6
-    assert spec.tokens_per_request(ForwardMode.DRAFT_EXTEND) == 4  # S + 1
-    assert spec.tokens_per_request(ForwardMode.DRAFT_EXTEND_V2) == 6  # N
+    rows = layout.rows_per_request
+    assert rows(ForwardMode.DECODE, spec) == 1
+    assert rows(ForwardMode.DECODE, spec, multi_step_draft=True) == 2
+    assert rows(ForwardMode.TARGET_VERIFY, spec) == 6
+    assert rows(ForwardMode.DRAFT_EXTEND, spec) == 4  # S + 1
+    assert rows(ForwardMode.DRAFT_EXTEND_V2, spec) == 6  # N
     with pytest.raises(ValueError):
         SpecConfig(num_steps=3, topk=1, num_draft_tokens=6)  # a chain verifies S+1
 

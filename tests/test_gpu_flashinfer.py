@@ -9,7 +9,7 @@ from refimpl.batch import World
 from refimpl.batchgen import BatchGenerator
 from refimpl.check import CheckSettings, run_checks
 from refimpl.config import ModelConfig, SpecConfig
-from refimpl.fi import flashinfer_available
+from refimpl.flashinfer_wrappers import flashinfer_available
 from refimpl.model import TinyDecoder
 from refimpl.modes import ForwardMode
 

@@ -89,7 +89,7 @@ def test_triton_legacy_draft_extend_layout_mismatch():
 # --- bad input and static-buffer tails ---------------------------------------------------------
 import torch  # noqa: E402
 
-from refimpl.backends.multistep import TritonMultiStepDraftBackend  # noqa: E402
+from refimpl.backends.triton import TritonMultiStepDraftBackend  # noqa: E402
 from refimpl.backends.triton import TritonAttnBackend  # noqa: E402
 from refimpl.batch import World  # noqa: E402
 from refimpl.batchgen import BatchGenerator  # noqa: E402

@@ -2,6 +2,8 @@
 
 Heavy or hardware-bound backends register with an ``unavailable()`` probe that returns a reason
 string when they cannot run on this machine; importing ``refimpl.backends`` never imports them.
+``load_backend_class("package.module:Class")`` turns an out-of-tree backend into an entry
+(``python -m refimpl check --backend-class ...``): a reviewer's tool for any new backend.
 """
 
 from __future__ import annotations
@@ -35,33 +37,81 @@ class BackendEntry:
     def why_unavailable(self) -> str | None:
         return self.unavailable() if self.unavailable else None
 
+    @classmethod
+    def from_class(cls, backend_cls: type, target: str) -> "BackendEntry":
+        """An entry for a backend class outside the registry. The class may say which model it
+        serves (``model_kind = "mla"``), its ``page_size`` and its multi-step draft wrapper
+        (``multi_step_class = "module:Class"``); defaults: MHA, page size 1, none."""
+        multi = getattr(backend_cls, "multi_step_class", None)
+        return cls(
+            name=getattr(backend_cls, "name", backend_cls.__name__),
+            variant=getattr(backend_cls, "variant", "unified"),
+            target=target,
+            model_kind=getattr(backend_cls, "model_kind", "mha"),
+            page_size=getattr(backend_cls, "page_size", 1),
+            multi_step_target=multi,
+        )
+
+
+CONTRACT = (
+    "init_forward_metadata",
+    "init_cuda_graph_state",
+    "init_forward_metadata_capture_cuda_graph",
+    "init_forward_metadata_replay_cuda_graph",
+    "get_cuda_graph_seq_len_fill_value",
+    "forward",
+    "graph_state",
+    "check_graph_mode",
+)
+
+
+class BackendLoadError(ValueError):
+    """``--backend-class`` could not be turned into a backend; the message says why."""
+
+
+def load_backend_class(spec: str) -> BackendEntry:
+    """``"package.module:ClassName"`` -> a ``BackendEntry`` (clear one-line errors)."""
+    module_name, sep, cls_name = spec.partition(":")
+    if not sep or not module_name or not cls_name:
+        raise BackendLoadError(f"--backend-class {spec!r}: expected package.module:ClassName")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # ImportError, or whatever the module raises while importing
+        raise BackendLoadError(
+            f"--backend-class {spec!r}: cannot import {module_name!r} ({type(e).__name__}: {e})"
+        ) from None
+    backend_cls = getattr(module, cls_name, None)
+    if not isinstance(backend_cls, type):
+        raise BackendLoadError(f"--backend-class {spec!r}: {module_name} has no class {cls_name!r}")
+    missing = [m for m in CONTRACT if not callable(getattr(backend_cls, m, None))]
+    if missing:
+        raise BackendLoadError(
+            f"--backend-class {spec!r}: {cls_name} does not implement the backend contract "
+            f"(refimpl.backends.base.AttentionBackend); missing: {', '.join(missing)}"
+        )
+    return BackendEntry.from_class(backend_cls, spec)
+
 
 REGISTRY: list[BackendEntry] = [
     BackendEntry("torch_native", "unified", ".torch_native:TorchNativeBackend", "mha"),
     BackendEntry("torch_native_mla", "unified", ".torch_native:TorchNativeBackend", "mla"),
     BackendEntry("triton", "unified", ".triton:TritonAttnBackend", "mha",
-                 multi_step_target=".multistep:TritonMultiStepDraftBackend"),
+                 multi_step_target=".triton:TritonMultiStepDraftBackend"),
     BackendEntry("triton", "legacy", ".triton:TritonAttnBackendLegacy", "mha",
-                 multi_step_target=".multistep:TritonMultiStepDraftBackendLegacy"),
+                 multi_step_target=".triton:TritonMultiStepDraftBackendLegacy"),
     BackendEntry("wave", "unified", ".wave:WaveAttnBackend", "mha",
-                 multi_step_target=".multistep:WaveMultiStepDraftBackend"),
+                 multi_step_target=".wave:WaveMultiStepDraftBackend"),
     BackendEntry("wave", "legacy", ".wave:WaveAttnBackendLegacy", "mha",
-                 multi_step_target=".multistep:WaveMultiStepDraftBackendLegacy"),
+                 multi_step_target=".wave:WaveMultiStepDraftBackendLegacy"),
     BackendEntry("flashinfer", "unified", ".flashinfer:FlashInferAttnBackend", "mha",
-                 multi_step_target=".multistep:FlashInferMultiStepDraftBackend"),
+                 multi_step_target=".flashinfer:FlashInferMultiStepDraftBackend"),
     BackendEntry("flashinfer", "legacy", ".flashinfer:FlashInferAttnBackendLegacy", "mha",
-                 multi_step_target=".multistep:FlashInferMultiStepDraftBackendLegacy"),
+                 multi_step_target=".flashinfer:FlashInferMultiStepDraftBackendLegacy"),
     BackendEntry("flashinfer_mla", "unified", ".flashinfer_mla:FlashInferMLAAttnBackend", "mla"),
     BackendEntry("flashinfer_mla", "as-upstream",
                  ".flashinfer_mla:FlashInferMLAAttnBackendAsUpstream", "mla"),
     BackendEntry("flashinfer_mla", "legacy", ".flashinfer_mla:FlashInferMLAAttnBackendLegacy", "mla"),
 ]  # fmt: skip
-
-
-def register(entry: BackendEntry) -> None:
-    if any((e.name, e.variant) == (entry.name, entry.variant) for e in REGISTRY):
-        raise ValueError(f"backend {entry.name}/{entry.variant} is already registered")
-    REGISTRY.append(entry)
 
 
 def find(name: str | None = None, variant: str | None = None) -> list[BackendEntry]:
@@ -76,8 +126,10 @@ def find(name: str | None = None, variant: str | None = None) -> list[BackendEnt
 __all__ = [
     "AttentionBackend",
     "BackendEntry",
+    "BackendLoadError",
+    "CONTRACT",
     "GraphModeNotSupported",
     "REGISTRY",
     "find",
-    "register",
+    "load_backend_class",
 ]

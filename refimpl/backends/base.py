@@ -6,17 +6,18 @@
 | ``init_cuda_graph_state(max_bs, max_tokens)``  | ``init_capture_graph`` | once, before any capture     |
 | ``init_forward_metadata_capture_cuda_graph``   | ``prepare_for_capture``| once per (bs, mode) capture  |
 | ``init_forward_metadata_replay_cuda_graph``    | ``prepare_for_replay`` | before every replay          |
-| ``get_cuda_graph_seq_len_fill_value()``        |                        | padding (1 for all six, §1.3)|
+| ``get_cuda_graph_seq_len_fill_value()``        |                        | padding (1 for all six)      |
 | ``forward(q, k, v, layer, fb)``                | ``forward``            | inside the captured step     |
 
-The capture and replay hooks run **outside** the graph (digest §1.4 step 3): what they compute
+The capture and replay hooks run **outside** the graph ([facts#capture]): what they compute
 is never recorded. Only ``forward`` is. So everything ``forward`` reads must be a static buffer
 allocated in ``init_cuda_graph_state`` (or a view of one), and replay must refill those buffers
-in place (§1.6, §4.9).
+in place ([facts#what-is-and-is-not-captured]).
 
-Variants: every backend comes in a ``legacy`` shape (Pattern C: capture and replay are separate
-bodies, with their historical drift) and a ``unified`` shape (Pattern A: capture = replay body +
-freeze views; or Pattern B: prepare graph-bound objects, then the replay body).
+Variants: every backend comes in a ``legacy`` shape, written as upstream looked before the
+unification (#26134 / #26665), and a ``unified`` shape; some have more (``as-upstream``). Each
+class carries one label from ``PATTERNS`` ([facts#pattern-vocabulary]); where refimpl's unified
+shape differs from upstream's, its docstring says so.
 """
 
 from __future__ import annotations
@@ -31,6 +32,13 @@ from ..batch import ForwardBatch, World
 from ..config import SpecConfig
 from ..modes import ForwardMode
 
+PATTERNS = {
+    "A": "capture runs the replay body, then freezes metadata views of the static buffers",
+    "B": "capture prepares graph-bound objects (wrappers), then runs the replay body",
+    "C": "capture and replay are separate bodies that must be kept in step by hand",
+    "C, merged branches": "separate bodies; identical mode branches inside each merged",
+}
+
 
 class GraphModeNotSupported(ValueError):
     """A backend was asked to capture a mode it does not support under graphs."""
@@ -39,7 +47,7 @@ class GraphModeNotSupported(ValueError):
 class AttentionBackend(ABC):
     name: str = "?"
     variant: str = "unified"  # "legacy" | "unified" | "as-upstream" | ...
-    pattern: str = "A"  # "A", "B" or "C"
+    pattern: str = "A"  # a key of PATTERNS
     graph_modes: frozenset[ForwardMode] = frozenset()
 
     def __init__(self, world: World, spec: SpecConfig | None = None):
@@ -87,7 +95,7 @@ class AttentionBackend(ABC):
     ) -> None: ...
 
     def get_cuda_graph_seq_len_fill_value(self) -> int:
-        return 1  # all six SGLang backends (digest §1.3); 0 would give an empty kv range
+        return 1  # all six SGLang backends ([facts#static-inputs]); 0 would give an empty kv range
 
     # --- the captured step ----------------------------------------------------------------------
     @abstractmethod
@@ -113,6 +121,17 @@ class AttentionBackend(ABC):
         else:
             fields = dict(vars(md))
         return {k: v for k, v in fields.items() if v is not None}
+
+    def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any] | None:
+        """What ``graph_state`` must hold after the replay hook ran on ``fb`` (a batch padded to
+        its captured size), computed from first principles: the ``*_ref`` builders of
+        ``refimpl.kernels`` and the rules of ``refimpl.layout``, never the hook's own code.
+
+        Tensors cover the region a correct hook must write (the checker compares that prefix
+        of the flattened state); scalars must be equal. ``None``: the backend gives no
+        reference, and the checker's fourth verdict is not applied.
+        """
+        return None
 
     def check_graph_mode(self, mode: ForwardMode) -> None:
         if mode not in self.graph_modes:

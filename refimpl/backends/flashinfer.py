@@ -1,11 +1,15 @@
-"""SGLang's FlashInfer (MHA) backend (digest §3.2): unified (Pattern B) and legacy (Pattern C).
+"""SGLang's FlashInfer (MHA) backend: unified (Pattern B) and legacy (Pattern C).
+
+Upstream: ``python/sglang/srt/layers/attention/flashinfer_backend.py``
+(``FlashInferAttnBackend``); Pattern B since #26134 / #26665; facts in
+``[facts#flashinfer]``.
 
 The kernels live inside FlashInfer wrapper objects. A wrapper built with ``use_cuda_graph=True``
 is *bound* to buffers given at construction; ``plan`` copies indptr / indices / mask into them
 and writes a work partition, computed on the host, into the workspace; ``run`` reads only those.
 So a graph captured around ``run`` stays valid as long as every replay **re-plans** the same
 wrapper. On a GPU with flashinfer installed these are the real wrappers; everywhere else the
-stand-ins of ``refimpl.fi`` (same constructor / plan / run, same binding behaviour).
+stand-in of ``refimpl.flashinfer_wrappers`` (same constructor / plan / run, same binding behaviour).
 
 Why Pattern B needs a *prepare* step: the graph captures a specific wrapper object (its bound
 buffer addresses, its workspace, its compiled module), so capture must first create that
@@ -23,7 +27,7 @@ Static buffers (B = max_bs, T = max_num_tokens, L = max_context_len):
 | cuda_graph_custom_mask  | [T*L]    | uint8 | prefill ``custom_mask_buf``, only if the spec has a mask |
 | cuda_graph_qk_indptr    | [pool+1] | int32 | prefill ``mask_indptr_buf[:bs+1]``, likewise       |
 
-Decode re-plans through the fast plan (``refimpl.fi.fast_plan``): host indptr from
+Decode re-plans through the fast plan (``refimpl.flashinfer_wrappers.fast_plan``): host indptr from
 ``seq_lens_cpu``, no device-to-host copy. Prefill wrappers (verify, draft extend) re-plan fully.
 Target verify indexes prefix + N drafts (their KV is written first) under the tree mask; draft
 extend indexes ``seq_lens`` (which count the new rows) causally, rows laid out with the graph's
@@ -37,15 +41,17 @@ from typing import Any
 
 import torch
 
+from .. import layout
 from ..batch import ForwardBatch, World
 from ..config import SpecConfig
-from ..fi import make_workspace, wrapper_classes
-from ..fi.fast_plan import install_fast_decode_plan
-from ..fi.ops import fi_run
+from ..flashinfer_wrappers import make_workspace, wrapper_classes
+from ..flashinfer_wrappers.fast_plan import install_fast_decode_plan
+from ..flashinfer_wrappers.ops import fi_run
 from ..kernels import build_kv_indices
 from ..modes import ForwardMode
 from ..spec import DraftDecodeInput, DraftExtendInput, VerifyInput, require_spec
 from .base import AttentionBackend, GraphModeNotSupported
+from .multistep import MultiStepDraftBackend
 
 
 @dataclass
@@ -107,9 +113,8 @@ class FlashInferAttnBackend(AttentionBackend):
         return self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim
 
     def _kv_len_for(self, mode: ForwardMode, seq_lens: torch.Tensor) -> torch.Tensor:
-        if mode.is_target_verify():
-            return seq_lens + self.spec.num_draft_tokens  # prefix + the N drafts
-        return seq_lens  # decode; draft extend / extend: seq_lens already count the new rows
+        n = self.spec.num_draft_tokens if self.spec is not None else 0
+        return layout.attended_kv_lens(mode, seq_lens, n)  # verify: prefix + the N drafts
 
     def _rows_per_req(self, mode: ForwardMode, spec_info: Any) -> int:
         if mode.is_target_verify():
@@ -119,10 +124,9 @@ class FlashInferAttnBackend(AttentionBackend):
                     f"verify batch has draft_token_num={spec.draft_token_num}, the backend "
                     f"was built for num_draft_tokens={self.spec.num_draft_tokens}"
                 )
-            return spec.draft_token_num
-        require_spec(mode, spec_info, DraftExtendInput)
-        s = self.spec
-        return s.num_draft_tokens if mode.is_draft_extend_v2() else s.num_steps + 1
+        else:
+            require_spec(mode, spec_info, DraftExtendInput)
+        return layout.rows_per_request(mode, self.spec)
 
     # --- the update paths (eager, capture and replay all use them) -----------------------------
     def _update_decode(self, bs, rpi, seq_lens, seq_lens_cpu, wrappers, spec_info) -> None:
@@ -244,7 +248,7 @@ class FlashInferAttnBackend(AttentionBackend):
         ]  # fmt: skip
 
     def _create_prefill_wrappers(self, bs: int, use_custom_mask: bool) -> list:
-        # a zero mask buffer would block all attention: bind it only when there is a mask (§3.2)
+        # a zero mask buffer would block all attention: bind it only when there is a mask
         return [
             self.fi.BatchPrefillWithPagedKVCacheWrapper(
                 self.workspace, "NHD", use_cuda_graph=True,
@@ -334,10 +338,11 @@ class FlashInferAttnBackend(AttentionBackend):
 
 # ----------------------------------------------------------------------------------------------
 class FlashInferAttnBackendLegacy(FlashInferAttnBackend):
-    """Pattern C (before #26665): capture builds wrappers and plans inline, per mode; replay
-    repeats the per-mode dispatch. The two copies happen to agree today: the refactor's
-    FlashInfer motivation was the duplicated ~240 lines, not a divergence (the checker finds
-    none). Read the two methods below side by side: the same four branches, twice.
+    """Pattern C (before #26134): capture builds the wrappers and plans inline, per mode (none
+    of the refactor's ``_create_*_wrappers`` / ``_prepare_cuda_graph_metadata``); replay
+    repeats the per-mode dispatch. The two copies happen to agree: the refactor's FlashInfer
+    motivation was the duplicated dispatch (~240 lines upstream), not a divergence (the checker
+    finds none). Read the two methods below side by side: the same branches, twice.
     """
 
     variant = "legacy"
@@ -349,8 +354,19 @@ class FlashInferAttnBackendLegacy(FlashInferAttnBackend):
         self.check_graph_mode(forward_mode)
         rpi, seq = req_pool_indices[:bs], seq_lens[:bs]
         seq_cpu = seq.cpu()  # "may add a little overhead in capture stage"
+        Prefill = self.fi.BatchPrefillWithPagedKVCacheWrapper
         if forward_mode.is_decode_or_idle():
-            wrappers = self._create_decode_wrappers(bs, num_tokens)
+            wrappers = [
+                self.fi.BatchDecodeWithPagedKVCacheWrapper(
+                    self.workspace,
+                    "NHD",
+                    use_cuda_graph=True,
+                    use_tensor_cores=False,
+                    paged_kv_indptr_buffer=self.kv_indptr[: num_tokens + 1],
+                    paged_kv_indices_buffer=self.cuda_graph_kv_indices,
+                    paged_kv_last_page_len_buffer=self.kv_last_page_len[:num_tokens],
+                )
+            ]
             self._update_decode(bs, rpi, seq, seq_cpu, wrappers, spec_info)  # the real plan
             self.decode_cuda_graph_metadata[bs] = wrappers
             self.forward_metadata = DecodeMetadata(wrappers)
@@ -358,12 +374,34 @@ class FlashInferAttnBackendLegacy(FlashInferAttnBackend):
                 install_fast_decode_plan(w)
         elif forward_mode.is_target_verify():
             use_mask = getattr(spec_info, "custom_mask", None) is not None
-            wrappers = self._create_prefill_wrappers(bs, use_mask)
+            wrappers = [
+                Prefill(
+                    self.workspace,
+                    "NHD",
+                    use_cuda_graph=True,
+                    qo_indptr_buf=self.cuda_graph_qo_indptr[: bs + 1],
+                    paged_kv_indptr_buf=self.kv_indptr[: bs + 1],
+                    paged_kv_indices_buf=self.cuda_graph_kv_indices,
+                    paged_kv_last_page_len_buf=self.kv_last_page_len[:bs],
+                    custom_mask_buf=self.cuda_graph_custom_mask if use_mask else None,
+                    mask_indptr_buf=self.cuda_graph_qk_indptr[: bs + 1] if use_mask else None,
+                )
+            ]
             self._update_prefill(bs, rpi, seq, seq_cpu, wrappers, forward_mode, spec_info)
             self.prefill_cuda_graph_metadata[bs] = wrappers
             self.forward_metadata = PrefillMetadata(wrappers, False)
         elif forward_mode.is_any_draft_extend():
-            wrappers = self._create_prefill_wrappers(bs, False)
+            wrappers = [
+                Prefill(
+                    self.workspace,
+                    "NHD",
+                    use_cuda_graph=True,
+                    qo_indptr_buf=self.cuda_graph_qo_indptr[: bs + 1],
+                    paged_kv_indptr_buf=self.kv_indptr[: bs + 1],
+                    paged_kv_indices_buf=self.cuda_graph_kv_indices,
+                    paged_kv_last_page_len_buf=self.kv_last_page_len[:bs],
+                )
+            ]
             self._update_prefill(bs, rpi, seq, seq_cpu, wrappers, forward_mode, spec_info)
             self.prefill_cuda_graph_metadata[bs] = wrappers
             self.forward_metadata = PrefillMetadata(wrappers, True)
@@ -387,3 +425,15 @@ class FlashInferAttnBackendLegacy(FlashInferAttnBackend):
             self._update_prefill(bs, rpi, seq, seq_cpu, wrappers, forward_mode, spec_info)
         else:
             raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")
+
+
+# ----------------------------------------------------------------------------------------------
+class FlashInferMultiStepDraftBackend(MultiStepDraftBackend):
+    """Each step backend re-plans its bound decode wrapper with the fast plan (host indptr)."""
+
+    step_cls = FlashInferAttnBackend
+    share_splits = False
+
+
+class FlashInferMultiStepDraftBackendLegacy(FlashInferMultiStepDraftBackend):
+    step_cls = FlashInferAttnBackendLegacy

@@ -1,4 +1,7 @@
-"""SGLang's FlashInfer-MLA backend (digest §3.4): legacy, as-upstream and unified shapes.
+"""SGLang's FlashInfer-MLA backend: unified, as-upstream and legacy shapes.
+
+Upstream: ``python/sglang/srt/layers/attention/flashinfer_mla_backend.py``
+(``FlashInferMLAAttnBackend``); facts in ``[facts#flashinfer-mla]``.
 
 One wrapper kind, ``BatchMLAPagedAttentionWrapper``, serves every mode: absorbed MLA over the
 latent cache ``[slots, 1, 512 + 64]`` (``ckv = [..., :512]``, ``kpe = [..., 512:]``), page size 1.
@@ -14,19 +17,24 @@ Static buffers (B = max_bs, L = max_context_len):
 | cuda_graph_*_cpu           | host     | int32 | the fast plan's host indptrs                    |
 
 Decode replays with the fast MLA plan (host indptrs from ``seq_lens_cpu``, no device-to-host
-copy, nothing copied into the bound buffers: #3987). Target verify and draft extend re-plan
+copy, nothing copied into the bound buffers: #3987,
+https://github.com/sgl-project/sglang/pull/3987). Target verify and draft extend re-plan
 fully, ``causal=True`` (upstream has no custom mask here: "TODO: support custom mask when
 topk > 1", so trees are refused).
 
-The three shapes:
-- **legacy** (Pattern C): capture and replay each carry a target-verify and a draft-extend
-  branch that are textually identical; decode replay rebuilds ``kv_indptr`` in the backend's
-  *eager* buffer.
-- **as-upstream** (POST-#26665): the identical branches merged, but decode replay still writes
-  the eager ``kv_indptr`` (open issue #37975): the graph-bound ``kv_indptr`` and ``kv_len_arr``
-  keep the capture-time batch. FlashInfer's decode kernel reads the plan's partition, so the
-  output is right and the stale buffer stays hidden; the checker shows it.
-- **unified**: merged branches, and decode replay writes the bound buffers.
+The three shapes, each with its pattern label:
+- **legacy** (C): capture and replay are separate bodies, and each carries a target-verify and a
+  draft-extend branch that are textually identical; decode replay rebuilds ``kv_indptr`` in the
+  backend's *eager* buffer.
+- **as-upstream** (C, merged branches): what #26665 made of it. The identical branches are
+  merged, but capture and replay stay two bodies (capture never runs the replay body), and
+  decode replay still writes the eager ``kv_indptr`` (#37975, open): the graph-bound
+  ``kv_indptr`` and ``kv_len_arr`` keep the capture-time batch. FlashInfer's decode kernel
+  reads the plan's partition, so the output is right and the stale buffer stays hidden; the
+  checker shows it.
+- **unified** (B, refimpl's): prepare the wrapper (create, bind, register), run the replay
+  body, install the fast plan, as FlashInfer's own Pattern B does; and decode replay writes the
+  bound buffers, a fix upstream has not made (#37975).
 """
 
 from __future__ import annotations
@@ -36,11 +44,12 @@ from typing import Any
 
 import torch
 
+from .. import layout
 from ..batch import ForwardBatch, World
 from ..config import SpecConfig
-from ..fi import make_workspace, wrapper_classes
-from ..fi.fast_plan import install_fast_mla_decode_plan
-from ..fi.ops import fi_mla_run
+from ..flashinfer_wrappers import make_workspace, wrapper_classes
+from ..flashinfer_wrappers.fast_plan import install_fast_mla_decode_plan
+from ..flashinfer_wrappers.ops import fi_mla_run
 from ..kernels import build_kv_indices
 from ..modes import ForwardMode
 from ..spec import DraftExtendInput, VerifyInput, require_spec
@@ -54,9 +63,12 @@ class MLAMetadata:
 
 
 class FlashInferMLAAttnBackend(AttentionBackend):
+    """refimpl's unified shape: Pattern B, and the bound kv_indptr kept current (#37975)."""
+
     name = "flashinfer_mla"
     variant = "unified"
     pattern = "B"
+    model_kind = "mla"
     writes_bound_kv_indptr = True  # False: the #37975 behaviour
     graph_modes = frozenset(
         {
@@ -70,8 +82,9 @@ class FlashInferMLAAttnBackend(AttentionBackend):
 
     def __init__(self, world: World, spec: SpecConfig | None = None, *, prefer_real: bool = True):
         super().__init__(world, spec)
-        if not self.cfg.is_mla or world.page_size != 1:
-            raise ValueError(f"{self.name} needs an MLA model with page size 1")
+        if not self.cfg.is_mla:
+            raise ValueError(f"{self.name} needs an MLA model, got kind={self.cfg.kind!r}")
+        self._check_page_size(world.page_size)
         pool, dev = world.req_to_token_pool.size, self.device
         self.fi = wrapper_classes(prefer_real=prefer_real and dev.type == "cuda")
         self.workspace = make_workspace(dev)
@@ -80,6 +93,15 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         self.decode_cuda_graph_metadata: dict[int, Any] = {}
         self.prefill_cuda_graph_metadata: dict[int, Any] = {}
         self._eager = self.fi.BatchMLAPagedAttentionWrapper(self.workspace, backend="auto")
+
+    page_sizes: tuple[int, ...] = (1,)  # the KV page sizes this backend's kernels index
+
+    def _check_page_size(self, page_size: int) -> None:
+        if page_size not in self.page_sizes:
+            raise ValueError(
+                f"{self.name}: page_size={page_size} is not supported (supported: "
+                f"{', '.join(map(str, self.page_sizes))})"
+            )
 
     def check_graph_mode(self, mode: ForwardMode) -> None:
         super().check_graph_mode(mode)
@@ -135,17 +157,15 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         """Verify and draft extend (generate_attn_arg_prefill): fresh args, full plan."""
         dev = self.device
         if mode.is_target_verify():
-            n = require_spec(mode, spec_info, VerifyInput).draft_token_num
-            extra = n  # kv = prefix + the N drafts
+            require_spec(mode, spec_info, VerifyInput)
         else:
             require_spec(mode, spec_info, DraftExtendInput)
-            s = self.spec
-            n, extra = (s.num_draft_tokens if mode.is_draft_extend_v2() else s.num_steps + 1), 0
-        kv_lens = seq_lens[:bs] + extra
+        n = layout.rows_per_request(mode, self.spec)
+        kv_lens = layout.attended_kv_lens(mode, seq_lens[:bs], n)  # verify: prefix + N drafts
         qo_indptr = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device=dev)
         kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
         kv_indptr[1:] = torch.cumsum(kv_lens, 0)
-        total = int((seq_lens_cpu[:bs] + extra).sum())
+        total = int(layout.attended_kv_lens(mode, seq_lens_cpu[:bs], n).sum())  # host
         kv_indices = torch.empty(max(total, 1), dtype=torch.int32, device=dev)
         build_kv_indices(self.world.req_to_token, rpi[:bs], kv_lens, kv_indptr, kv_indices)
         wrapper.plan(
@@ -185,23 +205,26 @@ class FlashInferMLAAttnBackend(AttentionBackend):
             backend="auto",
         )  # fmt: skip
 
+    def _prepare_cuda_graph_metadata(self, bs: int, num_tokens: int, mode: ForwardMode):
+        """Create, bind and register the wrapper this graph captures (the 'B' of Pattern B)."""
+        decode = mode.is_decode_or_idle()
+        wrapper = self._create_wrapper(num_tokens if decode else bs)
+        registry = self.decode_cuda_graph_metadata if decode else self.prefill_cuda_graph_metadata
+        registry[bs] = wrapper
+        self.forward_metadata = MLAMetadata(wrapper, decode)
+        return wrapper
+
     def init_forward_metadata_capture_cuda_graph(
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
     ) -> None:
         self.check_graph_mode(forward_mode)
-        seq_cpu = seq_lens[:bs].cpu()  # capture may sync
-        if forward_mode.is_decode_or_idle():
-            wrapper = self._create_wrapper(num_tokens)
-            self._full_decode_plan(bs, req_pool_indices, seq_lens, seq_cpu, wrapper)
-            self.decode_cuda_graph_metadata[bs] = wrapper
+        seq_cpu = seq_lens[:bs].cpu()  # capture may sync; steady state may not
+        wrapper = self._prepare_cuda_graph_metadata(bs, num_tokens, forward_mode)
+        self.init_forward_metadata_replay_cuda_graph(
+            bs, req_pool_indices, seq_lens, None, encoder_lens, forward_mode, spec_info, seq_cpu
+        )
+        if forward_mode.is_decode_or_idle():  # the first (full) plan set _cached_module
             install_fast_mla_decode_plan(wrapper)
-        else:  # target verify and draft extend: one branch
-            wrapper = self._create_wrapper(bs)
-            self.prefill_cuda_graph_metadata[bs] = wrapper
-            self._prefill_plan(
-                bs, req_pool_indices, seq_lens, seq_cpu, wrapper, forward_mode, spec_info
-            )
-        self.forward_metadata = MLAMetadata(wrapper, forward_mode.is_decode_or_idle())
 
     def init_forward_metadata_replay_cuda_graph(
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
@@ -243,15 +266,36 @@ class FlashInferMLAAttnBackend(AttentionBackend):
 
 
 class FlashInferMLAAttnBackendAsUpstream(FlashInferMLAAttnBackend):
-    """POST-#26665 as merged: decode replay still writes the eager kv_indptr (#37975, open)."""
+    """As #26665 left it: two bodies with the verify / draft-extend branches merged, and decode
+    replay writing the eager kv_indptr (#37975, open)."""
 
     variant = "as-upstream"
+    pattern = "C, merged branches"
     writes_bound_kv_indptr = False
+
+    def init_forward_metadata_capture_cuda_graph(
+        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
+    ) -> None:
+        self.check_graph_mode(forward_mode)
+        seq_cpu = seq_lens[:bs].cpu()  # capture may sync
+        if forward_mode.is_decode_or_idle():
+            wrapper = self._create_wrapper(num_tokens)
+            self._full_decode_plan(bs, req_pool_indices, seq_lens, seq_cpu, wrapper)
+            self.decode_cuda_graph_metadata[bs] = wrapper
+            install_fast_mla_decode_plan(wrapper)
+        else:  # target verify and draft extend: one merged branch
+            wrapper = self._create_wrapper(bs)
+            self.prefill_cuda_graph_metadata[bs] = wrapper
+            self._prefill_plan(
+                bs, req_pool_indices, seq_lens, seq_cpu, wrapper, forward_mode, spec_info
+            )
+        self.forward_metadata = MLAMetadata(wrapper, forward_mode.is_decode_or_idle())
 
 
 class FlashInferMLAAttnBackendLegacy(FlashInferMLAAttnBackendAsUpstream):
-    """Pattern C: verify and draft extend are two textually identical branches, in capture and
-    again in replay (the ~38 lines the refactor merged); decode replay as upstream (#37975)."""
+    """Pattern C (before #26134): verify and draft extend are two textually identical branches,
+    in capture and again in replay (what the refactor merged); the wrappers are built inline;
+    decode replay asserts the host lengths and writes the eager kv_indptr (#37975)."""
 
     variant = "legacy"
     pattern = "C"
@@ -261,19 +305,38 @@ class FlashInferMLAAttnBackendLegacy(FlashInferMLAAttnBackendAsUpstream):
     ) -> None:
         self.check_graph_mode(forward_mode)
         seq_cpu = seq_lens[:bs].cpu()
+        MLA = self.fi.BatchMLAPagedAttentionWrapper
         if forward_mode.is_decode_or_idle():
-            wrapper = self._create_wrapper(num_tokens)
+            wrapper = MLA(
+                self.workspace, use_cuda_graph=True,
+                qo_indptr=self.cuda_graph_qo_indptr[: num_tokens + 1],
+                kv_indptr=self.cuda_graph_kv_indptr[: num_tokens + 1],
+                kv_indices=self.cuda_graph_kv_indices,
+                kv_len_arr=self.cuda_graph_kv_lens[:num_tokens], backend="auto",
+            )  # fmt: skip
             self._full_decode_plan(bs, req_pool_indices, seq_lens, seq_cpu, wrapper)
             self.decode_cuda_graph_metadata[bs] = wrapper
             install_fast_mla_decode_plan(wrapper)
         elif forward_mode.is_target_verify():
-            wrapper = self._create_wrapper(bs)
+            wrapper = MLA(
+                self.workspace, use_cuda_graph=True,
+                qo_indptr=self.cuda_graph_qo_indptr[: bs + 1],
+                kv_indptr=self.cuda_graph_kv_indptr[: bs + 1],
+                kv_indices=self.cuda_graph_kv_indices,
+                kv_len_arr=self.cuda_graph_kv_lens[:bs], backend="auto",
+            )  # fmt: skip
             self.prefill_cuda_graph_metadata[bs] = wrapper
             self._prefill_plan(
                 bs, req_pool_indices, seq_lens, seq_cpu, wrapper, forward_mode, spec_info
             )
         elif forward_mode.is_any_draft_extend():
-            wrapper = self._create_wrapper(bs)
+            wrapper = MLA(
+                self.workspace, use_cuda_graph=True,
+                qo_indptr=self.cuda_graph_qo_indptr[: bs + 1],
+                kv_indptr=self.cuda_graph_kv_indptr[: bs + 1],
+                kv_indices=self.cuda_graph_kv_indices,
+                kv_len_arr=self.cuda_graph_kv_lens[:bs], backend="auto",
+            )  # fmt: skip
             self.prefill_cuda_graph_metadata[bs] = wrapper
             self._prefill_plan(
                 bs, req_pool_indices, seq_lens, seq_cpu, wrapper, forward_mode, spec_info

@@ -1,4 +1,6 @@
-"""Multi-step draft decode: one wrapper, S-1 step backends, per-step kv buffers (digest §3.1, §4.8).
+"""Multi-step draft decode: one wrapper, S-1 step backends, per-step kv buffers.
+
+[facts#triton-multi-step-draft-decode], [facts#multi-step-draft-decode-indices]
 
 EAGLE drafts S tokens per branch: the first comes from draft extend, the next S-1 from S-1
 decode steps over ``bs * topk`` rows (one per branch). SGLang's ``*MultiStepDraftBackend``
@@ -35,9 +37,6 @@ from ..kernels import draft_decode_kv_indices
 from ..modes import ForwardMode
 from ..spec import DraftDecodeInput
 from .base import AttentionBackend, GraphModeNotSupported
-from .flashinfer import FlashInferAttnBackend, FlashInferAttnBackendLegacy
-from .triton import TritonAttnBackend, TritonAttnBackendLegacy
-from .wave import WaveAttnBackend, WaveAttnBackendLegacy
 
 
 class MultiStepDraftBackend(AttentionBackend):
@@ -180,44 +179,3 @@ class MultiStepDraftBackend(AttentionBackend):
 
     def forward(self, q, k, v, layer, fb):
         raise RuntimeError("the multi-step program calls step_backend(i).forward, not the wrapper")
-
-
-class TritonMultiStepDraftBackend(MultiStepDraftBackend):
-    step_cls = TritonAttnBackend
-
-
-class TritonMultiStepDraftBackendLegacy(MultiStepDraftBackend):
-    step_cls = TritonAttnBackendLegacy
-
-    compute_splits_at_capture = False
-
-
-class WaveMultiStepDraftBackend(MultiStepDraftBackend):
-    step_cls = WaveAttnBackend
-
-    share_splits = False
-
-    def check_graph_mode(self, mode: ForwardMode) -> None:
-        super().check_graph_mode(mode)
-        if self.topk > 1:
-            raise GraphModeNotSupported(
-                f"wave sizes its decode buffers by max_bs, so multi-step draft decode with "
-                f"topk={self.topk} (bs*topk rows) does not fit; chains only"
-            )
-
-
-class WaveMultiStepDraftBackendLegacy(WaveMultiStepDraftBackend):
-    step_cls = WaveAttnBackendLegacy
-
-    compute_splits_at_capture = False
-
-
-class FlashInferMultiStepDraftBackend(MultiStepDraftBackend):
-    """Each step backend re-plans its bound decode wrapper with the fast plan (host indptr)."""
-
-    step_cls = FlashInferAttnBackend
-    share_splits = False
-
-
-class FlashInferMultiStepDraftBackendLegacy(FlashInferMultiStepDraftBackend):
-    step_cls = FlashInferAttnBackendLegacy

@@ -1,7 +1,7 @@
 """The dense oracle as a backend: what every backend's output must equal.
 
 Eager only. It ignores every backend's metadata and derives each request's query rows, key
-range and mask straight from the batch and the request table, per mode (digest §4.6, §4.8),
+range and mask straight from the batch and the request table, per mode (``refimpl.layout``),
 then runs ``kernels.oracle`` in float64:
 
 | mode            | query rows of request i       | keys                                  | mask |
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import layout
 from ..batch import ForwardBatch
 from ..kernels import mha_oracle, mla_oracle
 from ..spec import DraftDecodeInput
@@ -61,7 +62,7 @@ class OracleBackend(AttentionBackend):
             return
         if mode.is_target_verify():
             n = spec.draft_token_num
-            q_rows, kv_lens = [n] * bs, [s + n for s in seq]
+            q_rows, kv_lens = [n] * bs, layout.attended_kv_lens(mode, torch.tensor(seq), n).tolist()
         elif mode.is_decode_or_idle():
             q_rows, kv_lens = [1] * bs, seq
         elif mode.is_extend() or mode.is_any_draft_extend():
@@ -92,35 +93,20 @@ class OracleBackend(AttentionBackend):
         raise NotImplementedError("the oracle runs eagerly only")
 
     def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
-        qo, kv_indptr, kv_indices, mask, mask_indptr, causal = self.forward_metadata
         cache, cfg = self.world.kv_cache, self.cfg
-        dev = lambda t: None if t is None else t.to(q.device)  # noqa: E731
-        args = dict(custom_mask=dev(mask), mask_indptr=dev(mask_indptr), causal=causal)
+        *tensors, causal = self.forward_metadata
+        qo, kv_indptr, kv_indices, mask, mask_indptr = (
+            None if t is None else t.to(q.device) for t in tensors
+        )
+        csr = (qo, kv_indptr, kv_indices, cfg.sm_scale)
+        masks = dict(custom_mask=mask, mask_indptr=mask_indptr, causal=causal)
         if cfg.is_mla:
             cache.set_kv(layer, fb.out_cache_loc, k)
             r = cfg.kv_lora_rank
-            out = mla_oracle(
-                q[..., :r],
-                q[..., r:],
-                cache.kv[layer],
-                dev(qo),
-                dev(kv_indptr),
-                dev(kv_indices),
-                cfg.sm_scale,
-                **args,
-            )
+            out = mla_oracle(q[..., :r], q[..., r:], cache.kv[layer], *csr, **masks)
         else:
             cache.set_kv(layer, fb.out_cache_loc, k, v)
-            out = mha_oracle(
-                q,
-                cache.k[layer],
-                cache.v[layer],
-                dev(qo),
-                dev(kv_indptr),
-                dev(kv_indices),
-                cfg.sm_scale,
-                **args,
-            )
+            out = mha_oracle(q, cache.k[layer], cache.v[layer], *csr, **masks)
         return out.to(q.dtype)
 
 

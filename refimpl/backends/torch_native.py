@@ -3,7 +3,7 @@
 Not one of SGLang's six; it shows the whole contract on one screen so the notebooks can start
 here. Modes under graphs: decode / idle and target verify (FlashInfer-style: the kv range of a
 verify request covers its prefix *and* its N draft tokens, whose KV the step wrote first, and a
-custom mask says which of them each draft row sees; digest §4.6).
+custom mask says which of them each draft row sees; ``refimpl.layout``).
 
 Static buffers (``init_cuda_graph_state``; B = max_bs, T = max_num_tokens, L = max_context_len):
 
@@ -11,8 +11,8 @@ Static buffers (``init_cuda_graph_state``; B = max_bs, T = max_num_tokens, L = m
 |---------------|------------|-------|-------------------------------------------------|
 | kv_indptr     | [B+1]      | int32 | ``[0, cumsum(kv_lens)]``                         |
 | kv_indices    | [B*L]      | int64 | token slots of every request's kv range, packed |
-| custom_mask   | [T*L]      | uint8 | verify only: the spec mask, packed (§4.6)       |
-| mask_indptr   | [B+1]      | int64 | verify only: ``[0, cumsum(N * kv_lens)]``        |
+| custom_mask   | [T*L]      | uint8 | verify only: the spec mask, packed               |
+| mask_indptr   | [B+1]      | int64 | verify only: ``[0, cumsum(N * (seq + N))]``      |
 
 Pattern A: ``capture`` = ``replay`` (fill the buffers) + freeze a metadata object whose tensors
 are views of those buffers and whose ints are bounds valid for any batch of that size
@@ -26,8 +26,14 @@ from typing import Any
 
 import torch
 
+from .. import layout
 from ..batch import ForwardBatch
-from ..kernels import build_kv_indices, dense_paged_attention, dense_paged_mla_attention
+from ..kernels import (
+    build_kv_indices,
+    build_kv_indices_ref,
+    dense_paged_attention,
+    dense_paged_mla_attention,
+)
 from ..modes import ForwardMode
 from ..spec import VerifyInput, require_spec
 from .base import AttentionBackend
@@ -57,7 +63,7 @@ class TorchNativeBackend(AttentionBackend):
 
     # --- shared helpers -----------------------------------------------------------------------
     def _kv_lens(self, mode: ForwardMode, seq_lens: torch.Tensor, n: int) -> torch.Tensor:
-        return seq_lens + n if mode.is_target_verify() else seq_lens  # verify: prefix + N drafts
+        return layout.attended_kv_lens(mode, seq_lens, n)  # verify: prefix + the N drafts
 
     def _graph_num_draft_tokens(self, spec_info: Any) -> int:
         """N as captured (from the SpecConfig); a verify batch must carry the same N."""
@@ -94,8 +100,7 @@ class TorchNativeBackend(AttentionBackend):
         mask = mask_indptr = None
         if spec is not None and spec.custom_mask is not None:
             mask = spec.custom_mask
-            mask_indptr = torch.zeros(bs + 1, dtype=torch.int64, device=self.device)
-            mask_indptr[1:] = torch.cumsum(lens.to(torch.int64) * spec.draft_token_num, 0)
+            mask_indptr = layout.mask_indptr(fb.seq_lens, spec.draft_token_num)
         max_len = int(host_lens.max()) if bs else 1
         self.forward_metadata = TorchNativeMetadata(
             kv_indptr, kv_indices, n, max_len, mask, mask_indptr
@@ -155,7 +160,7 @@ class TorchNativeBackend(AttentionBackend):
                     f"({self.cuda_graph_custom_mask.numel()} = max_num_tokens * max_context_len)"
                 )
             self.cuda_graph_custom_mask[: mask.numel()].copy_(mask)
-            self.cuda_graph_mask_indptr[1 : bs + 1] = torch.cumsum(lens.to(torch.int64) * n, 0)
+            layout.mask_indptr(seq_lens, n, out=self.cuda_graph_mask_indptr)
 
     def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
         md = self.forward_metadata
@@ -170,6 +175,28 @@ class TorchNativeBackend(AttentionBackend):
             state["mask_indptr"] = md.mask_indptr[: bs + 1]
             state["custom_mask"] = md.custom_mask[: int(md.mask_indptr[bs])].to(torch.uint8)
         return state
+
+    def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any]:
+        """From the batch alone: host lengths, ``build_kv_indices_ref``, the spec's own mask."""
+        mode, L = fb.forward_mode, self.world.max_context_len
+        spec = self._verify_spec(mode, fb.spec_info)
+        n = self.spec.num_draft_tokens if spec is not None else 1
+        seq = [int(x) for x in fb.seq_lens_cpu.tolist()]
+        lens = [s + n for s in seq] if spec is not None else seq  # verify: prefix + N drafts
+        lens_t = torch.tensor(lens, dtype=torch.int64)
+        ref = {
+            "kv_indptr": torch.tensor([0] + lens, dtype=torch.int64).cumsum(0),
+            "kv_indices": build_kv_indices_ref(
+                self.world.req_to_token, fb.req_pool_indices, lens_t
+            ),
+            "q_per_req": n,
+            "max_kv_len": L,
+        }
+        if spec is not None and spec.custom_mask is not None:
+            blocks = [n * length for length in lens]  # request i: [N, seq_i + N]
+            ref["mask_indptr"] = torch.tensor([0] + blocks, dtype=torch.int64).cumsum(0)
+            ref["custom_mask"] = spec.custom_mask.to(torch.uint8)  # the live requests' blocks
+        return ref
 
     # --- the captured step --------------------------------------------------------------------
     def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:

@@ -1,9 +1,13 @@
-"""SGLang's Triton attention backend (digest §3.1), unified (Pattern A) and legacy (Pattern C).
+"""SGLang's Triton attention backend, unified (Pattern A) and legacy (Pattern C).
 
-Kernels: refimpl's own Triton kernels, registered as custom ops: the CSR kv-index builder
-(§4.2), split-KV decode with its split-count heuristic (§4.4, §4.5) and the extend kernel for
-target verify / draft extend (prefix KV through ``kv_indices``, the new tokens' KV passed
-directly, tree mask through ``mask_indptr``).
+Upstream: ``python/sglang/srt/layers/attention/triton_backend.py`` (``TritonAttnBackend``);
+unified by #26134 / #26665 (https://github.com/sgl-project/sglang/pull/26665); facts in
+``[facts#triton]``.
+
+Kernels: refimpl's own Triton kernels, registered as custom ops: the CSR kv-index builder,
+split-KV decode with its split-count heuristic and the extend kernel for target verify / draft
+extend (prefix KV through ``kv_indices``, the new tokens' KV passed directly, tree mask through
+``mask_indptr``).
 
 Static buffers (``init_cuda_graph_state``; B = max_bs, T = max_num_tokens, L = max_context_len):
 
@@ -21,11 +25,9 @@ Static buffers (``init_cuda_graph_state``; B = max_bs, T = max_num_tokens, L = m
 Frozen in a graph: the buffer addresses, ``max_kv_splits`` (grid dim 3 of decode stage 1),
 ``max_extend_len`` (the extend kernel's q-block grid), head counts and dims.
 
-Per-mode token layout (uniform strides, §4.9 item 5): decode 1, target verify N, draft extend
-S+1 (v1) or N (v2, #27545). refimpl's ``seq_lens`` always count a request's new rows (see
-``batch.py``), so the extend kernel's prefix is ``seq_lens - rows`` in every extend mode.
-(SGLang's v1 passes ``seq_lens`` without the new rows and v2 subtracts ``extend_seq_lens``:
-the keys are the same.)
+Per-mode row layout and which keys the extend kernel pages in: ``refimpl.layout``
+(``rows_per_request``, ``prefix_kv_lens``; draft extend v2 strides N since #27545, and freezes
+``max_extend_len = N`` as current upstream does).
 """
 
 from __future__ import annotations
@@ -35,12 +37,14 @@ from typing import Any
 
 import torch
 
+from .. import layout
 from ..batch import ForwardBatch, World
 from ..config import SpecConfig
 from ..kernels import build_kv_indices, decode_attention, extend_attention, get_num_kv_splits
 from ..modes import ForwardMode
 from ..spec import DraftDecodeInput, DraftExtendInput, VerifyInput, require_spec
 from .base import AttentionBackend, GraphModeNotSupported
+from .multistep import MultiStepDraftBackend
 
 
 # fmt: off
@@ -64,7 +68,7 @@ class TritonMetadata:
 
 
 def default_core_count(device: torch.device) -> int:
-    """SM count on a GPU (§4.5 'core_count'); a fixed 8 on CPU so CPU runs are reproducible."""
+    """SM count on a GPU (``get_num_kv_splits``' core count); a fixed 8 on CPU (reproducible)."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 8
@@ -121,12 +125,6 @@ class TritonAttnBackend(AttentionBackend):
         if self.spec is None:
             raise ValueError(f"{self.name}: speculative modes need a SpecConfig")
         return self.spec.num_draft_tokens
-
-    def _draft_extend_stride(self, mode: ForwardMode) -> int:
-        """Rows per request in a draft-extend graph: N for v2 (#27545), S+1 for v1."""
-        if self.spec is None:
-            raise ValueError(f"{self.name}: draft extend needs a SpecConfig")
-        return self.spec.num_draft_tokens if mode.is_draft_extend_v2() else self.spec.num_steps + 1
 
     def _splits(self, num_kv_splits: torch.Tensor, seq_lens: torch.Tensor) -> None:
         get_num_kv_splits(
@@ -185,21 +183,20 @@ class TritonAttnBackend(AttentionBackend):
             mask = mask_indptr = None
             if spec.custom_mask is not None:
                 mask = spec.custom_mask
-                mask_indptr = torch.zeros(bs + 1, dtype=torch.int64, device=dev)
-                mask_indptr[1:] = torch.cumsum(n * (seq.to(torch.int64) + n), 0)
+                mask_indptr = layout.mask_indptr(seq, n)
             self.forward_metadata = TritonMetadata(
                 kv_indptr, kv_indices, max_extend_len=n, qo_indptr=qo,
                 custom_mask=mask, mask_indptr=mask_indptr,
             )  # fmt: skip
             return
-        # EXTEND and draft extend: causal over the new rows, prefix = seq_lens - rows
+        # EXTEND and draft extend: causal over the new rows, paged prefix before them
         if mode.is_any_draft_extend():
             rows = require_spec(mode, fb.spec_info, DraftExtendInput).extend_seq_lens
         elif mode.is_extend():
             rows = fb.extend_seq_lens
         else:
             raise ValueError(f"{self.name}: unknown mode {mode}")
-        prefix = seq - rows
+        prefix = layout.prefix_kv_lens(mode, seq, rows)
         qo = torch.zeros(bs + 1, dtype=self.qo_indptr_dtype, device=dev)
         qo[1:] = torch.cumsum(rows, 0)
         kv_indices = fresh_kv(prefix, fb.seq_lens_sum - fb.num_tokens)
@@ -260,13 +257,12 @@ class TritonAttnBackend(AttentionBackend):
                     f"{self.cuda_graph_custom_mask.numel()} (max_num_tokens * max_context_len)"
                 )
             self.cuda_graph_custom_mask[: mask.numel()].copy_(mask)
-        self.mask_indptr[1 : bs + 1] = torch.cumsum(n * (seq_lens.to(torch.int64) + n), 0)
+        layout.mask_indptr(seq_lens, n, out=self.mask_indptr)
 
     def _update_draft_extend_buffers(self, bs, seq_lens, rpi, mode, spec_info) -> None:
-        tpr = self._draft_extend_stride(mode)
+        tpr = layout.rows_per_request(mode, self.spec)
         self.qo_indptr[: bs + 1].copy_(torch.arange(0, bs * tpr + 1, tpr, device=self.device))
-        # prefix = seq_lens - rows; padded rows (seq_len 1 < rows) clamp to an empty prefix
-        kv_lens = torch.clamp(seq_lens[:bs] - tpr, min=0)
+        kv_lens = layout.prefix_kv_lens(mode, seq_lens[:bs], tpr)  # padded rows: empty prefix
         self._fill_kv_indptr_and_indices(bs, kv_lens, rpi[:bs], self.cuda_graph_kv_indices)
 
     def _build_cuda_graph_forward_metadata(self, bs: int, mode: ForwardMode, spec_info: Any):
@@ -289,11 +285,11 @@ class TritonAttnBackend(AttentionBackend):
                 mask_indptr=self.mask_indptr[: bs + 1] if has_mask else None,
             )
         if mode.is_any_draft_extend():
-            # upstream freezes S+1 here for v2 too (digest §3.1 divergence 4); refimpl freezes
-            # the stride the rows are laid out with, which is what the kernel's grid needs
+            # the stride the rows are laid out with (v2: N, as current upstream; the
+            # post-#26665 code froze S+1 for v2 too, which misses rows once N > S+1)
             return TritonMetadata(
                 **kv,
-                max_extend_len=self._draft_extend_stride(mode),
+                max_extend_len=layout.rows_per_request(mode, self.spec),
                 qo_indptr=self.qo_indptr[: bs + 1],
             )
         raise ValueError(f"Invalid forward mode {mode} for a CUDA graph")
@@ -387,15 +383,18 @@ class TritonAttnBackend(AttentionBackend):
 
 # ----------------------------------------------------------------------------------------------
 class TritonAttnBackendLegacy(TritonAttnBackend):
-    """Legacy shape (Pattern C, before #26665): capture and replay are two separate bodies.
+    """Legacy shape (Pattern C, before #26134): capture and replay are two separate inline
+    bodies, written as the code looked before the refactor (none of its helpers), with the
+    historical differences kept on purpose and numbered:
 
-    The historical differences, kept on purpose:
     1. capture never calls ``get_num_kv_splits``: the split buffer still holds
        ``max_kv_splits`` from ``torch.full`` during warm-up and capture (benign: the kernel
        reads the buffer at run time and replay does compute it);
     2. draft-extend replay lays ``qo_indptr`` out by cumulative accept lengths (a ragged
        stride, ``accept_length + 1`` real rows per request) while capture used the uniform
-       stride the rows are actually laid out with: requests after the first read the wrong rows.
+       stride the rows are actually laid out with: requests after the first read the wrong rows;
+    3. draft extend v2 strides ``S + 1`` like v1 (before #27545): with trees (``N > S + 1``)
+       the rows of every request after the first are misread.
     """
 
     variant = "legacy"
@@ -405,47 +404,99 @@ class TritonAttnBackendLegacy(TritonAttnBackend):
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
     ) -> None:
         self.check_graph_mode(forward_mode)
-        rpi, seq = req_pool_indices[:bs], seq_lens[:bs]
-        if forward_mode.is_decode_or_idle() and isinstance(spec_info, DraftDecodeInput):
-            return super().init_forward_metadata_capture_cuda_graph(
-                bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
-            )
+        r2t, dev = self.world.req_to_token, self.device
         if forward_mode.is_decode_or_idle():
-            self._fill_kv_indptr_and_indices(bs, seq, rpi, self.cuda_graph_kv_indices)
+            if isinstance(spec_info, DraftDecodeInput):  # multi-step: the wrapper's rows
+                kv_indptr, kv_indices = spec_info.kv_indptr, spec_info.kv_indices
+            else:
+                kv_indptr, kv_indices = self.kv_indptr, self.cuda_graph_kv_indices
+                kv_indptr[1 : bs + 1] = torch.cumsum(seq_lens[:bs], 0)
+                kv_indptr = kv_indptr[: bs + 1]
+                build_kv_indices(r2t, req_pool_indices[:bs], seq_lens[:bs], kv_indptr, kv_indices)
             # (1) no get_num_kv_splits here
+            self.forward_metadata = TritonMetadata(
+                kv_indptr, kv_indices, attn_logits=self.cuda_graph_attn_logits,
+                attn_lse=self.cuda_graph_attn_lse, num_kv_splits=self.cuda_graph_num_kv_splits,
+            )  # fmt: skip
         elif forward_mode.is_target_verify():
-            self._update_target_verify_buffers(bs, seq_lens, req_pool_indices, spec_info)
+            spec = require_spec(forward_mode, spec_info, VerifyInput)
+            n = self._check_verify_n(spec)
+            self.qo_indptr[: bs + 1] = torch.arange(0, (bs + 1) * n, n, device=dev)
+            self.kv_indptr[1 : bs + 1] = torch.cumsum(seq_lens[:bs], 0)
+            kv_indptr = self.kv_indptr[: bs + 1]
+            build_kv_indices(r2t, req_pool_indices[:bs], seq_lens[:bs], kv_indptr,
+                             self.cuda_graph_kv_indices)  # fmt: skip
+            custom_mask = mask_indptr = None
+            if spec.custom_mask is not None:
+                self.cuda_graph_custom_mask[: spec.custom_mask.numel()].copy_(spec.custom_mask)
+                seq_mask_len = n * (seq_lens[:bs].to(torch.int64) + n)
+                self.mask_indptr[1 : bs + 1] = torch.cumsum(seq_mask_len, 0)
+                custom_mask, mask_indptr = self.cuda_graph_custom_mask, self.mask_indptr[: bs + 1]
+            self.forward_metadata = TritonMetadata(
+                kv_indptr, self.cuda_graph_kv_indices, max_extend_len=n,
+                qo_indptr=self.qo_indptr[: bs + 1], custom_mask=custom_mask, mask_indptr=mask_indptr,
+            )  # fmt: skip
         elif forward_mode.is_any_draft_extend():
-            tpr = self._draft_extend_stride(forward_mode)  # (2) capture: uniform stride
-            self.qo_indptr[: bs + 1].copy_(torch.arange(0, bs * tpr + 1, tpr, device=self.device))
-            kv_lens = torch.clamp(seq - tpr, min=0)
-            self._fill_kv_indptr_and_indices(bs, kv_lens, rpi, self.cuda_graph_kv_indices)
-        self.forward_metadata = self._build_cuda_graph_forward_metadata(bs, forward_mode, spec_info)
+            stride = self.spec.num_steps + 1  # (2) uniform at capture; (3) S+1 for v2 too
+            self.qo_indptr[: bs + 1] = torch.arange(0, bs * stride + 1, stride, device=dev)
+            kv_lens = torch.clamp(seq_lens[:bs] - stride, min=0)  # prefix before the new rows
+            self.kv_indptr[1 : bs + 1] = torch.cumsum(kv_lens, 0)
+            kv_indptr = self.kv_indptr[: bs + 1]
+            build_kv_indices(r2t, req_pool_indices[:bs], kv_lens, kv_indptr,
+                             self.cuda_graph_kv_indices)  # fmt: skip
+            self.forward_metadata = TritonMetadata(
+                kv_indptr, self.cuda_graph_kv_indices, max_extend_len=stride,
+                qo_indptr=self.qo_indptr[: bs + 1],
+            )  # fmt: skip
 
     def init_forward_metadata_replay_cuda_graph(
-        self,
-        bs,
-        req_pool_indices,
-        seq_lens,
-        seq_lens_sum,
-        encoder_lens,
-        forward_mode,
-        spec_info,
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
         seq_lens_cpu,
-    ) -> None:
+    ) -> None:  # fmt: skip
+        r2t, dev = self.world.req_to_token, self.device
         rpi, seq = req_pool_indices[:bs], seq_lens[:bs]
         if forward_mode.is_decode_or_idle():
-            self._fill_kv_indptr_and_indices(bs, seq, rpi, self.cuda_graph_kv_indices)
+            if isinstance(spec_info, DraftDecodeInput):
+                raise AssertionError("Multi-step cuda graph init is not done here.")
+            self.kv_indptr[1 : bs + 1] = torch.cumsum(seq, 0)
+            build_kv_indices(r2t, rpi, seq, self.kv_indptr[: bs + 1], self.cuda_graph_kv_indices)
             self._splits(self.cuda_graph_num_kv_splits[:bs], seq)
         elif forward_mode.is_target_verify():
-            self._update_target_verify_buffers(bs, seq_lens, req_pool_indices, spec_info)
+            spec = require_spec(forward_mode, spec_info, VerifyInput)
+            n = self._check_verify_n(spec)
+            bs = len(req_pool_indices)  # upstream recomputes bs here
+            self.qo_indptr[: bs + 1] = torch.arange(0, (bs + 1) * n, n, device=dev)
+            self.kv_indptr[1 : bs + 1] = torch.cumsum(seq_lens[:bs], 0)
+            build_kv_indices(r2t, req_pool_indices[:bs], seq_lens[:bs],
+                             self.kv_indptr[: bs + 1], self.cuda_graph_kv_indices)  # fmt: skip
+            if spec.custom_mask is not None:
+                self.cuda_graph_custom_mask[: spec.custom_mask.numel()].copy_(spec.custom_mask)
+                seq_mask_len = n * (seq_lens[:bs].to(torch.int64) + n)
+                self.mask_indptr[1 : bs + 1] = torch.cumsum(seq_mask_len, 0)
         elif forward_mode.is_any_draft_extend():
             spec = require_spec(forward_mode, spec_info, DraftExtendInput)
-            tpr = self._draft_extend_stride(forward_mode)
-            real = torch.ones(bs, dtype=torch.int64, device=self.device)  # padded rows: 1
+            stride = self.spec.num_steps + 1  # (3)
+            real = torch.ones(bs, dtype=torch.int64, device=dev)  # padded rows: 1
             real[: spec.accept_length.numel()] = spec.accept_length.to(torch.int64) + 1
             self.qo_indptr[1 : bs + 1] = torch.cumsum(real, 0)  # (2) replay: ragged stride
-            kv_lens = torch.clamp(seq - tpr, min=0)
-            self._fill_kv_indptr_and_indices(bs, kv_lens, rpi, self.cuda_graph_kv_indices)
+            kv_lens = torch.clamp(seq - stride, min=0)
+            self.kv_indptr[1 : bs + 1] = torch.cumsum(kv_lens, 0)
+            build_kv_indices(
+                r2t, rpi, kv_lens, self.kv_indptr[: bs + 1], self.cuda_graph_kv_indices
+            )
         else:
             raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")
+
+
+# ----------------------------------------------------------------------------------------------
+class TritonMultiStepDraftBackend(MultiStepDraftBackend):
+    """Multi-step draft decode over unified Triton step backends: one split buffer, shared."""
+
+    step_cls = TritonAttnBackend
+
+
+class TritonMultiStepDraftBackendLegacy(MultiStepDraftBackend):
+    """Over legacy step backends; capture skips the split counts, as upstream's does."""
+
+    step_cls = TritonAttnBackendLegacy
+    compute_splits_at_capture = False

@@ -1,4 +1,7 @@
-"""SGLang's Wave attention backend (digest §3.3), unified (Pattern A) and legacy (Pattern C).
+"""SGLang's Wave attention backend, unified (Pattern A) and legacy (Pattern C).
+
+Upstream: ``python/sglang/srt/layers/attention/wave_backend.py`` (``WaveAttnBackend``); the
+refactor that unified it is #26134 / #26665; facts in ``[facts#wave]``.
 
 SGLang's Wave kernels (wave_lang) target AMD GPUs. refimpl runs Wave's *buffer layout and hook
 logic* on refimpl's Triton kernels (the same split-KV decode and extend kernels as the Triton
@@ -12,8 +15,9 @@ backend), so what differs from ``triton.py`` is exactly what differs upstream:
 | cuda_graph_num_kv_splits | [B], Wave's own copy          | [T] (shareable)         |
 | cuda_graph_custom_mask   | [T*L] uint8 (see below)       | [T*L] uint8             |
 
-Deviation, on purpose: the digest records Wave's mask buffer as ``[B*L]``; a verify batch of B
-requests needs ``sum N*(seq+N)`` entries, up to ``B*N*L``, so refimpl sizes it by tokens.
+Deviation, on purpose: upstream sizes Wave's mask buffer ``[B*L]``; a verify batch of B
+requests needs ``sum N*(seq+N)`` entries, up to ``B*N*L``, so refimpl sizes it by tokens
+(``[facts#where-refimpl-deliberately-differs-from-upstream]``).
 
 Graph modes: decode / idle, target verify, multi-step draft decode (through the multi-step
 wrapper, chains only: the decode buffers hold B rows). Draft extend is **not supported** under
@@ -27,9 +31,12 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels import build_kv_indices
 from ..modes import ForwardMode
 from ..spec import DraftDecodeInput, VerifyInput, require_spec
-from .triton import TritonAttnBackend
+from .base import GraphModeNotSupported
+from .multistep import MultiStepDraftBackend
+from .triton import TritonAttnBackend, TritonMetadata
 
 
 class WaveAttnBackend(TritonAttnBackend):
@@ -63,7 +70,7 @@ class WaveAttnBackend(TritonAttnBackend):
 
     def _update_target_verify_buffers(self, bs, seq_lens, rpi, spec_info) -> None:
         spec = require_spec(ForwardMode.TARGET_VERIFY, spec_info, VerifyInput)
-        if spec.custom_mask is None:  # Wave's replay copies the mask unconditionally (§3.3)
+        if spec.custom_mask is None:  # Wave's replay copies the mask unconditionally ([facts#wave])
             raise ValueError("wave: target verify under graphs needs a tree mask (custom_mask)")
         super()._update_target_verify_buffers(bs, seq_lens, rpi, spec)
 
@@ -94,7 +101,12 @@ class WaveAttnBackend(TritonAttnBackend):
 
 
 class WaveAttnBackendLegacy(WaveAttnBackend):
-    """Pattern C: capture fills the kv buffers but never computes the split counts (#26134)."""
+    """Pattern C (before #26134): two inline bodies, as the code looked before the refactor.
+
+    1. capture fills the kv buffers but never computes the split counts: the buffer keeps
+       ``max_kv_splits`` from init while replay computes them (the divergence #26134 names);
+    2. verify replay copies the spec's mask unconditionally (no mask: it fails).
+    """
 
     variant = "legacy"
     pattern = "C"
@@ -103,13 +115,87 @@ class WaveAttnBackendLegacy(WaveAttnBackend):
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
     ) -> None:
         self.check_graph_mode(forward_mode)
-        if forward_mode.is_decode_or_idle() and not isinstance(spec_info, DraftDecodeInput):
-            self._update_decode_kv_buffers(bs, seq_lens, req_pool_indices)
-            # the bug: no get_num_kv_splits; the buffer keeps max_kv_splits from init
-            self.forward_metadata = self._build_cuda_graph_forward_metadata(
-                bs, forward_mode, spec_info
+        r2t = self.world.req_to_token
+        if forward_mode.is_decode_or_idle():
+            if isinstance(spec_info, DraftDecodeInput):  # multi-step: the wrapper's rows
+                kv_indptr, kv_indices = spec_info.kv_indptr, spec_info.kv_indices
+            else:
+                kv_indptr, kv_indices = self.kv_indptr, self.cuda_graph_kv_indices
+                kv_indptr[1 : bs + 1] = torch.cumsum(seq_lens[:bs], 0)
+                kv_indptr = kv_indptr[: bs + 1]
+                build_kv_indices(r2t, req_pool_indices[:bs], seq_lens[:bs], kv_indptr, kv_indices)
+            # (1) no get_num_kv_splits: the buffer keeps max_kv_splits from init
+            self.forward_metadata = TritonMetadata(
+                kv_indptr, kv_indices, attn_logits=self.cuda_graph_attn_logits,
+                attn_lse=self.cuda_graph_attn_lse, num_kv_splits=self.cuda_graph_num_kv_splits,
+            )  # fmt: skip
+        elif forward_mode.is_target_verify():
+            spec = require_spec(forward_mode, spec_info, VerifyInput)
+            n = self._check_verify_n(spec)
+            self.qo_indptr[: bs + 1] = torch.arange(0, (bs + 1) * n, n, device=self.device)
+            self.kv_indptr[1 : bs + 1] = torch.cumsum(seq_lens[:bs], 0)
+            kv_indptr = self.kv_indptr[: bs + 1]
+            build_kv_indices(r2t, req_pool_indices[:bs], seq_lens[:bs], kv_indptr,
+                             self.cuda_graph_kv_indices)  # fmt: skip
+            self.cuda_graph_custom_mask[: spec.custom_mask.numel()].copy_(spec.custom_mask)
+            seq_mask_len = n * (seq_lens[:bs].to(torch.int64) + n)
+            self.mask_indptr[1 : bs + 1] = torch.cumsum(seq_mask_len, 0)
+            self.forward_metadata = TritonMetadata(
+                kv_indptr, self.cuda_graph_kv_indices, max_extend_len=n,
+                qo_indptr=self.qo_indptr[: bs + 1], custom_mask=self.cuda_graph_custom_mask,
+                mask_indptr=self.mask_indptr[: bs + 1],
+            )  # fmt: skip
+
+    def init_forward_metadata_replay_cuda_graph(
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
+        seq_lens_cpu,
+    ) -> None:  # fmt: skip
+        r2t = self.world.req_to_token
+        if forward_mode.is_decode_or_idle():
+            if isinstance(spec_info, DraftDecodeInput):
+                n = spec_info.kv_indptr.numel()
+                self.kv_indptr[:n].copy_(spec_info.kv_indptr)
+                m = spec_info.kv_indices.numel()
+                self.cuda_graph_kv_indices[:m].copy_(spec_info.kv_indices)
+                num_token = n - 1
+            else:
+                self.kv_indptr[1 : bs + 1] = torch.cumsum(seq_lens[:bs], 0)
+                build_kv_indices(r2t, req_pool_indices[:bs], seq_lens[:bs],
+                                 self.kv_indptr[: bs + 1], self.cuda_graph_kv_indices)  # fmt: skip
+                num_token = bs
+            self._splits(self.cuda_graph_num_kv_splits[:num_token], seq_lens[:bs])
+        elif forward_mode.is_target_verify():
+            spec = require_spec(forward_mode, spec_info, VerifyInput)
+            n = self._check_verify_n(spec)
+            bs = len(req_pool_indices)  # upstream recomputes bs here
+            self.qo_indptr[: bs + 1] = torch.arange(0, (bs + 1) * n, n, device=self.device)
+            self.kv_indptr[1 : bs + 1] = torch.cumsum(seq_lens[:bs], 0)
+            build_kv_indices(r2t, req_pool_indices[:bs], seq_lens[:bs],
+                             self.kv_indptr[: bs + 1], self.cuda_graph_kv_indices)  # fmt: skip
+            mask = spec.custom_mask  # (2) copied unconditionally
+            self.cuda_graph_custom_mask[: mask.numel()].copy_(mask)
+            seq_mask_len = n * (seq_lens[:bs].to(torch.int64) + n)
+            self.mask_indptr[1 : bs + 1] = torch.cumsum(seq_mask_len, 0)
+        else:
+            raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")
+
+
+# ----------------------------------------------------------------------------------------------
+class WaveMultiStepDraftBackend(MultiStepDraftBackend):
+    """Each step's replay copies the wrapper's rows into Wave's buffers and computes splits."""
+
+    step_cls = WaveAttnBackend
+    share_splits = False
+
+    def check_graph_mode(self, mode: ForwardMode) -> None:
+        super().check_graph_mode(mode)
+        if self.topk > 1:
+            raise GraphModeNotSupported(
+                f"wave sizes its decode buffers by max_bs, so multi-step draft decode with "
+                f"topk={self.topk} (bs*topk rows) does not fit; chains only"
             )
-            return
-        super().init_forward_metadata_capture_cuda_graph(
-            bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
-        )
+
+
+class WaveMultiStepDraftBackendLegacy(WaveMultiStepDraftBackend):
+    step_cls = WaveAttnBackendLegacy
+    compute_splits_at_capture = False

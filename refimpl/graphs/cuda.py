@@ -1,13 +1,13 @@
 """The real thing: ``torch.cuda.CUDAGraph`` behind the same contract as the emulator.
 
 What this engine adds to a bare ``torch.cuda.graph`` block (PyTorch "CUDA Graphs" notes,
-SGLang's ``CudaGraphRunner.capture``, digest §1.4):
+SGLang's ``CudaGraphRunner.capture``, [facts#capture]):
 
 - warm-up runs happen on a side stream, so lazy initialisation (cuBLAS handles, Triton
   compilation, allocator growth) is not captured;
 - every graph of an engine shares one memory pool (``graph.pool()`` of the first capture), and
   the runner captures the largest batch first so smaller graphs reuse its blocks;
-- while capturing, the op names are listed by the emulator's recorder in naming-only mode, so
+- while capturing, the op names are listed by the shared op recorder (``recorder.py``) in naming-only mode, so
   ``kernels()`` works on both engines.
 """
 
@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from .emulator import record_ops
 from .engine import Graph, GraphCaptureError, GraphEngine
+from .recorder import record_ops
 
 
 class CUDAGraphHandle(Graph):

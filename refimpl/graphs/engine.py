@@ -72,7 +72,7 @@ class GraphEngine(ABC):
     def new_graph(self) -> Graph: ...
 
     def warmup(self, fn: Callable[[], Any], n: int) -> None:
-        """Run the step ``n`` times eagerly before capture (SGLang runs it twice, §1.4)."""
+        """Run the step ``n`` times eagerly before capture (SGLang runs it twice, [facts#capture])."""
         for _ in range(n):
             fn()
 

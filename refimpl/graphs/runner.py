@@ -1,22 +1,24 @@
 """The graph runner: one graph per captured batch size, padding, eager fallback.
 
-Follows SGLang's ``CudaGraphRunner`` (digest §1):
+Follows SGLang's ``CudaGraphRunner`` (``python/sglang/srt/model_executor/cuda_graph_runner.py``;
+facts in ``[facts#the-graph-runner]``):
 
 * **Static inputs** are allocated once, sized for the largest batch: ``input_ids``,
-  ``positions``, ``out_cache_loc`` ``[max_bs * tokens_per_req]``, ``req_pool_indices`` and
-  ``seq_lens`` ``[max_bs]`` (+ a host mirror ``seq_lens_cpu``). The backend allocates its own
-  graph buffers in ``init_cuda_graph_state(max_bs, max_num_tokens)``.
-* **Capture**, largest batch first (smaller graphs reuse the shared pool's blocks): slice the
-  static inputs to ``[:bs]``, call the backend's capture hook *outside* the graph, warm up, then
-  capture the step.
-* **Replay**: pick the smallest captured ``bs >= raw_bs``; when padding, reset the static
-  inputs so padded rows have ``seq_len = fill value``, request slot 0 and cache slot 0 (they
-  write their KV into the reserved slot 0, never a live request's slots); copy the live batch
-  into the prefixes; call the backend's replay hook; ``graph.replay()``; slice the outputs.
+  ``positions`` ``[max_bs * rows_per_request]``, ``out_cache_loc`` (one slot per row, S per row
+  in multi-step draft decode), ``req_pool_indices`` and ``seq_lens`` ``[max_bs]`` (+ a host
+  mirror ``seq_lens_cpu``). At rest every row is a padded row (``refimpl.layout``). The backend
+  allocates its own graph buffers in ``init_cuda_graph_state(max_bs, max_num_tokens)``.
+* **Capture**, largest batch first (smaller graphs reuse the shared pool's blocks): the static
+  inputs sliced to ``[:bs]`` make the capture batch; the backend's capture hook runs on it
+  *outside* the graph; warm-up; then the step is captured.
+* **Replay**: pick the smallest captured ``bs >= raw_bs``; load the batch into the static
+  inputs (padded rows reset to fill value / request slot 0 / cache slot 0 when padding); the
+  backend's replay hook; ``graph.replay()``; slice the outputs.
 * **Fallback**: a batch that cannot run as a graph runs eagerly, and the runner says why.
 
-Tokens per request (§1.2): decode 1, target verify N, draft extend S+1 (v1) or N (v2),
-multi-step draft decode topk.
+The checker drives the runner through ``capture_batch(bs)`` (what capture fed the backend),
+``padded_batch(fb)`` (what a replay of ``fb`` feeds it) and the two hook adapters
+``call_capture_hook`` / ``call_replay_hook`` (SGLang's argument lists, from a batch).
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ from typing import Any
 
 import torch
 
+from .. import layout
 from ..batch import ForwardBatch
 from ..config import GraphConfig, SpecConfig
 from ..modes import ForwardMode
-from ..spec import DraftDecodeInput, DraftExtendInput, VerifyInput
+from ..spec import dummy_spec_input
 from .engine import GraphEngine, GraphReplayError
 
 
@@ -53,6 +56,21 @@ class RunResult:
     fallback_reason: str | None = None
 
 
+# --- the backend hooks, called from a batch (SGLang's argument lists) ----------------------------
+def call_capture_hook(backend, fb: ForwardBatch) -> None:
+    backend.init_forward_metadata_capture_cuda_graph(
+        fb.batch_size, fb.num_tokens, fb.req_pool_indices, fb.seq_lens, None, fb.forward_mode,
+        fb.spec_info,
+    )  # fmt: skip
+
+
+def call_replay_hook(backend, fb: ForwardBatch) -> None:
+    backend.init_forward_metadata_replay_cuda_graph(
+        fb.batch_size, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_sum, None, fb.forward_mode,
+        fb.spec_info, fb.seq_lens_cpu,
+    )  # fmt: skip
+
+
 class GraphRunner:
     def __init__(
         self,
@@ -66,19 +84,15 @@ class GraphRunner:
     ):
         if not mode.is_graph_mode():
             raise ValueError(f"{mode.label} is never captured; run it eagerly")
-        if mode.has_multi_token_queries() and spec_cfg is None:
-            raise ValueError(f"{mode.label} needs a SpecConfig (draft tokens per request)")
         self.model, self.backend, self.engine = model, backend, engine
         self.mode, self.graph_cfg, self.spec_cfg = mode, graph_cfg, spec_cfg
         self.multi_step_draft = multi_step_draft
         self.world = backend.world
         self.device = self.world.device
-        if spec_cfg is not None and mode.is_graph_mode():
-            self.tokens_per_req = spec_cfg.tokens_per_request(mode, multi_step_draft)
-        else:
-            self.tokens_per_req = 1
-        # multi-step draft decode writes one KV slot per branch per step
-        self.locs_per_req = self.tokens_per_req * (spec_cfg.num_steps if multi_step_draft else 1)
+        self.tokens_per_req = layout.rows_per_request(mode, spec_cfg, multi_step_draft)
+        self.locs_per_req = self.tokens_per_req * layout.cache_writes_per_row(
+            spec_cfg, multi_step_draft
+        )
         self.capture_bs = graph_cfg.batch_sizes()
         if self.world.req_to_token_pool.size <= max(self.capture_bs):
             raise ValueError(
@@ -88,54 +102,102 @@ class GraphRunner:
         self.max_bs = max(self.capture_bs)
         self.max_num_tokens = self.max_bs * self.tokens_per_req
         self.fill_value = backend.get_cuda_graph_seq_len_fill_value()
-        self._alloc_static_inputs()
+        static = self._rest_inputs(self.max_bs)
+        self.input_ids, self.positions = static["input_ids"], static["positions"]
+        self.req_pool_indices, self.out_cache_loc = (
+            static["req_pool_indices"],
+            static["out_cache_loc"],
+        )
+        self.seq_lens, self.seq_lens_cpu = static["seq_lens"], static["seq_lens_cpu"]
         backend.init_cuda_graph_state(self.max_bs, self.max_num_tokens)
         self.graphs: dict[int, Any] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.capture_records: list[CaptureRecord] = []
 
-    # --- static inputs ------------------------------------------------------------------------
-    def _alloc_static_inputs(self) -> None:
-        B, T, dev = self.max_bs, self.max_num_tokens, self.device
+    # --- inputs -------------------------------------------------------------------------------
+    def _rest_inputs(self, bs: int) -> dict[str, torch.Tensor]:
+        """Fresh input tensors for ``bs`` rows, every one a padded row (``refimpl.layout``)."""
+        n, dev = bs * self.tokens_per_req, self.device
         i64 = dict(dtype=torch.int64, device=dev)
-        self.input_ids = torch.zeros(T, **i64)  # [T] int64
-        self.positions = torch.zeros(T, **i64)  # [T] int64
-        self.out_cache_loc = torch.zeros(B * self.locs_per_req, **i64)  # 0 = the reserved slot
-        self.req_pool_indices = torch.zeros(B, **i64)  # 0 = the reserved request row
-        self.seq_lens = torch.full((B,), self.fill_value, dtype=torch.int32, device=dev)
-        self.seq_lens_cpu = torch.full((B,), self.fill_value, dtype=torch.int32)
+        return {
+            "input_ids": torch.zeros(n, **i64),  # [n] int64
+            "positions": torch.zeros(n, **i64),  # [n] int64
+            "req_pool_indices": torch.full((bs,), layout.PAD_REQ_SLOT, **i64),  # [bs] int64
+            "seq_lens": torch.full((bs,), self.fill_value, dtype=torch.int32, device=dev),
+            "seq_lens_cpu": torch.full((bs,), self.fill_value, dtype=torch.int32),  # host
+            "out_cache_loc": torch.full((bs * self.locs_per_req,), layout.PAD_CACHE_SLOT, **i64),
+        }
 
-    def _static_batch(self, bs: int, spec_info: Any, raw_bs: int | None = None) -> ForwardBatch:
+    def _batch(self, inputs: dict, bs: int, seq_lens_sum: int, spec_info: Any) -> ForwardBatch:
         n = bs * self.tokens_per_req
         return ForwardBatch(
             forward_mode=self.mode,
             batch_size=bs,
-            input_ids=self.input_ids[:n],
-            positions=self.positions[:n],
-            req_pool_indices=self.req_pool_indices[:bs],
-            seq_lens=self.seq_lens[:bs],
-            seq_lens_cpu=self.seq_lens_cpu[:bs],
-            out_cache_loc=self.out_cache_loc[: bs * self.locs_per_req],
-            seq_lens_sum=int(self.seq_lens_cpu[:bs].sum()),
+            input_ids=inputs["input_ids"][:n],
+            positions=inputs["positions"][:n],
+            req_pool_indices=inputs["req_pool_indices"][:bs],
+            seq_lens=inputs["seq_lens"][:bs],
+            seq_lens_cpu=inputs["seq_lens_cpu"][:bs],
+            out_cache_loc=inputs["out_cache_loc"][: bs * self.locs_per_req],
+            seq_lens_sum=seq_lens_sum,
             world=self.world,
             spec_info=spec_info,
         )
 
+    def _static(self) -> dict[str, torch.Tensor]:
+        return {
+            "input_ids": self.input_ids, "positions": self.positions,
+            "req_pool_indices": self.req_pool_indices, "seq_lens": self.seq_lens,
+            "seq_lens_cpu": self.seq_lens_cpu, "out_cache_loc": self.out_cache_loc,
+        }  # fmt: skip
+
+    def _write_inputs(self, dst: dict[str, torch.Tensor], fb: ForwardBatch, bs: int) -> None:
+        """Copy ``fb``'s live rows into the prefixes of ``dst`` (whose other rows are padded)."""
+        raw_bs, n = fb.batch_size, fb.num_tokens
+        dst["input_ids"][:n].copy_(fb.input_ids)
+        dst["positions"][:n].copy_(fb.positions)
+        if self.multi_step_draft:  # [step][seq][branch]: each step's block starts at step*rows
+            steps = self.spec_cfg.num_steps
+            view = dst["out_cache_loc"][: bs * self.locs_per_req].view(steps, -1)
+            view[:, :n].copy_(fb.out_cache_loc.view(steps, n))
+        else:
+            dst["out_cache_loc"][: fb.out_cache_loc.numel()].copy_(fb.out_cache_loc)
+        dst["req_pool_indices"][:raw_bs].copy_(fb.req_pool_indices)
+        dst["seq_lens"][:raw_bs].copy_(fb.seq_lens)
+        dst["seq_lens_cpu"][:raw_bs].copy_(fb.seq_lens_cpu)
+
+    def capture_batch(self, bs: int) -> ForwardBatch:
+        """The batch the capture hook of size ``bs`` sees: all padded rows + a dummy spec input."""
+        spec = dummy_spec_input(
+            self.mode, bs, self.spec_cfg, self.fill_value, self.device, self.multi_step_draft
+        )
+        return self._batch(self._rest_inputs(bs), bs, bs * self.fill_value, spec)
+
+    def padded_batch(self, fb: ForwardBatch) -> ForwardBatch:
+        """What a replay of ``fb`` feeds the backend: ``fb`` padded to its captured size."""
+        bs = self.pick_bs(fb.batch_size)
+        inputs = self._rest_inputs(bs)
+        self._write_inputs(inputs, fb, bs)
+        total = layout.padded_seq_lens_sum(fb.seq_lens_sum, fb.batch_size, bs, self.fill_value)
+        return self._batch(inputs, bs, total, fb.spec_info)
+
     # --- capture ------------------------------------------------------------------------------
     def capture(self, progress: bool = False) -> list[CaptureRecord]:
         self.backend.check_graph_mode(self.mode)
-        order = sorted(self.capture_bs, reverse=True)  # largest first: memory reuse (§1.4)
+        order = sorted(self.capture_bs, reverse=True)  # largest first: memory reuse
         if progress:
             from tqdm.auto import tqdm
 
             order = tqdm(order, desc=f"capture {self.mode.label}")
+        static = self._static()
         for bs in order:
             t0, mem0 = time.perf_counter(), self.engine.memory_in_use()
-            spec_info = capture_spec_input(self.mode, bs, self)
-            fb = self._static_batch(bs, spec_info)
-            self.backend.init_forward_metadata_capture_cuda_graph(
-                bs, fb.num_tokens, fb.req_pool_indices, fb.seq_lens, None, self.mode, spec_info
-            )
+            layout.reset_padded_rows(
+                self.req_pool_indices, self.seq_lens, self.seq_lens_cpu, self.out_cache_loc,
+                self.fill_value,
+            )  # fmt: skip
+            fb = self._batch(static, bs, bs * self.fill_value, self.capture_batch(bs).spec_info)
+            call_capture_hook(self.backend, fb)
 
             def run_once(fb=fb):
                 return self.model(fb, self.backend)
@@ -145,15 +207,11 @@ class GraphRunner:
             self.outputs[bs] = graph.capture(run_once)
             self.graphs[bs] = graph
             self.engine.synchronize()
+            mem1 = self.engine.memory_in_use()
             self.capture_records.append(
-                CaptureRecord(
-                    bs,
-                    time.perf_counter() - t0,
-                    mem1 := self.engine.memory_in_use(),
-                    None if mem1 is None else mem1 - mem0,
-                    dict(graph.custom_kernels()),
-                )
-            )
+                CaptureRecord(bs, time.perf_counter() - t0, mem1,
+                              None if mem1 is None else mem1 - mem0, dict(graph.custom_kernels()))
+            )  # fmt: skip
         return self.capture_records
 
     # --- replay -------------------------------------------------------------------------------
@@ -203,37 +261,18 @@ class GraphRunner:
     def _replay(self, fb: ForwardBatch) -> torch.Tensor:
         """The replay path proper (``can_run`` already said yes)."""
         fb.validate()
-        raw_bs, n = fb.batch_size, fb.num_tokens
-        bs = self.pick_bs(raw_bs)
-        if bs != raw_bs:  # padded rows: fill value, request 0, cache slot 0 (§1.5 step 2)
-            self.seq_lens.fill_(self.fill_value)
-            self.seq_lens_cpu.fill_(self.fill_value)
-            self.out_cache_loc.zero_()
-            self.req_pool_indices.zero_()
-        self.input_ids[:n].copy_(fb.input_ids)
-        self.positions[:n].copy_(fb.positions)
-        if self.multi_step_draft:  # [step][seq][branch]: each step's block starts at step*rows
-            steps = self.spec_cfg.num_steps
-            static = self.out_cache_loc[: bs * self.locs_per_req].view(steps, -1)
-            static[:, :n].copy_(fb.out_cache_loc.view(steps, n))
-        else:
-            self.out_cache_loc[: fb.out_cache_loc.numel()].copy_(fb.out_cache_loc)
-        self.req_pool_indices[:raw_bs].copy_(fb.req_pool_indices)
-        self.seq_lens[:raw_bs].copy_(fb.seq_lens)
-        self.seq_lens_cpu[:raw_bs].copy_(fb.seq_lens_cpu)
-        seq_lens_sum = fb.seq_lens_sum + (bs - raw_bs) * self.fill_value
-        self.backend.init_forward_metadata_replay_cuda_graph(
-            bs,
-            self.req_pool_indices[:bs],
-            self.seq_lens[:bs],
-            seq_lens_sum,
-            None,
-            self.mode,
-            fb.spec_info,
-            self.seq_lens_cpu[:bs],
-        )
+        bs = self.pick_bs(fb.batch_size)
+        if bs != fb.batch_size:  # padded rows: fill value, request 0, cache slot 0
+            layout.reset_padded_rows(
+                self.req_pool_indices, self.seq_lens, self.seq_lens_cpu, self.out_cache_loc,
+                self.fill_value,
+            )  # fmt: skip
+        static = self._static()
+        self._write_inputs(static, fb, bs)
+        total = layout.padded_seq_lens_sum(fb.seq_lens_sum, fb.batch_size, bs, self.fill_value)
+        call_replay_hook(self.backend, self._batch(static, bs, total, fb.spec_info))
         self.graphs[bs].replay()
-        return self.outputs[bs][:n]
+        return self.outputs[bs][: fb.num_tokens]
 
     def eager(self, fb: ForwardBatch) -> torch.Tensor:
         fb.validate()
@@ -246,30 +285,3 @@ class GraphRunner:
         if ok:
             return RunResult(self._replay(fb), True, self.pick_bs(fb.batch_size))
         return RunResult(self.eager(fb), False, None, why)
-
-
-def capture_spec_input(mode: ForwardMode, bs: int, runner: GraphRunner) -> Any:
-    """A plausible spec input for the dummy capture batch (every row: seq_len = fill value)."""
-    spec, dev = runner.spec_cfg, runner.device
-    if mode.is_target_verify():
-        n = spec.num_draft_tokens
-        seq = runner.fill_value
-        # request block [N, seq + N]: prefix all ones, then a causal chain over the drafts
-        block = torch.cat(
-            [torch.ones(n, seq, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()], 1
-        )
-        return VerifyInput(n, block.flatten().repeat(bs).to(dev), topk=spec.topk)
-    if mode.is_any_draft_extend():
-        version = 2 if mode.is_draft_extend_v2() else 1
-        tpr = runner.tokens_per_req
-        zeros = torch.zeros(bs, dtype=torch.int32, device=dev)
-        return DraftExtendInput(
-            version=version,
-            accept_length=zeros,
-            accept_length_cpu=[0] * bs,
-            extend_seq_lens=torch.full((bs,), tpr, dtype=torch.int32, device=dev),
-            num_tokens_per_req=tpr,
-        )
-    if mode.is_decode_or_idle() and runner.multi_step_draft:
-        return DraftDecodeInput(topk=spec.topk, num_steps=spec.num_steps)
-    return None

@@ -1,11 +1,11 @@
 """Kernels as registered torch custom ops, their pure-torch references, and the dense oracle.
 
-- ``indices``: CSR kv-index builder (digest §4.2) and paged block-table builder (§4.3), Triton.
-- ``attention``: graph-safe dense paged attention, MHA/GQA and MLA, plain torch (§4.1, §4.6).
+- ``indices``: CSR kv-index builder and paged block-table builder, Triton.
+- ``attention``: graph-safe dense paged attention, MHA/GQA and MLA, plain torch.
 - ``oracle``: float64 reference attention over ragged batches, for tests.
-- ``triton_decode``: split-KV decode (stage 1 + merge) and the split-count heuristic (§4.4, §4.5).
+- ``triton_decode``: split-KV decode (stage 1 + merge) and the split-count heuristic.
 - ``triton_extend``: extend attention for target verify / draft extend (prefix paged, new k/v direct).
-- ``draft_indices``: multi-step draft-decode kv index generator (§4.8).
+- ``draft_indices``: multi-step draft-decode kv index generator.
 
 Every op is one ``torch.library.custom_op``: a ``TorchDispatchMode`` recorder sees exactly one
 ``refimpl.<name>.default`` per launch (names in ``KERNEL_OPS``).

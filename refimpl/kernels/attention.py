@@ -1,14 +1,16 @@
 """Graph-safe dense paged attention in plain torch (MHA/GQA and MLA), as registered custom ops.
 
-The "hello world" backend's kernel. It reads the KV cache through CSR indices (digest §4.2) and
-supports the target-verify custom mask layout (§4.6); MLA reads the one-buffer latent|rope cache
-of §4.1. Everything has a *fixed shape* so it can live inside a CUDA graph:
+The "hello world" backend's kernel. It reads the KV cache through CSR indices and supports the
+target-verify custom mask layout ([facts#target-verify-custom-mask]); MLA reads the one-buffer
+latent|rope cache
+of [facts#memory-pools]. Everything has a *fixed shape* so it can live inside a CUDA graph:
 
 - every request gets a ``[max_kv_len]`` window of key positions ``kv_indptr[i] + t``; positions
   ``t >= kv_len_i`` are clamped to a safe index, their values zeroed and their scores set to
   -inf, so garbage (even NaN) in unread cache slots or in ``kv_indices`` past ``kv_indptr[bs]``
   cannot leak into the result;
-- queries use the uniform layout of §1.2: request i owns rows ``i*q_per_req : (i+1)*q_per_req``;
+- queries use the uniform layout of ``refimpl.layout``: request i owns rows
+  ``i*q_per_req : (i+1)*q_per_req``;
 - ``max_kv_len`` and ``q_per_req`` are Python ints, frozen when a graph captures the op. The
   caller guarantees ``kv_len_i <= max_kv_len`` (keys beyond the window are silently ignored).
 
@@ -20,10 +22,10 @@ Compute is float32; a row with no visible key writes zeros.
 
 import torch
 
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_INDEX_DTYPES = (torch.int32, torch.int64)
-_MASK_DTYPES = (torch.bool, torch.uint8)
-
+from ._checks import FLOAT_DTYPES as _FLOAT_DTYPES
+from ._checks import INDEX_DTYPES as _INDEX_DTYPES
+from ._checks import check as _check
+from ._checks import check_float, check_int, check_mask, check_paged_qkvo, check_tensor
 
 # ----------------------------------------------------------------------------------------------
 # shared gather / mask / softmax (used by both ops)
@@ -94,16 +96,8 @@ def _masked_attention(
 # shared validation (shapes / dtypes / devices only: graph-safe)
 
 
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
-
-
 def _check_dtype(t: torch.Tensor, name: str, allowed: tuple) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    names = " / ".join(str(d) for d in allowed)
-    _check(t.dtype in allowed, f"{name}.dtype={t.dtype}: must be one of {names}")
+    check_tensor(t, name, allowed)
 
 
 def _check_window_args(
@@ -118,44 +112,18 @@ def _check_window_args(
     device: torch.device,
 ) -> None:
     """Checks shared by both ops: CSR tensors, window sizes, mask tensors, devices."""
-    _check(
-        isinstance(max_kv_len, int) and max_kv_len >= 1, f"max_kv_len={max_kv_len!r}: must be >= 1"
-    )
-    _check(isinstance(q_per_req, int) and q_per_req >= 1, f"q_per_req={q_per_req!r}: must be >= 1")
-    _check(isinstance(sm_scale, (int, float)), f"sm_scale={sm_scale!r}: must be a float")
+    check_int(max_kv_len, "max_kv_len", 1)
+    check_int(q_per_req, "q_per_req", 1)
+    check_float(sm_scale, "sm_scale")
     for name, t in (("kv_indptr", kv_indptr), ("kv_indices", kv_indices)):
-        _check_dtype(t, name, _INDEX_DTYPES)
-        _check(t.dim() == 1, f"{name}.shape={tuple(t.shape)}: must be 1-D")
-        _check(t.shape[0] >= 1, f"{name}.shape[0]={t.shape[0]}: must be >= 1")
+        check_tensor(t, name, _INDEX_DTYPES, 1, device, min_len=1)
     bs = kv_indptr.shape[0] - 1
     _check(
         q_rows == bs * q_per_req,
         f"q.shape[0]={q_rows}: must equal bs * q_per_req = {bs} * {q_per_req} "
         "(bs = kv_indptr.numel() - 1)",
     )
-    if (custom_mask is None) != (mask_indptr is None):
-        raise ValueError(
-            f"custom_mask is {'None' if custom_mask is None else 'set'} but mask_indptr is "
-            f"{'None' if mask_indptr is None else 'set'}: pass both or neither"
-        )
-    if custom_mask is not None:
-        _check_dtype(custom_mask, "custom_mask", _MASK_DTYPES)
-        _check(custom_mask.dim() == 1, f"custom_mask.shape={tuple(custom_mask.shape)}: must be 1-D")
-        _check(custom_mask.shape[0] >= 1, "custom_mask.shape[0]=0: must be >= 1")
-        _check_dtype(mask_indptr, "mask_indptr", _INDEX_DTYPES)
-        _check(mask_indptr.dim() == 1, f"mask_indptr.shape={tuple(mask_indptr.shape)}: must be 1-D")
-        _check(
-            mask_indptr.shape[0] >= bs + 1,
-            f"mask_indptr.shape[0]={mask_indptr.shape[0]}: must be >= bs + 1 = {bs + 1}",
-        )
-    for name, t in (
-        ("kv_indptr", kv_indptr),
-        ("kv_indices", kv_indices),
-        ("custom_mask", custom_mask),
-        ("mask_indptr", mask_indptr),
-    ):
-        if t is not None:
-            _check(t.device == device, f"{name}.device={t.device}: must match q.device={device}")
+    check_mask(custom_mask, mask_indptr, bs, device)
 
 
 def _check_float3d(t: torch.Tensor, name: str, device: torch.device) -> None:
@@ -224,27 +192,9 @@ def dense_paged_attention(
     kv_indptr [bs+1] (pass the ``[:bs+1]`` view), kv_indices [>= kv_indptr[bs]],
     out [bs*q_per_req, H, Dv]. GQA: query head h reads kv head h // (H // Hkv).
     """
-    _check_dtype(q, "q", _FLOAT_DTYPES)
+    rows = check_paged_qkvo(q, k_cache, v_cache, out, ("q", "k_cache", "v_cache", "out"))[0]
     device = q.device
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out)):
-        _check_float3d(t, name, device)
-    rows, num_heads, head_dim = q.shape
-    num_slots, num_kv_heads, _ = k_cache.shape
-    _check(num_slots >= 1, f"k_cache.shape[0]={num_slots}: must be >= 1")
-    _check(
-        num_heads % num_kv_heads == 0,
-        f"k_cache.shape[1]={num_kv_heads}: must divide q.shape[1]={num_heads} (GQA groups)",
-    )
-    _check(
-        k_cache.shape[2] == head_dim,
-        f"k_cache.shape[2]={k_cache.shape[2]}: must equal q.shape[2]={head_dim}",
-    )
-    _check(
-        tuple(v_cache.shape[:2]) == (num_slots, num_kv_heads),
-        f"v_cache.shape={tuple(v_cache.shape)}: must start with {(num_slots, num_kv_heads)}",
-    )
-    want = (rows, num_heads, v_cache.shape[2])
-    _check(tuple(out.shape) == want, f"out.shape={tuple(out.shape)}: must be {want}")
+    _check(k_cache.shape[0] >= 1, f"k_cache.shape[0]={k_cache.shape[0]}: must be >= 1")
     _check_window_args(
         rows, kv_indptr, kv_indices, sm_scale, max_kv_len, q_per_req, custom_mask, mask_indptr,
         device,
@@ -256,7 +206,7 @@ def dense_paged_attention(
 
 
 # ----------------------------------------------------------------------------------------------
-# MLA: key = full latent|rope row, value = latent part (digest §4.1)
+# MLA: key = full latent|rope row, value = latent part ([facts#memory-pools])
 
 
 @torch.library.custom_op("refimpl::dense_paged_mla_attention", mutates_args=("out",))

@@ -1,4 +1,6 @@
-"""Multi-step draft-decode kv indices (digest §4.8), one Triton launch for all steps.
+"""Multi-step draft-decode kv indices, one Triton launch for all steps.
+
+[facts#multi-step-draft-decode-indices]
 
 EAGLE's multi-step draft decode runs ``S = num_steps`` decode steps over ``num_seqs * topk`` rows
 (row ``r*topk + k`` = sequence r, branch k). Step i (0-based) of row (r, k) attends
@@ -27,9 +29,9 @@ from .. import _env  # noqa: F401  (sets TRITON_INTERPRET before any @triton.jit
 import triton
 import triton.language as tl
 
-COPY_BLOCK = 128  # prefix slots copied per loop iteration
+from ._checks import INDEX_DTYPES, check_int, check_tensor
 
-_INDEX_DTYPES = (torch.int32, torch.int64)
+COPY_BLOCK = 128  # prefix slots copied per loop iteration
 
 
 def draft_decode_used_len(seq_lens_sum: int, num_seqs: int, topk: int, step: int) -> int:
@@ -127,19 +129,7 @@ def _(req_pool_indices, req_to_token, seq_lens, kv_indices, kv_indptr, topk, num
 
 
 def _check_index_tensor(t, name: str, ndim: int) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in _INDEX_DTYPES:
-        raise ValueError(f"{name}.dtype={t.dtype}: must be one of torch.int32 / torch.int64")
-    if t.dim() != ndim:
-        raise ValueError(f"{name}.shape={tuple(t.shape)}: must be {ndim}-D")
-    if t.numel() > 0 and t.stride(-1) != 1:
-        raise ValueError(f"{name}.stride(-1)={t.stride(-1)}: last dim must be contiguous (1)")
-
-
-def _check_positive_int(value, name: str) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name}={value!r}: must be a Python int >= 1")
+    check_tensor(t, name, INDEX_DTYPES, ndim)
 
 
 def draft_decode_kv_indices(
@@ -161,8 +151,8 @@ def draft_decode_kv_indices(
     (values are not checked: no host sync); entries of ``kv_indices[i]`` past
     ``kv_indptr[i, num_seqs*topk]`` (and past W) are left untouched.
     """
-    _check_positive_int(topk, "topk")
-    _check_positive_int(num_steps, "num_steps")
+    check_int(topk, "topk", 1)
+    check_int(num_steps, "num_steps", 1)
     _check_index_tensor(seq_lens, "seq_lens", 1)
     num_seqs = seq_lens.shape[0]
     _check_index_tensor(req_pool_indices, "req_pool_indices", 1)

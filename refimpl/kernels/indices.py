@@ -1,7 +1,9 @@
-"""KV-index builders: token-level CSR indices (digest §4.2) and paged block tables (§4.3).
+"""KV-index builders: token-level CSR indices and paged block tables.
 
-Both read the request pool ``req_to_token[pool, L]`` (§4.1: row = request slot, column j =
-position j, value = token slot) and write into a *preallocated* destination, so they are safe
+[facts#csr-kv-index-builder], [facts#block-table-builder]
+
+Both read the request pool ``req_to_token[pool, L]`` (row = request slot, column j = position j,
+value = token slot) and write into a *preallocated* destination, so they are safe
 inside a CUDA graph: no allocation, no host sync, every bound comes from shapes or Python ints.
 
 - ``build_kv_indices``:  ``kv_indices[kv_indptr[i] + j] = req_to_token[rpi[i], start_i + j]``
@@ -22,35 +24,14 @@ from .. import _env  # noqa: F401  (sets TRITON_INTERPRET before any @triton.jit
 import triton
 import triton.language as tl
 
-CSR_BLOCK = 512  # positions copied per loop iteration (digest §4.2)
-BLOCK_TABLE_CHUNK = 4096  # positions covered per loop iteration: 4096 // P pages (digest §4.3)
+from ._checks import INDEX_DTYPES, check_same_device, check_tensor
 
-_INDEX_DTYPES = (torch.int32, torch.int64)
-
-
-# ----------------------------------------------------------------------------------------------
-# shared validation (shapes / dtypes / devices only: never tensor values, so graph-safe)
+CSR_BLOCK = 512  # positions copied per loop iteration ([facts#csr-kv-index-builder])
+BLOCK_TABLE_CHUNK = 4096  # positions covered per loop iteration: 4096 // P pages
 
 
 def _check_index_tensor(t: torch.Tensor, name: str, ndim: int = 1, min_len: int = 0) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in _INDEX_DTYPES:
-        raise ValueError(f"{name}.dtype={t.dtype}: must be one of torch.int32 / torch.int64")
-    if t.dim() != ndim:
-        raise ValueError(f"{name}.shape={tuple(t.shape)}: must be {ndim}-D")
-    if t.shape[0] < min_len:
-        raise ValueError(f"{name}.shape[0]={t.shape[0]}: must be >= {min_len}")
-    if t.numel() > 0 and t.stride(-1) != 1:
-        raise ValueError(f"{name}.stride(-1)={t.stride(-1)}: last dim must be contiguous (1)")
-
-
-def _check_same_device(**tensors: torch.Tensor | None) -> None:
-    named = [(n, t) for n, t in tensors.items() if t is not None]
-    ref_name, ref = named[0]
-    for name, t in named[1:]:
-        if t.device != ref.device:
-            raise ValueError(f"{name}.device={t.device}: must match {ref_name}.device={ref.device}")
+    check_tensor(t, name, INDEX_DTYPES, ndim, min_len=min_len)
 
 
 def _check_pool_inputs(req_to_token, req_pool_indices, lens, kv_start_idx) -> int:
@@ -65,7 +46,7 @@ def _check_pool_inputs(req_to_token, req_pool_indices, lens, kv_start_idx) -> in
 
 
 # ----------------------------------------------------------------------------------------------
-# CSR kv indices (digest §4.2)
+# CSR kv indices ([facts#csr-kv-index-builder])
 
 
 @triton.jit
@@ -138,7 +119,7 @@ def build_kv_indices(
     kv_indices: torch.Tensor,
     kv_start_idx: torch.Tensor | None = None,
 ) -> None:
-    """Fill ``kv_indices`` in place with the token slots of each request (CSR, digest §4.2).
+    """Fill ``kv_indices`` in place with the token slots of each request (CSR).
 
     bs = lens.numel(). ``kv_indptr[:bs+1]`` must already hold ``[0, cumsum(lens)]``; only the
     ranges ``kv_indptr[i] : kv_indptr[i] + lens[i]`` of ``kv_indices`` are written. The caller
@@ -148,7 +129,7 @@ def build_kv_indices(
     bs = _check_pool_inputs(req_to_token, req_pool_indices, lens, kv_start_idx)
     _check_index_tensor(kv_indptr, "kv_indptr", min_len=bs + 1)
     _check_index_tensor(kv_indices, "kv_indices")
-    _check_same_device(
+    check_same_device(
         req_to_token=req_to_token,
         req_pool_indices=req_pool_indices,
         lens=lens,
@@ -177,7 +158,7 @@ def build_kv_indices_ref(
 
 
 # ----------------------------------------------------------------------------------------------
-# paged block table (digest §4.3)
+# paged block table ([facts#block-table-builder])
 
 
 @triton.jit
@@ -253,7 +234,7 @@ def build_block_table(
     page_size: int,
     kv_start_idx: torch.Tensor | None = None,
 ) -> None:
-    """Fill rows ``[:bs]`` of ``block_table`` with page ids (digest §4.3), bs = lens.numel().
+    """Fill rows ``[:bs]`` of ``block_table`` with page ids, bs = lens.numel().
 
     ``block_table[i, p] = req_to_token[rpi[i], start_i + p*P] // P`` for ``p < cdiv(lens[i], P)``;
     entries at ``p >= cdiv(lens[i], P)`` keep their previous value (−1 or 1 by convention). The
@@ -273,7 +254,7 @@ def build_block_table(
         raise ValueError(f"block_table.shape[0]={block_table.shape[0]}: must be >= bs={bs}")
     if block_table.numel() > 0 and block_table.stride(1) != 1:
         raise ValueError(f"block_table.stride(1)={block_table.stride(1)}: must be 1")
-    _check_same_device(
+    check_same_device(
         req_to_token=req_to_token,
         req_pool_indices=req_pool_indices,
         lens=lens,

@@ -1,10 +1,11 @@
 """The dense attention oracle every kernel is checked against (float64, loops, no tricks).
 
 Ragged layout: request i's queries are rows ``qo_indptr[i]:qo_indptr[i+1]``; its keys are the
-cache rows ``kv_indices[kv_indptr[i]:kv_indptr[i+1]]`` (CSR, digest §4.2). Masks follow §4.6:
+cache rows ``kv_indices[kv_indptr[i]:kv_indptr[i+1]]`` (CSR). Masks follow the target-verify
+layout ([facts#target-verify-custom-mask]):
 request i's ``custom_mask`` block is row-major ``[n_q_i, kv_len_i]`` starting at
 ``mask_indptr[i]``; ``causal`` is bottom-right aligned (query row j of n_q sees keys
-``t < kv_len - n_q + j + 1``); both given: both apply. MLA (§4.1): the key is the full
+``t < kv_len - n_q + j + 1``); both given: both apply. MLA ([facts#memory-pools]): the key is the full
 latent|rope cache row, the value its first ``kv_lora_rank`` columns. Written for clarity, not
 speed; host syncs (``.tolist()``) are fine here because the oracle never runs inside a graph.
 """

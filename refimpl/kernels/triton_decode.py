@@ -1,4 +1,4 @@
-"""Split-KV decode attention (digest §4.4) and its split-count heuristic (§4.5), in Triton.
+"""Split-KV decode attention and its split-count heuristic, in Triton ([facts#split-kv-decode]).
 
 Decode has one query row per request (or per draft branch), so a plain "one program per (row,
 head)" kernel launches only ``T * H`` programs. At small batch with long contexts that leaves
@@ -35,7 +35,7 @@ Shapes (T = query rows, H = query heads, Hkv = kv heads, D / Dv = key / value he
     o            [T, H, Dv]                      written, cast to o.dtype
     kv_indptr    [>= T+1]  int32 / int64         row b's keys: kv_indices[indptr[b]:indptr[b+1]]
     kv_indices   [>= kv_indptr[T]] int32 / int64 cache slots (cast to int64 before addressing)
-    attn_logits  [>= T, H, max_kv_splits, Dv]    float32 scratch (graph buffer, §3.1)
+    attn_logits  [>= T, H, max_kv_splits, Dv]    float32 scratch (graph buffer, [facts#triton])
     attn_lse     [>= T, H, max_kv_splits]        float32 scratch
     num_kv_splits[>= T] int32                    per-row split count (data)
 
@@ -64,42 +64,17 @@ from .. import _env  # noqa: F401  (sets TRITON_INTERPRET before any @triton.jit
 import triton
 import triton.language as tl
 
-MIN_BLOCK_KV = 32  # split ranges are multiples of this many keys (digest §4.4)
+from ._checks import INDEX_DTYPES as _INDEX_DTYPES
+from ._checks import check as _check
+from ._checks import check_int as _check_int
+from ._checks import check_paged_qkvo
+from ._checks import check_tensor as _check_tensor
+
+MIN_BLOCK_KV = 32  # split ranges are multiples of this many keys ([facts#split-kv-decode])
 BLOCK_N = 32  # keys per inner-loop iteration of stage 1 (divides MIN_BLOCK_KV)
 MAX_HEADS_PER_PROGRAM = 16  # grouped stage 1: query heads sharing one kv load (BLOCK_H)
 DOT_MIN = 16  # tl.dot needs every dim >= 16
 _MIN_BLOCK_KV_C = tl.constexpr(MIN_BLOCK_KV)  # globals read inside @triton.jit must be constexpr
-
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_INDEX_DTYPES = (torch.int32, torch.int64)
-
-
-# ----------------------------------------------------------------------------------------------
-# validation helpers (shapes / dtypes / devices only: never tensor values, so graph-safe)
-
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
-
-
-def _check_tensor(
-    t: torch.Tensor, name: str, dtypes: tuple, ndim: int, device: torch.device | None
-) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    names = " / ".join(str(d) for d in dtypes)
-    _check(t.dtype in dtypes, f"{name}.dtype={t.dtype}: must be one of {names}")
-    _check(t.dim() == ndim, f"{name}.shape={tuple(t.shape)}: must be {ndim}-D")
-    if t.numel() > 0:
-        _check(t.stride(-1) == 1, f"{name}.stride(-1)={t.stride(-1)}: last dim must be contiguous")
-    if device is not None:
-        _check(t.device == device, f"{name}.device={t.device}: must match q.device={device}")
-
-
-def _check_int(value, name: str, low: int) -> None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-    _check(ok, f"{name}={value!r}: must be an int >= {low}")
 
 
 def _heads_per_program(group: int) -> int:
@@ -374,30 +349,10 @@ def decode_attention(
     ``num_kv_splits[b]`` outside ``[1, max_kv_splits]`` is clamped into it (data: not checked).
     The caller guarantees ``kv_indptr`` is non-decreasing and ``kv_indices`` are valid slots.
     """
-    _check_tensor(q, "q", _FLOAT_DTYPES, 3, None)
+    num_rows, num_heads, _, _, v_head_dim = check_paged_qkvo(q, k_buffer, v_buffer, o)
     device = q.device
-    for name, t in (("k_buffer", k_buffer), ("v_buffer", v_buffer), ("o", o)):
-        _check_tensor(t, name, _FLOAT_DTYPES, 3, device)
     for name, t in (("q", q), ("k_buffer", k_buffer), ("v_buffer", v_buffer), ("o", o)):
         _env.check_cpu_dtype(t, name)
-    num_rows, num_heads, head_dim = q.shape
-    num_slots, num_kv_heads, k_dim = k_buffer.shape
-    v_head_dim = v_buffer.shape[2]
-    _check(head_dim >= 1, f"q.shape[2]={head_dim}: must be >= 1")
-    _check(num_kv_heads >= 1, f"k_buffer.shape[1]={num_kv_heads}: must be >= 1")
-    _check(
-        num_heads % num_kv_heads == 0,
-        f"k_buffer.shape[1]={num_kv_heads}: must divide q.shape[1]={num_heads} (GQA groups)",
-    )
-    _check(k_dim == head_dim, f"k_buffer.shape[2]={k_dim}: must equal q.shape[2]={head_dim}")
-    _check(
-        tuple(v_buffer.shape[:2]) == (num_slots, num_kv_heads),
-        f"v_buffer.shape={tuple(v_buffer.shape)}: must start with {(num_slots, num_kv_heads)}",
-    )
-    _check(v_head_dim >= 1, f"v_buffer.shape[2]={v_head_dim}: must be >= 1")
-    want_o = (num_rows, num_heads, v_head_dim)
-    _check(tuple(o.shape) == want_o, f"o.shape={tuple(o.shape)}: must be {want_o}")
-
     _check_int(max_kv_splits, "max_kv_splits", 1)
     _check(
         isinstance(sm_scale, (int, float)) and math.isfinite(sm_scale),
@@ -442,7 +397,7 @@ def decode_attention(
 
 
 # ----------------------------------------------------------------------------------------------
-# split-count heuristic (digest §4.5)
+# split-count heuristic ([facts#split-count-heuristic])
 
 
 @triton.jit
@@ -481,7 +436,7 @@ def _num_kv_splits_kernel(
 
 
 def _token_grid(num_seq: int, num_group: int, num_heads: int, num_kv_heads: int) -> int:
-    """Stage-1 programs per split, as the heuristic counts them (digest §4.5 step 3)."""
+    """Stage-1 programs per split, as the heuristic counts them ([facts#split-count-heuristic])."""
     if num_heads == num_kv_heads:  # MHA
         return num_seq * num_group * num_heads
     heads_per_program = min(MAX_HEADS_PER_PROGRAM, num_heads // num_kv_heads)
@@ -532,7 +487,9 @@ def get_num_kv_splits(
     core_count: int,
     static: bool = False,
 ) -> None:
-    """Write per-token split counts into ``num_kv_splits[:num_seq * num_group]`` (digest §4.5).
+    """Write per-token split counts into ``num_kv_splits[:num_seq * num_group]``.
+
+    [facts#split-count-heuristic]
 
     ``num_seq = seq_lens.numel()``; token ``seq * num_group + g`` (g < num_group, e.g. topk
     draft branches) gets its sequence's count. ``static=True`` or ``core_count <= 0`` fills

@@ -1,7 +1,7 @@
-"""Extend attention in the SGLang Triton style: paged prefix + new tokens passed directly (§3.1).
+"""Extend attention in the SGLang Triton style: paged prefix + new tokens passed directly.
 
 The Triton backend runs TARGET_VERIFY and DRAFT_EXTEND through one extend kernel whose keys come
-from two places (digest §3.1 "target verify", §4.6):
+from two places ([facts#triton]):
 
 - the **prefix**: cache rows ``kv_indices[kv_indptr[i] : kv_indptr[i+1]]`` of ``k_buffer`` /
   ``v_buffer`` (``p_i`` keys; the CSR covers the prefix only, unlike FlashInfer);
@@ -19,9 +19,9 @@ Masks (custom mask takes precedence, as in SGLang):
 
 Grid ``(bs, H, cdiv(max_len_extend, BLOCK_M))``. ``max_len_extend`` is a Python int, frozen when a
 CUDA graph captures the launch. **Query rows ``j >= max_len_extend`` of a request are never
-computed: their ``o_extend`` rows keep whatever they held.** This is the behaviour behind digest
-§3.1 divergence 4 (draft-extend v2 freezes ``max_extend_len = S + 1`` while each request has
-``N`` rows). SGLang's kernel drops whole ``BLOCK_M`` row blocks (rows up to the next multiple of
+computed: their ``o_extend`` rows keep whatever they held.** This is the behaviour behind the
+post-#26665 Triton draft-extend v2 bug ([facts#triton-historical-bugs]: ``max_extend_len = S + 1``
+frozen while each request has ``N`` rows). SGLang's kernel drops whole ``BLOCK_M`` row blocks (rows up to the next multiple of
 its BLOCK_M may still be computed); here the cut is exact at ``max_len_extend`` so the result does
 not depend on the block size chosen for the device. Extend *keys* are not truncated: row j still
 sees every visible extend key of its request, including keys ``>= max_len_extend``.
@@ -41,12 +41,13 @@ from .. import _env  # noqa: F401  (sets TRITON_INTERPRET before any @triton.jit
 import triton
 import triton.language as tl
 
+from ._checks import FLOAT_DTYPES as _FLOAT_DTYPES
+from ._checks import INDEX_DTYPES as _INDEX_DTYPES
+from ._checks import check as _check
+from ._checks import check_float, check_int, check_mask, check_paged_qkvo, check_tensor
+
 BLOCK_M = 16  # query rows per program (tl.dot needs >= 16)
 BLOCK_N = 32  # keys per loop iteration
-
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_INDEX_DTYPES = (torch.int32, torch.int64)
-_MASK_DTYPES = (torch.bool, torch.uint8)
 
 
 @triton.jit
@@ -265,24 +266,6 @@ def _(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_
 # validation (shapes / dtypes / devices only: never tensor values, so graph-safe)
 
 
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
-
-
-def _check_tensor(t, name: str, dtypes: tuple, ndim: int) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    names = " / ".join(str(x) for x in dtypes)
-    _check(t.dtype in dtypes, f"{name}.dtype={t.dtype}: must be one of {names}")
-    _check(t.dim() == ndim, f"{name}.shape={tuple(t.shape)}: must be {ndim}-D")
-    _check(
-        t.numel() == 0 or t.stride(-1) == 1,
-        f"{name}.stride(-1)={t.stride(-1)}: last dim must be contiguous (1)",
-    )
-    _env.check_cpu_dtype(t, name)
-
-
 def extend_attention(
     q_extend: torch.Tensor,
     k_extend: torch.Tensor,
@@ -314,44 +297,31 @@ def extend_attention(
 
     ``max_len_extend`` (a Python int >= 1, frozen in a graph) sets the grid's row-block dimension
     ``cdiv(max_len_extend, BLOCK_M)``; **query rows j >= max_len_extend of any request are not
-    computed and their o_extend rows are left untouched** (digest §3.1, divergence 4). The caller
+    computed and their o_extend rows are left untouched** ([facts#triton-historical-bugs]). The caller
     guarantees the index values are in range (they cannot be checked without a host sync).
     """
-    _check_tensor(q_extend, "q_extend", _FLOAT_DTYPES, 3)
+    names = ("q_extend", "k_buffer", "v_buffer", "o_extend")
+    tokens, _, num_kv_heads, head_dim, v_head_dim = check_paged_qkvo(
+        q_extend, k_buffer, v_buffer, o_extend, names
+    )
     device = q_extend.device
-    tokens, num_heads, head_dim = q_extend.shape
+    for name, t, want in (
+        ("k_extend", k_extend, (tokens, num_kv_heads, head_dim)),
+        ("v_extend", v_extend, (tokens, num_kv_heads, v_head_dim)),
+    ):
+        check_tensor(t, name, _FLOAT_DTYPES, 3, device)
+        _check(tuple(t.shape) == want, f"{name}.shape={tuple(t.shape)}: must be {want}")
     for name, t in (
+        ("q_extend", q_extend),
         ("k_extend", k_extend),
         ("v_extend", v_extend),
         ("o_extend", o_extend),
         ("k_buffer", k_buffer),
         ("v_buffer", v_buffer),
     ):
-        _check_tensor(t, name, _FLOAT_DTYPES, 3)
-    num_kv_heads = k_buffer.shape[1]
-    v_head_dim = v_buffer.shape[2]
-    _check(
-        num_kv_heads >= 1 and num_heads % num_kv_heads == 0,
-        f"k_buffer.shape[1]={num_kv_heads}: must divide q_extend.shape[1]={num_heads} (GQA groups)",
-    )
-    _check(
-        k_buffer.shape[2] == head_dim,
-        f"k_buffer.shape[2]={k_buffer.shape[2]}: must equal q_extend.shape[2]={head_dim}",
-    )
-    want = (k_buffer.shape[0], num_kv_heads)
-    _check(
-        tuple(v_buffer.shape[:2]) == want,
-        f"v_buffer.shape={tuple(v_buffer.shape)}: must start with {want} like k_buffer",
-    )
-    for name, t, want in (
-        ("k_extend", k_extend, (tokens, num_kv_heads, head_dim)),
-        ("v_extend", v_extend, (tokens, num_kv_heads, v_head_dim)),
-        ("o_extend", o_extend, (tokens, num_heads, v_head_dim)),
-    ):
-        _check(tuple(t.shape) == want, f"{name}.shape={tuple(t.shape)}: must be {want}")
-
+        _env.check_cpu_dtype(t, name)  # fmt: skip
     for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices)):
-        _check_tensor(t, name, _INDEX_DTYPES, 1)
+        check_tensor(t, name, _INDEX_DTYPES, 1, device)
     _check(qo_indptr.shape[0] >= 1, "qo_indptr.shape[0]=0: must be >= 1 (bs + 1)")
     bs = qo_indptr.shape[0] - 1
     _check(
@@ -359,48 +329,13 @@ def extend_attention(
         f"kv_indptr.shape[0]={kv_indptr.shape[0]}: must be >= bs + 1 = {bs + 1} "
         "(bs = qo_indptr.numel() - 1)",
     )
-    if (custom_mask is None) != (mask_indptr is None):
-        raise ValueError(
-            f"custom_mask is {'None' if custom_mask is None else 'set'} but mask_indptr is "
-            f"{'None' if mask_indptr is None else 'set'}: pass both or neither"
-        )
-    if custom_mask is not None:
-        _check_tensor(custom_mask, "custom_mask", _MASK_DTYPES, 1)
-        _check_tensor(mask_indptr, "mask_indptr", _INDEX_DTYPES, 1)
-        _check(
-            mask_indptr.shape[0] >= bs + 1,
-            f"mask_indptr.shape[0]={mask_indptr.shape[0]}: must be >= bs + 1 = {bs + 1}",
-        )
-    _check(
-        isinstance(max_len_extend, int) and not isinstance(max_len_extend, bool)
-        and max_len_extend >= 1,
-        f"max_len_extend={max_len_extend!r}: must be a Python int >= 1",
-    )  # fmt: skip
-    _check(
-        isinstance(sm_scale, (int, float)) and not isinstance(sm_scale, bool),
-        f"sm_scale={sm_scale!r}: must be a float",
-    )
+    check_mask(custom_mask, mask_indptr, bs, device)
+    check_int(max_len_extend, "max_len_extend", 1)
+    check_float(sm_scale, "sm_scale")
     _check(
         isinstance(logit_cap, (int, float)) and logit_cap >= 0,
         f"logit_cap={logit_cap!r}: must be a float >= 0 (0 = off)",
     )
-    for name, t in (
-        ("k_extend", k_extend),
-        ("v_extend", v_extend),
-        ("o_extend", o_extend),
-        ("k_buffer", k_buffer),
-        ("v_buffer", v_buffer),
-        ("qo_indptr", qo_indptr),
-        ("kv_indptr", kv_indptr),
-        ("kv_indices", kv_indices),
-        ("custom_mask", custom_mask),
-        ("mask_indptr", mask_indptr),
-    ):
-        if t is not None:
-            _check(
-                t.device == device,
-                f"{name}.device={t.device}: must match q_extend.device={device}",
-            )
     _extend_attention_op(
         q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
         kv_indices, custom_mask, mask_indptr, bool(is_causal), max_len_extend, float(sm_scale),

@@ -1,8 +1,9 @@
-"""refimpl.fi: flashinfer stand-ins (signatures, binding, plan partition, run) and the fast plans.
+"""refimpl.flashinfer_wrappers: the lean stand-ins (binding, plan partition, run), the fast
+plans, and signature parity with flashinfer 0.6.0.
 
-CPU only. The signature-parity tests need the real flashinfer importable (for instance
-``pip install --no-deps --target /tmp/fi_site flashinfer_python-0.6.0*.whl`` plus its pure-python
-deps, then ``PYTHONPATH=/tmp/fi_site pytest tests/test_fi_standins.py``); they skip otherwise.
+CPU only. The signature-parity tests need the real flashinfer importable (its Python package
+imports without CUDA: ``pip install flashinfer-python==0.6.0``); they skip otherwise.
+Unmodelled features are refused by the full-API subclasses of ``flashinfer_full_api.py``.
 """
 
 import inspect
@@ -10,20 +11,22 @@ import os
 import subprocess
 import sys
 
+import flashinfer_full_api as full_api
 import pytest
 import torch
 
-from refimpl.fi import (
+from refimpl.flashinfer_wrappers import (
     STANDIN_WORKSPACE_BYTES,
     flashinfer_available,
     is_standin,
     make_workspace,
+    read_partition,
     real_wrapper_classes,
     set_kv_window,
-    standins,
+    standin,
     wrapper_classes,
 )
-from refimpl.fi.fast_plan import (
+from refimpl.flashinfer_wrappers.fast_plan import (
     fast_decode_plan,
     fast_mla_decode_plan,
     install_fast_decode_plan,
@@ -33,9 +36,14 @@ from refimpl.fi.fast_plan import (
 from refimpl.graphs import CPUEmulatorEngine
 from refimpl.kernels import mha_oracle, mla_oracle, relative_error
 
-Decode = standins.BatchDecodeWithPagedKVCacheWrapper
-Prefill = standins.BatchPrefillWithPagedKVCacheWrapper
-MLA = standins.BatchMLAPagedAttentionWrapper
+Decode = standin.BatchDecodeWithPagedKVCacheWrapper
+Prefill = standin.BatchPrefillWithPagedKVCacheWrapper
+MLA = standin.BatchMLAPagedAttentionWrapper
+WRAPPER_NAMES = [
+    "BatchDecodeWithPagedKVCacheWrapper",
+    "BatchPrefillWithPagedKVCacheWrapper",
+    "BatchMLAPagedAttentionWrapper",
+]
 
 F32 = torch.float32
 I32 = torch.int32
@@ -156,13 +164,47 @@ def capture(fn):
 
 
 def test_import_does_not_import_flashinfer():
-    code = "import sys, refimpl.fi, refimpl.fi.fast_plan; print('flashinfer' in sys.modules)"
+    code = (
+        "import sys, refimpl.flashinfer_wrappers, refimpl.flashinfer_wrappers.fast_plan, "
+        "refimpl.flashinfer_wrappers.ops; print('flashinfer' in sys.modules)"
+    )
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == "False", "importing refimpl.fi must not import flashinfer"
+    assert res.stdout.strip() == "False", "the package must not import flashinfer"
+
+
+def test_ops_route_run_through_one_custom_op():
+    # a subprocess: the op registration is process-wide; this keeps the test independent of
+    # whatever else the session registered
+    code = """
+import torch
+from refimpl.flashinfer_wrappers import make_workspace, standin
+from refimpl.flashinfer_wrappers.ops import fi_run
+from refimpl.graphs import CPUEmulatorEngine
+bufs = [torch.zeros(3, dtype=torch.int32), torch.zeros(16, dtype=torch.int32),
+        torch.ones(2, dtype=torch.int32)]
+w = standin.BatchDecodeWithPagedKVCacheWrapper(make_workspace("cpu"), "NHD", True, False, *bufs)
+k, v, q = torch.randn(16, 2, 8), torch.randn(16, 2, 8), torch.randn(2, 4, 8)
+plan = lambda lens: w.plan(torch.tensor([0, lens[0], sum(lens)], dtype=torch.int32),
+                           torch.randperm(16)[: sum(lens)].int(), bufs[2], 4, 2, 8, 1,
+                           q_data_type=torch.float32)
+plan([3, 5])
+graph = CPUEmulatorEngine().new_graph()
+out = graph.capture(lambda: fi_run(w, q, k, v))
+assert dict(graph.custom_kernels()) == {"refimpl.fi_run.default": 1}, graph.custom_kernels()
+plan([7, 2])
+graph.replay()
+assert torch.equal(out, w.run(q, (k, v)))
+print("ok")
+"""
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
 
 
 def test_wrapper_classes_and_workspace():
@@ -192,24 +234,45 @@ def _params(f):
     return [(p.name, p.kind, p.default) for p in inspect.signature(f).parameters.values()]
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "BatchDecodeWithPagedKVCacheWrapper",
-        "BatchPrefillWithPagedKVCacheWrapper",
-        "BatchMLAPagedAttentionWrapper",
-    ],
-)
-def test_signature_parity_with_real_flashinfer(name):
+@pytest.mark.parametrize("name", WRAPPER_NAMES)
+def test_full_api_signature_parity_with_real_flashinfer(name):
     real = getattr(_real_classes(), name)
-    mine = getattr(standins, name)
+    mine = getattr(full_api, name)
     for method in ("__init__", "plan", "run", "forward", "begin_forward", "run_return_lse"):
         has_real, has_mine = hasattr(real, method), hasattr(mine, method)
-        assert has_real == has_mine, f"{name}.{method}: real has it={has_real}, stand-in={has_mine}"
+        assert has_real == has_mine, f"{name}.{method}: real has it={has_real}, full API={has_mine}"
         if has_real:
             assert _params(getattr(mine, method)) == _params(getattr(real, method)), (
                 f"{name}.{method} signature differs from flashinfer's"
             )
+
+
+@pytest.mark.parametrize("name", WRAPPER_NAMES)
+def test_lean_signatures_are_a_subset_of_real_flashinfer(name):
+    """Every call refimpl makes on a lean stand-in is valid on the real class: each positional
+    parameter sits at the same position with the same name, kind and default; each keyword-only
+    one exists in the real method (positional-or-keyword or keyword-only) with the same default."""
+    real = getattr(_real_classes(), name)
+    mine = getattr(standin, name)
+    for method in ("__init__", "plan", "run", "begin_forward", "forward", "run_return_lse"):
+        if not hasattr(mine, method):
+            continue
+        assert hasattr(real, method), f"{name}.{method}: the stand-in has it, flashinfer not"
+        real_params = inspect.signature(getattr(real, method)).parameters
+        real_list = list(real_params.values())
+        for i, p in enumerate(inspect.signature(getattr(mine, method)).parameters.values()):
+            where = f"{name}.{method}({p.name})"
+            if p.kind is p.KEYWORD_ONLY:
+                q = real_params.get(p.name)
+                assert q is not None, f"{where}: not a parameter of flashinfer's"
+                assert q.kind in (q.POSITIONAL_OR_KEYWORD, q.KEYWORD_ONLY), where
+                assert q.default == p.default, f"{where}: default {p.default!r} vs {q.default!r}"
+            else:
+                assert p.kind is p.POSITIONAL_OR_KEYWORD, f"{where}: {p.kind}"
+                q = real_list[i]
+                assert (q.name, q.kind, q.default) == (p.name, p.kind, p.default), (
+                    f"{where}: flashinfer has {q.name} ({q.kind}, default {q.default!r}) there"
+                )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -227,17 +290,19 @@ def test_decode_matches_oracle(kv_format, tensor_cores):
         "single4": torch.stack([k, v], 1),
         "single5": torch.stack([k, v], 1)[:, :, None],
     }[kv_format]
-    w = Decode(ws(), "NHD", use_tensor_cores=tensor_cores)
+    # the lean stand-in takes (k, v) of [slots, Hkv, D]; the full API also flashinfer's other forms
+    cls = Decode if kv_format == "tuple3" else full_api.BatchDecodeWithPagedKVCacheWrapper
+    w = cls(ws(), "NHD", use_tensor_cores=tensor_cores)
     indptr, indices = decode_plan(w, [5, 1, 9, 3], g)
     q = torch.randn(4, H, D, generator=g)
     assert close(w.run(q, kv), decode_ref(q, k, v, indptr, indices))
     assert w._max_kv_len == 9 and w._batch_size == 4 and w._cached_q_data_type == F32
 
 
-def test_decode_forward_sets_scalars_and_scales():
+def test_full_api_decode_forward_sets_scalars_and_scales():
     g = gen(2)
     k, v = mha_cache(g)
-    w = Decode(ws())
+    w = full_api.BatchDecodeWithPagedKVCacheWrapper(ws())
     indptr, indices = decode_plan(w, [4, 6], g)
     q = torch.randn(2, H, D, generator=g)
     out = w.forward(q, (k, v), sm_scale=0.5, k_scale=0.5, v_scale=2.0)
@@ -318,10 +383,10 @@ def test_plan_copies_into_bound_buffers():
     assert {n: b.data_ptr() for n, b in bufs.items()} == ptrs
     assert torch.equal(bufs["paged_kv_indptr_buffer"], indptr)
     assert torch.equal(bufs["paged_kv_indices_buffer"][:10], indices)
-    q_len, kv_len = standins.read_partition(w)  # the partition lives in the int workspace
+    q_len, kv_len = read_partition(w)  # the partition lives in the int workspace
     assert q_len.tolist() == [1, 1, 1] and kv_len.tolist() == [2, 5, 3]
     assert kv_len.untyped_storage().data_ptr() == w._int_workspace_buffer.data_ptr()
-    assert w._int_workspace_buffer.numel() == standins.INT_WORKSPACE_BYTES
+    assert w._int_workspace_buffer.numel() == standin.INT_WORKSPACE_BYTES
 
     pw, pbufs = bound_prefill(2, with_mask=True)
     q_lens, kv_lens = [2, 3], [4, 3]
@@ -428,7 +493,7 @@ def test_kv_window_is_fixed_at_construction_in_graph_mode():
         decode_plan(w, [9, 1], g)
     eager = Decode(ws())
     decode_plan(eager, [6, 2], g)
-    assert eager._window(eager._plan_info) == 6  # eager: the planned max
+    assert eager._window() == 6  # eager: the planned max
 
 
 # ----------------------------------------------------------------------------------------------
@@ -634,7 +699,7 @@ def test_constructor_and_run_errors():
     g = gen(18)
     decode_plan(w, [2], g)
     k, v = mha_cache(g)
-    with pytest.raises(ValueError, match="does not match the q_data_type"):
+    with pytest.raises(ValueError, match="do not match the q_data_type"):
         w.run(torch.zeros(1, H, D, dtype=torch.float16), (k, v))
     w.plan(*csr([2], g), ones(1), H, HKV, D, 1)  # q_data_type defaults to float16, as flashinfer
     with pytest.raises(ValueError, match="q_data_type torch.float16"):
@@ -650,25 +715,28 @@ def test_constructor_and_run_errors():
         (dict(page_size=16), "page_size=16"),
     ],
 )
-def test_unmodelled_features_raise_not_implemented(kw, feature):
+def test_full_api_refuses_unmodelled_plan_features(kw, feature):
     page_size = kw.pop("page_size", 1)
     with pytest.raises(NotImplementedError, match=feature):
-        Decode(ws()).plan(qo([2]), torch.arange(2, dtype=I32), ones(1), H, HKV, D, page_size,
-                          q_data_type=F32, **kw)  # fmt: skip
+        w = full_api.BatchDecodeWithPagedKVCacheWrapper(ws())
+        w.plan(qo([2]), torch.arange(2, dtype=I32), ones(1), H, HKV, D, page_size,
+               q_data_type=F32, **kw)  # fmt: skip
 
 
-def test_unmodelled_constructor_and_run_features():
+def test_full_api_refuses_unmodelled_constructor_and_run_features():
+    FDecode = full_api.BatchDecodeWithPagedKVCacheWrapper
+    FPrefill = full_api.BatchPrefillWithPagedKVCacheWrapper
     with pytest.raises(NotImplementedError, match="HND"):
-        Decode(ws(), "HND")
+        FDecode(ws(), "HND")
     with pytest.raises(NotImplementedError, match="cutlass"):
-        MLA(ws(), backend="cutlass")
+        full_api.BatchMLAPagedAttentionWrapper(ws(), backend="cutlass")
     g = gen(19)
-    pw = Prefill(ws())
+    pw = FPrefill(ws())
     indptr, indices = csr([2], g)
     with pytest.raises(NotImplementedError, match="packed_custom_mask"):
         pw.plan(qo([1]), indptr, indices, ones(1), H, HKV, D, 1,
                 packed_custom_mask=torch.ones(1, dtype=torch.uint8), q_data_type=F32)  # fmt: skip
-    w = Decode(ws())
+    w = FDecode(ws())
     decode_plan(w, [2], g)
     k, v = mha_cache(g)
     with pytest.raises(NotImplementedError, match="return_lse"):
@@ -693,8 +761,8 @@ def test_idle_batch_plans_and_runs():
 
 
 def test_bound_mask_buffer_selects_mask_mode_even_without_a_plan_mask():
-    # flashinfer picks CUSTOM mode from whether custom_mask_buf was bound (digest §3.2): a plan
-    # without a mask then still reads the (here: all-zero) bound mask, blocking every key.
+    # flashinfer picks CUSTOM mode from whether custom_mask_buf was bound: a plan without a mask
+    # then still reads the (here: all-zero) bound mask, blocking every key.
     g = gen(21)
     k, v = mha_cache(g)
     w, _ = bound_prefill(1, with_mask=True)

@@ -1,0 +1,95 @@
+"""The FlashInfer layer: real flashinfer wrappers on a GPU, stand-ins everywhere else.
+
+- :func:`flashinfer_available`: None when flashinfer imports and CUDA is available, else why.
+- :func:`wrapper_classes`: the three paged wrapper classes, real or the stand-ins of
+  :mod:`.standin` (``IS_STANDIN = True``), under flashinfer's names.
+- :func:`make_workspace`: the float workspace the wrappers share.
+- :mod:`.fast_plan`: the graph-path re-plan without a device-to-host copy.
+- :mod:`.ops`: ``wrapper.run`` as one registered custom op.
+
+Importing this package never imports flashinfer: the functions do, lazily.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from . import standin
+from .standin import BatchDecodeWithPagedKVCacheWrapper as BatchDecodeWithPagedKVCacheWrapper
+from .standin import BatchMLAPagedAttentionWrapper as BatchMLAPagedAttentionWrapper
+from .standin import BatchPrefillWithPagedKVCacheWrapper as BatchPrefillWithPagedKVCacheWrapper
+from .standin import is_standin, read_partition, set_kv_window  # noqa: F401  (re-exported)
+
+REAL_WORKSPACE_BYTES = 128 * 1024 * 1024  # flashinfer's recommended float workspace
+STANDIN_WORKSPACE_BYTES = 1024 * 1024  # the stand-ins never touch it
+
+
+@dataclass(frozen=True)
+class FlashInferClasses:
+    """The three wrapper classes a backend builds, under their flashinfer names."""
+
+    BatchDecodeWithPagedKVCacheWrapper: type
+    BatchPrefillWithPagedKVCacheWrapper: type
+    BatchMLAPagedAttentionWrapper: type
+    real: bool  # True: flashinfer's own classes
+    reason: str | None = None  # why the stand-ins were chosen (None when real or asked for)
+
+    @classmethod
+    def _of(cls, module, real: bool) -> FlashInferClasses:
+        """The three classes of ``module`` (``flashinfer`` or :mod:`.standin`), by field name."""
+        return cls(*(getattr(module, f.name) for f in fields(cls)[:3]), real=real)
+
+
+_STANDINS = FlashInferClasses._of(standin, real=False)
+
+
+@functools.lru_cache(maxsize=1)
+def _import_error() -> str | None:
+    try:
+        import flashinfer  # noqa: F401
+    except Exception as e:  # ImportError, or a broken install failing at import time
+        return f"flashinfer does not import: {type(e).__name__}: {e}"
+    return None
+
+
+def flashinfer_available() -> str | None:
+    """``None`` if the real flashinfer imports and CUDA is available, else the reason."""
+    return _import_error() if torch.cuda.is_available() else "CUDA is not available"
+
+
+def real_wrapper_classes() -> FlashInferClasses:
+    """flashinfer's own classes, with or without CUDA (they import on CPU; constructing them
+    needs CUDA). Raises ImportError with the reason when flashinfer does not import."""
+    if (err := _import_error()) is not None:
+        raise ImportError(err)
+    import flashinfer
+
+    return FlashInferClasses._of(flashinfer, real=True)
+
+
+def wrapper_classes(prefer_real: bool = True) -> FlashInferClasses:
+    """The real classes when ``prefer_real`` and :func:`flashinfer_available` is None, else the
+    stand-ins (``reason`` says why when real ones were preferred)."""
+    if not prefer_real:
+        return _STANDINS
+    why = flashinfer_available()
+    return real_wrapper_classes() if why is None else replace(_STANDINS, reason=why)
+
+
+def make_workspace(
+    device: torch.device | str, size_bytes: int | None = None, *, real: bool | None = None
+) -> torch.Tensor:
+    """A zeroed uint8 float workspace on ``device``: by default 128 MiB (flashinfer's
+    recommendation; it must be zero before first use) when the real library will use it
+    (``real``, default: a CUDA device and flashinfer available), else 1 MiB."""
+    device = torch.device(device)
+    if size_bytes is None:
+        if real is None:
+            real = device.type == "cuda" and flashinfer_available() is None
+        size_bytes = REAL_WORKSPACE_BYTES if real else STANDIN_WORKSPACE_BYTES
+    if size_bytes < 1:
+        raise ValueError(f"size_bytes={size_bytes}: must be >= 1")
+    return torch.zeros(size_bytes, dtype=torch.uint8, device=device)

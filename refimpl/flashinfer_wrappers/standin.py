@@ -1,0 +1,487 @@
+"""Stand-ins for flashinfer 0.6.0's three paged wrappers, for machines without flashinfer/CUDA.
+
+They model what a CUDA graph captured around ``wrapper.run`` depends on:
+
+* **Binding.** With ``use_cuda_graph=True`` the constructor keeps the buffers it is given under
+  flashinfer's attribute names (``_paged_kv_indptr_buf``, ``_qo_indptr_buf``,
+  ``_custom_mask_buf``, MLA ``_kv_indices_buf`` ...) and fixes ``_fixed_batch_size``; ``plan``
+  copies into them, never rebinds. Without cuda-graph mode ``plan`` keeps ``x.to(device)``.
+* **Plan.** ``plan`` reads the indptrs on the host (``.to("cpu")``: the device-to-host copy
+  ``fast_plan.py`` avoids), validates them, selects ``_cached_module`` (a stand-in for the JIT
+  module; its ``plan`` takes the real module's positional arguments) and calls it. The module
+  writes the *work partition*, int32 ``q_len[bs]`` then ``kv_len[bs]`` at byte offset 0 of
+  ``_int_workspace_buffer`` (staged in the pinned host buffer), and returns ``_plan_info``.
+* **Run.** ``run`` reads only the bound buffers and the partition, never the bound indptr, and
+  calls ``refimpl.kernels.dense_paged_attention`` / ``dense_paged_mla_attention`` once. So
+  editing the bound indptr without re-planning changes nothing: every replay must re-plan. The
+  batch is recast as one request per query row (:func:`_per_row_csr`): causal rows bottom-right
+  aligned, mask row j of request i at ``mask_indptr[i] + j * kv_len``, zeros past the batch.
+* **Kv window** (the op's fixed ``max_kv_len``): in cuda-graph mode the bound indices buffer
+  length, fixed at construction (:func:`set_kv_window` lowers it); else the planned maximum.
+* **Masks.** ``custom_mask`` wins over ``causal``. In cuda-graph mode the mask is used iff
+  ``custom_mask_buf`` was bound, even by a plan without a mask (flashinfer picks its mask mode
+  the same way; SGLang binds it only when the spec has a mask). MLA: causal only.
+
+The one representation difference: flashinfer packs the mask into bits (``segment_packbits``,
+each request padded to whole bytes) with packed byte offsets in ``mask_indptr``; the stand-in
+stores one byte per entry and element offsets (``cumsum(q_len_i * kv_len_i)``). A buffer sized
+for the unpacked mask fits both.
+
+Page size 1, NHD, kv cache as a ``(k, v)`` tuple of ``[slots, Hkv, D]``. The methods take the
+parameters refimpl passes, with flashinfer's names, positions and defaults;
+``tests/flashinfer_full_api.py`` has the full signatures and refuses what is not modelled.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..kernels.attention import dense_paged_attention, dense_paged_mla_attention
+
+INT_WORKSPACE_BYTES = 8 * 1024 * 1024  # what flashinfer's constructors allocate
+PARTITION_OFFSET = 0  # byte offset of the partition in _int_workspace_buffer
+I32 = torch.int32
+# the prefill module's trailing fa2-only plan arguments: fixed_split_size, disable_split_kv,
+# num_colocated_ctas (flashinfer's decode.py / prefill.py plan)
+FA2_ARGS = {"fa2": (-1, False, 0), "fa3": ()}
+
+
+def _dtype(dt: str | torch.dtype) -> torch.dtype:
+    got = getattr(torch, dt, None) if isinstance(dt, str) else dt
+    if not isinstance(got, torch.dtype):
+        raise TypeError(f"not a dtype: {dt!r}")
+    return got
+
+
+def _page_size_1(page_size: int) -> None:
+    if page_size != 1:
+        raise NotImplementedError(f"refimpl flashinfer stand-in: page_size={page_size} (only 1)")
+
+
+def _lens(name: str, indptr_host: torch.Tensor, batch_size=None, indices=None) -> list[int]:
+    """Lengths from a host indptr: bs+1 entries, from 0, non-decreasing, within ``indices``."""
+    v = indptr_host.tolist()
+    if batch_size is not None and len(v) != batch_size + 1:
+        raise ValueError(f"{name} has {len(v)} entries, expected batch_size + 1 = {batch_size + 1}")
+    if not v or v[0] != 0:
+        raise ValueError(f"{name}[0]={v[0] if v else None}: must be 0")
+    for i, (a, b) in enumerate(itertools.pairwise(v)):
+        if b < a:
+            raise ValueError(f"{name} must be non-decreasing: {name}[{i}]={a} > {name}[{i + 1}]="
+                             f"{b}")  # fmt: skip
+    if indices is not None and v[-1] > len(indices):
+        raise ValueError(f"{name}[-1]={v[-1]} > len(indices)={len(indices)}")
+    return [b - a for a, b in itertools.pairwise(v)]
+
+
+def _fits(name: str, n: int, buf_name: str, buf: torch.Tensor) -> None:
+    if n > len(buf):
+        raise ValueError(f"{name} has {n} entries, more than the bound {buf_name} holds "
+                         f"({len(buf)})")  # fmt: skip
+
+
+def _require_tensors(use_cuda_graph: bool, **bufs: Any) -> None:
+    for name, buf in bufs.items():
+        if use_cuda_graph and not torch.is_tensor(buf):
+            raise ValueError(f"{name} should be a torch.Tensor in cuda graph mode")
+
+
+# the work partition, and the stand-in JIT modules that write it
+def _write_partition(int_ws, pinned_ws, q_lens: list[int], kv_lens: list[int], rows: int):
+    """Stage int32 ``q_len ++ kv_len`` in the pinned buffer, copy it into the int workspace."""
+    lo, hi = PARTITION_OFFSET, PARTITION_OFFSET + 8 * len(kv_lens)
+    host = pinned_ws.view(torch.uint8)[lo:hi]
+    host.view(I32).copy_(torch.tensor(q_lens + kv_lens, dtype=I32))
+    int_ws.view(torch.uint8)[lo:hi].copy_(host)
+    return [lo, len(kv_lens), rows, max(q_lens, default=0), max(kv_lens, default=0)]
+
+
+def read_partition(wrapper: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The planned ``(q_len[bs], kv_len[bs])``: int32 views into the int workspace (graph-safe).
+    Stand-ins only: the real library's partition has another format."""
+    if not is_standin(wrapper):
+        raise TypeError("read_partition reads the stand-ins' partition format only")
+    if wrapper._plan_info is None:
+        raise RuntimeError("the wrapper has not been planned yet: call plan() first")
+    off, bs = wrapper._plan_info[:2]
+    part = wrapper._int_workspace_buffer.view(torch.uint8)[off : off + 8 * bs].view(I32)
+    return part[:bs], part[bs:]
+
+
+class _DecodeModule:
+    """flashinfer's CUDA-core decode module (``get_batch_decode_module``): 15-argument plan."""
+
+    def plan(self, float_ws, int_ws, pinned_ws, indptr_host, batch_size, num_qo_heads,
+             num_kv_heads, page_size, enable_cuda_graph, window_left, logits_soft_cap,
+             head_dim_qk, head_dim_vo, empty_q_data, empty_kv_data):  # fmt: skip
+        _page_size_1(page_size)
+        kv_lens = _lens("indptr", indptr_host, batch_size)
+        return _write_partition(int_ws, pinned_ws, [1] * batch_size, kv_lens, batch_size)
+
+
+class _PrefillModule:
+    """flashinfer's prefill module (``get_batch_prefill_module``, also tensor-core decode). plan:
+    float_ws, int_ws, pinned_ws, qo_indptr, kv_indptr, kv_len_arr, total_num_rows, batch_size,
+    num_qo_heads, num_kv_heads, page_size, enable_cuda_graph, head_dim_qk, head_dim_vo, causal,
+    window_left (16); fa2 appends fixed_split_size, disable_split_kv, num_colocated_ctas (19)."""
+
+    def plan(self, *args: Any) -> list[int]:
+        if len(args) not in (16, 19):
+            raise TypeError(f"prefill module plan takes 16 or 19 arguments, got {len(args)}")
+        _, int_ws, pinned_ws, qo_indptr, kv_indptr, kv_len_arr, rows, batch_size = args[:8]
+        _page_size_1(args[10])
+        q_lens = _lens("qo_indptr", qo_indptr, batch_size)
+        _lens("paged_kv_indptr", kv_indptr, batch_size)
+        return _write_partition(int_ws, pinned_ws, q_lens, kv_len_arr.tolist(), rows)
+
+
+class _MLAModule:
+    """flashinfer's MLA module (``get_batch_mla_module``): 9-argument plan."""
+
+    def plan(self, float_ws, int_ws, pinned_ws, qo_indptr, kv_indptr, kv_len_arr, num_heads,
+             head_dim_o, causal):  # fmt: skip
+        q_lens = _lens("qo_indptr", qo_indptr)
+        pages, kv_lens = _lens("kv_indptr", kv_indptr, len(q_lens)), kv_len_arr.tolist()
+        if kv_lens != pages:
+            raise ValueError(f"kv_len_arr {kv_lens} disagrees with the page counts of kv_indptr "
+                             f"{pages} (page size 1: they must be equal)")  # fmt: skip
+        return _write_partition(int_ws, pinned_ws, q_lens, kv_lens, sum(q_lens))
+
+
+# run helpers (device ops only: nothing reads the host)
+def _per_row_csr(q_len, kv_len, num_rows: int, window: int, causal: bool, indices, mask_indptr):
+    """The batch as ``num_rows`` one-row requests (see the module docstring): ``row_indptr
+    [T+1]``, ``row_indices [T*window]``, ``row_mask_indptr [T+1]`` (None without a mask)."""
+    dev = indices.device
+    indices = indices if indices.numel() else indices.new_zeros(1)  # the op needs >= 1 entry
+    ql, kl = q_len.to(torch.int64), kv_len.to(torch.int64)
+    bs = ql.shape[0]
+    q_end = torch.cumsum(ql, 0)
+    q_start, kv_start = q_end - ql, torch.cumsum(kl, 0) - kl
+    r = torch.arange(num_rows, device=dev)
+    req = torch.searchsorted(q_end, r, right=True)  # bs for rows past the batch
+    inside = req < bs
+    req = req.clamp(max=bs - 1)
+    j, n_kv = r - q_start[req], kl[req]
+    row_len = n_kv
+    if causal:  # bottom-right aligned
+        row_len = torch.minimum((n_kv - ql[req] + j + 1).clamp(min=0), n_kv)
+    row_len = torch.where(inside, row_len.clamp(max=window), 0)
+    row_indptr = F.pad(torch.cumsum(row_len, 0), (1, 0))
+    p = torch.arange(num_rows * window, device=dev)
+    row_of_p = torch.searchsorted(row_indptr[1:], p, right=True).clamp(max=num_rows - 1)
+    src = kv_start[req[row_of_p]] + (p - row_indptr[row_of_p])
+    row_indices = indices[src.clamp(0, indices.shape[0] - 1)]
+    row_mask = None
+    if mask_indptr is not None:
+        row_mask = F.pad(mask_indptr[:bs].to(torch.int64)[req] + j * n_kv, (0, 1))
+    return row_indptr, row_indices, row_mask
+
+
+def _joined_mla_cache(ckv: torch.Tensor, kpe: torch.Tensor) -> torch.Tensor:
+    """``[slots, 1, R + Rr]``: a zero-copy view when ``ckv`` / ``kpe`` are the two column ranges
+    of one buffer (SGLang's ``kv[..., :R]`` / ``kv[..., R:]``), else a concatenated copy."""
+    _page_size_1(ckv.shape[1])
+    rank, s, off = ckv.shape[-1], ckv.stride(), ckv.storage_offset()
+    same_buffer = ckv.untyped_storage().data_ptr() == kpe.untyped_storage().data_ptr()
+    if same_buffer and kpe.stride() == s and s[-1] == 1 and kpe.storage_offset() == off + rank:
+        return torch.as_strided(ckv, (*ckv.shape[:2], rank + kpe.shape[-1]), s, off)
+    return torch.cat([ckv, kpe], dim=-1)
+
+
+# the wrappers
+def is_standin(wrapper_or_class: Any) -> bool:
+    """True for the stand-in classes and their instances (``IS_STANDIN = True``)."""
+    return bool(getattr(wrapper_or_class, "IS_STANDIN", False))
+
+
+def set_kv_window(wrapper: Any, max_kv_len: int) -> bool:
+    """Set a stand-in's kv window, the longest kv any later plan may have (before capture: the
+    dense op's work grows with it). Returns False (no-op) for a real flashinfer wrapper."""
+    if not is_standin(wrapper):
+        return False
+    if not isinstance(max_kv_len, int) or max_kv_len < 1:
+        raise ValueError(f"max_kv_len={max_kv_len!r}: must be an int >= 1")
+    wrapper._kv_window = max_kv_len
+    return True
+
+
+class _Standin:
+    IS_STANDIN = True
+
+    def _setup(self, float_ws, use_cuda_graph: bool, fixed_bs: int, indices_buf) -> None:
+        self._float_workspace_buffer, self.device = float_ws, float_ws.device
+        n, u8, pin = INT_WORKSPACE_BYTES, torch.uint8, self.device.type == "cuda"
+        self._int_workspace_buffer = torch.empty(n, dtype=u8, device=self.device)
+        self._pin_memory_int_workspace_buffer = torch.empty(n, dtype=u8, pin_memory=pin)
+        self._use_cuda_graph = use_cuda_graph
+        self._fixed_batch_size = fixed_bs if use_cuda_graph else 0
+        self._kv_window = max(1, len(indices_buf)) if use_cuda_graph else 0
+        self._cached_module = self._plan_info = self._sm_scale = None
+        self._window_left, self._logits_soft_cap, self._causal = -1, 0.0, False
+        self._backend = "auto"
+
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        return self._use_cuda_graph
+
+    def _check_bound(self, bs: int, kv_lens, name: str, indices, buf_name: str) -> None:
+        """cuda-graph mode: the bound batch size, indices buffer and kv window hold the batch."""
+        if not self._use_cuda_graph:
+            return
+        if bs != self._fixed_batch_size:
+            raise ValueError(f"batch_size={bs} differs from the batch size "
+                             f"{self._fixed_batch_size} the wrapper was bound for")  # fmt: skip
+        _fits(name, len(indices), buf_name, getattr(self, self._INDICES))
+        for i, n in enumerate(kv_lens):
+            if n > self._kv_window:
+                raise ValueError(f"request {i} has kv_len={n} > the wrapper's kv window "
+                                 f"{self._kv_window} (see set_kv_window)")  # fmt: skip
+
+    def _store(self, non_blocking: bool, **tensors: torch.Tensor) -> None:
+        """Binding (attribute name -> tensor): copy into the bound buffer, or keep ``x.to``."""
+        for attr, x in tensors.items():
+            if self._use_cuda_graph:
+                getattr(self, attr)[: len(x)].copy_(x, non_blocking=non_blocking)
+            else:
+                setattr(self, attr, x.to(self.device, non_blocking=non_blocking))
+
+    def _set_dtypes(self, q_data_type, kv_data_type) -> None:
+        q = _dtype(q_data_type if q_data_type is not None else "float16")
+        kv = q if kv_data_type is None else _dtype(kv_data_type)
+        self._cached_q_data_type, self._cached_kv_data_type, self._cached_o_data_type = q, kv, q
+
+    def _call_module(self, module: Any, *args: Any) -> None:
+        """Select ``module`` as ``_cached_module`` and plan with it (workspaces first, as real)."""
+        info = module.plan(self._float_workspace_buffer, self._int_workspace_buffer,
+                           self._pin_memory_int_workspace_buffer, *args)  # fmt: skip
+        self._cached_module, self._plan_info = module, info
+
+    def _window(self) -> int:
+        return self._kv_window if self._use_cuda_graph else max(1, self._plan_info[4])
+
+    def _rows(self, q: torch.Tensor, k: torch.Tensor, causal: bool, mask_indptr=None):
+        """Check a run's inputs against the plan; the per-row CSR (None: idle batch), window."""
+        if self._plan_info is None or self._cached_module is None:
+            raise RuntimeError(f"{type(self).__name__}: call plan() before run()")
+        want = (self._cached_q_data_type, self._cached_kv_data_type)
+        if (q.dtype, k.dtype) != want:
+            raise ValueError(f"q / kv dtypes {q.dtype} / {k.dtype} do not match the q_data_type "
+                             f"{want[0]} / kv_data_type {want[1]} of plan()")  # fmt: skip
+        info = self._plan_info
+        if q.dim() != 3 or q.shape[0] < info[2]:
+            raise ValueError(f"q.shape={tuple(q.shape)}: expected [>= {info[2]} rows, H, D]")
+        window = self._window()
+        if info[1] == 0 or q.shape[0] == 0:  # an idle batch
+            return None, window
+        q_len, kv_len = read_partition(self)
+        indices = getattr(self, self._INDICES)
+        return _per_row_csr(q_len, kv_len, q.shape[0], window, causal, indices, mask_indptr), window
+
+    def _run_mha(self, q, paged_kv_cache, causal: bool, mask=None, mask_indptr=None):
+        if not isinstance(paged_kv_cache, tuple):
+            raise TypeError("the stand-ins take the kv cache as a tuple (k, v), [slots, Hkv, D]")
+        k, v = paged_kv_cache
+        csr, window = self._rows(q, k, causal, mask_indptr)
+        out = q.new_zeros(q.shape[:-1] + v.shape[-1:], dtype=self._cached_o_data_type)
+        if csr is not None:
+            sm_scale = 1 / math.sqrt(q.shape[-1]) if self._sm_scale is None else self._sm_scale
+            dense_paged_attention(
+                q, k, v, csr[0], csr[1], out, sm_scale=float(sm_scale), max_kv_len=window,
+                q_per_req=1, custom_mask=mask, mask_indptr=csr[2],
+            )  # fmt: skip
+        return out
+
+
+class BatchDecodeWithPagedKVCacheWrapper(_Standin):
+    """Stand-in for ``flashinfer.BatchDecodeWithPagedKVCacheWrapper`` (one query row/request)."""
+
+    _INDICES = "_paged_kv_indices_buf"
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD",
+                 use_cuda_graph: bool = False, use_tensor_cores: bool = False,
+                 paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None,
+                 paged_kv_last_page_len_buffer=None) -> None:  # fmt: skip
+        if kv_layout != "NHD":
+            raise NotImplementedError(f"refimpl flashinfer stand-in: kv_layout={kv_layout!r}")
+        _require_tensors(use_cuda_graph, paged_kv_indptr_buffer=paged_kv_indptr_buffer,
+                         paged_kv_indices_buffer=paged_kv_indices_buffer,
+                         paged_kv_last_page_len_buffer=paged_kv_last_page_len_buffer)  # fmt: skip
+        bs = len(paged_kv_last_page_len_buffer) if use_cuda_graph else 0
+        self._setup(float_workspace_buffer, use_cuda_graph, bs, paged_kv_indices_buffer)
+        self._paged_kv_indptr_buf = paged_kv_indptr_buffer
+        self._paged_kv_indices_buf = paged_kv_indices_buffer
+        self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buffer
+        self.use_tensor_cores = self._use_tensor_cores = use_tensor_cores
+        if use_tensor_cores and use_cuda_graph:
+            self._qo_indptr_buf = torch.arange(bs + 1, dtype=I32, device=self.device)
+
+    def plan(self, indptr, indices, last_page_len, num_qo_heads: int, num_kv_heads: int,
+             head_dim: int, page_size: int, *, q_data_type="float16", kv_data_type=None,
+             data_type=None, sm_scale=None, non_blocking: bool = True) -> None:  # fmt: skip
+        _page_size_1(page_size)
+        bs = len(last_page_len)
+        indptr_host = indptr.to("cpu")  # the device-to-host copy the fast plan avoids
+        kv_lens = _lens("indptr", indptr_host, bs, indices)
+        self._check_bound(bs, kv_lens, "indices", indices, "paged_kv_indices_buffer")
+        self._store(non_blocking, _paged_kv_indptr_buf=indptr, _paged_kv_indices_buf=indices,
+                    _paged_kv_last_page_len_buf=last_page_len)  # fmt: skip
+        if self.use_tensor_cores and not self._use_cuda_graph:
+            self._qo_indptr_buf = torch.arange(bs + 1, dtype=I32, device=self.device)
+        q_data_type = data_type if q_data_type is None else q_data_type  # flashinfer's precedence:
+        kv_data_type = data_type if kv_data_type is None else kv_data_type  # explicit q / kv win
+        self._set_dtypes(q_data_type, kv_data_type)
+        self._batch_size, self._num_qo_heads, self._num_kv_heads = bs, num_qo_heads, num_kv_heads
+        self._max_kv_len, self._page_size, self._sm_scale = max(kv_lens, default=0), 1, sm_scale
+        graph = self._use_cuda_graph
+        if self.use_tensor_cores:  # flashinfer plans tensor-core decode with the prefill module
+            self._backend = "fa2" if self._backend == "auto" else self._backend
+            self._call_module(
+                _PrefillModule(), torch.arange(bs + 1, dtype=I32), indptr_host,
+                torch.tensor(kv_lens, dtype=I32), bs, bs, num_qo_heads, num_kv_heads, 1, graph,
+                head_dim, head_dim, False, -1, *FA2_ARGS[self._backend],
+            )  # fmt: skip
+        else:
+            self._call_module(
+                _DecodeModule(), indptr_host, bs, num_qo_heads, num_kv_heads, 1, graph, -1, 0.0,
+                head_dim, head_dim, torch.empty(0, dtype=self._cached_q_data_type),
+                torch.empty(0, dtype=self._cached_kv_data_type),
+            )  # fmt: skip
+
+    begin_forward = plan
+
+    def run(self, q: torch.Tensor, paged_kv_cache: Any) -> torch.Tensor:
+        return self._run_mha(q, paged_kv_cache, causal=False)
+
+
+class BatchPrefillWithPagedKVCacheWrapper(_Standin):
+    """Stand-in for ``flashinfer.BatchPrefillWithPagedKVCacheWrapper`` (ragged queries)."""
+
+    _INDICES = "_paged_kv_indices_buf"
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD",
+                 use_cuda_graph: bool = False, qo_indptr_buf=None, paged_kv_indptr_buf=None,
+                 paged_kv_indices_buf=None, paged_kv_last_page_len_buf=None,
+                 custom_mask_buf=None, mask_indptr_buf=None) -> None:  # fmt: skip
+        if kv_layout != "NHD":
+            raise NotImplementedError(f"refimpl flashinfer stand-in: kv_layout={kv_layout!r}")
+        _require_tensors(use_cuda_graph, qo_indptr_buf=qo_indptr_buf,
+                         paged_kv_indptr_buf=paged_kv_indptr_buf,
+                         paged_kv_indices_buf=paged_kv_indices_buf,
+                         paged_kv_last_page_len_buf=paged_kv_last_page_len_buf)  # fmt: skip
+        if use_cuda_graph and (custom_mask_buf is None) != (mask_indptr_buf is None):
+            raise ValueError("custom_mask_buf and mask_indptr_buf are bound together or not")
+        bs = len(qo_indptr_buf) - 1 if use_cuda_graph else 0
+        self._setup(float_workspace_buffer, use_cuda_graph, bs, paged_kv_indices_buf)
+        self._qo_indptr_buf = qo_indptr_buf
+        self._paged_kv_indptr_buf = paged_kv_indptr_buf
+        self._paged_kv_indices_buf = paged_kv_indices_buf
+        self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buf
+        self._custom_mask_buf, self._mask_indptr_buf = custom_mask_buf, mask_indptr_buf
+
+    def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
+             num_qo_heads: int, num_kv_heads: int, head_dim_qk: int, page_size: int, *,
+             custom_mask=None, causal: bool = False, sm_scale=None, q_data_type="float16",
+             kv_data_type=None, non_blocking: bool = True) -> None:  # fmt: skip
+        _page_size_1(page_size)
+        bs = len(qo_indptr) - 1
+        qo_host, kv_host = qo_indptr.to("cpu"), paged_kv_indptr.to("cpu")  # host reads
+        q_lens = _lens("qo_indptr", qo_host, bs)
+        kv_lens = _lens("paged_kv_indptr", kv_host, bs, paged_kv_indices)
+        rows, mask = sum(q_lens), {}
+        if custom_mask is not None:
+            sizes = [a * b for a, b in zip(q_lens, kv_lens)]
+            if custom_mask.numel() != sum(sizes):
+                raise ValueError(f"custom_mask has {custom_mask.numel()} entries, expected "
+                                 f"sum(q_len_i * kv_len_i) = {sum(sizes)} for q_len={q_lens}, "
+                                 f"kv_len={kv_lens}")  # fmt: skip
+            mask = {  # one byte per entry and element offsets (flashinfer: bits, byte offsets)
+                "_custom_mask_buf": custom_mask.reshape(-1).to(torch.uint8),
+                "_mask_indptr_buf": torch.tensor([0, *itertools.accumulate(sizes)], dtype=I32),
+            }
+        self._check_bound(bs, kv_lens, "paged_kv_indices", paged_kv_indices,
+                          "paged_kv_indices_buf")  # fmt: skip
+        if not self._use_cuda_graph:  # a plan without a mask unbinds the last one
+            self._custom_mask_buf = self._mask_indptr_buf = None
+        elif mask:
+            if self._custom_mask_buf is None:
+                raise ValueError("a custom mask in cuda graph mode needs custom_mask_buf")
+            _fits("custom_mask", custom_mask.numel(), "custom_mask_buf", self._custom_mask_buf)
+        self._store(non_blocking, _qo_indptr_buf=qo_indptr, _paged_kv_indptr_buf=paged_kv_indptr,
+                    _paged_kv_indices_buf=paged_kv_indices,
+                    _paged_kv_last_page_len_buf=paged_kv_last_page_len, **mask)  # fmt: skip
+        self._set_dtypes(q_data_type, kv_data_type)
+        self._batch_size, self._num_qo_heads, self._num_kv_heads = bs, num_qo_heads, num_kv_heads
+        self._max_q_len, self._max_kv_len = max(q_lens, default=0), max(kv_lens, default=0)
+        self._page_size, self._causal, self._sm_scale = 1, causal, sm_scale
+        self._backend = "fa2" if self._backend == "auto" else self._backend
+        self._call_module(
+            _PrefillModule(), qo_host, kv_host, torch.tensor(kv_lens, dtype=I32), rows, bs,
+            num_qo_heads, num_kv_heads, 1, self._use_cuda_graph, head_dim_qk, head_dim_qk,
+            causal, -1, *FA2_ARGS[self._backend],
+        )  # fmt: skip
+
+    begin_forward = plan
+
+    def run(self, q: torch.Tensor, paged_kv_cache: Any) -> torch.Tensor:
+        mask = self._custom_mask_buf  # bound or planned: CUSTOM mode, the mask governs
+        if mask is None:
+            return self._run_mha(q, paged_kv_cache, bool(self._causal))
+        return self._run_mha(q, paged_kv_cache, False, mask, self._mask_indptr_buf)
+
+
+class BatchMLAPagedAttentionWrapper(_Standin):
+    """Stand-in for ``flashinfer.BatchMLAPagedAttentionWrapper`` (absorbed MLA, no custom mask)."""
+
+    _INDICES = "_kv_indices_buf"
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, use_cuda_graph: bool = False,
+                 qo_indptr=None, kv_indptr=None, kv_indices=None, kv_len_arr=None,
+                 backend: str = "auto") -> None:  # fmt: skip
+        if backend not in ("auto", "fa2", "fa3"):
+            raise NotImplementedError(f"refimpl flashinfer stand-in: backend={backend!r}")
+        # stricter than flashinfer, which fails later in plan
+        _require_tensors(use_cuda_graph, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+                         kv_indices=kv_indices, kv_len_arr=kv_len_arr)  # fmt: skip
+        bs = len(qo_indptr) - 1 if use_cuda_graph else 0
+        self._setup(float_workspace_buffer, use_cuda_graph, bs, kv_indices)
+        self._qo_indptr_buf, self._kv_indptr_buf = qo_indptr, kv_indptr
+        self._kv_indices_buf, self._kv_len_arr_buf = kv_indices, kv_len_arr
+        self._backend, self._batch_size = "fa2" if backend == "auto" else backend, 0
+
+    def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads: int,
+             head_dim_ckv: int, head_dim_kpe: int, page_size: int, causal: bool,
+             sm_scale: float, q_data_type: torch.dtype,
+             kv_data_type: torch.dtype) -> None:  # fmt: skip
+        _page_size_1(page_size)
+        bs = len(qo_indptr) - 1
+        # the host reads (in a graph replay they hung: SGLang #3987, see fast_plan.py)
+        qo_host, kv_host, kv_len_host = (t.to("cpu") for t in (qo_indptr, kv_indptr, kv_len_arr))
+        _lens("qo_indptr", qo_host, bs)
+        kv_lens = _lens("kv_indptr", kv_host, bs, kv_indices)
+        self._check_bound(bs, kv_lens, "kv_indices", kv_indices, "kv_indices")
+        # the module validates kv_len_arr before anything is copied
+        self._call_module(_MLAModule(), qo_host, kv_host, kv_len_host, num_heads, head_dim_ckv,
+                          causal)  # fmt: skip
+        self._store(True, _qo_indptr_buf=qo_indptr, _kv_indptr_buf=kv_indptr,
+                    _kv_indices_buf=kv_indices, _kv_len_arr_buf=kv_len_arr)  # fmt: skip
+        self._cached_q_data_type = self._cached_o_data_type = _dtype(q_data_type)
+        self._cached_kv_data_type = _dtype(kv_data_type)
+        self._batch_size, self._num_heads, self._causal = bs, num_heads, causal
+        self._page_size, self._sm_scale = 1, sm_scale
+
+    def run(self, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor,
+            kpe_cache: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        csr, window = self._rows(q_nope, ckv_cache, bool(self._causal))
+        out, kv_cache = torch.zeros_like(q_nope), _joined_mla_cache(ckv_cache, kpe_cache)
+        if csr is not None:
+            dense_paged_mla_attention(
+                q_nope, q_pe, kv_cache, csr[0], csr[1], out, sm_scale=float(self._sm_scale),
+                max_kv_len=window, q_per_req=1,
+            )  # fmt: skip
+        return out

@@ -1,0 +1,129 @@
+"""The op recorder both graph engines use: a ``TorchDispatchMode`` that sees every tensor op.
+
+Inside ``record_ops(steps)`` every aten op and every registered custom op (each refimpl kernel
+is one ``torch.library.custom_op``) arrives here once, with the exact tensor objects it
+touched. The recorder
+
+- refuses what CUDA stream capture refuses: host synchronisation (``.item()``, ``bool(t)``,
+  ``torch.equal``) and ops whose output *shape* depends on tensor values (``nonzero``,
+  boolean-mask indexing, ...), raising ``GraphCaptureError``;
+- names every op and whether it launches work at replay (views and pure allocations do not),
+  which is what ``Graph.kernels()`` lists on both engines;
+- with ``steps`` given, keeps a ``Step`` per op: the CPU emulator replays those.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from .engine import GraphCaptureError
+
+# Ops that need the value of device data on the host (CUDA: a sync, illegal while capturing).
+HOST_SYNC_OPS = {
+    "aten._local_scalar_dense.default": "reads a tensor value on the host (.item(), int(), bool(): "
+    "data-dependent branching)",
+    "aten.is_nonzero.default": "reads a tensor value on the host (bool(tensor))",
+    "aten.equal.default": "torch.equal returns a host bool",
+    "aten.allclose.default": "torch.allclose returns a host bool",
+}
+# Ops whose output shape depends on tensor values.
+DATA_DEPENDENT_SHAPE = (
+    "aten.nonzero.",
+    "aten.masked_select.",
+    "aten._unique",
+    "aten.unique",
+    "aten.repeat_interleave.Tensor",
+    "aten.argwhere.",
+)
+PURE_ALLOC = ("aten.empty.", "aten.empty_like.", "aten.empty_strided.", "aten.new_empty")
+
+
+def tensors_in(obj: Any) -> list[torch.Tensor]:
+    return [x for x in tree_flatten(obj)[0] if isinstance(x, torch.Tensor)]
+
+
+def _storage_ptr(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+class Step:
+    """One recorded op: ``func(*args, **kwargs)`` and how to redo it at replay."""
+
+    __slots__ = ("func", "args", "kwargs", "outs", "rerun", "copy_back")
+
+    def __init__(self, func, args, kwargs, out):
+        self.func, self.args, self.kwargs = func, args, kwargs
+        name = str(func)
+        inputs = {_storage_ptr(t) for t in tensors_in((args, kwargs)) if t.numel()}
+        self.outs = tensors_in(out)
+        aliased = [t.numel() == 0 or _storage_ptr(t) in inputs for t in self.outs]
+        if name.startswith(PURE_ALLOC):
+            self.rerun, self.copy_back = False, []  # an allocation is not a kernel
+        elif func._schema.is_mutable:
+            self.rerun, self.copy_back = True, []  # writes its inputs in place: just run again
+        elif self.outs and all(aliased):
+            self.rerun, self.copy_back = False, []  # a view: the captured view object stays valid
+        else:
+            # a functional op: recompute and write the result into the captured output
+            self.rerun = True
+            self.copy_back = [i for i, a in enumerate(aliased) if not a]
+
+    def replay(self) -> None:
+        if not self.rerun:
+            return
+        result = self.func(*self.args, **self.kwargs)
+        if not self.copy_back:
+            return
+        fresh = tensors_in(result)
+        for i in self.copy_back:
+            dst, src = self.outs[i], fresh[i]
+            if dst.shape != src.shape:
+                raise GraphCaptureError(
+                    f"{self.func} produced shape {tuple(src.shape)} at replay, "
+                    f"{tuple(dst.shape)} at capture"
+                )
+            dst.copy_(src)
+
+
+class Recorder(TorchDispatchMode):
+    def __init__(self, steps: list[Step] | None):
+        super().__init__()
+        self.steps = steps  # None: name the ops only (the CUDA engine)
+        self.names: list[tuple[str, bool]] = []  # (op name, launches work at replay)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = str(func)
+        if name in HOST_SYNC_OPS:
+            raise GraphCaptureError(
+                f"host synchronisation during capture: {name} {HOST_SYNC_OPS[name]}"
+            )
+        if name.startswith(DATA_DEPENDENT_SHAPE):
+            raise GraphCaptureError(
+                f"data-dependent output shape during capture: {name} (its size needs a host sync)"
+            )
+        if name.startswith(("aten.index.Tensor", "aten.index_put")) and any(
+            t.dtype in (torch.bool, torch.uint8) for t in tensors_in(args[1])
+        ):
+            raise GraphCaptureError(
+                f"data-dependent output shape during capture: {name} with a boolean mask"
+            )
+        out = func(*args, **kwargs)
+        step = Step(func, args, kwargs, out)
+        self.names.append((name, step.rerun))
+        if self.steps is not None:
+            self.steps.append(step)
+        return out
+
+
+@contextlib.contextmanager
+def record_ops(steps: list[Step] | None = None):
+    """Record (or, with ``steps=None``, only name) the ops run inside the block."""
+    rec = Recorder(steps)
+    with rec:
+        yield rec

@@ -1,0 +1,94 @@
+"""Argument checks every kernel wrapper shares: shapes, dtypes, devices and Python scalars only.
+
+Never a tensor *value* (that would need a host read): the wrappers run inside captured graphs.
+Every refusal is a ``ValueError`` (``TypeError`` for a non-tensor) naming the value and the rule.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+INDEX_DTYPES = (torch.int32, torch.int64)
+MASK_DTYPES = (torch.bool, torch.uint8)
+
+
+def check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def check_tensor(
+    t, name: str, dtypes: tuple, ndim: int | None = None, device: torch.device | None = None,
+    *, min_len: int = 0,
+) -> None:  # fmt: skip
+    """A tensor of one of ``dtypes``, ``ndim``-D, last dim contiguous, on ``device``."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    names = " / ".join(str(d) for d in dtypes)
+    check(t.dtype in dtypes, f"{name}.dtype={t.dtype}: must be one of {names}")
+    if ndim is not None:
+        check(t.dim() == ndim, f"{name}.shape={tuple(t.shape)}: must be {ndim}-D")
+    if t.numel() > 0:
+        check(t.stride(-1) == 1, f"{name}.stride(-1)={t.stride(-1)}: last dim must be contiguous")
+    check(
+        t.dim() == 0 or t.shape[0] >= min_len, f"{name}.shape[0]={t.shape[0]}: must be >= {min_len}"
+    )
+    if device is not None:
+        check(t.device == device, f"{name}.device={t.device}: must match {device}")
+
+
+def check_same_device(**tensors: torch.Tensor | None) -> None:
+    named = [(n, t) for n, t in tensors.items() if t is not None]
+    ref_name, ref = named[0]
+    for name, t in named[1:]:
+        check(
+            t.device == ref.device,
+            f"{name}.device={t.device}: must match {ref_name}.device={ref.device}",
+        )
+
+
+def check_int(value, name: str, low: int) -> None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+    check(ok, f"{name}={value!r}: must be an int >= {low}")
+
+
+def check_float(value, name: str) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    check(ok, f"{name}={value!r}: must be a finite Python float (a tensor would need a host read)")
+
+
+def check_paged_qkvo(q, k, v, o, names=("q", "k_buffer", "v_buffer", "o")) -> tuple[int, ...]:
+    """``q [T, H, D]``, ``k [slots, Hkv, D]``, ``v [slots, Hkv, Dv]``, ``o [T, H, Dv]`` (GQA:
+    Hkv divides H), float, one device. Returns ``(T, H, Hkv, D, Dv)``."""
+    nq, nk, nv, no = names
+    check_tensor(q, nq, FLOAT_DTYPES, 3)
+    for name, t in ((nk, k), (nv, v), (no, o)):
+        check_tensor(t, name, FLOAT_DTYPES, 3, q.device)
+    (rows, heads, dim), (slots, kv_heads, k_dim) = q.shape, k.shape
+    check(
+        kv_heads >= 1 and heads % kv_heads == 0,
+        f"{nk}.shape[1]={kv_heads}: must divide {nq}.shape[1]={heads} (GQA groups)",
+    )
+    check(k_dim == dim, f"{nk}.shape[2]={k_dim}: must equal {nq}.shape[2]={dim}")
+    check(
+        tuple(v.shape[:2]) == (slots, kv_heads),
+        f"{nv}.shape={tuple(v.shape)}: must start with {(slots, kv_heads)} like {nk}",
+    )
+    want = (rows, heads, v.shape[2])
+    check(tuple(o.shape) == want, f"{no}.shape={tuple(o.shape)}: must be {want}")
+    return rows, heads, kv_heads, dim, v.shape[2]
+
+
+def check_mask(custom_mask, mask_indptr, bs: int, device: torch.device) -> None:
+    """A flattened bool / uint8 ``custom_mask`` with ``mask_indptr [>= bs+1]``, or neither."""
+    if (custom_mask is None) != (mask_indptr is None):
+        raise ValueError(
+            f"custom_mask is {'None' if custom_mask is None else 'set'} but mask_indptr is "
+            f"{'None' if mask_indptr is None else 'set'}: pass both or neither"
+        )
+    if custom_mask is not None:
+        check_tensor(custom_mask, "custom_mask", MASK_DTYPES, 1, device, min_len=1)
+        check_tensor(mask_indptr, "mask_indptr", INDEX_DTYPES, 1, device, min_len=bs + 1)

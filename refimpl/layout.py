@@ -1,0 +1,138 @@
+"""The per-mode layout rules, in one place.
+
+A captured graph has fixed shapes, so every request of a graph mode occupies the same number of
+query rows (a *uniform stride*); capture and replay must lay the rows out identically, or the
+replayed kernels read the wrong rows (SGLang #21987, #27545). The rules the whole story depends
+on, and where upstream keeps them (``python/sglang/srt/model_executor/cuda_graph_runner.py``,
+``num_tokens_per_bs``; facts in ``[facts#the-graph-runner]``):
+
+| graph mode                   | query rows per request | ``seq_lens[i]`` counts (refimpl)       |
+|------------------------------|------------------------|----------------------------------------|
+| DECODE / IDLE                | 1                      | every token, incl. the one decoded     |
+| multi-step draft decode      | topk (one per branch)  | the verified prefix                    |
+| TARGET_VERIFY                | N (num_draft_tokens)   | the prefix only (before the N drafts)  |
+| DRAFT_EXTEND (v1)            | S + 1 (num_steps + 1)  | every token, incl. the S+1 new rows    |
+| DRAFT_EXTEND_V2              | N                      | every token, incl. the N new rows      |
+
+refimpl's ``seq_lens`` count a request's new rows in every extend mode; upstream's v1 passes
+them without and v2 subtracts ``extend_seq_lens`` (same keys; the table of such differences is
+in ``[facts#where-refimpl-deliberately-differs-from-upstream]``). Two views of
+the keys a request attends follow from it:
+
+- ``attended_kv_lens``: every key incl. the request's new rows (FlashInfer family, TRTLLM-MLA,
+  the oracle): verify ``seq + N``, every other mode ``seq``;
+- ``prefix_kv_lens``: the keys *before* the new rows (Triton / Wave extend kernel, which take
+  the new rows' k/v directly): verify ``seq``, draft extend ``seq - rows``, decode ``seq``.
+
+Target verify's tree mask (``[facts#kernel-level-facts]``): request i's block is
+row-major ``[N, seq_lens[i] + N]`` (prefix columns all 1, then the tree's ancestry), blocks are
+flattened and concatenated, and ``mask_indptr = [0, cumsum(N * (seq_lens + N))]``.
+
+Padding (``[facts#the-graph-runner]``): a batch of ``raw_bs`` requests replays the
+smallest captured graph with ``bs >= raw_bs``; rows ``raw_bs..bs`` are *padded rows* with
+``seq_len = fill value`` (1 for all six backends), request slot ``PAD_REQ_SLOT`` (0, a reserved
+row of ``req_to_token``) and cache slot ``PAD_CACHE_SLOT`` (0, a reserved KV slot), so they
+write their KV where no live request reads and their outputs are discarded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .config import SpecConfig
+from .memory import RESERVED_REQ_SLOT, RESERVED_TOKEN_SLOT
+from .modes import ForwardMode
+
+PAD_REQ_SLOT = RESERVED_REQ_SLOT  # request slot of every padded row
+PAD_CACHE_SLOT = RESERVED_TOKEN_SLOT  # KV slot every padded row writes
+
+
+# --- rows per request --------------------------------------------------------------------------
+def rows_per_request(
+    mode: ForwardMode, spec: SpecConfig | None = None, multi_step_draft: bool = False
+) -> int:
+    """Query rows every request occupies in a captured graph of ``mode`` (the table above)."""
+    if mode.is_decode_or_idle():
+        if not multi_step_draft:
+            return 1
+        return _need_spec(mode, spec).topk
+    if mode.is_target_verify() or mode.is_draft_extend_v2():
+        return _need_spec(mode, spec).num_draft_tokens
+    if mode.is_draft_extend_v1():
+        return _need_spec(mode, spec).num_steps + 1
+    raise ValueError(f"{mode.label} is not captured in a graph (no uniform row layout)")
+
+
+def cache_writes_per_row(spec: SpecConfig | None = None, multi_step_draft: bool = False) -> int:
+    """KV slots each query row writes: S in multi-step draft decode (one per step), else 1."""
+    if not multi_step_draft:
+        return 1
+    return _need_spec(ForwardMode.DECODE, spec).num_steps
+
+
+def _need_spec(mode: ForwardMode, spec: SpecConfig | None) -> SpecConfig:
+    if spec is None:
+        raise ValueError(f"{mode.label} lays out speculative rows: it needs a SpecConfig")
+    return spec
+
+
+# --- which keys a request attends ----------------------------------------------------------------
+def attended_kv_lens(mode: ForwardMode, seq_lens: torch.Tensor, num_draft_tokens: int = 0):
+    """Keys incl. the request's new rows: verify ``seq + N``, every other mode ``seq``."""
+    return seq_lens + num_draft_tokens if mode.is_target_verify() else seq_lens
+
+
+def prefix_kv_lens(mode: ForwardMode, seq_lens: torch.Tensor, rows: int | torch.Tensor):
+    """Keys before the request's new rows (the Triton / Wave extend kernel's paged part).
+
+    Verify: ``seq`` (it counts the prefix only); draft extend / extend: ``seq - rows``, clamped
+    at 0 because a padded row (``seq_len`` = fill value 1) has fewer tokens than rows.
+    """
+    if mode.is_target_verify() or mode.is_decode_or_idle():
+        return seq_lens
+    return torch.clamp(seq_lens - rows, min=0)
+
+
+# --- the target-verify tree mask ----------------------------------------------------------------
+def tree_mask_sizes(seq_lens: Sequence[int], num_draft_tokens: int) -> list[int]:
+    """Entries of each request's mask block: ``N * (seq_lens[i] + N)`` (host ints)."""
+    n = int(num_draft_tokens)
+    return [n * (int(s) + n) for s in seq_lens]
+
+
+def mask_indptr(
+    seq_lens: torch.Tensor, num_draft_tokens: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``[0, cumsum(N * (seq_lens + N))]``  # [bs+1] int64.
+
+    With ``out`` (a zero-initialised static buffer) the cumsum is written into
+    ``out[1:bs+1]`` in place and ``out[:bs+1]`` returned: graph-safe, no allocation a kernel
+    would read. Without, a fresh tensor on ``seq_lens``' device.
+    """
+    bs, n = seq_lens.numel(), int(num_draft_tokens)
+    if out is None:
+        out = torch.zeros(bs + 1, dtype=torch.int64, device=seq_lens.device)
+    out[1 : bs + 1] = torch.cumsum(n * (seq_lens.to(torch.int64) + n), 0)
+    return out[: bs + 1]
+
+
+# --- padding a batch to a captured size ------------------------------------------------------
+def padded_seq_lens_sum(raw_sum: int, raw_bs: int, bs: int, fill_value: int) -> int:
+    """``seq_lens_sum`` of a padded batch: the live sum + one fill value per padded row."""
+    return raw_sum + (bs - raw_bs) * fill_value
+
+
+def reset_padded_rows(
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_lens_cpu: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    fill_value: int,
+) -> None:
+    """In place (the runner's static inputs): every row becomes a padded row."""
+    req_pool_indices.fill_(PAD_REQ_SLOT)
+    seq_lens.fill_(fill_value)
+    seq_lens_cpu.fill_(fill_value)
+    out_cache_loc.fill_(PAD_CACHE_SLOT)

@@ -1,0 +1,64 @@
+"""Deliberately broken out-of-tree backends: each plants one classic capture/replay bug in the
+example backend (``examples/paged_decode_backend.py``). ``tests/test_backend_class.py`` loads
+them the way a reviewer would, through ``--backend-class``, and asserts the checker names the
+buffer or the cause."""
+
+from __future__ import annotations
+
+import torch
+
+from examples.paged_decode_backend import PagedDecodeBackend, PagedDecodeMetadata
+from refimpl.kernels import build_kv_indices
+
+
+class CaptureSkipsAFill(PagedDecodeBackend):
+    """Capture fills ``kv_indptr`` but never ``kv_indices`` (a second body that drifted)."""
+
+    name = "bug_capture_skips_fill"
+
+    def init_forward_metadata_capture_cuda_graph(
+        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
+    ):
+        indptr = self.cuda_graph_kv_indptr[: bs + 1]
+        indptr[1:] = torch.cumsum(seq_lens[:bs], 0)  # ... and no build_kv_indices
+        self.forward_metadata = PagedDecodeMetadata(
+            indptr, self.cuda_graph_kv_indices, self.world.max_context_len
+        )
+
+
+class FrozenScalar(PagedDecodeBackend):
+    """Capture freezes ``max_kv_len = seq_lens.max()`` (old TRTLLM-MLA ``max_seq_len``)."""
+
+    name = "bug_frozen_scalar"
+
+    def init_forward_metadata_capture_cuda_graph(
+        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
+    ):
+        super().init_forward_metadata_capture_cuda_graph(
+            bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
+        )
+        longest = int(seq_lens[:bs].max())  # a host read outside the graph, then baked in
+        md = self.forward_metadata
+        self.forward_metadata = PagedDecodeMetadata(md.kv_indptr, md.kv_indices, longest)
+
+
+class FreshTensorAtReplay(PagedDecodeBackend):
+    """Replay builds ``kv_indptr`` in a fresh tensor: the graph keeps reading the old one."""
+
+    name = "bug_fresh_tensor"
+
+    def init_forward_metadata_replay_cuda_graph(
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
+        seq_lens_cpu,
+    ):  # fmt: skip
+        indptr = torch.zeros(bs + 1, dtype=torch.int32, device=self.device)  # not the buffer
+        indptr[1:] = torch.cumsum(seq_lens[:bs], 0)
+        build_kv_indices(self.world.req_to_token, req_pool_indices[:bs], seq_lens[:bs], indptr,
+                         self.cuda_graph_kv_indices)  # fmt: skip
+        self.replay_kv_indptr = indptr  # where a metadata object built now would point
+
+
+class NoGraphState(PagedDecodeBackend):
+    """Not a backend at all: the contract method ``graph_state`` is missing."""
+
+    graph_state = None
