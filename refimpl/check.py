@@ -35,7 +35,7 @@ from .batch import ForwardBatch, World
 from .batchgen import BatchGenerator
 from .config import GraphConfig, SpecConfig, tiny_model_config
 from .graphs import GraphEngine, make_engine
-from .graphs.runner import GraphRunner, call_capture_hook, call_replay_hook
+from .graphs.runner import GraphRunner, call_capture_hook, call_in_graph_hook, call_replay_hook
 from .model import MultiStepDraftProgram, TinyDecoder
 from .modes import ForwardMode
 
@@ -142,19 +142,22 @@ def capture_vs_replay(
     new_backend: Callable[[], Any], runner: GraphRunner, fb: ForwardBatch
 ) -> tuple[list[str], list[str] | None]:
     """Verdicts (a) and (d) for one batch: P (capture hook fed the batch) vs Q (capture, then
-    replay); Q's state against its reference (None when the backend gives none)."""
+    replay); Q's state against its reference (None when the backend gives none). Backends that
+    rebuild metadata inside the graph get their in-graph hook after the last out-of-graph one."""
     padded = runner.padded_batch(fb)
     bs, mode = padded.batch_size, runner.mode
 
     P = new_backend()
     P.init_cuda_graph_state(runner.max_bs, runner.max_num_tokens)
     call_capture_hook(P, padded)
+    call_in_graph_hook(P, padded)  # what a graph's own metadata nodes would do first
     state_p = _snapshot(P.graph_state(bs, mode))
 
     Q = new_backend()
     Q.init_cuda_graph_state(runner.max_bs, runner.max_num_tokens)
     call_capture_hook(Q, runner.capture_batch(bs))
     call_replay_hook(Q, padded)
+    call_in_graph_hook(Q, padded)
     state_q = _snapshot(Q.graph_state(bs, mode))
     ref = Q.reference_graph_state(padded)
     return diff_states(state_p, state_q), None if ref is None else diff_reference(state_q, ref)

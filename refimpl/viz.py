@@ -8,9 +8,11 @@ pyplot figure manager) and is deterministic: the same inputs give the same pictu
   CSR builder ([facts#csr-kv-index-builder]) makes from them, with the ``kv_indptr`` boundaries.
 - ``draw_tree_mask``: one request's target-verify custom-mask block ``[N, seq + N]`` and,
   given the parents, its draft tree.
+- ``draw_block_table``: a paged block table against ``req_to_token``, page by page.
 - ``draw_buffers``: 1-D buffers as rows of annotated cells, scalars as text.
 - ``draw_draft_decode_indices``: the per-step ``kv_indptr`` / ``kv_indices`` rows of multi-step
   draft decode ([facts#multi-step-draft-decode-indices]), prefix and draft slots colour-coded.
+- ``draw_latency_vs_bs``: measured medians and spread against batch size, one line per shape.
 - ``save``: write a figure reproducibly (no software tag in the PNG).
 
 Cell colours: live requests get light colours (blue, green, purple, ...), padded rows (request
@@ -33,9 +35,11 @@ from matplotlib.patches import Rectangle
 from . import layout
 
 __all__ = [
+    "draw_block_table",
     "draw_buffers",
     "draw_csr",
     "draw_draft_decode_indices",
+    "draw_latency_vs_bs",
     "draw_tree_mask",
     "save",
 ]
@@ -202,6 +206,64 @@ def draw_csr(
     bot.set_title(
         f"kv_indices (packed; red marks: kv_indptr = {indptr.tolist()}){note}", fontsize=8
     )
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# Paged block tables (Cutlass-MLA, TRTLLM-MLA)
+# ---------------------------------------------------------------------------------------------
+def draw_block_table(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    lens: torch.Tensor,
+    block_table: torch.Tensor,
+    page_size: int,
+    *,
+    max_pages: int = 16,
+    title: str = "",
+) -> Figure:
+    """Per request two rows of cells, one per page p: what the page *should* hold,
+    ``req_to_token[rpi[i], p * P] // P`` (the first slot of the page over the page size), and
+    what ``block_table[i, p]`` holds. Pages at or past ``cdiv(lens[i], P)`` are never read by the
+    kernel: grey, with whatever the table keeps there (1 or -1 by convention). A read entry that
+    disagrees gets a red frame and the title counts them. At most ``max_pages`` columns.
+    """
+    r2t, rpi = _np(req_to_token), _np(req_pool_indices).reshape(-1)
+    lens, table = _np(lens).reshape(-1), _np(block_table)
+    bs, P = rpi.shape[0], int(page_size)
+    pages = min(table.shape[1], max_pages)
+    fig = Figure(
+        figsize=(pages * CELL_IN * 1.6 + 2.6, 2 * bs * CELL_IN + 1.2), layout="constrained"
+    )
+    ax = fig.add_subplot()
+    _grid_axes(ax, pages, 2 * bs)
+    bad, labels = 0, []
+    for i in range(bs):
+        read = -(-int(lens[i]) // P)
+        pad = int(rpi[i]) == 0
+        color = PAD_COLOR if pad else _req_color(i)
+        for p in range(pages):
+            live = p < read
+            col = min(p * P, r2t.shape[1] - 1)
+            want = int(r2t[rpi[i], col]) // P
+            _cell(ax, p, 2 * i, color if live else UNUSED_COLOR, str(want) if live else "")
+            _cell(ax, p, 2 * i + 1, color if live else UNUSED_COLOR, _fmt(table[i, p]))
+            if live and int(table[i, p]) != want:
+                bad += 1
+                _frame(ax, p, 2 * i + 1, 1, 1, BAD_COLOR, lw=1.5)
+        who = "pad" if pad else f"req {i}"
+        labels += [
+            f"{who}: r2t[row {int(rpi[i])}, p*{P}] // {P}",
+            f"block_table[{i}], len {int(lens[i])}",
+        ]
+    ax.set_yticks(range(2 * bs), labels, fontsize=7)
+    ax.set_xticks(range(pages), [f"p{p}" for p in range(pages)], fontsize=6)
+    ax.xaxis.tick_top()
+    more = f" (first {pages} of {table.shape[1]} pages)" if table.shape[1] > pages else ""
+    warn = f"; {bad} read entries differ!" if bad else ""
+    ax.set_title(f"page size {P}: grey = never read by the kernel{more}{warn}", fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
     return fig
@@ -489,6 +551,56 @@ def draw_draft_decode_indices(
             f"{indptr[i].tolist()}{note}{warn}",
             fontsize=7.5,
         )
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurements
+# ---------------------------------------------------------------------------------------------
+SHAPE_COLORS = {"legacy": "#d62728", "unified": "#1f77b4", "simplified": "#ff7f0e",
+                "in_graph": "#2ca02c", "faithful": "#1f77b4", "fused": "#ff7f0e"}  # fmt: skip
+
+
+def draw_latency_vs_bs(
+    rows: Sequence[Mapping],
+    panels: Sequence[tuple[str, str, str]],
+    title: str = "",
+    second_run: Sequence[Mapping] = (),
+) -> Figure:
+    """Median (line) and p25–p75 (shaded) against batch size, one line per ``row["shape"]``.
+
+    ``rows``: ``bench.time_replay_path`` results with ``shape`` and ``bs``; ``panels``: one
+    ``(group, key, label)`` per panel, e.g. ``("host_us", "hook+launch", "host µs")``.
+    ``second_run``: the same measurement repeated, drawn as dotted medians (do they agree?).
+    """
+    fig = Figure(figsize=(5.2 * len(panels), 3.6))
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    for k, (group, key, label) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), k + 1)
+        for shape in shapes:
+            mine = sorted((r for r in rows if r["shape"] == shape and group in r),
+                          key=lambda r: r["bs"])  # fmt: skip
+            if not mine:
+                continue
+            bs = [r["bs"] for r in mine]
+            med = [r[group][key]["median"] for r in mine]
+            color = SHAPE_COLORS.get(shape)
+            ax.plot(bs, med, marker="o", ms=3, label=shape, color=color)
+            ax.fill_between(bs, [r[group][key]["p25"] for r in mine],
+                            [r[group][key]["p75"] for r in mine], alpha=0.25, color=color)  # fmt: skip
+            again = sorted((r for r in second_run if r["shape"] == shape and group in r),
+                           key=lambda r: r["bs"])  # fmt: skip
+            if again:
+                ax.plot([r["bs"] for r in again], [r[group][key]["median"] for r in again],
+                        ls=":", color=color, alpha=0.8)  # fmt: skip
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
     return fig

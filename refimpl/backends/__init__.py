@@ -111,6 +111,16 @@ REGISTRY: list[BackendEntry] = [
     BackendEntry("flashinfer_mla", "as-upstream",
                  ".flashinfer_mla:FlashInferMLAAttnBackendAsUpstream", "mla"),
     BackendEntry("flashinfer_mla", "legacy", ".flashinfer_mla:FlashInferMLAAttnBackendLegacy", "mla"),
+    BackendEntry("cutlass_mla", "unified", ".cutlass_mla:CutlassMLAAttnBackend", "mla", 128),
+    BackendEntry("cutlass_mla", "legacy", ".cutlass_mla:CutlassMLAAttnBackendLegacy", "mla", 128),
+    BackendEntry("trtllm_mla", "legacy", ".trtllm_mla:TRTLLMMLAAttnBackendLegacy", "mla", 64,
+                 multi_step_target=".trtllm_mla:TRTLLMMLAMultiStepDraftBackendLegacy"),
+    BackendEntry("trtllm_mla", "unified", ".trtllm_mla:TRTLLMMLAAttnBackend", "mla", 64,
+                 multi_step_target=".trtllm_mla:TRTLLMMLAMultiStepDraftBackend"),
+    BackendEntry("trtllm_mla", "simplified", ".trtllm_mla:TRTLLMMLAAttnBackendSimplified", "mla",
+                 64, multi_step_target=".trtllm_mla:TRTLLMMLAMultiStepDraftBackendSimplified"),
+    BackendEntry("trtllm_mla", "in_graph", ".trtllm_mla:TRTLLMMLAAttnBackendInGraph", "mla", 64,
+                 multi_step_target=".trtllm_mla:TRTLLMMLAMultiStepDraftBackendInGraph"),
 ]  # fmt: skip
 
 

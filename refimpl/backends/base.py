@@ -37,6 +37,7 @@ PATTERNS = {
     "B": "capture prepares graph-bound objects (wrappers), then runs the replay body",
     "C": "capture and replay are separate bodies that must be kept in step by hand",
     "C, merged branches": "separate bodies; identical mode branches inside each merged",
+    "in-graph": "the metadata rebuild is recorded inside the graph; the replay hook re-points",
 }
 
 

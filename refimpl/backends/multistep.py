@@ -45,6 +45,11 @@ class MultiStepDraftBackend(AttentionBackend):
     compute_splits_at_capture = True  # unified; the legacy wrapper sets False (upstream)
     graph_modes = frozenset({ForwardMode.DECODE})
 
+    def __init_subclass__(cls, **kw):  # a wrapper carries its step backends' labels
+        super().__init_subclass__(**kw)
+        cls.name, cls.variant, cls.pattern = (cls.step_cls.name, cls.step_cls.variant,
+                                              cls.step_cls.pattern)  # fmt: skip
+
     def __init__(self, world: World, spec: SpecConfig | None = None, **step_kw):
         if spec is None or spec.num_steps < 2:
             raise ValueError(
@@ -62,8 +67,6 @@ class MultiStepDraftBackend(AttentionBackend):
             )
             for i in range(self.S - 1)
         ]
-        first = self.step_backends[0]
-        self.name, self.variant, self.pattern = first.name, first.variant, first.pattern
 
     def step_backend(self, i: int) -> AttentionBackend:
         return self.step_backends[i]

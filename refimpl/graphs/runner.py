@@ -71,6 +71,14 @@ def call_replay_hook(backend, fb: ForwardBatch) -> None:
     )  # fmt: skip
 
 
+def call_in_graph_hook(backend, fb: ForwardBatch) -> None:
+    """Backends that rebuild their metadata *inside* the graph (``init_forward_metadata_in_graph``,
+    SGLang #29843) run it first thing in the captured step; others have none."""
+    hook = getattr(backend, "init_forward_metadata_in_graph", None)
+    if hook is not None:
+        hook(fb)
+
+
 class GraphRunner:
     def __init__(
         self,
@@ -200,6 +208,7 @@ class GraphRunner:
             call_capture_hook(self.backend, fb)
 
             def run_once(fb=fb):
+                call_in_graph_hook(self.backend, fb)  # recorded: it replays with the graph
                 return self.model(fb, self.backend)
 
             self.engine.warmup(run_once, self.graph_cfg.num_warmups)
@@ -258,19 +267,26 @@ class GraphRunner:
             raise GraphReplayError(why)
         return self._replay(fb)
 
-    def _replay(self, fb: ForwardBatch) -> torch.Tensor:
-        """The replay path proper (``can_run`` already said yes)."""
-        fb.validate()
-        bs = self.pick_bs(fb.batch_size)
+    def _load_inputs(self, fb: ForwardBatch, bs: int) -> None:
+        """Replay step 1: the batch into the static inputs; padded rows reset when padding."""
         if bs != fb.batch_size:  # padded rows: fill value, request 0, cache slot 0
             layout.reset_padded_rows(
                 self.req_pool_indices, self.seq_lens, self.seq_lens_cpu, self.out_cache_loc,
                 self.fill_value,
             )  # fmt: skip
-        static = self._static()
-        self._write_inputs(static, fb, bs)
+        self._write_inputs(self._static(), fb, bs)
+
+    def _replay_batch(self, fb: ForwardBatch, bs: int, static: dict) -> ForwardBatch:
+        """The static batch of size ``bs`` the replay hook sees after ``_load_inputs(fb)``."""
         total = layout.padded_seq_lens_sum(fb.seq_lens_sum, fb.batch_size, bs, self.fill_value)
-        call_replay_hook(self.backend, self._batch(static, bs, total, fb.spec_info))
+        return self._batch(static, bs, total, fb.spec_info)
+
+    def _replay(self, fb: ForwardBatch) -> torch.Tensor:
+        """The replay path proper (``can_run`` already said yes): copies, hook, launch."""
+        fb.validate()
+        bs = self.pick_bs(fb.batch_size)
+        self._load_inputs(fb, bs)
+        call_replay_hook(self.backend, self._replay_batch(fb, bs, self._static()))
         self.graphs[bs].replay()
         return self.outputs[bs][: fb.num_tokens]
 

@@ -24,6 +24,14 @@ from .indices import (
     build_kv_indices,
     build_kv_indices_ref,
 )
+from .mla_paged import (
+    cutlass_mla_decode,
+    mla_paged_attention,
+    mla_paged_attention_ref,
+    trtllm_batch_decode_with_kv_cache_mla,
+    trtllm_mla_graph_metadata,
+    trtllm_mla_graph_metadata_ref,
+)
 from .oracle import attention_from_dense, mha_oracle, mla_oracle, relative_error
 from .triton_decode import decode_attention, get_num_kv_splits, get_num_kv_splits_ref
 from .triton_extend import extend_attention
@@ -38,6 +46,8 @@ KERNEL_OPS = (
     "refimpl::num_kv_splits",
     "refimpl::extend_attention",
     "refimpl::draft_decode_kv_indices",
+    "refimpl::mla_paged_attention",
+    "refimpl::trtllm_mla_graph_metadata",
 )
 
 __all__ = [
@@ -48,6 +58,7 @@ __all__ = [
     "build_block_table_ref",
     "build_kv_indices",
     "build_kv_indices_ref",
+    "cutlass_mla_decode",
     "decode_attention",
     "draft_decode_kv_indices",
     "draft_decode_kv_indices_ref",
@@ -59,5 +70,10 @@ __all__ = [
     "dense_paged_mla_attention",
     "mha_oracle",
     "mla_oracle",
+    "mla_paged_attention",
+    "mla_paged_attention_ref",
     "relative_error",
+    "trtllm_batch_decode_with_kv_cache_mla",
+    "trtllm_mla_graph_metadata",
+    "trtllm_mla_graph_metadata_ref",
 ]

@@ -1,0 +1,85 @@
+"""SGLang #29077 before / after: the TRTLLM-MLA draft-extend-v2 replay path, per shape and bs.
+
+    python benchmarks/trtllm_mla_draft_extend.py [--pin CORE] [--out DIR] [--bs 1,2,...]
+
+Shapes: ``unified`` (after #26665: per-replay cu_seqlens_q arange copy, seq_lens_q fill and
+identity arithmetic), ``simplified`` (#29077: those gone) and ``in_graph`` (the metadata rebuild
+recorded inside the graph). Host time of the replay path (metadata hook + ``graph.replay()``;
+input copies reported apart) and GPU time (CUDA events), warm-up, medians of ``--repeats``
+repeats with p10-p90, inputs rotated among ``--rotate`` batches (``refimpl.bench``). Writes
+``results.json`` / ``results.csv`` (with device, driver, versions, git commit) under ``--out``
+and the figure ``figures/trtllm_mla_draft_extend_replay.png``. On CPU (``--smoke``) the numbers
+are emulator timings, labelled as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from refimpl import bench, viz  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bs", default="1,2,4,8,16,32,64,128,256")
+    p.add_argument("--shapes", default="unified,simplified,in_graph")
+    p.add_argument("--repeats", type=int, default=50)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--rotate", type=int, default=4)
+    p.add_argument("--ctx", type=int, default=256, help="context length L")
+    p.add_argument("--pin", type=int, default=None, help="pin the process to this core")
+    p.add_argument("--out", default=str(ROOT / "benchmarks/results/trtllm_mla_draft_extend"))
+    p.add_argument("--fig", default=str(ROOT / "figures/trtllm_mla_draft_extend_replay.png"))
+    p.add_argument("--smoke", action="store_true", help="tiny sizes (a CPU sanity run)")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.bs, args.repeats, args.warmup, args.rotate, args.ctx = "1,2", 3, 1, 2, 64
+    pinned = bench.pin_to_core(args.pin)
+    rows = bench.trtllm_draft_extend_sweep(
+        args.shapes.split(","), [int(x) for x in args.bs.split(",")], context_len=args.ctx,
+        repeats=args.repeats, warmup=args.warmup, rotate=args.rotate, progress=True,
+    )  # fmt: skip
+    env = {**bench.environment(), "pinning": pinned, "repeats": args.repeats,
+           "warmup": args.warmup, "rotate": args.rotate, "context_len": args.ctx,
+           "mode": "draft_extend_v2", "N": 4, "page_size": 64}  # fmt: skip
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
+    with open(out / "results.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["shape", "bs", "host_hook_launch_us", "p25", "p75", "host_hook_us",
+                    "host_launch_us", "host_copies_us", "gpu_graph_us", "gpu_hook_us",
+                    "hook_launches", "graph_kernels"])  # fmt: skip
+        for r in rows:
+            h, g = r["host_us"], r.get("gpu_us", {})
+            w.writerow([r["shape"], r["bs"], *(round(h["hook+launch"][k], 2)
+                        for k in ("median", "p25", "p75")),
+                        round(h["hook"]["median"], 2), round(h["launch"]["median"], 2),
+                        round(h["copies"]["median"], 2),
+                        *(round(g[k]["median"], 2) if k in g else "" for k in ("graph", "hook")),
+                        sum(r["hook_launches"].values()), sum(r["graph_kernels"].values())])  # fmt: skip
+    where = env["device"] + ("" if "gpu_us" in rows[0] else " (emulator timings)")
+    panels = [("host_us", "hook+launch", "host µs: replay hook + graph.replay()")]
+    if "gpu_us" in rows[0]:
+        panels.append(("gpu_us", "graph", "GPU µs: the graph"))
+    fig = viz.draw_latency_vs_bs(
+        rows, panels, f"TRTLLM-MLA draft extend v2 replay path, before/after #29077 — {where}"
+    )
+    viz.save(fig, args.fig)
+    print(f"{pinned}; wrote {out}/results.json, results.csv and {args.fig}")
+    for r in rows:
+        print(f"{r['shape']:<11} bs {r['bs']:>4}: host hook+launch "
+              f"{r['host_us']['hook+launch']['median']:9.1f} us, hook launches "
+              f"{sum(r['hook_launches'].values())}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

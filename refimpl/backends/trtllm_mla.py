@@ -1,0 +1,474 @@
+"""SGLang's TRTLLM-MLA backend in four shapes: legacy, unified, simplified (#29077), in_graph.
+
+Upstream: ``python/sglang/srt/layers/attention/trtllm_mla_backend.py`` (``TRTLLMMLABackend``, a
+subclass of FlashInfer-MLA); facts in ``[facts#trtllm-mla]``. The real kernel, FlashInfer's
+``trtllm_batch_decode_with_kv_cache_mla``, needs Blackwell (SM100); refimpl calls its own Triton
+kernel with the same arguments (``refimpl.kernels.trtllm_batch_decode_with_kv_cache_mla``, on CPU
+and on Hopper): on an SM100 machine the real function plugs in under that name.
+
+The kernel reads the latent cache through a **block table** of 32- or 64-token pages and takes
+``seq_lens`` (device data, read at run time) and ``max_seq_len`` (a Python int: frozen when a
+graph captures the call; keys past it are not read). Target verify and draft extend v2 run the
+same kernel with N query rows per request, causal among them.
+
+| buffer (``init_cuda_graph_state``)  | shape                             | dtype | init |
+|-------------------------------------|-----------------------------------|-------|------|
+| decode_cuda_graph_kv_indices        | [B, calc_padded_blocks(L)]        | int32 | -1   |
+| per bs, in ``_init_cuda_graph_metadata``: seq_lens_k [bs]; draft extend also cu_seqlens_q [bs+1], seq_lens_q [bs] | | int32 | |
+
+Lengths the kernel sees, per mode (``_seqlen_offset``): decode ``seq_lens``; target verify
+``seq_lens + N`` (the prefix plus the drafts); draft extend v2 ``seq_lens`` (refimpl's count
+includes the N new rows); multi-step draft step i ``seq_lens + i + 1``.
+
+The four shapes, each a small delta from the one before:
+
+- ``legacy`` (C, before #21987): capture and replay are separate bodies. (1) capture freezes
+  ``max_seq_len = seq_lens.max()``; replay updates that Python attribute, which the graph never
+  sees, so a replayed sequence longer than anything at capture is truncated; (2) draft-extend
+  replay lays ``cu_seqlens_q`` out by cumulative accept lengths, capture by the uniform stride.
+- ``unified`` (A, after #26665): ``_init_cuda_graph_metadata`` + ``_apply_cuda_graph_metadata``,
+  capture = init + the replay body; ``max_seq_len_k = L`` (valid for every later batch); draft
+  extend still re-copies ``cu_seqlens_q`` / ``seq_lens_q`` and does identity arithmetic on
+  every replay, with ``num_tokens // bs`` rows per request at init.
+- ``simplified`` (A, #29077): those per-replay copies and the arithmetic gone; the rows per
+  request at init are ``num_draft_tokens``. (The per-bs *allocation* of ``cu_seqlens_q`` /
+  ``seq_lens_q`` in ``_init_cuda_graph_metadata`` stays, as it does upstream.)
+- ``in_graph`` (in-graph, #30807 / #31628): one fused Triton kernel rebuilds the block table and
+  ``seq_lens_k`` *inside* the graph (``init_forward_metadata_in_graph``); the replay hook only
+  re-points the metadata, so a replay is the input copies plus one graph launch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .. import layout
+from ..batch import ForwardBatch, World
+from ..config import SpecConfig
+from ..kernels import (
+    build_block_table,
+    build_block_table_ref,
+    trtllm_batch_decode_with_kv_cache_mla,
+    trtllm_mla_graph_metadata,
+)
+from ..modes import ForwardMode
+from ..spec import DraftDecodeInput, DraftExtendInput, VerifyInput, require_spec
+from .base import AttentionBackend, GraphModeNotSupported
+from .flashinfer_mla import FlashInferMLAAttnBackend
+
+TRTLLM_BLOCK_CONSTRAINT = 128  # trtllm-gen: the table must cover a multiple of 128 positions
+FLASHMLA_BLOCK = 4096  # positions per block-table chunk (get_num_page_per_block_flashmla)
+WORKSPACE_BYTES = 1 << 20  # upstream: a shared 150 MB int8 workspace; the stand-in ignores it
+
+
+def calc_padded_blocks(max_seq_len: int, page_size: int) -> int:
+    """Pages for ``max_seq_len`` rounded up to ``lcm(128 // P, 4096 // P)`` (upstream's
+    ``_calc_padded_blocks``): 64 pages at P = 64, 128 at P = 32."""
+    multiple = math.lcm(TRTLLM_BLOCK_CONSTRAINT // page_size, FLASHMLA_BLOCK // page_size)
+    return -(-max(-(-max_seq_len // page_size), 1) // multiple) * multiple
+
+
+# fmt: off
+@dataclass
+class TRTLLMMLADecodeMetadata:
+    block_kv_indices: torch.Tensor             # [bs, width] int32 page ids
+    max_seq_len_k: int                         # bound on seq_lens; frozen at capture (graph: L)
+    seq_lens_k: torch.Tensor | None = None     # [bs] int32: the kernel's lengths (not decode)
+    max_seq_len_q: int | None = None           # draft extend: query rows per request
+    sum_seq_lens_q: int | None = None          # draft extend: query rows in all
+    cu_seqlens_q: torch.Tensor | None = None   # draft extend: [bs+1] int32 row offsets
+    seq_lens_q: torch.Tensor | None = None     # draft extend: [bs] int32 rows per request
+# fmt: on
+
+
+class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
+    """Unified shape (after #26665): capture = ``_init_cuda_graph_metadata`` + the replay body."""
+
+    name = "trtllm_mla"
+    variant = "unified"
+    pattern = "A"
+    page_sizes = (32, 64)
+    graph_modes = frozenset(
+        {
+            ForwardMode.DECODE,
+            ForwardMode.IDLE,
+            ForwardMode.TARGET_VERIFY,
+            ForwardMode.DRAFT_EXTEND_V2,
+        }
+    )
+
+    def __init__(self, world: World, spec: SpecConfig | None = None, *,
+                 draft_step: int | None = None, **kw):  # fmt: skip
+        super().__init__(world, spec, **kw)
+        self.page_size = world.page_size
+        self.draft_step = draft_step  # multi-step draft decode: this step backend's index
+        self.max_blocks = calc_padded_blocks(world.max_context_len, self.page_size)
+        self.workspace_buffer = torch.zeros(WORKSPACE_BYTES, dtype=torch.int8, device=self.device)
+        self.captured_max_seq_len: dict[int, int] = {}  # bs -> the bound its graph baked in
+
+    def check_graph_mode(self, mode: ForwardMode) -> None:
+        AttentionBackend.check_graph_mode(self, mode)
+        if mode.is_target_verify() and self.spec is not None and self.spec.topk > 1:
+            raise GraphModeNotSupported(
+                f"{self.name}: the kernel is causal among the N drafts, so target verify "
+                f"takes chains only (topk=1); got topk={self.spec.topk}"
+            )
+
+    # --- the one per-mode rule ----------------------------------------------------------------
+    def _seqlen_offset(self, mode: ForwardMode, spec_info: Any) -> int:
+        """What the kernel's lengths add to ``seq_lens``: N (verify), step + 1 (draft step)."""
+        if mode.is_target_verify():
+            n = require_spec(mode, spec_info, VerifyInput).draft_token_num
+            if n != self.spec.num_draft_tokens:
+                raise ValueError(f"verify batch has N={n}, the graph was captured for "
+                                 f"num_draft_tokens={self.spec.num_draft_tokens}")  # fmt: skip
+            return n
+        if mode.is_draft_extend_v2():
+            rows = require_spec(mode, spec_info, DraftExtendInput).num_tokens_per_req
+            n = layout.rows_per_request(mode, self.spec)
+            if rows != n:
+                raise ValueError(f"draft-extend batch has {rows} tokens per request, the graph "
+                                 f"was captured for {n} (num_draft_tokens)")  # fmt: skip
+            return 0
+        if isinstance(spec_info, DraftDecodeInput):
+            if self.draft_step is None:
+                raise ValueError(f"{self.name}: draft decode runs through its multi-step wrapper")
+            return self.draft_step + 1
+        return 0
+
+    # --- eager --------------------------------------------------------------------------------
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        mode = fb.forward_mode
+        if not (mode.is_decode_or_idle() or mode.is_target_verify() or mode.is_draft_extend_v2()):
+            return super().init_forward_metadata(fb)  # FlashInfer-MLA, page size 1
+        bs, offset = fb.batch_size, self._seqlen_offset(mode, fb.spec_info)
+        longest = int(fb.seq_lens_cpu.max()) if bs else 1  # eager: a host value is fine
+        width = calc_padded_blocks(longest + offset, self.page_size)
+        table = torch.full((bs, width), -1, dtype=torch.int32, device=self.device)
+        seq_k = (fb.seq_lens + offset).to(torch.int32)
+        build_block_table(self.world.req_to_token, fb.req_pool_indices, seq_k, table,
+                          self.page_size)  # fmt: skip
+        md = TRTLLMMLADecodeMetadata(table, longest, None if offset == 0 else seq_k)
+        if mode.is_draft_extend_v2():
+            n = layout.rows_per_request(mode, self.spec)
+            md.seq_lens_k, md.max_seq_len_q, md.sum_seq_lens_q = seq_k, n, n * bs
+        self.forward_metadata = md
+
+    # --- graphs -------------------------------------------------------------------------------
+    def init_cuda_graph_state(
+        self, max_bs: int, max_num_tokens: int, block_kv_indices: torch.Tensor | None = None
+    ) -> None:
+        L, P = self.world.max_context_len, self.page_size
+        if block_kv_indices is None:
+            block_kv_indices = torch.full((max_bs, self.max_blocks), -1, dtype=torch.int32,
+                                          device=self.device)  # fmt: skip
+        elif block_kv_indices.shape[1] * P < L:
+            raise ValueError(
+                f"block table of width {block_kv_indices.shape[1]} pages of {P} covers "
+                f"{block_kv_indices.shape[1] * P} positions < max_context_len={L}"
+            )
+        self.decode_cuda_graph_kv_indices = block_kv_indices
+        super().init_cuda_graph_state(max_bs, max_num_tokens)
+
+    def _init_cuda_graph_metadata(self, bs, num_tokens, mode, spec_info) -> TRTLLMMLADecodeMetadata:
+        """Per-bs metadata whose tensors the graph will read; ``max_seq_len_k = L`` holds for
+        every later batch ("capture with full width so future longer sequences are safe")."""
+        dev, i32 = self.device, torch.int32
+        md = TRTLLMMLADecodeMetadata(
+            self.decode_cuda_graph_kv_indices[:bs, : self.max_blocks], self.world.max_context_len
+        )
+        if mode.is_draft_extend_v2():
+            self._init_draft_extend(md, bs, num_tokens)
+        elif self._seqlen_offset(mode, spec_info):  # verify, draft step
+            md.seq_lens_k = torch.zeros(bs, dtype=i32, device=dev)
+        self.decode_cuda_graph_metadata[bs] = self.forward_metadata = md
+        self.captured_max_seq_len[bs] = md.max_seq_len_k
+        return md
+
+    def _init_draft_extend(self, md, bs: int, num_tokens: int) -> None:
+        npb, dev, i32 = num_tokens // bs, self.device, torch.int32
+        md.max_seq_len_q, md.sum_seq_lens_q = npb, npb * bs
+        md.cu_seqlens_q = torch.arange(0, bs * npb + 1, npb, dtype=i32, device=dev)
+        md.seq_lens_q = torch.full((bs,), npb, dtype=i32, device=dev)
+        md.seq_lens_k = torch.zeros(bs, dtype=i32, device=dev)
+
+    def _apply_cuda_graph_metadata(self, bs, req_pool_indices, seq_lens, mode, spec_info) -> None:
+        """The body capture and replay share: the kernel's lengths, then the block table."""
+        md, seq = self.decode_cuda_graph_metadata[bs], seq_lens[:bs]
+        offset = self._seqlen_offset(mode, spec_info)  # (and the batch must fit the graph)
+        if mode.is_draft_extend_v2():
+            seq = self._apply_draft_extend(md, bs, seq)
+        elif offset:  # verify, draft step
+            seq = seq + offset
+            md.seq_lens_k.copy_(seq)
+        build_block_table(self.world.req_to_token, req_pool_indices[:bs], seq, md.block_kv_indices,
+                          self.page_size)  # fmt: skip
+
+    def _apply_draft_extend(self, md, bs: int, seq: torch.Tensor) -> torch.Tensor:
+        npb = self.spec.num_draft_tokens
+        md.max_seq_len_q, md.sum_seq_lens_q = npb, npb * bs
+        md.cu_seqlens_q[: bs + 1].copy_(torch.arange(0, bs * npb + 1, npb, device=self.device))
+        md.seq_lens_q[:bs].fill_(npb)
+        seq = seq - md.seq_lens_q[:bs] + md.max_seq_len_q  # an identity: every row count is npb
+        md.seq_lens_k.copy_(seq)
+        return seq
+
+    def init_forward_metadata_capture_cuda_graph(
+        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
+    ) -> None:
+        self.check_graph_mode(forward_mode)
+        self._init_cuda_graph_metadata(bs, num_tokens, forward_mode, spec_info)
+        self.init_forward_metadata_replay_cuda_graph(
+            bs, req_pool_indices, seq_lens, None, encoder_lens, forward_mode, spec_info,
+            seq_lens[:bs].cpu(),
+        )  # fmt: skip
+
+    def init_forward_metadata_replay_cuda_graph(
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
+        seq_lens_cpu,
+    ) -> None:  # fmt: skip
+        self._apply_cuda_graph_metadata(bs, req_pool_indices, seq_lens, forward_mode, spec_info)
+        self.forward_metadata = self.decode_cuda_graph_metadata[bs]
+
+    # --- checker support ----------------------------------------------------------------------
+    def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
+        md: TRTLLMMLADecodeMetadata = self.forward_metadata
+        state: dict[str, Any] = {
+            "block_kv_indices": md.block_kv_indices[:bs],
+            "max_seq_len_k": self.captured_max_seq_len[bs],  # what the graph baked in
+        }
+        for name in ("seq_lens_k", "cu_seqlens_q", "seq_lens_q", "max_seq_len_q",
+                     "sum_seq_lens_q"):  # fmt: skip
+            if (value := getattr(md, name)) is not None:
+                state[name] = value
+        return state
+
+    def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any]:
+        """From the batch: host lengths + the mode's offset, ``build_block_table_ref``, L."""
+        mode, bs, P = fb.forward_mode, fb.batch_size, self.page_size
+        offset = self._seqlen_offset(mode, fb.spec_info)
+        seq_k = (fb.seq_lens_cpu + offset).to(torch.int32)
+        fresh = torch.full((bs, self.max_blocks), -1, dtype=torch.int32)
+        ref: dict[str, Any] = {
+            "block_kv_indices": build_block_table_ref(
+                self.world.req_to_token.cpu(), fb.req_pool_indices.cpu(), seq_k, fresh, P
+            ),
+            "max_seq_len_k": self.world.max_context_len,
+        }
+        if mode.is_draft_extend_v2():
+            n = self.spec.num_draft_tokens
+            ref.update(max_seq_len_q=n, sum_seq_lens_q=n * bs, seq_lens_q=torch.full((bs,), n),
+                       cu_seqlens_q=torch.arange(0, bs * n + 1, n))  # fmt: skip
+        if offset or mode.is_draft_extend_v2():
+            ref["seq_lens_k"] = seq_k
+        return ref
+
+    # --- the captured step --------------------------------------------------------------------
+    def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
+        md = self.forward_metadata
+        if not isinstance(md, TRTLLMMLADecodeMetadata):
+            return super().forward(q, k, v, layer, fb)  # eager extend: FlashInfer-MLA
+        cfg, cache = self.cfg, self.world.kv_cache
+        cache.set_kv(layer, fb.out_cache_loc[: q.shape[0]], k)
+        bs = md.block_kv_indices.shape[0]
+        if q.shape[0] == 0:
+            return q.new_empty(0, cfg.num_heads, cfg.kv_lora_rank)
+        query = q.view(bs, q.shape[0] // bs, cfg.num_heads, cfg.kv_row_width)  # [bs, n, H, 576]
+        kv = cache.kv[layer].view(-1, self.page_size, cfg.kv_row_width).unsqueeze(1)
+        seq_lens = fb.seq_lens if md.seq_lens_k is None else md.seq_lens_k
+        out = trtllm_batch_decode_with_kv_cache_mla(
+            query, kv, self.workspace_buffer, cfg.qk_nope_head_dim, cfg.kv_lora_rank,
+            cfg.qk_rope_head_dim, block_tables=md.block_kv_indices, seq_lens=seq_lens,
+            max_seq_len=md.max_seq_len_k + self._seqlen_offset(fb.forward_mode, fb.spec_info),
+            bmm1_scale=cfg.sm_scale,
+        )  # fmt: skip
+        return out.view(q.shape[0], cfg.num_heads, cfg.kv_lora_rank)
+
+
+# ----------------------------------------------------------------------------------------------
+class TRTLLMMLAAttnBackendLegacy(TRTLLMMLAAttnBackend):
+    """Pattern C (before #21987): two inline bodies, the historical differences numbered.
+
+    1. capture freezes ``max_seq_len_k = seq_lens.max()`` of the capture batch; replay sets the
+       Python attribute to the new maximum, which the captured kernel call never sees;
+    2. draft-extend replay lays ``cu_seqlens_q`` / ``seq_lens_q`` out by accepted lengths
+       (``accept_length + 1`` real rows) while capture used the uniform stride.
+    """
+
+    variant = "legacy"
+    pattern = "C"
+
+    def init_forward_metadata_capture_cuda_graph(
+        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
+    ) -> None:
+        self.check_graph_mode(forward_mode)
+        dev, i32 = self.device, torch.int32
+        seq = seq_lens[:bs] + self._seqlen_offset(forward_mode, spec_info)
+        table = self.decode_cuda_graph_kv_indices[:bs, : self.max_blocks]
+        build_block_table(self.world.req_to_token, req_pool_indices[:bs], seq, table,
+                          self.page_size)  # fmt: skip
+        md = TRTLLMMLADecodeMetadata(table, int(seq_lens[:bs].max()))  # (1) capture's maximum
+        if forward_mode.is_draft_extend_v2():
+            npb = num_tokens // bs
+            md.max_seq_len_q, md.sum_seq_lens_q = npb, npb * bs
+            md.cu_seqlens_q = torch.arange(0, bs * npb + 1, npb, dtype=i32, device=dev)  # (2)
+            md.seq_lens_q = torch.full((bs,), npb, dtype=i32, device=dev)
+            md.seq_lens_k = seq.to(i32)
+        elif not torch.equal(seq, seq_lens[:bs]):  # verify, draft step (capture may sync)
+            md.seq_lens_k = seq.to(i32)
+        self.decode_cuda_graph_metadata[bs] = self.forward_metadata = md
+        self.captured_max_seq_len[bs] = md.max_seq_len_k
+
+    def init_forward_metadata_replay_cuda_graph(
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
+        seq_lens_cpu,
+    ) -> None:  # fmt: skip
+        md = self.decode_cuda_graph_metadata[bs]
+        seq = seq_lens[:bs] + self._seqlen_offset(forward_mode, spec_info)
+        if forward_mode.is_draft_extend_v2():
+            spec = require_spec(forward_mode, spec_info, DraftExtendInput)
+            real = torch.ones(bs, dtype=torch.int32, device=self.device)  # padded rows: 1
+            real[: spec.accept_length.numel()] = spec.accept_length + 1
+            md.max_seq_len_q = max(spec.accept_length_cpu, default=0) + 1  # host values
+            md.sum_seq_lens_q = sum(spec.accept_length_cpu) + bs
+            md.cu_seqlens_q[1 : bs + 1] = torch.cumsum(real, 0)  # (2) a ragged stride
+            md.seq_lens_q.copy_(real)
+        if md.seq_lens_k is not None:
+            md.seq_lens_k.copy_(seq)
+        build_block_table(self.world.req_to_token, req_pool_indices[:bs], seq, md.block_kv_indices,
+                          self.page_size)  # fmt: skip
+        md.max_seq_len_k = int(seq_lens_cpu[:bs].max())  # (1) the graph does not see this
+
+
+class TRTLLMMLAAttnBackendSimplified(TRTLLMMLAAttnBackend):
+    """#29077: draft extend's per-replay ``cu_seqlens_q`` copy, ``seq_lens_q`` fill and identity
+    arithmetic gone; rows per request fixed to ``num_draft_tokens`` at init."""
+
+    variant = "simplified"
+
+    def _init_draft_extend(self, md, bs: int, num_tokens: int) -> None:
+        super()._init_draft_extend(md, bs, self.spec.num_draft_tokens * bs)  # not num_tokens
+
+    def _apply_draft_extend(self, md, bs: int, seq: torch.Tensor) -> torch.Tensor:
+        npb = self.spec.num_draft_tokens
+        md.max_seq_len_q, md.sum_seq_lens_q = npb, npb * bs  # Python ints, no launch
+        md.seq_lens_k.copy_(seq)
+        return seq
+
+
+class TRTLLMMLAAttnBackendInGraph(TRTLLMMLAAttnBackendSimplified):
+    """The metadata rebuild recorded inside the graph (#30807 / #31628): one fused launch."""
+
+    variant = "in_graph"
+    pattern = "in-graph"
+
+    def _init_cuda_graph_metadata(self, bs, num_tokens, mode, spec_info):
+        md = super()._init_cuda_graph_metadata(bs, num_tokens, mode, spec_info)
+        if md.seq_lens_k is None:  # decode: the fused kernel writes seq_lens_k too
+            md.seq_lens_k = torch.zeros(bs, dtype=torch.int32, device=self.device)
+        return md
+
+    def init_forward_metadata_capture_cuda_graph(
+        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
+    ) -> None:
+        self.check_graph_mode(forward_mode)
+        self._init_cuda_graph_metadata(bs, num_tokens, forward_mode, spec_info)  # nothing else
+
+    def init_forward_metadata_in_graph(self, fb: ForwardBatch) -> None:
+        """Runs inside the captured region: recorded, so every replay rebuilds in the graph."""
+        md = self.forward_metadata
+        trtllm_mla_graph_metadata(
+            fb.req_pool_indices, fb.seq_lens, self.world.req_to_token, md.block_kv_indices,
+            md.seq_lens_k, seqlen_offset=self._seqlen_offset(fb.forward_mode, fb.spec_info),
+            page_size=self.page_size,
+        )  # fmt: skip
+
+    def init_forward_metadata_replay_cuda_graph(
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
+        seq_lens_cpu,
+    ) -> None:  # fmt: skip
+        self._seqlen_offset(forward_mode, spec_info)  # the batch must fit the graph: host check
+        self.forward_metadata = self.decode_cuda_graph_metadata[bs]  # re-point only
+
+
+# ----------------------------------------------------------------------------------------------
+class TRTLLMMLAMultiStepDraftBackend(AttentionBackend):
+    """Multi-step draft decode (topk 1): S-1 step backends; step i's kernel lengths are
+    ``seq_lens + i + 1`` (the prefix and the i+1 drafts of the chain), its own block table."""
+
+    step_cls: type = TRTLLMMLAAttnBackend
+    name, variant, pattern = step_cls.name, step_cls.variant, step_cls.pattern
+    graph_modes = frozenset({ForwardMode.DECODE})
+
+    def __init_subclass__(cls, **kw):  # a wrapper carries its step backends' labels
+        super().__init_subclass__(**kw)
+        cls.name, cls.variant, cls.pattern = (cls.step_cls.name, cls.step_cls.variant,
+                                              cls.step_cls.pattern)  # fmt: skip
+
+    def __init__(self, world: World, spec: SpecConfig | None = None, **kw):
+        if spec is None or spec.num_steps < 2:
+            raise ValueError(f"multi-step draft decode needs num_steps >= 2, got {spec}")
+        super().__init__(world, spec)
+        self.steps = [
+            self.step_cls(world, spec, draft_step=i, **kw) for i in range(spec.num_steps - 1)
+        ]
+
+    def step_backend(self, i: int) -> AttentionBackend:
+        return self.steps[i]
+
+    def check_graph_mode(self, mode: ForwardMode) -> None:
+        if not mode.is_decode_or_idle():
+            raise GraphModeNotSupported(
+                f"multi-step draft decode runs decode steps, not {mode.label}"
+            )
+        if self.spec.topk != 1:
+            raise GraphModeNotSupported(f"{self.name}: multi-step draft decode takes chains only "
+                                        f"(topk=1), got topk={self.spec.topk}")  # fmt: skip
+
+    def _each(self, method: str, *args) -> None:
+        for b in self.steps:
+            getattr(b, method)(*args)
+
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        self._each("init_forward_metadata", fb)
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        self.max_bs, self.max_num_tokens = max_bs, max_num_tokens
+        self._each("init_cuda_graph_state", max_bs, max_num_tokens)
+
+    def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, *args) -> None:
+        self.check_graph_mode(args[3])
+        self._each("init_forward_metadata_capture_cuda_graph", bs, num_tokens, *args)
+
+    def init_forward_metadata_replay_cuda_graph(self, *args) -> None:
+        self._each("init_forward_metadata_replay_cuda_graph", *args)
+
+    def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
+        return {f"step{i}.{k}": v for i, b in enumerate(self.steps)
+                for k, v in b.graph_state(bs, mode).items()}  # fmt: skip
+
+    def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any]:
+        return {f"step{i}.{k}": v for i, b in enumerate(self.steps)
+                for k, v in b.reference_graph_state(fb).items()}  # fmt: skip
+
+    def forward(self, q, k, v, layer, fb):
+        raise RuntimeError("the multi-step program calls step_backend(i).forward, not the wrapper")
+
+
+class TRTLLMMLAMultiStepDraftBackendLegacy(TRTLLMMLAMultiStepDraftBackend):
+    step_cls = TRTLLMMLAAttnBackendLegacy
+
+
+class TRTLLMMLAMultiStepDraftBackendSimplified(TRTLLMMLAMultiStepDraftBackend):
+    step_cls = TRTLLMMLAAttnBackendSimplified
+
+
+class TRTLLMMLAMultiStepDraftBackendInGraph(TRTLLMMLAMultiStepDraftBackend):
+    step_cls = TRTLLMMLAAttnBackendInGraph
+
+    def init_forward_metadata_in_graph(self, fb: ForwardBatch) -> None:
+        self._each("init_forward_metadata_in_graph", fb)
