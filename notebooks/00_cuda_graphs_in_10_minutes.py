@@ -337,8 +337,9 @@ graph_logits = res.logits.clone()  # clone: the next replay overwrites the stati
 # %% [markdown]
 # The runner's static inputs after this replay are shown below. The graph for bs 4 reads rows
 # 0–3. Rows 0–2 hold the live batch. Row 3 is padding: `seq_len` = the backend's fill value (1),
-# request row 0, cache slot 0. So the padded row attends over one reserved token and writes its
-# KV into the reserved slot 0, and its logits are thrown away.
+# request row 0, cache slot 0. So the padded row attends over one reserved token (the backend's
+# `kv_indptr` gives it a range of length 1, holding slot 0) and writes its KV into the reserved
+# slot 0, and its logits are thrown away.
 
 # %%
 raw_bs, bs = fb.batch_size, res.graph_bs
@@ -349,13 +350,17 @@ for i in range(runner.max_bs):
     print(f"{i:>3}  {kind:<7} {int(runner.req_pool_indices[i]):>12} {int(runner.seq_lens[i]):>8} "
           f"{int(runner.out_cache_loc[i]):>13}")
 
-assert fill == 1
 assert torch.equal(runner.req_pool_indices[:raw_bs], fb.req_pool_indices)
 assert torch.equal(runner.seq_lens[:raw_bs], fb.seq_lens)
 assert torch.equal(runner.out_cache_loc[:raw_bs], fb.out_cache_loc)
 assert (runner.seq_lens[raw_bs:bs] == fill).all()
 assert (runner.req_pool_indices[raw_bs:bs] == 0).all()
 assert (runner.out_cache_loc[raw_bs:bs] == 0).all()
+# what the replay hook built from that row: a kv range of one token, the reserved slot 0
+kv_indptr = backend.cuda_graph_kv_indptr[: bs + 1].tolist()
+padded_kv = backend.cuda_graph_kv_indices[kv_indptr[raw_bs] : kv_indptr[bs]].tolist()
+print(f"padded row's kv range (fill value {fill}): kv_indices {padded_kv}")
+assert padded_kv == [0]
 
 # %% [markdown]
 # **Correctness.** The replayed graph gives the same logits as running the step eagerly, where
@@ -429,7 +434,6 @@ fig.tight_layout()
 fig_path = Path("../figures/00_runner_padding.png")
 fig_path.parent.mkdir(parents=True, exist_ok=True)
 fig.savefig(fig_path, dpi=120, metadata={"Software": None})
-assert fig_path.exists()
 plt.show()
 
 # %% [markdown]

@@ -54,8 +54,11 @@ except ImportError:  # run as a plain script (the GPU check does): nothing to di
 
 from refimpl import ForwardMode, GraphConfig, ModelConfig, viz
 from refimpl.backends import GraphModeNotSupported, find
-from refimpl.backends.triton import TritonMultiStepDraftBackend
-from refimpl.backends.triton import TritonAttnBackend, TritonAttnBackendLegacy
+from refimpl.backends.triton import (
+    TritonAttnBackend,
+    TritonAttnBackendLegacy,
+    TritonMultiStepDraftBackend,
+)
 from refimpl.backends.wave import WaveAttnBackend, WaveAttnBackendLegacy
 from refimpl.batch import World
 from refimpl.batchgen import BatchGenerator, draft_decode_step_view
@@ -114,7 +117,6 @@ def capture_replay(mode, backend, spec=None, *, program=model, multi_step=False,
 
 def show(fig, name):
     path = viz.save(fig, FIGURES / f"01_{name}.png")
-    assert path.exists()
     display(Image(filename=str(path)))
 
 
@@ -204,7 +206,7 @@ assert splits_1 == get_num_kv_splits_ref(seq.tolist(), num_heads=cfg.num_heads,
                                          num_kv_heads=cfg.num_kv_heads,
                                          max_kv_splits=S_MAX, core_count=cores)
 # what the graphs froze: the scratch's split axis, and the split buffer itself (by address)
-assert frozen_dec.attn_logits.shape[2] == S_MAX == 8
+assert frozen_dec.attn_logits.shape[2] == S_MAX
 assert frozen_dec.num_kv_splits is tri_dec.cuda_graph_num_kv_splits
 
 # %% [markdown]

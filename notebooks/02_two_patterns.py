@@ -20,7 +20,9 @@
 # about *why* that happened and how SGLang's refactor made it structurally impossible. Two
 # shapes came out of it: **Pattern A** for backends whose metadata is plain tensors (Triton,
 # Wave), and **Pattern B** for backends whose kernels live inside library objects (FlashInfer).
-# As before, every claim on this page is checked by an `assert` in the cell that shows it.
+# As before, every claim on this page about the code's behaviour is checked by an `assert` in
+# the cell that shows it. (The H200 timings of section 5 are a committed measurement: they are
+# printed as recorded, not asserted.)
 #
 # ## 1. The story
 #
@@ -92,13 +94,11 @@ NOTEBOOK_T0 = time.perf_counter()
 FIGURES = Path("../figures")
 PLAN_COST = Path("../benchmarks/results/plan_cost/plan_cost.json")
 
-# one row per (backend, variant): the pattern each class declares
-patterns = {(e.name, e.variant): e.load().pattern for e in REGISTRY if e.name != "torch_native_mla"}
+# one row per (backend, variant): the pattern each class declares (section 1 checks it)
+classes = {(e.name, e.variant): e.load() for e in REGISTRY if e.name != "torch_native_mla"}
+patterns = {key: cls.pattern for key, cls in classes.items()}
 for (name, variant), p in patterns.items():
     print(f"{name:<15} {variant:<12} Pattern {p}")
-assert {p for (_, v), p in patterns.items() if v == "legacy"} == {"C"}
-assert patterns["triton", "unified"] == patterns["wave", "unified"] == "A"
-assert patterns["flashinfer", "unified"] == patterns["flashinfer_mla", "unified"] == "B"
 
 # %% [markdown]
 # A few helpers. `hook_code` returns a method's body as source lines (no `def` line, no
@@ -155,9 +155,32 @@ def show_record(r) -> None:
 
 def show(fig, name):
     path = viz.save(fig, FIGURES / f"02_{name}.png")
-    assert path.exists()
     display(Image(filename=str(path)))
 
+
+# %% [markdown]
+# The labels printed at the top are what each class declares. The code decides which pattern a
+# backend really follows: a capture hook that never calls the replay body is Pattern C (two
+# bodies); one that calls it is Pattern A, or Pattern B when it first calls
+# `_prepare_cuda_graph_metadata`. Derived from each capture hook this way, the labels agree, and
+# the table above holds (TRTLLM-MLA's `in-graph` shape, notebook 03, is none of the three).
+
+# %%
+def pattern_from_code(cls) -> str:
+    cap = cls.init_forward_metadata_capture_cuda_graph
+    if calls(cap, "self.init_forward_metadata_replay_cuda_graph") == 0:
+        return "C"
+    return "B" if calls(cap, "self._prepare_cuda_graph_metadata") else "A"
+
+
+derived = {key: pattern_from_code(c) for key, c in classes.items() if patterns[key] != "in-graph"}
+for (name, variant), p in derived.items():
+    declared = patterns[name, variant]
+    print(f"{name:<15} {variant:<12} capture hook -> Pattern {p}  (declared: {declared})")
+assert all(patterns[key].split(",")[0] == p for key, p in derived.items())
+assert {p for (_, v), p in derived.items() if v == "legacy"} == {"C"}
+assert derived["triton", "unified"] == derived["wave", "unified"] == "A"
+assert derived["flashinfer", "unified"] == derived["flashinfer_mla", "unified"] == "B"
 
 # %% [markdown]
 # ## 2. Pattern C vs Pattern A: Triton and Wave
@@ -537,13 +560,21 @@ assert torch.allclose(m_graph, m_eager, atol=1e-4)
 # Any other consumer of the bound `kv_indptr` (a different kernel, a debugging hook, a later
 # library version that reads it) would see the capture-time boundaries. The unified shape
 # removes the trap by writing the bound buffers; the only code difference is where
-# `_fast_decode_replay` writes:
+# `_fast_decode_replay` writes. The same batch replayed on the unified shape leaves the live
+# batch in its bound `kv_indptr` and `kv_len_arr` (legacy decodes as upstream: the checker above
+# reports the same stale buffers for it):
 
 # %%
 print(textwrap.dedent(inspect.getsource(FlashInferMLAAttnBackend._fast_decode_replay)))
-assert FlashInferMLAAttnBackend.writes_bound_kv_indptr is True
-assert FlashInferMLAAttnBackendAsUpstream.writes_bound_kv_indptr is False
-assert FlashInferMLAAttnBackendLegacy.writes_bound_kv_indptr is False  # legacy decodes as upstream
+mla_unified = FlashInferMLAAttnBackend(mla_world, None, prefer_real=False)
+mla_unified_runner = GraphRunner(mla_model, mla_unified, emu, ForwardMode.DECODE, GRAPHS)
+mla_unified_runner.capture()
+u_graph = mla_unified_runner.replay(mfb).clone()
+u_indptr, u_lens = mla_unified.cuda_graph_kv_indptr[:5].tolist(), mla_unified.cuda_graph_kv_lens
+print("unified: bound cuda_graph_kv_indptr", u_indptr, "| bound kv_len_arr", u_lens.tolist())
+assert u_indptr == live
+assert u_lens.tolist() == mla_unified_runner.seq_lens[:4].tolist()
+assert torch.allclose(u_graph, m_graph, atol=1e-4)  # the same answer as as-upstream
 
 # %% [markdown]
 # ### The merged branch
@@ -653,8 +684,9 @@ assert read_partition(w4)[1].tolist() == [30, 5, 17, 1]  # the partition follows
 # call (median of 300, `torch.cuda.synchronize()` before each call), context 4096, a
 # Llama-3-8B-like decode shape (32 / 8 heads, dim 128) and a DeepSeek-like MLA shape (16 heads,
 # 512 + 64), the whole sweep run twice. The results are committed in
-# `benchmarks/results/plan_cost/plan_cost.json`; the plot below reads that file (nothing here
-# is measured on this machine). The grey band is the published `plan()` cost of 75–110 µs
+# `benchmarks/results/plan_cost/plan_cost.json`; the table and the plot below read that file
+# (nothing here is measured on this machine, so nothing here is asserted: the numbers are shown
+# as recorded). The grey band is the published `plan()` cost of 75–110 µs
 # (flashinfer PR #5043, measured on an RTX 4090 with a Ryzen 9 5950X: another host CPU).
 
 # %%
@@ -663,8 +695,6 @@ versions = bench["versions"]
 print("measured with:", ", ".join(f"{k} {v}" for k, v in versions.items()))
 print(f"context {bench['ctx']}, {bench['reps']} reps per point, decode heads {bench['heads']}, "
       f"MLA {bench['mla']}\n")
-assert versions["gpu"] == "NVIDIA H200" and versions["flashinfer"] == "0.6.0"
-assert len(bench["runs"]) == 2
 
 
 def series(run, kind):
@@ -676,25 +706,27 @@ def series(run, kind):
 print(f"{'kind':<11} {'bs':>4}  {'plan() run1/run2 (us)':>22}  {'fast run1/run2 (us)':>20}  ratio")
 for kind in ("decode", "mla_decode"):
     (bs1, full1, fast1), (bs2, full2, fast2) = (series(run, kind) for run in bench["runs"])
-    assert bs1 == bs2
     for i, b in enumerate(bs1):
         print(f"{kind:<11} {b:>4}  {full1[i]:>10.1f} / {full2[i]:<9.1f}  {fast1[i]:>9.1f} / "
               f"{fast2[i]:<8.1f}  {full1[i] / fast1[i]:.1f}x / {full2[i] / fast2[i]:.1f}x")
 
-for run in bench["runs"]:  # the claim: for decode the fast plan is cheaper, in both runs, at every bs
-    bs, full, fast = series(run, "decode")
-    assert len(bs) == 9 and all(f < p for f, p in zip(fast, full)), list(zip(bs, full, fast))
-    assert all(0.2 < f / p < 0.3 for f, p in zip(fast, full))  # about a quarter (text below)
+print()
+for i, run in enumerate(bench["runs"]):  # the ranges the text below quotes
+    _, full, fast = series(run, "decode")
     _, mla_full, mla_fast = series(run, "mla_decode")
-    assert all(0.3 < f / p < 0.65 for f, p in zip(mla_fast, mla_full))
-(_, full1, _), (_, full2, _) = (series(run, "decode") for run in bench["runs"])
-assert 125 < min(full1) and max(full1) < 150 and 80 < min(full2) and max(full2) < 140
+    ratio = [f / p for f, p in zip(fast, full)]
+    mla_ratio = [f / p for f, p in zip(mla_fast, mla_full)]
+    print(
+        f"run {i + 1}: decode plan() {min(full):.0f}-{max(full):.0f} us, fast / full "
+        f"{min(ratio):.0%}-{max(ratio):.0%}; MLA fast / full "
+        f"{min(mla_ratio):.0%}-{max(mla_ratio):.0%}"
+    )
 
 # %% [markdown]
-# The two runs disagree on the absolute level (decode `plan()` takes 130–145 µs in run 1 and
+# The two runs disagree on the absolute level (decode `plan()` takes 129–145 µs in run 1 and
 # 85–138 µs in run 2: host timings move with the state of the host CPU), but they agree on the
 # ratio. The fast decode plan costs about a quarter of the full one (23–29 %) at every batch
-# size. The MLA fast plan costs a third of the full one at small batches and up to 60 % at
+# size. The MLA fast plan costs a third of the full one at small batches and about 60 % at
 # large ones: its host work grows with the batch. The H200 host's full decode plan sits at or
 # above the published band, which was measured on a different CPU.
 

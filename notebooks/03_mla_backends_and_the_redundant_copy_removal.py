@@ -57,7 +57,6 @@ from refimpl.backends.cutlass_mla import CutlassMLAAttnBackend, CutlassMLAAttnBa
 from refimpl.backends.trtllm_mla import (
     TRTLLMMLAAttnBackend,
     TRTLLMMLAAttnBackendInGraph,
-    TRTLLMMLAAttnBackendLegacy,
     TRTLLMMLAAttnBackendSimplified,
 )
 from refimpl.batch import World
@@ -85,7 +84,6 @@ L = 160  # context length
 
 def show(fig, name):
     path = viz.save(fig, FIGURES / f"03_{name}.png")
-    assert path.exists()
     display(Image(filename=str(path)))
 
 
@@ -257,7 +255,7 @@ for name, cls in (("unified", TRTLLMMLAAttnBackend), ("simplified", TRTLLMMLAAtt
     runner, gen = runner_for(cls)
     fb = gen.draft_extend(3, 2)
     padded = runner.padded_batch(fb)
-    hook_launches[name] = launches(lambda: call_replay_hook(runner.backend, padded))
+    hook_launches[name] = launches(lambda r=runner, p=padded: call_replay_hook(r.backend, p))
     graph_kernels[name] = dict(runner.graphs[4].custom_kernels())
     out = runner.replay(fb).clone()
     assert torch.allclose(out, runner.eager(fb), atol=1e-4)

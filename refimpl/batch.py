@@ -17,12 +17,12 @@ from typing import Any
 
 import torch
 
-from . import layout
 from ._env import default_device
 from .config import ModelConfig
 from .memory import MHAKVCache, MLAKVCache, ReqToTokenPool, TokenSlotAllocator, make_kv_cache
 from .modes import ForwardMode
 from .spec import DraftDecodeInput
+from .validate import validate_batch
 
 
 @dataclass
@@ -167,43 +167,5 @@ class ForwardBatch:
         return replace(self, **kw)
 
     def validate(self) -> None:
-        """Raise a ``ValueError`` naming the value and the limit for anything malformed."""
-        bs, dev, L = self.batch_size, self.world.device, self.world.max_context_len
-        checks = {
-            "input_ids": (self.input_ids, torch.int64, None),
-            "positions": (self.positions, torch.int64, self.num_tokens),
-            "req_pool_indices": (self.req_pool_indices, torch.int64, bs),
-            "seq_lens": (self.seq_lens, torch.int32, bs),
-            "out_cache_loc": (self.out_cache_loc, torch.int64, self.num_tokens * self.locs_per_row),
-        }
-        for name, (t, dtype, n) in checks.items():
-            if not isinstance(t, torch.Tensor):
-                raise ValueError(f"ForwardBatch.{name} must be a tensor, got {type(t).__name__}")
-            if t.dtype != dtype:
-                raise ValueError(f"ForwardBatch.{name} has dtype {t.dtype}, expected {dtype}")
-            if t.device != dev:
-                raise ValueError(f"ForwardBatch.{name} is on {t.device}, expected {dev}")
-            if n is not None and t.numel() != n:
-                raise ValueError(f"ForwardBatch.{name} has {t.numel()} entries, expected {n}")
-        if self.seq_lens_cpu.device.type != "cpu":
-            raise ValueError(
-                f"ForwardBatch.seq_lens_cpu is on {self.seq_lens_cpu.device}, expected cpu"
-            )
-        if bs > 0:
-            longest = int(self.seq_lens_cpu.max())
-            extra = 0
-            if self.forward_mode.is_target_verify() and self.spec_info is not None:
-                extra = int(self.spec_info.draft_token_num)
-            if longest + extra > L:
-                raise ValueError(f"sequence length {longest + extra} exceeds max_context_len={L}")
-            mask = getattr(self.spec_info, "custom_mask", None)
-            if self.forward_mode.is_target_verify() and mask is not None:
-                n = int(self.spec_info.draft_token_num)
-                want = sum(layout.tree_mask_sizes(self.seq_lens_cpu.tolist(), n))
-                if mask.numel() != want:
-                    raise ValueError(
-                        f"tree mask has {mask.numel()} entries, expected {want} = "
-                        f"sum over requests of N*(seq_len+N) with N={n} (refimpl.layout)"
-                    )
-            if int(self.seq_lens_cpu.min()) < 1:
-                raise ValueError(f"seq_lens must be >= 1, got min {int(self.seq_lens_cpu.min())}")
+        """Refuse anything malformed, naming the value and the limit (``refimpl.validate``)."""
+        validate_batch(self)

@@ -59,6 +59,7 @@ from .spec import (
     make_draft_extend_input,
     make_verify_input,
 )
+from .validate import validate_batch
 
 __all__ = ["BatchGenerator", "draft_decode_step_view"]
 
@@ -459,7 +460,7 @@ class BatchGenerator:
         spec = batch.spec_info
         if isinstance(spec, DraftDecodeInput):  # all S steps: [step][seq][branch]
             assert batch.out_cache_loc.numel() == spec.num_steps * batch.num_tokens
-        batch.validate()
+        validate_batch(batch, self.spec, for_graph=True)
         assert not bool((batch.out_cache_loc == 0).any()), "live rows never write slot 0"
         assert batch.out_cache_loc.unique().numel() == batch.out_cache_loc.numel()
         return batch

@@ -58,6 +58,19 @@ class FreshTensorAtReplay(PagedDecodeBackend):
         self.replay_kv_indptr = indptr  # where a metadata object built now would point
 
 
+class ForeignKVWrite(PagedDecodeBackend):
+    """``forward`` also writes each row's K/V one slot past its own: into the next request's KV
+    (the slot allocator hands requests consecutive slots), which no output comparison sees when
+    that request is not in the batch; only the KV guard does."""
+
+    name = "bug_foreign_kv_write"
+
+    def forward(self, q, k, v, layer, fb):
+        cache = self.world.kv_cache
+        cache.set_kv(layer, (fb.out_cache_loc + 1).clamp(max=cache.num_slots - 1), k, v)
+        return super().forward(q, k, v, layer, fb)
+
+
 class NoGraphState(PagedDecodeBackend):
     """Not a backend at all: the contract method ``graph_state`` is missing."""
 

@@ -138,6 +138,6 @@ def test_run_checks_json_keys_and_unknown_backend():
         "pattern",
         "replay_matches_reference",
     }
-    assert rows[0].pattern == "A"  # the label the backend class carries
+    assert rows[0].pattern == TorchNativeBackend.pattern  # the record carries the class's label
     with pytest.raises(ValueError, match="unknown backend 'nope'"):
         run_checks(["nope"], None, None, "cpu-emulator", FAST)

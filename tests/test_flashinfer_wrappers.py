@@ -210,9 +210,10 @@ print("ok")
 def test_wrapper_classes_and_workspace():
     cls = wrapper_classes(prefer_real=False)
     assert not cls.real
-    for c in (cls.BatchDecodeWithPagedKVCacheWrapper, cls.BatchPrefillWithPagedKVCacheWrapper,
-              cls.BatchMLAPagedAttentionWrapper):  # fmt: skip
-        assert c.IS_STANDIN is True and is_standin(c)
+    for name in WRAPPER_NAMES:  # the stand-in classes themselves, recognised as such
+        c = getattr(cls, name)
+        assert c is getattr(standin, name) and is_standin(c)
+    assert not is_standin(object())
     auto = wrapper_classes()
     if not torch.cuda.is_available():
         assert flashinfer_available() == "CUDA is not available"

@@ -29,7 +29,14 @@ from refimpl.kernels import (
 from refimpl.kernels import attention as attention_mod
 
 POISON = -7
-TOL = {torch.float32: 1e-5, torch.float16: 5e-3}
+# Bounds on relative_error(out, oracle) = ||out - ref|| / ||ref|| (float64), per output dtype:
+# ~3x the worst error these tests measure (CPU, Triton interpreter): fp32 7.5e-8 dense,
+# 7.3e-8 MLA (torch fp32 compute); fp16 1.2e-4..1.8e-4 dense, 1.5e-4..2.0e-4 MLA (the fp16
+# output rounding, 2^-11 relative per element). Tight enough that a 1% sm_scale error fails
+# (test_tolerance_catches_sm_scale_error: >= 8.7e-4 relative on these cases).
+TOL = {torch.float32: 1e-6, torch.float16: 6e-4}
+SM_SCALE = 0.3  # dense MHA/GQA tests
+MLA_SM_SCALE = 0.05
 DEVICE = default_device()  # cpu (Triton interpreter) here; cuda on a GPU machine
 
 
@@ -241,7 +248,7 @@ def tree_mask_for(gen, kv_lens, n):
     return mask, mask_indptr
 
 
-def run_dense(case, q_per_req, max_kv_len, causal=False, mask_dtype=None):
+def run_dense(case, q_per_req, max_kv_len, causal=False, mask_dtype=None, sm_scale=SM_SCALE):
     q = case["q"]
     out = torch.full((q.shape[0], q.shape[1], case["v_cache"].shape[-1]), 123.0, dtype=q.dtype)
     mask = case.get("custom_mask")
@@ -249,7 +256,7 @@ def run_dense(case, q_per_req, max_kv_len, causal=False, mask_dtype=None):
         mask = mask.to(mask_dtype)
     dense_paged_attention(
         q, case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"], out,
-        sm_scale=0.3, max_kv_len=max_kv_len, q_per_req=q_per_req, custom_mask=mask,
+        sm_scale=sm_scale, max_kv_len=max_kv_len, q_per_req=q_per_req, custom_mask=mask,
         mask_indptr=case.get("mask_indptr"), causal=causal,
     )  # fmt: skip
     return out
@@ -258,7 +265,7 @@ def run_dense(case, q_per_req, max_kv_len, causal=False, mask_dtype=None):
 def oracle_dense(case, causal=False):
     return mha_oracle(
         case["q"], case["k_cache"], case["v_cache"], case["qo_indptr"], case["kv_indptr"],
-        case["kv_indices"], 0.3, case.get("custom_mask"), case.get("mask_indptr"), causal,
+        case["kv_indices"], SM_SCALE, case.get("custom_mask"), case.get("mask_indptr"), causal,
     )  # fmt: skip
 
 
@@ -319,7 +326,7 @@ def test_dense_ignores_poisoned_slots_and_index_tail(causal):
     poisoned = run_dense(case, q_per_req=N, max_kv_len=10, causal=causal)
     assert torch.isfinite(poisoned).all()
     torch.testing.assert_close(poisoned, clean, rtol=0, atol=0)
-    assert relative_error(poisoned, oracle_dense(case, causal=causal)) < 1e-5
+    assert relative_error(poisoned, oracle_dense(case, causal=causal)) < TOL[torch.float32]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -341,27 +348,58 @@ def make_mla_case(seed, kv_lens, q_per_req, H=4, rank=512, rope=64, dtype=torch.
     )
 
 
+def run_mla(case, q_per_req, mode, sm_scale=MLA_SM_SCALE):
+    """dense_paged_mla_attention on ``case`` (mode: decode / causal / tree) and the fp64 oracle
+    (always at MLA_SM_SCALE); returns (out, ref)."""
+    dtype = case["q_nope"].dtype
+    kv_lens = (case["kv_indptr"][1:] - case["kv_indptr"][:-1]).tolist()
+    mask = mask_indptr = None
+    if mode == "tree":
+        mask, mask_indptr = tree_mask_for(rng(0), kv_lens, q_per_req)
+    causal = mode == "causal"
+    out = torch.zeros(case["q_nope"].shape, dtype=dtype)
+    dense_paged_mla_attention(
+        case["q_nope"], case["q_rope"], case["kv_cache"], case["kv_indptr"], case["kv_indices"],
+        out, sm_scale=sm_scale, max_kv_len=12, q_per_req=q_per_req, custom_mask=mask,
+        mask_indptr=mask_indptr, causal=causal,
+    )  # fmt: skip
+    ref = mla_oracle(
+        case["q_nope"], case["q_rope"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
+        case["kv_indices"], MLA_SM_SCALE, mask, mask_indptr, causal,
+    )  # fmt: skip
+    return out, ref
+
+
 @pytest.mark.parametrize("mode", ["decode", "causal", "tree"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_mla_matches_oracle(mode, dtype):
     q_per_req = 1 if mode == "decode" else 2
     case = make_mla_case(5, [4, 9, 2], q_per_req, dtype=dtype)
-    mask = mask_indptr = None
-    if mode == "tree":
-        mask, mask_indptr = tree_mask_for(rng(0), [4, 9, 2], q_per_req)
-    causal = mode == "causal"
-    out = torch.zeros(case["q_nope"].shape, dtype=dtype)
-    dense_paged_mla_attention(
-        case["q_nope"], case["q_rope"], case["kv_cache"], case["kv_indptr"], case["kv_indices"],
-        out, sm_scale=0.05, max_kv_len=12, q_per_req=q_per_req, custom_mask=mask,
-        mask_indptr=mask_indptr, causal=causal,
-    )  # fmt: skip
-    ref = mla_oracle(
-        case["q_nope"], case["q_rope"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
-        case["kv_indices"], 0.05, mask, mask_indptr, causal,
-    )  # fmt: skip
+    out, ref = run_mla(case, q_per_req, mode)
     assert ref.shape == (3 * q_per_req, 4, 512)
     assert relative_error(out, ref) < TOL[dtype]
+
+
+# ----------------------------------------------------------------------------------------------
+# the tolerance is tight: a 1% error in sm_scale fails the same check (a 5e-3 bound let it pass)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("factor", [1.01, 0.99])
+def test_tolerance_catches_sm_scale_error(dtype, factor):
+    """The cases of test_dense_decode_matches_oracle (GQA) and test_mla_matches_oracle (decode):
+    exact scale passes, a 1% scale error fails (measured: dense 4.0e-3, MLA 8.7e-4..8.9e-4)."""
+    case = make_attention_case(0, 5, 1, 4, 2, 16, 8, dtype, [5, 1, 0, 17, 9])
+    ref = oracle_dense(case)
+    assert relative_error(run_dense(case, q_per_req=1, max_kv_len=20), ref) < TOL[dtype]
+    wrong = run_dense(case, q_per_req=1, max_kv_len=20, sm_scale=SM_SCALE * factor)
+    assert relative_error(wrong, ref) > TOL[dtype], "dense: a 1% sm_scale error passes"
+
+    mla = make_mla_case(5, [4, 9, 2], 1, dtype=dtype)
+    out, ref = run_mla(mla, 1, "decode")
+    assert relative_error(out, ref) < TOL[dtype]
+    wrong, _ = run_mla(mla, 1, "decode", sm_scale=MLA_SM_SCALE * factor)
+    assert relative_error(wrong, ref) > TOL[dtype], "MLA: a 1% sm_scale error passes"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -158,10 +158,21 @@ def test_cutlass_legacy_details_live():
 def test_block_tables_are_upstreams_shape():
     assert calc_padded_blocks(40, 64) == 64 and calc_padded_blocks(40, 32) == 128
     assert calc_padded_blocks(5000, 64) == 128
-    c = CutlassMLAAttnBackend(world(128, L=300), CHAIN)
+    w = world(128, L=300)
+    c = CutlassMLAAttnBackend(w, CHAIN)
     c.init_cuda_graph_state(4, 4)
     assert c.cuda_graph_kv_indices.shape == (4, 300 // 128 + 1)
-    assert (c.cuda_graph_kv_indices == 1).all()  # graph tables start at 1 (eager: -1)
+    fb = BatchGenerator(w, CHAIN, seed=1).decode(3, seq_lens=[127, 128, 129])
+    c.init_forward_metadata_capture_cuda_graph(
+        3, 3, fb.req_pool_indices, fb.seq_lens, None, ForwardMode.DECODE, None
+    )
+    table = c.forward_metadata.block_kv_indices
+    assert table.data_ptr() == c.cuda_graph_kv_indices.data_ptr()  # the graph's table, in place
+    for i, (r, n) in enumerate(zip(fb.req_pool_indices.tolist(), fb.seq_lens.tolist())):
+        pages = -(-n // 128)
+        assert table[i, :pages].tolist() == [int(w.req_to_token[r, p * 128]) // 128
+                                             for p in range(pages)]  # fmt: skip
+        assert (table[i, pages:] == 1).all()  # never written: graph tables start at 1 (eager: -1)
 
 
 def test_bad_input_is_named():

@@ -8,7 +8,6 @@ interpreter on CPU. The ``gpu`` test uses the real 512 + 64 MLA widths in bfloat
 """
 
 import inspect
-import math
 
 import pytest
 import torch
@@ -215,13 +214,18 @@ def test_generic_wrapper_validation():
         mla_paged_attention(*args[:2], case.block_table.long(), *args[3:], 64, 0.1, R)
 
 
+def _op_name(recorded: str) -> str:
+    """``refimpl.<name>.default`` (what the recorder sees) -> ``refimpl::<name>``."""
+    ns, name, _ = recorded.split(".")
+    return f"{ns}::{name}"
+
+
 def test_one_op_per_launch():
     case = Case(2, [40], page_size=32)
     with RecordOps() as rec:
         case.run(64)
     assert rec.names == ["refimpl.mla_paged_attention.default"]
-    assert "refimpl::mla_paged_attention" in KERNEL_OPS
-    assert "refimpl::trtllm_mla_graph_metadata" in KERNEL_OPS
+    assert _op_name(rec.names[0]) in KERNEL_OPS  # the recorded launch is a listed kernel op
 
 
 # ----------------------------------------------------------------------------------------------
@@ -519,6 +523,7 @@ def test_metadata_one_op_and_validation():
         trtllm_mla_graph_metadata(rpi, seq_lens, req_to_token, table, seq_lens_k,
                                   seqlen_offset=0, page_size=32)  # fmt: skip
     assert rec.names == ["refimpl.trtllm_mla_graph_metadata.default"]
+    assert _op_name(rec.names[0]) in KERNEL_OPS
     kw = dict(seqlen_offset=0, page_size=32)
     with pytest.raises(ValueError, match="block_table.dtype=torch.int64"):
         trtllm_mla_graph_metadata(rpi, seq_lens, req_to_token, table.long(), lens_guard[:2], **kw)
@@ -590,4 +595,3 @@ def test_gpu_bf16_attention_metadata_and_cuda_graph():
     g.replay()
     torch.cuda.synchronize()
     assert relative_error(live.out, nxt.ref(6 * 64)) < tol
-    assert math.isfinite(relative_error(live.out, nxt.ref(6 * 64)))

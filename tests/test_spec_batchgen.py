@@ -335,7 +335,7 @@ def test_checker_catches_corrupted_batches():
         check_batch(b.replace(out_cache_loc=swapped), TREE)
     with pytest.raises(AssertionError):
         check_batch(b.replace(positions=b.positions + 1), TREE)
-    with pytest.raises(AssertionError):
+    with pytest.raises(ValueError, match="slot 0 is reserved"):  # refused by validate()
         check_batch(b.replace(out_cache_loc=torch.zeros_like(b.out_cache_loc)), TREE)
 
 

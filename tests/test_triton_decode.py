@@ -22,7 +22,15 @@ from refimpl.kernels.triton_decode import (
     get_num_kv_splits_ref,
 )
 
-TOL = {torch.float32: 1e-5, torch.float16: 5e-3}
+# Bounds on relative_error(out, oracle) = ||out - ref|| / ||ref|| (float64), per output dtype:
+# ~3x the worst error these tests measure (CPU, Triton interpreter): fp32 3.0e-7 (float32
+# online softmax, ieee dots), fp16 1.6e-4..1.8e-4 (the fp16 output rounding). A 1% sm_scale
+# error gives >= 6.2e-3 here, so it fails (test_tolerance_catches_sm_scale_error).
+TOL = {torch.float32: 1e-6, torch.float16: 6e-4}
+# Stage-1 partials (one split's softmax-weighted values, [Dv]) are short vectors from as few as
+# one key, so their relative error scatters more than a whole output's: measured max 7.6e-7
+# over 144 partials; 3e-6 keeps the ~3x margin (still 3x below the old 1e-5).
+TOL_PARTIAL = 3e-6
 DEVICE = default_device()  # cpu (Triton interpreter) here; cuda on a GPU machine
 H = 4  # query heads everywhere
 TAIL_ROWS = 2  # padded graph rows past T in every buffer (their data must never be read)
@@ -157,15 +165,18 @@ def test_stage1_writes_exactly_the_live_splits(num_kv_heads, head_dim):
                 assert torch.isnan(logits[b, :, s]).all() and torch.isnan(lse[b, :, s]).all()
                 continue
             start, end = ranges[s]
+            want_lse = torch.zeros(H, dtype=torch.float64)  # [H]
             for h in range(H):
                 k = case["k"][rows[start:end], h // group].double()  # [n_s, D]
                 v = case["v"][rows[start:end], h // group].double()
                 scores = k @ case["q"][b, h].double() * sm_scale
-                want_lse = torch.logsumexp(scores, 0)
+                want_lse[h] = torch.logsumexp(scores, 0)
                 want = torch.softmax(scores, 0) @ v
-                assert abs(float(lse[b, h, s]) - float(want_lse)) < 1e-5
-                assert relative_error(logits[b, h, s], want) < 1e-5
+                assert relative_error(logits[b, h, s], want) < TOL_PARTIAL
                 checked += 1
+            # one LSE per head: a single one can sit near 0 (measured |lse| >= 0.017), so the
+            # split's H values are compared as one vector (measured <= 2.2e-7)
+            assert relative_error(lse[b, :, s], want_lse) < TOL[torch.float32], (b, s)
     assert checked == H * sum(len(split_ranges(n, c)) for n, c in zip(lens, splits))
     assert torch.isnan(logits[len(lens) :]).all() and torch.isnan(lse[len(lens) :]).all()
 
@@ -199,11 +210,29 @@ def test_decode_matches_oracle(num_kv_heads, head_dim, dtype, idx_dtype, indptr_
     assert relative_error(o, oracle(case)) < TOL[dtype], splits
 
 
+@pytest.mark.parametrize("case_idx", [0, 3], ids=lambda i: str(CASES[i][2]).split(".")[1])
+@pytest.mark.parametrize("factor", [1.01, 0.99])
+def test_tolerance_catches_sm_scale_error(case_idx, factor):
+    """The check of test_decode_matches_oracle FAILS for a 1% sm_scale error (the old 5e-3
+    bound passed some of them): exact scale passes, scale * factor does not."""
+    num_kv_heads, head_dim, dtype, idx_dtype, indptr_dtype, max_kv_splits = CASES[case_idx]
+    seed = num_kv_heads * 100 + head_dim + max_kv_splits
+    gen = rng(seed)
+    lens = [1, 32, 33] + torch.randint(2, 100, (3,), generator=gen).tolist()
+    case = make_case(seed, lens, num_kv_heads, head_dim, dtype, idx_dtype, indptr_dtype)
+    splits = random_splits(gen, len(lens), max_kv_splits)
+    ref = oracle(case)  # at sm_scale 0.5, run()'s default
+    o, _, _ = run(case, splits, max_kv_splits)
+    assert relative_error(o, ref) < TOL[dtype]
+    wrong, _, _ = run(case, splits, max_kv_splits, sm_scale=0.5 * factor)
+    assert relative_error(wrong, ref) > TOL[dtype], "a 1% sm_scale error passes the check"
+
+
 def test_decode_value_dim_differs_from_key_dim():
     case = make_case(5, [3, 40, 77], 2, 32, torch.float32, v_head_dim=16)
     o, _, _ = run(case, [1, 2, 3], 4)
     assert o.shape == (3, H, 16)
-    assert relative_error(o, oracle(case)) < 1e-5
+    assert relative_error(o, oracle(case)) < TOL[torch.float32]
 
 
 def test_result_independent_of_split_count():
@@ -211,22 +240,22 @@ def test_result_independent_of_split_count():
     one, _, _ = run(case, [1, 1, 1, 1], 8)
     many, logits, _ = run(case, [8, 8, 8, 8], 8, fill=float("nan"))
     assert not torch.isnan(logits[0, :, :4]).any()  # 4 splits of 32 really were used
-    assert relative_error(many, one) < 1e-5
-    assert relative_error(one, oracle(case)) < 1e-5
+    assert relative_error(many, one) < TOL[torch.float32]
+    assert relative_error(one, oracle(case)) < TOL[torch.float32]
 
 
 def test_out_of_range_split_counts_are_clamped():
     """num_kv_splits is data (never validated): 0 / negative act as 1, > max acts as max."""
     case = make_case(12, [70, 100, 5], 4, 16, torch.float32)
     o, _, _ = run(case, [0, 100, -3], 4)
-    assert relative_error(o, oracle(case)) < 1e-5
+    assert relative_error(o, oracle(case)) < TOL[torch.float32]
 
 
 def test_empty_row_writes_zeros():
     case = make_case(13, [0, 50, 0], 2, 16, torch.float32)
     o, _, _ = run(case, [4, 4, 1], 4, fill=float("nan"))
     assert (o[0] == 0).all() and (o[2] == 0).all()
-    assert relative_error(o, oracle(case)) < 1e-5
+    assert relative_error(o, oracle(case)) < TOL[torch.float32]
 
 
 @pytest.mark.parametrize("num_kv_heads", [4, 1])
@@ -245,7 +274,7 @@ def test_logit_cap(num_kv_heads):
             v = case["v"][rows, h // group].double()
             scores = cap * torch.tanh(k @ case["q"][b, h].double() * sm_scale / cap)
             want[b, h] = torch.softmax(scores, 0) @ v
-    assert relative_error(o, want) < 1e-5
+    assert relative_error(o, want) < TOL[torch.float32]
     assert relative_error(want, oracle(case, sm_scale)) > 1e-2  # the cap really matters here
 
 
@@ -340,7 +369,7 @@ def test_heuristic_counts_feed_the_kernel():
                       core_count=132)  # fmt: skip
     assert counts[: len(lens)].max() > 1  # several splits really happen
     o, _, _ = run(case, counts[: len(lens)].tolist(), 8)
-    assert relative_error(o, oracle(case)) < 1e-5
+    assert relative_error(o, oracle(case)) < TOL[torch.float32]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -124,6 +124,14 @@ REGISTRY: list[BackendEntry] = [
 ]  # fmt: skip
 
 
+HISTORICAL_VARIANTS = frozenset({"legacy", "as-upstream"})  # expected to show their findings
+
+
+def must_pass(variant: str) -> bool:
+    """Every shape but the historical ones must pass every checker verdict."""
+    return variant not in HISTORICAL_VARIANTS
+
+
 def find(name: str | None = None, variant: str | None = None) -> list[BackendEntry]:
     out = [e for e in REGISTRY if (name is None or e.name == name)]
     out = [e for e in out if (variant is None or e.variant == variant)]
@@ -140,6 +148,8 @@ __all__ = [
     "CONTRACT",
     "GraphModeNotSupported",
     "REGISTRY",
+    "HISTORICAL_VARIANTS",
     "find",
     "load_backend_class",
+    "must_pass",
 ]

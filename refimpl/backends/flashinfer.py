@@ -44,10 +44,10 @@ import torch
 from .. import layout
 from ..batch import ForwardBatch, World
 from ..config import SpecConfig
-from ..flashinfer_wrappers import make_workspace, wrapper_classes
+from ..flashinfer_wrappers import is_standin, make_workspace, wrapper_classes
 from ..flashinfer_wrappers.fast_plan import install_fast_decode_plan
 from ..flashinfer_wrappers.ops import fi_run
-from ..kernels import build_kv_indices
+from ..kernels import build_kv_indices, csr_ref
 from ..modes import ForwardMode
 from ..spec import DraftDecodeInput, DraftExtendInput, VerifyInput, require_spec
 from .base import AttentionBackend, GraphModeNotSupported
@@ -323,6 +323,32 @@ class FlashInferAttnBackend(AttentionBackend):
                 state["mask_indptr"] = w._mask_indptr_buf
                 state["custom_mask"] = w._custom_mask_buf[: int(w._mask_indptr_buf[-1])]
         return state
+
+    def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any] | None:
+        """What the bound buffers must hold, from the batch alone (host lengths,
+        ``csr_ref``); the mask only for the stand-ins (the real library packs it into bits)."""
+        mode, bs, spec = fb.forward_mode, fb.batch_size, fb.spec_info
+        if isinstance(spec, DraftDecodeInput):
+            return None  # the multi-step wrapper gives the per-step reference
+        seq = fb.seq_lens_cpu.to(torch.int64)
+        S, n = (self.spec.num_steps, self.spec.num_draft_tokens) if self.spec else (0, 0)
+        kv = seq + n if mode.is_target_verify() else seq  # verify: prefix + the N drafts
+        csr = csr_ref(self.world.req_to_token, fb.req_pool_indices, kv)
+        ref = {"paged_kv_indptr": csr["kv_indptr"], "paged_kv_indices": csr["kv_indices"]}
+        if mode.is_decode_or_idle():
+            return ref
+        rows = S + 1 if mode.is_draft_extend_v1() else n
+        ref.update(
+            qo_indptr=torch.arange(0, bs * rows + 1, rows), causal=not mode.is_target_verify()
+        )
+        w = self.forward_metadata.prefill_wrappers[0]
+        if getattr(w, "_custom_mask_buf", None) is not None and is_standin(w):
+            ref["mask_indptr"] = torch.tensor([0] + [n * k for k in kv.tolist()]).cumsum(0)
+            ref["custom_mask"] = spec.custom_mask.to(torch.uint8)  # the live requests' blocks
+        return ref
+
+    def draft_step_reference(self, indptr: torch.Tensor, indices: torch.Tensor, fb) -> dict:
+        return {"paged_kv_indptr": indptr, "paged_kv_indices": indices}
 
     # --- the captured step --------------------------------------------------------------------
     def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:

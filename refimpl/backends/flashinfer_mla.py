@@ -50,7 +50,7 @@ from ..config import SpecConfig
 from ..flashinfer_wrappers import make_workspace, wrapper_classes
 from ..flashinfer_wrappers.fast_plan import install_fast_mla_decode_plan
 from ..flashinfer_wrappers.ops import fi_mla_run
-from ..kernels import build_kv_indices
+from ..kernels import build_kv_indices, csr_ref
 from ..modes import ForwardMode
 from ..spec import DraftExtendInput, VerifyInput, require_spec
 from .base import AttentionBackend, GraphModeNotSupported
@@ -252,6 +252,17 @@ class FlashInferMLAAttnBackend(AttentionBackend):
             "kv_len_arr": self.cuda_graph_kv_lens[:n],
             "kv_indices": self.cuda_graph_kv_indices[: int(kv_indptr[-1])],
         }
+
+    def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any] | None:
+        """What the wrapper's bound buffers must hold, from the batch alone."""
+        mode, bs = fb.forward_mode, fb.batch_size
+        seq = fb.seq_lens_cpu.to(torch.int64)
+        S, n = (self.spec.num_steps, self.spec.num_draft_tokens) if self.spec else (0, 0)
+        rows = 1 if mode.is_decode_or_idle() else S + 1 if mode.is_draft_extend_v1() else n
+        kv = seq + n if mode.is_target_verify() else seq  # verify: prefix + the N drafts
+        csr = csr_ref(self.world.req_to_token, fb.req_pool_indices, kv)
+        return {"qo_indptr": torch.arange(0, bs * rows + 1, rows), "kv_indptr": csr["kv_indptr"],
+                "kv_len_arr": kv, "kv_indices": csr["kv_indices"]}  # fmt: skip
 
     # --- the captured step --------------------------------------------------------------------
     def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:

@@ -33,7 +33,7 @@ import torch
 
 from ..batch import ForwardBatch, World
 from ..config import SpecConfig
-from ..kernels import draft_decode_kv_indices
+from ..kernels import draft_decode_kv_indices, draft_decode_kv_indices_ref
 from ..modes import ForwardMode
 from ..spec import DraftDecodeInput
 from .base import AttentionBackend, GraphModeNotSupported
@@ -179,6 +179,18 @@ class MultiStepDraftBackend(AttentionBackend):
         for i, b in enumerate(self.step_backends):
             state.update({f"step{i}.{k}": v for k, v in b.graph_state(bs, mode).items()})
         return state
+
+    def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any]:
+        """Per step: prefix + that step's drafts (``draft_decode_kv_indices_ref``), from the batch."""
+        indptrs, indices = draft_decode_kv_indices_ref(
+            fb.req_pool_indices, self.world.req_to_token, fb.seq_lens_cpu, topk=self.topk,
+            num_steps=self.S,
+        )  # fmt: skip
+        ref: dict[str, Any] = {}
+        for i, b in enumerate(self.step_backends):
+            step = b.draft_step_reference(indptrs[i].cpu(), indices[i].cpu(), fb)
+            ref.update({f"step{i}.{k}": v for k, v in step.items()})
+        return ref
 
     def forward(self, q, k, v, layer, fb):
         raise RuntimeError("the multi-step program calls step_backend(i).forward, not the wrapper")

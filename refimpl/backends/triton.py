@@ -40,7 +40,14 @@ import torch
 from .. import layout
 from ..batch import ForwardBatch, World
 from ..config import SpecConfig
-from ..kernels import build_kv_indices, decode_attention, extend_attention, get_num_kv_splits
+from ..kernels import (
+    build_kv_indices,
+    csr_ref,
+    decode_attention,
+    extend_attention,
+    get_num_kv_splits,
+    get_num_kv_splits_ref,
+)
 from ..modes import ForwardMode
 from ..spec import DraftDecodeInput, DraftExtendInput, VerifyInput, require_spec
 from .base import AttentionBackend, GraphModeNotSupported
@@ -357,6 +364,42 @@ class TritonAttnBackend(AttentionBackend):
             state["mask_indptr"] = md.mask_indptr
             state["custom_mask"] = md.custom_mask[: int(md.mask_indptr[-1])].to(torch.uint8)
         return state
+
+    def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any] | None:
+        """From the batch alone: host lengths, ``build_kv_indices_ref``, ``get_num_kv_splits_ref``,
+        the mode's row stride; live regions only."""
+        mode, bs, spec = fb.forward_mode, fb.batch_size, fb.spec_info
+        if isinstance(spec, DraftDecodeInput):
+            return None  # the multi-step wrapper gives the per-step reference
+        seq = fb.seq_lens_cpu.to(torch.int64)
+        if mode.is_decode_or_idle():
+            ref = csr_ref(self.world.req_to_token, fb.req_pool_indices, seq)
+            ref["num_kv_splits"] = torch.tensor(self._splits_ref(seq.tolist(), 1))
+            ref["max_kv_splits"] = self.max_kv_splits
+            return ref
+        S, n = self.spec.num_steps, self.spec.num_draft_tokens
+        rows = S + 1 if mode.is_draft_extend_v1() else n  # verify / draft extend v2: N rows
+        prefix = seq if mode.is_target_verify() else (seq - rows).clamp(min=0)
+        ref = csr_ref(self.world.req_to_token, fb.req_pool_indices, prefix)
+        ref["qo_indptr"] = torch.arange(0, bs * rows + 1, rows)
+        ref["max_extend_len"] = rows
+        if mode.is_target_verify() and spec.custom_mask is not None:
+            blocks = [n * (s + n) for s in seq.tolist()]
+            ref["mask_indptr"] = torch.tensor([0] + blocks).cumsum(0)
+            ref["custom_mask"] = spec.custom_mask.to(torch.uint8)  # the live requests' blocks
+        return ref
+
+    def draft_step_reference(self, indptr: torch.Tensor, indices: torch.Tensor, fb) -> dict:
+        topk = fb.spec_info.topk
+        splits = self._splits_ref(fb.seq_lens_cpu.tolist(), topk)
+        return {"kv_indptr": indptr, "kv_indices": indices, "max_kv_splits": self.max_kv_splits,
+                "num_kv_splits": torch.tensor(splits)}  # fmt: skip
+
+    def _splits_ref(self, seq_lens: list[int], num_group: int) -> list[int]:
+        cfg = self.cfg
+        return get_num_kv_splits_ref(seq_lens, num_group=num_group, num_heads=cfg.num_heads,
+                                     num_kv_heads=cfg.num_kv_heads,
+                                     max_kv_splits=self.max_kv_splits, core_count=self.core_count)  # fmt: skip
 
     # --- the captured step --------------------------------------------------------------------
     def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:

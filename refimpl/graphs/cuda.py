@@ -40,6 +40,7 @@ class CUDAGraphHandle(Graph):
             # (the RNG seed/offset fills) are not listed among the program's kernels
             with (
                 torch.cuda.graph(self.graph, pool=eng.pool, stream=eng.stream),
+                torch.no_grad(),  # as the emulator captures
                 record_ops(None) as rec,
             ):
                 out = fn()
@@ -48,6 +49,8 @@ class CUDAGraphHandle(Graph):
             torch.cuda.synchronize(eng.device)
             if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):
                 torch._C._cuda_clearCublasWorkspaces()
+            if isinstance(e, GraphCaptureError):  # refused by the shared recorder, not by CUDA
+                raise
             raise GraphCaptureError(f"CUDA stream capture failed: {e}") from e
         if eng.pool is None:
             eng.pool = self.graph.pool()  # every later capture shares this pool

@@ -21,6 +21,14 @@ emulator gives the same contract as ``torch.cuda.CUDAGraph`` on CPU tensors:
 5. **Fresh tensors are invisible.** A tensor allocated after capture is not in the log, so
    replay never reads it: rebinding ``self.buf = new_tensor`` after capture changes nothing,
    exactly the "stale bound buffer" bug class on a GPU.
+
+Where the emulator and a CUDA graph differ (``tests/test_emulator_parity.py`` runs the same
+programs under both): capture *executes* the step here (its writes happen once and the returned
+outputs are valid), while CUDA capture only records (outputs are valid after the first replay);
+the emulator keeps every captured tensor alive, while a CUDA graph keeps only addresses (a freed
+rebound buffer's block may be reused by another tensor); graphs sharing one CUDA pool may
+overwrite each other's outputs, here never; a random op draws fresh values from the live
+generator at each replay here, from per-replay seed offsets fixed at capture on CUDA.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .engine import GraphCaptureError
+from .engine import GraphCaptureError, GraphReplayError
 
 # Ops that need the value of device data on the host (CUDA: a sync, illegal while capturing).
 HOST_SYNC_OPS = {
@@ -83,11 +83,21 @@ class Step:
         for i in self.copy_back:
             dst, src = self.outs[i], fresh[i]
             if dst.shape != src.shape:
-                raise GraphCaptureError(
+                raise GraphReplayError(
                     f"{self.func} produced shape {tuple(src.shape)} at replay, "
                     f"{tuple(dst.shape)} at capture"
                 )
             dst.copy_(src)
+
+
+def _device_to_host(name: str, args, kwargs) -> bool:
+    """A copy from an accelerator tensor into host memory (``.to("cpu")``, ``cpu.copy_(gpu)``)."""
+    if name == "aten._to_copy.default":
+        dev = kwargs.get("device")
+        return dev is not None and torch.device(dev).type == "cpu" and args[0].device.type != "cpu"
+    if name == "aten.copy_.default":
+        return args[0].device.type == "cpu" and args[1].device.type != "cpu"
+    return False
 
 
 class Recorder(TorchDispatchMode):
@@ -113,6 +123,9 @@ class Recorder(TorchDispatchMode):
             raise GraphCaptureError(
                 f"data-dependent output shape during capture: {name} with a boolean mask"
             )
+        if _device_to_host(name, args, kwargs):
+            raise GraphCaptureError(f"host synchronisation during capture: {name} copies a "
+                                    "device tensor to the host")  # fmt: skip
         out = func(*args, **kwargs)
         step = Step(func, args, kwargs, out)
         self.names.append((name, step.rerun))

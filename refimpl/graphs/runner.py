@@ -36,6 +36,7 @@ from ..batch import ForwardBatch
 from ..config import GraphConfig, SpecConfig
 from ..modes import ForwardMode
 from ..spec import dummy_spec_input
+from ..validate import check_capture_config, validate_batch
 from .engine import GraphEngine, GraphReplayError
 
 
@@ -89,6 +90,7 @@ class GraphRunner:
         graph_cfg: GraphConfig,
         spec_cfg: SpecConfig | None = None,
         multi_step_draft: bool = False,
+        validate_inputs: bool = True,
     ):
         if not mode.is_graph_mode():
             raise ValueError(f"{mode.label} is never captured; run it eagerly")
@@ -110,6 +112,8 @@ class GraphRunner:
         self.max_bs = max(self.capture_bs)
         self.max_num_tokens = self.max_bs * self.tokens_per_req
         self.fill_value = backend.get_cuda_graph_seq_len_fill_value()
+        self.validate_inputs = validate_inputs  # False: timing runs (refimpl.validate's cost)
+        check_capture_config(self)  # before any allocation
         static = self._rest_inputs(self.max_bs)
         self.input_ids, self.positions = static["input_ids"], static["positions"]
         self.req_pool_indices, self.out_cache_loc = (
@@ -281,9 +285,14 @@ class GraphRunner:
         total = layout.padded_seq_lens_sum(fb.seq_lens_sum, fb.batch_size, bs, self.fill_value)
         return self._batch(static, bs, total, fb.spec_info)
 
+    def validate(self, fb: ForwardBatch, for_graph: bool = True) -> None:
+        """Refuse ``fb`` before anything is written (``refimpl.validate``)."""
+        validate_batch(fb, self.spec_cfg, self.multi_step_draft, for_graph)
+
     def _replay(self, fb: ForwardBatch) -> torch.Tensor:
         """The replay path proper (``can_run`` already said yes): copies, hook, launch."""
-        fb.validate()
+        if self.validate_inputs:
+            self.validate(fb)
         bs = self.pick_bs(fb.batch_size)
         self._load_inputs(fb, bs)
         call_replay_hook(self.backend, self._replay_batch(fb, bs, self._static()))
@@ -291,7 +300,8 @@ class GraphRunner:
         return self.outputs[bs][: fb.num_tokens]
 
     def eager(self, fb: ForwardBatch) -> torch.Tensor:
-        fb.validate()
+        if self.validate_inputs:
+            self.validate(fb, for_graph=False)
         self.backend.init_forward_metadata(fb)
         return self.model(fb, self.backend)
 

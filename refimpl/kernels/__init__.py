@@ -32,7 +32,7 @@ from .mla_paged import (
     trtllm_mla_graph_metadata,
     trtllm_mla_graph_metadata_ref,
 )
-from .oracle import attention_from_dense, mha_oracle, mla_oracle, relative_error
+from .oracle import attention_from_dense, csr_ref, mha_oracle, mla_oracle, relative_error
 from .triton_decode import decode_attention, get_num_kv_splits, get_num_kv_splits_ref
 from .triton_extend import extend_attention
 
@@ -58,6 +58,7 @@ __all__ = [
     "build_block_table_ref",
     "build_kv_indices",
     "build_kv_indices_ref",
+    "csr_ref",
     "cutlass_mla_decode",
     "decode_attention",
     "draft_decode_kv_indices",

@@ -19,6 +19,12 @@ program finds its row's offset from a masked prefix sum over ``seq_lens`` (no ho
 its own ``kv_indptr[i, row + 1]`` (program (i, 0, 0) also writes ``kv_indptr[i, 0] = 0``: every
 entry ``0..rows`` is written by exactly one program) and its row's slots. Writes past a step's row
 width ``W = kv_indices.shape[1]`` are dropped (the caller sizes W, e.g. ``num_seqs*topk*L``).
+
+Bounded by construction (``seq_lens`` / ``req_pool_indices`` are device data a replay may fill
+with anything): loads of ``req_to_token`` are masked to its ``[pool, L]`` shape, stores to
+``kv_indices`` to ``[0, W)`` and to ``kv_indptr`` to its row length, and the copy loop runs at
+most ``cdiv(L, COPY_BLOCK)`` times. What falls outside is dropped, never clamped onto another
+entry (rules in ``draft_decode_kv_indices``'s docstring).
 """
 
 import torch
@@ -50,7 +56,10 @@ def _draft_decode_kv_indices_kernel(
     kv_indices_stride,
     kv_indptr_stride,
     num_seqs,
-    width,  # W: entries per kv_indices row; writes at or past it are dropped
+    width,  # W: entries per kv_indices row; writes outside [0, W) are dropped
+    indptr_width,  # kv_indptr.shape[1]: writes outside [0, it) are dropped
+    pool,  # req_to_token.shape[0]: request rows outside [0, pool) are never read
+    context_len,  # req_to_token.shape[1] = L: columns outside [0, L) are never read
     TOPK: tl.constexpr,
     NUM_STEPS: tl.constexpr,
     SEQ_BLOCK: tl.constexpr,  # next_pow2(num_seqs)
@@ -63,29 +72,41 @@ def _draft_decode_kv_indices_kernel(
     row = r * TOPK + k
 
     # offset of row (r, k) = topk * sum_{r' < r} seq_lens[r'] + (r*topk + k) * (i+1) + k*seq_lens[r]
+    # (negative lengths count as 0: rows never overlap)
     s = tl.arange(0, SEQ_BLOCK)
     lens = tl.load(seq_lens_ptr + s, mask=s < num_seqs, other=0).to(tl.int64)  # [SEQ_BLOCK]
+    lens = tl.maximum(lens, 0)
     before = tl.sum(tl.where(s < r, lens, 0), 0)
-    seq_len = tl.load(seq_lens_ptr + r).to(tl.int64)
+    seq_len = tl.maximum(tl.load(seq_lens_ptr + r).to(tl.int64), 0)
     drafts = (i + 1).to(tl.int64)  # draft slots per row at step i
     offset = TOPK * before + row.to(tl.int64) * drafts + k * seq_len
-    row_len = seq_len + drafts
+    row_len = seq_len + drafts  # entries of row (r, k) at step i
 
     indptr_row = kv_indptr_ptr + i.to(tl.int64) * kv_indptr_stride
-    tl.store(indptr_row + row + 1, (offset + row_len).to(kv_indptr_ptr.dtype.element_ty))
+    indptr_ty = kv_indptr_ptr.dtype.element_ty
+    tl.store(indptr_row + row + 1, (offset + row_len).to(indptr_ty), mask=row + 1 < indptr_width)
     if (r == 0) & (k == 0):  # row 0 starts the CSR: its offset is 0
-        tl.store(indptr_row, offset.to(kv_indptr_ptr.dtype.element_ty))
+        tl.store(indptr_row, offset.to(indptr_ty))
 
-    src = req_to_token_ptr + tl.load(req_pool_indices_ptr + r).to(tl.int64) * req_to_token_stride
+    req_slot = tl.load(req_pool_indices_ptr + r).to(tl.int64)
+    row_ok = (req_slot >= 0) & (req_slot < pool)  # an out-of-pool request reads nothing
+    req_slot = tl.where(row_ok, req_slot, 0)
+    src = req_to_token_ptr + req_slot * req_to_token_stride
     dst = kv_indices_ptr + i.to(tl.int64) * kv_indices_stride + offset
     out_ty = kv_indices_ptr.dtype.element_ty
-    for b in range(tl.cdiv(seq_len, COPY_BLOCK)):  # prefix
+    # prefix: positions t < seq_len read column t; only t < L exist (at most L of them)
+    prefix = tl.where(row_ok, tl.minimum(seq_len, context_len), 0)
+    for b in range(tl.cdiv(prefix, COPY_BLOCK)):
         t = b * COPY_BLOCK + tl.arange(0, COPY_BLOCK).to(tl.int64)
-        keep = (t < seq_len) & (offset + t < width)
+        keep = (t < prefix) & (offset + t >= 0) & (offset + t < width)
         tl.store(dst + t, tl.load(src + t, mask=keep).to(out_ty), mask=keep)
     j = tl.arange(0, STEP_BLOCK).to(tl.int64)  # draft slots j = 0..i of branch k
-    keep = (j < drafts) & (offset + seq_len + j < width)
-    slots = tl.load(src + seq_len + k * NUM_STEPS + j, mask=keep)
+    col = seq_len + k * NUM_STEPS + j  # their columns in the request's row
+    pos = offset + seq_len + j  # their positions in kv_indices[i]
+    # row_ok goes into the bound, not the mask: the interpreter rejects `block & scalar` masks
+    num_drafts = tl.where(row_ok, drafts, 0)
+    keep = (j < num_drafts) & (col < context_len) & (pos >= 0) & (pos < width)
+    slots = tl.load(src + col, mask=keep)
     tl.store(dst + seq_len + j, slots.to(out_ty), mask=keep)
 
 
@@ -115,6 +136,9 @@ def _draft_decode_kv_indices_op(
         kv_indptr.stride(0),
         num_seqs,
         kv_indices.shape[1],
+        kv_indptr.shape[1],
+        req_to_token.shape[0],
+        req_to_token.shape[1],
         TOPK=topk,
         NUM_STEPS=num_steps,
         SEQ_BLOCK=triton.next_power_of_2(num_seqs),
@@ -147,9 +171,22 @@ def draft_decode_kv_indices(
     Shapes: req_pool_indices [>= num_seqs], req_to_token [pool, L], seq_lens [num_seqs]
     (num_seqs = seq_lens.numel()), kv_indices [>= num_steps, W], kv_indptr
     [>= num_steps, >= num_seqs*topk + 1]; all int32 or int64, same device. Only rows
-    ``0..num_steps-1`` are written. The caller guarantees ``seq_lens[r] + topk*num_steps <= L``
-    (values are not checked: no host sync); entries of ``kv_indices[i]`` past
+    ``0..num_steps-1`` are written. Entries of ``kv_indices[i]`` past
     ``kv_indptr[i, num_seqs*topk]`` (and past W) are left untouched.
+
+    Out-of-range values (not checked: that needs a host sync) are *dropped*, never clamped into
+    another request's slots:
+
+    - ``seq_lens[r] < 0`` counts as 0 (in the offsets and in ``kv_indptr`` too, so rows never
+      overlap); larger lengths keep the layout above unchanged, whatever they are.
+    - An entry whose source is outside ``req_to_token`` is not written (keeps its previous value):
+      every entry of a sequence with ``rpi[r]`` outside ``[0, pool)``, and each prefix / draft
+      entry whose column (``t`` resp. ``seq_lens[r] + k*num_steps + j``) is ``>= L``.
+    - Stores outside ``[0, W)`` of a ``kv_indices`` row, or past ``kv_indptr.shape[1]``, are
+      not made.
+
+    Valid inputs (``0 <= seq_lens[r]``, ``seq_lens[r] + topk*num_steps <= L``,
+    ``0 <= rpi[r] < pool``, W >= the used length) drop nothing.
     """
     check_int(topk, "topk", 1)
     check_int(num_steps, "num_steps", 1)

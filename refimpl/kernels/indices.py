@@ -12,6 +12,12 @@ inside a CUDA graph: no allocation, no host sync, every bound comes from shapes 
   ``p < cdiv(lens[i], P)`` (FlashMLA / Cutlass / TRTLLM MLA page tables).
 - ``block_table_to_kv_indices``: host-side inverse view of a block table, for oracles and tests.
 
+Bounded by construction: the lengths, starts and request indices are device data that a replay
+may fill with anything (e.g. ``seq_lens`` past the context length), so every load of
+``req_to_token`` is masked to its ``[pool, L]`` shape, every store to the destination's shape,
+and loops are bounded by shapes too. Whatever falls outside is dropped (the destination keeps
+its previous value), never clamped onto another entry; the wrappers' docstrings list the rules.
+
 Each builder is a Triton kernel wrapped in a ``torch.library.custom_op`` (one recorded op per
 launch), a validating Python wrapper, and a pure-torch ``*_ref`` for tests.
 """
@@ -56,8 +62,11 @@ def _build_kv_indices_kernel(
     lens_ptr,  # [bs] int32/int64
     kv_indptr_ptr,  # [bs+1] int32/int64, already [0, cumsum(lens)]
     kv_start_idx_ptr,  # [bs] (ignored unless HAS_START)
-    kv_indices_ptr,  # [>= kv_indptr[bs]] int32/int64, written
+    kv_indices_ptr,  # [out_len] int32/int64, written
     req_to_token_stride,
+    pool,  # req_to_token.shape[0]: request rows outside [0, pool) are never read
+    row_len,  # req_to_token.shape[1] = L: columns outside [0, L) are never read
+    out_len,  # kv_indices.numel(): stores outside [0, out_len) are dropped
     HAS_START: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -65,19 +74,24 @@ def _build_kv_indices_kernel(
     req_slot = tl.load(req_pool_indices_ptr + i).to(tl.int64)
     n = tl.load(lens_ptr + i).to(tl.int64)
     out_start = tl.load(kv_indptr_ptr + i).to(tl.int64)
+    # positions j whose source column start + j lies in [0, L): [j_lo, j_hi) (at most L of them)
     start = 0
+    j_lo = 0
+    j_hi = tl.minimum(n, row_len)
     if HAS_START:  # constexpr: resolved at compile time
         start = tl.load(kv_start_idx_ptr + i).to(tl.int64)
+        j_lo = tl.maximum(-start, 0)
+        j_hi = tl.minimum(n, row_len - start)
+    row_ok = (req_slot >= 0) & (req_slot < pool)  # an out-of-pool request reads nothing
+    j_hi = tl.where(row_ok, j_hi, j_lo)
+    req_slot = tl.where(row_ok, req_slot, 0)
     src_row = req_to_token_ptr + req_slot * req_to_token_stride + start  # int64 arithmetic
-    for b in range(tl.cdiv(n, BLOCK)):
-        j = b * BLOCK + tl.arange(0, BLOCK).to(tl.int64)  # [BLOCK] positions in this block
-        keep = j < n
+    for b in range(tl.cdiv(j_hi - j_lo, BLOCK)):  # empty when j_hi <= j_lo
+        j = j_lo + b * BLOCK + tl.arange(0, BLOCK).to(tl.int64)  # [BLOCK] positions
+        dst = out_start + j
+        keep = (j < j_hi) & (dst >= 0) & (dst < out_len)
         slots = tl.load(src_row + j, mask=keep)
-        tl.store(
-            kv_indices_ptr + out_start + j,
-            slots.to(kv_indices_ptr.dtype.element_ty),
-            mask=keep,
-        )
+        tl.store(kv_indices_ptr + dst, slots.to(kv_indices_ptr.dtype.element_ty), mask=keep)
 
 
 @torch.library.custom_op("refimpl::build_kv_indices", mutates_args=("kv_indices",))
@@ -101,6 +115,9 @@ def _build_kv_indices_op(
         kv_start_idx if has_start else lens,  # dummy pointer, never read
         kv_indices,
         req_to_token.stride(0),
+        req_to_token.shape[0],
+        req_to_token.shape[1],
+        kv_indices.numel(),
         HAS_START=has_start,
         BLOCK=CSR_BLOCK,
     )
@@ -122,9 +139,25 @@ def build_kv_indices(
     """Fill ``kv_indices`` in place with the token slots of each request (CSR).
 
     bs = lens.numel(). ``kv_indptr[:bs+1]`` must already hold ``[0, cumsum(lens)]``; only the
-    ranges ``kv_indptr[i] : kv_indptr[i] + lens[i]`` of ``kv_indices`` are written. The caller
-    guarantees ``kv_indices.numel() >= kv_indptr[bs]`` and ``start_i + lens[i] <= L`` (values
-    cannot be checked here without a host sync). The output dtype follows ``kv_indices``.
+    ranges ``kv_indptr[i] : kv_indptr[i] + lens[i]`` of ``kv_indices`` are written. The output
+    dtype follows ``kv_indices``.
+
+    Out-of-range values (they cannot be checked here without a host sync) are *dropped*, never
+    clamped into another request's slots or another position: element j (``0 <= j < lens[i]``)
+    of request i, ``kv_indices[kv_indptr[i] + j] = req_to_token[rpi[i], start_i + j]``, is
+    written iff
+
+    - ``0 <= rpi[i] < pool`` (``req_to_token.shape[0]``): an out-of-pool request reads and writes
+      nothing (its length counts as 0);
+    - ``0 <= start_i + j < L`` (``req_to_token.shape[1]``): columns past the row are not read;
+    - ``0 <= kv_indptr[i] + j < kv_indices.numel()``: stores past either end are not made.
+
+    A dropped entry keeps its previous value (so a request whose ``start_i + lens[i] > L`` gets
+    its first ``L - start_i`` entries; the rest of its range stays stale). ``lens[i] <= 0`` writes
+    nothing. Reads of ``req_to_token`` therefore stay inside it, stores inside ``kv_indices``,
+    and each program loops over at most L positions whatever ``lens`` holds. For valid inputs
+    (``kv_indptr[bs] <= kv_indices.numel()``, ``0 <= start_i``, ``start_i + lens[i] <= L``,
+    ``0 <= rpi[i] < pool``) nothing is dropped.
     """
     bs = _check_pool_inputs(req_to_token, req_pool_indices, lens, kv_start_idx)
     _check_index_tensor(kv_indptr, "kv_indptr", min_len=bs + 1)
@@ -171,6 +204,8 @@ def _build_block_table_kernel(
     req_to_token_stride,
     block_table_stride,
     max_blocks,
+    pool,  # req_to_token.shape[0]: request rows outside [0, pool) are never read
+    row_len,  # req_to_token.shape[1] = L: columns outside [0, L) are never read
     PAGE_SIZE: tl.constexpr,
     PAGES_PER_CHUNK: tl.constexpr,
     HAS_START: tl.constexpr,
@@ -181,13 +216,17 @@ def _build_block_table_kernel(
     start = 0
     if HAS_START:  # constexpr: resolved at compile time
         start = tl.load(kv_start_idx_ptr + i).to(tl.int64)
-    num_pages = tl.cdiv(n, PAGE_SIZE)
-    src_row = req_to_token_ptr + req_slot * req_to_token_stride + start
+    num_pages = tl.minimum(tl.cdiv(n, PAGE_SIZE), max_blocks)  # never write past the row
+    row_ok = (req_slot >= 0) & (req_slot < pool)  # an out-of-pool request reads nothing
+    num_pages = tl.where(row_ok, num_pages, 0)
+    req_slot = tl.where(row_ok, req_slot, 0)
+    src_row = req_to_token_ptr + req_slot * req_to_token_stride
     dst_row = block_table_ptr + i.to(tl.int64) * block_table_stride
-    for c in range(tl.cdiv(num_pages, PAGES_PER_CHUNK)):
+    for c in range(tl.cdiv(num_pages, PAGES_PER_CHUNK)):  # at most cdiv(max_blocks, chunk)
         p = c * PAGES_PER_CHUNK + tl.arange(0, PAGES_PER_CHUNK).to(tl.int64)  # [chunk] pages
-        keep = (p < num_pages) & (p < max_blocks)  # never write past the row
-        first_slot = tl.load(src_row + p * PAGE_SIZE, mask=keep, other=0)
+        col = start + p * PAGE_SIZE  # first position of page p in the request's row
+        keep = (p < num_pages) & (col >= 0) & (col < row_len)  # the row's columns only
+        first_slot = tl.load(src_row + col, mask=keep, other=0)
         tl.store(dst_row + p, (first_slot // PAGE_SIZE).to(tl.int32), mask=keep)
 
 
@@ -215,6 +254,8 @@ def _build_block_table_op(
         req_to_token.stride(0),
         block_table.stride(0),
         block_table.shape[1],
+        req_to_token.shape[0],
+        req_to_token.shape[1],
         PAGE_SIZE=page_size,
         PAGES_PER_CHUNK=pages_per_chunk,
         HAS_START=has_start,
@@ -237,9 +278,22 @@ def build_block_table(
     """Fill rows ``[:bs]`` of ``block_table`` with page ids, bs = lens.numel().
 
     ``block_table[i, p] = req_to_token[rpi[i], start_i + p*P] // P`` for ``p < cdiv(lens[i], P)``;
-    entries at ``p >= cdiv(lens[i], P)`` keep their previous value (−1 or 1 by convention). The
-    caller guarantees ``cdiv(lens[i], P) <= max_blocks``; the kernel masks ``p < max_blocks`` so it
-    never writes out of bounds even if that is violated (the extra pages are then dropped).
+    entries at ``p >= cdiv(lens[i], P)`` keep their previous value (−1 or 1 by convention).
+
+    Out-of-range values (not checkable without a host sync) are *dropped*, never clamped into
+    another request's row or page: entry ``(i, p)`` is written iff
+
+    - ``p < max_blocks`` (``block_table.shape[1]``): pages past the table width are dropped;
+    - ``0 <= rpi[i] < pool`` (``req_to_token.shape[0]``): an out-of-pool request reads and writes
+      nothing (its length counts as 0);
+    - ``0 <= start_i + p*P < L`` (``req_to_token.shape[1]``): a page whose first position lies
+      outside the row is not read (for ``start_i >= 0`` this is ``lens[i]`` clipped to
+      ``L - start_i``).
+
+    A dropped entry keeps its previous value; ``lens[i] <= 0`` writes nothing. Reads stay inside
+    ``req_to_token``, stores inside row i's first ``max_blocks`` entries, and each program loops
+    over at most ``max_blocks`` pages. Valid inputs (``cdiv(lens[i], P) <= max_blocks``,
+    ``0 <= start_i``, ``start_i + lens[i] <= L``, ``0 <= rpi[i] < pool``) drop nothing.
     """
     if not isinstance(page_size, int) or page_size < 1:
         raise ValueError(f"page_size={page_size!r}: must be an int >= 1")

@@ -497,6 +497,7 @@ def _trtllm_mla_graph_metadata_kernel(
     context_len,  # L
     width,
     seqlen_offset,
+    pool,  # rows of req_to_token
     PAGE_SIZE: tl.constexpr,
     PAGES_PER_CHUNK: tl.constexpr,
 ):
@@ -507,6 +508,9 @@ def _trtllm_mla_graph_metadata_kernel(
     num_pages = tl.cdiv(n, PAGE_SIZE)
     num_pages = tl.minimum(num_pages, width)  # never write past the row
     num_pages = tl.minimum(num_pages, tl.cdiv(context_len, PAGE_SIZE))  # never read past it
+    row_ok = (req_slot >= 0) & (req_slot < pool)  # an out-of-pool request reads nothing
+    num_pages = tl.where(row_ok, num_pages, 0)
+    req_slot = tl.where(row_ok, req_slot, 0)
     src_row = req_to_token_ptr + req_slot * req_to_token_stride
     dst_row = block_table_ptr + i * block_table_stride
     for c in range(tl.cdiv(num_pages, PAGES_PER_CHUNK)):
@@ -536,7 +540,7 @@ def _trtllm_mla_graph_metadata_op(
     _trtllm_mla_graph_metadata_kernel[(bs,)](
         req_pool_indices, seq_lens, req_to_token, block_table, seq_lens_k,
         req_to_token.stride(0), block_table.stride(0),
-        req_to_token.shape[1], block_table.shape[1], seqlen_offset,
+        req_to_token.shape[1], block_table.shape[1], seqlen_offset, req_to_token.shape[0],
         PAGE_SIZE=page_size,
         PAGES_PER_CHUNK=pages_per_chunk,
     )  # fmt: skip

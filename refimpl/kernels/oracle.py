@@ -127,3 +127,15 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     out, ref = out.double(), ref.double()
     denom = max(float(torch.linalg.vector_norm(ref)), torch.finfo(torch.float64).tiny)
     return float(torch.linalg.vector_norm(out - ref)) / denom
+
+
+def csr_ref(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, lens) -> dict:
+    """``{"kv_indptr": [0, cumsum(lens)], "kv_indices": the rows' first lens slots}`` on the host
+    (int64): what a CSR builder must leave, from the request table alone."""
+    lens = torch.as_tensor(lens, dtype=torch.int64).cpu()
+    rows = req_to_token[req_pool_indices.to(req_to_token.device)].cpu().to(torch.int64)
+    indices = [rows[i, : int(n)] for i, n in enumerate(lens)]
+    return {
+        "kv_indptr": torch.cat([lens.new_zeros(1), lens.cumsum(0)]),
+        "kv_indices": torch.cat(indices) if indices else lens.new_zeros(0),
+    }

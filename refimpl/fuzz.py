@@ -1,0 +1,335 @@
+"""Fuzzing every backend x shape x graph mode against eager and the dense oracle.
+
+For one backend entry, graph mode (``check.CASES``) and spec (a chain, or a topk > 1 tree where
+the mode has trees) a ``FuzzTarget`` captures graphs once (batch sizes 1, 2, 4, 8 by default),
+then serves random batches (``FuzzTarget.draw``: a batch size that pads or not, prefix lengths
+from 1 to the context with page boundaries favoured, random draft trees, accept lengths 0..S).
+For every batch it checks:
+
+1. graph replay == eager == the float64 oracle (dtype tolerance), and the replay wrote no KV slot
+   of a request outside the batch (``check.KVGuard``);
+2. after **poisoning** every static device buffer of the backend past the part the graph reads
+   (``graph_state``'s live views, found on a fresh backend fed the same batch; NaN for floats,
+   -1 or the dtype's max for indices, 1 for masks), a second replay gives bit-for-bit the same
+   output: no kernel reads a stale tail.
+
+Two profiles: ``tests/test_fuzz.py`` drives ``draw`` with hypothesis (a bounded CI profile: one
+captured size, one layer, a few examples per target); ``python -m refimpl check --fuzz N
+[--seed S]`` runs N batches per target with the defaults and prints, for any mismatch, the seed,
+the target, the batch parameters and a one-line ``reproduce(...)`` call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from . import layout
+from .backends import BackendEntry, GraphModeNotSupported, find
+from .backends.oracle import OracleBackend, OracleMultiStep
+from .batch import World
+from .batchgen import BatchGenerator
+from .check import CASES, KVGuard, _close, tolerances
+from .config import GraphConfig, SpecConfig, tiny_model_config
+from .graphs import GraphEngine, make_engine
+from .graphs.runner import GraphRunner, call_capture_hook, call_in_graph_hook, call_replay_hook
+from .model import MultiStepDraftProgram, TinyDecoder
+from .spec import DraftTree
+
+CAPTURE_BS = (1, 2, 4, 8)
+CHAIN = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
+TREE = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
+
+
+@dataclass
+class FuzzParams:
+    """One random batch, printable as a reproducer."""
+
+    raw_bs: int
+    seq_lens: list[int]
+    trees: list[list[int]] | None = None  # verify: parents per request
+    accept_length: list[int] | None = None  # draft extend
+    poison_high: bool = False  # index tails poisoned with the dtype's max instead of -1
+
+
+@dataclass
+class FuzzReport:
+    batches: dict[str, int] = field(default_factory=dict)  # "backend/variant/mode/spec" -> count
+    mismatches: list[str] = field(default_factory=list)  # reproducers
+    skipped: list[str] = field(default_factory=list)
+
+
+def _poison_value(t: torch.Tensor, high: bool = False):
+    """NaN for floats, 1 for masks, -1 (or, ``high``, the dtype's largest value) for indices."""
+    if t.dtype in (torch.bool, torch.uint8):
+        return 1
+    if t.is_floating_point():
+        return float("nan")
+    return torch.iinfo(t.dtype).max if high else -1
+
+
+SHARED_NAMES = ("kv_indptr", "qo_indptr", "mask_indptr")  # eager buffers some graphs read too
+
+
+def _graph_buffers(backend) -> list[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` for the static device tensors a backend (and its step backends) keeps
+    for its graphs: the ``cuda_graph_*`` buffers, and the eager ``kv_indptr`` / ``qo_indptr`` /
+    ``mask_indptr`` that some backends' graphs read (Triton's, as SGLang's). Not the host mirrors
+    a re-plan reads on the host: the graph never reads those."""
+    out, seen = [], set()
+    stack = [backend]
+    while stack:
+        b = stack.pop()
+        stack += list(getattr(b, "step_backends", [])) + list(getattr(b, "steps", []))
+        for name, t in vars(b).items():
+            graph_buf = (
+                name.startswith(("cuda_graph_", "decode_cuda_graph_")) or name in SHARED_NAMES
+            )
+            graph_buf = graph_buf and not name.endswith("_cpu")  # host mirrors feed plan()
+            if graph_buf and isinstance(t, torch.Tensor) and id(t) not in seen:
+                seen.add(id(t))
+                out.append((name, t))
+    return out
+
+
+def live_masks(backend, state: dict[str, Any]) -> list[torch.Tensor]:
+    """For each of the backend's graph buffers, which elements ``state``'s live views cover (the
+    views share the buffers' storage, as ``graph_state`` returns them)."""
+    views = [v for v in state.values() if isinstance(v, torch.Tensor) and v.numel()]
+    masks = []
+    for _, buf in _graph_buffers(backend):
+        keep = torch.zeros(buf.numel(), dtype=torch.bool, device=buf.device)
+        lo, hi = buf.storage_offset(), buf.storage_offset() + buf.numel()
+        ptr, flat = buf.untyped_storage().data_ptr(), torch.arange(buf.numel(), device=buf.device)
+        for v in views:
+            end = v.storage_offset() + sum((n - 1) * st for n, st in zip(v.shape, v.stride())) + 1
+            if (
+                v.untyped_storage().data_ptr() == ptr
+                and v.dtype == buf.dtype
+                and (lo <= v.storage_offset() and end <= hi)
+            ):  # a view inside this buffer
+                keep[torch.as_strided(flat, v.shape, v.stride(), v.storage_offset() - lo)] = True
+        masks.append(keep)
+    return masks
+
+
+def poison_tails(backend, masks: list[torch.Tensor], high: bool = False) -> int:
+    """Poison the elements of the backend's graph buffers that ``masks`` leave out. An eager
+    buffer (``SHARED_NAMES``) that no live view covers is the eager path's alone: left as is."""
+    poisoned = 0
+    for (name, buf), keep in zip(_graph_buffers(backend), masks, strict=True):
+        if name in SHARED_NAMES and not bool(keep.any()):
+            continue
+        if buf.is_contiguous():
+            buf.view(-1)[~keep] = _poison_value(buf, high)
+            poisoned += int((~keep).sum())
+    return poisoned
+
+
+class FuzzTarget:
+    """One captured (backend entry, graph mode, spec) under test."""
+
+    def __init__(self, entry: BackendEntry, case: str, spec: SpecConfig, engine: GraphEngine,
+                 dtype: torch.dtype | None = None, seed: int = 0,
+                 capture_bs: tuple[int, ...] = CAPTURE_BS, num_layers: int | None = None):  # fmt: skip
+        """``capture_bs`` / ``num_layers``: smaller for the CI profile (the Triton interpreter
+        runs every kernel instance in Python); the long profile keeps the defaults."""
+        self.entry, self.case, self.spec = entry, case, spec
+        self.mode, self.multi = CASES[case]
+        self.capture_bs = tuple(capture_bs)
+        dev = engine.device
+        self.dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+        cfg = tiny_model_config(entry.model_kind, self.dtype, dev.type)
+        if num_layers is not None:
+            cfg = dataclasses.replace(cfg, num_layers=num_layers)
+        self.L = 160 if entry.page_size > 1 else 72  # room for page boundaries
+        self.world = World.create(cfg, max_context_len=self.L,
+                                  pool_size=4 * max(self.capture_bs) + 8,
+                                  page_size=entry.page_size, device=dev, seed=seed)  # fmt: skip
+        self.world.randomize_kv(seed)
+        backend = entry.load(self.multi)(self.world, spec)
+        backend.check_graph_mode(self.mode)  # GraphModeNotSupported: the caller skips
+        model = TinyDecoder(cfg, dev)
+        if self.multi:
+            self.program = MultiStepDraftProgram(model, spec.num_steps)
+            self.oracle = OracleMultiStep(self.world, spec)
+        else:
+            self.program, self.oracle = model, OracleBackend(self.world, spec)
+        gcfg = GraphConfig(max_bs=max(self.capture_bs), capture_bs=self.capture_bs,
+                           max_context_len=self.L, speculative=True)  # fmt: skip
+        self.runner = GraphRunner(self.program, backend, engine, self.mode, gcfg, spec, self.multi)
+        self.runner.capture()
+        self.gen = BatchGenerator(self.world, spec, seed=seed + 1)
+        self.tol = tolerances(self.dtype)
+
+    @property
+    def label(self) -> str:
+        spec = "tree" if self.spec.topk > 1 else "chain"
+        return f"{self.entry.name}/{self.entry.variant}/{self.case}/{spec}"
+
+    def draw(self, rng: random.Random) -> FuzzParams:
+        """Random batch parameters within what this target's mode allows."""
+        mode, s, L, P = self.mode, self.spec, self.L, max(self.world.page_size, 16)
+        raw_bs = 0 if mode.is_idle() else rng.randint(1, max(self.capture_bs))
+        extra = s.num_draft_tokens if mode.is_target_verify() else 0
+        if self.multi:
+            extra = s.topk * s.num_steps
+        # draft extend: seq_lens count the request's new rows and at least one verified token
+        lo = layout.rows_per_request(mode, s) + 1 if mode.is_any_draft_extend() else 1
+        hi = L - extra
+
+        def length() -> int:
+            kind = rng.choice(["short", "boundary", "boundary", "uniform", "max"])
+            if kind == "short":
+                return rng.randint(lo, min(hi, lo + 4))
+            if kind == "boundary":
+                v = rng.choice(range(P, hi + 2, P)) + rng.choice([-1, 0, 1]) if hi >= P else hi
+                return min(max(v, lo), hi)
+            return hi if kind == "max" else rng.randint(lo, hi)
+
+        params = FuzzParams(raw_bs, [length() for _ in range(raw_bs)])
+        params.poison_high = rng.random() < 0.5
+        if mode.is_target_verify():
+            params.trees = [
+                DraftTree.chain(s.num_draft_tokens).parents if s.topk == 1
+                else DraftTree.random(s.num_draft_tokens, s.topk, s.num_steps, rng).parents
+                for _ in range(raw_bs)
+            ]  # fmt: skip
+        if mode.is_any_draft_extend():
+            params.accept_length = [rng.randint(0, s.num_steps) for _ in range(raw_bs)]
+        return params
+
+    def batch(self, p: FuzzParams):
+        mode, gen = self.mode, self.gen
+        if mode.is_idle():
+            return gen.idle()
+        if self.multi:
+            return gen.draft_decode(p.raw_bs, seq_lens=p.seq_lens)
+        if mode.is_decode():
+            return gen.decode(p.raw_bs, seq_lens=p.seq_lens)
+        if mode.is_target_verify():
+            trees = [DraftTree(t) for t in p.trees]
+            return gen.target_verify(p.raw_bs, seq_lens=p.seq_lens, trees=trees)
+        version = 2 if mode.is_draft_extend_v2() else 1
+        return gen.draft_extend(
+            p.raw_bs, version, seq_lens=p.seq_lens, accept_length=p.accept_length
+        )
+
+    def _live(self, fb) -> list[torch.Tensor]:
+        """What the graph for ``fb`` reads, found on a fresh backend (one captured bs, the batch
+        replayed) and mapped onto the runner's buffers, which have the same layout."""
+        r = self.runner
+        padded = r.padded_batch(fb)
+        q = self.entry.load(self.multi)(self.world, self.spec)
+        q.init_cuda_graph_state(r.max_bs, r.max_num_tokens)
+        call_capture_hook(q, r.capture_batch(padded.batch_size))
+        call_replay_hook(q, padded)
+        call_in_graph_hook(q, padded)
+        return live_masks(q, q.graph_state(padded.batch_size, r.mode))
+
+    def poison_and_replay(self, fb, graph: torch.Tensor, high: bool = False) -> list[str]:
+        """Poison every graph buffer's tail past ``fb``'s live region; a replay must give
+        ``graph`` (the output before poisoning) bit for bit."""
+        n = poison_tails(self.runner.backend, self._live(fb), high)
+        again = self.runner.replay(fb)
+        same = (again == graph) | (again.isnan() & graph.isnan())
+        if bool(same.all()):
+            return []
+        err = (again.float() - graph.float()).abs().nan_to_num(float("inf")).max().item()
+        return [f"poisoned tails ({n} elements) changed the replay by {err:.3g}"]
+
+    def check(self, p: FuzzParams) -> list[str]:
+        """Problems with one batch (empty: it passed)."""
+        fb = self.batch(p)
+        try:
+            problems: list[str] = []
+            guard = KVGuard(self.world, fb)
+            graph = self.runner.replay(fb).clone()
+            problems += guard.check()
+            eager = self.runner.eager(fb).clone()
+            _close(graph, eager, self.tol, "graph vs eager", problems)
+            self.oracle.init_forward_metadata(fb)
+            _close(eager, self.program(fb, self.oracle), self.tol, "eager vs oracle", problems)
+            problems += self.poison_and_replay(fb, graph, p.poison_high)
+            return problems
+        finally:
+            self.gen.release(fb)
+
+
+def specs_for(case: str) -> tuple[SpecConfig, ...]:
+    """Chains everywhere; topk > 1 trees where the mode has them."""
+    return (
+        (CHAIN, TREE) if case in ("target_verify", "draft_decode", "draft_extend_v2") else (CHAIN,)
+    )
+
+
+def targets(
+    backends: Iterable[str] | None = None,
+    modes: Iterable[str] | None = None,
+    variants: Iterable[str] | None = None,
+) -> list[tuple[BackendEntry, str, SpecConfig]]:
+    """Every (entry, mode, spec) to fuzz; shapes default to every one that must pass (not the
+    historical ``legacy`` / ``as-upstream``). Entries that cannot run here, or modes a backend
+    does not capture, are left to ``FuzzTarget`` to refuse."""
+    from .backends import must_pass
+
+    entries = [e for b in (backends or [None]) for e in find(b)]
+    entries = [e for e in entries if (e.variant in variants if variants else must_pass(e.variant))]
+    return [
+        (e, case, spec) for e in entries for case in (modes or CASES) for spec in specs_for(case)
+    ]
+
+
+def reproduce(label: str, params: dict, seed: int = 0, engine: str = "auto") -> list[str]:
+    """Re-run one reported batch: ``label`` and ``params`` as a mismatch line prints them."""
+    name, variant, case, kind = label.split("/")
+    entry = next(e for e in find(name) if e.variant == variant)
+    target = FuzzTarget(entry, case, TREE if kind == "tree" else CHAIN, make_engine(engine),
+                        seed=seed)  # fmt: skip
+    return target.check(FuzzParams(**params))
+
+
+def fuzz(
+    n: int,
+    seed: int = 0,
+    backends: Iterable[str] | None = None,
+    modes: Iterable[str] | None = None,
+    variants: Iterable[str] | None = None,
+    engine: str = "auto",
+    progress: bool = False,
+) -> FuzzReport:
+    """``n`` random batches per (backend, shape, mode, spec) target (``targets``)."""
+    eng = make_engine(engine)
+    report = FuzzReport()
+    for entry, case, spec in targets(backends, modes, variants):
+        why = entry.why_unavailable()
+        if why:
+            report.skipped.append(f"{entry.name}/{entry.variant}/{case}: {why}")
+            continue
+        try:
+            target = FuzzTarget(entry, case, spec, eng, seed=seed)
+        except GraphModeNotSupported as e:
+            report.skipped.append(f"{entry.name}/{entry.variant}/{case}: {e}")
+            continue
+        label = target.label
+        for i in range(n):
+            params = target.draw(random.Random(f"{seed}:{label}:{i}"))
+            problems = target.check(params)
+            report.batches[label] = report.batches.get(label, 0) + 1
+            if problems:
+                report.mismatches.append(
+                    f"{label} batch {i}: "
+                    + "; ".join(problems)
+                    + "\n    reproduce: python -c 'from refimpl.fuzz import reproduce; print("
+                    + f'reproduce("{label}", {asdict(params)}, seed={seed}))\''
+                )
+                if progress:
+                    print(f"MISMATCH {report.mismatches[-1]}", flush=True)
+        if progress:
+            print(f"fuzz {label}: {report.batches.get(label, 0)} batches", flush=True)
+    return report

@@ -1,0 +1,342 @@
+"""The bad-input table: every row is a batch (or a runner configuration) a hostile or careless
+caller can build through the public API, the exception it must raise, a fragment of the message,
+and — for every row — proof that nothing was written: each static buffer of the runner and its
+backend, the KV cache and the request table are bit-for-bit what they were before the call.
+
+README's "Bad input" section lists this table; ``test_readme_lists_the_table`` keeps them in step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from refimpl.backends import find
+from refimpl.batch import ForwardBatch, World
+from refimpl.batchgen import BatchGenerator
+from refimpl.config import GraphConfig, ModelConfig, SpecConfig
+from refimpl.graphs import CPUEmulatorEngine
+from refimpl.graphs.runner import GraphRunner
+from refimpl.model import MultiStepDraftProgram, TinyDecoder
+from refimpl.modes import ForwardMode
+from refimpl.spec import DraftDecodeInput, make_draft_extend_input
+from refimpl.validate import BatchRefused
+
+L, POOL = 40, 24
+SPEC = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
+TREE = SpecConfig(num_steps=2, topk=2, num_draft_tokens=5)
+
+
+@dataclass
+class Setup:
+    runner: GraphRunner
+    gen: BatchGenerator
+    world: World
+
+
+def _setup(case: str, backend: str = "torch_native") -> Setup:
+    mode, spec, multi = {
+        "decode": (ForwardMode.DECODE, None, False),
+        "verify": (ForwardMode.TARGET_VERIFY, SPEC, False),
+        "draft_extend": (ForwardMode.DRAFT_EXTEND, SPEC, False),
+        "draft_decode": (ForwardMode.DECODE, TREE, True),
+    }[case]
+    cfg = ModelConfig()
+    world = World.create(cfg, max_context_len=L, pool_size=POOL, seed=0)
+    world.randomize_kv(0)
+    entry = next(e for e in find(backend) if e.variant == "unified")
+    model = TinyDecoder(cfg)
+    program = MultiStepDraftProgram(model, spec.num_steps) if multi else model
+    gcfg = GraphConfig(max_bs=4, capture_bs=(1, 2, 4), max_context_len=L, speculative=True)
+    runner = GraphRunner(
+        program, entry.load(multi)(world, spec), CPUEmulatorEngine(), mode, gcfg, spec, multi
+    )
+    runner.capture()
+    return Setup(runner, BatchGenerator(world, spec, seed=7), world)
+
+
+_SETUPS: dict[tuple[str, str], Setup] = {}
+
+
+def setup_for(case: str, backend: str = "torch_native") -> Setup:
+    if (case, backend) not in _SETUPS:
+        _SETUPS[(case, backend)] = _setup(case, backend)
+    return _SETUPS[(case, backend)]
+
+
+def _tensors(obj, seen: set[int], out: list[torch.Tensor]) -> None:
+    """Every tensor reachable from ``obj``'s attributes (buffers, wrappers, step backends)."""
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+        return
+    if isinstance(obj, dict):
+        items = obj.values()
+    elif isinstance(obj, list | tuple):
+        items = obj
+    elif hasattr(obj, "__dict__") and type(obj).__module__.startswith("refimpl"):
+        items = vars(obj).values()
+    else:
+        return
+    for v in items:
+        _tensors(v, seen, out)
+
+
+def snapshot(s: Setup) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    out: list[torch.Tensor] = []
+    seen: set[int] = set()
+    _tensors(s.runner, seen, out)
+    _tensors(s.world, seen, out)
+    return [(t, t.detach().clone()) for t in out if t.device.type != "meta"]
+
+
+def unchanged(snap) -> list[int]:
+    """Indices of the snapshot's tensors that changed (NaN equals NaN)."""
+    bad = []
+    for i, (t, old) in enumerate(snap):
+        same = t.shape == old.shape and bool(
+            ((t == old) | (t.isnan() & old.isnan()) if t.is_floating_point() else t == old).all()
+        )
+        if not same:
+            bad.append(i)
+    return bad
+
+
+def _i32(v) -> torch.Tensor:
+    return torch.tensor(v, dtype=torch.int32)
+
+
+# --- the cases: (setup, batch) -> the call that must refuse ----------------------------------------
+Call = Callable[[], object]
+
+
+def _with_seq(fb: ForwardBatch, host: list[int], device: list[int] | None = None) -> ForwardBatch:
+    dev = _i32(device if device is not None else host).to(fb.device)
+    return fb.replace(seq_lens_cpu=_i32(host), seq_lens=dev)
+
+
+def _foreign_slot(s: Setup, fb: ForwardBatch) -> ForwardBatch:
+    other = s.gen.decode(1)  # a live request outside the batch
+    loc = fb.out_cache_loc.clone()
+    loc[0] = other.out_cache_loc[0]
+    return fb.replace(out_cache_loc=loc)
+
+
+def _swap_slots(fb: ForwardBatch) -> ForwardBatch:
+    return fb.replace(out_cache_loc=fb.out_cache_loc.flip(0))
+
+
+def _set(t: torch.Tensor, i: int, v: int) -> torch.Tensor:
+    t = t.clone()
+    t[i] = v
+    return t
+
+
+def _verify_with(fb: ForwardBatch, **kw) -> ForwardBatch:
+    return fb.replace(spec_info=dataclasses.replace(fb.spec_info, **kw))
+
+
+def _accept(fb: ForwardBatch, acc: list[int], host: list[int] | None = None) -> ForwardBatch:
+    dev = torch.tensor(acc, dtype=torch.int32, device=fb.device)
+    return _verify_with(fb, accept_length=dev, accept_length_cpu=host if host else acc)
+
+
+def _last_step_out_of_range(s: Setup, fb: ForwardBatch) -> ForwardBatch:
+    loc = fb.out_cache_loc.clone()
+    loc[-1] = s.world.kv_cache.num_slots + 3  # the last step's last row: found before step 0
+    return fb.replace(out_cache_loc=loc)
+
+
+@dataclass
+class Case:
+    id: str
+    setup: str  # decode | verify | draft_extend | draft_decode
+    bad: Callable[[Setup, ForwardBatch], ForwardBatch]
+    fragment: str  # a regex the message must contain
+    call: str = "replay"  # replay | eager
+    exc: type[Exception] = BatchRefused
+
+    @property
+    def backend(self) -> str:  # torch_native has no draft-extend graph nor multi-step backend
+        return "triton" if self.setup in ("draft_extend", "draft_decode") else "torch_native"
+
+
+CASES = [
+    Case("device seq_lens past the context, host copy fine", "decode",
+         lambda s, fb: _with_seq(fb, fb.seq_lens_cpu.tolist(), [L + 50, 3]),
+         r"seq_lens \(device\)=\[90, 3\]: disagrees with seq_lens_cpu"),
+    Case("same, eager path", "decode",
+         lambda s, fb: _with_seq(fb, fb.seq_lens_cpu.tolist(), [L + 50, 3]),
+         r"disagrees with seq_lens_cpu", call="eager"),
+    Case("seq_len past the context", "decode", lambda s, fb: _with_seq(fb, [L + 1, 3]),
+         rf"seq_lens\[0\]={L + 1}: exceeds max_context_len={L}"),
+    Case("seq_len 0", "decode", lambda s, fb: _with_seq(fb, [0, 3]),
+         r"seq_lens\[0\]=0: must be >= 1"),
+    Case("verify: prefix + N past the context", "verify",
+         lambda s, fb: _with_seq(fb, [L - 2, 3]),
+         rf"seq_lens\[0\] \+ 4={L + 2}: exceeds max_context_len={L}"),
+    Case("out_cache_loc of a request outside the batch", "decode", _foreign_slot,
+         r"out_cache_loc\[0\]=\d+: belongs to no request of this batch"),
+    Case("out_cache_loc of another request in the batch", "decode",
+         lambda s, fb: _swap_slots(fb),
+         r"out_cache_loc\[0\]=\d+: belongs to request 1, not to the row's request 0"),
+    Case("out_cache_loc at the reserved slot 0", "decode",
+         lambda s, fb: fb.replace(out_cache_loc=_set(fb.out_cache_loc, 1, 0)),
+         r"out_cache_loc\[1\]=0: slot 0 is reserved for padded rows"),
+    Case("out_cache_loc past the cache", "decode",
+         lambda s, fb: fb.replace(out_cache_loc=_set(fb.out_cache_loc, 1, 10**6)),
+         r"out_cache_loc\[1\]=1000000: outside \[1, \d+\)"),
+    Case("two rows write one slot", "decode",
+         lambda s, fb: fb.replace(out_cache_loc=fb.out_cache_loc[:1].repeat(2)),
+         r"two rows would write the same KV slot"),
+    Case("multi-step: last step's slot past the cache (no step half-replayed)", "draft_decode",
+         _last_step_out_of_range, r"out_cache_loc\[\d+\]=\d+: outside \[1, \d+\)"),
+    Case("req_pool_indices past the request table", "decode",
+         lambda s, fb: fb.replace(req_pool_indices=_set(fb.req_pool_indices, 1, POOL + 3)),
+         rf"req_pool_indices\[1\]={POOL + 3}: outside \[1, pool={POOL}\)"),
+    Case("req_pool_indices at the reserved row 0", "decode",
+         lambda s, fb: fb.replace(req_pool_indices=_set(fb.req_pool_indices, 0, 0)),
+         r"req_pool_indices\[0\]=0: row 0 is reserved for padded rows"),
+    Case("a request twice in the batch", "decode",
+         lambda s, fb: fb.replace(req_pool_indices=fb.req_pool_indices[:1].repeat(2)),
+         r"a request appears twice in the batch"),
+    Case("input_ids past the vocabulary", "decode",
+         lambda s, fb: fb.replace(input_ids=_set(fb.input_ids, 0, 10**6)),
+         r"input_ids\[0\]=1000000: outside \[0, \d+\)"),
+    Case("negative position", "decode",
+         lambda s, fb: fb.replace(positions=_set(fb.positions, 1, -1)),
+         rf"positions\[1\]=-1: outside \[0, {L}\)"),
+    Case("out_cache_loc of dtype int32", "decode",
+         lambda s, fb: fb.replace(out_cache_loc=fb.out_cache_loc.to(torch.int32)),
+         r"out_cache_loc.dtype=torch.int32: expected torch.int64"),
+    Case("input_ids on another device", "decode",
+         lambda s, fb: fb.replace(input_ids=fb.input_ids.to("meta")),
+         r"input_ids.device=meta: expected"),
+    Case("verify: custom mask of dtype uint8", "verify",
+         lambda s, fb: _verify_with(fb, custom_mask=fb.spec_info.custom_mask.to(torch.uint8)),
+         r"custom_mask.dtype=torch.uint8: must be torch.bool"),
+    Case("verify: custom mask of the wrong size", "verify",
+         lambda s, fb: _verify_with(fb, custom_mask=fb.spec_info.custom_mask[:-1]),
+         r"custom_mask entries=\d+: expected sum over requests of N\*\(seq_len\+N\)"),
+    Case("verify: N other than captured", "verify",
+         lambda s, fb: _verify_with(fb, draft_token_num=5),
+         r"draft_token_num=5: captured N is 4"),
+    Case("verify: no spec input", "verify", lambda s, fb: fb.replace(spec_info=None),
+         r"spec_info=NoneType: TARGET_VERIFY needs a VerifyInput"),
+    Case("draft extend: accept length past num_steps (built by hand)", "draft_extend",
+         lambda s, fb: _accept(fb, [7, 0]), r"accept_length\[0\]=7: outside \[0, num_steps=3\]"),
+    Case("draft extend: negative accept length", "draft_extend",
+         lambda s, fb: _accept(fb, [1, -1]), r"accept_length\[1\]=-1: outside"),
+    Case("draft extend: host and device accept lengths disagree", "draft_extend",
+         lambda s, fb: _accept(fb, [1, 2], host=[2, 2]), r"disagrees with accept_length_cpu"),
+    Case("draft extend: v2 input into the v1 graph", "draft_extend",
+         lambda s, fb: fb.replace(spec_info=make_draft_extend_input(2, [1, 1], SPEC, fb.device)),
+         r"spec_info.version=2: DRAFT_EXTEND is version 1"),
+    Case("Triton draft extend: graph replay with no spec input", "draft_extend",
+         lambda s, fb: fb.replace(spec_info=None),
+         r"spec_info=NoneType: DRAFT_EXTEND needs a DraftExtendInput"),
+    Case("multi-step: topk other than captured", "draft_decode",
+         lambda s, fb: fb.replace(spec_info=DraftDecodeInput(topk=1, num_steps=2)),
+         r"\(topk, num_steps\)=\(1, 2\): captured for \(2, 2\)"),
+]  # fmt: skip
+
+
+def _batch(s: Setup, case: str) -> ForwardBatch:
+    if case == "decode":
+        return s.gen.decode(2, seq_lens=[9, 17])
+    if case == "verify":
+        return s.gen.target_verify(2, seq_lens=[9, 17])
+    if case == "draft_extend":
+        return s.gen.draft_extend(2, 1, seq_lens=[9, 17], accept_length=[1, 3])
+    return s.gen.draft_decode(2, seq_lens=[9, 17])
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_refused_before_any_write(case: Case):
+    s = setup_for(case.setup, case.backend)
+    good = _batch(s, case.setup)
+    s.runner.replay(good)  # the buffers hold a real batch, not just the capture's
+    bad = case.bad(s, good)
+    snap = snapshot(s)
+    call = s.runner.replay if case.call == "replay" else s.runner.eager
+    with pytest.raises(case.exc, match=case.fragment):
+        call(bad)
+    changed = unchanged(snap)
+    assert not changed, f"a refused batch changed {len(changed)} tensor(s)"
+    s.gen.release_all()
+
+
+def test_the_snapshot_sees_a_write():
+    """The no-write check above can fail: a replay that does write is caught by it."""
+    s = setup_for("decode")
+    fb = _batch(s, "decode")
+    snap = snapshot(s)
+    s.runner.world.kv_cache.buffers()[0][fb.out_cache_loc] = float("nan")  # KV
+    assert unchanged(snap)
+    snap = snapshot(s)
+    s.runner.replay(fb)  # static inputs change
+    assert unchanged(snap)
+    s.gen.release_all()
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(topk=44), r"capture batch span 49 .* exceeds max_context_len=48"),
+        (dict(topk=10**6), r"exceeds max_context_len=48"),
+    ],
+    ids=["topk 44", "topk 10^6"],
+)
+def test_capture_config_refused_up_front(kwargs, fragment):
+    """The runner refuses a spec the static buffers cannot hold before allocating anything."""
+    cfg = ModelConfig()
+    world = World.create(cfg, max_context_len=48, pool_size=8)
+    spec = SpecConfig(num_steps=3, topk=kwargs["topk"], num_draft_tokens=3 + kwargs["topk"] + 1)
+    backend = next(e for e in find("torch_native") if e.variant == "unified").load(False)(
+        world, spec
+    )
+    gcfg = GraphConfig(max_bs=4, capture_bs=(1, 4), max_context_len=48, speculative=True)
+    with pytest.raises(BatchRefused, match=fragment):
+        GraphRunner(TinyDecoder(cfg), backend, CPUEmulatorEngine(), ForwardMode.TARGET_VERIFY,
+                    gcfg, spec)  # fmt: skip
+
+
+CLI_CASES = [
+    (["--variant", "nosuch"], r"argument --variant: unknown \['nosuch'\]; known: "),
+    (["--backend", "nosuch"], r"argument --backend: unknown \['nosuch'\]"),
+    (["--mode", "nosuch"], r"argument --mode: unknown \['nosuch'\]"),
+    (["--bs", "abc"], r"argument --bs: 'abc' is not a comma-separated list of batch sizes"),
+    (["--bs", "0,2"], r"argument --bs: batch sizes must be >= 1"),
+    (["--topk", "0"], r"argument --topk: topk=0 outside \[1, 8\]"),
+    (["--topk", "44"], r"argument --topk: topk=44 outside \[1, 8\]"),
+    (["--topk", "x"], r"argument --topk: 'x' is not an integer"),
+    (["--fuzz", "-3"], r"argument --fuzz: -3 is not a count >= 1"),
+]
+
+
+@pytest.mark.parametrize("argv, fragment", CLI_CASES, ids=[" ".join(a) for a, _ in CLI_CASES])
+def test_cli_refuses_with_one_line(argv, fragment, capsys):
+    from refimpl.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["check", *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2
+    assert re.search(fragment, err[-1]), err
+    assert not any("Traceback" in line for line in err)
+
+
+def test_readme_lists_the_table():
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Bad input", 1)[1].split("\n## ", 1)[0]
+    missing = [c.id for c in CASES if f"| {c.id} |" not in section]
+    missing += [" ".join(a) for a, _ in CLI_CASES if f"`check {' '.join(a)}`" not in section]
+    assert not missing, f"README's bad-input table lacks: {missing}"

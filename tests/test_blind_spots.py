@@ -1,0 +1,157 @@
+"""Tests for what outputs cannot show: split counts, padded rows after a larger batch.
+
+Planting bugs showed two blind spots. Split counts (``num_kv_splits``) change how decode splits
+the keys, never the result, so computing them with half ``max_kv_splits`` passed every output
+comparison. And a runner that stops resetting its padded rows passes every test that replays a
+padded batch into freshly captured buffers: the bug shows only when a full batch came first and
+left its rows behind. Each check below is a function returning the problems it finds, so the
+planted-bug tests at the bottom can show that it does find them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from refimpl import layout
+from refimpl.backends import find
+from refimpl.batch import World
+from refimpl.batchgen import BatchGenerator
+from refimpl.check import KVGuard, diff_reference
+from refimpl.config import GraphConfig, ModelConfig, SpecConfig
+from refimpl.graphs import CPUEmulatorEngine
+from refimpl.graphs.runner import GraphRunner
+from refimpl.kernels.triton_decode import get_num_kv_splits, get_num_kv_splits_ref
+from refimpl.model import MultiStepDraftProgram, TinyDecoder
+from refimpl.modes import ForwardMode
+
+L = 96
+SPEC = SpecConfig(num_steps=2, topk=2, num_draft_tokens=5)
+CHAIN = SpecConfig(num_steps=2, topk=1, num_draft_tokens=3)  # Wave's multi-step: chains only
+# long and short requests together: the heuristic spreads its counts over 1..max_kv_splits
+LENS = [3, 90, 41, 17]
+
+
+def make_runner(name, variant, mode=ForwardMode.DECODE, multi=False, seed=0, capture_bs=(1, 2, 4)):
+    cfg = ModelConfig()
+    world = World.create(cfg, max_context_len=L, pool_size=32, seed=seed)
+    world.randomize_kv(seed)
+    entry = next(e for e in find(name) if e.variant == variant)
+    spec = CHAIN if name == "wave" else SPEC
+    model = TinyDecoder(cfg)
+    program = MultiStepDraftProgram(model, spec.num_steps) if multi else model
+    gcfg = GraphConfig(max_bs=4, capture_bs=capture_bs, max_context_len=L, speculative=True)
+    runner = GraphRunner(program, entry.load(multi)(world, spec), CPUEmulatorEngine(), mode,
+                         gcfg, spec, multi)  # fmt: skip
+    runner.capture()
+    return runner, BatchGenerator(world, spec, seed=seed + 1)
+
+
+# --- split counts against the reference --------------------------------------------------------
+def _split_buffers(runner) -> list[tuple[str, object, torch.Tensor, int]]:
+    """(label, step backend, its num_kv_splits buffer, tokens per sequence) per split buffer."""
+    b = runner.backend
+    steps = getattr(b, "step_backends", None)
+    if steps:
+        return [
+            (f"step{i}", s, s.forward_metadata.num_kv_splits, b.topk) for i, s in enumerate(steps)
+        ]
+    return [("decode", b, b.forward_metadata.num_kv_splits, 1)]
+
+
+def split_count_problems(runner, gen) -> list[str]:
+    """Replay a batch; every split buffer's live part must equal ``get_num_kv_splits_ref`` (the
+    pure-Python mirror of the heuristic) for the batch's lengths and the backend's limits."""
+    multi = runner.multi_step_draft
+    fb = gen.draft_decode(len(LENS), LENS) if multi else gen.decode(len(LENS), LENS)
+    runner.replay(fb)
+    problems = []
+    for label, b, buf, group in _split_buffers(runner):
+        want = get_num_kv_splits_ref(LENS, num_group=group, num_heads=b.cfg.num_heads,
+                                     num_kv_heads=b.cfg.num_kv_heads,
+                                     max_kv_splits=b.max_kv_splits, core_count=b.core_count)  # fmt: skip
+        got = buf[: len(want)].tolist()
+        if got != want:
+            problems.append(f"{label}: num_kv_splits {got} != reference {want}")
+    gen.release(fb)
+    return problems
+
+
+SPLIT_TARGETS = [(n, v, multi) for n in ("triton", "wave") for v in ("unified", "legacy")
+                 for multi in (False, True)]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, variant, multi", SPLIT_TARGETS,
+                         ids=[f"{n}-{v}-{'draft_decode' if m else 'decode'}" for n, v, m in SPLIT_TARGETS])  # fmt: skip
+def test_split_counts_match_the_reference(name, variant, multi):
+    runner, gen = make_runner(name, variant, multi=multi, capture_bs=(4,))
+    assert split_count_problems(runner, gen) == []
+    # the batch is one where halving max_kv_splits changes the counts (the test can see it)
+    b = _split_buffers(runner)[0][1]
+    want = get_num_kv_splits_ref(LENS, num_heads=b.cfg.num_heads, num_kv_heads=b.cfg.num_kv_heads,
+                                 max_kv_splits=b.max_kv_splits, core_count=b.core_count)  # fmt: skip
+    assert max(want) > b.max_kv_splits // 2, want
+
+
+def test_planted_half_max_kv_splits_is_caught(monkeypatch):
+    """Wave's unified split counts computed with half ``max_kv_splits``: outputs do not change,
+    the reference comparison does."""
+    from refimpl.backends.wave import WaveAttnBackend
+
+    def half(self, num_kv_splits, seq_lens):
+        get_num_kv_splits(num_kv_splits, seq_lens,
+                          num_group=num_kv_splits.numel() // max(seq_lens.numel(), 1),
+                          num_heads=self.cfg.num_heads, num_kv_heads=self.cfg.num_kv_heads,
+                          max_kv_splits=self.max_kv_splits // 2, core_count=self.core_count)  # fmt: skip
+
+    monkeypatch.setattr(WaveAttnBackend, "_splits", half)
+    runner, gen = make_runner("wave", "unified", capture_bs=(4,))
+    assert split_count_problems(runner, gen)
+
+
+# --- padded rows after a larger batch ------------------------------------------------------------
+def padding_after_full_problems(runner, gen) -> list[str]:
+    """(``runner`` captured bs 4 only: its backend's metadata views are the bs-4 graph's.) Replay a full bs-4 batch, keep its requests live, then a bs-3 batch padded to 4: the
+    padded row must be a padded row again (fill value, request row 0, slot 0), the graph-read
+    state must equal the reference for the padded batch, the output must equal eager, and no
+    slot of the full batch's requests may be written."""
+    problems: list[str] = []
+    full = gen.decode(4, [60, 70, 80, 90])
+    runner.replay(full)
+    fb = gen.decode(3, [5, 9, 13])
+    guard = KVGuard(runner.world, fb)  # the full batch's requests are live and not in fb
+    out = runner.replay(fb).clone()
+    problems += guard.check()
+    bs, fill = 4, runner.fill_value
+    static = (runner.seq_lens[3].item(), runner.req_pool_indices[3].item(),
+              runner.out_cache_loc[3].item())  # fmt: skip
+    if static != (fill, layout.PAD_REQ_SLOT, layout.PAD_CACHE_SLOT):
+        problems.append(f"padded row 3 holds (seq_len, request, slot) = {static}")
+    ref = runner.backend.reference_graph_state(runner.padded_batch(fb))
+    problems += diff_reference(runner.backend.graph_state(bs, runner.mode), ref)
+    eager = runner.eager(fb)
+    if not torch.allclose(out, eager, atol=1e-5, rtol=1e-5):
+        problems.append(f"graph vs eager: max error {(out - eager).abs().max().item():.3g}")
+    gen.release(fb)
+    gen.release(full)
+    return problems
+
+
+PAD_TARGETS = [("torch_native", "unified"), ("triton", "unified"), ("wave", "unified"),
+               ("flashinfer", "unified")]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, variant", PAD_TARGETS, ids=[n for n, _ in PAD_TARGETS])
+def test_padding_after_a_larger_batch(name, variant):
+    runner, gen = make_runner(name, variant, capture_bs=(4,))
+    assert padding_after_full_problems(runner, gen) == []
+
+
+def test_planted_no_padded_row_reset_is_caught(monkeypatch):
+    """The runner no longer resetting padded rows: the full batch's last request stays in row 3,
+    so the padded row writes that request's KV slot and reads its keys."""
+    runner, gen = make_runner("triton", "unified", capture_bs=(4,))
+    monkeypatch.setattr(layout, "reset_padded_rows", lambda *a, **k: None)
+    problems = padding_after_full_problems(runner, gen)
+    assert any("padded row 3 holds" in p for p in problems), problems
+    assert any("KV slot(s) of other requests" in p for p in problems), problems

@@ -1,0 +1,80 @@
+"""Fuzzing (``refimpl.fuzz``) under hypothesis: every backend x unified variant x graph mode x
+spec it captures, a bounded profile for CI.
+
+Each target captures one graph size (3: batches of 1 and 2 pad to it) with a one-layer model and
+checks ``REFIMPL_FUZZ_EXAMPLES`` random batches (default 2; derandomized, so CI sees the same
+batches every run): graph == eager == oracle, no foreign KV slot written, and the output
+unchanged after every static buffer's tail is poisoned. The long profile is
+``python -m refimpl check --fuzz N [--seed S]``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from refimpl.backends import GraphModeNotSupported
+from refimpl.fuzz import FuzzTarget, targets
+from refimpl.graphs import make_engine
+
+EXAMPLES = int(os.environ.get("REFIMPL_FUZZ_EXAMPLES", "2"))
+CI_PROFILE = dict(capture_bs=(3,), num_layers=1)
+TARGETS = targets()
+
+
+def _id(t) -> str:
+    entry, case, spec = t
+    return f"{entry.name}-{entry.variant}-{case}-{'tree' if spec.topk > 1 else 'chain'}"
+
+
+@pytest.mark.parametrize("entry, case, spec", TARGETS, ids=[_id(t) for t in TARGETS])
+def test_fuzz(entry, case, spec):
+    why = entry.why_unavailable()
+    if why:
+        pytest.skip(why)
+    try:
+        target = FuzzTarget(entry, case, spec, make_engine("auto"), **CI_PROFILE)
+    except GraphModeNotSupported as e:
+        pytest.skip(str(e))
+
+    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @given(st.randoms(use_true_random=False))
+    def one_batch(rng):
+        params = target.draw(rng)
+        problems = target.check(params)
+        assert not problems, f"{target.label} {asdict(params)}: {problems}"
+
+    one_batch()
+
+
+def test_poisoning_catches_a_read_past_the_live_region(monkeypatch):
+    """The poison check can fail: a kernel that reads one key index past the live region (the
+    last request's ``kv_indptr`` end moved by one inside the graph) sees the poison."""
+    import torch
+
+    from refimpl.backends import find, torch_native
+    from refimpl.fuzz import CHAIN, FuzzParams
+
+    real = torch_native.dense_paged_attention
+
+    def one_past(q, k, v, kv_indptr, kv_indices, out, **kw):
+        end = torch.zeros_like(kv_indptr)
+        end[-1:] = 1  # a recorded op: the graph reads one index further every replay
+        return real(q, k, v, kv_indptr + end, kv_indices, out, **kw)
+
+    entry = next(e for e in find("torch_native") if e.variant == "unified")
+    target = FuzzTarget(entry, "decode", CHAIN, make_engine("auto"), **CI_PROFILE)
+    fb = target.batch(FuzzParams(raw_bs=3, seq_lens=[20, 31, 9]))  # no padded row: all read
+    monkeypatch.setattr(torch_native, "dense_paged_attention", one_past)
+    target.runner.capture()  # re-capture with the planted kernel
+    graph = target.runner.replay(fb).clone()
+    assert target.poison_and_replay(fb, graph)
+    monkeypatch.undo()
+    target.runner.capture()
+    graph = target.runner.replay(fb).clone()
+    assert target.poison_and_replay(fb, graph) == []  # the real kernel does not
