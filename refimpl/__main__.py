@@ -53,16 +53,36 @@ def _table(rows) -> str:
     return "\n".join(lines)
 
 
-def _batch_sizes(text: str) -> tuple[int, ...]:
-    try:
-        sizes = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of batch sizes (e.g. 1,3,4)"
-        ) from None
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"batch sizes must be >= 1, got {text!r}")
-    return sizes
+def _check_names(parser: argparse.ArgumentParser, args) -> None:
+    """``--backend`` / ``--variant`` / ``--mode`` values must be known: an argparse error."""
+    from .backends import REGISTRY
+    from .check import CASES
+
+    names, variants = {e.name for e in REGISTRY}, {e.variant for e in REGISTRY}
+    for flag, given, known in (("--backend", args.backend, names),
+                               ("--variant", args.variant, variants),
+                               ("--mode", args.mode, set(CASES))):  # fmt: skip
+        unknown = sorted(set(given or ()) - known)
+        if unknown:
+            parser.error(f"argument {flag}: unknown {unknown}; known: {', '.join(sorted(known))}")
+
+
+def _int_list(what: str):
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            values = tuple(int(x) for x in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a comma-separated list of {what} (e.g. 1,3,4)"
+            ) from None
+        if not values or min(values) < 1:
+            raise argparse.ArgumentTypeError(f"{what} must be >= 1, got {text!r}")
+        return values
+
+    return parse
+
+
+_batch_sizes = _int_list("batch sizes")
 
 
 def _count(text: str) -> int:
@@ -115,19 +135,39 @@ def main(argv: list[str] | None = None) -> int:
         help="fuzz instead: N random batches per backend x variant x mode x spec",
     )
     c.add_argument("--seed", type=int, default=0, help="the fuzz seed (default 0)")
+    b = sub.add_parser("bench", help="what a replay costs, part by part (refimpl.bench.sweep)")
+    b.add_argument("--backend", action="append", help="backend name (repeatable); default: all")
+    b.add_argument("--variant", action="append", help="variant (repeatable); default: must-pass")
+    b.add_argument("--mode", action="append", help="graph mode (repeatable); default: decode, "
+                   "target_verify")  # fmt: skip
+    b.add_argument("--bs", type=_batch_sizes, help="batch sizes (GPU default 1,2,4,...,256)")
+    b.add_argument(
+        "--ctx",
+        type=_int_list("context lengths"),
+        help="context lengths (GPU default 512,4096,32768)",
+    )
+    b.add_argument("--repeats", type=_count, help="timed repeats per point (GPU default 30)")
+    b.add_argument("--warmup", type=_count, help="untimed repeats first")
+    b.add_argument("--rotate", type=_count, help="batches rotated per point")
+    b.add_argument("--token-budget", type=_count, help="skip points with bs * context above it")
+    b.add_argument("--pin", type=int, default=None, metavar="CORE", help="pin to one core")
+    b.add_argument("--out", default=None, help="write results.json / results.csv here")
+    b.add_argument("--figures", default=None, metavar="DIR", help="write the plots here")
+    sub.add_parser("matrix", help="the capability matrix (backend x variant x graph mode), Markdown")
     args = p.parse_args(argv)
+    if args.cmd == "matrix":
+        from .capabilities import markdown, matrix
 
-    from .backends import REGISTRY, BackendLoadError, load_backend_class, must_pass
-    from .check import CASES, CheckSettings, run_checks
+        print(markdown(matrix()))
+        return 0
+    if args.cmd == "bench":
+        return _bench(args, b)
+
+    from .backends import BackendLoadError, load_backend_class, must_pass
+    from .check import CheckSettings, run_checks
     from .config import SpecConfig
 
-    names, variants = {e.name for e in REGISTRY}, {e.variant for e in REGISTRY}
-    for flag, given, known in (("--backend", args.backend, names),
-                               ("--variant", args.variant, variants),
-                               ("--mode", args.mode, set(CASES))):  # fmt: skip
-        unknown = sorted(set(given or ()) - known)
-        if unknown:
-            c.error(f"argument {flag}: unknown {unknown}; known: {', '.join(sorted(known))}")
+    _check_names(c, args)
     settings = CheckSettings()
     if args.bs:
         settings.raw_bs = args.bs
@@ -158,6 +198,57 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         print(f"{len(failed)} row(s) that must pass failed", file=sys.stderr)
         return 1
+    return 0
+
+
+def _bench(args, parser) -> int:
+    import csv
+    import time
+    from pathlib import Path
+
+    import torch
+
+    from . import bench
+
+    _check_names(parser, args)
+    pinned = bench.pin_to_core(args.pin)
+    settings = bench.BenchSettings.for_device(
+        torch.cuda.is_available(), backends=args.backend, variants=args.variant,
+        modes=tuple(args.mode) if args.mode else None, batch_sizes=args.bs, contexts=args.ctx,
+        repeats=args.repeats, warmup=args.warmup, rotate=args.rotate,
+        token_budget=args.token_budget,
+    )  # fmt: skip
+    env = {**bench.environment(), "pinning": pinned,
+           "settings": {k: (list(v) if isinstance(v, tuple) else v)
+                        for k, v in vars(settings).items() if k != "spec"},
+           "spec": vars(settings.spec)}  # fmt: skip
+    if not torch.cuda.is_available():
+        env["note"] = "CPU: emulator timings (what the Python costs), not GPU launch costs"
+    out = Path(args.out) if args.out else None
+
+    def write(rows):  # after every runner: a run stopped early keeps what it measured
+        if out is None:
+            return
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
+        with open(out / "results.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(bench.CSV_COLUMNS)
+            w.writerows(bench.csv_row(r) for r in rows)
+
+    t0 = time.perf_counter()
+    rows = bench.sweep(settings, progress=True, sink=write)
+    env["wall_seconds"] = round(time.perf_counter() - t0, 1)
+    write(rows)
+    print(f"{env['device']}; {pinned}; {len(rows)} points in {env['wall_seconds']} s")
+    print(bench.summary_table(rows))
+    if out is not None:
+        print(f"wrote {out}/results.json and results.csv")
+    if args.figures and rows:
+        from . import viz
+
+        for path in viz.draw_bench_figures(rows, env, args.figures):
+            print(f"wrote {path}")
     return 0
 
 

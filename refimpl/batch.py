@@ -92,6 +92,10 @@ class World:
         """
         g = torch.Generator(device="cpu").manual_seed(seed)
         for buf in self.kv_cache.buffers():
+            if buf.is_cuda and buf.numel() > 1 << 24:  # large GPU caches: drawn on the device
+                gd = torch.Generator(device=buf.device).manual_seed(seed)
+                buf.copy_(torch.randn(buf.shape, generator=gd, device=buf.device) * scale)
+                continue
             buf.copy_((torch.randn(buf.shape, generator=g, device="cpu") * scale).to(buf.dtype))
 
     def clone_to(self, device: str | torch.device) -> "World":

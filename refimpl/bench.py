@@ -1,18 +1,22 @@
 """Measuring the replay path: what each part of ``GraphRunner.replay`` costs, host and GPU.
 
-A replay does three things on the host (``GraphRunner._replay``), timed apart here:
+A replay does four things on the host (``GraphRunner._replay``), timed apart here:
 
-1. **copies**: the batch into the static inputs (``_write_inputs``, + the padded-row reset);
+0. **validate**: ``refimpl.validate`` (off in timing runs: ``validate_inputs=False``);
+1. **copies**: the batch into the static inputs (one foreach copy + the host mirror);
 2. **hook**: the backend's ``init_forward_metadata_replay_cuda_graph`` (metadata out of graph);
 3. **launch**: ``graph.replay()``.
 
 Host times come from ``time.perf_counter`` around each part, with a device synchronisation
 *between* iterations (never inside a timed part), so a part's number is what the host spends
 issuing it. GPU time comes from CUDA events around the graph launch (and around the hook, whose
-kernels run outside the graph). Method (the usual one for small launch-bound work): warm up,
-rotate the inputs among several prepared batches, take medians of many repeats with their
-spread (p10 / p25 / p75 / p90), pin the process to one core when asked, and record the device,
-driver and library versions beside every number.
+kernels run outside the graph), recorded in separate passes so that no event record is inside
+a host-timed part. Method (the usual one for small launch-bound work): warm up, rotate the
+inputs among several prepared batches, take medians of many repeats with their spread (p10 /
+p25 / p75 / p90), pin the process to one core when asked, and record the device, driver and
+library versions beside every number. ``sweep`` runs it per backend x variant x mode x context
+x batch size and adds the whole step as a graph vs eagerly, capture time and memory
+(``python -m refimpl bench``).
 
 On CPU (the graph emulator) the same code runs and the numbers are labelled as emulator timings:
 they say what the Python does, not what a GPU launch costs.
@@ -26,11 +30,13 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from .batch import ForwardBatch
+from .config import SpecConfig
 from .graphs.recorder import record_ops
 from .graphs.runner import GraphRunner, call_replay_hook
 
@@ -80,8 +86,9 @@ def environment() -> dict[str, Any]:
 
 
 def launches(fn: Callable[[], Any]) -> dict[str, int]:
-    """The ops ``fn`` launches (views and allocations left out), by name: the kernel count."""
-    with record_ops(None) as rec:
+    """The ops ``fn`` launches (views and allocations left out), by name: the kernel count.
+    Host reads are allowed here (``fn`` runs outside any capture)."""
+    with record_ops(None, refuse=False) as rec:
         fn()
     counts: dict[str, int] = {}
     for name, launches_work in rec.names:
@@ -113,47 +120,281 @@ class _Events:
 def time_replay_path(
     runner: GraphRunner, batches: Sequence[ForwardBatch], repeats: int = 50, warmup: int = 10
 ) -> dict[str, Any]:
-    """Host µs of copies / hook / launch and GPU µs of hook / graph for ``runner``'s replay path,
-    rotating ``batches`` (all of one raw batch size). Medians with spread; see the module doc."""
+    """Host µs of validation / copies / hook / launch and GPU µs of hook / graph for
+    ``runner``'s replay path (``GraphRunner._replay``, part by part), rotating ``batches`` (all
+    of one raw batch size). Medians with spread; see the module doc. Host times come from
+    passes without CUDA events, GPU times from the passes in between (an event record is
+    itself host work)."""
     cuda = runner.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     raw_bs = batches[0].batch_size
     bs = runner.pick_bs(raw_bs)
-    graph, static = runner.graphs[bs], runner._static()
-    host: dict[str, list[float]] = {"copies": [], "hook": [], "launch": []}
+    graph = runner.graphs[bs]
+    host: dict[str, list[float]] = {"validate": [], "copies": [], "hook": [], "launch": []}
     gpu: dict[str, list[float]] = {"hook": [], "graph": []}
     ev_hook, ev_graph = _Events(cuda), _Events(cuda)
-    for it in range(warmup + repeats):
+    for it in range(warmup + 2 * repeats):
         fb = batches[it % len(batches)]
+        timed_gpu = cuda and it >= warmup and (it - warmup) % 2 == 1  # events: their own passes
         sync()
         t0 = time.perf_counter()
-        runner._load_inputs(fb, bs)
+        runner.validate(fb)
         t1 = time.perf_counter()
-        with ev_hook:
-            call_replay_hook(runner.backend, runner._replay_batch(fb, bs, static))
+        runner._load_inputs(fb, bs)
         t2 = time.perf_counter()
-        with ev_graph:
-            graph.replay()
+        if timed_gpu:
+            ev_hook.__enter__()
+        call_replay_hook(runner.backend, runner._replay_batch(fb, bs))
+        if timed_gpu:
+            ev_hook.__exit__()
         t3 = time.perf_counter()
+        if timed_gpu:
+            ev_graph.__enter__()
+        graph.replay()
+        if timed_gpu:
+            ev_graph.__exit__()
+        t4 = time.perf_counter()
         sync()
         if it < warmup:
             continue
-        for key, dt in (("copies", t1 - t0), ("hook", t2 - t1), ("launch", t3 - t2)):
-            host[key].append(dt * 1e6)
-        if cuda:
+        if timed_gpu:
             gpu["hook"].append(ev_hook.ms() * 1e3)
             gpu["graph"].append(ev_graph.ms() * 1e3)
+        elif (it - warmup) % 2 == 0 or not cuda:
+            for key, dt in (("validate", t1 - t0), ("copies", t2 - t1), ("hook", t3 - t2),
+                            ("launch", t4 - t3)):  # fmt: skip
+                host[key].append(dt * 1e6)
     out = {"raw_bs": raw_bs, "graph_bs": bs, "host_us": {k: spread(v) for k, v in host.items()}}
     out["host_us"]["hook+launch"] = spread([a + b for a, b in zip(host["hook"], host["launch"])])
+    out["host_us"]["path"] = spread([sum(x) for x in zip(host["copies"], host["hook"],
+                                                         host["launch"])])  # fmt: skip
     if cuda:
         out["gpu_us"] = {k: spread(v) for k, v in gpu.items()}
     fb = batches[0]
     runner._load_inputs(fb, bs)
     out["hook_launches"] = launches(
-        lambda: call_replay_hook(runner.backend, runner._replay_batch(fb, bs, static))
+        lambda: call_replay_hook(runner.backend, runner._replay_batch(fb, bs))
     )
+    out["copy_launches"] = launches(lambda: runner._load_inputs(fb, bs))
     out["graph_kernels"] = dict(graph.kernels())
     return out
+
+
+def time_steps(
+    runner: GraphRunner, batches: Sequence[ForwardBatch], repeats: int = 30, warmup: int = 5
+) -> dict[str, Any]:
+    """The whole decoder step, wall µs with a device synchronisation after each: as a graph
+    (``runner.replay``) and eagerly (``runner.eager``: fresh metadata, every kernel launched
+    from Python); batch validation as the runner is configured (``sweep``: off, timed apart)."""
+    cuda = runner.device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    out = {}
+    for name, step in (("graph", runner.replay), ("eager", runner.eager)):
+        xs = []
+        for it in range(warmup + repeats):
+            fb = batches[it % len(batches)]
+            sync()
+            t0 = time.perf_counter()
+            step(fb)
+            sync()
+            if it >= warmup:
+                xs.append((time.perf_counter() - t0) * 1e6)
+        out[name] = spread(xs)
+    out["eager_over_graph"] = out["eager"]["median"] / out["graph"]["median"]
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# the sweep behind ``python -m refimpl bench``
+
+GPU_DEFAULTS = dict(batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256), contexts=(512, 4096, 32768),
+                    repeats=30, warmup=5, rotate=3, token_budget=1 << 21)  # fmt: skip
+CPU_DEFAULTS = dict(batch_sizes=(1, 2, 4), contexts=(64,), repeats=5, warmup=1, rotate=2,
+                    token_budget=1 << 10)  # fmt: skip
+
+
+@dataclass
+class BenchSettings:
+    """What ``sweep`` measures. ``token_budget``: points with ``bs * context`` above it are
+    skipped (memory and time: the KV of every rotated batch stays allocated)."""
+
+    backends: Sequence[str] | None = None
+    variants: Sequence[str] | None = None  # default: every variant that must pass
+    modes: Sequence[str] = ("decode", "target_verify")
+    batch_sizes: Sequence[int] = GPU_DEFAULTS["batch_sizes"]
+    contexts: Sequence[int] = GPU_DEFAULTS["contexts"]
+    repeats: int = 30
+    warmup: int = 5
+    rotate: int = 3
+    token_budget: int = 1 << 21
+    spec: SpecConfig = field(default_factory=lambda: SpecConfig(3, 1, 4))
+
+    @classmethod
+    def for_device(cls, cuda: bool, **overrides) -> BenchSettings:
+        base = GPU_DEFAULTS if cuda else CPU_DEFAULTS
+        return cls(**{**base, **{k: v for k, v in overrides.items() if v is not None}})
+
+
+def _static_bytes(runner: GraphRunner) -> int:
+    """Bytes of the runner's static inputs and the backend's graph buffers."""
+    from .fuzz import _graph_buffers
+
+    seen, total = set(), 0
+    tensors = [t for _, t in _graph_buffers(runner.backend)] + list(runner._static().values())
+    for t in tensors:
+        if id(t) in seen or (t.device.type == "cpu" and runner.device.type != "cpu"):
+            continue  # host mirrors are not device memory
+        seen.add(id(t))
+        total += t.numel() * t.element_size()
+    return total
+
+
+def _batches(gen, mode_case: str, bs: int, ctx: int, spec: SpecConfig, rotate: int, rng):
+    """``rotate`` batches of ``bs`` requests, lengths uniform in [ctx/2, the mode's limit]."""
+    from .check import CASES
+
+    mode, multi = CASES[mode_case]
+    extra = spec.num_draft_tokens if mode.is_target_verify() else 0
+    extra = spec.topk * spec.num_steps if multi else extra
+    out = []
+    for _ in range(rotate):
+        if mode.is_idle():
+            out.append(gen.idle())
+            continue
+        hi = ctx - extra
+        lens = [rng.randint(max(1, hi // 2), hi) for _ in range(bs)]
+        if mode.is_any_draft_extend():
+            lens = [max(v, spec.num_draft_tokens + 1) for v in lens]
+        kw = {"multi_step_draft": True} if multi else {}
+        out.append(gen.for_mode(mode, bs, seq_lens=lens, **kw))
+    return out
+
+
+def sweep(
+    settings: BenchSettings, progress: bool = False, sink: Callable[[list], Any] | None = None
+) -> list[dict[str, Any]]:
+    """One row per backend x variant x mode x context x batch size (see ``BenchSettings``);
+    ``sink(rows)`` is called after each runner (write partial results as they come)."""
+    import random
+
+    from .backends import GraphModeNotSupported
+    from .batch import World
+    from .batchgen import BatchGenerator
+    from .check import CASES
+    from .config import GraphConfig, tiny_model_config
+    from .fuzz import targets
+    from .graphs import make_engine
+    from .model import MultiStepDraftProgram, TinyDecoder
+
+    engine = make_engine("auto")
+    dev, cuda = engine.device, engine.device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    spec = settings.spec
+    plan = [(e, case) for e, case, sp in targets(settings.backends, settings.modes,
+                                                 settings.variants) if sp.topk == 1]  # fmt: skip
+    points = [(e, case, ctx) for e, case in plan for ctx in settings.contexts]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(points), desc="bench")
+    rows: list[dict[str, Any]] = []
+    cold_done: set[tuple] = set()
+    for entry, case, ctx in points:
+        if bar is not None:
+            bar.set_postfix_str(f"{entry.name}/{entry.variant}/{case}/ctx {ctx}")
+            bar.update()
+        if entry.why_unavailable():
+            continue
+        sizes = [b for b in settings.batch_sizes if b * ctx <= settings.token_budget]
+        if not sizes:
+            continue
+        mode, multi = CASES[case]
+        cfg = tiny_model_config(entry.model_kind, dtype, dev.type)
+        max_bs, P = max(sizes), entry.page_size
+        pool = (settings.rotate + 1) * max_bs + 2
+        per_req = -(-ctx // P) * P
+        world = World.create(cfg, max_context_len=ctx, pool_size=pool, page_size=P, device=dev,
+                             num_slots=(settings.rotate * max_bs + 2) * per_req + P)  # fmt: skip
+        try:
+            backend = entry.load(multi)(world, spec)
+            backend.check_graph_mode(mode)
+        except GraphModeNotSupported:
+            continue
+        world.randomize_kv(0)
+        model = TinyDecoder(cfg, dev)
+        program = MultiStepDraftProgram(model, spec.num_steps) if multi else model
+        gcfg = GraphConfig(max_bs=max_bs, capture_bs=tuple(sizes), max_context_len=ctx,
+                           speculative=True)  # fmt: skip
+        # validation is timed as its own part (time_replay_path); the steps run without it
+        runner = GraphRunner(program, backend, engine, mode, gcfg, spec, multi,
+                             validate_inputs=False)  # fmt: skip
+        key = (entry.name, entry.variant, case)
+        first = {r.bs: r for r in runner.capture()}
+        again = {r.bs: r for r in runner.capture()[len(first) :]}  # warm: caches filled
+        cold_label = "cold" if key not in cold_done else "warm (not first in process)"
+        cold_done.add(key)
+        static_bytes = _static_bytes(runner)
+        gen, rng = BatchGenerator(world, spec, seed=1), random.Random(f"{key}:{ctx}")
+        for bs in sizes:
+            batches = _batches(gen, case, bs, ctx, spec, settings.rotate, rng)
+            row = {"backend": entry.name, "variant": entry.variant, "pattern": backend.pattern,
+                   "mode": case, "context": ctx, "bs": bs, "engine": engine.name}  # fmt: skip
+            row.update(time_replay_path(runner, batches, settings.repeats, settings.warmup))
+            row["step_us"] = time_steps(runner, batches, settings.repeats, settings.warmup)
+            row["capture_s"] = {"first": first[bs].seconds, "first_is": cold_label,
+                                "warm": again[bs].seconds}  # fmt: skip
+            row["pool_growth_bytes"] = first[bs].pool_growth
+            row["pool_bytes"] = first[bs].pool_bytes
+            row["static_bytes"] = static_bytes
+            rows.append(row)
+            gen.release_all()
+        if sink is not None:
+            sink(rows)
+        del runner, backend, world
+        if cuda:
+            torch.cuda.empty_cache()
+    if bar is not None:
+        bar.close()
+    return rows
+
+
+CSV_COLUMNS = ("backend", "variant", "pattern", "mode", "context", "bs", "graph_bs",
+               "validate_us", "copies_us", "hook_us", "launch_us", "path_us", "path_p10",
+               "path_p90", "gpu_graph_us", "gpu_hook_us", "graph_step_us", "eager_step_us",
+               "eager_over_graph", "hook_launches", "copy_launches", "capture_first_s",
+               "capture_warm_s", "pool_growth_bytes", "static_bytes")  # fmt: skip
+
+
+def summary_table(rows: Sequence[dict[str, Any]]) -> str:
+    """One line per point: host µs per part, the GPU graph time, the step as graph vs eager."""
+    head = (f"{'backend/variant':<26} {'mode':<14} {'ctx':>6} {'bs':>4} {'valid':>7} "
+            f"{'copies':>7} {'hook':>7} {'launch':>7} {'gpu':>8} {'graph':>8} {'eager':>8} "
+            f"{'x':>5}")  # fmt: skip
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        h, g, st = r["host_us"], r.get("gpu_us"), r["step_us"]
+        gpu = f"{g['graph']['median']:8.1f}" if g else f"{'-':>8}"
+        lines.append(
+            f"{r['backend'] + '/' + r['variant']:<26} {r['mode']:<14} {r['context']:>6} "
+            f"{r['bs']:>4} {h['validate']['median']:7.1f} {h['copies']['median']:7.1f} "
+            f"{h['hook']['median']:7.1f} {h['launch']['median']:7.1f} {gpu} "
+            f"{st['graph']['median']:8.1f} {st['eager']['median']:8.1f} "
+            f"{st['eager_over_graph']:5.2f}"
+        )
+    return "\n".join(lines)
+
+
+def csv_row(r: dict[str, Any]) -> list:
+    h, g, st = r["host_us"], r.get("gpu_us", {}), r["step_us"]
+    med = lambda d, k: round(d[k]["median"], 2) if k in d else ""  # noqa: E731
+    return [r["backend"], r["variant"], r["pattern"], r["mode"], r["context"], r["bs"],
+            r["graph_bs"], med(h, "validate"), med(h, "copies"), med(h, "hook"),
+            med(h, "launch"), med(h, "path"), round(h["path"]["p10"], 2),
+            round(h["path"]["p90"], 2), med(g, "graph"), med(g, "hook"), med(st, "graph"),
+            med(st, "eager"), round(st["eager_over_graph"], 2), sum(r["hook_launches"].values()),
+            sum(r["copy_launches"].values()), round(r["capture_s"]["first"], 4),
+            round(r["capture_s"]["warm"], 4), r["pool_growth_bytes"], r["static_bytes"]]  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------

@@ -76,18 +76,23 @@ class TokenSlotAllocator:
         # shuffled so that a request's pages are not contiguous: index bugs then show up
         pages = torch.randperm(num_slots // page_size - 1, generator=g, device="cpu") + 1
         self._free_pages: list[int] = pages.tolist()
+        self._head = 0  # pages before it are handed out: O(n) per allocation, not O(free)
 
     @property
     def free_pages(self) -> int:
-        return len(self._free_pages)
+        return len(self._free_pages) - self._head
 
     def alloc_pages(self, n: int) -> list[int]:
-        if n > len(self._free_pages):
+        if n > self.free_pages:
             raise RuntimeError(
                 f"TokenSlotAllocator: asked for {n} pages of {self.page_size} slots, only "
-                f"{len(self._free_pages)} free"
+                f"{self.free_pages} free"
             )
-        out, self._free_pages = self._free_pages[:n], self._free_pages[n:]
+        out = self._free_pages[self._head : self._head + n]
+        self._head += n
+        if self._head > len(self._free_pages) // 2:  # compact now and then (amortised O(1))
+            del self._free_pages[: self._head]
+            self._head = 0
         return out
 
     def free_page_ids(self, pages: list[int]) -> None:
@@ -101,6 +106,8 @@ class TokenSlotAllocator:
         if num_tokens > len(pages) * p:
             raise ValueError(f"{num_tokens} tokens do not fit in {len(pages)} pages of {p}")
         page_ids = torch.tensor(pages, dtype=torch.int64)
+        if p == 1:
+            return page_ids[:num_tokens]
         pos = torch.arange(num_tokens, dtype=torch.int64)
         return page_ids[pos // p] * p + pos % p
 

@@ -13,13 +13,23 @@ pyplot figure manager) and is deterministic: the same inputs give the same pictu
 - ``draw_draft_decode_indices``: the per-step ``kv_indptr`` / ``kv_indices`` rows of multi-step
   draft decode ([facts#multi-step-draft-decode-indices]), prefix and draft slots colour-coded.
 - ``draw_latency_vs_bs``: measured medians and spread against batch size, one line per shape.
+- ``draw_state_diff``: two states of the same buffers (capture path vs replay path, or a bound
+  buffer vs what the batch needs), every differing cell framed and hatched red.
+- ``draw_buffer_sizes``: allocated sizes of the same buffers in several backends, against what a
+  batch needs.
+- ``draw_eagle_iteration``: one EAGLE iteration (draft, verify, accept, draft extend) with the
+  graph mode and the rows per request of each step.
+- ``batch_roles`` / ``segment_roles``: the colour role of every cell of a per-request buffer /
+  a packed buffer (for ``draw_buffers(roles=...)``).
 - ``save``: write a figure reproducibly (no software tag in the PNG).
 
-Cell colours: live requests get light colours (blue, green, purple, ...), padded rows (request
-slot 0, the reserved row) orange, unused cells grey, as in notebook 00's padding figure. A value
-that contradicts what the builder can recompute (a ``kv_indices`` entry that is not the
-``req_to_token`` prefix, a mask that is not the tree's ancestry) gets a red frame and the title
-says how many.
+Cell colours carry a meaning, and every grid figure has a legend that says which (``ROLE_LABELS``):
+live request i gets a light colour of its own (blue, green, purple, ...), padded rows (request
+slot 0, the reserved row) orange, cells past the live part (never read) light grey, stale values
+(left by an earlier batch or the capture) grey and cross-hatched, other values (an indptr's
+end) white, as in notebook 00's padding figure. A value that contradicts what the builder can
+recompute (a ``kv_indices`` entry that is not the ``req_to_token`` prefix, a mask that is not the
+tree's ancestry) or that differs between two states gets a red frame and the title says how many.
 """
 
 from __future__ import annotations
@@ -27,21 +37,33 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import torch
 from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
+from matplotlib.lines import Line2D
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch, Rectangle
 
 from . import layout
 
 __all__ = [
+    "batch_roles",
     "draw_block_table",
+    "draw_buffer_sizes",
     "draw_buffers",
     "draw_csr",
     "draw_draft_decode_indices",
+    "draw_eagle_iteration",
+    "draw_state_diff",
+    "draw_bench_figures",
+    "draw_capture_cost",
+    "draw_host_vs_bs",
     "draw_latency_vs_bs",
+    "draw_replay_breakdown",
+    "draw_step_graph_vs_eager",
     "draw_tree_mask",
     "save",
+    "segment_roles",
 ]
 
 # live requests (light), the padded row, unused cells, draft slots, mismatches
@@ -52,8 +74,19 @@ DRAFT_COLOR = "#fc9272"
 TREE_ON_COLOR = "#3182bd"
 BAD_COLOR = "#d62728"
 INDPTR_COLOR = "#a50f15"
+STALE_COLOR = "#bdbdbd"  # cross-hatched: a value some reader would see, left by an older batch
+VALUE_COLOR = "#ffffff"  # a value with no per-request meaning (an indptr's end, a count)
+DIFF_HATCH_COLOR = "#f4a582"  # the hatch over a cell that differs (its frame: BAD_COLOR)
 
 CELL_IN = 0.3  # inches per cell in the grid figures
+
+# what a cell's colour means: role -> legend text (an int role i: "live request i")
+ROLE_LABELS = {
+    "pad": "padded row (request slot 0, seq_len 1)",
+    "value": "other value (e.g. an indptr's end)",
+    "stale": "stale: left by an earlier batch / the capture",
+    "unread": "past the live part: not read",
+}
 
 
 def _np(x: torch.Tensor | Sequence | np.ndarray) -> np.ndarray:
@@ -70,6 +103,86 @@ def _np(x: torch.Tensor | Sequence | np.ndarray) -> np.ndarray:
 
 def _req_color(i: int) -> str:
     return REQ_COLORS[i % len(REQ_COLORS)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Colour roles and legends
+# ---------------------------------------------------------------------------------------------
+def _role_style(role) -> tuple[str, str | None, str, str]:
+    """(face colour, hatch, edge colour, text colour) of a cell role: an int (live request i),
+    ``"pad"``, ``"value"``, ``"stale"``, ``"unread"``."""
+    if isinstance(role, (int, np.integer)) and not isinstance(role, bool):
+        return _req_color(int(role)), None, "white", "black"
+    if role == "pad":
+        return PAD_COLOR, None, "white", "black"
+    if role == "value":
+        return VALUE_COLOR, None, "#bdbdbd", "black"
+    if role == "stale":
+        return STALE_COLOR, "xx", "white", "black"
+    if role == "unread":
+        return UNUSED_COLOR, None, "white", "#969696"
+    raise ValueError(f"unknown cell role {role!r}: an int (live request), {sorted(ROLE_LABELS)}")
+
+
+def _role_handle(role, label: str | None = None) -> Patch:
+    face, hatch, edge, _ = _role_style(role)
+    if label is None:
+        label = f"live request {int(role)}" if not isinstance(role, str) else ROLE_LABELS[role]
+    return Patch(facecolor=face, hatch=hatch, edgecolor="#969696" if edge == "white" else edge,
+                 lw=0.6, label=label)  # fmt: skip
+
+
+def _differs_handle(label: str) -> Patch:
+    return Patch(facecolor="none", edgecolor=BAD_COLOR, hatch="//", hatchcolor=DIFF_HATCH_COLOR,
+                 lw=1.5, label=label)  # fmt: skip
+
+
+def _role_order(roles) -> list:
+    ints = sorted({int(r) for r in roles if not isinstance(r, str)})
+    return ints + [r for r in ("pad", "value", "stale", "unread") if r in set(roles)]
+
+
+def _legend(fig: Figure, handles: list, ncols: int | None = None) -> None:
+    """One legend under the axes (the figure must use the constrained layout)."""
+    if not handles:
+        return
+    ncols = ncols or min(len(handles), 4)
+    leg = fig.legend(handles=handles, loc="outside lower center", ncols=ncols, fontsize=7,
+                     frameon=False, handlelength=1.6, columnspacing=1.4)  # fmt: skip
+    leg.set_gid("legend")
+
+
+def batch_roles(n: int, live: int, bs: int | None = None, *, indptr: bool = False) -> list:
+    """Colour roles of the first ``n`` entries of a per-request buffer (``seq_lens``,
+    ``num_kv_splits``, ``kv_len_arr``): entry i is live request i for ``i < live``, a padded row
+    for ``live <= i < bs`` (``bs`` defaults to ``live``), past ``bs`` unread. ``indptr=True``
+    (``kv_indptr``, ``qo_indptr``, ``[bs+1]``): entry i < bs is where request i starts, entry
+    ``bs`` (the total) is a plain value, entries past it unread."""
+    bs = live if bs is None else bs
+    if not 0 <= live <= bs:
+        raise ValueError(f"batch_roles: need 0 <= live={live} <= bs={bs}")
+    out: list = []
+    for i in range(n):
+        if i < live:
+            out.append(i)
+        elif i < bs:
+            out.append("pad")
+        elif indptr and i == bs:
+            out.append("value")
+        else:
+            out.append("unread")
+    return out
+
+
+def segment_roles(indptr: torch.Tensor | Sequence[int], live: int, n: int) -> list:
+    """Colour roles of the first ``n`` entries of a packed buffer (``kv_indices``, a flat mask,
+    query rows): entry p belongs to the request i with ``indptr[i] <= p < indptr[i+1]`` (a
+    padded row for ``i >= live``); entries at or past ``indptr[-1]`` are unread."""
+    ptr = _np(indptr).reshape(-1).astype(np.int64)
+    owner = np.searchsorted(ptr, np.arange(n), side="right") - 1
+    end = int(ptr[-1]) if ptr.size else 0
+    return [("unread" if p >= end else int(owner[p]) if owner[p] < live else "pad")
+            for p in range(n)]  # fmt: skip
 
 
 def _cell(ax, x, y, color, text=None, *, fontsize=6.0, edge="white", lw=0.6, hatch=None):
@@ -116,6 +229,7 @@ def draw_csr(
     kv_indices: torch.Tensor,
     *,
     title: str = "",
+    legend: bool = True,
 ) -> Figure:
     """Top: the batch's ``req_to_token`` rows; bottom: the packed ``kv_indices`` strip.
 
@@ -125,6 +239,7 @@ def draw_csr(
     buffer may be longer; only the used prefix is drawn). The used prefix of every row is framed
     in its request's colour; the strip uses the same colours, so it reads as the concatenation
     of the framed prefixes. Strip cells that differ from ``req_to_token`` get a red frame.
+    ``legend``: a legend of the colours (live requests, padded row, not packed, boundaries).
 
     Axes: 2 (rows, strip). Texts in the strip axes: one per ``kv_indices`` cell plus one
     ``kv_indptr`` label per distinct boundary (gid ``"kv_indptr"``; an empty request, e.g. a
@@ -208,6 +323,16 @@ def draw_csr(
     )
     if title:
         fig.suptitle(title, fontsize=10)
+    if legend:
+        live = [i for i in range(bs) if int(rpi[i]) != 0]
+        handles = [_role_handle(i, f"request {i}") for i in live]
+        if len(live) < bs:
+            handles.append(_role_handle("pad"))
+        handles.append(_role_handle("unread", "in req_to_token, not packed (past the length)"))
+        handles.append(Line2D([], [], color=INDPTR_COLOR, lw=1.4, label="kv_indptr boundary"))
+        if bad:
+            handles.append(_differs_handle("differs from req_to_token"))
+        _legend(fig, handles, ncols=min(len(handles), 6))
     return fig
 
 
@@ -302,6 +427,8 @@ def draw_tree_mask(
     request: int = 0,
     *,
     parents: Sequence[int] | None = None,
+    legend: bool = True,
+    title: str = "",
 ) -> Figure:
     """Request ``request``'s ``[N, seq + N]`` block of a flat target-verify ``custom_mask``.
 
@@ -310,7 +437,8 @@ def draw_tree_mask(
     that are multiples of N) or the prefix ``seq_lens`` ``[bs]``. Prefix columns (all 1) are
     light blue, the tree part dark where 1; its cells carry their 0/1. With ``parents`` the tree
     is drawn on the right (node q at depth(q)), rows are labelled by depth, and tree cells that
-    disagree with the ancestry of ``parents`` get a red frame.
+    disagree with the ancestry of ``parents`` get a red frame. ``legend``: a legend of the
+    colours; ``title``: a figure title above the panels.
 
     Axes: 1, or 2 with ``parents``. Texts: N*N in the mask axes, N node labels in the tree axes.
     """
@@ -397,17 +525,55 @@ def draw_tree_mask(
             tx.spines[side].set_visible(False)
         tx.tick_params(length=0)
         tx.set_title(f"tree: parents = {list(parents)}", fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    if legend:
+        handles = [
+            Patch(facecolor="#c6dbef", edgecolor="white", label="prefix column: always 1"),
+            Patch(facecolor=TREE_ON_COLOR, edgecolor="#bdbdbd", label="1: draft q attends it"),
+            Patch(facecolor="white", edgecolor="#bdbdbd", label="0: masked"),
+        ]
+        if bad:
+            handles.append(_differs_handle("disagrees with the tree"))
+        _legend(fig, handles)
     return fig
 
 
 # ---------------------------------------------------------------------------------------------
 # 1-D buffers as annotated cells
 # ---------------------------------------------------------------------------------------------
+def _lookup(mapping: Mapping | None, name: str, i: int | None = None):
+    """``mapping[name]`` (1-D row) or, for row i of a 2-D buffer, ``mapping["name[i]"]`` or
+    ``mapping[name][i]``; None when absent."""
+    if not mapping:
+        return None
+    if i is None:
+        return mapping.get(name)
+    if f"{name}[{i}]" in mapping:
+        return mapping[f"{name}[{i}]"]
+    whole = mapping.get(name)
+    return None if whole is None else whole[i]
+
+
+def _mask(flags, n: int) -> np.ndarray:
+    """A boolean ``[n]`` from a bool sequence / tensor (shorter: padded with False)."""
+    out = np.zeros(n, dtype=bool)
+    if flags is None:
+        return out
+    f = _np(flags).reshape(-1).astype(bool)[:n]
+    out[: f.shape[0]] = f
+    return out
+
+
 def draw_buffers(
     state: Mapping[str, torch.Tensor | int | float | str],
     title: str = "",
     *,
     max_cells: int = 32,
+    roles: Mapping[str, Sequence] | None = None,
+    differs: Mapping[str, Sequence[bool] | torch.Tensor | bool] | None = None,
+    differs_label: str = "differs",
+    legend: bool | None = None,
 ) -> Figure:
     """A compact view of 1-D buffers (one row of annotated cells each) and scalars (text).
 
@@ -416,54 +582,445 @@ def draw_buffers(
     numbers / strings are scalars, listed under the rows as ``name = value``. Row labels carry
     the shape and dtype.
 
-    Axes: 1. Texts: one per drawn cell plus one per scalar.
+    ``roles``: per buffer name, the colour role of each cell (``batch_roles`` /
+    ``segment_roles``: an int = live request i, ``"pad"``, ``"value"``, ``"stale"``,
+    ``"unread"``; cells past the given roles are unread). For a 2-D buffer give ``"name[i]"`` or
+    a list of per-row lists. Rows without roles are plain values (white). ``differs``: per name,
+    a boolean per cell (or True for a scalar); those cells get a red frame and hatch, labelled
+    ``differs_label`` in the legend (a hidden cell that differs frames the ``+k`` cell).
+    ``legend``: draw the legend of the roles and marks used (default: when ``roles`` or
+    ``differs`` is given).
+
+    Axes: 1. Texts: one per drawn cell plus one per scalar. Differing cells: one patch each with
+    gid ``"differs"``.
     """
-    rows: list[tuple[str, np.ndarray, str]] = []
-    scalars: list[tuple[str, str]] = []
+    # rows: (label, values, shape, roles per cell or None, differs mask)
+    rows: list[tuple[str, np.ndarray, str, Sequence | None, np.ndarray]] = []
+    scalars: list[tuple[str, str, bool]] = []
     for name, v in state.items():
         if isinstance(v, torch.Tensor) and v.dim() >= 1:
             dt = str(v.dtype).replace("torch.", "")
             if v.dim() == 1:
-                rows.append((name, _np(v), f"{list(v.shape)} {dt}"))
+                vals = _np(v)
+                rows.append((name, vals, f"{list(v.shape)} {dt}", _lookup(roles, name),
+                             _mask(_lookup(differs, name), vals.shape[0])))  # fmt: skip
             elif v.dim() == 2:
                 for i in range(v.shape[0]):
-                    rows.append((f"{name}[{i}]", _np(v[i]), f"{list(v.shape)} {dt}"))
+                    vals = _np(v[i])
+                    rows.append((f"{name}[{i}]", vals, f"{list(v.shape)} {dt}",
+                                 _lookup(roles, name, i),
+                                 _mask(_lookup(differs, name, i), vals.shape[0])))  # fmt: skip
             else:
                 raise ValueError(f"draw_buffers: {name} has {v.dim()} dims (1-D or 2-D only)")
         else:
             val = v.item() if isinstance(v, torch.Tensor) else v
-            scalars.append((name, val if isinstance(val, str) else _fmt(val)))
+            flag = bool((differs or {}).get(name, False) is True)
+            scalars.append((name, val if isinstance(val, str) else _fmt(val), flag))
+    if legend is None:
+        legend = bool(roles) or bool(differs)
     width = max([min(r[1].shape[0], max_cells) for r in rows] + [1])
     # size the figure so that a cell stays ~0.42 in wide whatever the label / scalar lengths
-    label_in = 0.062 * max([len(f"{nm}  {shape}") for nm, _, shape in rows] + [0]) + 0.2
-    scalar_in = 0.068 * max([len(f"{nm} = {v}") for nm, v in scalars] + [0])
+    label_in = 0.062 * max([len(f"{nm}  {shape}") for nm, _, shape, _, _ in rows] + [0]) + 0.2
+    scalar_in = 0.068 * max([len(f"{nm} = {v}") for nm, v, _ in scalars] + [0])
     span = max(width, -(-scalar_in // 0.42), 3)  # axes width in cells (scalars may be longer)
     fig = Figure(
-        figsize=(label_in + 0.42 * span + 0.3, 0.42 * len(rows) + 0.28 * len(scalars) + 0.9),
+        figsize=(label_in + 0.42 * span + 0.3,
+                 0.42 * len(rows) + 0.28 * len(scalars) + 0.9 + (0.45 if legend else 0.0)),
         layout="constrained",
-    )
+    )  # fmt: skip
     ax = fig.add_subplot(1, 1, 1)
     ax.set_xlim(-0.5, span - 0.5)
     ax.set_ylim(len(rows) - 0.5 + 0.7 * len(scalars), -0.5)
     for side in ("top", "right", "bottom", "left"):
         ax.spines[side].set_visible(False)
     ax.tick_params(length=0)
-    for y, (_, vals, _) in enumerate(rows):
+    used_roles: set = set()
+    any_differs = False
+    for y, (_, vals, _, row_roles, bad) in enumerate(rows):
         n = vals.shape[0]
         shown = n if n <= max_cells else max_cells - 1
         for x in range(shown):
-            _cell(ax, x, y, _req_color(y), _fmt(vals[x]), fontsize=7, edge="white", lw=1.0)
+            role = "value" if row_roles is None else row_roles[x] if x < len(row_roles) else "unread"
+            face, hatch, edge, color = _role_style(role)
+            used_roles.add(role)
+            _cell(ax, x, y, face, _fmt(vals[x]), fontsize=7, edge=edge, lw=1.0, hatch=hatch)
+            ax.texts[-1].set_color(color)
+            if bad[x]:
+                any_differs = True
+                _differs_mark(ax, x, y)
         if shown < n:
             _cell(ax, shown, y, UNUSED_COLOR, f"+{n - shown}", fontsize=7, edge="white", lw=1.0)
-    ax.set_yticks(range(len(rows)), [f"{nm}  {shape}" for nm, _, shape in rows], fontsize=8)
+            if bad[shown:].any():
+                any_differs = True
+                _differs_mark(ax, shown, y)
+    ax.set_yticks(range(len(rows)), [f"{nm}  {shape}" for nm, _, shape, _, _ in rows], fontsize=8)
     ax.set_xticks(range(0, width, 4 if width > 12 else 1),
                   [str(i) for i in range(0, width, 4 if width > 12 else 1)], fontsize=6)  # fmt: skip
     ax.xaxis.tick_top()
-    for k, (name, val) in enumerate(scalars):
-        ax.text(-0.5, len(rows) - 0.1 + 0.7 * k, f"{name} = {val}", ha="left", va="center",
-                fontsize=8, family="monospace")  # fmt: skip
+    for k, (name, val, flag) in enumerate(scalars):
+        t = ax.text(-0.5, len(rows) - 0.1 + 0.7 * k, f"{name} = {val}", ha="left", va="center",
+                    fontsize=8, family="monospace")  # fmt: skip
+        if flag:
+            any_differs = True
+            t.set_color(BAD_COLOR)
+            t.set_fontweight("bold")
     if title:
         ax.set_title(title, fontsize=9, pad=14)
+    if legend:
+        handles = [_role_handle(r) for r in _role_order(used_roles)] if roles else []
+        if any_differs or differs:
+            handles.append(_differs_handle(differs_label))
+        _legend(fig, handles)
+    return fig
+
+
+def _differs_mark(ax, x, y) -> None:
+    """A red frame and a light red hatch over cell (x, y): the value differs (gid ``"differs"``);
+    the cell's text turns bold and stays on top."""
+    ax.add_patch(Rectangle((x - 0.46, y - 0.46), 0.92, 0.92, fill=False, edgecolor=BAD_COLOR,
+                           hatch="//", hatchcolor=DIFF_HATCH_COLOR, lw=2.0, zorder=2.5,
+                           gid="differs"))  # fmt: skip
+    for t in ax.texts[::-1]:  # the cell's own text, drawn last for that cell
+        if t.get_position() == (x, y):
+            t.set_fontweight("bold")
+            t.set_zorder(4)
+            break
+
+
+def draw_state_diff(
+    first: Mapping[str, torch.Tensor | int | float | str],
+    second: Mapping[str, torch.Tensor | int | float | str],
+    *,
+    labels: tuple[str, str] = ("after the capture path", "after the replay path"),
+    keys: Sequence[str] | None = None,
+    roles: Mapping[str, Sequence] | None = None,
+    title: str = "",
+    max_cells: int = 32,
+    differs_label: str | None = None,
+) -> Figure:
+    """Two states of the same buffers, cell by cell: every cell (or scalar) that differs is
+    framed and hatched red in both rows, and the title counts the differing cells.
+
+    ``first`` / ``second``: e.g. two ``graph_state`` snapshots, the one the capture path left and
+    the one the replay path left (``refimpl.check`` compares exactly these), or a reference and
+    what a bound buffer holds. ``keys``: which to draw, in order (default: every key of either,
+    sorted). Tensors are flattened; a shape mismatch marks every cell. ``roles``: per key, the
+    colour roles of its cells (as in ``draw_buffers``), used for both rows.
+
+    Axes: 1. Differing cells: one patch per drawn cell with gid ``"differs"`` (both rows).
+    """
+    keys = list(keys) if keys is not None else sorted(set(first) | set(second))
+    state: dict = {}
+    marks: dict = {}
+    row_roles: dict = {}
+    total = 0
+    for key in keys:
+        a, b = first.get(key), second.get(key)
+        for lab, v in zip(labels, (a, b)):
+            name = f"{key}: {lab}"
+            state[name] = v.detach().reshape(-1) if isinstance(v, torch.Tensor) else (
+                "(not set)" if v is None else v)  # fmt: skip
+            if roles and key in roles:
+                row_roles[name] = roles[key]
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            a_, b_ = a.detach().cpu().reshape(-1), b.detach().cpu().reshape(-1)
+            if a_.shape == b_.shape:
+                bad = a_ != b_
+                if a_.is_floating_point():
+                    bad &= ~(a_.isnan() & b_.isnan())
+                bad_a = bad_b = bad.numpy()
+            else:
+                bad_a, bad_b = np.ones(a_.numel(), bool), np.ones(b_.numel(), bool)
+            total += int(max(bad_a.sum(), bad_b.sum()))
+        elif isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):  # one side only
+            bad_a = np.ones(a.numel(), bool) if isinstance(a, torch.Tensor) else True
+            bad_b = np.ones(b.numel(), bool) if isinstance(b, torch.Tensor) else True
+            total += max(int(np.sum(bad_a)), int(np.sum(bad_b)))
+        else:
+            bad_a = bad_b = bool(a != b)  # scalars (or a key one side lacks)
+            total += int(bad_a)
+        marks[f"{key}: {labels[0]}"], marks[f"{key}: {labels[1]}"] = bad_a, bad_b
+    summary = f"{total} cell(s) differ" if total else "no cell differs"
+    return draw_buffers(
+        state, f"{title}\n{summary}" if title else summary, max_cells=max_cells,
+        roles=row_roles or None, differs=marks,
+        differs_label=differs_label or f"differs: {labels[0]} vs {labels[1]}", legend=True,
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Buffer sizes across backends
+# ---------------------------------------------------------------------------------------------
+OWNER_COLORS = ["#6baed6", "#fd8d3c", "#74c476", "#9e9ac8", "#bdbdbd"]
+
+
+def draw_buffer_sizes(
+    sizes: Mapping[str, Mapping[str, int]],
+    *,
+    notes: Mapping[str, Mapping[str, str]] | None = None,
+    needed: Mapping[str, tuple[int, str]] | None = None,
+    title: str = "",
+) -> Figure:
+    """Allocated entries of the same buffers in several backends: one panel per buffer, one
+    horizontal bar per owner (``sizes[buffer][owner] = numel``; an owner keeps its colour in
+    every panel). ``notes[buffer][owner]``: text after the bar (shape, dtype). ``needed[buffer]
+    = (entries, what needs them)``: a dashed line; a bar shorter than it is framed red and
+    labelled "too small".
+
+    Axes: one per buffer. Texts: one note per bar (gid ``"note"``), one label per need line
+    (gid ``"need"``), one "too small" per short bar (gid ``"too_small"``).
+    """
+    notes, needed = notes or {}, needed or {}
+    owners = list(dict.fromkeys(o for per in sizes.values() for o in per))
+    color = {o: OWNER_COLORS[k % len(OWNER_COLORS)] for k, o in enumerate(owners)}
+    heights = [len(per) for per in sizes.values()]
+    fig = Figure(figsize=(9.0, sum(0.32 * h + 0.55 for h in heights) + 0.9), layout="constrained")
+    axes = fig.subplots(len(sizes), 1, squeeze=False, height_ratios=[h + 1.2 for h in heights])
+    short = False
+    for ax, (buf, per) in zip(axes[:, 0], sizes.items()):
+        need = needed.get(buf)
+        top = max(list(per.values()) + [need[0] if need else 0])
+        for y, (owner, n) in enumerate(per.items()):
+            ax.barh(y, n, color=color[owner], height=0.62, edgecolor="white")
+            t = ax.text(n + top * 0.01, y, f" {notes.get(buf, {}).get(owner, n)}", va="center",
+                        fontsize=7, family="monospace")  # fmt: skip
+            t.set_gid("note")
+            if need and n < need[0]:
+                short = True
+                ax.add_patch(Rectangle((0, y - 0.31), n, 0.62, fill=False, edgecolor=BAD_COLOR,
+                                       lw=1.8, zorder=3))  # fmt: skip
+                t.set_text(t.get_text() + "  too small")
+                t.set_color(BAD_COLOR)
+                t.set_gid("too_small")
+        if need:
+            ax.axvline(need[0], color="black", ls="--", lw=1.0)
+            lab = ax.text(need[0], -0.55, f" {need[1]}: {need[0]}", fontsize=7, va="bottom",
+                          ha="left")  # fmt: skip
+            lab.set_gid("need")
+        ax.set_xlim(0, top * 1.75)
+        ax.set_ylim(len(per) - 0.5, -0.5 - (0.9 if need else 0.3))
+        ax.set_yticks(range(len(per)), list(per), fontsize=8)
+        ax.set_title(buf, loc="left", fontsize=8.5, family="monospace")
+        ax.tick_params(axis="x", labelsize=7)
+        ax.grid(axis="x", alpha=0.3)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    axes[-1, 0].set_xlabel("entries allocated (each panel its own scale)", fontsize=8)
+    handles = [Patch(facecolor=color[o], label=o) for o in owners]
+    if needed:
+        handles.append(Line2D([], [], color="black", ls="--", lw=1.0, label="entries a batch needs"))
+    if short:
+        handles.append(Patch(facecolor="none", edgecolor=BAD_COLOR, lw=1.8,
+                             label="too small for that batch"))  # fmt: skip
+    _legend(fig, handles, ncols=min(len(handles), 5))
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# One EAGLE iteration
+# ---------------------------------------------------------------------------------------------
+EAGLE_COLORS = {
+    "verified": "#d9d9d9",  # the last verified token (the tree's root)
+    "step0": "#fdd0a2",  # drafted by the previous draft extend
+    "steps": DRAFT_COLOR,  # drafted by the multi-step draft decode graph
+    "accepted": "#74c476",
+    "rejected": "#f0f0f0",
+    "bonus": "#fec44f",  # the target's own next token
+}
+MODE_BADGE = dict(boxstyle="round,pad=0.25", fc="#f7fbff", ec="#08519c", lw=1.0)
+
+
+def _tree_layout(parents: Sequence[int], x0, y0, w, h, levels: int) -> dict[int, tuple]:
+    """Node q at depth d -> (x, y) inside the box (x0, y0, w, h); depth runs left to right."""
+    depths = _depths(parents)
+    by_depth: dict[int, list[int]] = {}
+    for q, d in enumerate(depths):
+        by_depth.setdefault(d, []).append(q)
+    dx = (w - 0.6) / max(levels, 1)
+    pos = {}
+    for d, nodes in by_depth.items():
+        for r, q in enumerate(nodes):
+            pos[q] = (x0 + 0.3 + d * dx, y0 + h * (r + 1) / (len(nodes) + 1))
+    return pos
+
+
+def _draw_tree(ax, parents, pos, colors: Mapping[int, str], *, dim: Sequence[int] = (),
+               edge_colors: Mapping[int, str] | None = None) -> None:  # fmt: skip
+    from matplotlib.patches import Circle
+
+    for q, par in enumerate(parents):
+        if par >= 0:
+            (xa, ya), (xb, yb) = pos[par], pos[q]
+            c = (edge_colors or {}).get(q, "#636363")
+            ax.plot([xa, xb], [ya, yb], color=c, lw=1.6 if c != "#636363" else 0.9, zorder=1)
+    for q, (x, y) in pos.items():
+        ax.add_patch(Circle((x, y), 0.19, facecolor=colors[q], edgecolor="#525252", lw=0.8,
+                            zorder=2))  # fmt: skip
+        ax.text(x, y, str(q), ha="center", va="center", fontsize=7, zorder=3,
+                color="#969696" if q in dim else "black")  # fmt: skip
+
+
+def draw_eagle_iteration(
+    parents: Sequence[int],
+    accepted: Sequence[int],
+    num_steps: int,
+    topk: int,
+    *,
+    title: str = "",
+) -> Figure:
+    """One EAGLE speculative-decoding iteration for one request, left to right: ① draft (the
+    multi-step draft decode), ② target verify over the tree, ③ accept, ④ draft extend (v1 and
+    v2), each with the graph mode it is captured under and its query rows per request; a band
+    at the bottom for IDLE (a data-parallel rank with no requests).
+
+    ``parents``: the draft tree of N = ``len(parents)`` nodes, node 0 the last verified token
+    (``DraftTree.parents``); ``accepted``: the draft nodes accepted, a chain from a child of
+    node 0 down (``accept_length = len(accepted)``, 0..S); ``num_steps`` S, ``topk`` branches.
+
+    Axes: 1. Texts with gid ``"mode"``: the graph-mode badges (DECODE, TARGET_VERIFY,
+    DRAFT_EXTEND, DRAFT_EXTEND_V2, IDLE).
+    """
+    N, S, acc = len(parents), int(num_steps), list(accepted)
+    depths = _depths(parents)
+    if not parents or parents[0] != -1 or any(not 0 <= parents[q] < q for q in range(1, N)):
+        raise ValueError(f"draw_eagle_iteration: parents {list(parents)} are not a tree rooted at 0")
+    if max(depths) > S:
+        raise ValueError(f"draw_eagle_iteration: tree depth {max(depths)} > num_steps={S}")
+    chain = [0, *acc]
+    if len(acc) > S or any(parents[b] != a for a, b in zip(chain, chain[1:])):
+        raise ValueError(f"draw_eagle_iteration: accepted {acc} is not a chain from the root "
+                         f"of length <= num_steps={S}")  # fmt: skip
+    W, H = 17.7, 7.6
+    fig = Figure(figsize=(W, H + 0.5), layout="constrained")
+    ax = fig.add_subplot(1, 1, 1)
+    ax.set_xlim(0, W)
+    ax.set_ylim(0, H)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    bw, gap, y0, bh = 3.9, 0.55, 1.35, 6.1
+    xs = [0.15 + k * (bw + gap) for k in range(4)]
+
+    def box(k, head, mode, rows, caption):
+        x = xs[k]
+        ax.add_patch(FancyBboxPatch((x, y0), bw, bh, boxstyle="round,pad=0.02,rounding_size=0.15",
+                                    fc="white", ec="#525252", lw=1.0))  # fmt: skip
+        ax.text(x + 0.15, y0 + bh - 0.3, head, fontsize=10, fontweight="bold", va="center")
+        for j, m in enumerate(mode):
+            t = ax.text(x + 0.2, y0 + bh - 0.78 - 0.42 * j, m, fontsize=7.5, family="monospace",
+                        va="center", bbox=MODE_BADGE)  # fmt: skip
+            t.set_gid("mode")
+        ax.text(x + 0.15, y0 + bh - 0.9 - 0.42 * len(mode), rows, fontsize=7.5, va="top")
+        ax.text(x + 0.15, y0 + 0.12, caption, fontsize=7, va="bottom", color="#252525",
+                linespacing=1.3)  # fmt: skip
+
+    # ① draft
+    box(0, "① draft", ["DECODE (multi-step draft)"],
+        f"topk = {topk} rows per request per step\n(the graph sees bs·topk rows)",
+        f"step 0's {topk} drafts come from the previous\ndraft extend; steps 1..{S - 1} run as "
+        f"{S - 1} decode\nsteps captured in one graph. The best\n{N - 1} drafts + the verified "
+        f"token\nform the tree of N = {N} nodes.")  # fmt: skip
+    pos = _tree_layout(parents, xs[0], y0 + 1.55, bw, 2.6, S)
+    cols = {q: EAGLE_COLORS["verified"] if q == 0 else EAGLE_COLORS["step0"] if depths[q] == 1
+            else EAGLE_COLORS["steps"] for q in range(N)}  # fmt: skip
+    _draw_tree(ax, parents, pos, cols)
+    for d in range(S + 1):
+        x = xs[0] + 0.3 + d * (bw - 0.6) / S
+        ax.text(x, y0 + 1.45, "verified" if d == 0 else f"step {d - 1}", fontsize=6.5,
+                ha="center", va="top", color="#525252")  # fmt: skip
+
+    # ② target verify: the tree's ancestry mask after a few prefix columns
+    box(1, "② target verify", ["TARGET_VERIFY"],
+        f"N = {N} rows per request (one per tree node)",
+        "The target model scores every node in one\npass; the custom mask [N, prefix + N] lets "
+        "a\nnode see the prefix and its own ancestors.\nGraphs capture N rows per request.")  # fmt: skip
+    anc = _ancestry(parents)
+    c = min(0.34, (bw - 1.0) / (N + 2.5))
+    mx, my = xs[1] + 0.75, y0 + 1.55 + 2.45
+    for q in range(N):
+        ax.text(mx - 0.12, my - q * c, str(q), fontsize=6, ha="right", va="center")
+        for j in range(2):
+            ax.add_patch(Rectangle((mx + j * c, my - q * c - c / 2), c, c, fc="#c6dbef",
+                                   ec="white", lw=0.5))  # fmt: skip
+        for k in range(N):
+            on = bool(anc[q, k])
+            ax.add_patch(Rectangle((mx + (k + 2.5) * c, my - q * c - c / 2), c, c,
+                                   fc=TREE_ON_COLOR if on else "white", ec="#bdbdbd", lw=0.5))  # fmt: skip
+    ax.text(mx + c, my + c, "prefix", fontsize=6, ha="center", va="bottom")
+    ax.text(mx + (2.5 + N / 2) * c, my + c, "tree (ancestry)", fontsize=6, ha="center",
+            va="bottom")  # fmt: skip
+    ax.text(mx + 2.25 * c, my - 0.5 * c, "…", fontsize=7, ha="center", va="center")
+
+    # ③ accept
+    box(2, "③ accept", ["no graph of its own"],
+        "runs on the verify logits",
+        f"accept_length = {len(acc)}: the drafts accepted along\none chain (refimpl counts "
+        f"accepted drafts,\n0..S). The target's own token after them\nis the bonus token: "
+        f"{len(acc) + 1} new tokens.")  # fmt: skip
+    pos3 = _tree_layout(parents, xs[2], y0 + 1.55, bw - 0.5, 2.6, S)
+    on_chain = set(chain)
+    cols3 = {q: EAGLE_COLORS["verified"] if q == 0 else EAGLE_COLORS["accepted"] if q in on_chain
+             else EAGLE_COLORS["rejected"] for q in range(N)}  # fmt: skip
+    _draw_tree(ax, parents, pos3, cols3, dim=[q for q in range(N) if q not in on_chain],
+               edge_colors={q: "#238b45" for q in acc})  # fmt: skip
+    from matplotlib.patches import Circle
+
+    lx, ly = pos3[chain[-1]]
+    bx = lx + (bw - 1.1) / S
+    ax.plot([lx, bx], [ly, ly], color="#cc8400", ls="--", lw=1.2, zorder=1)
+    ax.add_patch(Circle((bx, ly), 0.19, fc=EAGLE_COLORS["bonus"], ec="#525252", lw=0.8, zorder=2))
+    ax.text(bx, ly, "b", ha="center", va="center", fontsize=7, zorder=3)
+
+    # ④ draft extend: v1 and v2 rows
+    box(3, "④ draft extend", ["DRAFT_EXTEND (v1)", "DRAFT_EXTEND_V2"],
+        f"v1: S + 1 = {S + 1} rows per request\nv2: N = {N} rows per request",
+        "The draft model runs over the new tokens\n(graph rows past them: rejected drafts,\n"
+        "outputs dropped). Its output gives the next\niteration's step-0 drafts (back to ①).")  # fmt: skip
+    real = [f"n{q}" for q in acc] + ["b"]
+    for j, (lab, n) in enumerate((("v1", S + 1), ("v2", N))):
+        yy = y0 + 3.55 - j * 1.0
+        ax.text(xs[3] + 0.2, yy, lab, fontsize=7.5, va="center")
+        cw = min(0.45, (bw - 0.9) / max(N, S + 1))
+        for r in range(n):
+            kind = ("accepted" if r < len(acc) else "bonus") if r < len(real) else "rejected"
+            ax.add_patch(Rectangle((xs[3] + 0.6 + r * cw, yy - cw / 2), cw, cw,
+                                   fc=EAGLE_COLORS[kind], ec="#525252", lw=0.6))  # fmt: skip
+            ax.text(xs[3] + 0.6 + (r + 0.5) * cw, yy, real[r] if r < len(real) else "–",
+                    ha="center", va="center", fontsize=6.5)  # fmt: skip
+
+    # arrows between the steps, and back to ①
+    for k in range(3):
+        ax.add_patch(FancyArrowPatch((xs[k] + bw + 0.05, y0 + bh / 2), (xs[k + 1] - 0.05, y0 + bh / 2),
+                                     arrowstyle="-|>", mutation_scale=14, color="#252525", lw=1.3))  # fmt: skip
+    yb = y0 - 0.32  # back to ①, under the boxes
+    ax.plot([xs[3] + bw / 2, xs[3] + bw / 2, xs[0] + bw / 2], [y0 - 0.02, yb, yb],
+            color="#525252", lw=1.1, ls="--")  # fmt: skip
+    ax.add_patch(FancyArrowPatch((xs[0] + bw / 2, yb), (xs[0] + bw / 2, y0 - 0.02),
+                                 arrowstyle="-|>", mutation_scale=14, color="#525252", lw=1.1))  # fmt: skip
+    ax.text(W / 2, yb + 0.05, "next iteration: draft extend's output seeds step 0 of the next draft",
+            fontsize=7, ha="center", va="bottom", color="#525252")  # fmt: skip
+
+    # IDLE
+    ax.add_patch(FancyBboxPatch((0.15, 0.08), W - 0.3, 0.62,
+                                boxstyle="round,pad=0.02,rounding_size=0.12", fc="#fafafa",
+                                ec="#969696", lw=0.8))  # fmt: skip
+    t = ax.text(0.35, 0.39, "IDLE", fontsize=7.5, family="monospace", va="center", bbox=MODE_BADGE)
+    t.set_gid("mode")
+    ax.text(1.2, 0.39, "a data-parallel rank with no requests still runs every step above "
+            "(bs 0), so that the collectives of all ranks line up; under graphs it replays the "
+            "smallest captured graph with every row padded.", fontsize=7.5, va="center")  # fmt: skip
+
+    handles = [Patch(facecolor=EAGLE_COLORS[k], edgecolor="#525252", label=lab) for k, lab in (
+        ("verified", "last verified token (tree root)"),
+        ("step0", "draft from step 0 (previous draft extend)"),
+        ("steps", f"draft from steps 1..{S - 1} (draft decode graph)"),
+        ("accepted", "accepted draft"), ("bonus", "bonus token (b)"),
+        ("rejected", "rejected draft / padding row (–)"))]  # fmt: skip
+    handles.append(Patch(facecolor=TREE_ON_COLOR, edgecolor="#bdbdbd", label="mask: may attend"))
+    _legend(fig, handles, ncols=4)
+    fig.suptitle(title or f"One EAGLE iteration for one request: S = {S} steps, topk = {topk}, "
+                 f"N = {N} draft tokens, accept_length = {len(acc)}", fontsize=11)  # fmt: skip
     return fig
 
 
@@ -480,6 +1037,7 @@ def draw_draft_decode_indices(
     used_steps: int | None = None,
     live_seqs: int | None = None,
     title: str = "",
+    legend: bool = True,
 ) -> Figure:
     """Per step, each (seq, branch) row of the draft-decode CSR: prefix vs draft slots.
 
@@ -490,7 +1048,7 @@ def draw_draft_decode_indices(
     ones hatched. Labels give the row's ``kv_indptr`` range. Rows whose length disagrees with
     ``seq_lens[r] + i + 1`` get a red frame. ``used_steps``: steps at or past it are marked as
     filled but not read (EAGLE runs S-1 decode steps); ``live_seqs``: later sequences are
-    labelled as padding.
+    labelled as padding. ``legend``: a legend of the colours.
 
     Axes: ``num_steps``. Texts: one per drawn kv_indices entry.
     """
@@ -553,6 +1111,15 @@ def draw_draft_decode_indices(
         )
     if title:
         fig.suptitle(title, fontsize=10)
+    if legend:
+        live = num_seqs if live_seqs is None else min(live_seqs, num_seqs)
+        handles = [_role_handle(r, f"seq {r}: prefix slots") for r in range(live)]
+        if live < num_seqs:
+            handles.append(_role_handle("pad", "padded seq: prefix slot 0"))
+        handles += [Patch(facecolor=DRAFT_COLOR, edgecolor="white", label="draft slots (branch k)"),
+                    Patch(facecolor="white", hatch="////", edgecolor="#d9d9d9",
+                          label="draft slot not yet written")]  # fmt: skip
+        _legend(fig, handles, ncols=min(len(handles), 5))
     return fig
 
 
@@ -604,6 +1171,156 @@ def draw_latency_vs_bs(
     if title:
         fig.suptitle(title, fontsize=10)
     return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# ``python -m refimpl bench`` results (``refimpl.bench.sweep`` rows)
+
+PART_COLORS = {"validate": "#bdbdbd", "copies": "#9ecae1", "hook": "#fd8d3c", "launch": "#31a354"}
+
+
+def _label(r: Mapping) -> str:
+    return f"{r['backend']}/{r['variant']} {r['mode']}"
+
+
+def _where(env: Mapping) -> str:
+    return env.get("device", "") + (" (emulator timings)" if "note" in env else "")
+
+
+def draw_replay_breakdown(rows: Sequence[Mapping], env: Mapping, bs: int, context: int) -> Figure:
+    """Stacked host µs of the replay path per backend x variant x mode at one (bs, context):
+    validation (hatched: off with ``validate_inputs=False``), input copies, the replay hook,
+    ``graph.replay()``; the graph's GPU time as a black tick where measured."""
+    mine = [r for r in rows if r["bs"] == bs and r["context"] == context]
+    fig = Figure(figsize=(8.5, 0.32 * len(mine) + 1.4))
+    ax = fig.add_subplot(1, 1, 1)
+    for y, r in enumerate(mine):
+        left = 0.0
+        for part in ("copies", "hook", "launch", "validate"):
+            w = r["host_us"][part]["median"]
+            ax.barh(y, w, left=left, color=PART_COLORS[part], edgecolor="white", lw=0.5,
+                    hatch="//" if part == "validate" else None,
+                    label=part if y == 0 else None)  # fmt: skip
+            left += w
+        if "gpu_us" in r:
+            g = r["gpu_us"]["graph"]["median"]
+            ax.plot([g, g], [y - 0.4, y + 0.4], color="black", lw=1.5,
+                    label="GPU time of the graph" if y == 0 else None)  # fmt: skip
+    ax.set_yticks(range(len(mine)), [_label(r) for r in mine], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("host µs (medians)")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(f"The replay path, part by part: bs {bs}, context {context} — {_where(env)}",
+                 fontsize=9)  # fmt: skip
+    return fig
+
+
+def draw_host_vs_bs(rows: Sequence[Mapping], env: Mapping, context: int, backend: str = "triton"):
+    """Host µs of copies + hook + launch against bs, one line per variant of ``backend``, one
+    panel per mode (faithful vs fused vs in-graph metadata)."""
+    mine = [r for r in rows if r["backend"] == backend and r["context"] == context]
+    modes = list(dict.fromkeys(r["mode"] for r in mine))
+    fig = Figure(figsize=(5.0 * max(len(modes), 1), 3.5))
+    for k, mode in enumerate(modes):
+        ax = fig.add_subplot(1, len(modes), k + 1)
+        for variant in dict.fromkeys(r["variant"] for r in mine):
+            pts = sorted((r for r in mine if r["mode"] == mode and r["variant"] == variant),
+                         key=lambda r: r["bs"])  # fmt: skip
+            if not pts:
+                continue
+            color = SHAPE_COLORS.get(variant)
+            bs = [r["bs"] for r in pts]
+            for part, ls in (("path", "-"), ("hook", "--")):
+                ax.plot(bs, [r["host_us"][part]["median"] for r in pts], ls=ls, marker="o",
+                        ms=3, color=color,
+                        label=f"{variant}: {'copies+hook+launch' if part == 'path' else 'hook'}")  # fmt: skip
+            ax.fill_between(bs, [r["host_us"]["path"]["p10"] for r in pts],
+                            [r["host_us"]["path"]["p90"] for r in pts], color=color, alpha=0.15)  # fmt: skip
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("host µs (median, p10–p90)")
+        ax.set_title(f"{backend} {mode}", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.suptitle(f"Host cost of a replay vs batch size, context {context} — {_where(env)}",
+                 fontsize=10)  # fmt: skip
+    return fig
+
+
+def draw_step_graph_vs_eager(rows: Sequence[Mapping], env: Mapping, context: int) -> Figure:
+    """The whole decoder step (wall µs, synchronised) as a graph and eagerly, against bs; one
+    panel per mode, one colour per backend/variant (solid: graph, dashed: eager)."""
+    mine = [r for r in rows if r["context"] == context]
+    modes = list(dict.fromkeys(r["mode"] for r in mine))
+    fig = Figure(figsize=(5.4 * max(len(modes), 1), 3.8))
+    cmap = matplotlib.colormaps["tab20"]
+    for k, mode in enumerate(modes):
+        ax = fig.add_subplot(1, len(modes), k + 1)
+        labels = list(dict.fromkeys(f"{r['backend']}/{r['variant']}" for r in mine
+                                    if r["mode"] == mode))  # fmt: skip
+        for c, lab in enumerate(labels):
+            pts = sorted((r for r in mine if r["mode"] == mode
+                          and f"{r['backend']}/{r['variant']}" == lab), key=lambda r: r["bs"])  # fmt: skip
+            bs = [r["bs"] for r in pts]
+            color = cmap(c % 20)
+            ax.plot(bs, [r["step_us"]["graph"]["median"] for r in pts], color=color, marker="o",
+                    ms=3, label=lab)  # fmt: skip
+            ax.plot(bs, [r["step_us"]["eager"]["median"] for r in pts], color=color, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("step µs (solid: graph, dashed: eager)")
+        ax.set_title(mode, fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=6, ncol=2)
+    fig.suptitle(f"Graph vs eager, whole decoder step, context {context} — {_where(env)}",
+                 fontsize=10)  # fmt: skip
+    return fig
+
+
+def draw_capture_cost(rows: Sequence[Mapping], env: Mapping, context: int) -> Figure:
+    """Capture time per bs (first in process and again, warm) and the static-buffer bytes and
+    graph-pool growth per bs, one line per backend/variant/mode."""
+    mine = [r for r in rows if r["context"] == context]
+    fig = Figure(figsize=(11, 3.8))
+    ax_t, ax_m = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    cmap = matplotlib.colormaps["tab20"]
+    for c, lab in enumerate(dict.fromkeys(_label(r) for r in mine)):
+        pts = sorted((r for r in mine if _label(r) == lab), key=lambda r: r["bs"])
+        bs, color = [r["bs"] for r in pts], cmap(c % 20)
+        ax_t.plot(bs, [r["capture_s"]["first"] * 1e3 for r in pts], color=color, marker="o",
+                  ms=3, label=lab)  # fmt: skip
+        ax_t.plot(bs, [r["capture_s"]["warm"] * 1e3 for r in pts], color=color, ls="--")
+        if pts[0].get("pool_growth_bytes") is not None:
+            ax_m.plot(bs, [(r["pool_growth_bytes"] or 0) / 2**20 for r in pts], color=color,
+                      marker="o", ms=3, label=lab)  # fmt: skip
+        ax_m.plot(bs, [r["static_bytes"] / 2**20 for r in pts], color=color, ls=":")
+    ax_t.set(xscale="log", yscale="log", xlabel="batch size",
+             ylabel="capture ms (solid: first, dashed: again)")  # fmt: skip
+    ax_m.set(xscale="log", xlabel="batch size",
+             ylabel="MiB (solid: pool growth, dotted: static buffers)")  # fmt: skip
+    for ax in (ax_t, ax_m):
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+    ax_t.legend(fontsize=5, ncol=2)
+    fig.suptitle(f"Capture cost per batch size, context {context} — {_where(env)}", fontsize=10)
+    return fig
+
+
+def draw_bench_figures(rows: Sequence[Mapping], env: Mapping, out_dir: str | Path) -> list[Path]:
+    """The four bench plots into ``out_dir`` (file names start with ``replay_``)."""
+    out = Path(out_dir)
+    ctx = min(r["context"] for r in rows)
+    sizes = sorted({r["bs"] for r in rows if r["context"] == ctx})
+    bs = 8 if 8 in sizes else sizes[len(sizes) // 2]
+    figs = {"replay_breakdown.png": draw_replay_breakdown(rows, env, bs, ctx),
+            "replay_step_graph_vs_eager.png": draw_step_graph_vs_eager(rows, env, ctx),
+            "replay_capture_cost.png": draw_capture_cost(rows, env, ctx)}  # fmt: skip
+    if any(r["backend"] == "triton" for r in rows):
+        figs["replay_host_vs_bs_triton.png"] = draw_host_vs_bs(rows, env, ctx, "triton")
+    return [save(f, out / name) for name, f in figs.items()]
 
 
 # ---------------------------------------------------------------------------------------------

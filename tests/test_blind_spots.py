@@ -148,10 +148,17 @@ def test_padding_after_a_larger_batch(name, variant):
 
 
 def test_planted_no_padded_row_reset_is_caught(monkeypatch):
-    """The runner no longer resetting padded rows: the full batch's last request stays in row 3,
-    so the padded row writes that request's KV slot and reads its keys."""
+    """The runner no longer resetting padded rows (its copy plan without the padded-row part):
+    the full batch's last request stays in row 3, so the padded row writes that request's KV
+    slot and reads its keys."""
     runner, gen = make_runner("triton", "unified", capture_bs=(4,))
-    monkeypatch.setattr(layout, "reset_padded_rows", lambda *a, **k: None)
+    real = GraphRunner._copy_plan
+
+    def no_padding(self, raw_bs, bs, n):
+        dst, pads, host_live, _ = real(self, raw_bs, bs, n)
+        return dst[: len(dst) - len(pads)], [], host_live, None
+
+    monkeypatch.setattr(GraphRunner, "_copy_plan", no_padding)
     problems = padding_after_full_problems(runner, gen)
     assert any("padded row 3 holds" in p for p in problems), problems
     assert any("KV slot(s) of other requests" in p for p in problems), problems

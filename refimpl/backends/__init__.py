@@ -99,6 +99,8 @@ REGISTRY: list[BackendEntry] = [
                  multi_step_target=".triton:TritonMultiStepDraftBackend"),
     BackendEntry("triton", "legacy", ".triton:TritonAttnBackendLegacy", "mha",
                  multi_step_target=".triton:TritonMultiStepDraftBackendLegacy"),
+    BackendEntry("triton", "fused", ".triton:TritonAttnBackendFused", "mha"),
+    BackendEntry("triton", "in_graph", ".triton:TritonAttnBackendInGraph", "mha"),
     BackendEntry("wave", "unified", ".wave:WaveAttnBackend", "mha",
                  multi_step_target=".wave:WaveMultiStepDraftBackend"),
     BackendEntry("wave", "legacy", ".wave:WaveAttnBackendLegacy", "mha",

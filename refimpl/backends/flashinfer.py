@@ -102,6 +102,7 @@ class FlashInferAttnBackend(AttentionBackend):
             kv_indptr_buf if kv_indptr_buf is not None else torch.zeros(pool + 1, **i32)
         )
         self.kv_last_page_len = torch.ones(pool, **i32)
+        self.kv_last_page_len_cpu = torch.ones(pool, dtype=torch.int32)  # host twin for plan
         self.skip_prefill = skip_prefill
         self.decode_cuda_graph_metadata: dict[int, list] = {}
         self.prefill_cuda_graph_metadata: dict[int, list] = {}
@@ -169,26 +170,42 @@ class FlashInferAttnBackend(AttentionBackend):
         )
 
     def _update_prefill(self, bs, rpi, seq_lens, seq_lens_cpu, wrappers, mode, spec_info) -> None:
-        """Verify and draft extend: one branch (POST merged the identical ones)."""
+        """Verify and draft extend: one branch (POST merged the identical ones).
+
+        Without a custom mask (draft extend) the indptrs go to ``plan`` as host tensors
+        computed from ``seq_lens_cpu``: SGLang's ``generate_attn_arg_prefill`` passes device
+        ones, which ``plan`` copies back to the host, a device synchronisation each
+        ([facts#where-refimpl-deliberately-differs-from-upstream]). With a mask (target verify)
+        they stay on the device, as upstream: ``plan`` packs the mask into bits on the device
+        from them. The indices are built straight into the wrapper's bound buffer when it has
+        one."""
         wrapper, dev = wrappers[0], self.device
         n = self._rows_per_req(mode, spec_info)
-        kv_lens = self._kv_len_for(mode, seq_lens[:bs])
-        qo_indptr = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device=dev)
-        kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
+        kv_lens_cpu = self._kv_len_for(mode, seq_lens_cpu[:bs])  # host
+        kv_indptr_cpu = torch.zeros(bs + 1, dtype=torch.int32)
+        kv_indptr_cpu[1:] = torch.cumsum(kv_lens_cpu, 0)
+        kv_lens = self._kv_len_for(mode, seq_lens[:bs])  # device, what the kernel reads
+        if wrapper.is_cuda_graph_enabled:  # the Triton kernel writes the bound buffers itself
+            kv_indptr = wrapper._paged_kv_indptr_buf[: bs + 1]
+            kv_indices = wrapper._paged_kv_indices_buf
+        else:
+            kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
+            kv_indices = torch.empty(max(int(kv_indptr_cpu[-1]), 1), dtype=torch.int32, device=dev)
         kv_indptr[1:] = torch.cumsum(kv_lens, 0)
-        total = int(
-            self._kv_len_for(mode, seq_lens_cpu[:bs]).sum()
-        )  # host (as generate_attn_arg_prefill)
-        kv_indices = torch.empty(max(total, 1), dtype=torch.int32, device=dev)
         build_kv_indices(self.world.req_to_token, rpi[:bs], kv_lens, kv_indptr, kv_indices)
+        kv_indices = kv_indices[: max(int(kv_indptr_cpu[-1]), 1)]  # plan copies only the live part
         mask = None
         if mode.is_target_verify() and spec_info.custom_mask is not None:
-            mask = self._pad_mask(
-                spec_info.custom_mask, n, self._kv_len_for(mode, seq_lens_cpu[:bs])
-            )
+            mask = self._pad_mask(spec_info.custom_mask, n, kv_lens_cpu)
+        if mask is None:  # host indptrs: plan reads nothing back from the device
+            qo_indptr = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32)
+            kv_indptr, last_page_len = kv_indptr_cpu, self.kv_last_page_len_cpu[:bs]
+        else:
+            qo_indptr = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device=dev)
+            last_page_len = self.kv_last_page_len[:bs]
         H, Hkv, D = self._heads()
         wrapper.plan(
-            qo_indptr, kv_indptr, kv_indices, self.kv_last_page_len[:bs], H, Hkv, D, 1,
+            qo_indptr, kv_indptr, kv_indices, last_page_len, H, Hkv, D, 1,
             custom_mask=mask, causal=mask is None, sm_scale=self.cfg.sm_scale,
             q_data_type=self.cfg.dtype, kv_data_type=self.cfg.dtype, non_blocking=True,
         )  # fmt: skip

@@ -162,14 +162,24 @@ class FlashInferMLAAttnBackend(AttentionBackend):
             require_spec(mode, spec_info, DraftExtendInput)
         n = layout.rows_per_request(mode, self.spec)
         kv_lens = layout.attended_kv_lens(mode, seq_lens[:bs], n)  # verify: prefix + N drafts
-        qo_indptr = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device=dev)
-        kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
+        # the plan gets host indptrs / lengths (from seq_lens_cpu): SGLang passes device ones,
+        # which plan reads back, a synchronisation per replay
+        # ([facts#where-refimpl-deliberately-differs-from-upstream]); the kernel below still
+        # builds the indices from device data
+        kv_lens_cpu = layout.attended_kv_lens(mode, seq_lens_cpu[:bs], n).to(torch.int32)
+        qo_indptr_cpu = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32)
+        kv_indptr_cpu = torch.zeros(bs + 1, dtype=torch.int32)
+        kv_indptr_cpu[1:] = torch.cumsum(kv_lens_cpu, 0)
+        total = max(int(kv_indptr_cpu[-1]), 1)
+        kv_indptr = self.kv_indptr[: bs + 1]  # device scratch for the index kernel
         kv_indptr[1:] = torch.cumsum(kv_lens, 0)
-        total = int(layout.attended_kv_lens(mode, seq_lens_cpu[:bs], n).sum())  # host
-        kv_indices = torch.empty(max(total, 1), dtype=torch.int32, device=dev)
+        if wrapper is self._eager:
+            kv_indices = torch.empty(total, dtype=torch.int32, device=dev)
+        else:  # a graph wrapper: build straight into its bound buffer
+            kv_indices = self.cuda_graph_kv_indices
         build_kv_indices(self.world.req_to_token, rpi[:bs], kv_lens, kv_indptr, kv_indices)
         wrapper.plan(
-            qo_indptr, kv_indptr, kv_indices, kv_lens.to(torch.int32), *self._plan_args(True)
+            qo_indptr_cpu, kv_indptr_cpu, kv_indices[:total], kv_lens_cpu, *self._plan_args(True)
         )
 
     # --- eager --------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from ..kernels._op import kernel_op
+
 # weak: the backend's per-bs registry keeps a captured wrapper alive, as long as its graph lives
 _WRAPPERS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
@@ -27,13 +29,13 @@ def handle_of(wrapper: Any) -> int:
     return h
 
 
-@torch.library.custom_op("refimpl::fi_run", mutates_args=("out",))
+@kernel_op("refimpl::fi_run", mutates_args=("out",))
 def _fi_run(handle: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             out: torch.Tensor) -> None:  # fmt: skip
     out.copy_(_WRAPPERS[handle].run(q, (k_cache, v_cache)))
 
 
-@torch.library.custom_op("refimpl::fi_mla_run", mutates_args=("out",))
+@kernel_op("refimpl::fi_mla_run", mutates_args=("out",))
 def _fi_mla_run(handle: int, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor,
                 kpe: torch.Tensor, out: torch.Tensor) -> None:  # fmt: skip
     out.copy_(_WRAPPERS[handle].run(q_nope, q_pe, ckv, kpe))

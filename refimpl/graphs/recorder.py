@@ -101,14 +101,20 @@ def _device_to_host(name: str, args, kwargs) -> bool:
 
 
 class Recorder(TorchDispatchMode):
-    def __init__(self, steps: list[Step] | None):
+    def __init__(self, steps: list[Step] | None, refuse: bool = True):
         super().__init__()
         self.steps = steps  # None: name the ops only (the CUDA engine)
+        self.refuse = refuse  # False: count ops outside any capture (host reads allowed)
         self.names: list[tuple[str, bool]] = []  # (op name, launches work at replay)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = str(func)
+        if not self.refuse:
+            out = func(*args, **kwargs)
+            rerun = name not in HOST_SYNC_OPS and Step(func, args, kwargs, out).rerun
+            self.names.append((name, rerun))
+            return out
         if name in HOST_SYNC_OPS:
             raise GraphCaptureError(
                 f"host synchronisation during capture: {name} {HOST_SYNC_OPS[name]}"
@@ -135,8 +141,9 @@ class Recorder(TorchDispatchMode):
 
 
 @contextlib.contextmanager
-def record_ops(steps: list[Step] | None = None):
-    """Record (or, with ``steps=None``, only name) the ops run inside the block."""
-    rec = Recorder(steps)
+def record_ops(steps: list[Step] | None = None, refuse: bool = True):
+    """Record (or, with ``steps=None``, only name) the ops run inside the block; ``refuse``:
+    raise ``GraphCaptureError`` on what a capture cannot record (host reads, ...)."""
+    rec = Recorder(steps, refuse)
     with rec:
         yield rec

@@ -122,6 +122,10 @@ class GraphRunner:
         )
         self.seq_lens, self.seq_lens_cpu = static["seq_lens"], static["seq_lens_cpu"]
         backend.init_cuda_graph_state(self.max_bs, self.max_num_tokens)
+        # replay-path caches: padded-row values, copy plans, static batch views per bs
+        self._pad = self._rest_inputs(self.max_bs)
+        self._plans: dict[tuple[int, int, int], tuple] = {}
+        self._views: dict[int, ForwardBatch] = {}
         self.graphs: dict[int, Any] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.capture_records: list[CaptureRecord] = []
@@ -272,18 +276,56 @@ class GraphRunner:
         return self._replay(fb)
 
     def _load_inputs(self, fb: ForwardBatch, bs: int) -> None:
-        """Replay step 1: the batch into the static inputs; padded rows reset when padding."""
-        if bs != fb.batch_size:  # padded rows: fill value, request 0, cache slot 0
-            layout.reset_padded_rows(
-                self.req_pool_indices, self.seq_lens, self.seq_lens_cpu, self.out_cache_loc,
-                self.fill_value,
-            )  # fmt: skip
-        self._write_inputs(self._static(), fb, bs)
+        """Replay step 1: the batch into the static inputs, the padded rows reset to padded rows
+        (fill value, request 0, cache slot 0), in one ``torch._foreach_copy_`` (one launch per
+        dtype) plus the host mirror. Same result as ``_write_inputs`` into freshly padded inputs
+        (what ``padded_batch`` builds); ``tests/test_blind_spots.py`` compares the two."""
+        dst, pads, host_live, host_pad = self._copy_plan(fb.batch_size, bs, fb.num_tokens)
+        loc = fb.out_cache_loc
+        if self.multi_step_draft:
+            loc = loc.view(self.spec_cfg.num_steps, fb.num_tokens)
+        torch._foreach_copy_(dst, [fb.input_ids, fb.positions, loc, fb.req_pool_indices,
+                                   fb.seq_lens, *pads])  # fmt: skip
+        host_live.copy_(fb.seq_lens_cpu)
+        if host_pad is not None:
+            host_pad.fill_(self.fill_value)
 
-    def _replay_batch(self, fb: ForwardBatch, bs: int, static: dict) -> ForwardBatch:
-        """The static batch of size ``bs`` the replay hook sees after ``_load_inputs(fb)``."""
-        total = layout.padded_seq_lens_sum(fb.seq_lens_sum, fb.batch_size, bs, self.fill_value)
-        return self._batch(static, bs, total, fb.spec_info)
+    def _copy_plan(self, raw_bs: int, bs: int, n: int):
+        """(device destinations, padded-row sources, host live view, host padded view) for a
+        batch of ``raw_bs`` requests / ``n`` rows replayed by the ``bs`` graph; built once."""
+        plan = self._plans.get((raw_bs, bs, n))
+        if plan is not None:
+            return plan
+        rows = bs * self.tokens_per_req
+        loc = self.out_cache_loc[: bs * self.locs_per_req]
+        if self.multi_step_draft:  # [step][seq][branch]: each step's block starts at step*rows
+            loc = loc.view(self.spec_cfg.num_steps, rows)
+            loc_live, loc_pad = loc[:, :n], loc[:, n:]
+        else:
+            loc_live, loc_pad = loc[:n], loc[n:]
+        dst = [self.input_ids[:n], self.positions[:n], loc_live,
+               self.req_pool_indices[:raw_bs], self.seq_lens[:raw_bs]]  # fmt: skip
+        pads, host_pad = [], None
+        if raw_bs < bs:  # what every padded row holds (refimpl.layout)
+            dst += [self.req_pool_indices[raw_bs:bs], self.seq_lens[raw_bs:bs], loc_pad]
+            pads = [self._pad["req_pool_indices"][: bs - raw_bs],
+                    self._pad["seq_lens"][: bs - raw_bs],
+                    self._pad["out_cache_loc"][: loc_pad.numel()].view(loc_pad.shape)]  # fmt: skip
+            host_pad = self.seq_lens_cpu[raw_bs:bs]
+        plan = self._plans[(raw_bs, bs, n)] = (dst, pads, self.seq_lens_cpu[:raw_bs], host_pad)
+        return plan
+
+    def _replay_batch(self, fb: ForwardBatch, bs: int) -> ForwardBatch:
+        """The static batch of size ``bs`` the replay hook sees after ``_load_inputs(fb)`` (one
+        object per ``bs``, its views made once; the batch's total and spec input set here)."""
+        view = self._views.get(bs)
+        if view is None:
+            view = self._views[bs] = self._batch(self._static(), bs, 0, None)
+        view.seq_lens_sum = layout.padded_seq_lens_sum(
+            fb.seq_lens_sum, fb.batch_size, bs, self.fill_value
+        )
+        view.spec_info = fb.spec_info
+        return view
 
     def validate(self, fb: ForwardBatch, for_graph: bool = True) -> None:
         """Refuse ``fb`` before anything is written (``refimpl.validate``)."""
@@ -295,7 +337,7 @@ class GraphRunner:
             self.validate(fb)
         bs = self.pick_bs(fb.batch_size)
         self._load_inputs(fb, bs)
-        call_replay_hook(self.backend, self._replay_batch(fb, bs, self._static()))
+        call_replay_hook(self.backend, self._replay_batch(fb, bs))
         self.graphs[bs].replay()
         return self.outputs[bs][: fb.num_tokens]
 

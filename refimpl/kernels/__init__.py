@@ -6,6 +6,7 @@
 - ``triton_decode``: split-KV decode (stage 1 + merge) and the split-count heuristic.
 - ``triton_extend``: extend attention for target verify / draft extend (prefix paged, new k/v direct).
 - ``draft_indices``: multi-step draft-decode kv index generator.
+- ``fused_metadata``: the Triton graph metadata (CSR, split counts / verify offsets) in one launch.
 
 Every op is one ``torch.library.custom_op``: a ``TorchDispatchMode`` recorder sees exactly one
 ``refimpl.<name>.default`` per launch (names in ``KERNEL_OPS``).
@@ -16,6 +17,12 @@ from .draft_indices import (
     draft_decode_kv_indices,
     draft_decode_kv_indices_ref,
     draft_decode_used_len,
+)
+from .fused_metadata import (
+    fused_graph_metadata,
+    fused_graph_metadata_args,
+    fused_graph_metadata_ref,
+    launch_fused_graph_metadata,
 )
 from .indices import (
     block_table_to_kv_indices,
@@ -48,6 +55,7 @@ KERNEL_OPS = (
     "refimpl::draft_decode_kv_indices",
     "refimpl::mla_paged_attention",
     "refimpl::trtllm_mla_graph_metadata",
+    "refimpl::fused_graph_metadata",
 )
 
 __all__ = [
@@ -65,6 +73,9 @@ __all__ = [
     "draft_decode_kv_indices_ref",
     "draft_decode_used_len",
     "extend_attention",
+    "fused_graph_metadata",
+    "fused_graph_metadata_args",
+    "fused_graph_metadata_ref",
     "get_num_kv_splits",
     "get_num_kv_splits_ref",
     "dense_paged_attention",
@@ -73,6 +84,7 @@ __all__ = [
     "mla_oracle",
     "mla_paged_attention",
     "mla_paged_attention_ref",
+    "launch_fused_graph_metadata",
     "relative_error",
     "trtllm_batch_decode_with_kv_cache_mla",
     "trtllm_mla_graph_metadata",

@@ -25,6 +25,14 @@ def check_tensor(
     *, min_len: int = 0,
 ) -> None:  # fmt: skip
     """A tensor of one of ``dtypes``, ``ndim``-D, last dim contiguous, on ``device``."""
+    if (  # the common case in one expression (replay hooks call this for every argument)
+        type(t) is torch.Tensor
+        and t.dtype in dtypes
+        and (ndim is None or t.dim() == ndim)
+        and (t.dim() == 0 or (t.shape[0] >= min_len and (t.stride(-1) == 1 or t.numel() == 0)))
+        and (device is None or t.device == device)
+    ):
+        return
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     names = " / ".join(str(d) for d in dtypes)
@@ -41,6 +49,9 @@ def check_tensor(
 
 
 def check_same_device(**tensors: torch.Tensor | None) -> None:
+    devices = {t.device for t in tensors.values() if t is not None}
+    if len(devices) <= 1:
+        return
     named = [(n, t) for n, t in tensors.items() if t is not None]
     ref_name, ref = named[0]
     for name, t in named[1:]:

@@ -26,6 +26,7 @@ from ._checks import FLOAT_DTYPES as _FLOAT_DTYPES
 from ._checks import INDEX_DTYPES as _INDEX_DTYPES
 from ._checks import check as _check
 from ._checks import check_float, check_int, check_mask, check_paged_qkvo, check_tensor
+from ._op import kernel_op
 
 # ----------------------------------------------------------------------------------------------
 # shared gather / mask / softmax (used by both ops)
@@ -136,7 +137,7 @@ def _check_float3d(t: torch.Tensor, name: str, device: torch.device) -> None:
 # MHA / GQA
 
 
-@torch.library.custom_op("refimpl::dense_paged_attention", mutates_args=("out",))
+@kernel_op("refimpl::dense_paged_attention", mutates_args=("out",))
 def _dense_paged_attention_op(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -209,7 +210,7 @@ def dense_paged_attention(
 # MLA: key = full latent|rope row, value = latent part ([facts#memory-pools])
 
 
-@torch.library.custom_op("refimpl::dense_paged_mla_attention", mutates_args=("out",))
+@kernel_op("refimpl::dense_paged_mla_attention", mutates_args=("out",))
 def _dense_paged_mla_attention_op(
     q_nope: torch.Tensor,
     q_rope: torch.Tensor,

@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from ._checks import INDEX_DTYPES, check_int, check_tensor
+from ._op import kernel_op
 
 COPY_BLOCK = 128  # prefix slots copied per loop iteration
 
@@ -110,9 +111,7 @@ def _draft_decode_kv_indices_kernel(
     tl.store(dst + seq_len + j, slots.to(out_ty), mask=keep)
 
 
-@torch.library.custom_op(
-    "refimpl::draft_decode_kv_indices", mutates_args=("kv_indices", "kv_indptr")
-)
+@kernel_op("refimpl::draft_decode_kv_indices", mutates_args=("kv_indices", "kv_indptr"))
 def _draft_decode_kv_indices_op(
     req_pool_indices: torch.Tensor,
     req_to_token: torch.Tensor,

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from ._checks import INDEX_DTYPES, check_same_device, check_tensor
+from ._op import kernel_op
 
 CSR_BLOCK = 512  # positions copied per loop iteration ([facts#csr-kv-index-builder])
 BLOCK_TABLE_CHUNK = 4096  # positions covered per loop iteration: 4096 // P pages
@@ -94,7 +95,7 @@ def _build_kv_indices_kernel(
         tl.store(kv_indices_ptr + dst, slots.to(kv_indices_ptr.dtype.element_ty), mask=keep)
 
 
-@torch.library.custom_op("refimpl::build_kv_indices", mutates_args=("kv_indices",))
+@kernel_op("refimpl::build_kv_indices", mutates_args=("kv_indices",))
 def _build_kv_indices_op(
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,
@@ -230,7 +231,7 @@ def _build_block_table_kernel(
         tl.store(dst_row + p, (first_slot // PAGE_SIZE).to(tl.int32), mask=keep)
 
 
-@torch.library.custom_op("refimpl::build_block_table", mutates_args=("block_table",))
+@kernel_op("refimpl::build_block_table", mutates_args=("block_table",))
 def _build_block_table_op(
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,

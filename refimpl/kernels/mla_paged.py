@@ -68,6 +68,7 @@ from ._checks import check as _check
 from ._checks import check_float as _check_float
 from ._checks import check_int as _check_int
 from ._checks import check_tensor as _check_tensor
+from ._op import kernel_op
 from .indices import block_table_to_kv_indices, build_block_table_ref
 from .oracle import mla_oracle
 
@@ -112,6 +113,7 @@ def _mla_paged_kernel(
     HEADS: tl.constexpr,  # valid heads per program (<= 16)
     BLOCK_H: tl.constexpr,  # pow2 >= max(HEADS, 16)
     BLOCK_N: tl.constexpr,
+    FP32_DOTS: tl.constexpr,  # float32 inputs: exact fp32 dots; bf16/fp16: tensor-core dots
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)  # = i * N + j
     hg = tl.program_id(1).to(tl.int64)  # head group
@@ -128,10 +130,8 @@ def _mla_paged_kernel(
     offs_r = tl.arange(0, R)
     offs_rr = tl.arange(0, RR)
     q_rows = q_ptr + i * stride_qb + j * stride_qt + heads[:, None] * stride_qh  # [BLOCK_H, 1]
-    q_nope = tl.load(q_rows + offs_r[None, :], mask=mask_h[:, None], other=0.0)
-    q_nope = q_nope.to(tl.float32)  # [BLOCK_H, R]
-    q_pe = tl.load(q_rows + R + offs_rr[None, :], mask=mask_h[:, None], other=0.0)
-    q_pe = q_pe.to(tl.float32)  # [BLOCK_H, RR]
+    q_nope = tl.load(q_rows + offs_r[None, :], mask=mask_h[:, None], other=0.0)  # [BLOCK_H, R]
+    q_pe = tl.load(q_rows + R + offs_rr[None, :], mask=mask_h[:, None], other=0.0)  # [BLOCK_H, RR]
 
     bt_row = block_table_ptr + i * stride_bt
     e_max = tl.full([BLOCK_H], float("-inf"), tl.float32)  # running max of logits
@@ -145,17 +145,25 @@ def _mla_paged_kernel(
         mask_n = offs_n < end
         kv_rows = kv_ptr + page * stride_kvp + (offs_n % PAGE_SIZE)[:, None] * stride_kvs
         kv = tl.load(kv_rows + offs_r[None, :], mask=mask_n[:, None], other=0.0)
-        kv = kv.to(tl.float32)  # [BLOCK_N, R]: key latent part and value
+        # [BLOCK_N, R]: key latent part and value
         k_pe = tl.load(kv_rows + R + offs_rr[None, :], mask=mask_n[:, None], other=0.0)
-        k_pe = k_pe.to(tl.float32)  # [BLOCK_N, RR]
-        qk = tl.dot(q_nope, tl.trans(kv), input_precision="ieee")  # [BLOCK_H, BLOCK_N]
-        qk += tl.dot(q_pe, tl.trans(k_pe), input_precision="ieee")
+        if FP32_DOTS:  # [BLOCK_H, BLOCK_N], fp32 accumulation either way
+            kv = kv.to(tl.float32)
+            qk = tl.dot(q_nope.to(tl.float32), tl.trans(kv), input_precision="ieee")
+            qk += tl.dot(q_pe.to(tl.float32), tl.trans(k_pe.to(tl.float32)), input_precision="ieee")
+        else:
+            qk = tl.dot(q_nope, tl.trans(kv))
+            qk += tl.dot(q_pe, tl.trans(k_pe))
         qk = tl.where(mask_n[None, :], qk * sm_scale, float("-inf"))
         # every block holds >= 1 live key, so new_max is finite
         new_max = tl.maximum(e_max, tl.max(qk, axis=1))  # [BLOCK_H]
         rescale = tl.exp(e_max - new_max)  # 0 on the first block (exp(-inf))
         p = tl.exp(qk - new_max[:, None])  # [BLOCK_H, BLOCK_N], 0 at masked keys
-        acc = acc * rescale[:, None] + tl.dot(p, kv, input_precision="ieee")  # [BLOCK_H, R]
+        if FP32_DOTS:
+            pv = tl.dot(p, kv, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(kv.dtype), kv)  # [BLOCK_H, R], fp32 accumulation
+        acc = acc * rescale[:, None] + pv
         e_sum = e_sum * rescale + tl.sum(p, axis=1)
         e_max = new_max
 
@@ -164,7 +172,7 @@ def _mla_paged_kernel(
     tl.store(out_ptrs + offs_r[None, :], out.to(out_ptr.dtype.element_ty), mask=mask_h[:, None])
 
 
-@torch.library.custom_op("refimpl::mla_paged_attention", mutates_args=("out",))
+@kernel_op("refimpl::mla_paged_attention", mutates_args=("out",))
 def _mla_paged_attention_op(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -197,6 +205,7 @@ def _mla_paged_attention_op(
         HEADS=heads,
         BLOCK_H=block_h,
         BLOCK_N=BLOCK_N,
+        FP32_DOTS=q.dtype == torch.float32 or kv_cache.dtype == torch.float32,
         num_warps=4 if kv_lora_rank <= 128 else 8,
     )  # fmt: skip
 
@@ -520,9 +529,7 @@ def _trtllm_mla_graph_metadata_kernel(
         tl.store(dst_row + p, (first_slot // PAGE_SIZE).to(tl.int32), mask=keep)
 
 
-@torch.library.custom_op(
-    "refimpl::trtllm_mla_graph_metadata", mutates_args=("block_table", "seq_lens_k")
-)
+@kernel_op("refimpl::trtllm_mla_graph_metadata", mutates_args=("block_table", "seq_lens_k"))
 def _trtllm_mla_graph_metadata_op(
     req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor,

@@ -69,6 +69,7 @@ from ._checks import check as _check
 from ._checks import check_int as _check_int
 from ._checks import check_paged_qkvo
 from ._checks import check_tensor as _check_tensor
+from ._op import kernel_op
 
 MIN_BLOCK_KV = 32  # split ranges are multiples of this many keys ([facts#split-kv-decode])
 BLOCK_N = 32  # keys per inner-loop iteration of stage 1 (divides MIN_BLOCK_KV)
@@ -198,9 +199,7 @@ def _decode_stage1_kernel(
         tl.store(lse_ptrs, e_max + tl.log(e_sum), mask=mask_h)
 
 
-@torch.library.custom_op(
-    "refimpl::decode_attention_stage1", mutates_args=("attn_logits", "attn_lse")
-)
+@kernel_op("refimpl::decode_attention_stage1", mutates_args=("attn_logits", "attn_lse"))
 def _decode_stage1_op(
     q: torch.Tensor,
     k_buffer: torch.Tensor,
@@ -298,7 +297,7 @@ def _decode_stage2_kernel(
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_dv)
 
 
-@torch.library.custom_op("refimpl::decode_attention_stage2", mutates_args=("o",))
+@kernel_op("refimpl::decode_attention_stage2", mutates_args=("o",))
 def _decode_stage2_op(
     attn_logits: torch.Tensor,
     attn_lse: torch.Tensor,
@@ -401,6 +400,31 @@ def decode_attention(
 
 
 @triton.jit
+def split_counts(lens, live, token_grid, max_kv_splits, core_count):
+    """The split-count heuristic on a vector of lengths ([facts#split-count-heuristic]).
+
+    ``lens`` int32 lengths, ``live`` which entries are real sequences (the max / min run over
+    them only). Returns the per-entry split counts (int32, in ``[1, max_kv_splits]``; dead
+    entries get a value too, which callers mask out). The one source of the heuristic's math:
+    ``_num_kv_splits_kernel`` and the fused graph-metadata kernel
+    (``refimpl.kernels.fused_metadata``) both call it.
+    """
+    max_len = tl.maximum(tl.max(tl.where(live, lens, 0), axis=0), 1)  # clamp: len 0 rows
+    min_len = tl.maximum(tl.min(tl.where(live, lens, max_len), axis=0), 1)
+    min_len = tl.where(max_len * 8 < min_len * 10, max_len, min_len)  # within 25%
+    # 1. enough splits that the longest row is cut to about the shortest one's length
+    splits_1 = tl.minimum(tl.cdiv(max_len, min_len), max_kv_splits)
+    chunk_1 = tl.cdiv(max_len, splits_1)
+    # 2. enough programs to fill the device, growing with log2 of the longest length
+    ext = tl.maximum(tl.log2(max_len.to(tl.float32) / 64.0), 1.0)
+    ext_cores = (core_count * ext).to(tl.int32)  # truncation toward zero
+    splits_2 = tl.maximum(tl.minimum(tl.cdiv(ext_cores, token_grid), max_kv_splits), 1)
+    chunk_2 = tl.cdiv(max_len, splits_2)
+    splits = tl.maximum(tl.cdiv(lens, chunk_1), tl.cdiv(lens, chunk_2))
+    return tl.minimum(tl.maximum(splits, 1), max_kv_splits).to(tl.int32)
+
+
+@triton.jit
 def _num_kv_splits_kernel(
     num_kv_splits_ptr,  # [>= num_seq * num_group] int32, written
     seq_lens_ptr,  # [num_seq] int32/int64
@@ -418,19 +442,7 @@ def _num_kv_splits_kernel(
         splits = tl.full([MAX_NUM_SEQ], 0, tl.int32) + max_kv_splits
     else:
         lens = tl.load(seq_lens_ptr + offs, mask=live, other=0).to(tl.int32)
-        max_len = tl.maximum(tl.max(tl.where(live, lens, 0), axis=0), 1)  # clamp: len 0 rows
-        min_len = tl.maximum(tl.min(tl.where(live, lens, max_len), axis=0), 1)
-        min_len = tl.where(max_len * 8 < min_len * 10, max_len, min_len)  # within 25%
-        # 1. enough splits that the longest row is cut to about the shortest one's length
-        splits_1 = tl.minimum(tl.cdiv(max_len, min_len), max_kv_splits)
-        chunk_1 = tl.cdiv(max_len, splits_1)
-        # 2. enough programs to fill the device, growing with log2 of the longest length
-        ext = tl.maximum(tl.log2(max_len.to(tl.float32) / 64.0), 1.0)
-        ext_cores = (core_count * ext).to(tl.int32)  # truncation toward zero
-        splits_2 = tl.maximum(tl.minimum(tl.cdiv(ext_cores, token_grid), max_kv_splits), 1)
-        chunk_2 = tl.cdiv(max_len, splits_2)
-        splits = tl.maximum(tl.cdiv(lens, chunk_1), tl.cdiv(lens, chunk_2))
-        splits = tl.minimum(tl.maximum(splits, 1), max_kv_splits)  # [MAX_NUM_SEQ]
+        splits = split_counts(lens, live, token_grid, max_kv_splits, core_count)
     for g in range(0, num_group):  # token index = seq * num_group + g
         tl.store(num_kv_splits_ptr + offs * num_group + g, splits.to(tl.int32), mask=live)
 
@@ -443,7 +455,7 @@ def _token_grid(num_seq: int, num_group: int, num_heads: int, num_kv_heads: int)
     return num_seq * num_group * -(-num_heads // heads_per_program)
 
 
-@torch.library.custom_op("refimpl::num_kv_splits", mutates_args=("num_kv_splits",))
+@kernel_op("refimpl::num_kv_splits", mutates_args=("num_kv_splits",))
 def _num_kv_splits_op(
     num_kv_splits: torch.Tensor,
     seq_lens: torch.Tensor,

@@ -45,6 +45,7 @@ from ._checks import FLOAT_DTYPES as _FLOAT_DTYPES
 from ._checks import INDEX_DTYPES as _INDEX_DTYPES
 from ._checks import check as _check
 from ._checks import check_float, check_int, check_mask, check_paged_qkvo, check_tensor
+from ._op import kernel_op
 
 BLOCK_M = 16  # query rows per program (tl.dot needs >= 16)
 BLOCK_N = 32  # keys per loop iteration
@@ -190,7 +191,7 @@ def _extend_attention_kernel(
     tl.store(o_rows, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
 
 
-@torch.library.custom_op("refimpl::extend_attention", mutates_args=("o_extend",))
+@kernel_op("refimpl::extend_attention", mutates_args=("o_extend",))
 def _extend_attention_op(
     q_extend: torch.Tensor,
     k_extend: torch.Tensor,

@@ -1,0 +1,42 @@
+"""``python -m refimpl bench`` on CPU: it runs, writes what it says, and refuses bad flags."""
+
+import csv
+import json
+
+import pytest
+
+from refimpl.__main__ import main
+from refimpl.bench import CSV_COLUMNS
+
+
+def test_bench_writes_json_csv_and_figures(tmp_path, capsys):
+    rc = main(["bench", "--backend", "triton", "--variant", "unified", "--variant", "in_graph",
+               "--mode", "decode", "--ctx", "32", "--bs", "1,2", "--repeats", "2", "--warmup",
+               "1", "--rotate", "2", "--out", str(tmp_path), "--figures", str(tmp_path)])  # fmt: skip
+    assert rc == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert "emulator" in data["environment"]["note"]
+    rows = data["rows"]
+    assert {(r["variant"], r["bs"]) for r in rows} == {(v, b) for v in ("unified", "in_graph")
+                                                      for b in (1, 2)}  # fmt: skip
+    for r in rows:
+        assert set(r["host_us"]) >= {"validate", "copies", "hook", "launch", "path"}
+        assert r["step_us"]["graph"]["n"] == 2 and r["static_bytes"] > 0
+    # what each shape's replay hook launches, counted while it ran
+    hooks = {r["variant"]: r["hook_launches"] for r in rows if r["bs"] == 1}
+    assert hooks["in_graph"] == {} and hooks["unified"]["refimpl.build_kv_indices.default"] == 1
+    with open(tmp_path / "results.csv") as f:
+        table = list(csv.reader(f))
+    assert tuple(table[0]) == CSV_COLUMNS and len(table) == 1 + len(rows)
+    assert (tmp_path / "replay_breakdown.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--variant", "nosuch"], "argument --variant: unknown ['nosuch']"),
+    (["--ctx", "0"], "argument --ctx: context lengths must be >= 1"),
+    (["--repeats", "x"], "argument --repeats: 'x' is not an integer"),
+])  # fmt: skip
+def test_bench_refuses_bad_flags(argv, fragment, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", *argv])
+    assert e.value.code == 2 and fragment in capsys.readouterr().err
