@@ -53,13 +53,19 @@
 # the same everywhere. Section 5 runs the same program on a GPU.
 
 # %%
+import ast
+import html
+import inspect
+import io
+import json
+import textwrap
 import time
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import torch
+from matplotlib.figure import Figure
 
-from refimpl import ForwardMode, GraphConfig, ModelConfig
+from refimpl import ForwardMode, GraphConfig, ModelConfig, viz
 from refimpl.backends.torch_native import TorchNativeBackend
 from refimpl.batch import World
 from refimpl.batchgen import BatchGenerator
@@ -68,8 +74,28 @@ from refimpl.graphs import GraphCaptureError, make_engine
 from refimpl.graphs.runner import GraphRunner
 from refimpl.model import TinyDecoder
 
+try:
+    from IPython import get_ipython
+    from IPython.display import Image, display
+except ImportError:  # no IPython at all
+    get_ipython = lambda: None  # noqa: E731
+IN_NOTEBOOK = get_ipython() is not None  # False when run as a plain script
+
 NOTEBOOK_T0 = time.perf_counter()
 torch.manual_seed(0)
+# the repository root, wherever the notebook is run from; figures go to ROOT / "figures"
+ROOT = Path(__file__).resolve().parent.parent if "__file__" in globals() else Path.cwd().parent
+
+
+def show_png(fig: Figure, path: Path | None = None) -> None:
+    """Save ``fig`` under ``path`` (reproducibly) if given, and display it in a notebook."""
+    if path is not None:
+        viz.save(fig, path)
+    if IN_NOTEBOOK:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
+        display(Image(data=buf.getvalue()))
+
 
 auto = make_engine("auto")
 print("make_engine('auto') ->", auto.name, "on", auto.device)
@@ -112,15 +138,18 @@ assert python_calls == 1
 # *same* tensor `static_y` (same address) each time, and the Python body never runs again.
 
 # %%
+same_address = []
 for _ in range(3):
     new_x = torch.randn(2, 3)
     static_x.copy_(new_x)  # copy INTO the captured buffer (never `static_x = new_x`)
     graph.replay()
     assert torch.equal(static_y, program(new_x, w)), "replay recomputes the step on new data"
-    assert static_y.data_ptr() == y_ptr, "the output lives at the captured address"
+    same_address.append(static_y.data_ptr() == y_ptr)
 
 print("3 replays done; Python body ran", python_calls, "time(s) in total")
+print("static_y at the address it had at capture, after each replay:", same_address)
 assert python_calls == 1
+assert all(same_address), "the output lives at the captured address"
 
 # %% [markdown]
 # The graph can be inspected. `ops()` lists everything that was recorded. `kernels()` counts the
@@ -167,7 +196,10 @@ assert total.item() == 1 + 2 + 3, "slice length 3 and scale 1.0 were frozen at c
 # ### 4a. Host synchronisation during capture
 # Under CUDA stream capture, reading a device value on the host is illegal. That includes
 # `.item()`, `int(t)`, `if t.any():`, `.tolist()`, `nonzero`, and boolean indexing. The emulator
-# refuses the same things and raises `GraphCaptureError`.
+# refuses the same things and raises `GraphCaptureError`. It is stricter than a real capture,
+# which fails only on device-to-host reads: on a CPU it cannot tell host tensors from device
+# tensors, so it refuses `.tolist()`, `.cpu()` and `.numpy()` on *every* tensor during capture
+# (refimpl's convention, [not upstream's](../docs/sglang_facts.md#where-refimpl-deliberately-differs-from-upstream)).
 
 # %%
 def capture_error(fn) -> str:
@@ -295,6 +327,128 @@ if torch.cuda.is_available():
 # * a `GraphRunner` for DECODE that captures graphs for batch sizes 1, 2, 4 and 8.
 #
 # `make_engine("auto")` is the emulator here and CUDA on a GPU; the whole section runs on either.
+#
+# ### The runner's two loops, as code
+#
+# First the code itself. On the left, `GraphRunner.capture`: it runs once, before serving, and
+# loops over the batch sizes largest first. On the right, what runs on *every* step:
+# `GraphRunner._replay` and the input copy it calls, `_load_inputs`. This is the source of
+# `refimpl/graphs/runner.py` as it is now (read with `inspect`, docstrings trimmed); the tags on
+# the right edge are this notebook's. Read the right column top to bottom: **copy inputs → pad →
+# backend hook → `graph.replay()`**.
+#
+# Three things in this code are refimpl's own, not upstream's
+# ([the list](../docs/sglang_facts.md#where-refimpl-deliberately-differs-from-upstream)):
+# the live rows and the padded rows' values go into the static inputs in one
+# `torch._foreach_copy_` (upstream: one `copy_` per input, plus `fill_` of whole buffers when
+# padding), from a copy plan `_copy_plan` builds once per (raw bs, graph bs); a padded row's
+# `req_pool_indices` is reset to the reserved row 0 on every padded replay (the mid-2025
+# upstream runner resets only `seq_lens` and `out_cache_loc`); and `validate` refuses a bad
+# batch before anything is written (README, "Bad input").
+
+# %%
+def source_lines(fn) -> list[str]:
+    """fn's source lines, dedented, without its docstring (comments kept)."""
+    src = textwrap.dedent(inspect.getsource(fn))
+    lines, first = src.splitlines(), ast.parse(src).body[0].body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+        del lines[first.lineno - 1 : first.end_lineno]
+    return lines
+
+
+class CodeColumns:
+    """Source in columns, some lines tagged: HTML in a notebook, plain text as a script.
+
+    ``columns``: [(title, [(heading, lines), ...]), ...]; ``tags``: per column, [(text the
+    line contains, tag), ...]. Every tag must match exactly one line of its column."""
+
+    COLORS = ["#deebf7", "#fee6ce", "#e5f5e0", "#fde0ef", "#efedf5", "#f0f0f0"]
+
+    def __init__(self, columns, tags):
+        self.columns, self.where = columns, []
+        for (title, blocks), col_tags in zip(columns, tags):
+            found = {}
+            for needle, tag in col_tags:
+                hits = [(b, i) for b, (_, lines) in enumerate(blocks)
+                        for i, line in enumerate(lines) if needle in line]  # fmt: skip
+                if len(hits) != 1:
+                    raise ValueError(f"{title}: {needle!r} is on {len(hits)} lines, not 1")
+                found[hits[0]] = tag
+            self.where.append(found)  # (block, line) -> tag
+
+    def position(self, col: int, tag: str) -> tuple[int, int]:
+        """(block, line) of the line tagged ``tag`` in column ``col``."""
+        return next(k for k, t in self.where[col].items() if t == tag)
+
+    def __str__(self) -> str:
+        out = []
+        for (title, blocks), found in zip(self.columns, self.where):
+            out += ["=" * 100, title, "=" * 100]
+            for b, (heading, lines) in enumerate(blocks):
+                out.append(f"--- {heading}")
+                for i, line in enumerate(lines):
+                    tag = found.get((b, i))
+                    out.append(f"{line:<72}  <-- {tag}" if tag else line)
+        return "\n".join(out)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        cells = []
+        for (title, blocks), found in zip(self.columns, self.where):
+            colors = dict(zip(dict.fromkeys(found.values()), self.COLORS * 4))
+            body = []
+            for b, (heading, lines) in enumerate(blocks):
+                body.append(f'<b style="color:#555"># {html.escape(heading)}</b>')
+                for i, line in enumerate(lines):
+                    tag, text = found.get((b, i)), html.escape(line) or " "
+                    if tag:
+                        text = (f'<span style="background:{colors[tag]}">{text}</span>'
+                                f'<b style="color:#b30000">  \u25c0 {html.escape(tag)}</b>')
+                    body.append(text)
+            cells.append(f'<td style="vertical-align:top;text-align:left;padding:4px 8px;'
+                         f'width:{100 // len(self.columns)}%;border:1px solid #ddd">'
+                         f'<div style="font-weight:bold;margin-bottom:4px">{html.escape(title)}'
+                         f'</div><pre style="font-size:10.5px;line-height:1.35;margin:0;'
+                         f'white-space:pre-wrap;background:none">' + "\n".join(body) + "</pre></td>")
+        return ('<table style="border-collapse:collapse;width:100%"><tr>' + "".join(cells)
+                + "</tr></table>")
+
+
+runner_code = CodeColumns(
+    [("capture: once per batch size, largest first",
+      [("GraphRunner.capture", source_lines(GraphRunner.capture))]),
+     ("replay: every step",
+      [("GraphRunner._replay", source_lines(GraphRunner._replay)),
+       ("GraphRunner._load_inputs (called by _replay)", source_lines(GraphRunner._load_inputs))])],
+    [[("sorted(self.capture_bs, reverse=True)", "largest first"),
+      ("layout.reset_padded_rows(", "every row a padded row"),
+      ("call_capture_hook(", "backend capture hook (outside the graph)"),
+      ("self.engine.warmup(", "warm-up"),
+      ("graph.capture(run_once)", "record the step"),
+      ("CaptureRecord(", "seconds, pool bytes: capture_records")],
+     [("self.validate(fb)", "refuse a bad batch (refimpl)"),
+      ("self.pick_bs(", "smallest captured bs >= raw bs"),
+      ("self._load_inputs(fb, bs)", "1. copy inputs, 2. pad"),
+      ("call_replay_hook(", "3. backend replay hook"),
+      ("self.graphs[bs].replay()", "4. graph.replay()"),
+      ("return self.outputs[bs]", "5. the live rows of the static output"),
+      ("torch._foreach_copy_(", "1+2. live rows and padded rows' values, one launch"),
+      ("host_live.copy_(", "1. host mirror of seq_lens"),
+      ("host_pad.fill_(", "2. pad the host mirror")]],
+)  # fmt: skip
+display(runner_code) if IN_NOTEBOOK else print(runner_code)
+
+# the order the tags describe is the order of the code shown
+cap = [runner_code.position(0, t) for t in ("largest first", "every row a padded row",
+       "backend capture hook (outside the graph)", "warm-up", "record the step")]  # fmt: skip
+rep = [runner_code.position(1, t) for t in ("smallest captured bs >= raw bs",
+       "1. copy inputs, 2. pad", "3. backend replay hook", "4. graph.replay()",
+       "5. the live rows of the static output")]  # fmt: skip
+assert cap == sorted(cap) and rep == sorted(rep)
+
+# %% [markdown]
+# Now build it and run the left column: capture graphs for batch sizes 8, 4, 2 and 1.
 
 # %%
 engine = make_engine("auto")
@@ -308,11 +462,49 @@ runner = GraphRunner(model, backend, engine, ForwardMode.DECODE,
                      GraphConfig(max_bs=8, capture_bs=(1, 2, 4, 8), max_context_len=48))
 
 records = runner.capture()  # largest first: smaller graphs reuse the bigger one's memory
-print(f"{'bs':>3} {'seconds':>8}  kernels (refimpl custom ops)")
+assert records is runner.capture_records
+print(f"engine: {engine.name}" + ("  (emulator timings: they say nothing about a GPU)"
+                                  if engine.name == "cpu-emulator" else ""))
+print(f"{'bs':>3} {'capture ms':>10} {'reserved MiB':>12} {'pool growth MiB':>15}  "
+      f"kernels (refimpl custom ops)")
 for r in records:
-    print(f"{r.bs:>3} {r.seconds:8.3f}  {r.kernels}")
+    mib = ["-" if b is None else f"{b / 2**20:.1f}" for b in (r.pool_bytes, r.pool_growth)]
+    print(f"{r.bs:>3} {r.seconds * 1e3:10.1f} {mib[0]:>12} {mib[1]:>15}  {r.kernels}")
 assert [r.bs for r in records] == [8, 4, 2, 1]
 assert all(r.kernels == {"refimpl.dense_paged_attention.default": cfg.num_layers} for r in records)
+assert all((r.pool_bytes is None) == (engine.name == "cpu-emulator") for r in records)
+
+# %% [markdown]
+# `capture ms` is the wall time of warm-up and capture for one batch size. On this CPU the
+# numbers are the **emulator's**: it runs the step eagerly to record it, so they grow with the
+# work of the step and say nothing about a GPU. On a GPU, `reserved MiB` is the CUDA caching
+# allocator's reserved memory after each capture and `pool growth` what that capture added:
+# the graphs share one memory pool, so the first (largest) capture takes the most and the
+# smaller ones reuse its blocks. The emulator has no pool, so those columns are empty here.
+# Each kernel is a `torch.library` custom op so that the emulator can record it (refimpl's
+# convention; SGLang launches its Triton kernels directly). Drawn:
+
+# %%
+has_pool = records[0].pool_growth is not None
+fig = Figure(figsize=(8.4 if has_pool else 4.4, 3.0))
+axes = fig.subplots(1, 2 if has_pool else 1, squeeze=False)[0]
+by_bs = sorted(records, key=lambda r: r.bs)
+bs_axis = [r.bs for r in by_bs]
+axes[0].plot(bs_axis, [r.seconds * 1e3 for r in by_bs], "o-", color="C0")
+axes[0].set(xlabel="batch size", ylabel="capture ms (warm-up + capture)", ylim=(0, None))
+if has_pool:
+    axes[1].bar([str(b) for b in bs_axis], [r.pool_growth / 2**20 for r in by_bs], color="C1")
+    axes[1].set(xlabel="batch size", ylabel="graph pool growth MiB")
+for ax in axes:
+    ax.grid(alpha=0.3)
+axes[0].set_xscale("log", base=2)
+axes[0].set_xticks(bs_axis, [str(b) for b in bs_axis])
+axes[0].minorticks_off()
+where = ("CPU emulator timings, not a GPU's" if engine.name == "cpu-emulator"
+         else torch.cuda.get_device_name())
+fig.suptitle(f"capture cost per batch size ({where}; captured 8, 4, 2, 1)", fontsize=9)
+fig.tight_layout()
+show_png(fig)  # shown, not saved: timings differ run to run, figures/ holds reproducible pictures
 
 # %% [markdown]
 # Each graph contains one attention kernel per layer. The attention *metadata* (`kv_indptr`,
@@ -330,8 +522,10 @@ print("live batch: req_pool_indices", fb.req_pool_indices.tolist(),
 
 res = runner.run(fb)
 print(f"used_graph={res.used_graph}  graph_bs={res.graph_bs}  logits {tuple(res.logits.shape)}")
+same = res.logits.data_ptr() == runner.outputs[4].data_ptr()
+print("logits at the address of the bs-4 graph's static output:", same)
 assert res.used_graph and res.graph_bs == 4
-assert res.logits.data_ptr() == runner.outputs[4].data_ptr(), "logits view the static output"
+assert same, "logits view the static output"
 graph_logits = res.logits.clone()  # clone: the next replay overwrites the static output
 
 # %% [markdown]
@@ -339,7 +533,10 @@ graph_logits = res.logits.clone()  # clone: the next replay overwrites the stati
 # 0–3. Rows 0–2 hold the live batch. Row 3 is padding: `seq_len` = the backend's fill value (1),
 # request row 0, cache slot 0. So the padded row attends over one reserved token (the backend's
 # `kv_indptr` gives it a range of length 1, holding slot 0) and writes its KV into the reserved
-# slot 0, and its logits are thrown away.
+# slot 0, and its logits are thrown away. (Resetting the padded row's `req_pool_indices` to row 0
+# on every padded replay is refimpl's convention: the mid-2025 upstream runner resets only
+# `seq_lens` and `out_cache_loc`, so a padded row can keep a request slot left by an earlier,
+# larger batch; [the list](../docs/sglang_facts.md#where-refimpl-deliberately-differs-from-upstream).)
 
 # %%
 raw_bs, bs = fb.batch_size, res.graph_bs
@@ -417,7 +614,8 @@ table = torch.stack([runner.req_pool_indices, runner.seq_lens.long(), runner.out
 row_kind = torch.tensor([0 if i < raw_bs else 1 if i < bs else 2 for i in range(runner.max_bs)])
 colors = torch.tensor([[0.62, 0.79, 0.96], [1.0, 0.73, 0.45], [0.88, 0.88, 0.88]])
 
-fig, ax = plt.subplots(figsize=(5.2, 3.6))
+fig = Figure(figsize=(5.2, 3.6))
+ax = fig.subplots()
 ax.imshow(colors[row_kind][:, None, :].expand(-1, len(names), -1).numpy(), aspect="auto")
 for i in range(runner.max_bs):
     for j in range(len(names)):
@@ -431,10 +629,35 @@ ax.set_title(f"raw bs {raw_bs} replayed by the bs-{bs} graph (fill value {fill})
              fontsize=10, pad=28)
 fig.tight_layout()
 
-fig_path = Path("../figures/00_runner_padding.png")
-fig_path.parent.mkdir(parents=True, exist_ok=True)
-fig.savefig(fig_path, dpi=120, metadata={"Software": None})
-plt.show()
+show_png(fig, ROOT / "figures" / "00_runner_padding.png")
+
+# %% [markdown]
+# **What the graph buys.** The whole decoder step, synchronised, replayed as a graph against
+# the same step run eagerly (fresh metadata, every kernel launched from Python). The numbers
+# below were measured on an H200 (`python -m refimpl bench`, committed in
+# `benchmarks/results/replay_cost/`; notebook 04 reads them part by part). On a GPU the cell
+# after them measures this notebook's own runner live; on this CPU the emulator's timings
+# would say nothing about a GPU, so it skips.
+
+# %%
+_bench = json.loads((ROOT / "benchmarks/results/replay_cost/results.json").read_text())
+print(f"{_bench['environment']['device']}, context 512, bs 1:")
+for r in _bench["rows"]:
+    if r["bs"] == 1 and r["context"] == 512 and r["mode"] == "decode" and r["variant"] == "unified":
+        st = r["step_us"]
+        print(f"  {r['backend']:<17} graph {st['graph']['median']:5.0f} us, eager "
+              f"{st['eager']['median']:5.0f} us: {st['eager_over_graph']:.1f}x faster as a graph")
+
+# %% tags=["gpu"]
+if torch.cuda.is_available():
+    from refimpl.bench import time_steps
+
+    live_fb = [gen.decode(1) for _ in range(3)]
+    steps = time_steps(runner, live_fb, repeats=50, warmup=10)
+    print(f"live, this notebook's runner, bs 1: graph {steps['graph']['median']:.0f} us, eager "
+          f"{steps['eager']['median']:.0f} us ({steps['eager_over_graph']:.1f}x)")
+    for f in live_fb:
+        gen.release(f)
 
 # %% [markdown]
 # ## 8. Wrap-up: the checker

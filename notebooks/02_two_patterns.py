@@ -21,7 +21,7 @@
 # shapes came out of it: **Pattern A** for backends whose metadata is plain tensors (Triton,
 # Wave), and **Pattern B** for backends whose kernels live inside library objects (FlashInfer).
 # As before, every claim on this page about the code's behaviour is checked by an `assert` in
-# the cell that shows it. (The H200 timings of section 5 are a committed measurement: they are
+# the cell that shows it. (The H200 timings of section 6 are a committed measurement: they are
 # printed as recorded, not asserted.)
 #
 # ## 1. The story
@@ -36,16 +36,19 @@
 # * **Cutlass-MLA** asserted `seq_lens_cpu is not None` in replay, a parameter it never read;
 # * **FlashInfer** carried about 240 lines of per-mode dispatch, written twice.
 #
-# PR #26134 ("unify cuda-graph capture/replay across attention backends") fixed this. It was
-# reverted a day later (#26166, a conflict with an SWA fix) and relanded as **#26665**
-# (19 files, +1066/−1575). The vocabulary it introduced:
+# PR [#26134](https://github.com/sgl-project/sglang/pull/26134) ("unify cuda-graph
+# capture/replay across attention backends") fixed this. It was reverted a day later
+# ([#26166](https://github.com/sgl-project/sglang/pull/26166), a conflict with an SWA fix) and
+# relanded as **[#26665](https://github.com/sgl-project/sglang/pull/26665)** (19 files,
+# +1066/−1575). The vocabulary it introduced
+# ([facts](../docs/sglang_facts.md#pattern-vocabulary)):
 #
 # | pattern | capture hook                                                          | replay hook                      | backends (in refimpl)                                 |
 # |---------|-----------------------------------------------------------------------|----------------------------------|-------------------------------------------------------|
 # | **C** (old) | its own copy of the buffer filling, per mode                      | a second copy, per mode          | every `legacy` variant                                |
 # | **A**   | calls the replay body, then *freezes* a metadata object whose tensors are views of the graph buffers (`_build_cuda_graph_forward_metadata`) | the one filling body | Triton, Wave (unified); torch_native                  |
-# | **B**   | *prepares* graph-bound objects (wrappers bound to the static buffers, registered per batch size), then runs the replay body, then capture-only tail steps (install the fast plan) | the one update body: re-plan the registered wrapper | FlashInfer (unified), FlashInfer-MLA (unified: refimpl's shape) |
-# | **C, merged branches** | two bodies, but the identical target-verify / draft-extend branches inside each are merged | its own body | FlashInfer-MLA (as-upstream: what #26665 did) |
+# | **B**   | *prepares* graph-bound objects (wrappers bound to the static buffers, registered per batch size), then runs the replay body, then capture-only tail steps (install the fast plan) | the one update body: re-plan the registered wrapper | FlashInfer (unified); FlashInfer-MLA (unified: refimpl's shape, [not upstream's](../docs/sglang_facts.md#where-refimpl-deliberately-differs-from-upstream)) |
+# | **C, merged branches** | two bodies, but the identical target-verify / draft-extend branches inside each are merged | its own body | FlashInfer-MLA (as-upstream: what [#26665](https://github.com/sgl-project/sglang/pull/26665) did) |
 #
 # With A or B the capture state is, by construction, what replay would produce for the same
 # batch. With C nothing guarantees it, and the checker has to find out.
@@ -53,6 +56,7 @@
 # %%
 import ast
 import difflib
+import html
 import inspect
 import io
 import json
@@ -63,14 +67,9 @@ import tokenize
 from pathlib import Path
 
 import torch
-
-try:
-    from IPython.display import Image, display
-except ImportError:  # run as a plain script (the GPU check does): nothing to display
-    Image = display = lambda *args, **kwargs: None  # noqa: E731
 from matplotlib.figure import Figure
 
-from refimpl import ForwardMode, GraphConfig, ModelConfig, viz
+from refimpl import ForwardMode, GraphConfig, ModelConfig, capabilities, viz
 from refimpl.backends import REGISTRY, find
 from refimpl.backends.flashinfer import FlashInferAttnBackend, FlashInferAttnBackendLegacy
 from refimpl.backends.flashinfer_mla import (
@@ -90,11 +89,21 @@ from refimpl.graphs import CPUEmulatorEngine, make_engine
 from refimpl.graphs.runner import GraphRunner
 from refimpl.model import TinyDecoder
 
-NOTEBOOK_T0 = time.perf_counter()
-FIGURES = Path("../figures")
-PLAN_COST = Path("../benchmarks/results/plan_cost/plan_cost.json")
+try:
+    from IPython import get_ipython
+    from IPython.display import Image, Markdown, display
+except ImportError:  # no IPython at all
+    get_ipython = lambda: None  # noqa: E731
+IN_NOTEBOOK = get_ipython() is not None  # False when run as a plain script (the GPU check does)
 
-# one row per (backend, variant): the pattern each class declares (section 1 checks it)
+NOTEBOOK_T0 = time.perf_counter()
+# the repository root, wherever the notebook is run from
+ROOT = Path(__file__).resolve().parent.parent if "__file__" in globals() else Path.cwd().parent
+FIGURES = ROOT / "figures"
+PLAN_COST = ROOT / "benchmarks/results/plan_cost/plan_cost.json"
+
+# one row per (backend, variant): the pattern each class declares (section 1 compares it with
+# the pattern its capture hook's code follows)
 classes = {(e.name, e.variant): e.load() for e in REGISTRY if e.name != "torch_native_mla"}
 patterns = {key: cls.pattern for key, cls in classes.items()}
 for (name, variant), p in patterns.items():
@@ -102,13 +111,16 @@ for (name, variant), p in patterns.items():
 
 # %% [markdown]
 # A few helpers. `hook_code` returns a method's body as source lines (no `def` line, no
-# docstring, comments removed, so that an assert about a *call* is not fooled by a comment
-# that mentions it); `calls` counts the calls of a name in it. `check` runs the capture/replay checker of `refimpl.check` for one
-# backend, variant and mode, with small settings: graphs for batch sizes 1, 2 and 4, one raw
-# batch of 3 (padded to 4), the CPU graph emulator. `show_record` prints the verdicts: (a)
-# capture = replay, the graph-read state after the capture hook equals the state after the
-# replay hook for the same batch; (b) graph = eager; (c) eager = the float64 oracle. `show`
-# saves a figure under `figures/02_<name>.png` and displays the saved file.
+# docstring, comments removed unless asked for, so that an assert about a *call* is not fooled
+# by a comment that mentions it); `calls` counts the calls of a name in it; `mode_branches`
+# pulls out the body of each `if/elif forward_mode.is_...():` branch. `check` runs the
+# capture/replay checker of `refimpl.check` for one backend, variant and mode, with small
+# settings: one raw batch of 3, padded to the one graph captured, for batch size 4, on the CPU
+# graph emulator. `show_record` prints the verdicts: (a) capture = replay, the graph-read state after
+# the capture hook equals the state after the replay hook for the same batch; (b) graph =
+# eager; (c) eager = the float64 oracle. `show` saves a figure under `figures/02_<name>.png`
+# and displays it. `CodeGrid` and `SideBySideDiff` render source code: as HTML in a notebook,
+# as plain text when the notebook runs as a script.
 
 # %%
 def hook_code(fn, comments: bool = False) -> list[str]:
@@ -137,7 +149,20 @@ def calls(fn, name: str) -> int:
     return sum(line.count(f"{name}(") for line in hook_code(fn))
 
 
-CHECK = CheckSettings(capture_bs=(1, 2, 4), raw_bs=(3,), max_context_len=40)
+def mode_branches(fn) -> dict[str, list[str]]:
+    """{predicate: body source} for every `if/elif forward_mode.<predicate>():` branch."""
+    src = textwrap.dedent(inspect.getsource(fn))
+    lines, out = src.splitlines(), {}
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.If):
+            test = node.test
+            if isinstance(test, ast.Call) and isinstance(test.func, ast.Attribute):
+                body = lines[node.body[0].lineno - 1 : node.body[-1].end_lineno]
+                out[test.func.attr] = textwrap.dedent("\n".join(body)).splitlines()
+    return out
+
+
+CHECK = CheckSettings(capture_bs=(4,), raw_bs=(3,), max_context_len=40)  # one graph: fast
 
 
 def check(name: str, variant: str, case: str):
@@ -155,19 +180,160 @@ def show_record(r) -> None:
 
 def show(fig, name):
     path = viz.save(fig, FIGURES / f"02_{name}.png")
-    display(Image(filename=str(path)))
+    if IN_NOTEBOOK:
+        display(Image(filename=str(path)))
+
+
+def render(obj) -> None:
+    """Rich output (HTML) in a notebook, the plain-text form as a script."""
+    display(obj) if IN_NOTEBOOK else print(obj)
+
+
+PRE = "font-family:monospace;font-size:10.5px;line-height:1.3;white-space:pre-wrap;margin:0"
+TD = "vertical-align:top;text-align:left;padding:3px 6px;border:1px solid #ddd"
+TD_LINE = "vertical-align:top;text-align:left;padding:0 6px;border:none;border-left:1px solid #ccc"
+
+
+class CodeGrid:
+    """Source code in a grid (rows x columns of cells), some lines tagged.
+
+    ``cells[r][c]``: [(heading, lines), ...]; ``tags[r][c]``: [(text the line contains, tag),
+    ...]. Every tag must match exactly one line of its cell (else ValueError)."""
+
+    COLORS = ["#c6dbef", "#fdd0a2", "#c7e9c0", "#fcc5c0", "#dadaeb", "#e0e0e0"]
+
+    def __init__(self, col_titles, row_titles, cells, tags):
+        self.col_titles, self.row_titles, self.cells = col_titles, row_titles, cells
+        self.where = {}  # (r, c) -> {(block, line): tag}
+        for r, row in enumerate(cells):
+            for c, blocks in enumerate(row):
+                found = {}
+                for needle, tag in tags[r][c]:
+                    hits = [(b, i) for b, (_, lines) in enumerate(blocks)
+                            for i, line in enumerate(lines) if needle in line]  # fmt: skip
+                    if len(hits) != 1:
+                        raise ValueError(f"{needle!r} is on {len(hits)} lines of cell {r, c}")
+                    found[hits[0]] = tag
+                self.where[r, c] = found
+
+    def position(self, r: int, c: int, tag: str) -> tuple[int, int]:
+        """(block, line) of the line tagged ``tag`` in cell (r, c)."""
+        return next(k for k, t in self.where[r, c].items() if t == tag)
+
+    def __str__(self) -> str:
+        out = []
+        for c, title in enumerate(self.col_titles):
+            out += ["=" * 100, title, "=" * 100]
+            for r, row_title in enumerate(self.row_titles):
+                out.append(f"----- {row_title}")
+                for b, (heading, lines) in enumerate(self.cells[r][c]):
+                    out.append(f"# {heading}")
+                    for i, line in enumerate(lines):
+                        tag = self.where[r, c].get((b, i))
+                        out.append(f"{line:<70}  <-- {tag}" if tag else line)
+        return "\n".join(out)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        head = "".join(f'<th style="{TD};width:33%">{html.escape(t)}</th>' for t in self.col_titles)
+        rows = [f"<tr><th></th>{head}</tr>"]
+        for r, row_title in enumerate(self.row_titles):
+            tds = []
+            for c in range(len(self.col_titles)):
+                found, body = self.where[r, c], []
+                colors = dict(zip(dict.fromkeys(found.values()), self.COLORS * 4))
+                for b, (heading, lines) in enumerate(self.cells[r][c]):
+                    body.append(f'<b style="color:#555"># {html.escape(heading)}</b>')
+                    for i, line in enumerate(lines):
+                        tag, text = found.get((b, i)), html.escape(line)
+                        if tag:
+                            text = (f'<span style="background:{colors[tag]}">{text}</span>'
+                                    f'<b style="color:#b30000"> \u25c0 {html.escape(tag)}</b>')
+                        body.append(text)
+                tds.append(f'<td style="{TD}"><pre style="{PRE}">' + "\n".join(body)
+                           + "</pre></td>")
+            rows.append(f'<tr><th style="{TD};writing-mode:vertical-rl">{html.escape(row_title)}'
+                        f"</th>{''.join(tds)}</tr>")
+        return '<table style="border-collapse:collapse;width:100%">' + "".join(rows) + "</table>"
+
+
+class SideBySideDiff:
+    """Line diffs, left against right, one section per (left, right) pair of code blocks.
+
+    ``sections``: [(title, left_title, left_lines, right_title, right_lines)]. Lines matching
+    ``emphasis`` (a regex) are set in bold. Shown: HTML side by side (left only: red, right
+    only: green) in a notebook, a unified diff as plain text."""
+
+    def __init__(self, sections, emphasis: str | None = None):
+        self.sections, self.emphasis = sections, re.compile(emphasis) if emphasis else None
+        self.ops = [difflib.SequenceMatcher(None, left, right, autojunk=False).get_opcodes()
+                    for _, _, left, _, right in sections]  # fmt: skip
+
+    def only_left(self, k: int) -> list[str]:
+        """Lines of section k's left block that the right block does not have."""
+        left = self.sections[k][2]
+        return [left[i] for op, i1, i2, _, _ in self.ops[k] if op != "equal" for i in range(i1, i2)]
+
+    def only_right(self, k: int) -> list[str]:
+        right = self.sections[k][4]
+        return [right[j] for op, _, _, j1, j2 in self.ops[k] if op != "equal" for j in range(j1, j2)]
+
+    def __str__(self) -> str:
+        out = []
+        for title, lt, left, rt, right in self.sections:
+            out += ["=" * 100, title, "=" * 100]
+            out += difflib.unified_diff(left, right, lt, rt, n=2, lineterm="")
+        return "\n".join(out)
+
+    __repr__ = __str__
+
+    def _cell(self, line: str | None, color: str) -> str:
+        if line is None:
+            return f'<td style="{TD_LINE};background:#f4f4f4"></td>'
+        text = html.escape(line)
+        if self.emphasis and self.emphasis.search(line):
+            text = f"<b>{text}</b>"
+        bg = f";background:{color}" if color else ""
+        return f'<td style="{TD_LINE}{bg}"><pre style="{PRE};background:none">{text}</pre></td>'
+
+    def _repr_html_(self) -> str:
+        rows = []
+        for (title, lt, left, rt, right), ops in zip(self.sections, self.ops):
+            rows.append(f'<tr><th colspan="2" style="{TD};background:#eee">{html.escape(title)}'
+                        f'</th></tr><tr><th style="{TD};width:50%">{html.escape(lt)}</th>'
+                        f'<th style="{TD};width:50%">{html.escape(rt)}</th></tr>')
+            for op, i1, i2, j1, j2 in ops:
+                for k in range(max(i2 - i1, j2 - j1)):
+                    a = left[i1 + k] if i1 + k < i2 else None
+                    b = right[j1 + k] if j1 + k < j2 else None
+                    same = op == "equal"
+                    rows.append("<tr>" + self._cell(a, "" if same else "#ffe0e0")
+                                + self._cell(b, "" if same else "#dcf5dc") + "</tr>")
+        return '<table style="border-collapse:collapse;width:100%">' + "".join(rows) + "</table>"
 
 
 # %% [markdown]
 # The labels printed at the top are what each class declares. The code decides which pattern a
 # backend really follows: a capture hook that never calls the replay body is Pattern C (two
 # bodies); one that calls it is Pattern A, or Pattern B when it first calls
-# `_prepare_cuda_graph_metadata`. Derived from each capture hook this way, the labels agree, and
-# the table above holds (TRTLLM-MLA's `in-graph` shape, notebook 03, is none of the three).
+# `_prepare_cuda_graph_metadata`. A capture hook that only adds checks and hands everything
+# over to `super()`'s (Triton's `fused` shape) follows its parent's. Derived from each capture hook this
+# way, the labels agree, and the table above holds (the `in-graph` shapes, notebook 03, are
+# none of the three).
 
 # %%
+HOOK = "init_forward_metadata_capture_cuda_graph"
+
+
 def pattern_from_code(cls) -> str:
-    cap = cls.init_forward_metadata_capture_cuda_graph
+    owners = [c for c in cls.__mro__ if HOOK in vars(c)]  # the classes that define the hook
+    for owner in owners:  # skip hooks that only hand over to their parent's
+        cap = vars(owner)[HOOK]
+        if calls(cap, "self.init_forward_metadata_replay_cuda_graph") or not calls(
+            cap, f"super().{HOOK}"
+        ):
+            break
     if calls(cap, "self.init_forward_metadata_replay_cuda_graph") == 0:
         return "C"
     return "B" if calls(cap, "self._prepare_cuda_graph_metadata") else "A"
@@ -183,7 +349,74 @@ assert derived["triton", "unified"] == derived["wave", "unified"] == "A"
 assert derived["flashinfer", "unified"] == derived["flashinfer_mla", "unified"] == "B"
 
 # %% [markdown]
-# ## 2. Pattern C vs Pattern A: Triton and Wave
+# ## 2. Side by side: Pattern A | Pattern B | Pattern C
+#
+# One backend of each shape, its two hooks in aligned columns: the capture hook (once per batch
+# size, before the graph opens) on the top row, the replay hook (before every `graph.replay()`)
+# below. The source is read from the classes now (`inspect`, comments kept, docstrings
+# dropped); the tags on the right edge are this notebook's.
+#
+# * **A**, unified Triton: the capture hook *is* the replay body plus one line that freezes a
+#   metadata object of views (`[:bs + 1]`) of the static buffers.
+# * **B**, unified FlashInfer: the capture hook first *prepares* the graph-bound objects (the
+#   prepare step is shown under it: create the wrappers bound to the static buffers, register
+#   them per batch size), then runs the replay body, then a capture-only tail.
+# * **C**, legacy Triton: two bodies. Nothing but care keeps them in step, and they are not:
+#   two of the historical differences are tagged (the split counts, and the draft-extend
+#   `qo_indptr` stride).
+#
+# Two conventions visible here are refimpl's, not upstream's
+# ([the list](../docs/sglang_facts.md#where-refimpl-deliberately-differs-from-upstream)):
+# A's draft extend v2 freezes the stride N as `max_extend_len` (`_build_cuda_graph_forward_metadata`);
+# B's verify / draft-extend replay hands `plan` host indptrs computed from `seq_lens_cpu`
+# (inside `_update_prefill`), where upstream builds device indptrs that `plan` copies back.
+
+# %%
+CAP, REP = HOOK, "init_forward_metadata_replay_cuda_graph"
+A, B, C = TritonAttnBackend, FlashInferAttnBackend, TritonAttnBackendLegacy
+shapes = CodeGrid(
+    ["Pattern A: TritonAttnBackend (unified)", "Pattern B: FlashInferAttnBackend (unified)",
+     "Pattern C: TritonAttnBackendLegacy"],
+    ["capture hook", "replay hook"],
+    [[[(CAP, hook_code(getattr(A, CAP), comments=True))],
+      [(CAP, hook_code(getattr(B, CAP), comments=True)),
+       ("... which first calls _prepare_cuda_graph_metadata:",
+        hook_code(B._prepare_cuda_graph_metadata, comments=True))],
+      [(CAP, hook_code(getattr(C, CAP), comments=True))]],
+     [[(REP, hook_code(getattr(A, REP), comments=True))],
+      [(REP, hook_code(getattr(B, REP), comments=True))],
+      [(REP, hook_code(getattr(C, REP), comments=True))]]],
+    [[[("self.init_forward_metadata_replay_cuda_graph(", "the replay body"),
+       ("self._build_cuda_graph_forward_metadata(", "freeze views")],
+      [("self._prepare_cuda_graph_metadata(", "prepare graph-bound objects"),
+       ("self.init_forward_metadata_replay_cuda_graph(", "the replay body"),
+       ("install_fast_decode_plan(", "capture-only tail"),
+       ("self._create_decode_wrappers(", "bound to the static buffers"),
+       ("self.decode_cuda_graph_metadata[bs] = wrappers", "registered per bs")],
+      [("# (1) no get_num_kv_splits here", "(1) no split counts"),
+       ("torch.arange(0, bs * stride + 1, stride", "(2) uniform stride")]],
+     [[("self._update_decode_kv_buffers(", "fill the static buffers"),
+       ("self._splits(", "split counts: capture runs them too")],
+      [("self._update_decode(", "re-plan the registered wrapper"),
+       ("self._update_prefill(", "re-plan (host indptrs)")],
+      [("self._splits(", "(1) split counts"),
+       ("torch.cumsum(real, 0)", "(2) ragged stride")]]],
+)  # fmt: skip
+render(shapes)
+
+# A: the replay body, then the views; B: prepare, the replay body, the tail; C: no shared body
+assert shapes.position(0, 0, "the replay body") < shapes.position(0, 0, "freeze views")
+assert (shapes.position(0, 1, "prepare graph-bound objects") < shapes.position(0, 1, "the replay body")
+        < shapes.position(0, 1, "capture-only tail"))  # fmt: skip
+for cls in (A, B):
+    assert calls(getattr(cls, CAP), f"self.{REP}") == 1
+assert calls(getattr(C, CAP), f"self.{REP}") == 0  # two bodies
+assert calls(getattr(C, CAP), "self._splits") == 0 and calls(getattr(C, REP), "self._splits") == 1
+assert calls(B._prepare_cuda_graph_metadata, "self._create_decode_wrappers") == 1
+assert calls(B._prepare_cuda_graph_metadata, "self._create_prefill_wrappers") == 1
+
+# %% [markdown]
+# ## 3. Pattern C vs Pattern A: Triton and Wave
 #
 # ### The source
 #
@@ -193,53 +426,54 @@ assert derived["flashinfer", "unified"] == derived["flashinfer_mla", "unified"] 
 
 # %%
 wave_legacy_cap = WaveAttnBackendLegacy.init_forward_metadata_capture_cuda_graph
+wave_legacy_rep = WaveAttnBackendLegacy.init_forward_metadata_replay_cuda_graph
 print(textwrap.dedent(inspect.getsource(wave_legacy_cap)))
+split_lines = [line.strip() for line in hook_code(wave_legacy_rep) if "_splits(" in line]
+print("... while the legacy replay hook computes them:", *split_lines)
 
 assert calls(wave_legacy_cap, "build_kv_indices") == 2  # decode and verify, inline
 assert calls(wave_legacy_cap, "_update_decode_kv_buffers") == 0  # no helper of the refactor
 assert calls(wave_legacy_cap, "_splits") == 0 and calls(wave_legacy_cap, "get_num_kv_splits") == 0
-# ... while its own replay body does compute them for decode:
-assert calls(WaveAttnBackendLegacy.init_forward_metadata_replay_cuda_graph, "self._splits") == 1
+assert calls(wave_legacy_rep, "self._splits") == 1 and len(split_lines) == 1
 
 # %% [markdown]
-# The unified capture hook is shared: Wave inherits Triton's. Apart from multi-step draft
-# decode (whose kv buffers the multi-step wrapper owns and fills), it is two calls: run the
-# replay body on the capture batch, then build the metadata from views of the graph buffers.
-# Whatever replay fills, capture fills, split counts included.
+# The unified capture hook is shared: Wave inherits Triton's, column A of section 2. Apart
+# from multi-step draft decode (whose kv buffers the multi-step wrapper owns and fills), it is
+# two calls: run the replay body on the capture batch, then build the metadata from views of
+# the graph buffers. Whatever replay fills, capture fills, split counts included. Wave's own
+# replay hook only intercepts multi-step draft decode, then hands over to Triton's:
 
 # %%
 unified_cap = TritonAttnBackend.init_forward_metadata_capture_cuda_graph
-print(textwrap.dedent(inspect.getsource(unified_cap)))
+wave_cap = WaveAttnBackend.init_forward_metadata_capture_cuda_graph
+print("Wave's capture hook is Triton's unified one:", wave_cap is unified_cap)
+print(textwrap.dedent(inspect.getsource(WaveAttnBackend.init_forward_metadata_replay_cuda_graph)))
 
-assert WaveAttnBackend.init_forward_metadata_capture_cuda_graph is unified_cap  # inherited
-assert calls(unified_cap, "self.init_forward_metadata_replay_cuda_graph") == 1
-assert calls(unified_cap, "self._build_cuda_graph_forward_metadata") == 1
-# Wave's own replay hook only intercepts multi-step draft decode, then defers to Triton's:
+assert wave_cap is unified_cap  # inherited
 assert calls(WaveAttnBackend.init_forward_metadata_replay_cuda_graph,
              "super().init_forward_metadata_replay_cuda_graph") == 1
 
 # %% [markdown]
-# Legacy Triton keeps two full bodies. A diff of its capture body against its replay body
-# (`difflib.unified_diff`, no context lines) shows every place the two copies disagree. Two
-# of them are the historical bugs: capture has no split-count call where replay has one, and
-# in draft extend capture lays `qo_indptr` out with the uniform stride while replay writes a
-# ragged `cumsum(accept_length + 1)`.
+# Legacy Triton keeps two full bodies (column C). Its capture body diffed against its replay
+# body, line by line (red: only in capture, green: only in replay), shows every place the two
+# copies disagree. Two of them are the historical bugs: capture has no split-count call where
+# replay has one, and in draft extend capture lays `qo_indptr` out with the uniform stride
+# while replay writes a ragged `cumsum(accept_length + 1)`.
 
 # %%
 legacy_cap = TritonAttnBackendLegacy.init_forward_metadata_capture_cuda_graph
 legacy_rep = TritonAttnBackendLegacy.init_forward_metadata_replay_cuda_graph
-diff = list(difflib.unified_diff(hook_code(legacy_cap, comments=True),
-                                 hook_code(legacy_rep, comments=True),
-                                 "legacy capture", "legacy replay", n=0, lineterm=""))
-print("\n".join(diff))
+tri_diff = SideBySideDiff([(
+    "legacy Triton: capture body vs replay body", "legacy capture",
+    hook_code(legacy_cap, comments=True), "legacy replay", hook_code(legacy_rep, comments=True),
+)])  # fmt: skip
+render(tri_diff)
 
-removed = [line for line in diff if line.startswith("-") and not line.startswith("---")]
-added = [line for line in diff if line.startswith("+") and not line.startswith("+++")]
+removed, added = tri_diff.only_left(0), tri_diff.only_right(0)
 assert any("self._splits(" in line for line in added)  # replay computes the splits ...
 assert not any("self._splits(" in line for line in removed)  # ... capture never did
 assert any("torch.arange(0, bs * stride + 1, stride" in line for line in removed)  # uniform
 assert any("torch.cumsum(real, 0)" in line for line in added)  # ragged stride
-assert calls(legacy_cap, "self._splits") == 0 and calls(legacy_rep, "self._splits") == 1
 
 # %% [markdown]
 # ### The checker on both shapes
@@ -270,8 +504,12 @@ assert wave_rows["unified"].passed and not wave_rows["unified"].findings
 # **Triton, draft extend (v1).** Legacy: `qo_indptr` differs, and this time the graph's
 # output is wrong. The rows in the static inputs sit at stride S + 1 = 4, but the replayed
 # `qo_indptr` says request 1 starts at row 2, so every request after the first reads the wrong
-# rows. Eager builds its own (ragged) layout and still matches the oracle, so only a
-# graph-vs-eager comparison can catch it. Unified: no findings.
+# rows. Eager builds `qo_indptr` from the batch's own `extend_seq_lens` and still matches the
+# oracle, so only a graph-vs-eager comparison can catch it. Unified: no findings. (Two
+# conventions here are refimpl's, [not upstream's](../docs/sglang_facts.md#where-refimpl-deliberately-differs-from-upstream):
+# a v1 draft-extend batch always has the graph layout, S + 1 rows per request of which the
+# first `accept_length + 1` are real, eager included; and a request's new rows count in its
+# `seq_lens` in every extend mode, so the prefix is `seq_lens - rows`.)
 
 # %%
 tri_rows = {v: check("triton", v, "draft_extend") for v in ("legacy", "unified")}
@@ -286,7 +524,7 @@ assert any(f.startswith("graph vs eager:") for f in old.findings)
 assert tri_rows["unified"].passed and not tri_rows["unified"].findings
 
 # %% [markdown]
-# ## 3. Pattern B: FlashInfer
+# ## 4. Pattern B: FlashInfer
 #
 # ### Why a *prepare* step
 #
@@ -301,29 +539,20 @@ assert tri_rows["unified"].passed and not tri_rows["unified"].findings
 #
 # So before capture can run the shared replay body (which re-plans the wrapper registered for
 # this batch size), something must create the wrapper, bind it and register it. That is
-# `_prepare_cuda_graph_metadata`; the wrapper factories are `_create_decode_wrappers` and
-# `_create_prefill_wrappers`. After the replay body, a capture-only tail installs the fast
-# decode plan (section 5).
-
-# %%
-print(textwrap.dedent(inspect.getsource(FlashInferAttnBackend.init_forward_metadata_capture_cuda_graph)))
-print(textwrap.dedent(inspect.getsource(FlashInferAttnBackend._prepare_cuda_graph_metadata)))
-
-fi_cap = FlashInferAttnBackend.init_forward_metadata_capture_cuda_graph
-assert calls(fi_cap, "self._prepare_cuda_graph_metadata") == 1
-assert calls(fi_cap, "self.init_forward_metadata_replay_cuda_graph") == 1
-assert calls(fi_cap, "install_fast_decode_plan") == 1  # the capture-only tail
-assert calls(FlashInferAttnBackend._prepare_cuda_graph_metadata, "self._create_decode_wrappers") == 1
-assert calls(FlashInferAttnBackend._prepare_cuda_graph_metadata, "self._create_prefill_wrappers") == 1
+# `_prepare_cuda_graph_metadata`, column B of section 2; the wrapper factories are
+# `_create_decode_wrappers` and `_create_prefill_wrappers`. After the replay body, a
+# capture-only tail installs the fast decode plan (section 6).
 
 # %% [markdown]
 # ### Live, with the stand-ins
 #
 # Without a GPU, `FlashInferAttnBackend` builds the stand-in wrappers of
 # `refimpl.flashinfer_wrappers`: flashinfer 0.6.0's constructor / `plan` / `run` arguments, the
-# same binding, the same partition-in-the-workspace behaviour (`standin.py`). `prefer_real=False` asks for
-# them on every machine, so this section reads the same on a GPU. We capture decode graphs for
-# batch sizes 1, 2 and 4.
+# same binding, the same partition-in-the-workspace behaviour (`standin.py`). One difference is
+# refimpl's: the stand-in prefill wrapper keeps one byte per custom-mask entry where the real one
+# packs bits ([the list](../docs/sglang_facts.md#where-refimpl-deliberately-differs-from-upstream)).
+# `prefer_real=False` asks for them on every machine, so this section reads the same on a GPU.
+# We capture decode graphs for batch sizes 1, 2 and 4.
 
 # %%
 emu = CPUEmulatorEngine()
@@ -444,69 +673,76 @@ for r in fi_rows:
 assert all(r.passed and not r.findings for r in fi_rows)
 
 # %% [markdown]
-# The duplication, counted. For each method: body lines (no comments or blanks), lines that
-# branch on the forward mode, and the plan call sites (`_update_decode` / `_update_prefill`,
-# the bodies that fill the buffers and call `plan`). Legacy dispatches on every graph mode in
-# both hooks and plans in six places; the unified shape dispatches once to *prepare* (create +
-# bind + register) and once to *update*, and plans in two places, both in replay. (refimpl's
-# legacy shape already calls the shared wrapper factories and update bodies, so the line saving
-# here is modest; upstream, where each legacy branch spelled out the wrapper construction and
-# the plan arguments, the duplication was about 240 lines.)
+# The duplication, shown. Below, the legacy hooks (left) against the unified ones (right),
+# diffed line by line: red lines only legacy has, green lines only unified has; lines that
+# branch on the forward mode are in **bold**. Top: legacy's capture hook against the unified
+# capture hook followed by its prepare step. Bottom: replay against replay.
+#
+# Read the bold lines. Legacy dispatches on decode / target verify / draft extend in its capture
+# hook, and again in its replay hook; each capture branch builds its wrapper inline *and* plans
+# it (`_update_decode` / `_update_prefill`), which the replay branches repeat. In the unified
+# shape the capture hook does not dispatch on the mode to plan at all (its one mode check
+# installs the fast plan): it calls `_prepare_cuda_graph_metadata`, whose dispatch only creates,
+# binds and registers the wrappers, and then the replay body, the one place that plans, where
+# target verify and draft extend share one branch. (refimpl's legacy shape already calls the
+# shared update bodies; upstream, where each legacy branch spelled out the plan arguments too,
+# the duplication was about 240 lines.)
 
 # %%
-MODE_BRANCH = re.compile(r"^\s*(if|elif)\b.*\b(forward_)?mode\.is_")
-methods = {
-    "legacy capture": FlashInferAttnBackendLegacy.init_forward_metadata_capture_cuda_graph,
-    "legacy replay": FlashInferAttnBackendLegacy.init_forward_metadata_replay_cuda_graph,
-    "unified capture": FlashInferAttnBackend.init_forward_metadata_capture_cuda_graph,
-    "unified prepare": FlashInferAttnBackend._prepare_cuda_graph_metadata,
-    "unified replay": FlashInferAttnBackend.init_forward_metadata_replay_cuda_graph,
-}
-stats = {}
-print(f"{'method':<16} {'lines':>5} {'mode branches':>14} {'plan call sites':>16}")
-for label, fn in methods.items():
-    body = hook_code(fn)
-    branches = [line for line in body if MODE_BRANCH.match(line)]
-    plans = calls(fn, "self._update_decode") + calls(fn, "self._update_prefill")
-    stats[label] = (len(body), len(branches), plans)
-    print(f"{label:<16} {len(body):>5} {len(branches):>14} {plans:>16}")
+MODE_BRANCH = r"^\s*(if|elif)\b.*\b(forward_)?mode\.is_"
+FL, FU = FlashInferAttnBackendLegacy, FlashInferAttnBackend
+fi_diff = SideBySideDiff(
+    [("capture: legacy hook vs unified hook + its prepare step",
+      "FlashInferAttnBackendLegacy." + CAP, hook_code(getattr(FL, CAP), comments=True),
+      f"FlashInferAttnBackend.{CAP} + _prepare_cuda_graph_metadata",
+      hook_code(getattr(FU, CAP), comments=True) + ["# --- _prepare_cuda_graph_metadata:"]
+      + hook_code(FU._prepare_cuda_graph_metadata, comments=True)),
+     ("replay: legacy hook vs unified hook",
+      "FlashInferAttnBackendLegacy." + REP, hook_code(getattr(FL, REP), comments=True),
+      "FlashInferAttnBackend." + REP, hook_code(getattr(FU, REP), comments=True))],
+    emphasis=MODE_BRANCH,
+)  # fmt: skip
+render(fi_diff)
 
-
-def dispatches_every_mode(fn) -> bool:
-    text = "\n".join(hook_code(fn))
-    return all(f"forward_mode.{p}()" in text
-               for p in ("is_decode_or_idle", "is_target_verify", "is_any_draft_extend"))
-
-
-legacy_lines = stats["legacy capture"][0] + stats["legacy replay"][0]
-unified_lines = stats["unified capture"][0] + stats["unified replay"][0]
-assert dispatches_every_mode(methods["legacy capture"]) and dispatches_every_mode(methods["legacy replay"])
-assert stats["legacy capture"][1] == stats["legacy replay"][1] == 3  # decode, verify, extend
-assert stats["legacy capture"][2] == stats["legacy replay"][2] == 3  # plans in both hooks
-assert stats["unified capture"][2] == stats["unified prepare"][2] == 0  # plans only in replay
-assert stats["unified replay"][2] == 2
-assert legacy_lines > unified_lines  # the two hooks themselves
-print(f"legacy hooks: {legacy_lines} lines; unified hooks: {unified_lines} lines "
-      f"(+ {stats['unified prepare'][0]} in the prepare step)")
+PLANS = ("self._update_decode(", "self._update_prefill(")
+legacy_plans = [line for line in fi_diff.sections[0][2] if line.strip().startswith(PLANS)]
+assert len(legacy_plans) == 3  # legacy capture plans in every mode branch ...
+assert all(line in fi_diff.only_left(0) for line in legacy_plans)  # ... unified capture never
+assert not any(line.strip().startswith(PLANS) for line in fi_diff.sections[0][4])
+# the mode dispatch: three branches in each legacy hook; unified prepare and replay merge two
+branches = {k: list(mode_branches(fn)) for k, fn in {
+    "legacy capture": getattr(FL, CAP), "legacy replay": getattr(FL, REP),
+    "unified prepare": FU._prepare_cuda_graph_metadata, "unified replay": getattr(FU, REP)}.items()}
+print("\nmode branches (the bold lines):")
+for k, v in branches.items():
+    print(f"  {k:<16} {v}")
+every_mode = ["is_decode_or_idle", "is_target_verify", "is_any_draft_extend"]
+assert branches["legacy capture"] == branches["legacy replay"] == every_mode
+verify, extend = (mode_branches(getattr(FL, REP))[p] for p in every_mode[1:])
+assert verify == extend  # legacy replay: two branches, one body
+assert branches["unified prepare"] == branches["unified replay"] == ["is_decode_or_idle"]
+merged = "forward_mode.is_target_verify() or forward_mode.is_any_draft_extend()"
+assert any(merged in line for line in fi_diff.only_right(1))  # one merged branch in replay
 
 # %% [markdown]
-# ## 4. FlashInfer-MLA: legacy, as-upstream, unified
+# ## 5. FlashInfer-MLA: legacy, as-upstream, unified
 #
 # FlashInfer-MLA has one wrapper kind for every mode (`BatchMLAPagedAttentionWrapper`), bound
 # to `cuda_graph_qo_indptr`, `cuda_graph_kv_indptr`, `cuda_graph_kv_indices` and
-# `cuda_graph_kv_lens` (`kv_len_arr`). Decode replays with the fast MLA plan (#3987), which
+# `cuda_graph_kv_lens` (`kv_len_arr`). Decode replays with the fast MLA plan ([#3987](https://github.com/sgl-project/sglang/pull/3987)), which
 # takes *host* indptrs and copies nothing into the bound buffers. refimpl keeps three shapes
 # ([facts](../docs/sglang_facts.md#flashinfer-mla)):
 #
 # * **legacy** (C): target verify and draft extend are two textually identical branches, in
 #   capture and again in replay; decode replay rebuilds `kv_indptr` in the backend's *eager*
 #   buffer;
-# * **as-upstream** (C, merged branches: what #26665 did): the identical branches are merged,
+# * **as-upstream** (C, merged branches: what [#26665](https://github.com/sgl-project/sglang/pull/26665) did): the identical branches are merged,
 #   but capture and replay stay two bodies, and decode replay still
-#   writes the eager `kv_indptr` (open issue **#37975**): the graph-bound `kv_indptr` and
+#   writes the eager `kv_indptr` (open upstream: **[#37975](https://github.com/sgl-project/sglang/pull/37975)**): the graph-bound `kv_indptr` and
 #   `kv_len_arr` keep the capture-time batch;
 # * **unified** (B, refimpl's shape): prepare the wrapper, run the replay body, install the fast
-#   plan; and decode replay writes the bound buffers (a fix upstream has not made).
+#   plan; and decode replay writes the bound buffers (a fix upstream has not made: refimpl's,
+#   [not upstream's](../docs/sglang_facts.md#where-refimpl-deliberately-differs-from-upstream)).
 #
 # The checker on decode (the MLA model: 16 heads, latent 512 + rope 64):
 
@@ -584,19 +820,6 @@ assert torch.allclose(u_graph, m_graph, atol=1e-4)  # the same answer as as-upst
 # of each legacy hook with `ast` and compare them as text.
 
 # %%
-def mode_branches(fn) -> dict[str, list[str]]:
-    """{predicate: body source} for every `if/elif forward_mode.<predicate>():` branch."""
-    src = textwrap.dedent(inspect.getsource(fn))
-    lines, out = src.splitlines(), {}
-    for node in ast.walk(ast.parse(src)):
-        if isinstance(node, ast.If):
-            test = node.test
-            if isinstance(test, ast.Call) and isinstance(test.func, ast.Attribute):
-                body = lines[node.body[0].lineno - 1 : node.body[-1].end_lineno]
-                out[test.func.attr] = textwrap.dedent("\n".join(body)).splitlines()
-    return out
-
-
 for hook in ("init_forward_metadata_capture_cuda_graph", "init_forward_metadata_replay_cuda_graph"):
     branches = mode_branches(getattr(FlashInferMLAAttnBackendLegacy, hook))
     verify, extend = branches["is_target_verify"], branches["is_any_draft_extend"]
@@ -623,7 +846,7 @@ assert calls(unified_cap, "self._prepare_cuda_graph_metadata") == 1
 assert calls(unified_cap, "self.init_forward_metadata_replay_cuda_graph") == 1
 
 # %% [markdown]
-# ## 5. What the fast re-plan skips
+# ## 6. What the fast re-plan skips
 #
 # Pattern B's replay body re-plans on every replay, so the cost of `plan()` is paid on every
 # decode step. A full `plan()` copies the indptr to the host, copies the batch into the bound
@@ -634,12 +857,12 @@ assert calls(unified_cap, "self.init_forward_metadata_replay_cuda_graph") == 1
 #
 # | what the full `plan()` does | skipped | why that is safe on the graph path |
 # |---|---|---|
-# | copies the indptr (MLA: also `kv_len_arr`, `qo_indptr`) **device → host** | yes | the caller passes a host indptr it already has (built from `seq_lens_cpu`) that describes the batch it wrote on the device. The caller owns this invariant: if the two disagree, the kernel silently reads the wrong keys. For MLA this copy made graph replay hang (#3987). |
-# | copies indptr / indices / last-page lengths **into the bound buffers** | yes | the caller hands over the bound buffers themselves, already written in place, so the copy would be a self-copy. refimpl checks this by address (no sync) and refuses anything else. MLA's bound `kv_indptr` / `kv_len_arr` stay stale: its decode reads only the partition and `kv_indices` (#37975 hides behind this). |
+# | copies the indptr (MLA: also `kv_len_arr`, `qo_indptr`) **device → host** | yes | the caller passes a host indptr it already has (built from `seq_lens_cpu`) that describes the batch it wrote on the device. The caller owns this invariant: if the two disagree, the kernel silently reads the wrong keys. For MLA this copy made graph replay hang ([#3987](https://github.com/sgl-project/sglang/pull/3987)). |
+# | copies indptr / indices / last-page lengths **into the bound buffers** | yes | the caller hands over the bound buffers themselves, already written in place, so the copy would be a self-copy. refimpl checks this by address (no sync) and refuses anything else. MLA's bound `kv_indptr` / `kv_len_arr` stay stale: its decode reads only the partition and `kv_indices` ([#37975](https://github.com/sgl-project/sglang/pull/37975) hides behind this). |
 # | selects (and on first use JIT-compiles) the **kernel module** | yes | `_cached_module` comes from the first full plan, made at capture. The fast plan refuses a wrapper that was never planned, and a q/kv dtype, sliding-window or soft-cap setting other than that plan's (they select another module). |
 # | **stream synchronisation** | yes | nothing waits on the device. The partition is staged in the pinned host buffer and copied to the int workspace in stream order, before the replay that reads it. |
 #
-# The fast plan's guards, live on the bs-4 wrapper of section 3: three refusals, then an
+# The fast plan's guards, live on the bs-4 wrapper of section 4: three refusals, then an
 # accepted call whose partition comes from the host indptr it was given.
 
 # %%
@@ -668,8 +891,10 @@ msgs = {
     "other dtype": refusal(lambda: fast_decode_plan(
         w4, host_indptr, ones_cpu, H, Hkv, D, 1, q_data_type=torch.float16)),
 }
-for what, msg in msgs.items():  # addresses change run to run: printed as 0x...
-    print(f"{what}:\n    {textwrap.shorten(re.sub(r'0x[0-9a-f]+', '0x...', msg), 160)}")
+for what, msg in msgs.items():  # addresses change run to run: the message without them
+    print(f"{what}:\n    {textwrap.shorten(re.sub(r' [(]data_ptr [^)]*[)]', '', msg), 160)}")
+print("the clone at the bound buffer's address:",
+      fi.kv_indptr[:5].clone().data_ptr() == w4._paged_kv_indptr_buf.data_ptr())
 assert "_cached_module" in msgs["never planned"]
 assert "not the wrapper's bound buffer" in msgs["not the bound buffer"]
 assert "differs from the full plan's" in msgs["other dtype"]
@@ -687,7 +912,7 @@ assert read_partition(w4)[1].tolist() == [30, 5, 17, 1]  # the partition follows
 # `benchmarks/results/plan_cost/plan_cost.json`; the table and the plot below read that file
 # (nothing here is measured on this machine, so nothing here is asserted: the numbers are shown
 # as recorded). The grey band is the published `plan()` cost of 75–110 µs
-# (flashinfer PR #5043, measured on an RTX 4090 with a Ryzen 9 5950X: another host CPU).
+# ([flashinfer #5043](https://github.com/flashinfer-ai/flashinfer/pull/5043), measured on an RTX 4090 with a Ryzen 9 5950X: another host CPU).
 
 # %%
 bench = json.loads(PLAN_COST.read_text())
@@ -755,7 +980,7 @@ fig.tight_layout()
 show(fig, "plan_cost_h200")
 
 # %% [markdown]
-# ## 6. On a GPU: the real flashinfer
+# ## 7. On a GPU: the real flashinfer
 #
 # The next cell is tagged `gpu`: the test run skips it on CPU, and its body is guarded as well.
 # With flashinfer importable it builds the same decode runner on the real wrappers and real CUDA
@@ -796,13 +1021,39 @@ if torch.cuda.is_available():
         torch.testing.assert_close(real_graph, standin_eager, rtol=3e-2, atol=3e-2)
 
 # %% [markdown]
+# ## 8. The capability matrix
+#
+# Every registered backend x variant, every graph mode (chains, topk 1), and the pattern each
+# declares (section 1 derived the same labels from the capture hooks). `graph`: the backend
+# captures the mode; `eager`: it refuses to capture it but serves it eagerly; `—`: neither.
+# `refimpl/capabilities.py` builds it by asking each backend (`check_graph_mode`, then one eager
+# batch), so it cannot drift from the code; `python -m refimpl matrix` prints it, and the
+# README's copy is checked against it by `tests/test_capabilities.py`.
+
+# %%
+matrix = capabilities.matrix()
+table = capabilities.markdown(matrix)
+readme = (ROOT / "README.md").read_text()
+start, end = "<!-- capability-matrix:start -->", "<!-- capability-matrix:end -->"
+assert table in readme[readme.index(start):readme.index(end)], "README copy is out of date"
+if IN_NOTEBOOK:
+    display(Markdown(table))
+else:
+    print(table)
+rows = {(r["backend"], r["variant"]): r for r in matrix}
+# Wave serves draft extend only eagerly; Cutlass-MLA captures decode and idle only
+assert rows["wave", "unified"]["draft_extend"] == "eager"
+assert [m for m in capabilities.MODES if rows["cutlass_mla", "unified"][m] == "graph"] == [
+    "decode", "idle"]
+
+# %% [markdown]
 # ## Summary
 #
 # | pattern | capture | what keeps capture = replay | failure mode when it is missing |
 # |---|---|---|---|
 # | **C** | its own copy of the filling | nothing: two copies, kept in sync by hand | drift. Benign when the kernel re-reads a buffer that replay refills (Wave's split counts); a wrong answer when the graph bakes the layout in (legacy Triton's draft-extend `qo_indptr`) |
 # | **A** | replay body + freeze views | one filling body | – |
-# | **B** | prepare (create, bind, register) + replay body + fast-plan tail | one update body, which **re-plans** the registered wrapper | a replay that skips the plan runs on a stale partition; a replay that writes an unbound buffer leaves the bound one stale (FlashInfer-MLA, #37975: hidden, because its decode kernel reads only the partition) |
+# | **B** | prepare (create, bind, register) + replay body + fast-plan tail | one update body, which **re-plans** the registered wrapper | a replay that skips the plan runs on a stale partition; a replay that writes an unbound buffer leaves the bound one stale (FlashInfer-MLA, [#37975](https://github.com/sgl-project/sglang/pull/37975): hidden, because its decode kernel reads only the partition) |
 #
 # The fast decode plan keeps Pattern B's per-replay `plan()` affordable: on the H200 it costs
 # about a quarter of the full plan for decode, because it skips the device-to-host indptr copy,

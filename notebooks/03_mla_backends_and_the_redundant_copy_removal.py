@@ -30,7 +30,8 @@
 # Their real kernels need Blackwell (SM100). refimpl runs its own Triton kernel with the same
 # arguments (`refimpl.kernels.cutlass_mla_decode`, `trtllm_batch_decode_with_kv_cache_mla`), on
 # this CPU through the Triton interpreter and on an H200 compiled: the graph mechanics are the
-# same, only the kernel body differs.
+# same, only the kernel body differs (a deliberate difference from upstream, listed with the
+# others in [the differences table](../docs/sglang_facts.md#where-refimpl-deliberately-differs-from-upstream)).
 #
 # This notebook draws the block tables, shows Cutlass's two historical details live, puts
 # TRTLLM-MLA's four shapes side by side, and measures what SGLang

@@ -108,7 +108,10 @@ for r in (r for r in rows if r["bs"] == 8 and r["context"] == 512):
 # * **The launch** is one `graph.replay()`, whatever the graph holds: the same for every
 #   backend.
 # * **The copies** are one `torch._foreach_copy_` for every static input (one launch per
-#   dtype) plus the host mirror of `seq_lens`.
+#   dtype) plus the host mirror of `seq_lens`. SGLang's runner issues one `copy_` per input;
+#   this, the kernel ops called directly outside any dispatch mode and the host indptrs fed to
+#   FlashInfer's draft-extend plans are refimpl's choices, listed in
+#   [the differences table](../docs/sglang_facts.md#where-refimpl-deliberately-differs-from-upstream).
 # * **Validation** reads device tensors back to check them (request indices, cache-slot
 #   ownership, host/device agreement): each read is a synchronisation, which is why it is
 #   off in timing runs and reported apart.

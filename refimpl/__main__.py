@@ -153,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--pin", type=int, default=None, metavar="CORE", help="pin to one core")
     b.add_argument("--out", default=None, help="write results.json / results.csv here")
     b.add_argument("--figures", default=None, metavar="DIR", help="write the plots here")
-    sub.add_parser("matrix", help="the capability matrix (backend x variant x graph mode), Markdown")
+    sub.add_parser(
+        "matrix", help="the capability matrix (backend x variant x graph mode), Markdown"
+    )
     args = p.parse_args(argv)
     if args.cmd == "matrix":
         from .capabilities import markdown, matrix

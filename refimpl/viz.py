@@ -640,7 +640,9 @@ def draw_buffers(
         n = vals.shape[0]
         shown = n if n <= max_cells else max_cells - 1
         for x in range(shown):
-            role = "value" if row_roles is None else row_roles[x] if x < len(row_roles) else "unread"
+            role = (
+                "value" if row_roles is None else row_roles[x] if x < len(row_roles) else "unread"
+            )
             face, hatch, edge, color = _role_style(role)
             used_roles.add(role)
             _cell(ax, x, y, face, _fmt(vals[x]), fontsize=7, edge=edge, lw=1.0, hatch=hatch)
@@ -808,7 +810,9 @@ def draw_buffer_sizes(
     axes[-1, 0].set_xlabel("entries allocated (each panel its own scale)", fontsize=8)
     handles = [Patch(facecolor=color[o], label=o) for o in owners]
     if needed:
-        handles.append(Line2D([], [], color="black", ls="--", lw=1.0, label="entries a batch needs"))
+        handles.append(
+            Line2D([], [], color="black", ls="--", lw=1.0, label="entries a batch needs")
+        )
     if short:
         handles.append(Patch(facecolor="none", edgecolor=BAD_COLOR, lw=1.8,
                              label="too small for that batch"))  # fmt: skip
@@ -885,7 +889,9 @@ def draw_eagle_iteration(
     N, S, acc = len(parents), int(num_steps), list(accepted)
     depths = _depths(parents)
     if not parents or parents[0] != -1 or any(not 0 <= parents[q] < q for q in range(1, N)):
-        raise ValueError(f"draw_eagle_iteration: parents {list(parents)} are not a tree rooted at 0")
+        raise ValueError(
+            f"draw_eagle_iteration: parents {list(parents)} are not a tree rooted at 0"
+        )
     if max(depths) > S:
         raise ValueError(f"draw_eagle_iteration: tree depth {max(depths)} > num_steps={S}")
     chain = [0, *acc]

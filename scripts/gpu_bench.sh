@@ -5,13 +5,7 @@
 # Results under ${OUT:-gpu_out}/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-gpu_out}; mkdir -p "$out"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
-fi
-export PYTHONUNBUFFERED=1 MPLBACKEND=Agg FLASHINFER_WORKSPACE_BASE=/tmp/fiws MAX_JOBS=16
-export PYTHONPATH=$PWD:/tmp/site
+. scripts/gpu_env.sh
 timeout ${FUZZ_S:-190} python3 -m refimpl check --fuzz ${FUZZ_N:-33} --seed 7 \
   --backend flashinfer --backend flashinfer_mla --backend cutlass_mla --backend trtllm_mla \
   2>&1 | grep -v "it/s" > "$out/fuzz_h200_part2.log"; tail -3 "$out/fuzz_h200_part2.log"

@@ -1,6 +1,7 @@
 """refimpl.viz: every builder returns a Figure with the expected axes and annotations (tiny inputs)."""
 
 import matplotlib
+import matplotlib.colors
 
 matplotlib.use("Agg")  # this module only: the builders never need a display
 
@@ -157,3 +158,120 @@ def test_save_creates_dirs_and_is_reproducible(tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert b"Software" not in data and b"matplotlib" not in data
     assert data == b.read_bytes()
+
+
+# --- colour roles, legends ---------------------------------------------------------------------
+def _legend_texts(fig):
+    return [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+
+
+def _differs(ax):
+    return [p for p in ax.patches if p.get_gid() == "differs"]
+
+
+def test_batch_and_segment_roles():
+    assert viz.batch_roles(5, 2, 3) == [0, 1, "pad", "unread", "unread"]
+    assert viz.batch_roles(5, 2, 3, indptr=True) == [0, 1, "pad", "value", "unread"]
+    assert viz.batch_roles(2, 0, 1) == ["pad", "unread"]  # an idle batch: every row padded
+    with pytest.raises(ValueError, match="live"):
+        viz.batch_roles(3, 4, 2)
+    indptr = torch.tensor([0, 2, 2, 5, 6])  # request 1 is empty, request 3 padded
+    assert viz.segment_roles(indptr, 3, 8) == [0, 0, 2, 2, 2, "pad", "unread", "unread"]
+
+
+def test_draw_buffers_roles_differs_and_legend():
+    state = {"qo_indptr": torch.tensor([0, 4, 8, 12]), "seq_lens": torch.tensor([5, 1]), "n": 3}
+    fig = viz.draw_buffers(
+        state,
+        roles={"qo_indptr": viz.batch_roles(4, 2, 3, indptr=True), "seq_lens": [0, "stale"]},
+        differs={"seq_lens": [False, True], "n": True},
+        differs_label="differs from the reference",
+    )
+    (ax,) = fig.axes
+    assert len(_differs(ax)) == 1  # one framed cell; the scalar turns red instead
+    labels = _legend_texts(fig)
+    assert labels == [
+        "live request 0",
+        "live request 1",
+        viz.ROLE_LABELS["pad"],
+        viz.ROLE_LABELS["value"],
+        viz.ROLE_LABELS["stale"],
+        "differs from the reference",
+    ]
+    assert [t for t in ax.texts if t.get_text() == "n = 3"][0].get_color() == viz.BAD_COLOR
+    # cell colours follow the roles: live request 0 blue, the padded row orange
+    faces = [matplotlib.colors.to_hex(p.get_facecolor()) for p in ax.patches if p.get_gid() is None]
+    assert faces[0] == viz.REQ_COLORS[0] and faces[2] == viz.PAD_COLOR
+    # without roles or differs: plain values, no legend (as before)
+    assert not viz.draw_buffers({"x": torch.arange(3)}).legends
+    with pytest.raises(ValueError, match="unknown cell role"):
+        viz.draw_buffers({"x": torch.arange(2)}, roles={"x": ["nope", 0]})
+
+
+def test_draw_state_diff_marks_every_differing_cell_in_both_rows():
+    cap = {"splits": torch.tensor([8, 8, 8, 8]), "qo": torch.tensor([0, 4, 8]), "max_len": 4}
+    rep = {"splits": torch.tensor([1, 8, 7, 1]), "qo": torch.tensor([0, 4, 8]), "max_len": 5}
+    fig = viz.draw_state_diff(cap, rep, roles={"splits": viz.batch_roles(4, 3, 4)}, title="t")
+    (ax,) = fig.axes
+    assert len(_differs(ax)) == 2 * 3  # entries 0, 2, 3 of splits, in both rows
+    assert ax.get_title() == "t\n4 cell(s) differ"  # 3 cells + the scalar
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels[:2] == ["qo: after the capture path  [3] int64",
+                          "qo: after the replay path  [3] int64"]  # fmt: skip
+    assert "differs: after the capture path vs after the replay path" in _legend_texts(fig)
+    same = viz.draw_state_diff(cap, cap)
+    assert not _differs(same.axes[0]) and same.axes[0].get_title() == "no cell differs"
+    # a shape mismatch marks every cell; a key one side lacks is marked too
+    odd = viz.draw_state_diff({"a": torch.zeros(2)}, {"a": torch.zeros(3), "b": 1}, keys=["a", "b"])
+    assert len(_differs(odd.axes[0])) == 2 + 3
+
+
+def test_draw_buffer_sizes_flags_short_buffers():
+    fig = viz.draw_buffer_sizes(
+        {"splits": {"Triton": 24, "Wave": 4}, "mask": {"Triton": 960, "Wave": 960}},
+        notes={"splits": {"Triton": "[T]", "Wave": "[B]"}},
+        needed={"splits": (8, "draft rows"), "mask": (400, "verify")},
+        title="sizes",
+    )
+    assert len(fig.axes) == 2
+    short = [t.get_text() for ax in fig.axes for t in ax.texts if t.get_gid() == "too_small"]
+    assert short == [" [B]  too small"]
+    assert [t.get_text() for t in fig.axes[0].texts if t.get_gid() == "need"] == [" draft rows: 8"]
+    assert _legend_texts(fig) == ["Triton", "Wave", "entries a batch needs",
+                                  "too small for that batch"]  # fmt: skip
+
+
+def test_draw_eagle_iteration_names_every_graph_mode():
+    fig = viz.draw_eagle_iteration([-1, 0, 0, 1, 1, 3], [1, 3], num_steps=3, topk=2)
+    (ax,) = fig.axes
+    modes = " ".join(t.get_text() for t in ax.texts if t.get_gid() == "mode")
+    for m in ("DECODE", "TARGET_VERIFY", "DRAFT_EXTEND (v1)", "DRAFT_EXTEND_V2", "IDLE"):
+        assert m in modes
+    texts = " ".join(t.get_text() for t in ax.texts)
+    assert "N = 6 rows per request" in texts and "S + 1 = 4 rows per request" in texts
+    assert "accept_length = 2" in texts
+    assert "accept_length = 2" in fig._suptitle.get_text()
+    with pytest.raises(ValueError, match="not a chain"):
+        viz.draw_eagle_iteration([-1, 0, 0], [2, 1], num_steps=2, topk=2)
+    with pytest.raises(ValueError, match="depth"):
+        viz.draw_eagle_iteration([-1, 0, 1, 2], [], num_steps=2, topk=1)
+
+
+def test_grid_builders_have_legends():
+    r2t, rpi, lens, indptr, idx = _csr_inputs()
+    csr = _legend_texts(viz.draw_csr(r2t, rpi, lens, indptr, idx))
+    assert csr[:3] == ["request 0", "request 1", viz.ROLE_LABELS["pad"]]
+    assert "kv_indptr boundary" in csr
+    assert not viz.draw_csr(r2t, rpi, lens, indptr, idx, legend=False).legends
+    trees, seq, mask, mask_indptr = _verify_mask()
+    tm = _legend_texts(viz.draw_tree_mask(mask, mask_indptr, 3, request=0, parents=[-1, 0, 1]))
+    assert "disagrees with the tree" in tm  # the chain is not request 0's tree
+    S, topk = 2, 2
+    r2t = torch.arange(3 * 8, dtype=torch.int32).view(3, 8)
+    seq = torch.tensor([2, 1], dtype=torch.int32)
+    indptrs, indices = draft_decode_kv_indices_ref(torch.tensor([1, 2]), r2t, seq, topk=topk,
+                                                   num_steps=S)  # fmt: skip
+    dd = viz.draw_draft_decode_indices(torch.stack(indptrs), torch.stack(
+        [torch.nn.functional.pad(x, (0, 20 - x.numel())) for x in indices]), seq, topk, S,
+        live_seqs=1)  # fmt: skip
+    assert _legend_texts(dd)[:2] == ["seq 0: prefix slots", "padded seq: prefix slot 0"]

@@ -1,0 +1,82 @@
+"""The capability matrix: what each backend x variant does in each graph mode, read from the code.
+
+For every registered entry and every graph mode of ``check.CASES`` (chains: topk 1):
+
+* **graph** — the backend captures the mode (``check_graph_mode`` accepts it; for multi-step
+  draft decode, the entry has a multi-step wrapper that accepts it);
+* **eager** — it refuses to capture the mode but its eager hook serves a batch of it;
+* **—** — neither.
+
+``python -m refimpl matrix`` prints it as Markdown; README.md holds a copy that
+``tests/test_capabilities.py`` keeps current.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .backends import REGISTRY, BackendEntry, GraphModeNotSupported
+from .batch import World
+from .batchgen import BatchGenerator
+from .check import CASES
+from .config import SpecConfig, tiny_model_config
+
+SPEC = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
+MODES = tuple(CASES)  # decode, idle, target_verify, draft_extend, draft_extend_v2, draft_decode
+L = 160  # room for a 128-token page
+
+
+def _eager_serves(entry: BackendEntry, backend, world: World, case: str) -> bool:
+    mode, multi = CASES[case]
+    if multi:
+        return False  # multi-step draft decode exists only as graphs of its step backends
+    gen = BatchGenerator(world, SPEC, seed=0)
+    try:
+        fb = gen.for_mode(mode, 1)
+        backend.init_forward_metadata(fb)
+        return True
+    except (GraphModeNotSupported, NotImplementedError, ValueError):
+        return False
+    finally:
+        gen.release_all()
+
+
+def capability(entry: BackendEntry, case: str) -> str:
+    """``"graph"``, ``"eager"`` or ``"—"`` for one entry and one ``check.CASES`` mode."""
+    mode, multi = CASES[case]
+    cfg = tiny_model_config(entry.model_kind, torch.float32, "cpu")
+    world = World.create(cfg, max_context_len=L, pool_size=4, page_size=entry.page_size)
+    try:
+        backend = entry.load(multi)(world, SPEC)
+        backend.check_graph_mode(mode)
+        return "graph"
+    except GraphModeNotSupported:
+        pass
+    single = entry.load(False)(world, SPEC)
+    return "eager" if _eager_serves(entry, single, world, case) else "—"
+
+
+def matrix(entries: list[BackendEntry] | None = None) -> list[dict[str, Any]]:
+    rows = []
+    for entry in entries or REGISTRY:
+        if entry.why_unavailable():
+            continue
+        pattern = getattr(entry.load(), "pattern", "")
+        rows.append({"backend": entry.name, "variant": entry.variant, "pattern": pattern,
+                     **{case: capability(entry, case) for case in MODES}})  # fmt: skip
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    head = (
+        "| backend | variant | pattern | " + " | ".join(m.replace("_", " ") for m in MODES) + " |"
+    )
+    lines = [head, "|" + "---|" * (3 + len(MODES))]
+    for r in rows:
+        cells = [r["backend"], r["variant"], r["pattern"], *(r[m] for m in MODES)]
+        lines.append(
+            "| " + " | ".join(f"`{c}`" if i < 2 else c for i, c in enumerate(cells)) + " |"
+        )
+    return "\n".join(lines)
