@@ -573,7 +573,10 @@ assert torch.allclose(graph_logits, eager_logits, atol=1e-4)
 # **Poison check.** Padding is only safe if padded rows never write into a live request's KV.
 # We snapshot every live KV slot except the ones this batch is supposed to write. We clear the
 # reserved slot 0, replay, and compare. The live slots are unchanged, and slot 0 now holds what
-# the padded row wrote.
+# the padded row wrote. (A snapshot cannot see a write of the very values a slot already held,
+# which is what a stale padded row does on a GPU, bit for bit; the checker's `KVGuard` therefore
+# fills the slots of requests outside the batch with a sentinel for the replay, then restores
+# them.)
 
 # %%
 own = set(fb.out_cache_loc.tolist())

@@ -177,23 +177,54 @@ def _batch_defined(state: dict[str, Any], raw_bs: int) -> dict[str, Any]:
 
 # --- (b) no foreign KV written, (b)/(c) outputs agree -------------------------------------------
 class KVGuard:
-    """Snapshot every live KV slot the batch must not write; compare after the replay."""
+    """Catch any write into a live KV slot that the batch does not write itself.
+
+    Two kinds of slots are guarded: those of live requests outside the batch, which are set to
+    a sentinel for the replay (so that even a write of the very values a slot held is seen: a
+    stale padded row recomputes its old request's K/V bit for bit on a GPU; a correct replay
+    never reads them, so the sentinel cannot change its output), and the batch's own earlier
+    slots, which it reads and must not write, compared with a snapshot. ``check()`` counts the
+    writes and puts the foreign slots' values back.
+    """
+
+    SENTINEL = -1234.5
 
     def __init__(self, world: World, fb: ForwardBatch):
-        own = set(fb.out_cache_loc.tolist())
-        live = [s for s in world.live_slots().tolist() if s not in own]
-        self.slots = torch.tensor(live, dtype=torch.int64, device=world.device)
+        writes = set(fb.out_cache_loc.tolist())
+        rows = world.req_to_token[fb.req_pool_indices.to(world.req_to_token.device)]
+        own = set(rows[rows > 0].tolist()) - writes  # the batch's own earlier tokens
+        foreign = [s for s in world.live_slots().tolist() if s not in writes and s not in own]
+        dev = world.device
+        self.foreign = torch.tensor(foreign, dtype=torch.int64, device=dev)
+        self.own = torch.tensor(sorted(own), dtype=torch.int64, device=dev)
         self.world = world
-        self.before = [b[self.slots].clone() for b in world.kv_cache.buffers()]
+        bufs = world.kv_cache.buffers()
+        self.saved = [b[self.foreign].clone() for b in bufs]
+        for b in bufs:
+            b[self.foreign] = self.SENTINEL
+        self.poisoned = [b[self.foreign].clone() for b in bufs]
+        self.own_before = [b[self.own].clone() for b in bufs]
         self.violations = 0
 
     def check(self) -> list[str]:
-        for buf, old in zip(self.world.kv_cache.buffers(), self.before):
-            changed = (buf[self.slots] != old).flatten(1).any(1)
-            self.violations += int(changed.sum())
-        if self.violations:
-            return [f"padded or live rows wrote {self.violations} KV slot(s) of other requests"]
-        return []
+        """Count the guarded slots written since construction; restore the foreign ones."""
+        bufs = self.world.kv_cache.buffers()
+        hit_foreign = torch.zeros(len(self.foreign), dtype=torch.bool, device=self.foreign.device)
+        hit_own = torch.zeros(len(self.own), dtype=torch.bool, device=self.own.device)
+        for buf, poisoned, saved, before in zip(bufs, self.poisoned, self.saved, self.own_before):
+            hit_foreign |= (buf[self.foreign] != poisoned).flatten(1).any(1)
+            hit_own |= (buf[self.own] != before).flatten(1).any(1)
+            buf[self.foreign] = saved
+        foreign, own = int(hit_foreign.sum()), int(hit_own.sum())  # slots, over every layer
+        self.violations += foreign + own
+        problems = []
+        if foreign:
+            problems.append(f"padded or live rows wrote {foreign} KV slot(s) of other requests")
+        if own:
+            problems.append(
+                f"the replay overwrote {own} earlier KV slot(s) of requests in this batch"
+            )
+        return problems
 
 
 def _close(out: torch.Tensor, ref: torch.Tensor, tol: dict, what: str, findings: list[str]) -> bool:

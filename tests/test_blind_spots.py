@@ -41,8 +41,11 @@ def make_runner(name, variant, mode=ForwardMode.DECODE, multi=False, seed=0, cap
     model = TinyDecoder(cfg)
     program = MultiStepDraftProgram(model, spec.num_steps) if multi else model
     gcfg = GraphConfig(max_bs=4, capture_bs=capture_bs, max_context_len=L, speculative=True)
-    runner = GraphRunner(program, entry.load(multi)(world, spec), CPUEmulatorEngine(), mode,
-                         gcfg, spec, multi)  # fmt: skip
+    # fp32 model: on a GPU the real flashinfer has no float32 kernels, so FlashInfer runs its
+    # stand-in wrappers there (as on CPU)
+    kwargs = {"prefer_real": False} if name == "flashinfer" and not multi else {}
+    backend = entry.load(multi)(world, spec, **kwargs)
+    runner = GraphRunner(program, backend, CPUEmulatorEngine(), mode, gcfg, spec, multi)
     runner.capture()
     return runner, BatchGenerator(world, spec, seed=seed + 1)
 
@@ -162,3 +165,25 @@ def test_planted_no_padded_row_reset_is_caught(monkeypatch):
     problems = padding_after_full_problems(runner, gen)
     assert any("padded row 3 holds" in p for p in problems), problems
     assert any("KV slot(s) of other requests" in p for p in problems), problems
+
+
+def test_guard_sees_a_rewrite_of_identical_values():
+    """A stale padded row recomputes its old request's K/V bit for bit on a GPU: a guard that
+    compared values would miss that write. The guarded slots hold a sentinel during the
+    replay, so the rewrite is seen, and ``check()`` puts every value back."""
+    world = World.create(ModelConfig(), max_context_len=L, pool_size=8, device="cpu")
+    world.randomize_kv(0)
+    gen = BatchGenerator(world, SPEC, seed=1)
+    other, fb = gen.decode(2, [20, 30]), gen.decode(1, [10])
+    slot = int(world.req_to_token[other.req_pool_indices[1], 5])  # another request's slot
+    bufs = world.kv_cache.buffers()
+    before = [b.clone() for b in bufs]
+    guard = KVGuard(world, fb)
+    assert (bufs[0][slot] == KVGuard.SENTINEL).all()  # poisoned for the replay
+    bufs[0][slot] = before[0][slot]  # the "write": the very values the slot held
+    assert guard.check() == ["padded or live rows wrote 1 KV slot(s) of other requests"]
+    assert all(torch.equal(b, a) for b, a in zip(bufs, before))  # restored
+    own = int(world.req_to_token[fb.req_pool_indices[0], 3])  # the batch's own earlier token
+    guard = KVGuard(world, fb)
+    bufs[1][own] += 1.0
+    assert guard.check() == ["the replay overwrote 1 earlier KV slot(s) of requests in this batch"]

@@ -4,8 +4,9 @@ display name on connect, which marks an untouched notebook as modified)."""
 
 from pathlib import Path
 
-import jupytext
 import pytest
+
+jupytext = pytest.importorskip("jupytext")  # a dev dependency (absent on the GPU image)
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 PAIRS = sorted(NOTEBOOKS.glob("*.py"))
