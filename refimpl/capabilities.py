@@ -28,7 +28,7 @@ MODES = tuple(CASES)  # decode, idle, target_verify, draft_extend, draft_extend_
 L = 160  # room for a 128-token page
 
 
-def _eager_serves(entry: BackendEntry, backend, world: World, case: str) -> bool:
+def _eager_serves(backend, world: World, case: str) -> bool:
     mode, multi = CASES[case]
     if multi:
         return False  # multi-step draft decode exists only as graphs of its step backends
@@ -55,7 +55,7 @@ def capability(entry: BackendEntry, case: str) -> str:
     except GraphModeNotSupported:
         pass
     single = entry.load(False)(world, SPEC)
-    return "eager" if _eager_serves(entry, single, world, case) else "—"
+    return "eager" if _eager_serves(single, world, case) else "—"
 
 
 def matrix(entries: list[BackendEntry] | None = None) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""The capture/replay equivalence checker: three verdicts per backend x variant x mode x bs.
+"""The capture/replay equivalence checker: four verdicts per backend x variant x mode x bs.
 
 (a) ``capture_equals_replay`` — fed the same batch, do the capture path and the replay path
     leave identical graph-read state? Two fresh backend instances: P runs the *capture* hook on

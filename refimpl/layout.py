@@ -118,6 +118,16 @@ def mask_indptr(
     return out[: bs + 1]
 
 
+def check_mask_fits(mask: torch.Tensor, buffer: torch.Tensor) -> None:
+    """Refuse a tree mask (the live requests' blocks, back to back) larger than the static
+    ``[max_num_tokens * max_context_len]`` buffer a graph reads it from."""
+    if mask.numel() > buffer.numel():
+        raise ValueError(
+            f"tree mask of {mask.numel()} entries exceeds the graph buffer of "
+            f"{buffer.numel()} (max_num_tokens * max_context_len)"
+        )
+
+
 # --- padding a batch to a captured size ------------------------------------------------------
 def padded_seq_lens_sum(raw_sum: int, raw_bs: int, bs: int, fill_value: int) -> int:
     """``seq_lens_sum`` of a padded batch: the live sum + one fill value per padded row."""

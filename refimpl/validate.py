@@ -80,7 +80,7 @@ def _rows_per_request(fb, mode: ForwardMode, spec: Any) -> torch.Tensor:
     return torch.full((fb.batch_size,), per, dtype=torch.int64)
 
 
-def _check_spec(fb, mode, cfg: SpecConfig | None, multi_step: bool, seq, for_graph: bool) -> int:
+def _check_spec(fb, mode, cfg: SpecConfig | None, multi_step: bool, for_graph: bool) -> int:
     """The mode's spec input; returns the extra r2t columns a request spans past ``seq_lens``."""
     spec, bs = fb.spec_info, fb.batch_size
     if mode.is_target_verify():
@@ -159,7 +159,7 @@ def validate_batch(
         raise _refuse("seq_lens (device)", fb.seq_lens.cpu().tolist(),
                       f"disagrees with seq_lens_cpu={seq.tolist()}")  # fmt: skip
     # an eager batch may carry another N / topk than the graphs were captured for
-    extra = _check_spec(fb, mode, spec if for_graph else None, multi, seq, for_graph)
+    extra = _check_spec(fb, mode, spec if for_graph else None, multi, for_graph)
     if bs == 0:
         return
     if bool((seq < 1).any()):

@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 . scripts/gpu_env.sh
 export REFIMPL_FUZZ_EXAMPLES=${REFIMPL_FUZZ_EXAMPLES:-1}
 python3 -c "import torch, triton, flashinfer; print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flashinfer.__version__)" | tee "$out/versions.txt"
+nvidia-smi --query-gpu=driver_version --format=csv,noheader | sed 's/^/driver /' | tee -a "$out/versions.txt"
 ( timeout ${CHECK_S:-300} python3 -m refimpl check --json > "$out/check_cuda.json" 2> "$out/check_cuda.err"
   echo "check rc=$?" >> "$out/check_cuda.err" ) &
 # the suite in three shards side by side (one GPU, 16 cores: kernel compiles dominate), the

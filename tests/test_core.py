@@ -22,7 +22,7 @@ def test_each_mode_has_exactly_one_own_predicate():
     for mode in ForwardMode:
         truths = [name for name in own.values() if getattr(mode, name)()]
         assert truths == [own[mode]], (mode, truths)
-    # the SGLang pitfall (§2): v2 must not hide behind a v1 predicate
+    # the SGLang pitfall ([facts#forward-modes]): v2 must not hide behind a v1 predicate
     assert not ForwardMode.DRAFT_EXTEND_V2.is_draft_extend_v1()
     assert ForwardMode.DRAFT_EXTEND_V2.is_any_draft_extend()
     assert ForwardMode.EXTEND not in GRAPH_MODES
@@ -44,6 +44,17 @@ def test_tokens_per_request_per_mode():
     assert rows(ForwardMode.DRAFT_EXTEND_V2, spec) == 6  # N
     with pytest.raises(ValueError):
         SpecConfig(num_steps=3, topk=1, num_draft_tokens=6)  # a chain verifies S+1
+
+
+def test_tree_mask_layout_and_its_buffer_limit():
+    # request i's block is [N, seq_i + N]; blocks back to back
+    seq = torch.tensor([3, 7])
+    assert layout.mask_indptr(seq, 2).tolist() == [0, 2 * 5, 2 * 5 + 2 * 9]
+    assert layout.tree_mask_sizes([3, 7], 2) == [10, 18]
+    buf = torch.zeros(28, dtype=torch.uint8)
+    layout.check_mask_fits(torch.ones(28, dtype=torch.bool), buf)  # exactly full: fine
+    with pytest.raises(ValueError, match="tree mask of 29 entries exceeds the graph buffer of 28"):
+        layout.check_mask_fits(torch.ones(29, dtype=torch.bool), buf)
 
 
 def test_default_ladder_matches_sglang_and_caps():

@@ -1,4 +1,5 @@
-"""Every rule of the CPU graph emulator (design §3), one test each; each fails if the rule breaks."""
+"""Every rule of the CPU graph emulator (README, "The CPU graph emulator";
+``refimpl/graphs/emulator.py``), one test each; each fails if the rule breaks."""
 
 import pytest
 import torch

@@ -8,11 +8,10 @@ import math
 
 import pytest
 import torch
-from helpers import RecordOps
+from helpers import DEVICE, RecordOps, on_device, rng  # noqa: F401  (on_device: autouse)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from refimpl._env import default_device  # refimpl first: sets TRITON_INTERPRET on CPU
 from refimpl.kernels import (
     KERNEL_OPS,
     block_table_to_kv_indices,
@@ -37,18 +36,6 @@ POISON = -7
 TOL = {torch.float32: 1e-6, torch.float16: 6e-4}
 SM_SCALE = 0.3  # dense MHA/GQA tests
 MLA_SM_SCALE = 0.05
-DEVICE = default_device()  # cpu (Triton interpreter) here; cuda on a GPU machine
-
-
-@pytest.fixture(autouse=True)
-def _on_device():
-    """Every factory call in a test (torch.tensor, zeros, ...) lands on DEVICE."""
-    with torch.device(DEVICE):
-        yield
-
-
-def rng(seed):
-    return torch.Generator(device=DEVICE).manual_seed(seed)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -61,7 +48,7 @@ def random_pool(gen, pool, L, num_slots):
 
 
 def paged_pool(gen, pool, L, page_size):
-    """req_to_token whose rows are built from whole, aligned pages (digest §4.1)."""
+    """req_to_token whose rows are built from whole, aligned pages ([facts#memory-pools])."""
     pages_per_row = math.ceil(L / page_size)
     page_ids = torch.randperm(pool * pages_per_row, generator=gen) + 1  # page 0 reserved
     rows = page_ids.view(pool, pages_per_row, 1) * page_size + torch.arange(page_size)
@@ -75,7 +62,7 @@ def csr_indptr(lens, dtype=torch.int32):
 
 
 # ----------------------------------------------------------------------------------------------
-# CSR kv indices (digest §4.2)
+# CSR kv indices ([facts#csr-kv-index-builder])
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -144,7 +131,7 @@ def test_build_kv_indices_property(lens, data):
 
 
 # ----------------------------------------------------------------------------------------------
-# paged block table (digest §4.3)
+# paged block table ([facts#block-table-builder])
 
 
 @pytest.mark.parametrize("page_size", [1, 16, 32, 64, 128])
@@ -232,7 +219,7 @@ def make_attention_case(seed, bs, q_per_req, H, Hkv, D, Dv, dtype, kv_lens, tree
 
 
 def tree_mask_for(gen, kv_lens, n):
-    """Target-verify mask (§4.6) per request: prefix all visible, the last n columns a random
+    """Target-verify mask ([facts#target-verify-custom-mask]) per request: prefix all visible, the last n columns a random
     tree ancestry where every draft row sees itself (diagonal) and a subset of earlier drafts."""
     blocks = []
     for kv_len in kv_lens:

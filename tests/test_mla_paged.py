@@ -11,9 +11,9 @@ import inspect
 
 import pytest
 import torch
-from helpers import RecordOps
+from helpers import DEVICE, RecordOps, on_device, rng  # noqa: F401  (on_device: autouse)
 
-from refimpl._env import INTERPRET, default_device  # refimpl first: sets TRITON_INTERPRET on CPU
+from refimpl._env import INTERPRET
 from refimpl.graphs import CPUEmulatorEngine, make_engine
 from refimpl.kernels import KERNEL_OPS, relative_error
 from refimpl.kernels.mla_paged import (
@@ -27,22 +27,10 @@ from refimpl.kernels.mla_paged import (
 from refimpl.memory import TokenSlotAllocator
 
 TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 5e-3}  # bf16: H200 saw 1.7e-3
-DEVICE = default_device()  # cpu (Triton interpreter) here; cuda on a GPU machine
 R, RR = 32, 16  # small kv_lora_rank / rope dims for the interpreter
 GARBAGE_PAGE = 2**30  # a page id far out of range: reading it would fault or return junk
 TAIL_ROWS = 2  # padded graph rows past bs in the table and seq_lens (never read)
 cdiv = lambda a, b: -(-a // b)
-
-
-@pytest.fixture(autouse=True)
-def _on_device():
-    """Every factory call in a test (torch.tensor, zeros, ...) lands on DEVICE."""
-    with torch.device(DEVICE):
-        yield
-
-
-def rng(seed):
-    return torch.Generator(device=DEVICE).manual_seed(seed)
 
 
 # ----------------------------------------------------------------------------------------------

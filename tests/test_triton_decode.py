@@ -9,11 +9,10 @@ import math
 
 import pytest
 import torch
-from helpers import RecordOps
+from helpers import DEVICE, RecordOps, on_device, rng  # noqa: F401  (on_device: autouse)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from refimpl._env import default_device  # refimpl first: sets TRITON_INTERPRET on CPU
 from refimpl.kernels import mha_oracle, relative_error
 from refimpl.kernels.triton_decode import (
     MIN_BLOCK_KV,
@@ -31,21 +30,9 @@ TOL = {torch.float32: 1e-6, torch.float16: 6e-4}
 # one key, so their relative error scatters more than a whole output's: measured max 7.6e-7
 # over 144 partials; 3e-6 keeps the ~3x margin (still 3x below the old 1e-5).
 TOL_PARTIAL = 3e-6
-DEVICE = default_device()  # cpu (Triton interpreter) here; cuda on a GPU machine
 H = 4  # query heads everywhere
 TAIL_ROWS = 2  # padded graph rows past T in every buffer (their data must never be read)
 TAIL_INDICES = 9  # kv_indices entries past kv_indptr[T]
-
-
-@pytest.fixture(autouse=True)
-def _on_device():
-    """Every factory call in a test (torch.tensor, zeros, ...) lands on DEVICE."""
-    with torch.device(DEVICE):
-        yield
-
-
-def rng(seed):
-    return torch.Generator(device=DEVICE).manual_seed(seed)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -53,7 +40,7 @@ def rng(seed):
 
 
 def split_ranges(seq_len, splits):
-    """Key ranges [start, end) of the non-empty splits (digest §4.4), keyed by split index."""
+    """Key ranges [start, end) of the non-empty splits ([facts#split-kv-decode]), keyed by split index."""
     per_split = math.ceil(math.ceil(seq_len / splits) / MIN_BLOCK_KV) * MIN_BLOCK_KV
     ranges = {}
     for s in range(splits):
@@ -132,8 +119,8 @@ def random_splits(gen, num_rows, max_kv_splits):
 # split boundaries
 
 
-def test_split_ranges_helper_follows_the_digest():
-    """Pins the test helper itself to §4.4 (per_split rounded up to multiples of 32)."""
+def test_split_ranges_helper_follows_split_kv_decode():
+    """Pins the test helper itself to [facts#split-kv-decode] (per_split rounded up to multiples of 32)."""
     assert split_ranges(33, 8) == {0: (0, 32), 1: (32, 33)}  # splits 2..7 empty
     assert split_ranges(100, 4) == {0: (0, 32), 1: (32, 64), 2: (64, 96), 3: (96, 100)}
     assert split_ranges(64, 3) == {0: (0, 32), 1: (32, 64)}
@@ -299,7 +286,7 @@ def test_poisoned_tails_do_not_leak(num_kv_heads, dtype):
 
 
 # ----------------------------------------------------------------------------------------------
-# split-count heuristic (digest §4.5)
+# split-count heuristic ([facts#split-count-heuristic])
 
 
 HEADS = [(4, 4), (32, 32), (8, 2), (32, 4), (64, 2), (48, 2)]  # (num_heads, num_kv_heads)

@@ -1,9 +1,10 @@
-"""Tests for the Triton extend-attention kernel (digest §3.1, §4.6) and the multi-step draft-decode
-kv index generator (§4.8).
+"""Tests for the Triton extend-attention kernel ([facts#triton-kernels-and-frozen-values],
+[facts#target-verify-custom-mask]) and the multi-step draft-decode kv index generator
+([facts#multi-step-draft-decode-indices]).
 
 extend_attention is checked against the fp64 ``mha_oracle`` on an equivalent paged view: the
 extend keys are written into spare cache slots and appended to each request's kv range, so the
-oracle sees ``prefix + extend`` keys and the §4.6 mask block ``[q_i, p_i + q_i]`` unchanged.
+oracle sees ``prefix + extend`` keys and the mask block ([facts#target-verify-custom-mask]) ``[q_i, p_i + q_i]`` unchanged.
 Shapes stay tiny: the kernels run in the Triton interpreter on CPU.
 """
 
@@ -11,9 +12,8 @@ import math
 
 import pytest
 import torch
-from helpers import RecordOps
+from helpers import DEVICE, RecordOps, on_device, rng  # noqa: F401  (on_device: autouse)
 
-from refimpl._env import default_device  # refimpl first: sets TRITON_INTERPRET on CPU
 from refimpl.batch import World
 from refimpl.batchgen import BatchGenerator, draft_decode_step_view
 from refimpl.config import ModelConfig, SpecConfig
@@ -33,18 +33,7 @@ POISON = -7
 # (test_tolerance_catches_sm_scale_error).
 TOL = {torch.float32: 1e-6, torch.float16: 6e-4}
 TOL32 = TOL[torch.float32]  # the fp32 tests below
-DEVICE = default_device()  # cpu (Triton interpreter) here; cuda on a GPU machine
 NAN_SLOT = 1  # a cache slot full of NaN: kv_indices tails point here
-
-
-@pytest.fixture(autouse=True)
-def _on_device():
-    with torch.device(DEVICE):
-        yield
-
-
-def rng(seed):
-    return torch.Generator(device=DEVICE).manual_seed(seed)
 
 
 def indptr_of(lens, dtype=torch.int64):
@@ -260,8 +249,10 @@ def test_logit_cap():
     [([6, 2, 5], 1), ([6, 2, 5], 3), ([BLOCK_M + 4, 3], BLOCK_M + 1)],
 )
 def test_rows_past_max_len_extend_are_never_computed(q_lens, max_len_extend):
-    """Digest §3.1 divergence 4: a frozen max_len_extend below a request's row count leaves that
-    request's tail rows untouched (here: still poisoned); earlier rows still see every extend key."""
+    """A frozen max_len_extend below a request's row count leaves that request's tail rows
+    untouched (here: still poisoned); earlier rows still see every extend key. refimpl stops
+    exactly at max_len_extend ([facts#where-refimpl-deliberately-differs-from-upstream], "Extend
+    kernel cut-off"; SGLang drops whole BLOCK_M row blocks)."""
     prefix_lens = [4, 0, 9][: len(q_lens)]
     case = make_case(13, prefix_lens, q_lens, mode="none")
     sentinel = 1234.5
@@ -337,7 +328,7 @@ def test_extend_attention_errors_name_the_value():
 
 
 # ----------------------------------------------------------------------------------------------
-# draft-decode kv indices (digest §4.8)
+# draft-decode kv indices ([facts#multi-step-draft-decode-indices])
 
 
 def run_draft(rpi, r2t, seq_lens, topk, num_steps, width, idx_dtype=torch.int64,

@@ -154,11 +154,7 @@ class TorchNativeBackend(AttentionBackend):
         build_kv_indices(self.world.req_to_token, rpi, lens, kv_indptr, self.cuda_graph_kv_indices)
         if spec is not None and spec.custom_mask is not None:
             mask = spec.custom_mask
-            if mask.numel() > self.cuda_graph_custom_mask.numel():
-                raise ValueError(
-                    f"custom mask of {mask.numel()} entries exceeds the graph buffer "
-                    f"({self.cuda_graph_custom_mask.numel()} = max_num_tokens * max_context_len)"
-                )
+            layout.check_mask_fits(mask, self.cuda_graph_custom_mask)
             self.cuda_graph_custom_mask[: mask.numel()].copy_(mask)
             layout.mask_indptr(seq_lens, n, out=self.cuda_graph_mask_indptr)
 

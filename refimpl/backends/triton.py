@@ -157,6 +157,14 @@ class TritonAttnBackend(AttentionBackend):
             )
         return n
 
+    def _verify_mask(self, spec_info: Any) -> tuple[int, torch.Tensor | None]:
+        """(N, the spec's mask or None) after the host checks (batch N, buffer size)."""
+        spec = require_spec(ForwardMode.TARGET_VERIFY, spec_info, VerifyInput)
+        n, mask = self._check_verify_n(spec), spec.custom_mask
+        if mask is not None:
+            layout.check_mask_fits(mask, self.cuda_graph_custom_mask)
+        return n, mask
+
     # --- eager --------------------------------------------------------------------------------
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         mode, bs, dev = fb.forward_mode, fb.batch_size, self.device
@@ -255,18 +263,11 @@ class TritonAttnBackend(AttentionBackend):
         self._fill_kv_indptr_and_indices(bs, seq_lens[:bs], rpi[:bs], self.cuda_graph_kv_indices)
 
     def _update_target_verify_buffers(self, bs, seq_lens, rpi, spec_info) -> None:
-        spec = require_spec(ForwardMode.TARGET_VERIFY, spec_info, VerifyInput)
-        n = self._check_verify_n(spec)
+        n, mask = self._verify_mask(spec_info)
         seq_lens = seq_lens[:bs]
         self.qo_indptr[: bs + 1].copy_(torch.arange(0, (bs + 1) * n, n, device=self.device))
         self._fill_kv_indptr_and_indices(bs, seq_lens, rpi[:bs], self.cuda_graph_kv_indices)
-        if spec.custom_mask is not None:
-            mask = spec.custom_mask
-            if mask.numel() > self.cuda_graph_custom_mask.numel():
-                raise ValueError(
-                    f"tree mask of {mask.numel()} entries exceeds the graph buffer of "
-                    f"{self.cuda_graph_custom_mask.numel()} (max_num_tokens * max_context_len)"
-                )
+        if mask is not None:
             self.cuda_graph_custom_mask[: mask.numel()].copy_(mask)
         layout.mask_indptr(seq_lens, n, out=self.mask_indptr)
 
@@ -580,17 +581,6 @@ class TritonAttnBackendFused(TritonAttnBackend):
                 f"{self.name}/{self.variant} does not support multi-step draft decode under "
                 f"graphs (supported: {supported})"
             )
-
-    def _verify_mask(self, spec_info: Any) -> tuple[int, torch.Tensor | None]:
-        """(N, the spec's mask or None) after the host checks (batch N, buffer size)."""
-        spec = require_spec(ForwardMode.TARGET_VERIFY, spec_info, VerifyInput)
-        n, mask = self._check_verify_n(spec), spec.custom_mask
-        if mask is not None and mask.numel() > self.cuda_graph_custom_mask.numel():
-            raise ValueError(
-                f"tree mask of {mask.numel()} entries exceeds the graph buffer of "
-                f"{self.cuda_graph_custom_mask.numel()} (max_num_tokens * max_context_len)"
-            )
-        return n, mask
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kw) -> None:
         super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kw)
