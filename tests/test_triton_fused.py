@@ -58,7 +58,7 @@ def _on_device():
 
 def pool_table(pool, L, dtype=torch.int32, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 10_000, (pool, L), generator=g).to(dtype).to(DEVICE)
+    return torch.randint(0, 10_000, (pool, L), generator=g, device="cpu").to(dtype).to(DEVICE)
 
 
 def lengths(bs, L, rnd):

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The GPU gate: on a CUDA machine (the device tool's H200), after the last change, in one call of
+# 9 minutes or less:
+#   - the whole test suite (gpu-marked tests included), one pytest process per test file, six
+#     files side by side (a process that dies takes only its file with it);
+#   - every notebook under nbval with its `gpu` cells executed, as JupyterLab's Run All would;
+#   - the checker on the CUDA engine (`python -m refimpl check --json`);
+# and ends with one line:
+#   gpu-ci: N passed, N failed, N skipped; notebooks N/N cells ok; checker N rows, N must-pass failed
+#
+#   REFIMPL_COMMIT=<short sha> bash scripts/gpu_ci.sh          # record: benchmarks/results/gpu_ci/<sha>/
+#
+# The record (at most 8 files, what the device tool returns): versions.txt (device, driver,
+# torch / CUDA / triton / flashinfer versions, the commit), suite.log, notebooks.log, check.json,
+# check.log, gpu_ci.txt (the line, then every failing test id). With $OUT set (the device tool)
+# the record goes there; copy it to benchmarks/results/gpu_ci/<sha>/ and commit it.
+# FlashInfer's JIT modules are built once per call: every process shares one workspace, and
+# flashinfer's own file lock makes a second process wait for a module another one is building.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+commit=${REFIMPL_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+export OUT=${OUT:-benchmarks/results/gpu_ci/$commit}
+. scripts/gpu_env.sh  # wheels from .whl/, PYTHONPATH, MAX_JOBS=16, $out
+export REFIMPL_FUZZ_EXAMPLES=${REFIMPL_FUZZ_EXAMPLES:-1}
+tmp=$(mktemp -d)
+t0=$SECONDS
+
+{
+  echo "commit $commit"
+  echo "date $(date -u +%Y-%m-%dT%H:%MZ)"
+  python3 - <<'PY'
+import importlib, torch, triton
+print("device", torch.cuda.get_device_name() if torch.cuda.is_available() else "none (no CUDA)")
+print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)
+for name in ("flashinfer", "nbval", "jupytext"):
+    try:
+        print(name, importlib.import_module(name).__version__)
+    except Exception as e:  # noqa: BLE001 - recorded, not fatal
+        print(name, "missing", type(e).__name__)
+PY
+  nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | sed 's/^/driver /'
+} > "$out/versions.txt" 2>&1
+cat "$out/versions.txt"
+
+# 1. the checker, CUDA engine (in the background)
+( timeout "${CHECK_S:-420}" python3 -m refimpl check --json > "$out/check.json" 2> "$tmp/check.err"
+  echo "check rc=$?" >> "$tmp/check.err" ) &
+
+# 2. the suite: one process per file, six at a time, a junit report each
+ls ${GPU_CI_TESTS:-tests/test_*.py} | xargs -P "${SUITE_JOBS:-6}" -I{} sh -c '
+  f={}; b=$(basename "$f" .py)
+  timeout "${SUITE_S:-420}" python3 -m pytest -q -p no:cacheprovider -rfE "$f" \
+    --junitxml="'"$tmp"'/junit_$b.xml" > "'"$tmp"'/log_$b.txt" 2>&1
+  echo "[$f rc=$?]" >> "'"$tmp"'/log_$b.txt"' &
+
+# 3. every notebook under nbval, gpu cells executed (conftest skips them only without CUDA)
+for nb in ${GPU_CI_NOTEBOOKS:-notebooks/*.ipynb}; do
+  b=$(basename "$nb" .ipynb)
+  ( timeout "${NB_S:-420}" python3 -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
+      -rfE "$nb" --junitxml="$tmp/nbjunit_$b.xml" > "$tmp/nblog_$b.txt" 2>&1
+    echo "[$nb rc=$?]" >> "$tmp/nblog_$b.txt" ) &
+done
+wait
+echo "wall ${SECONDS}s" >> "$out/versions.txt"
+
+for f in "$tmp"/log_*.txt; do echo "=== $(basename "$f")"; cat "$f"; done > "$out/suite.log"
+for f in "$tmp"/nblog_*.txt; do echo "=== $(basename "$f")"; cat "$f"; done > "$out/notebooks.log"
+cp "$tmp/check.err" "$out/check.log"
+
+python3 - "$tmp" "$out" <<'PY' | tee "$out/gpu_ci.txt"
+import glob, json, os, sys
+import xml.etree.ElementTree as ET
+
+tmp, out = sys.argv[1:]
+
+
+def tally(pattern, logs):
+    passed, failed, skipped, bad = 0, 0, 0, []
+    for log in sorted(glob.glob(os.path.join(tmp, logs))):
+        name = os.path.basename(log)[len(logs.split("*")[0]) : -4]
+        xml = os.path.join(tmp, pattern.replace("*", name))
+        if not os.path.exists(xml):  # killed, timed out, or never started: the whole file fails
+            failed += 1
+            bad.append(f"{name}: no report ({open(log).read().strip().splitlines()[-1:]})")
+            continue
+        for case in ET.parse(xml).getroot().iter("testcase"):
+            tags = {c.tag for c in case}
+            cid = f"{case.get('classname')}::{case.get('name')}"
+            if tags & {"failure", "error"}:
+                failed += 1
+                bad.append(cid)
+            elif "skipped" in tags:
+                skipped += 1
+            else:
+                passed += 1
+    return passed, failed, skipped, bad
+
+
+sp, sf, ss, sbad = tally("junit_*.xml", "log_*.txt")
+np_, nf, ns, nbad = tally("nbjunit_*.xml", "nblog_*.txt")
+try:
+    rows = json.load(open(os.path.join(out, "check.json")))
+except Exception as e:  # noqa: BLE001
+    rows, cbad = [], [f"no checker JSON: {e}"]
+else:
+    must = [r for r in rows if r["variant"] not in ("legacy", "as-upstream")]
+    ran = [r for r in must if not any(f.startswith("skipped") for f in r["findings"])]
+    cbad = [f"{r['backend']}/{r['variant']} {r['mode']} bs {r['bs']}: {r['findings'][:2]}"
+            for r in ran if False in (r["capture_equals_replay"], r["graph_equals_eager"],
+                                      r["matches_oracle"], r["replay_matches_reference"])]
+for b in sbad + nbad + cbad:
+    print("FAIL", b)
+ncheck_fail = len(cbad) if rows else 1
+print(f"gpu-ci: {sp} passed, {sf} failed, {ss} skipped; notebooks {np_}/{np_ + nf} cells ok"
+      f"{f' ({ns} skipped)' if ns else ''}; checker {len(rows)} rows, {ncheck_fail} must-pass failed")
+PY
