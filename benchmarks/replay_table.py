@@ -27,7 +27,7 @@ if "PYTHONPATH" not in os.environ:  # measure this checkout unless told otherwis
 
 import torch  # noqa: E402
 
-from refimpl import bench  # noqa: E402
+from refimpl import bench, default_dtype  # noqa: E402
 from refimpl.backends import find  # noqa: E402
 from refimpl.batch import World  # noqa: E402
 from refimpl.batchgen import BatchGenerator  # noqa: E402
@@ -54,7 +54,7 @@ def measure(row: str, repeats: int, warmup: int, ctx: int = 256, rotate: int = 4
     entry = next(e for e in find(name) if e.variant == variant)
     engine = make_engine("auto")
     dev = engine.device
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    dtype = default_dtype(dev)
     cfg = tiny_model_config(entry.model_kind, dtype, dev.type)
     spec = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
     world = World.create(cfg, max_context_len=ctx, pool_size=(rotate + 1) * max(SIZES) + 2,

@@ -541,9 +541,9 @@ show(viz.draw_csr(world.req_to_token, run_v1.req_pool_indices[:bs], kv_lens_v1,
 tri_v2 = TritonAttnBackend(world, TREE)
 run_v2, fb_v2, frozen_v2, _ = capture_replay(ForwardMode.DRAFT_EXTEND_V2, tri_v2, TREE)
 S = TREE.num_steps
-seq_v2 = run_v2.seq_lens[:bs].clone()
+seq_v2 = run_v2.seq_lens[:bs].cpu()
 kv_lens_v2 = torch.clamp(seq_v2 - N, min=0)
-qo_v2 = tri_v2.qo_indptr[: bs + 1].clone()
+qo_v2 = tri_v2.qo_indptr[: bs + 1].cpu()  # host copies: `wrong` below is built on the host
 wrong = torch.arange(0, bs * (S + 1) + 1, S + 1)  # the pre-#27545 stride
 pos = run_v2.positions.cpu()
 for i in range(fb_v2.batch_size):
@@ -844,7 +844,7 @@ show(viz.draw_buffers(fi_rows, "FlashInfer: the bs-4 wrappers' bound buffers aft
 
 # the bound mask holds section 2's blocks: request 0's [N, prefix + N] block, its tree part
 block_fi = w_tv._custom_mask_buf[: int(w_tv._mask_indptr_buf[1])].view(N, -1)
-assert torch.equal(block_fi[:, -N:].bool(), DraftTree(fb_tv.spec_info.parents[0]).ancestry_mask())
+assert torch.equal(block_fi[:, -N:].bool().cpu(), DraftTree(fb_tv.spec_info.parents[0]).ancestry_mask())
 
 # %% [markdown]
 # ### The plan's work partition, per captured batch size
@@ -946,7 +946,7 @@ rows_mla = {"the batch: kv_indptr": ref_mla["kv_indptr"],
 marks, mla_roles = {}, {}
 for name, t in rows_mla.items():
     key = "kv_indptr" if "indptr" in name else "kv_len_arr"
-    bad = t.cpu().long() != want[key].long()
+    bad = t.cpu().long() != want[key].cpu().long()
     marks[name] = bad
     base = roles(t.numel(), indptr=key == "kv_indptr")
     mla_roles[name] = ["stale" if b else r for r, b in zip(base, bad.tolist())]

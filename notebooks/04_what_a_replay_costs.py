@@ -46,7 +46,7 @@ try:
 except ImportError:  # run as a plain script: nothing to display
     Image = display = lambda *args, **kwargs: None  # noqa: E731
 
-from refimpl import bench, viz
+from refimpl import bench, default_dtype, viz
 from refimpl.backends import find
 from refimpl.batch import World
 from refimpl.batchgen import BatchGenerator
@@ -152,7 +152,7 @@ for mode in ("decode", "target_verify"):
 # %%
 engine = make_engine("auto")
 device = engine.device
-dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+dtype = default_dtype(device)
 cfg = tiny_model_config("mha", dtype, device.type)
 spec = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
 L = 64

@@ -52,7 +52,7 @@ try:
 except ImportError:  # run as a plain script: nothing to display
     Image = Markdown = display = lambda *args, **kwargs: None  # noqa: E731
 
-from refimpl import ForwardMode, GraphConfig, viz
+from refimpl import ForwardMode, GraphConfig, default_dtype, viz
 from refimpl.backends import load_backend_class
 from refimpl.batch import World
 from refimpl.batchgen import BatchGenerator
@@ -220,9 +220,10 @@ assert all(rep - cap == i * N * N for i, (cap, rep) in diffs.items())
 
 # %%
 mode = ForwardMode.TARGET_VERIFY
-cfg = tiny_model_config("mha", torch.float32, "cpu")
+engine = CPUEmulatorEngine()  # the checker's engine above: on a GPU it runs on CUDA tensors
+cfg = tiny_model_config("mha", default_dtype(engine.device), engine.device.type)
 world = World.create(cfg, max_context_len=FAST.max_context_len,
-                     pool_size=4 * max(FAST.capture_bs) + 8, page_size=1, device="cpu",
+                     pool_size=4 * max(FAST.capture_bs) + 8, page_size=1, device=engine.device,
                      seed=FAST.seed)  # fmt: skip
 world.randomize_kv(FAST.seed)
 gcfg = GraphConfig(max_bs=max(FAST.capture_bs), capture_bs=FAST.capture_bs,
@@ -233,7 +234,7 @@ def new_backend(cls=ReviewBackendBuggy):
     return cls(world, FAST.spec)
 
 
-runner = GraphRunner(TinyDecoder(cfg, world.device), new_backend(), CPUEmulatorEngine(), mode,
+runner = GraphRunner(TinyDecoder(cfg, world.device), new_backend(), engine, mode,
                      gcfg, FAST.spec)  # fmt: skip
 gen = BatchGenerator(world, FAST.spec, seed=FAST.seed + 1)
 gen.release(gen.for_mode(mode, 1))  # the checker's bs-1 batch came first
@@ -248,7 +249,10 @@ Q = new_backend()
 Q.init_cuda_graph_state(runner.max_bs, runner.max_num_tokens)
 call_capture_hook(Q, runner.capture_batch(bs))
 call_replay_hook(Q, padded)
-cap, rep, ref = P.graph_state(bs, mode), Q.graph_state(bs, mode), Q.reference_graph_state(padded)
+cap, rep, ref = (
+    {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in state.items()}  # host copies
+    for state in (P.graph_state(bs, mode), Q.graph_state(bs, mode), Q.reference_graph_state(padded))
+)
 
 # the states drawn below are the ones the checker compared: same differences, same words
 assert capture_vs_replay(new_backend, runner, fb)[0] == verify[3].findings[:2]
@@ -318,7 +322,8 @@ def block_as_read(backend, i):
     md = backend.forward_metadata
     kv_len = int(md.kv_indptr[i + 1] - md.kv_indptr[i])
     flat = int(md.mask_indptr[i]) + torch.arange(N)[:, None] * kv_len + torch.arange(kv_len)
-    return md.custom_mask[flat.clamp(0, md.custom_mask.numel() - 1)].bool(), kv_len
+    mask = md.custom_mask.cpu()
+    return mask[flat.clamp(0, mask.numel() - 1)].bool(), kv_len
 
 
 def expected_block(i, kv_len):

@@ -5,8 +5,9 @@ kernel module defines a ``@triton.jit`` function.
 """
 
 from . import _env  # noqa: F401  (must stay first)
+from ._env import default_device, default_dtype
 from .config import GraphConfig, ModelConfig, SpecConfig
 from .modes import ForwardMode
 
-__all__ = ["ForwardMode", "ModelConfig", "SpecConfig", "GraphConfig"]
+__all__ = ["ForwardMode", "ModelConfig", "SpecConfig", "GraphConfig", "default_device", "default_dtype"]
 __version__ = "0.1.0"

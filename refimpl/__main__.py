@@ -224,8 +224,11 @@ def _bench(args, parser) -> int:
            "settings": {k: (list(v) if isinstance(v, tuple) else v)
                         for k, v in vars(settings).items() if k != "spec"},
            "spec": vars(settings.spec)}  # fmt: skip
-    if not torch.cuda.is_available():
-        env["note"] = "CPU: emulator timings (what the Python costs), not GPU launch costs"
+    env["note"] = (
+        f"{env['device']}: CUDA graph timings"
+        if torch.cuda.is_available()
+        else "CPU: emulator timings (what the Python costs), not GPU launch costs"
+    )
     out = Path(args.out) if args.out else None
 
     def write(rows):  # after every runner: a run stopped early keeps what it measured

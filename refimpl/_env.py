@@ -22,6 +22,12 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() and not INTERPRET else "cpu")
 
 
+def default_dtype(device: torch.device | str) -> torch.dtype:
+    """The model dtype the backends run on ``device``: bfloat16 on a GPU (what the real kernels
+    take), float32 on the CPU (the Triton interpreter mishandles bf16)."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
 def check_cpu_dtype(t: torch.Tensor, name: str) -> None:
     """Refuse bf16 on the Triton interpreter instead of returning garbage silently."""
     if INTERPRET and t.dtype == torch.bfloat16:

@@ -158,7 +158,7 @@ class BatchGenerator:
             positions=empty64.clone(),  # [0] int64
             req_pool_indices=empty64.clone(),  # [0] int64
             seq_lens=torch.zeros(0, dtype=torch.int32, device=dev),  # [0] int32
-            seq_lens_cpu=torch.zeros(0, dtype=torch.int32),  # [0] int32, cpu
+            seq_lens_cpu=torch.zeros(0, dtype=torch.int32, device="cpu"),  # [0] int32, cpu
             out_cache_loc=empty64.clone(),  # [0] int64
             seq_lens_sum=0,
             world=self.world,

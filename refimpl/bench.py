@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from ._env import default_dtype
 from .batch import ForwardBatch
 from .config import SpecConfig
 from .graphs.recorder import record_ops
@@ -288,7 +289,7 @@ def sweep(
 
     engine = make_engine("auto")
     dev, cuda = engine.device, engine.device.type == "cuda"
-    dtype = torch.bfloat16 if cuda else torch.float32
+    dtype = default_dtype(dev)
     spec = settings.spec
     plan = [(e, case) for e, case, sp in targets(settings.backends, settings.modes,
                                                  settings.variants) if sp.topk == 1]  # fmt: skip
@@ -424,7 +425,7 @@ def trtllm_draft_extend_sweep(
 
     engine = make_engine("auto")
     dev = engine.device
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    dtype = default_dtype(dev)
     cfg = tiny_model_config("mla", dtype, dev.type)
     spec = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
     max_bs = max(batch_sizes)

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ._env import default_dtype
 from .backends import BackendEntry, find
 from .backends.base import GraphModeNotSupported
 from .backends.oracle import OracleBackend, OracleMultiStep
@@ -268,7 +269,7 @@ def check_entry_mode(
     label = case.label if isinstance(case, ForwardMode) else parse_case(case)
     mode, multi_step = CASES[label]
     dev = engine.device
-    dtype = settings.dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    dtype = settings.dtype or default_dtype(dev)
     cfg = tiny_model_config(entry.model_kind, dtype, dev.type)
     L, spec = settings.max_context_len, settings.spec
     world = World.create(cfg, max_context_len=L, pool_size=4 * max(settings.capture_bs) + 8,

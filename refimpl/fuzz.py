@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from . import layout
+from ._env import default_dtype
 from .backends import BackendEntry, GraphModeNotSupported, find
 from .backends.oracle import OracleBackend, OracleMultiStep
 from .batch import World
@@ -143,7 +144,7 @@ class FuzzTarget:
         self.mode, self.multi = CASES[case]
         self.capture_bs = tuple(capture_bs)
         dev = engine.device
-        self.dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+        self.dtype = dtype or default_dtype(dev)
         cfg = tiny_model_config(entry.model_kind, self.dtype, dev.type)
         if num_layers is not None:
             cfg = dataclasses.replace(cfg, num_layers=num_layers)

@@ -105,10 +105,10 @@ class TokenSlotAllocator:
         p = self.page_size
         if num_tokens > len(pages) * p:
             raise ValueError(f"{num_tokens} tokens do not fit in {len(pages)} pages of {p}")
-        page_ids = torch.tensor(pages, dtype=torch.int64)
+        page_ids = torch.tensor(pages, dtype=torch.int64, device="cpu")
         if p == 1:
             return page_ids[:num_tokens]
-        pos = torch.arange(num_tokens, dtype=torch.int64)
+        pos = torch.arange(num_tokens, dtype=torch.int64, device="cpu")
         return page_ids[pos // p] * p + pos % p
 
 

@@ -42,7 +42,9 @@ class TinyDecoder:
             )
 
         self.embed = w(cfg.vocab_size, hd) * math.sqrt(cfg.vocab_size)
-        self.inv_freq = 1.0 / (10000 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+        self.inv_freq = 1.0 / (
+            10000 ** (torch.arange(0, hd, 2, dtype=torch.float32, device="cpu") / hd)
+        )
         self.inv_freq = self.inv_freq.to(device)
         H = cfg.num_heads
         self.layers = []

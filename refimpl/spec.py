@@ -96,7 +96,7 @@ class DraftTree:
     def ancestry_mask(self) -> torch.Tensor:
         """``anc[q, k]`` True iff k == q or k is an ancestor of q.  # [N, N] bool, cpu"""
         n = self.num_nodes
-        anc = torch.eye(n, dtype=torch.bool)
+        anc = torch.eye(n, dtype=torch.bool, device="cpu")
         for q in range(1, n):
             anc[q] |= anc[self.parents[q]]  # parent's row is final because parents[q] < q
         return anc
@@ -175,7 +175,7 @@ def _as_rng(generator: _random.Random | torch.Generator | int | None) -> _random
     if isinstance(generator, _random.Random):
         return generator
     if isinstance(generator, torch.Generator):
-        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=generator.device))
         return _random.Random(seed)
     return _random.Random(generator)
 
@@ -227,7 +227,9 @@ def build_custom_mask(
     n = _check_trees(lens, trees)
     blocks = []
     for s, tree in zip(lens, trees):
-        block = torch.ones(n, s + n, dtype=torch.bool)  # [N, s+N]: prefix columns all True
+        block = torch.ones(
+            n, s + n, dtype=torch.bool, device="cpu"
+        )  # [N, s+N]: prefix columns all True
         block[:, s:] = tree.ancestry_mask()  # last N columns: the tree
         blocks.append(block.flatten())
     mask = torch.cat(blocks).to(device)
@@ -376,8 +378,8 @@ def dummy_spec_input(
         # request block [N, seq + N]: prefix all ones, then a causal chain over the drafts
         block = torch.cat(
             [
-                torch.ones(n, fill_value, dtype=torch.bool),
-                torch.ones(n, n, dtype=torch.bool).tril(),
+                torch.ones(n, fill_value, dtype=torch.bool, device="cpu"),
+                torch.ones(n, n, dtype=torch.bool, device="cpu").tril(),
             ],
             1,
         )

@@ -15,9 +15,14 @@ What is checked:
 | ``input_ids`` / ``positions`` | in ``[0, vocab)`` / ``[0, max_context_len)`` |
 | spec inputs | the mode's type; verify: N as captured, a **bool** mask of ``sum N*(seq+N)`` entries; draft extend: accept lengths int32 in ``[0, S]`` agreeing with their host copy, the mode's version, rows per request as the graph lays them out; multi-step: topk and steps as captured |
 
-Cost: a handful of small device ops and host reads (on a GPU, one synchronisation per host read:
-tens of µs). ``GraphRunner(validate_inputs=False)`` switches it off for timing runs; the
-runner's capture configuration is checked once, up front (``check_capture_config``).
+Cost (``refimpl.kernels.batch_check``): the host rules run in Python on the host copies; the
+device rules run as one kernel launch over the batch's own entries (and its requests'
+``req_to_token`` columns), and its small result is read back once: one synchronisation per
+replay, work proportional to the batch, never to the KV pool. An eager batch whose requests
+have different row counts (EXTEND, ragged draft extend) reads its row counts first. The values in
+a refusal's message are read only on the way to the error. ``GraphRunner(validate_inputs=False)``
+switches validation off; the runner's capture configuration is checked once, up front
+(``check_capture_config``).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import torch
 
 from . import layout
 from .config import SpecConfig
-from .modes import ForwardMode
+from .kernels.batch_check import batch_check, read_result, result_size
 from .spec import DraftDecodeInput, DraftExtendInput, VerifyInput
 
 
@@ -40,9 +45,9 @@ def _refuse(field: str, value: Any, limit: str) -> BatchRefused:
     return BatchRefused(f"{field}={value}: {limit}")
 
 
-def _first_bad(mask: torch.Tensor, values: torch.Tensor) -> tuple[int, Any]:
-    i = int(mask.nonzero()[0, 0])
-    return i, values[i].item()
+def _first(values: list, bad) -> int | None:
+    """Index of the first value ``bad`` holds for, or None."""
+    return next((i for i, v in enumerate(values) if bad(v)), None)
 
 
 def _structure(fb, locs_per_row: int) -> None:
@@ -70,18 +75,9 @@ def _structure(fb, locs_per_row: int) -> None:
         raise _refuse("ForwardBatch.seq_lens_cpu entries", s.numel(), f"expected {fb.batch_size}")
 
 
-def _rows_per_request(fb, mode: ForwardMode, spec: Any) -> torch.Tensor:
-    """Query rows of each request, ``[bs]`` on the host."""
-    if mode.is_extend():
-        return fb.extend_seq_lens.cpu().to(torch.int64)
-    if mode.is_any_draft_extend():
-        return spec.extend_seq_lens.cpu().to(torch.int64)
-    per = fb.num_tokens // max(fb.batch_size, 1)
-    return torch.full((fb.batch_size,), per, dtype=torch.int64)
-
-
 def _check_spec(fb, mode, cfg: SpecConfig | None, multi_step: bool, for_graph: bool) -> int:
-    """The mode's spec input; returns the extra r2t columns a request spans past ``seq_lens``."""
+    """The mode's spec input, host side; returns the r2t columns a request spans past
+    ``seq_lens``. (The accept lengths' device copy is compared after the device check.)"""
     spec, bs = fb.spec_info, fb.batch_size
     if mode.is_target_verify():
         if not isinstance(spec, VerifyInput):
@@ -105,18 +101,13 @@ def _check_spec(fb, mode, cfg: SpecConfig | None, multi_step: bool, for_graph: b
         version = 2 if mode.is_draft_extend_v2() else 1
         if spec.version != version:
             raise _refuse("spec_info.version", spec.version, f"{mode.name} is version {version}")
-        acc = spec.accept_length
-        if acc.dtype != torch.int32 or acc.numel() != bs:
-            raise _refuse("spec_info.accept_length", f"{acc.dtype}[{acc.numel()}]", f"int32[{bs}]")
-        host = acc.cpu()
-        if host.tolist() != list(spec.accept_length_cpu):
-            raise _refuse("spec_info.accept_length", host.tolist(),
-                          f"disagrees with accept_length_cpu={list(spec.accept_length_cpu)}")  # fmt: skip
-        steps = cfg.num_steps if cfg is not None else None  # without a SpecConfig: >= 0 only
-        bad = (host < 0) | (host > steps) if steps is not None else host < 0
-        if bool(bad.any()):
-            i, v = _first_bad(bad, host)
-            raise _refuse(f"spec_info.accept_length[{i}]", v, f"outside [0, num_steps={steps}]")
+        for name in ("accept_length", "extend_seq_lens"):
+            t = getattr(spec, name)
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.numel() != bs:
+                got = f"{t.dtype}[{t.numel()}]" if isinstance(t, torch.Tensor) else type(t).__name__
+                raise _refuse(f"spec_info.{name}", got, f"int32[{bs}]")
+            if t.device != fb.world.device:
+                raise _refuse(f"spec_info.{name}.device", t.device, f"expected {fb.world.device}")
         if cfg is not None and for_graph:
             rows = layout.rows_per_request(mode, cfg)
             if spec.num_tokens_per_req != rows:
@@ -133,12 +124,28 @@ def _check_spec(fb, mode, cfg: SpecConfig | None, multi_step: bool, for_graph: b
     return 0
 
 
-def _owner_rows(fb, rows: torch.Tensor, multi_step: bool) -> torch.Tensor:
-    """For every ``out_cache_loc`` entry, the index of the request that writes it (host)."""
-    per_req = torch.repeat_interleave(torch.arange(fb.batch_size), rows)  # [num_tokens]
-    if multi_step:  # [step][seq][branch]: every step block repeats the rows
-        per_req = per_req.repeat(fb.spec_info.num_steps)
-    return per_req
+def _check_accept_lengths(spec, host: list[int], cfg: SpecConfig | None) -> None:
+    """Draft extend: the device accept lengths (``host``, as read back) against their host copy
+    and ``[0, S]``."""
+    if host != list(spec.accept_length_cpu):
+        raise _refuse("spec_info.accept_length", host,
+                      f"disagrees with accept_length_cpu={list(spec.accept_length_cpu)}")  # fmt: skip
+    steps = cfg.num_steps if cfg is not None else None  # without a SpecConfig: >= 0 only
+    i = _first(host, lambda a: a < 0 or (steps is not None and a > steps))
+    if i is not None:
+        raise _refuse(f"spec_info.accept_length[{i}]", host[i], f"outside [0, num_steps={steps}]")
+
+
+_SCRATCH: dict[torch.device, torch.Tensor] = {}
+
+
+def _scratch(device: torch.device, size: int) -> torch.Tensor:
+    """The int64 result buffer of the device checks, one per device, grown when a batch needs
+    more: no allocation per call once warm."""
+    buf = _SCRATCH.get(device)
+    if buf is None or buf.numel() < size:
+        buf = _SCRATCH[device] = torch.empty(max(size, 1024), dtype=torch.int64, device=device)
+    return buf
 
 
 def validate_batch(
@@ -147,89 +154,117 @@ def validate_batch(
     """Refuse a malformed batch before anything is written (table in the module docstring).
 
     ``spec``: the configuration the batch must match (N, topk, steps); ``for_graph``: also the
-    graph's uniform row layout (an eager batch may be ragged)."""
+    graph's uniform row layout (an eager batch may be ragged). Host checks in Python, device
+    checks in one ``batch_check`` launch and one read of its small result."""
     mode, world = fb.forward_mode, fb.world
     multi = (
         isinstance(fb.spec_info, DraftDecodeInput) if multi_step_draft is None else multi_step_draft
     )
     _structure(fb, fb.spec_info.num_steps if multi else 1)
-    bs, L = fb.batch_size, world.max_context_len
-    seq = fb.seq_lens_cpu.to(torch.int64)
-    if not torch.equal(fb.seq_lens.cpu().to(torch.int64), seq):
-        raise _refuse("seq_lens (device)", fb.seq_lens.cpu().tolist(),
-                      f"disagrees with seq_lens_cpu={seq.tolist()}")  # fmt: skip
+    bs, n, L = fb.batch_size, fb.num_tokens, world.max_context_len
+    seq = fb.seq_lens_cpu.tolist()
     # an eager batch may carry another N / topk than the graphs were captured for
-    extra = _check_spec(fb, mode, spec if for_graph else None, multi, for_graph)
+    cfg = spec if for_graph else None
+    extra = _check_spec(fb, mode, cfg, multi, for_graph)
     if bs == 0:
         return
-    if bool((seq < 1).any()):
-        i, v = _first_bad(seq < 1, seq)
-        raise _refuse(f"seq_lens[{i}]", v, "must be >= 1")
-    if bool((seq + extra > L).any()):
-        i, v = _first_bad(seq + extra > L, seq + extra)
+    draft_extend = mode.is_any_draft_extend()
+    # rows per request: uniform in a graph and in decode / verify; an eager extend may be ragged
+    # (its lengths are read first: one more device read, on the eager path only)
+    row_req, rows = None, None
+    if mode.is_extend() or (draft_extend and not for_graph):
+        ext = fb.extend_seq_lens if mode.is_extend() else fb.spec_info.extend_seq_lens
+        if not isinstance(ext, torch.Tensor) or ext.numel() != bs or ext.is_floating_point():
+            got = f"{ext.dtype}[{ext.numel()}]" if isinstance(ext, torch.Tensor) else ext
+            raise _refuse("extend_seq_lens", got, f"an integer tensor of {bs} row counts")
+        rows = ext.tolist()
+        if sum(rows) != n:
+            raise _refuse("num_tokens", n, f"expected {sum(rows)} rows for the batch's {bs} "
+                          f"requests in {mode.name}")  # fmt: skip
+        if len(set(rows)) > 1:
+            owner = [r for r, k in enumerate(rows) for _ in range(k)]
+            row_req = torch.tensor(owner, dtype=torch.int32, device="cpu").to(world.device)
+    per = rows[0] if rows and row_req is None else n // bs
+    if row_req is None and per * bs != n:
+        raise _refuse("num_tokens", n, f"expected {per * bs} rows for the batch's {bs} "
+                      f"requests in {mode.name}")  # fmt: skip
+    # the device checks: one launch, one read
+    loc, spec_info = fb.out_cache_loc, fb.spec_info
+    max_span = min(max(seq) + extra, L)
+    out = _scratch(world.device, result_size(bs, n, loc.numel()))
+    batch_check(out, world.req_to_token, fb.seq_lens, fb.req_pool_indices, fb.input_ids,
+                fb.positions, loc, rows_per_req=per, extra=extra, max_span=max(max_span, 0),
+                vocab=world.cfg.vocab_size, num_slots=world.kv_cache.num_slots,
+                accept_length=spec_info.accept_length if draft_extend else None,
+                extend_seq_lens=spec_info.extend_seq_lens if draft_extend else None,
+                row_req=row_req)  # fmt: skip
+    res = read_result(out, bs, n, loc.numel())  # the one device read
+    # host rules, in order; the device results where a rule needs them
+    if res["seq_lens"] != seq:
+        raise _refuse("seq_lens (device)", res["seq_lens"], f"disagrees with seq_lens_cpu={seq}")
+    if draft_extend:
+        _check_accept_lengths(spec_info, res["accept_length"], cfg)
+        ext = res["extend_seq_lens"]
+        if for_graph and ext != [per] * bs:
+            raise _refuse("spec_info.extend_seq_lens", ext,
+                          f"the graph lays out {per} rows per request")  # fmt: skip
+        rows = ext
+    i = _first(seq, lambda s: s < 1)
+    if i is not None:
+        raise _refuse(f"seq_lens[{i}]", seq[i], "must be >= 1")
+    i = _first(seq, lambda s: s + extra > L)
+    if i is not None:
         what = f"seq_lens[{i}] + {extra}" if extra else f"seq_lens[{i}]"
-        raise _refuse(what, v, f"exceeds max_context_len={L}")
-    mask = getattr(fb.spec_info, "custom_mask", None) if mode.is_target_verify() else None
+        raise _refuse(what, seq[i] + extra, f"exceeds max_context_len={L}")
+    mask = getattr(spec_info, "custom_mask", None) if mode.is_target_verify() else None
     if mask is not None:  # its size depends on seq_lens, checked above
-        want = sum(layout.tree_mask_sizes(seq.tolist(), extra))
+        want = sum(layout.tree_mask_sizes(seq, extra))
         if mask.numel() != want:
             raise _refuse("spec_info.custom_mask entries", mask.numel(),
                           f"expected sum over requests of N*(seq_len+N) = {want}")  # fmt: skip
-    rows = _rows_per_request(fb, mode, fb.spec_info)
-    if int(rows.sum()) != fb.num_tokens:
-        raise _refuse("num_tokens", fb.num_tokens, f"expected {int(rows.sum())} rows for the "
-                      f"batch's {bs} requests in {mode.name}")  # fmt: skip
-    if (mode.is_any_draft_extend() or mode.is_extend()) and bool((seq < rows).any()):
-        i, v = _first_bad(seq < rows, seq)
-        raise _refuse(f"seq_lens[{i}]", v, f"counts the request's {int(rows[i])} new rows")
-    pool = world.req_to_token_pool.size
-    rpi = fb.req_pool_indices.cpu()
-    bad = (rpi < 1) | (rpi >= pool)
-    if bool(bad.any()):
-        i, v = _first_bad(bad, rpi)
+    if rows is not None:  # extend modes: seq_lens count the request's new rows
+        i = _first(range(bs), lambda r: seq[r] < rows[r])
+        if i is not None:
+            raise _refuse(f"seq_lens[{i}]", seq[i], f"counts the request's {rows[i]} new rows")
+    _report_device_findings(fb, res["first"], seq, extra, per, row_req)
+
+
+def _report_device_findings(fb, first: dict, seq: list[int], extra: int, per: int, row_req):
+    """The first bad entry of each device rule, in order, as the refusal it is. The values are
+    read back only here, on the way to an error."""
+    world = fb.world
+    pool, slots, L = world.req_to_token_pool.size, world.kv_cache.num_slots, world.max_context_len
+    i = first["req_pool_indices range"]
+    if i is not None:
+        v = int(fb.req_pool_indices[i])
         limit = "row 0 is reserved for padded rows" if v == 0 else f"outside [1, pool={pool})"
         raise _refuse(f"req_pool_indices[{i}]", v, limit)
-    if rpi.unique().numel() != bs:
-        raise _refuse("req_pool_indices", rpi.tolist(), "a request appears twice in the batch")
-    vocab = world.cfg.vocab_size
-    for name, t, hi in (("input_ids", fb.input_ids, vocab), ("positions", fb.positions, L)):
-        host = t.cpu()
-        if bool(((host < 0) | (host >= hi)).any()):
-            i, v = _first_bad((host < 0) | (host >= hi), host)
-            raise _refuse(f"{name}[{i}]", v, f"outside [0, {hi})")
-    _check_cache_slots(fb, seq + extra, rows, multi)
-
-
-def _check_cache_slots(fb, span: torch.Tensor, rows: torch.Tensor, multi: bool) -> None:
-    world, loc = fb.world, fb.out_cache_loc
-    slots = world.kv_cache.num_slots
-    host = loc.cpu()
-    bad = (host < 1) | (host >= slots)
-    if bool(bad.any()):
-        i, v = _first_bad(bad, host)
+    if first["req_pool_indices duplicate"] is not None:
+        raise _refuse("req_pool_indices", fb.req_pool_indices.tolist(),
+                      "a request appears twice in the batch")  # fmt: skip
+    for name, t, hi in (("input_ids", fb.input_ids, world.cfg.vocab_size),
+                        ("positions", fb.positions, L)):  # fmt: skip
+        i = first[f"{name} range"]
+        if i is not None:
+            raise _refuse(f"{name}[{i}]", int(t[i]), f"outside [0, {hi})")
+    loc = fb.out_cache_loc
+    i = first["out_cache_loc range"]
+    if i is not None:
+        v = int(loc[i])
         limit = "slot 0 is reserved for padded rows" if v == 0 else f"outside [1, {slots})"
         raise _refuse(f"out_cache_loc[{i}]", v, limit)
-    if host.unique().numel() != host.numel():
+    if first["out_cache_loc duplicate"] is not None:
         raise _refuse("out_cache_loc", "duplicates", "two rows would write the same KV slot")
-    # ownership: which request's req_to_token span holds each slot (device work, one read)
-    dev, r2t = world.device, world.req_to_token
-    rpi = fb.req_pool_indices
-    width = int(span.max())
-    cols = torch.arange(width, device=dev)
-    mine = r2t[rpi, :width].to(torch.int64)  # [bs, width]
-    mine = torch.where(cols[None, :] < span.to(dev)[:, None], mine, slots)  # outside: a dump
-    owner = torch.full((slots + 1,), -1, dtype=torch.int64, device=dev)
-    owner.scatter_(
-        0, mine.flatten(), torch.arange(fb.batch_size, device=dev).repeat_interleave(width)
-    )
-    writer = _owner_rows(fb, rows, multi).to(dev)
-    wrong = (owner[loc] != writer).cpu()
-    if bool(wrong.any()):
-        i = int(wrong.nonzero()[0, 0])
-        who = int(owner[loc[i]])
+    i = first["out_cache_loc owner"]
+    if i is not None:
+        v, row = int(loc[i]), i % fb.num_tokens
+        writer = int(row_req[row]) if row_req is not None else row // per
+        spans = [min(s + extra, L) for s in seq]
+        table = world.req_to_token[fb.req_pool_indices].cpu()  # [bs, L]: the batch's rows only
+        who = next((r for r in range(fb.batch_size) if v in table[r, : spans[r]].tolist()), -1)
         whose = "no request of this batch" if who < 0 else f"request {who}"
-        raise _refuse(f"out_cache_loc[{i}]", int(host[i]),
-                      f"belongs to {whose}, not to the row's request {int(writer[i])}: a batch "
+        raise _refuse(f"out_cache_loc[{i}]", v,
+                      f"belongs to {whose}, not to the row's request {writer}: a batch "
                       "may write only its own requests' KV slots")  # fmt: skip
 
 

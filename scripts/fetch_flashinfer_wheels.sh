@@ -8,7 +8,7 @@
 # Keep DEST out of git (echo /.whl/ >> .git/info/exclude) and, on the GPU machine, install with
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 #   export PYTHONPATH=/tmp/site FLASHINFER_WORKSPACE_BASE=/tmp/fiws MAX_JOBS=16
-# (scripts/gpu_check.sh does this when it finds .whl/). Measured with flashinfer-python 0.6.0 on
+# (scripts/gpu_env.sh, which every scripts/gpu_*.sh sources, does this when it finds .whl/). Measured with flashinfer-python 0.6.0 on
 # an H200 (torch 2.11, CUDA 13): the first decode wrapper compiles in ~12 s, the first MLA
 # wrapper in ~17 s, once per cache directory.
 set -euo pipefail

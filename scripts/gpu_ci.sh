@@ -49,7 +49,7 @@ cat "$out/versions.txt"
 # 2. the suite: one process per file, six at a time, a junit report each
 ls ${GPU_CI_TESTS:-tests/test_*.py} | xargs -P "${SUITE_JOBS:-6}" -I{} sh -c '
   f={}; b=$(basename "$f" .py)
-  timeout "${SUITE_S:-420}" python3 -m pytest -q -p no:cacheprovider -rfE "$f" \
+  timeout "${SUITE_S:-420}" python3 -m pytest -q -p no:cacheprovider -rfEs "$f" \
     --junitxml="'"$tmp"'/junit_$b.xml" > "'"$tmp"'/log_$b.txt" 2>&1
   echo "[$f rc=$?]" >> "'"$tmp"'/log_$b.txt"' &
 

@@ -29,39 +29,6 @@ def test_cuda_engine_replays_on_captured_storage():
     assert g.kernels() == {"aten.mul.Tensor": 1, "aten.add.Tensor": 1}, g.ops()
 
 
-_HOST_SYNC = """
-import torch, refimpl
-from refimpl.graphs import GraphCaptureError, make_engine
-x = torch.ones(8, device="cuda")
-try:
-    make_engine("cuda").new_graph().capture(lambda: x.sum().item())
-except GraphCaptureError as e:
-    print("refused:", str(e).splitlines()[0])
-else:
-    raise SystemExit("capture of .item() did not raise")
-"""
-
-
-def test_cuda_engine_refuses_host_sync():
-    # a failed capture poisons process-wide CUDA state (FlashInfer isolates such tests the same
-    # way): run it in a subprocess
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    res = subprocess.run(
-        [sys.executable, "-c", _HOST_SYNC], capture_output=True, text=True, env=env, timeout=300
-    )
-    # refused by refimpl's op recorder (shared with the emulator) before CUDA's own capture
-    # error: the message names the op that reads a device value on the host
-    assert res.returncode == 0, res
-    assert "refused: host synchronisation during capture: aten._local_scalar_dense" in res.stdout, (
-        res
-    )
-
-
 @pytest.mark.parametrize("kind", ["mha", "mla"])
 @pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY])
 def test_same_program_same_output_on_cuda_and_emulator(kind, mode):

@@ -95,14 +95,16 @@ class FlashInferAttnBackend(AttentionBackend):
         if world.page_size != 1:
             raise ValueError(f"{self.name} runs with page size 1, got {world.page_size}")
         pool, dev = world.req_to_token_pool.size, self.device
-        self.fi = wrapper_classes(prefer_real=prefer_real and dev.type == "cuda")
-        self.workspace = make_workspace(dev)
+        self.fi = wrapper_classes(prefer_real and dev.type == "cuda", self.cfg.dtype)
+        self.workspace = make_workspace(dev, real=self.fi.real)
         i32 = dict(dtype=torch.int32, device=dev)
         self.kv_indptr = (
             kv_indptr_buf if kv_indptr_buf is not None else torch.zeros(pool + 1, **i32)
         )
         self.kv_last_page_len = torch.ones(pool, **i32)
-        self.kv_last_page_len_cpu = torch.ones(pool, dtype=torch.int32)  # host twin for plan
+        self.kv_last_page_len_cpu = torch.ones(
+            pool, dtype=torch.int32, device="cpu"
+        )  # host twin for plan
         self.skip_prefill = skip_prefill
         self.decode_cuda_graph_metadata: dict[int, list] = {}
         self.prefill_cuda_graph_metadata: dict[int, list] = {}
@@ -151,7 +153,9 @@ class FlashInferAttnBackend(AttentionBackend):
                 self.world.req_to_token, rpi[:bs], seq_lens[:bs], kv_indptr, kv_indices
             )
             host_lens = seq_lens_cpu[:bs]
-        indptr_cpu = torch.zeros(rows + 1, dtype=torch.int32)  # host: no device-to-host copy
+        indptr_cpu = torch.zeros(
+            rows + 1, dtype=torch.int32, device="cpu"
+        )  # host: no device-to-host copy
         indptr_cpu[1:] = torch.cumsum(host_lens, 0)
         H, Hkv, D = self._heads()
         wrapper.plan(
@@ -182,7 +186,7 @@ class FlashInferAttnBackend(AttentionBackend):
         wrapper, dev = wrappers[0], self.device
         n = self._rows_per_req(mode, spec_info)
         kv_lens_cpu = self._kv_len_for(mode, seq_lens_cpu[:bs])  # host
-        kv_indptr_cpu = torch.zeros(bs + 1, dtype=torch.int32)
+        kv_indptr_cpu = torch.zeros(bs + 1, dtype=torch.int32, device="cpu")
         kv_indptr_cpu[1:] = torch.cumsum(kv_lens_cpu, 0)
         kv_lens = self._kv_len_for(mode, seq_lens[:bs])  # device, what the kernel reads
         if wrapper.is_cuda_graph_enabled:  # the Triton kernel writes the bound buffers itself
@@ -198,7 +202,7 @@ class FlashInferAttnBackend(AttentionBackend):
         if mode.is_target_verify() and spec_info.custom_mask is not None:
             mask = self._pad_mask(spec_info.custom_mask, n, kv_lens_cpu)
         if mask is None:  # host indptrs: plan reads nothing back from the device
-            qo_indptr = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32)
+            qo_indptr = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device="cpu")
             kv_indptr, last_page_len = kv_indptr_cpu, self.kv_last_page_len_cpu[:bs]
         else:
             qo_indptr = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device=dev)
@@ -356,11 +360,14 @@ class FlashInferAttnBackend(AttentionBackend):
             return ref
         rows = S + 1 if mode.is_draft_extend_v1() else n
         ref.update(
-            qo_indptr=torch.arange(0, bs * rows + 1, rows), causal=not mode.is_target_verify()
+            qo_indptr=torch.arange(0, bs * rows + 1, rows, device="cpu"),
+            causal=not mode.is_target_verify(),
         )
         w = self.forward_metadata.prefill_wrappers[0]
         if getattr(w, "_custom_mask_buf", None) is not None and is_standin(w):
-            ref["mask_indptr"] = torch.tensor([0] + [n * k for k in kv.tolist()]).cumsum(0)
+            ref["mask_indptr"] = torch.tensor(
+                [0] + [n * k for k in kv.tolist()], device="cpu"
+            ).cumsum(0)
             ref["custom_mask"] = spec.custom_mask.to(torch.uint8)  # the live requests' blocks
         return ref
 

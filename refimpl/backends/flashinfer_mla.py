@@ -86,8 +86,8 @@ class FlashInferMLAAttnBackend(AttentionBackend):
             raise ValueError(f"{self.name} needs an MLA model, got kind={self.cfg.kind!r}")
         self._check_page_size(world.page_size)
         pool, dev = world.req_to_token_pool.size, self.device
-        self.fi = wrapper_classes(prefer_real=prefer_real and dev.type == "cuda")
-        self.workspace = make_workspace(dev)
+        self.fi = wrapper_classes(prefer_real and dev.type == "cuda", self.cfg.dtype)
+        self.workspace = make_workspace(dev, real=self.fi.real)
         self.kv_indptr = torch.zeros(pool + 1, dtype=torch.int32, device=dev)  # the eager buffer
         self.q_indptr_decode = torch.arange(pool + 1, dtype=torch.int32, device=dev)
         self.decode_cuda_graph_metadata: dict[int, Any] = {}
@@ -167,8 +167,8 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         # ([facts#where-refimpl-deliberately-differs-from-upstream]); the kernel below still
         # builds the indices from device data
         kv_lens_cpu = layout.attended_kv_lens(mode, seq_lens_cpu[:bs], n).to(torch.int32)
-        qo_indptr_cpu = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32)
-        kv_indptr_cpu = torch.zeros(bs + 1, dtype=torch.int32)
+        qo_indptr_cpu = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device="cpu")
+        kv_indptr_cpu = torch.zeros(bs + 1, dtype=torch.int32, device="cpu")
         kv_indptr_cpu[1:] = torch.cumsum(kv_lens_cpu, 0)
         total = max(int(kv_indptr_cpu[-1]), 1)
         kv_indptr = self.kv_indptr[: bs + 1]  # device scratch for the index kernel
@@ -271,7 +271,7 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         rows = 1 if mode.is_decode_or_idle() else S + 1 if mode.is_draft_extend_v1() else n
         kv = seq + n if mode.is_target_verify() else seq  # verify: prefix + the N drafts
         csr = csr_ref(self.world.req_to_token, fb.req_pool_indices, kv)
-        return {"qo_indptr": torch.arange(0, bs * rows + 1, rows), "kv_indptr": csr["kv_indptr"],
+        return {"qo_indptr": torch.arange(0, bs * rows + 1, rows, device="cpu"), "kv_indptr": csr["kv_indptr"],
                 "kv_len_arr": kv, "kv_indices": csr["kv_indices"]}  # fmt: skip
 
     # --- the captured step --------------------------------------------------------------------

@@ -54,15 +54,20 @@ class OracleBackend(AttentionBackend):
                 for r, n in zip(rpi, seq)
                 for k in range(topk)
             ]
-            kv_indices = torch.cat(ranges) if ranges else torch.zeros(0, dtype=torch.int64)
+            kv_indices = (
+                torch.cat(ranges) if ranges else torch.zeros(0, dtype=torch.int64, device="cpu")
+            )
             kv_lens = [x.numel() for x in ranges]
-            kv_indptr = torch.tensor([0] + kv_lens, dtype=torch.int64).cumsum(0)
-            qo = torch.arange(len(ranges) + 1, dtype=torch.int64)
+            kv_indptr = torch.tensor([0] + kv_lens, dtype=torch.int64, device="cpu").cumsum(0)
+            qo = torch.arange(len(ranges) + 1, dtype=torch.int64, device="cpu")
             self.forward_metadata = (qo, kv_indptr, kv_indices, None, None, False)
             return
         if mode.is_target_verify():
             n = spec.draft_token_num
-            q_rows, kv_lens = [n] * bs, layout.attended_kv_lens(mode, torch.tensor(seq), n).tolist()
+            q_rows, kv_lens = (
+                [n] * bs,
+                layout.attended_kv_lens(mode, torch.tensor(seq, device="cpu"), n).tolist(),
+            )
         elif mode.is_decode_or_idle():
             q_rows, kv_lens = [1] * bs, seq
         elif mode.is_extend() or mode.is_any_draft_extend():
@@ -74,13 +79,15 @@ class OracleBackend(AttentionBackend):
             [r2t[r, :n].to(torch.int64) for r, n in zip(rpi, kv_lens)]
             or [torch.zeros(0, dtype=torch.int64, device=self.device)]
         )
-        qo = torch.tensor([0] + q_rows, dtype=torch.int64).cumsum(0)
-        kv_indptr = torch.tensor([0] + list(kv_lens), dtype=torch.int64).cumsum(0)
+        qo = torch.tensor([0] + q_rows, dtype=torch.int64, device="cpu").cumsum(0)
+        kv_indptr = torch.tensor([0] + list(kv_lens), dtype=torch.int64, device="cpu").cumsum(0)
         mask = mask_indptr = None
         causal = not mode.is_decode_or_idle() and not mode.is_target_verify()
         if mode.is_target_verify() and spec.custom_mask is not None:
             mask = spec.custom_mask.to(torch.bool)
-            mask_indptr = torch.tensor([0] + [n * k for n, k in zip(q_rows, kv_lens)]).cumsum(0)
+            mask_indptr = torch.tensor(
+                [0] + [n * k for n, k in zip(q_rows, kv_lens)], device="cpu"
+            ).cumsum(0)
         self.forward_metadata = (qo, kv_indptr, kv_indices, mask, mask_indptr, causal)
 
     def init_cuda_graph_state(self, max_bs, max_num_tokens):

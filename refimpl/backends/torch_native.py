@@ -179,9 +179,9 @@ class TorchNativeBackend(AttentionBackend):
         n = self.spec.num_draft_tokens if spec is not None else 1
         seq = [int(x) for x in fb.seq_lens_cpu.tolist()]
         lens = [s + n for s in seq] if spec is not None else seq  # verify: prefix + N drafts
-        lens_t = torch.tensor(lens, dtype=torch.int64)
+        lens_t = torch.tensor(lens, dtype=torch.int64, device="cpu")
         ref = {
-            "kv_indptr": torch.tensor([0] + lens, dtype=torch.int64).cumsum(0),
+            "kv_indptr": torch.tensor([0] + lens, dtype=torch.int64, device="cpu").cumsum(0),
             "kv_indices": build_kv_indices_ref(
                 self.world.req_to_token, fb.req_pool_indices, lens_t
             ),
@@ -190,7 +190,9 @@ class TorchNativeBackend(AttentionBackend):
         }
         if spec is not None and spec.custom_mask is not None:
             blocks = [n * length for length in lens]  # request i: [N, seq_i + N]
-            ref["mask_indptr"] = torch.tensor([0] + blocks, dtype=torch.int64).cumsum(0)
+            ref["mask_indptr"] = torch.tensor([0] + blocks, dtype=torch.int64, device="cpu").cumsum(
+                0
+            )
             ref["custom_mask"] = spec.custom_mask.to(torch.uint8)  # the live requests' blocks
         return ref
 

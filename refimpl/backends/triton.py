@@ -379,18 +379,18 @@ class TritonAttnBackend(AttentionBackend):
         seq = fb.seq_lens_cpu.to(torch.int64)
         if mode.is_decode_or_idle():
             ref = csr_ref(self.world.req_to_token, fb.req_pool_indices, seq)
-            ref["num_kv_splits"] = torch.tensor(self._splits_ref(seq.tolist(), 1))
+            ref["num_kv_splits"] = torch.tensor(self._splits_ref(seq.tolist(), 1), device="cpu")
             ref["max_kv_splits"] = self.max_kv_splits
             return ref
         S, n = self.spec.num_steps, self.spec.num_draft_tokens
         rows = S + 1 if mode.is_draft_extend_v1() else n  # verify / draft extend v2: N rows
         prefix = seq if mode.is_target_verify() else (seq - rows).clamp(min=0)
         ref = csr_ref(self.world.req_to_token, fb.req_pool_indices, prefix)
-        ref["qo_indptr"] = torch.arange(0, bs * rows + 1, rows)
+        ref["qo_indptr"] = torch.arange(0, bs * rows + 1, rows, device="cpu")
         ref["max_extend_len"] = rows
         if mode.is_target_verify() and spec.custom_mask is not None:
             blocks = [n * (s + n) for s in seq.tolist()]
-            ref["mask_indptr"] = torch.tensor([0] + blocks).cumsum(0)
+            ref["mask_indptr"] = torch.tensor([0] + blocks, device="cpu").cumsum(0)
             ref["custom_mask"] = spec.custom_mask.to(torch.uint8)  # the live requests' blocks
         return ref
 
@@ -398,7 +398,7 @@ class TritonAttnBackend(AttentionBackend):
         topk = fb.spec_info.topk
         splits = self._splits_ref(fb.seq_lens_cpu.tolist(), topk)
         return {"kv_indptr": indptr, "kv_indices": indices, "max_kv_splits": self.max_kv_splits,
-                "num_kv_splits": torch.tensor(splits)}  # fmt: skip
+                "num_kv_splits": torch.tensor(splits, device="cpu")}  # fmt: skip
 
     def _splits_ref(self, seq_lens: list[int], num_group: int) -> list[int]:
         cfg = self.cfg

@@ -252,7 +252,7 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
         mode, bs, P = fb.forward_mode, fb.batch_size, self.page_size
         offset = self._seqlen_offset(mode, fb.spec_info)
         seq_k = (fb.seq_lens_cpu + offset).to(torch.int32)
-        fresh = torch.full((bs, self.max_blocks), -1, dtype=torch.int32)
+        fresh = torch.full((bs, self.max_blocks), -1, dtype=torch.int32, device="cpu")
         ref: dict[str, Any] = {
             "block_kv_indices": build_block_table_ref(
                 self.world.req_to_token.cpu(), fb.req_pool_indices.cpu(), seq_k, fresh, P
@@ -261,8 +261,8 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
         }
         if mode.is_draft_extend_v2():
             n = self.spec.num_draft_tokens
-            ref.update(max_seq_len_q=n, sum_seq_lens_q=n * bs, seq_lens_q=torch.full((bs,), n),
-                       cu_seqlens_q=torch.arange(0, bs * n + 1, n))  # fmt: skip
+            ref.update(max_seq_len_q=n, sum_seq_lens_q=n * bs, seq_lens_q=torch.full((bs,), n, device="cpu"),
+                       cu_seqlens_q=torch.arange(0, bs * n + 1, n, device="cpu"))  # fmt: skip
         if offset or mode.is_draft_extend_v2():
             ref["seq_lens_k"] = seq_k
         return ref

@@ -70,12 +70,19 @@ def real_wrapper_classes() -> FlashInferClasses:
     return FlashInferClasses._of(flashinfer, real=True)
 
 
-def wrapper_classes(prefer_real: bool = True) -> FlashInferClasses:
-    """The real classes when ``prefer_real`` and :func:`flashinfer_available` is None, else the
-    stand-ins (``reason`` says why when real ones were preferred)."""
+REAL_DTYPES = (torch.float16, torch.bfloat16)  # what flashinfer's kernels are compiled for
+
+
+def wrapper_classes(prefer_real: bool = True, dtype: torch.dtype | None = None) -> FlashInferClasses:
+    """The real classes when ``prefer_real``, :func:`flashinfer_available` is None and ``dtype``
+    (the model's) is one flashinfer compiles kernels for; else the stand-ins, whose ``reason``
+    says why when real ones were preferred (a float32 model on a GPU: flashinfer has no float32
+    attention kernels, so the stand-ins serve it there as on a CPU)."""
     if not prefer_real:
         return _STANDINS
     why = flashinfer_available()
+    if why is None and dtype is not None and dtype not in REAL_DTYPES:
+        why = f"flashinfer has no {str(dtype).removeprefix('torch.')} kernels (float16 / bfloat16)"
     return real_wrapper_classes() if why is None else replace(_STANDINS, reason=why)
 
 

@@ -130,7 +130,7 @@ def fast_decode_plan(
         kv_lens_cpu = ((pages - 1).clamp(min=0) * page_size + last_page_len_cpu).to(I32)
         kv_lens_cpu = torch.where(pages > 0, kv_lens_cpu, 0).to(I32)
         args = [
-            *ws, torch.arange(batch_size + 1, dtype=I32),  # qo_indptr: one row per request
+            *ws, torch.arange(batch_size + 1, dtype=I32, device="cpu"),  # qo_indptr: one row per request
             indptr_cpu, kv_lens_cpu, batch_size,  # total_num_rows
             batch_size, num_qo_heads, num_kv_heads, page_size, graph,
             head_dim, head_dim, False, window_left,  # head_dim_qk, head_dim_vo, causal
@@ -143,7 +143,7 @@ def fast_decode_plan(
         plan_info = module.plan(
             *ws, indptr_cpu, batch_size, num_qo_heads, num_kv_heads, page_size, graph,
             window_left, soft_cap, head_dim, head_dim,  # head_dim_qk, head_dim_vo
-            torch.empty(0, dtype=q_dt), torch.empty(0, dtype=kv_dt),
+            torch.empty(0, dtype=q_dt, device="cpu"), torch.empty(0, dtype=kv_dt, device="cpu"),
         )  # fmt: skip
         if hasattr(wrapper, "_max_kv_len"):  # the stand-ins keep the planned max
             wrapper._max_kv_len = int(pages.max()) * page_size if batch_size else 0
@@ -182,7 +182,7 @@ def _fast_decode_plan_entry(
     if last_page_len.device.type == "cpu":
         last_page_len_cpu = last_page_len
     elif page_size == 1:  # every page is full: no need to read the device tensor
-        last_page_len_cpu = torch.ones(len(last_page_len), dtype=torch.int32)
+        last_page_len_cpu = torch.ones(len(last_page_len), dtype=torch.int32, device="cpu")
     else:
         raise ValueError(f"page_size={page_size}: the fast plan needs last_page_len on the host")
     q_data_type = data_type if q_data_type is None else q_data_type  # the full plan's precedence:

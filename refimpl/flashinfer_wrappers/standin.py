@@ -96,7 +96,7 @@ def _write_partition(int_ws, pinned_ws, q_lens: list[int], kv_lens: list[int], r
     """Stage int32 ``q_len ++ kv_len`` in the pinned buffer, copy it into the int workspace."""
     lo, hi = PARTITION_OFFSET, PARTITION_OFFSET + 8 * len(kv_lens)
     host = pinned_ws.view(torch.uint8)[lo:hi]
-    host.view(I32).copy_(torch.tensor(q_lens + kv_lens, dtype=I32))
+    host.view(I32).copy_(torch.tensor(q_lens + kv_lens, dtype=I32, device="cpu"))
     int_ws.view(torch.uint8)[lo:hi].copy_(host)
     return [lo, len(kv_lens), rows, max(q_lens, default=0), max(kv_lens, default=0)]
 
@@ -218,7 +218,9 @@ class _Standin:
         self._float_workspace_buffer, self.device = float_ws, float_ws.device
         n, u8, pin = INT_WORKSPACE_BYTES, torch.uint8, self.device.type == "cuda"
         self._int_workspace_buffer = torch.empty(n, dtype=u8, device=self.device)
-        self._pin_memory_int_workspace_buffer = torch.empty(n, dtype=u8, pin_memory=pin)
+        self._pin_memory_int_workspace_buffer = torch.empty(
+            n, dtype=u8, pin_memory=pin, device="cpu"
+        )
         self._use_cuda_graph = use_cuda_graph
         self._fixed_batch_size = fixed_bs if use_cuda_graph else 0
         self._kv_window = max(1, len(indices_buf)) if use_cuda_graph else 0
@@ -342,15 +344,15 @@ class BatchDecodeWithPagedKVCacheWrapper(_Standin):
         if self.use_tensor_cores:  # flashinfer plans tensor-core decode with the prefill module
             self._backend = "fa2" if self._backend == "auto" else self._backend
             self._call_module(
-                _PrefillModule(), torch.arange(bs + 1, dtype=I32), indptr_host,
-                torch.tensor(kv_lens, dtype=I32), bs, bs, num_qo_heads, num_kv_heads, 1, graph,
+                _PrefillModule(), torch.arange(bs + 1, dtype=I32, device="cpu"), indptr_host,
+                torch.tensor(kv_lens, dtype=I32, device="cpu"), bs, bs, num_qo_heads, num_kv_heads, 1, graph,
                 head_dim, head_dim, False, -1, *FA2_ARGS[self._backend],
             )  # fmt: skip
         else:
             self._call_module(
                 _DecodeModule(), indptr_host, bs, num_qo_heads, num_kv_heads, 1, graph, -1, 0.0,
-                head_dim, head_dim, torch.empty(0, dtype=self._cached_q_data_type),
-                torch.empty(0, dtype=self._cached_kv_data_type),
+                head_dim, head_dim, torch.empty(0, dtype=self._cached_q_data_type, device="cpu"),
+                torch.empty(0, dtype=self._cached_kv_data_type, device="cpu"),
             )  # fmt: skip
 
     begin_forward = plan
@@ -402,7 +404,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_Standin):
                                  f"kv_len={kv_lens}")  # fmt: skip
             mask = {  # one byte per entry and element offsets (flashinfer: bits, byte offsets)
                 "_custom_mask_buf": custom_mask.reshape(-1).to(torch.uint8),
-                "_mask_indptr_buf": torch.tensor([0, *itertools.accumulate(sizes)], dtype=I32),
+                "_mask_indptr_buf": torch.tensor(
+                    [0, *itertools.accumulate(sizes)], dtype=I32, device="cpu"
+                ),
             }
         self._check_bound(bs, kv_lens, "paged_kv_indices", paged_kv_indices,
                           "paged_kv_indices_buf")  # fmt: skip
@@ -421,7 +425,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Standin):
         self._page_size, self._causal, self._sm_scale = 1, causal, sm_scale
         self._backend = "fa2" if self._backend == "auto" else self._backend
         self._call_module(
-            _PrefillModule(), qo_host, kv_host, torch.tensor(kv_lens, dtype=I32), rows, bs,
+            _PrefillModule(), qo_host, kv_host, torch.tensor(kv_lens, dtype=I32, device="cpu"), rows, bs,
             num_qo_heads, num_kv_heads, 1, self._use_cuda_graph, head_dim_qk, head_dim_qk,
             causal, -1, *FA2_ARGS[self._backend],
         )  # fmt: skip

@@ -7,12 +7,16 @@ SGLang's ``CudaGraphRunner.capture``, [facts#capture]):
   compilation, allocator growth) is not captured;
 - every graph of an engine shares one memory pool (``graph.pool()`` of the first capture), and
   the runner captures the largest batch first so smaller graphs reuse its blocks;
-- while capturing, the op names are listed by the shared op recorder (``recorder.py``) in naming-only mode, so
-  ``kernels()`` works on both engines.
+- while capturing, the op names are listed by the shared op recorder (``recorder.py``) in
+  naming-only mode, so ``kernels()`` works on both engines;
+- a failed capture is contained (``_discard``): whatever raised inside it, the capture is ended,
+  the caller's stream restored and the graph dropped, so the next capture and replay in the same
+  process succeed; and no garbage collection runs during a capture (see ``capture``).
 """
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +39,14 @@ class CUDAGraphHandle(Graph):
             raise GraphCaptureError("this graph was already captured; make a new one")
         eng = self.engine
         torch.cuda.synchronize(eng.device)
+        caller_stream = torch.cuda.current_stream(eng.device)
+        # No garbage collection while capturing: a collection could destroy an unreachable old
+        # graph, whose pool release (cudaFree) is forbidden during capture and invalidates it.
+        # Seen on the H200: cuBLAS "execution failed" and "operation failed due to a previous
+        # error during capture" at random points of a long test run, whenever a dropped runner
+        # was collected inside another capture.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
         try:
             # the recorder opens inside the graph context, so torch.cuda.graph's own set-up ops
             # (the RNG seed/offset fills) are not listed among the program's kernels
@@ -44,19 +56,41 @@ class CUDAGraphHandle(Graph):
                 record_ops(None) as rec,
             ):
                 out = fn()
-        except RuntimeError as e:  # "operation not permitted when stream is capturing", ...
-            # a failed capture can leave cuBLAS workspaces pointing into the dead graph's pool
-            torch.cuda.synchronize(eng.device)
-            if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):
-                torch._C._cuda_clearCublasWorkspaces()
-            if isinstance(e, GraphCaptureError):  # refused by the shared recorder, not by CUDA
-                raise
+        except BaseException as e:  # a refusal, a kernel error, CUDA's own capture error, ...
+            self._discard(caller_stream)
+            if isinstance(e, GraphCaptureError) or not isinstance(e, RuntimeError):
+                raise  # refused by the shared recorder, or the caller's own exception
             raise GraphCaptureError(f"CUDA stream capture failed: {e}") from e
+        finally:
+            if gc_was_enabled:
+                gc.enable()
         if eng.pool is None:
             eng.pool = self.graph.pool()  # every later capture shares this pool
         self._op_log = rec.names
         self.captured = True
         return out
+
+    def _discard(self, caller_stream: torch.cuda.Stream) -> None:
+        """After any error inside capture, leave the process as if the capture never began: the
+        capture ended (``torch.cuda.graph`` ends it, but skips restoring the stream when ending
+        it raises), the caller's stream current again, the half-recorded graph and the cuBLAS
+        workspaces allocated into its pool dropped, a fresh graph object in its place."""
+        eng = self.engine
+        with torch.cuda.stream(eng.stream):
+            if torch.cuda.is_current_stream_capturing():
+                try:
+                    self.graph.capture_end()
+                except RuntimeError:
+                    pass  # an invalidated capture ends with an error: it has ended all the same
+        torch.cuda.set_stream(caller_stream)
+        try:
+            self.graph.reset()
+        except Exception:  # noqa: BLE001 - nothing was instantiated: nothing to free
+            pass
+        self.graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize(eng.device)
+        if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):
+            torch._C._cuda_clearCublasWorkspaces()
 
     def replay(self) -> None:
         self._check_captured()

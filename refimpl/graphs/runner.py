@@ -140,7 +140,9 @@ class GraphRunner:
             "positions": torch.zeros(n, **i64),  # [n] int64
             "req_pool_indices": torch.full((bs,), layout.PAD_REQ_SLOT, **i64),  # [bs] int64
             "seq_lens": torch.full((bs,), self.fill_value, dtype=torch.int32, device=dev),
-            "seq_lens_cpu": torch.full((bs,), self.fill_value, dtype=torch.int32),  # host
+            "seq_lens_cpu": torch.full(
+                (bs,), self.fill_value, dtype=torch.int32, device="cpu"
+            ),  # host
             "out_cache_loc": torch.full((bs * self.locs_per_req,), layout.PAD_CACHE_SLOT, **i64),
         }
 

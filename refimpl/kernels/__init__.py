@@ -7,12 +7,14 @@
 - ``triton_extend``: extend attention for target verify / draft extend (prefix paged, new k/v direct).
 - ``draft_indices``: multi-step draft-decode kv index generator.
 - ``fused_metadata``: the Triton graph metadata (CSR, split counts / verify offsets) in one launch.
+- ``batch_check``: the device half of batch validation (ranges, duplicates, KV ownership), one launch.
 
 Every op is one ``torch.library.custom_op``: a ``TorchDispatchMode`` recorder sees exactly one
 ``refimpl.<name>.default`` per launch (names in ``KERNEL_OPS``).
 """
 
 from .attention import dense_paged_attention, dense_paged_mla_attention
+from .batch_check import batch_check, batch_check_ref
 from .draft_indices import (
     draft_decode_kv_indices,
     draft_decode_kv_indices_ref,
@@ -56,11 +58,14 @@ KERNEL_OPS = (
     "refimpl::mla_paged_attention",
     "refimpl::trtllm_mla_graph_metadata",
     "refimpl::fused_graph_metadata",
+    "refimpl::batch_check",
 )
 
 __all__ = [
     "KERNEL_OPS",
     "attention_from_dense",
+    "batch_check",
+    "batch_check_ref",
     "block_table_to_kv_indices",
     "build_block_table",
     "build_block_table_ref",

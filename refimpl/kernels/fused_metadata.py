@@ -360,7 +360,7 @@ def fused_graph_metadata_ref(
     """
     lens = seq_lens.detach().cpu().to(torch.int64)
     bs = lens.numel()
-    kv_indptr = torch.zeros(bs + 1, dtype=torch.int64)
+    kv_indptr = torch.zeros(bs + 1, dtype=torch.int64, device="cpu")
     kv_indptr[1:] = torch.cumsum(lens, 0)
     out = {
         "kv_indptr": kv_indptr,
@@ -373,10 +373,10 @@ def fused_graph_metadata_ref(
             lens.tolist(), num_heads=num_heads, num_kv_heads=num_kv_heads,
             max_kv_splits=max_kv_splits, core_count=core_count, static=static,
         )  # fmt: skip
-        out["num_kv_splits"] = torch.tensor(splits, dtype=torch.int64)
+        out["num_kv_splits"] = torch.tensor(splits, dtype=torch.int64, device="cpu")
         return out
     n = num_draft_tokens
-    out["qo_indptr"] = torch.arange(0, (bs + 1) * n, n, dtype=torch.int64)
+    out["qo_indptr"] = torch.arange(0, (bs + 1) * n, n, dtype=torch.int64, device="cpu")
     out["mask_indptr"] = layout.mask_indptr(lens, n)
     if custom_mask_src is not None:
         end = min(custom_mask_src.numel(), int(out["mask_indptr"][-1]))

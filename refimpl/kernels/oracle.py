@@ -132,7 +132,7 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 def csr_ref(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, lens) -> dict:
     """``{"kv_indptr": [0, cumsum(lens)], "kv_indices": the rows' first lens slots}`` on the host
     (int64): what a CSR builder must leave, from the request table alone."""
-    lens = torch.as_tensor(lens, dtype=torch.int64).cpu()
+    lens = torch.as_tensor(lens, dtype=torch.int64, device="cpu")
     rows = req_to_token[req_pool_indices.to(req_to_token.device)].cpu().to(torch.int64)
     indices = [rows[i, : int(n)] for i, n in enumerate(lens)]
     return {

@@ -1,0 +1,248 @@
+"""The device half of batch validation (``refimpl.validate``): one launch, one small result.
+
+A replay must refuse a bad batch before it writes anything, but the batch's indices live on the
+device. Reading each of them back (``.cpu()`` per tensor) costs one synchronisation per tensor,
+and the old ownership check built a slot -> request map the size of the whole KV pool on every
+call: 127 ms per replay with a 197k-slot pool on the H200. This kernel does every device-side
+rule in one launch, touching only the batch's own entries and its requests' ``req_to_token``
+columns, and writes a few int64s the host reads back once:
+
+| category (``CATEGORIES[k]``) | an entry is bad when |
+|---|---|
+| ``req_pool_indices range`` | ``rpi[i]`` outside ``[1, pool)`` |
+| ``req_pool_indices duplicate`` | ``rpi[i] == rpi[j]`` for some ``j < i`` |
+| ``input_ids range`` / ``positions range`` | outside ``[0, vocab)`` / ``[0, L)`` |
+| ``out_cache_loc range`` | outside ``[1, num_slots)`` |
+| ``out_cache_loc duplicate`` | ``loc[e] == loc[f]`` for some ``f < e`` |
+| ``out_cache_loc owner`` | ``loc[e]`` is not in ``req_to_token[rpi[r], :min(seq_lens[r] + extra, L)]``, ``r`` the request of the row that writes it |
+
+``out`` layout (int64): ``[nprog, len(CATEGORIES)]`` — each program's smallest bad index per
+category (``NONE`` if none; the host takes the minimum over programs, no atomics and no
+initialisation launch) — then copies of ``seq_lens``, ``accept_length`` and ``extend_seq_lens``
+(``bs`` each, the last two when given) for the host to compare with its own copies.
+
+Work: ``bs^2 + m^2`` comparisons for the duplicate rules and ``m * max_span`` loads for ownership
+(``m`` cache writes, ``max_span`` the longest request span): proportional to the batch, never to
+the pool. Rows map to requests by a uniform stride (``rows_per_req``; multi-step draft decode's
+``[step][row]`` writes by ``e % num_rows``) or, for a ragged eager batch, by ``row_req``.
+"""
+
+import torch
+
+from .. import _env  # noqa: F401  (sets TRITON_INTERPRET before any @triton.jit)
+
+# isort: split
+import triton
+import triton.language as tl
+
+from ._op import kernel_op
+
+CATEGORIES = (
+    "req_pool_indices range",
+    "req_pool_indices duplicate",
+    "input_ids range",
+    "positions range",
+    "out_cache_loc range",
+    "out_cache_loc duplicate",
+    "out_cache_loc owner",
+)
+NCAT = len(CATEGORIES)
+NONE = 1 << 62  # "no bad entry" in a category
+BLOCK = 64  # entries per program
+CHUNK = 64  # compared entries / columns per loop iteration
+
+
+def num_programs(bs: int, num_rows: int, num_writes: int) -> int:
+    return triton.cdiv(max(bs, num_rows, num_writes, 1), BLOCK)
+
+
+def result_size(bs: int, num_rows: int, num_writes: int) -> int:
+    """int64 entries ``out`` needs: the per-program minima, then three ``[bs]`` copies."""
+    return num_programs(bs, num_rows, num_writes) * NCAT + 3 * bs
+
+
+@triton.jit
+def _first(bad, e, NONE_: tl.constexpr):
+    return tl.min(tl.where(bad, e, NONE_), 0)
+
+
+@triton.jit
+def _has_earlier_equal(x, e, src_ptr, count, CHUNK_: tl.constexpr):
+    """[BLOCK] bool: x[i] equals src[j] for some j < e[i] (j < count)."""
+    dup = tl.zeros(x.shape, dtype=tl.int32)
+    for c0 in range(0, count, CHUNK_):
+        j = c0 + tl.arange(0, CHUNK_).to(tl.int64)
+        other = tl.load(src_ptr + j, mask=j < count, other=0).to(tl.int64)
+        hit = (x[:, None] == other[None, :]) & (j[None, :] < e[:, None])
+        dup = tl.maximum(dup, tl.max(hit.to(tl.int32), 1))
+    return dup > 0
+
+
+@triton.jit
+def _batch_check_kernel(
+    out_ptr,  # [nprog * NCAT + 3 * bs] int64, written
+    seq_ptr,  # [bs] int32 seq_lens (device)
+    acc_ptr,  # [bs] accept_length (read when HAS_ACC)
+    ext_ptr,  # [bs] extend_seq_lens (read when HAS_EXT)
+    rpi_ptr,  # [bs] req_pool_indices
+    ids_ptr,  # [n] input_ids
+    pos_ptr,  # [n] positions
+    loc_ptr,  # [m] out_cache_loc (m = n, or S * n in multi-step draft decode)
+    row_req_ptr,  # [n] request of each row (read when HAS_ROW_REQ)
+    r2t_ptr,  # [pool, L] int32 req_to_token
+    r2t_stride,
+    pool,
+    L,
+    vocab,
+    slots,
+    bs,
+    n,
+    m,
+    rows_per_req,
+    extra,  # columns a request spans past seq_lens (verify N, multi-step topk * S)
+    max_span,  # longest span on the host's copy: the ownership loop's bound
+    nprog,
+    HAS_ACC: tl.constexpr,
+    HAS_EXT: tl.constexpr,
+    HAS_ROW_REQ: tl.constexpr,
+    BLOCK_: tl.constexpr,
+    CHUNK_: tl.constexpr,
+    NCAT_: tl.constexpr,
+    NONE_: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    e = pid * BLOCK_ + tl.arange(0, BLOCK_).to(tl.int64)  # [BLOCK] entry indices
+    res = out_ptr + pid * NCAT_
+    copies = out_ptr + nprog * NCAT_
+    # per request: the host's copies, req_pool_indices in range and distinct
+    in_b = e < bs
+    tl.store(copies + e, tl.load(seq_ptr + e, mask=in_b, other=0).to(tl.int64), mask=in_b)
+    if HAS_ACC:
+        acc = tl.load(acc_ptr + e, mask=in_b, other=0).to(tl.int64)
+        tl.store(copies + bs + e, acc, mask=in_b)
+    if HAS_EXT:
+        ext = tl.load(ext_ptr + e, mask=in_b, other=0).to(tl.int64)
+        tl.store(copies + 2 * bs + e, ext, mask=in_b)
+    rpi = tl.load(rpi_ptr + e, mask=in_b, other=1).to(tl.int64)
+    tl.store(res + 0, _first(in_b & ((rpi < 1) | (rpi >= pool)), e, NONE_))
+    dup = _has_earlier_equal(rpi, e, rpi_ptr, bs, CHUNK_)
+    tl.store(res + 1, _first(in_b & dup, e, NONE_))
+    # per row: token ids and positions in range
+    in_n = e < n
+    ids = tl.load(ids_ptr + e, mask=in_n, other=0).to(tl.int64)
+    tl.store(res + 2, _first(in_n & ((ids < 0) | (ids >= vocab)), e, NONE_))
+    pos = tl.load(pos_ptr + e, mask=in_n, other=0).to(tl.int64)
+    tl.store(res + 3, _first(in_n & ((pos < 0) | (pos >= L)), e, NONE_))
+    # per cache write: in range, distinct, and inside its own request's span of req_to_token
+    in_m = e < m
+    loc = tl.load(loc_ptr + e, mask=in_m, other=1).to(tl.int64)
+    tl.store(res + 4, _first(in_m & ((loc < 1) | (loc >= slots)), e, NONE_))
+    dup = _has_earlier_equal(loc, e, loc_ptr, m, CHUNK_)
+    tl.store(res + 5, _first(in_m & dup, e, NONE_))
+    row = e % tl.maximum(n, 1)
+    if HAS_ROW_REQ:
+        req = tl.load(row_req_ptr + row, mask=in_m, other=0).to(tl.int64)
+    else:
+        req = row // rows_per_req
+    req_ok = in_m & (req >= 0) & (req < bs)
+    slot = tl.load(rpi_ptr + req, mask=req_ok, other=-1).to(tl.int64)
+    span = tl.load(seq_ptr + req, mask=req_ok, other=0).to(tl.int64) + extra
+    span = tl.minimum(span, L)
+    row_ok = req_ok & (slot >= 0) & (slot < pool)  # an out-of-pool row owns nothing
+    slot = tl.where(row_ok, slot, 0)
+    found = tl.zeros([BLOCK_], dtype=tl.int32)
+    for c0 in range(0, max_span, CHUNK_):
+        c = c0 + tl.arange(0, CHUNK_).to(tl.int64)
+        keep = row_ok[:, None] & (c[None, :] < span[:, None])
+        vals = tl.load(r2t_ptr + slot[:, None] * r2t_stride + c[None, :], mask=keep, other=0)
+        hit = keep & (vals.to(tl.int64) == loc[:, None])
+        found = tl.maximum(found, tl.max(hit.to(tl.int32), 1))
+    tl.store(res + 6, _first(in_m & (found == 0), e, NONE_))
+
+
+@kernel_op("refimpl::batch_check", mutates_args=("out",))
+def batch_check(
+    out: torch.Tensor,
+    req_to_token: torch.Tensor,
+    seq_lens: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    rows_per_req: int,
+    extra: int,
+    max_span: int,
+    vocab: int,
+    num_slots: int,
+    accept_length: torch.Tensor | None = None,
+    extend_seq_lens: torch.Tensor | None = None,
+    row_req: torch.Tensor | None = None,
+) -> None:
+    """Launch the checks; ``out`` (int64, >= ``result_size`` entries) receives the result. The
+    caller has checked dtypes and sizes (``refimpl.validate``): every tensor is on ``out``'s
+    device, ``seq_lens`` / ``req_pool_indices`` / ``accept_length`` / ``extend_seq_lens`` hold
+    ``bs`` entries, ``input_ids`` / ``positions`` / ``row_req`` ``n``, ``out_cache_loc`` ``m``."""
+    bs, n, m = seq_lens.numel(), input_ids.numel(), out_cache_loc.numel()
+    nprog = num_programs(bs, n, m)
+    _batch_check_kernel[(nprog,)](
+        out, seq_lens,
+        accept_length if accept_length is not None else seq_lens,  # dummy pointers: never read
+        extend_seq_lens if extend_seq_lens is not None else seq_lens,
+        req_pool_indices, input_ids, positions, out_cache_loc,
+        row_req if row_req is not None else seq_lens,
+        req_to_token, req_to_token.stride(0), req_to_token.shape[0], req_to_token.shape[1],
+        vocab, num_slots, bs, n, m, max(rows_per_req, 1), extra, max_span, nprog,
+        HAS_ACC=accept_length is not None, HAS_EXT=extend_seq_lens is not None,
+        HAS_ROW_REQ=row_req is not None, BLOCK_=BLOCK, CHUNK_=CHUNK, NCAT_=NCAT, NONE_=NONE,
+    )  # fmt: skip
+
+
+@batch_check.register_fake
+def _(*args, **kwargs) -> None:
+    return None
+
+
+def read_result(out: torch.Tensor, bs: int, num_rows: int, num_writes: int) -> dict:
+    """``out`` read back once: ``{"first": {category: index or None}, "seq_lens": [...],
+    "accept_length": [...], "extend_seq_lens": [...]}`` (the copies as the kernel wrote them)."""
+    nprog = num_programs(bs, num_rows, num_writes)
+    res = out[: nprog * NCAT + 3 * bs].tolist()  # the one device-to-host read
+    first = {c: min(res[k : nprog * NCAT : NCAT]) for k, c in enumerate(CATEGORIES)}
+    base = nprog * NCAT
+    return {
+        "first": {c: (None if v >= NONE else v) for c, v in first.items()},
+        "seq_lens": res[base : base + bs],
+        "accept_length": res[base + bs : base + 2 * bs],
+        "extend_seq_lens": res[base + 2 * bs : base + 3 * bs],
+    }
+
+
+def batch_check_ref(req_to_token, seq_lens, req_pool_indices, input_ids, positions,
+                    out_cache_loc, *, rows_per_req: int, extra: int, vocab: int, num_slots: int,
+                    row_req=None) -> dict:  # fmt: skip
+    """The first bad index per category, straight from the table above, in host Python."""
+    r2t = req_to_token.cpu().tolist()
+    pool, L = len(r2t), req_to_token.shape[1]
+    seq, rpi = seq_lens.tolist(), req_pool_indices.tolist()
+    ids, pos, loc = input_ids.tolist(), positions.tolist(), out_cache_loc.tolist()
+    owner = row_req.tolist() if row_req is not None else None
+
+    def first(values, bad):
+        return next((i for i, v in enumerate(values) if bad(i, v)), None)
+
+    def owned(e, v):
+        row = e % max(len(ids), 1)
+        r = owner[row] if owner is not None else row // max(rows_per_req, 1)
+        if not 0 <= r < len(rpi) or not 0 <= rpi[r] < pool:
+            return False
+        return v in r2t[rpi[r]][: max(min(seq[r] + extra, L), 0)]
+
+    return {
+        "req_pool_indices range": first(rpi, lambda i, v: not 1 <= v < pool),
+        "req_pool_indices duplicate": first(rpi, lambda i, v: v in rpi[:i]),
+        "input_ids range": first(ids, lambda i, v: not 0 <= v < vocab),
+        "positions range": first(pos, lambda i, v: not 0 <= v < L),
+        "out_cache_loc range": first(loc, lambda i, v: not 1 <= v < num_slots),
+        "out_cache_loc duplicate": first(loc, lambda i, v: v in loc[:i]),
+        "out_cache_loc owner": first(loc, lambda e, v: not owned(e, v)),
+    }

@@ -1,0 +1,48 @@
+"""Library code names the device of every tensor it makes, so an ambient default device (a
+``with torch.device(...)`` block or ``torch.set_default_device``, common in GPU notebooks and
+test fixtures) changes nothing. On the H200 such a fixture turned host tensors (``seq_lens_cpu``,
+plan indptrs, reference states) into CUDA tensors and 20 tests failed.
+
+Here the ambient device is ``meta``: a tensor the library makes without naming its device lands
+on ``meta``, has no data, and the first time it meets real data the run fails. Every backend's
+must-pass shape runs its graph modes through the checker, the fuzzer and the capability matrix
+inside the block, on this machine's device, and must give the verdicts it gives outside."""
+
+import pytest
+import torch
+
+from refimpl import capabilities
+from refimpl.backends import REGISTRY, must_pass
+from refimpl.check import CheckSettings, run_checks
+from refimpl.fuzz import CHAIN, TREE, FuzzParams, FuzzTarget
+from refimpl.graphs import make_engine
+
+SETTINGS = CheckSettings(capture_bs=(4,), raw_bs=(3,), max_context_len=40)
+ENTRIES = [e for e in REGISTRY if must_pass(e.variant) and e.variant in ("unified", "in_graph")]
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[f"{e.name}-{e.variant}" for e in ENTRIES])
+def test_checker_under_a_meta_default_device(entry):
+    modes = ["idle", "target_verify", "draft_extend_v2", "draft_decode"]
+    if entry.name == "wave":  # its draft modes are Triton's code paths (timed in the interpreter)
+        modes = modes[:2]
+    with torch.device("meta"):
+        rows = run_checks(entries=[entry], settings=SETTINGS, modes=modes)
+    ran = [r for r in rows if not r.findings or not r.findings[0].startswith("skipped")]
+    assert ran, rows
+    for r in ran:
+        assert r.passed and not r.findings, (r.mode, r.bs, r.findings)
+
+
+def test_fuzz_and_matrix_under_a_meta_default_device():
+    entry = next(e for e in REGISTRY if (e.name, e.variant) == ("triton", "unified"))
+    with torch.device("meta"):
+        target = FuzzTarget(entry, "target_verify", TREE, make_engine("auto"), capture_bs=(3,),
+                            num_layers=1)  # fmt: skip
+        params = target.draw(__import__("random").Random(0))
+        assert target.check(params) == []
+        target = FuzzTarget(entry, "draft_decode", CHAIN, make_engine("auto"), capture_bs=(3,),
+                            num_layers=1)  # fmt: skip
+        assert target.check(FuzzParams(raw_bs=2, seq_lens=[5, 17])) == []
+        rows = capabilities.matrix([e for e in REGISTRY if e.name == "flashinfer_mla"])
+    assert rows == capabilities.matrix([e for e in REGISTRY if e.name == "flashinfer_mla"])

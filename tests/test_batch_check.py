@@ -1,0 +1,99 @@
+"""The batch-check kernel (``refimpl.kernels.batch_check``) against its definition in host
+Python (``batch_check_ref``): random batches of every graph layout, corrupted at random, give
+the same first bad index in every category, and the copies it hands back are the device values.
+Tiny shapes: on CPU the kernel runs in the Triton interpreter."""
+
+import random
+
+import pytest
+import torch
+
+from refimpl._env import default_device
+from refimpl.batch import World
+from refimpl.batchgen import BatchGenerator
+from refimpl.config import ModelConfig, SpecConfig
+from refimpl.kernels.batch_check import batch_check, batch_check_ref, read_result, result_size
+from refimpl.modes import ForwardMode
+
+DEVICE = default_device()
+SPEC = SpecConfig(num_steps=2, topk=2, num_draft_tokens=3)
+CFG = ModelConfig(num_layers=1, num_heads=1, num_kv_heads=1, head_dim=4, v_head_dim=4)
+LAYOUTS = {  # case: (mode, multi-step, rows per request, extra columns past seq_lens)
+    "decode": (ForwardMode.DECODE, False, 1, 0),
+    "target_verify": (ForwardMode.TARGET_VERIFY, False, 3, 3),
+    "draft_extend_v2": (ForwardMode.DRAFT_EXTEND_V2, False, 3, 0),
+    "draft_decode": (ForwardMode.DECODE, True, 2, 4),
+}
+
+
+def corrupt(fb, rnd: random.Random, world) -> None:
+    """Overwrite a few entries in place with values each rule should catch (or should not)."""
+    slots, pool = world.kv_cache.num_slots, world.req_to_token_pool.size
+    targets = {
+        "req_pool_indices": [0, -1, pool, pool + 5, None],  # None: a duplicate of entry 0
+        "input_ids": [-1, world.cfg.vocab_size, 0],
+        "positions": [-1, world.max_context_len, 0],
+        "out_cache_loc": [0, -3, slots, None, "other"],  # "other": another live slot
+    }
+    for _ in range(rnd.randint(0, 3)):
+        name = rnd.choice(list(targets))
+        t = getattr(fb, name)
+        if t.numel() == 0:
+            continue
+        i = rnd.randrange(t.numel())
+        v = rnd.choice(targets[name])
+        if v is None:  # a duplicate: entry i repeats an earlier entry
+            if t.numel() < 2:
+                continue
+            i = rnd.randrange(1, t.numel())
+            v = int(t[rnd.randrange(i)])
+        elif v == "other":
+            v = int(world.live_slots()[rnd.randrange(world.live_slots().numel())])
+        t[i] = v
+
+
+@pytest.mark.parametrize("case", list(LAYOUTS))
+def test_kernel_matches_its_definition(case):
+    mode, multi, per, extra = LAYOUTS[case]
+    rnd = random.Random(case)
+    world = World.create(CFG, max_context_len=20, pool_size=12, device=DEVICE, seed=0)
+    gen = BatchGenerator(world, SPEC, seed=3)
+    out = torch.full((result_size(6, 6 * per, 6 * per * 2),), -9, dtype=torch.int64, device=DEVICE)
+    for trial in range(12):
+        fb = gen.for_mode(mode, rnd.randint(1, 4), multi_step_draft=multi)
+        if trial:
+            corrupt(fb, rnd, world)
+        args = (world.req_to_token, fb.seq_lens, fb.req_pool_indices, fb.input_ids,
+                fb.positions, fb.out_cache_loc)  # fmt: skip
+        kw = dict(rows_per_req=per, extra=extra, vocab=world.cfg.vocab_size,
+                  num_slots=world.kv_cache.num_slots)  # fmt: skip
+        spec = fb.spec_info if mode.is_any_draft_extend() else None
+        batch_check(out, *args, **kw, max_span=world.max_context_len,
+                    accept_length=getattr(spec, "accept_length", None),
+                    extend_seq_lens=getattr(spec, "extend_seq_lens", None))  # fmt: skip
+        got = read_result(out, fb.batch_size, fb.num_tokens, fb.out_cache_loc.numel())
+        assert got["first"] == batch_check_ref(*args, **kw), (case, trial)
+        assert got["seq_lens"] == fb.seq_lens.tolist()
+        if spec is not None:
+            assert got["accept_length"] == spec.accept_length.tolist()
+            assert got["extend_seq_lens"] == spec.extend_seq_lens.tolist()
+        gen.release_all()
+
+
+def test_a_ragged_batch_maps_rows_by_row_req():
+    world = World.create(CFG, max_context_len=20, pool_size=8, device=DEVICE, seed=0)
+    a, b = world.new_request(9), world.new_request(5)
+    r2t = world.req_to_token
+    # request a writes its positions 7, 8 (two rows), request b its position 4 (one row)
+    loc = torch.stack([r2t[a, 7], r2t[a, 8], r2t[b, 4]]).long()
+    args = (r2t, torch.tensor([9, 5], dtype=torch.int32, device=DEVICE),
+            torch.tensor([a, b], device=DEVICE), torch.zeros(3, dtype=torch.int64, device=DEVICE),
+            torch.tensor([7, 8, 4], device=DEVICE), loc)  # fmt: skip
+    kw = dict(rows_per_req=1, extra=0, vocab=96, num_slots=world.kv_cache.num_slots)
+    out = torch.empty(result_size(2, 3, 3), dtype=torch.int64, device=DEVICE)
+    for owner, bad in (([0, 0, 1], None), ([0, 1, 1], 1)):  # row 1 is a's, not b's
+        row_req = torch.tensor(owner, dtype=torch.int32, device=DEVICE)
+        batch_check(out, *args, **kw, max_span=20, row_req=row_req)
+        got = read_result(out, 2, 3, 3)["first"]
+        assert got == batch_check_ref(*args, **kw, row_req=row_req)
+        assert got["out_cache_loc owner"] == bad

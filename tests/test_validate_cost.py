@@ -1,0 +1,68 @@
+"""Validation costs what the batch costs: the same ops on the same shapes whether the KV pool
+holds a thousand slots or a million, and at most one device-to-host read per batch.
+
+(The H200 showed why: with a 197k-slot pool, validating one TRTLLM-MLA batch took 127 ms,
+because the ownership rule built a slot -> request map the size of the whole pool.) The device
+rules run as one kernel over the batch's own entries (``refimpl.kernels.batch_check``); what
+that kernel touches follows from its arguments, which hold no pool size but the request
+table's shape. Counted, not timed: this runs on CPU in CI as it does on the GPU."""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from refimpl._env import default_device
+from refimpl.batch import World
+from refimpl.batchgen import BatchGenerator
+from refimpl.config import ModelConfig, SpecConfig
+from refimpl.modes import ForwardMode
+from refimpl.validate import validate_batch
+
+DEVICE = default_device()
+SPEC = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
+CFG = ModelConfig(num_layers=1, num_heads=1, num_kv_heads=1, head_dim=4, v_head_dim=4)
+
+
+class OpLog(TorchDispatchMode):
+    """Every dispatched op with its outputs' shapes and devices, and the device-to-host reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops, self.reads = [], 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        outs = out if isinstance(out, (tuple, list)) else [out]
+        shapes = [tuple(o.shape) for o in outs if isinstance(o, torch.Tensor)]
+        self.ops.append((str(func), shapes))
+        ins = [a for a in args if isinstance(a, torch.Tensor)]
+        if any(a.device.type != "cpu" for a in ins) and (
+            not isinstance(out, torch.Tensor) or out.device.type == "cpu"
+        ):
+            self.reads += 1
+        return out
+
+
+def validation_ops(num_slots: int, mode: ForwardMode, multi: bool):
+    world = World.create(CFG, max_context_len=64, pool_size=24, num_slots=num_slots,
+                         device=DEVICE, seed=0)  # fmt: skip
+    gen = BatchGenerator(world, SPEC, seed=1)
+    fb = gen.for_mode(mode, 8, multi_step_draft=multi)
+    validate_batch(fb, SPEC, multi, for_graph=True)  # warm: the result buffer exists
+    with OpLog() as log:
+        validate_batch(fb, SPEC, multi, for_graph=True)
+    return log
+
+
+@pytest.mark.parametrize("mode, multi", [
+    (ForwardMode.DECODE, False), (ForwardMode.TARGET_VERIFY, False),
+    (ForwardMode.DRAFT_EXTEND_V2, False), (ForwardMode.DECODE, True),
+], ids=["decode", "target_verify", "draft_extend_v2", "draft_decode"])  # fmt: skip
+def test_validation_work_does_not_follow_the_pool(mode, multi):
+    small = validation_ops(1_000 + 7, mode, multi)
+    large = validation_ops(1_000_000 + 7, mode, multi)
+    assert small.ops == large.ops  # same ops, same shapes: nothing sized by the pool
+    # one launch, and the view of its result that is read back
+    assert [name for name, _ in small.ops] == ["refimpl.batch_check.default", "aten.slice.Tensor"]
+    assert all(max(s, default=1) < 1_000 for _, shapes in small.ops for s in shapes)
+    assert large.reads <= 1  # on a GPU: the one read of the kernel's result
