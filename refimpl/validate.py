@@ -15,7 +15,7 @@ What is checked:
 | ``input_ids`` / ``positions`` | in ``[0, vocab)`` / ``[0, max_context_len)`` |
 | spec inputs | the mode's type; verify: N as captured, a **bool** mask of ``sum N*(seq+N)`` entries; draft extend: accept lengths int32 in ``[0, S]`` agreeing with their host copy, the mode's version, rows per request as the graph lays them out; multi-step: topk and steps as captured |
 
-Cost (``refimpl.kernels.batch_check``): the host rules run in Python on the host copies; the
+Cost (``refimpl.kernels.validation``): the host rules run in Python on the host copies; the
 device rules run as one kernel launch over the batch's own entries (and its requests'
 ``req_to_token`` columns), and its small result is read back once: one synchronisation per
 replay, work proportional to the batch, never to the KV pool. An eager batch whose requests
@@ -32,8 +32,9 @@ from typing import Any
 import torch
 
 from . import layout
+from ._env import INTERPRET
 from .config import SpecConfig
-from .kernels.batch_check import batch_check, read_result, result_size
+from .kernels.validation import batch_check, batch_check_ref, read_result, result_size
 from .spec import DraftDecodeInput, DraftExtendInput, VerifyInput
 
 
@@ -148,6 +149,30 @@ def _scratch(device: torch.device, size: int) -> torch.Tensor:
     return buf
 
 
+def _device_checks(fb, seq: list[int], per: int, extra: int, row_req, draft_extend: bool) -> dict:
+    """The device rules: one ``batch_check`` launch and one read of its result. Host tensors on
+    a machine whose Triton compiles for a GPU (a CPU twin of a world, say) cannot feed a Triton
+    kernel there: they get the rules' Python definition, which reads nothing from a device."""
+    world, spec = fb.world, fb.spec_info
+    tensors = (world.req_to_token, fb.seq_lens, fb.req_pool_indices, fb.input_ids, fb.positions,
+               fb.out_cache_loc)  # fmt: skip
+    kw = dict(rows_per_req=per, extra=extra, vocab=world.cfg.vocab_size,
+              num_slots=world.kv_cache.num_slots)  # fmt: skip
+    acc = spec.accept_length if draft_extend else None
+    ext = spec.extend_seq_lens if draft_extend else None
+    if world.device.type == "cpu" and not INTERPRET:
+        return {"first": batch_check_ref(*tensors, **kw, row_req=row_req),
+                "seq_lens": fb.seq_lens.tolist(),
+                "accept_length": acc.tolist() if acc is not None else [],
+                "extend_seq_lens": ext.tolist() if ext is not None else []}  # fmt: skip
+    bs, n, m = fb.batch_size, fb.num_tokens, fb.out_cache_loc.numel()
+    max_span = max(min(max(seq) + extra, world.max_context_len), 0)
+    out = _scratch(world.device, result_size(bs, n, m))
+    batch_check(out, *tensors, **kw, max_span=max_span, accept_length=acc, extend_seq_lens=ext,
+                row_req=row_req)  # fmt: skip
+    return read_result(out, bs, n, m)  # the one device read
+
+
 def validate_batch(
     fb, spec: SpecConfig | None = None, multi_step_draft: bool | None = None, for_graph=False
 ) -> None:
@@ -188,17 +213,8 @@ def validate_batch(
     if row_req is None and per * bs != n:
         raise _refuse("num_tokens", n, f"expected {per * bs} rows for the batch's {bs} "
                       f"requests in {mode.name}")  # fmt: skip
-    # the device checks: one launch, one read
-    loc, spec_info = fb.out_cache_loc, fb.spec_info
-    max_span = min(max(seq) + extra, L)
-    out = _scratch(world.device, result_size(bs, n, loc.numel()))
-    batch_check(out, world.req_to_token, fb.seq_lens, fb.req_pool_indices, fb.input_ids,
-                fb.positions, loc, rows_per_req=per, extra=extra, max_span=max(max_span, 0),
-                vocab=world.cfg.vocab_size, num_slots=world.kv_cache.num_slots,
-                accept_length=spec_info.accept_length if draft_extend else None,
-                extend_seq_lens=spec_info.extend_seq_lens if draft_extend else None,
-                row_req=row_req)  # fmt: skip
-    res = read_result(out, bs, n, loc.numel())  # the one device read
+    spec_info = fb.spec_info
+    res = _device_checks(fb, seq, per, extra, row_req, draft_extend)
     # host rules, in order; the device results where a rule needs them
     if res["seq_lens"] != seq:
         raise _refuse("seq_lens (device)", res["seq_lens"], f"disagrees with seq_lens_cpu={seq}")
@@ -209,16 +225,17 @@ def validate_batch(
             raise _refuse("spec_info.extend_seq_lens", ext,
                           f"the graph lays out {per} rows per request")  # fmt: skip
         rows = ext
-    i = _first(seq, lambda s: s < 1)
-    if i is not None:
+    lo, hi = min(seq), max(seq)  # builtins over host ints: the usual case costs no Python loop
+    if lo < 1:
+        i = seq.index(lo)
         raise _refuse(f"seq_lens[{i}]", seq[i], "must be >= 1")
-    i = _first(seq, lambda s: s + extra > L)
-    if i is not None:
+    if hi + extra > L:
+        i = _first(seq, lambda s: s + extra > L)
         what = f"seq_lens[{i}] + {extra}" if extra else f"seq_lens[{i}]"
         raise _refuse(what, seq[i] + extra, f"exceeds max_context_len={L}")
     mask = getattr(spec_info, "custom_mask", None) if mode.is_target_verify() else None
     if mask is not None:  # its size depends on seq_lens, checked above
-        want = sum(layout.tree_mask_sizes(seq, extra))
+        want = extra * (sum(seq) + bs * extra)  # sum over requests of N * (seq_len + N)
         if mask.numel() != want:
             raise _refuse("spec_info.custom_mask entries", mask.numel(),
                           f"expected sum over requests of N*(seq_len+N) = {want}")  # fmt: skip

@@ -47,7 +47,9 @@ cat "$out/versions.txt"
   echo "check rc=$?" >> "$tmp/check.err" ) &
 
 # 2. the suite: one process per file, six at a time, a junit report each
-ls ${GPU_CI_TESTS:-tests/test_*.py} | xargs -P "${SUITE_JOBS:-6}" -I{} sh -c '
+# the longest files first (H200: fuzz, the FlashInfer files, emulator parity take minutes)
+order() { { ls "$@" | grep -E "fuzz|flashinfer|parity|ambient"; ls "$@"; } | awk '!seen[$0]++'; }
+order ${GPU_CI_TESTS:-tests/test_*.py} | xargs -P "${SUITE_JOBS:-6}" -I{} sh -c '
   f={}; b=$(basename "$f" .py)
   timeout "${SUITE_S:-420}" python3 -m pytest -q -p no:cacheprovider -rfEs "$f" \
     --junitxml="'"$tmp"'/junit_$b.xml" > "'"$tmp"'/log_$b.txt" 2>&1

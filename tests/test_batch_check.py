@@ -1,4 +1,4 @@
-"""The batch-check kernel (``refimpl.kernels.batch_check``) against its definition in host
+"""The batch-check kernel (``refimpl.kernels.validation``) against its definition in host
 Python (``batch_check_ref``): random batches of every graph layout, corrupted at random, give
 the same first bad index in every category, and the copies it hands back are the device values.
 Tiny shapes: on CPU the kernel runs in the Triton interpreter."""
@@ -12,7 +12,7 @@ from refimpl._env import default_device
 from refimpl.batch import World
 from refimpl.batchgen import BatchGenerator
 from refimpl.config import ModelConfig, SpecConfig
-from refimpl.kernels.batch_check import batch_check, batch_check_ref, read_result, result_size
+from refimpl.kernels.validation import batch_check, batch_check_ref, read_result, result_size
 from refimpl.modes import ForwardMode
 
 DEVICE = default_device()

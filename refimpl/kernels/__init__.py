@@ -7,14 +7,13 @@
 - ``triton_extend``: extend attention for target verify / draft extend (prefix paged, new k/v direct).
 - ``draft_indices``: multi-step draft-decode kv index generator.
 - ``fused_metadata``: the Triton graph metadata (CSR, split counts / verify offsets) in one launch.
-- ``batch_check``: the device half of batch validation (ranges, duplicates, KV ownership), one launch.
+- ``validation``: the device half of batch validation (ranges, duplicates, KV ownership), one launch.
 
 Every op is one ``torch.library.custom_op``: a ``TorchDispatchMode`` recorder sees exactly one
 ``refimpl.<name>.default`` per launch (names in ``KERNEL_OPS``).
 """
 
 from .attention import dense_paged_attention, dense_paged_mla_attention
-from .batch_check import batch_check, batch_check_ref
 from .draft_indices import (
     draft_decode_kv_indices,
     draft_decode_kv_indices_ref,
@@ -44,6 +43,7 @@ from .mla_paged import (
 from .oracle import attention_from_dense, csr_ref, mha_oracle, mla_oracle, relative_error
 from .triton_decode import decode_attention, get_num_kv_splits, get_num_kv_splits_ref
 from .triton_extend import extend_attention
+from .validation import batch_check, batch_check_ref
 
 KERNEL_OPS = (
     "refimpl::build_kv_indices",

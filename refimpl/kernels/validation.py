@@ -27,6 +27,8 @@ the pool. Rows map to requests by a uniform stride (``rows_per_req``; multi-step
 ``[step][row]`` writes by ``e % num_rows``) or, for a ragged eager batch, by ``row_req``.
 """
 
+import inspect
+
 import torch
 
 from .. import _env  # noqa: F401  (sets TRITON_INTERPRET before any @triton.jit)
@@ -48,8 +50,8 @@ CATEGORIES = (
 )
 NCAT = len(CATEGORIES)
 NONE = 1 << 62  # "no bad entry" in a category
-BLOCK = 64  # entries per program
-CHUNK = 64  # compared entries / columns per loop iteration
+BLOCK = 16  # entries per program
+CHUNK = 256  # compared entries / columns per loop iteration: few, wide iterations
 
 
 def num_programs(bs: int, num_rows: int, num_writes: int) -> int:
@@ -78,7 +80,20 @@ def _has_earlier_equal(x, e, src_ptr, count, CHUNK_: tl.constexpr):
     return dup > 0
 
 
-@triton.jit
+# sizes, counts and pointer alignments vary per batch: one compiled kernel serves them all
+# (Triton would otherwise specialise on every int equal to 1 or divisible by 16 and on every
+# pointer's 16-byte alignment, and compile a new variant as batches vary: minutes of compiles
+# in a GPU test run)
+_ARGS = ("out_ptr seq_ptr acc_ptr ext_ptr rpi_ptr ids_ptr pos_ptr loc_ptr row_req_ptr r2t_ptr "
+         "r2t_stride pool L vocab slots bs n m rows_per_req extra max_span nprog").split()  # fmt: skip
+
+
+_NO_SPECIALISATION = {"do_not_specialize": _ARGS}
+if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
+    _NO_SPECIALISATION["do_not_specialize_on_alignment"] = _ARGS[:10]  # the pointers
+
+
+@triton.jit(**_NO_SPECIALISATION)
 def _batch_check_kernel(
     out_ptr,  # [nprog * NCAT + 3 * bs] int64, written
     seq_ptr,  # [bs] int32 seq_lens (device)
@@ -220,10 +235,11 @@ def read_result(out: torch.Tensor, bs: int, num_rows: int, num_writes: int) -> d
 def batch_check_ref(req_to_token, seq_lens, req_pool_indices, input_ids, positions,
                     out_cache_loc, *, rows_per_req: int, extra: int, vocab: int, num_slots: int,
                     row_req=None) -> dict:  # fmt: skip
-    """The first bad index per category, straight from the table above, in host Python."""
-    r2t = req_to_token.cpu().tolist()
-    pool, L = len(r2t), req_to_token.shape[1]
+    """The first bad index per category, straight from the table above, in host Python (the
+    batch's own ``req_to_token`` rows only)."""
+    pool, L = req_to_token.shape
     seq, rpi = seq_lens.tolist(), req_pool_indices.tolist()
+    r2t = {r: req_to_token[r].tolist() for r in set(rpi) if 0 <= r < pool}
     ids, pos, loc = input_ids.tolist(), positions.tolist(), out_cache_loc.tolist()
     owner = row_req.tolist() if row_req is not None else None
 
