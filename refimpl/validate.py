@@ -22,7 +22,8 @@ replay, work proportional to the batch, never to the KV pool. An eager batch who
 have different row counts (EXTEND, ragged draft extend) reads its row counts first. The values in
 a refusal's message are read only on the way to the error. ``GraphRunner(validate_inputs=False)``
 switches validation off; the runner's capture configuration is checked once, up front
-(``check_capture_config``).
+(``check_capture_config``). On the CPU the device rules run as their Python definition
+(``batch_check_ref``), over the batch's own request rows.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from typing import Any
 import torch
 
 from . import layout
-from ._env import INTERPRET
 from .config import SpecConfig
 from .kernels.validation import batch_check, batch_check_ref, read_result, result_size
 from .spec import DraftDecodeInput, DraftExtendInput, VerifyInput
@@ -150,9 +150,11 @@ def _scratch(device: torch.device, size: int) -> torch.Tensor:
 
 
 def _device_checks(fb, seq: list[int], per: int, extra: int, row_req, draft_extend: bool) -> dict:
-    """The device rules: one ``batch_check`` launch and one read of its result. Host tensors on
-    a machine whose Triton compiles for a GPU (a CPU twin of a world, say) cannot feed a Triton
-    kernel there: they get the rules' Python definition, which reads nothing from a device."""
+    """The device rules: one ``batch_check`` launch and one read of its result. A batch on the
+    CPU gets the rules' Python definition (``batch_check_ref``) instead: there is no device to
+    read from, a Triton kernel cannot take host tensors where Triton compiles for a GPU, and in
+    the Triton interpreter the kernel costs milliseconds per batch (``tests/test_batch_check.py``
+    holds the two to the same answers)."""
     world, spec = fb.world, fb.spec_info
     tensors = (world.req_to_token, fb.seq_lens, fb.req_pool_indices, fb.input_ids, fb.positions,
                fb.out_cache_loc)  # fmt: skip
@@ -160,7 +162,7 @@ def _device_checks(fb, seq: list[int], per: int, extra: int, row_req, draft_exte
               num_slots=world.kv_cache.num_slots)  # fmt: skip
     acc = spec.accept_length if draft_extend else None
     ext = spec.extend_seq_lens if draft_extend else None
-    if world.device.type == "cpu" and not INTERPRET:
+    if world.device.type == "cpu":
         return {"first": batch_check_ref(*tensors, **kw, row_req=row_req),
                 "seq_lens": fb.seq_lens.tolist(),
                 "accept_length": acc.tolist() if acc is not None else [],

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU gate: on a CUDA machine (the device tool's H200), after the last change, in one call of
 # 9 minutes or less:
+#   - FlashInfer's JIT modules built first, once (the checker's FlashInfer rows), while the test
+#     files that never touch flashinfer run;
 #   - the whole test suite (gpu-marked tests included), one pytest process per test file, six
 #     files side by side (a process that dies takes only its file with it);
 #   - every notebook under nbval with its `gpu` cells executed, as JupyterLab's Run All would;
@@ -42,16 +44,40 @@ PY
 } > "$out/versions.txt" 2>&1
 cat "$out/versions.txt"
 
-# 1. the checker, CUDA engine (in the background)
+run_files() {  # one pytest process per file, $1 at a time, a junit report each
+  local jobs=$1; shift
+  [ $# -gt 0 ] || return 0
+  printf '%s\n' "$@" | xargs -P "$jobs" -I{} sh -c '
+    f={}; b=$(basename "$f" .py)
+    timeout "${SUITE_S:-330}" python3 -m pytest -q -p no:cacheprovider -rfEs "$f" \
+      --junitxml="'"$tmp"'/junit_$b.xml" > "'"$tmp"'/log_$b.txt" 2>&1
+    echo "[$f rc=$?]" >> "'"$tmp"'/log_$b.txt"'
+}
+files=$(ls ${GPU_CI_TESTS:-tests/test_*.py})
+# files that never build a FlashInfer module (no flashinfer, no registry-wide checker or fuzzer)
+early=$(grep -L -i -E "flashinfer|run_checks|fuzz|REGISTRY|capabilities|check_entry_mode|main\(\[" $files)
+late=$(printf '%s\n' $files | grep -v -x -F "$(printf '%s\n' $early)")
+
+# 0. FlashInfer's JIT modules, built once, before anything else asks for them: the checker's
+#    FlashInfer rows plan and run every wrapper kind the suite and the notebooks use (bf16, the
+#    same head sizes). Without this phase several processes built different modules at once, 16
+#    nvcc jobs each, and the FlashInfer tests and the checker ran past their limits (H200, f63a9c8).
+#    Meanwhile the files that never touch flashinfer run.
+( timeout "${WARM_S:-240}" python3 -m refimpl check --backend flashinfer --backend flashinfer_mla \
+    --variant unified --bs 1 > "$tmp/warm.log" 2>&1; echo "warm-up rc=$?" >> "$tmp/warm.log" ) &
+warm=$!
+run_files 4 $early &
+early_pid=$!
+wait $warm
+echo "flashinfer warm-up done at ${SECONDS}s ($(tail -1 "$tmp/warm.log"))" >> "$out/versions.txt"
+
+# 1. the checker, CUDA engine
 ( timeout "${CHECK_S:-330}" python3 -m refimpl check --json > "$out/check.json" 2> "$tmp/check.err"
   echo "check rc=$?" >> "$tmp/check.err" ) &
 
-# 2. the suite: one process per file, six at a time, a junit report each
-ls ${GPU_CI_TESTS:-tests/test_*.py} | xargs -P "${SUITE_JOBS:-6}" -I{} sh -c '
-  f={}; b=$(basename "$f" .py)
-  timeout "${SUITE_S:-330}" python3 -m pytest -q -p no:cacheprovider -rfEs "$f" \
-    --junitxml="'"$tmp"'/junit_$b.xml" > "'"$tmp"'/log_$b.txt" 2>&1
-  echo "[$f rc=$?]" >> "'"$tmp"'/log_$b.txt"' &
+# 2. the rest of the suite
+wait $early_pid
+run_files "${SUITE_JOBS:-6}" $late &
 
 # 3. every notebook under nbval, gpu cells executed (conftest skips them only without CUDA)
 for nb in ${GPU_CI_NOTEBOOKS:-notebooks/*.ipynb}; do

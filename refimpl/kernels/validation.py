@@ -246,12 +246,13 @@ def batch_check_ref(req_to_token, seq_lens, req_pool_indices, input_ids, positio
     def first(values, bad):
         return next((i for i, v in enumerate(values) if bad(i, v)), None)
 
+    spans = [set(r2t[rpi[r]][: max(min(seq[r] + extra, L), 0)]) if rpi[r] in r2t else set()
+             for r in range(len(rpi))]  # fmt: skip
+
     def owned(e, v):
         row = e % max(len(ids), 1)
         r = owner[row] if owner is not None else row // max(rows_per_req, 1)
-        if not 0 <= r < len(rpi) or not 0 <= rpi[r] < pool:
-            return False
-        return v in r2t[rpi[r]][: max(min(seq[r] + extra, L), 0)]
+        return 0 <= r < len(rpi) and v in spans[r]
 
     return {
         "req_pool_indices range": first(rpi, lambda i, v: not 1 <= v < pool),
