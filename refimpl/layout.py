@@ -102,6 +102,13 @@ def tree_mask_sizes(seq_lens: Sequence[int], num_draft_tokens: int) -> list[int]
     return [n * (int(s) + n) for s in seq_lens]
 
 
+def tree_mask_total(seq_lens: Sequence[int], num_draft_tokens: int) -> int:
+    """Entries of the whole batch's mask: ``sum(tree_mask_sizes(...))`` in closed form, without a
+    per-request list (the replay path's validation calls it)."""
+    n = int(num_draft_tokens)
+    return n * (sum(seq_lens) + len(seq_lens) * n)
+
+
 def mask_indptr(
     seq_lens: torch.Tensor, num_draft_tokens: int, out: torch.Tensor | None = None
 ) -> torch.Tensor:

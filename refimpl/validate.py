@@ -237,7 +237,7 @@ def validate_batch(
         raise _refuse(what, seq[i] + extra, f"exceeds max_context_len={L}")
     mask = getattr(spec_info, "custom_mask", None) if mode.is_target_verify() else None
     if mask is not None:  # its size depends on seq_lens, checked above
-        want = extra * (sum(seq) + bs * extra)  # sum over requests of N * (seq_len + N)
+        want = layout.tree_mask_total(seq, extra)
         if mask.numel() != want:
             raise _refuse("spec_info.custom_mask entries", mask.numel(),
                           f"expected sum over requests of N*(seq_len+N) = {want}")  # fmt: skip

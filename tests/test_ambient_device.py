@@ -8,6 +8,8 @@ on ``meta``, has no data, and the first time it meets real data the run fails. E
 must-pass shape runs its graph modes through the checker, the fuzzer and the capability matrix
 inside the block, on this machine's device, and must give the verdicts it gives outside."""
 
+import random
+
 import pytest
 import torch
 
@@ -44,7 +46,7 @@ def test_fuzz_and_matrix_under_a_meta_default_device():
     with torch.device("meta"):
         target = FuzzTarget(entry, "target_verify", TREE, make_engine("auto"), capture_bs=(3,),
                             num_layers=1)  # fmt: skip
-        params = target.draw(__import__("random").Random(0))
+        params = target.draw(random.Random(0))
         assert target.check(params) == []
         target = FuzzTarget(entry, "draft_decode", CHAIN, make_engine("auto"), capture_bs=(3,),
                             num_layers=1)  # fmt: skip

@@ -51,6 +51,7 @@ def test_tree_mask_layout_and_its_buffer_limit():
     seq = torch.tensor([3, 7])
     assert layout.mask_indptr(seq, 2).tolist() == [0, 2 * 5, 2 * 5 + 2 * 9]
     assert layout.tree_mask_sizes([3, 7], 2) == [10, 18]
+    assert layout.tree_mask_total([3, 7], 2) == 28 == sum(layout.tree_mask_sizes([3, 7], 2))
     buf = torch.zeros(28, dtype=torch.uint8)
     layout.check_mask_fits(torch.ones(28, dtype=torch.bool), buf)  # exactly full: fine
     with pytest.raises(ValueError, match="tree mask of 29 entries exceeds the graph buffer of 28"):

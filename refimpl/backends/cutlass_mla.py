@@ -139,9 +139,8 @@ class CutlassMLAAttnBackend(FlashInferMLAAttnBackend):
         if not fb.forward_mode.is_decode_or_idle():
             return None
         bs, width = fb.batch_size, (self.world.max_context_len + PAGE_SIZE) // PAGE_SIZE
-        fresh = torch.full(
-            (bs, width), 1, dtype=torch.int32, device="cpu"
-        )  # the graph table's init value
+        # the graph table's init value
+        fresh = torch.full((bs, width), 1, dtype=torch.int32, device="cpu")
         table = build_block_table_ref(self.world.req_to_token.cpu(), fb.req_pool_indices.cpu(),
                                       fb.seq_lens_cpu, fresh, PAGE_SIZE)  # fmt: skip
         return {"block_kv_indices": table, "max_seq_len": width * PAGE_SIZE}

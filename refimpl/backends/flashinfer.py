@@ -102,9 +102,8 @@ class FlashInferAttnBackend(AttentionBackend):
             kv_indptr_buf if kv_indptr_buf is not None else torch.zeros(pool + 1, **i32)
         )
         self.kv_last_page_len = torch.ones(pool, **i32)
-        self.kv_last_page_len_cpu = torch.ones(
-            pool, dtype=torch.int32, device="cpu"
-        )  # host twin for plan
+        # host twin for plan
+        self.kv_last_page_len_cpu = torch.ones(pool, dtype=torch.int32, device="cpu")
         self.skip_prefill = skip_prefill
         self.decode_cuda_graph_metadata: dict[int, list] = {}
         self.prefill_cuda_graph_metadata: dict[int, list] = {}
@@ -153,9 +152,8 @@ class FlashInferAttnBackend(AttentionBackend):
                 self.world.req_to_token, rpi[:bs], seq_lens[:bs], kv_indptr, kv_indices
             )
             host_lens = seq_lens_cpu[:bs]
-        indptr_cpu = torch.zeros(
-            rows + 1, dtype=torch.int32, device="cpu"
-        )  # host: no device-to-host copy
+        # host: no device-to-host copy
+        indptr_cpu = torch.zeros(rows + 1, dtype=torch.int32, device="cpu")
         indptr_cpu[1:] = torch.cumsum(host_lens, 0)
         H, Hkv, D = self._heads()
         wrapper.plan(

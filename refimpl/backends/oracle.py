@@ -64,10 +64,8 @@ class OracleBackend(AttentionBackend):
             return
         if mode.is_target_verify():
             n = spec.draft_token_num
-            q_rows, kv_lens = (
-                [n] * bs,
-                layout.attended_kv_lens(mode, torch.tensor(seq, device="cpu"), n).tolist(),
-            )
+            q_rows = [n] * bs
+            kv_lens = layout.attended_kv_lens(mode, torch.tensor(seq, device="cpu"), n).tolist()
         elif mode.is_decode_or_idle():
             q_rows, kv_lens = [1] * bs, seq
         elif mode.is_extend() or mode.is_any_draft_extend():

@@ -190,9 +190,8 @@ class TorchNativeBackend(AttentionBackend):
         }
         if spec is not None and spec.custom_mask is not None:
             blocks = [n * length for length in lens]  # request i: [N, seq_i + N]
-            ref["mask_indptr"] = torch.tensor([0] + blocks, dtype=torch.int64, device="cpu").cumsum(
-                0
-            )
+            blocks_t = torch.tensor([0] + blocks, dtype=torch.int64, device="cpu")
+            ref["mask_indptr"] = blocks_t.cumsum(0)
             ref["custom_mask"] = spec.custom_mask.to(torch.uint8)  # the live requests' blocks
         return ref
 
