@@ -17,8 +17,9 @@ What is checked:
 
 Cost (``refimpl.kernels.validation``): the host rules run in Python on the host copies; the
 device rules run as one kernel launch over the batch's own entries (and its requests'
-``req_to_token`` columns), and its small result is read back once: one synchronisation per
-replay, work proportional to the batch, never to the KV pool. An eager batch whose requests
+``req_to_token`` columns), launched before the host rules so that the two overlap, and its
+small result is read back once: one synchronisation per replay, work proportional to the
+batch, never to the KV pool. An eager batch whose requests
 have different row counts (EXTEND, ragged draft extend) reads its row counts first. The values in
 a refusal's message are read only on the way to the error. ``GraphRunner(validate_inputs=False)``
 switches validation off; the runner's capture configuration is checked once, up front
@@ -28,6 +29,7 @@ switches validation off; the runner's capture configuration is checked once, up 
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -132,8 +134,8 @@ def _check_accept_lengths(spec, host: list[int], cfg: SpecConfig | None) -> None
         raise _refuse("spec_info.accept_length", host,
                       f"disagrees with accept_length_cpu={list(spec.accept_length_cpu)}")  # fmt: skip
     steps = cfg.num_steps if cfg is not None else None  # without a SpecConfig: >= 0 only
-    i = _first(host, lambda a: a < 0 or (steps is not None and a > steps))
-    if i is not None:
+    if host and (min(host) < 0 or (steps is not None and max(host) > steps)):
+        i = _first(host, lambda a: a < 0 or (steps is not None and a > steps))
         raise _refuse(f"spec_info.accept_length[{i}]", host[i], f"outside [0, num_steps={steps}]")
 
 
@@ -149,12 +151,13 @@ def _scratch(device: torch.device, size: int) -> torch.Tensor:
     return buf
 
 
-def _device_checks(fb, seq: list[int], per: int, extra: int, row_req, draft_extend: bool) -> dict:
-    """The device rules: one ``batch_check`` launch and one read of its result. A batch on the
-    CPU gets the rules' Python definition (``batch_check_ref``) instead: there is no device to
-    read from, a Triton kernel cannot take host tensors where Triton compiles for a GPU, and in
-    the Triton interpreter the kernel costs milliseconds per batch (``tests/test_batch_check.py``
-    holds the two to the same answers)."""
+def _launch_device_checks(fb, seq: list[int], per: int, extra: int, row_req, draft_extend: bool):
+    """The device rules: one ``batch_check`` launch now; the returned callable reads its result
+    (the one device read), so the host rules run while the kernel does. A batch on the CPU gets
+    the rules' Python definition (``batch_check_ref``) instead: there is no device to read from,
+    a Triton kernel cannot take host tensors where Triton compiles for a GPU, and in the Triton
+    interpreter the kernel costs milliseconds per batch (``tests/test_batch_check.py`` holds the
+    two to the same answers)."""
     world, spec = fb.world, fb.spec_info
     tensors = (world.req_to_token, fb.seq_lens, fb.req_pool_indices, fb.input_ids, fb.positions,
                fb.out_cache_loc)  # fmt: skip
@@ -163,16 +166,17 @@ def _device_checks(fb, seq: list[int], per: int, extra: int, row_req, draft_exte
     acc = spec.accept_length if draft_extend else None
     ext = spec.extend_seq_lens if draft_extend else None
     if world.device.type == "cpu":
-        return {"first": batch_check_ref(*tensors, **kw, row_req=row_req),
-                "seq_lens": fb.seq_lens.tolist(),
-                "accept_length": acc.tolist() if acc is not None else [],
-                "extend_seq_lens": ext.tolist() if ext is not None else []}  # fmt: skip
+        res = {"first": batch_check_ref(*tensors, **kw, row_req=row_req),
+               "seq_lens": fb.seq_lens.tolist(),
+               "accept_length": acc.tolist() if acc is not None else [],
+               "extend_seq_lens": ext.tolist() if ext is not None else []}  # fmt: skip
+        return lambda: res
     bs, n, m = fb.batch_size, fb.num_tokens, fb.out_cache_loc.numel()
     max_span = max(min(max(seq) + extra, world.max_context_len), 0)
     out = _scratch(world.device, result_size(bs, n, m))
     batch_check(out, *tensors, **kw, max_span=max_span, accept_length=acc, extend_seq_lens=ext,
                 row_req=row_req)  # fmt: skip
-    return read_result(out, bs, n, m)  # the one device read
+    return lambda: read_result(out, bs, n, m)
 
 
 def validate_batch(
@@ -216,17 +220,8 @@ def validate_batch(
         raise _refuse("num_tokens", n, f"expected {per * bs} rows for the batch's {bs} "
                       f"requests in {mode.name}")  # fmt: skip
     spec_info = fb.spec_info
-    res = _device_checks(fb, seq, per, extra, row_req, draft_extend)
-    # host rules, in order; the device results where a rule needs them
-    if res["seq_lens"] != seq:
-        raise _refuse("seq_lens (device)", res["seq_lens"], f"disagrees with seq_lens_cpu={seq}")
-    if draft_extend:
-        _check_accept_lengths(spec_info, res["accept_length"], cfg)
-        ext = res["extend_seq_lens"]
-        if for_graph and ext != [per] * bs:
-            raise _refuse("spec_info.extend_seq_lens", ext,
-                          f"the graph lays out {per} rows per request")  # fmt: skip
-        rows = ext
+    read = _launch_device_checks(fb, seq, per, extra, row_req, draft_extend)
+    # host rules, in order, while the kernel runs; then the device results
     lo, hi = min(seq), max(seq)  # builtins over host ints: the usual case costs no Python loop
     if lo < 1:
         i = seq.index(lo)
@@ -241,10 +236,19 @@ def validate_batch(
         if mask.numel() != want:
             raise _refuse("spec_info.custom_mask entries", mask.numel(),
                           f"expected sum over requests of N*(seq_len+N) = {want}")  # fmt: skip
-    if rows is not None:  # extend modes: seq_lens count the request's new rows
+    res = read()
+    if res["seq_lens"] != seq:
+        raise _refuse("seq_lens (device)", res["seq_lens"], f"disagrees with seq_lens_cpu={seq}")
+    if draft_extend:
+        _check_accept_lengths(spec_info, res["accept_length"], cfg)
+        ext = res["extend_seq_lens"]
+        if for_graph and ext != [per] * bs:
+            raise _refuse("spec_info.extend_seq_lens", ext,
+                          f"the graph lays out {per} rows per request")  # fmt: skip
+        rows = ext
+    if rows is not None and any(map(operator.lt, seq, rows)):  # extend: seq counts new rows
         i = _first(range(bs), lambda r: seq[r] < rows[r])
-        if i is not None:
-            raise _refuse(f"seq_lens[{i}]", seq[i], f"counts the request's {rows[i]} new rows")
+        raise _refuse(f"seq_lens[{i}]", seq[i], f"counts the request's {rows[i]} new rows")
     _report_device_findings(fb, res["first"], seq, extra, per, row_req)
 
 

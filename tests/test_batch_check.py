@@ -97,3 +97,17 @@ def test_a_ragged_batch_maps_rows_by_row_req():
         got = read_result(out, 2, 3, 3)["first"]
         assert got == batch_check_ref(*args, **kw, row_req=row_req)
         assert got["out_cache_loc owner"] == bad
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    DEVICE.type != "cuda", reason="a compiled kernel needs CUDA (the CPU runs the interpreter)"
+)
+def test_launches_after_the_first_skip_triton_binding():
+    """The compiled kernel is kept and launched directly (``validation._launch``): what
+    ``test_kernel_matches_its_definition`` checks from its second trial on is that path."""
+    from refimpl.kernels import validation
+
+    validation._COMPILED.clear()
+    test_a_ragged_batch_maps_rows_by_row_req()
+    assert validation._COMPILED, "the compiled kernel was not kept: every launch binds in Python"

@@ -199,17 +199,47 @@ def batch_check(
     ``bs`` entries, ``input_ids`` / ``positions`` / ``row_req`` ``n``, ``out_cache_loc`` ``m``."""
     bs, n, m = seq_lens.numel(), input_ids.numel(), out_cache_loc.numel()
     nprog = num_programs(bs, n, m)
-    _batch_check_kernel[(nprog,)](
+    flags = (accept_length is not None, extend_seq_lens is not None, row_req is not None)
+    args = (
         out, seq_lens,
-        accept_length if accept_length is not None else seq_lens,  # dummy pointers: never read
-        extend_seq_lens if extend_seq_lens is not None else seq_lens,
+        accept_length if flags[0] else seq_lens,  # dummy pointers: never read
+        extend_seq_lens if flags[1] else seq_lens,
         req_pool_indices, input_ids, positions, out_cache_loc,
-        row_req if row_req is not None else seq_lens,
+        row_req if flags[2] else seq_lens,
         req_to_token, req_to_token.stride(0), req_to_token.shape[0], req_to_token.shape[1],
         vocab, num_slots, bs, n, m, max(rows_per_req, 1), extra, max_span, nprog,
-        HAS_ACC=accept_length is not None, HAS_EXT=extend_seq_lens is not None,
-        HAS_ROW_REQ=row_req is not None, BLOCK_=BLOCK, CHUNK_=CHUNK, NCAT_=NCAT, NONE_=NONE,
+        *flags, BLOCK, CHUNK, NCAT, NONE,
     )  # fmt: skip
+    _launch(nprog, args, flags, out.device)
+
+
+# the compiled kernel per (device, HAS_ACC, HAS_EXT, HAS_ROW_REQ), launched directly: Triton's
+# JITFunction.run binds and specialises 29 arguments in Python on every call (26 µs of host per
+# launch on the H200, against 7.5 µs for the compiled kernel's own launcher)
+_COMPILED: dict = {}
+
+
+def _launch(nprog: int, args: tuple, flags: tuple, device: torch.device) -> None:
+    key = (device, *flags)
+    kernel = _COMPILED.get(key)
+    if kernel is None or _launch_hooks_set():  # first launch, or a profiler's hooks set
+        kernel = _batch_check_kernel[(nprog,)](*args)  # compiles once (nothing specialised)
+        if device.type == "cuda" and all(hasattr(kernel, a) for a in _DIRECT):
+            _COMPILED[key] = kernel
+        return
+    stream = torch.cuda.current_stream(device).cuda_stream
+    kernel.run(nprog, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
+               *args)  # fmt: skip
+
+
+_DIRECT = ("run", "function", "packed_metadata")  # what a direct launch uses
+
+
+def _launch_hooks_set() -> bool:
+    """Triton's launch hooks (a profiler's): None, or a chain of ``.calls`` (Triton >= 3.4)."""
+    rt = getattr(getattr(triton, "knobs", None), "runtime", None)
+    hooks = (getattr(rt, "launch_enter_hook", None), getattr(rt, "launch_exit_hook", None))
+    return any(h is not None and getattr(h, "calls", True) for h in hooks)
 
 
 @batch_check.register_fake
