@@ -89,9 +89,7 @@ def decode_sweep(fi, dev, sizes, ctx, reps, dtype):
 
         def fast(x):
             _, indptr_cpu, _, _ = x
-            fast_decode_plan(
-                w, indptr_cpu, last_cpu, H, HKV, D, 1, q_data_type=dtype, kv_data_type=dtype
-            )
+            fast_decode_plan(w, indptr_cpu, last_cpu, H, HKV, D, 1, q_data_type=dtype, kv_data_type=dtype)
 
         for _ in range(3):  # warm-up: JIT / first plan sets _cached_module
             full(inputs[0])
@@ -120,20 +118,7 @@ def mla_sweep(fi, dev, sizes, ctx, reps, dtype):
 
         def full(x):
             lens, _, indptr_dev, indices = x
-            w.plan(
-                qo,
-                indptr_dev,
-                indices,
-                lens.to(dev),
-                MLA_H,
-                CKV,
-                KPE,
-                1,
-                False,
-                scale,
-                dtype,
-                dtype,
-            )
+            w.plan(qo, indptr_dev, indices, lens.to(dev), MLA_H, CKV, KPE, 1, False, scale, dtype, dtype)
 
         def fast(x):
             lens, indptr_cpu, _, _ = x

@@ -120,9 +120,7 @@ def main(argv=None) -> int:
         gpu = (f"{r[1]['gpu_graph']:.0f} / {r[64]['gpu_graph']:.0f}"
                if "gpu_graph" in r[1] else "-")  # fmt: skip
         hooks = " / ".join(f"{r[b]['hook']:.0f}" for b in SIZES)
-        print(
-            f"| {row} | {hooks} | {rng('copies')} | {rng('validate')} | {rng('launch')} | {gpu} |"
-        )
+        print(f"| {row} | {hooks} | {rng('copies')} | {rng('validate')} | {rng('launch')} | {gpu} |")
     if args.out:
         Path(args.out).write_text(json.dumps({"environment": env, "rows": res}, indent=1))
     return 0

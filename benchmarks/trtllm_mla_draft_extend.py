@@ -69,9 +69,7 @@ def main(argv=None) -> int:
     panels = [("host_us", "hook+launch", "host µs: replay hook + graph.replay()")]
     if "gpu_us" in rows[0]:
         panels.append(("gpu_us", "graph", "GPU µs: the graph"))
-    fig = viz.draw_latency_vs_bs(
-        rows, panels, f"TRTLLM-MLA draft extend v2 replay path, before/after #29077 — {where}"
-    )
+    fig = viz.draw_latency_vs_bs(rows, panels, f"TRTLLM-MLA draft extend v2 replay path, before/after #29077 — {where}")
     viz.save(fig, args.fig)
     print(f"{pinned}; wrote {out}/results.json, results.csv and {args.fig}")
     for r in rows:

@@ -53,8 +53,7 @@ class Reads(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if any(isinstance(a, torch.Tensor) and a.device.type != "cpu" for a in args) and (
-            isinstance(out, (int, float, bool))
-            or (isinstance(out, torch.Tensor) and out.device.type == "cpu")
+            isinstance(out, (int, float, bool)) or (isinstance(out, torch.Tensor) and out.device.type == "cpu")
         ):
             self.n += 1
         return out

@@ -62,9 +62,7 @@ class PagedDecodeBackend(AttentionBackend):
             bs, req_pool_indices, seq_lens, None, encoder_lens, forward_mode, spec_info, None
         )
         self.forward_metadata = PagedDecodeMetadata(  # ... then views + a safe frozen bound
-            self.cuda_graph_kv_indptr[: bs + 1],
-            self.cuda_graph_kv_indices,
-            self.world.max_context_len,
+            self.cuda_graph_kv_indptr[: bs + 1], self.cuda_graph_kv_indices, self.world.max_context_len
         )
 
     def init_forward_metadata_replay_cuda_graph(

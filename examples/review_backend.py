@@ -74,12 +74,8 @@ class ReviewBackend(AttentionBackend):
         kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=self.device)
         kv_indptr[1:] = torch.cumsum(kv_lens, 0)
         host_lens = layout.attended_kv_lens(mode, fb.seq_lens_cpu, n)  # eager may read the host
-        kv_indices = torch.zeros(
-            max(int(host_lens.sum()), 1), dtype=torch.int64, device=self.device
-        )
-        build_kv_indices(
-            self.world.req_to_token, fb.req_pool_indices, kv_lens, kv_indptr, kv_indices
-        )
+        kv_indices = torch.zeros(max(int(host_lens.sum()), 1), dtype=torch.int64, device=self.device)
+        build_kv_indices(self.world.req_to_token, fb.req_pool_indices, kv_lens, kv_indptr, kv_indices)
         mask = mask_indptr = None
         if mode.is_target_verify():
             mask, mask_indptr = fb.spec_info.custom_mask, layout.mask_indptr(fb.seq_lens, n)
@@ -148,9 +144,7 @@ class ReviewBackend(AttentionBackend):
         kv_lens = seq + n if fb.forward_mode.is_target_verify() else seq
         ref = {
             "kv_indptr": torch.cat([kv_lens.new_zeros(1), torch.cumsum(kv_lens, 0)]),
-            "kv_indices": build_kv_indices_ref(
-                self.world.req_to_token, fb.req_pool_indices, kv_lens
-            ),
+            "kv_indices": build_kv_indices_ref(self.world.req_to_token, fb.req_pool_indices, kv_lens),
             "q_per_req": n,
             "max_kv_len": self.world.max_context_len,
         }

@@ -9,12 +9,5 @@ from ._env import default_device, default_dtype
 from .config import GraphConfig, ModelConfig, SpecConfig
 from .modes import ForwardMode
 
-__all__ = [
-    "ForwardMode",
-    "ModelConfig",
-    "SpecConfig",
-    "GraphConfig",
-    "default_device",
-    "default_dtype",
-]
+__all__ = ["ForwardMode", "ModelConfig", "SpecConfig", "GraphConfig", "default_device", "default_dtype"]
 __version__ = "0.1.0"

@@ -31,12 +31,7 @@ def _table(rows) -> str:
             r.engine,
             *(
                 v(x)
-                for x in (
-                    r.capture_equals_replay,
-                    r.graph_equals_eager,
-                    r.matches_oracle,
-                    r.replay_matches_reference,
-                )
+                for x in (r.capture_equals_replay, r.graph_equals_eager, r.matches_oracle, r.replay_matches_reference)
             ),
         )  # fmt: skip
         for r in rows
@@ -72,9 +67,7 @@ def _int_list(what: str):
         try:
             values = tuple(int(x) for x in text.split(","))
         except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not a comma-separated list of {what} (e.g. 1,3,4)"
-            ) from None
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {what} (e.g. 1,3,4)") from None
         if not values or min(values) < 1:
             raise argparse.ArgumentTypeError(f"{what} must be >= 1, got {text!r}")
         return values
@@ -129,10 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     c.add_argument("--json", action="store_true", help="print a JSON list of records")
     c.add_argument(
-        "--fuzz",
-        type=_count,
-        metavar="N",
-        help="fuzz instead: N random batches per backend x variant x mode x spec",
+        "--fuzz", type=_count, metavar="N", help="fuzz instead: N random batches per backend x variant x mode x spec"
     )
     c.add_argument("--seed", type=int, default=0, help="the fuzz seed (default 0)")
     b = sub.add_parser("bench", help="what a replay costs, part by part (refimpl.bench.sweep)")
@@ -141,11 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--mode", action="append", help="graph mode (repeatable); default: decode, "
                    "target_verify")  # fmt: skip
     b.add_argument("--bs", type=_batch_sizes, help="batch sizes (GPU default 1,2,4,...,256)")
-    b.add_argument(
-        "--ctx",
-        type=_int_list("context lengths"),
-        help="context lengths (GPU default 512,4096,32768)",
-    )
+    b.add_argument("--ctx", type=_int_list("context lengths"), help="context lengths (GPU default 512,4096,32768)")
     b.add_argument("--repeats", type=_count, help="timed repeats per point (GPU default 30)")
     b.add_argument("--warmup", type=_count, help="untimed repeats first")
     b.add_argument("--rotate", type=_count, help="batches rotated per point")
@@ -153,9 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--pin", type=int, default=None, metavar="CORE", help="pin to one core")
     b.add_argument("--out", default=None, help="write results.json / results.csv here")
     b.add_argument("--figures", default=None, metavar="DIR", help="write the plots here")
-    sub.add_parser(
-        "matrix", help="the capability matrix (backend x variant x graph mode), Markdown"
-    )
+    sub.add_parser("matrix", help="the capability matrix (backend x variant x graph mode), Markdown")
     args = p.parse_args(argv)
     if args.cmd == "matrix":
         from .capabilities import markdown, matrix

@@ -157,9 +157,7 @@ class ForwardBatch:
 
         spec = self.spec_info
         if spec is not None and dataclasses.is_dataclass(spec):
-            spec = dataclasses.replace(
-                spec, **{f.name: move(getattr(spec, f.name)) for f in dataclasses.fields(spec)}
-            )
+            spec = dataclasses.replace(spec, **{f.name: move(getattr(spec, f.name)) for f in dataclasses.fields(spec)})
         moved = {
             f.name: move(getattr(self, f.name))
             for f in dataclasses.fields(self)

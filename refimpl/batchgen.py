@@ -53,12 +53,7 @@ import torch
 from .batch import ForwardBatch, World
 from .config import SpecConfig
 from .modes import ForwardMode
-from .spec import (
-    DraftDecodeInput,
-    DraftTree,
-    make_draft_extend_input,
-    make_verify_input,
-)
+from .spec import DraftDecodeInput, DraftTree, make_draft_extend_input, make_verify_input
 from .validate import validate_batch
 
 __all__ = ["BatchGenerator", "draft_decode_step_view"]
@@ -93,10 +88,7 @@ class BatchGenerator:
     # public: one method per mode
     # ---------------------------------------------------------------------------------------
     def extend(
-        self,
-        bs: int,
-        prefix_lens: Sequence[int] | None = None,
-        extend_lens: Sequence[int] | None = None,
+        self, bs: int, prefix_lens: Sequence[int] | None = None, extend_lens: Sequence[int] | None = None
     ) -> ForwardBatch:
         """EXTEND (eager prefill): ``extend_lens[i]`` new rows after a cached prefix."""
         L = self.world.max_context_len
@@ -118,10 +110,7 @@ class BatchGenerator:
             pre = [self._sample_len(0, L - e) for e in ext]
         for i, (p, e) in enumerate(zip(pre, ext)):
             if p + e > L:
-                raise ValueError(
-                    f"request {i}: prefix_len {p} + extend_len {e} = {p + e} exceeds "
-                    f"max_context_len={L}"
-                )
+                raise ValueError(f"request {i}: prefix_len {p} + extend_len {e} = {p + e} exceeds max_context_len={L}")
         seq = [p + e for p, e in zip(pre, ext)]
         rpi = self._alloc(seq)
 
@@ -166,10 +155,7 @@ class BatchGenerator:
         return self._finish(batch)
 
     def target_verify(
-        self,
-        bs: int,
-        seq_lens: Sequence[int] | None = None,
-        trees: Sequence[DraftTree] | None = None,
+        self, bs: int, seq_lens: Sequence[int] | None = None, trees: Sequence[DraftTree] | None = None
     ) -> ForwardBatch:
         """TARGET_VERIFY: N rows per request; seq_lens = prefix; custom mask from the trees."""
         spec = self._need_spec(ForwardMode.TARGET_VERIFY)
@@ -189,9 +175,7 @@ class BatchGenerator:
         cols = [[s + q for q in range(N)] for s in seq]  # KV column = prefix + node index
         pos = [[s + d for d in t.depths()] for s, t in zip(seq, trees)]  # position = prefix+depth
         spec_info = make_verify_input(seq, trees, self.world.device, topk=spec.topk)
-        batch = self._assemble(
-            ForwardMode.TARGET_VERIFY, rpi, seq, cols, positions=pos, spec_info=spec_info
-        )
+        batch = self._assemble(ForwardMode.TARGET_VERIFY, rpi, seq, cols, positions=pos, spec_info=spec_info)
         batch.meta.update(trees=trees, draft_token_num=N)
         return self._finish(batch)
 
@@ -300,10 +284,7 @@ class BatchGenerator:
         slots = [int(s) for s in batch.req_pool_indices.cpu().tolist()]
         foreign = [s for s in slots if s not in self._owned]
         if foreign:
-            raise ValueError(
-                f"request slots {foreign} were not allocated by this generator "
-                "(or were already released)"
-            )
+            raise ValueError(f"request slots {foreign} were not allocated by this generator (or were already released)")
         self._free(slots)
 
     def release_all(self) -> None:
@@ -359,13 +340,9 @@ class BatchGenerator:
         if value < lo:
             raise ValueError(f"{name}={value} is below the minimum {lo}")
 
-    def _lens(
-        self, given: Sequence[int] | None, bs: int, name: str, lo: int, hi: int, limit: str
-    ) -> list[int]:
+    def _lens(self, given: Sequence[int] | None, bs: int, name: str, lo: int, hi: int, limit: str) -> list[int]:
         if hi < lo:
-            raise ValueError(
-                f"no room: the longest allowed {name} is {hi} ({limit}) but the minimum is {lo}"
-            )
+            raise ValueError(f"no room: the longest allowed {name} is {hi} ({limit}) but the minimum is {lo}")
         if given is None:
             return [self._sample_len(lo, hi) for _ in range(bs)]
         out = self._listify(given, bs, name)
@@ -414,9 +391,7 @@ class BatchGenerator:
         return DraftTree.random(spec.num_draft_tokens, spec.topk, spec.num_steps, self.rng)
 
     def _random_ids(self, n: int) -> torch.Tensor:
-        ids = torch.randint(
-            0, self.world.cfg.vocab_size, (n,), generator=self.torch_gen, device="cpu"
-        )
+        ids = torch.randint(0, self.world.cfg.vocab_size, (n,), generator=self.torch_gen, device="cpu")
         return ids.to(self.world.device)  # [n] int64, device
 
     def _i32(self, values: list[int]) -> torch.Tensor:

@@ -173,9 +173,7 @@ def time_replay_path(
         out["gpu_us"] = {k: spread(v) for k, v in gpu.items()}
     fb = batches[0]
     runner._load_inputs(fb, bs)
-    out["hook_launches"] = launches(
-        lambda: call_replay_hook(runner.backend, runner._replay_batch(fb, bs))
-    )
+    out["hook_launches"] = launches(lambda: call_replay_hook(runner.backend, runner._replay_batch(fb, bs)))
     out["copy_launches"] = launches(lambda: runner._load_inputs(fb, bs))
     out["graph_kernels"] = dict(graph.kernels())
     return out

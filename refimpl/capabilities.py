@@ -70,13 +70,9 @@ def matrix(entries: list[BackendEntry] | None = None) -> list[dict[str, Any]]:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    head = (
-        "| backend | variant | pattern | " + " | ".join(m.replace("_", " ") for m in MODES) + " |"
-    )
+    head = "| backend | variant | pattern | " + " | ".join(m.replace("_", " ") for m in MODES) + " |"
     lines = [head, "|" + "---|" * (3 + len(MODES))]
     for r in rows:
         cells = [r["backend"], r["variant"], r["pattern"], *(r[m] for m in MODES)]
-        lines.append(
-            "| " + " | ".join(f"`{c}`" if i < 2 else c for i, c in enumerate(cells)) + " |"
-        )
+        lines.append("| " + " | ".join(f"`{c}`" if i < 2 else c for i, c in enumerate(cells)) + " |")
     return "\n".join(lines)

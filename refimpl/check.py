@@ -108,9 +108,7 @@ def diff_states(capture: dict[str, Any], replay: dict[str, Any], limit: int = 4)
         a, b = capture[key], replay[key]
         if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
             if a.shape != b.shape:
-                out.append(
-                    f"{key}: shape {tuple(a.shape)} after capture vs {tuple(b.shape)} after replay"
-                )
+                out.append(f"{key}: shape {tuple(a.shape)} after capture vs {tuple(b.shape)} after replay")
                 continue
             out += _tensor_diff(key, a, b, "capture vs replay", limit)
         elif a != b:
@@ -222,9 +220,7 @@ class KVGuard:
         if foreign:
             problems.append(f"padded or live rows wrote {foreign} KV slot(s) of other requests")
         if own:
-            problems.append(
-                f"the replay overwrote {own} earlier KV slot(s) of requests in this batch"
-            )
+            problems.append(f"the replay overwrote {own} earlier KV slot(s) of requests in this batch")
         return problems
 
 
@@ -238,9 +234,7 @@ def _close(out: torch.Tensor, ref: torch.Tensor, tol: dict, what: str, findings:
     if torch.allclose(o, r, **tol) and not o.isnan().any():
         return True
     err = (o - r).abs().max().item()
-    findings.append(
-        f"{what}: max abs difference {err:.3g} (rtol {tol['rtol']}, atol {tol['atol']})"
-    )
+    findings.append(f"{what}: max abs difference {err:.3g} (rtol {tol['rtol']}, atol {tol['atol']})")
     return False
 
 

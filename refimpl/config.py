@@ -53,9 +53,7 @@ class ModelConfig:
         if self.kind not in ("mha", "mla"):
             raise ValueError(f"ModelConfig.kind must be 'mha' or 'mla', got {self.kind!r}")
         if self.kind == "mha" and self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
-            )
+            raise ValueError(f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
 
     @property
     def is_mla(self) -> bool:

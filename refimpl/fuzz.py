@@ -88,9 +88,7 @@ def _graph_buffers(backend) -> list[tuple[str, torch.Tensor]]:
         b = stack.pop()
         stack += list(getattr(b, "step_backends", [])) + list(getattr(b, "steps", []))
         for name, t in vars(b).items():
-            graph_buf = (
-                name.startswith(("cuda_graph_", "decode_cuda_graph_")) or name in SHARED_NAMES
-            )
+            graph_buf = name.startswith(("cuda_graph_", "decode_cuda_graph_")) or name in SHARED_NAMES
             graph_buf = graph_buf and not name.endswith("_cpu")  # host mirrors feed plan()
             if graph_buf and isinstance(t, torch.Tensor) and id(t) not in seen:
                 seen.add(id(t))
@@ -217,9 +215,7 @@ class FuzzTarget:
             trees = [DraftTree(t) for t in p.trees]
             return gen.target_verify(p.raw_bs, seq_lens=p.seq_lens, trees=trees)
         version = 2 if mode.is_draft_extend_v2() else 1
-        return gen.draft_extend(
-            p.raw_bs, version, seq_lens=p.seq_lens, accept_length=p.accept_length
-        )
+        return gen.draft_extend(p.raw_bs, version, seq_lens=p.seq_lens, accept_length=p.accept_length)
 
     def _live(self, fb) -> list[torch.Tensor]:
         """What the graph for ``fb`` reads, found on a fresh backend (one captured bs, the batch
@@ -264,15 +260,11 @@ class FuzzTarget:
 
 def specs_for(case: str) -> tuple[SpecConfig, ...]:
     """Chains everywhere; topk > 1 trees where the mode has them."""
-    return (
-        (CHAIN, TREE) if case in ("target_verify", "draft_decode", "draft_extend_v2") else (CHAIN,)
-    )
+    return (CHAIN, TREE) if case in ("target_verify", "draft_decode", "draft_extend_v2") else (CHAIN,)
 
 
 def targets(
-    backends: Iterable[str] | None = None,
-    modes: Iterable[str] | None = None,
-    variants: Iterable[str] | None = None,
+    backends: Iterable[str] | None = None, modes: Iterable[str] | None = None, variants: Iterable[str] | None = None
 ) -> list[tuple[BackendEntry, str, SpecConfig]]:
     """Every (entry, mode, spec) to fuzz; shapes default to every one that must pass (not the
     historical ``legacy`` / ``as-upstream``). Entries that cannot run here, or modes a backend
@@ -281,9 +273,7 @@ def targets(
 
     entries = [e for b in (backends or [None]) for e in find(b)]
     entries = [e for e in entries if (e.variant in variants if variants else must_pass(e.variant))]
-    return [
-        (e, case, spec) for e in entries for case in (modes or CASES) for spec in specs_for(case)
-    ]
+    return [(e, case, spec) for e in entries for case in (modes or CASES) for spec in specs_for(case)]
 
 
 def reproduce(label: str, params: dict, seed: int = 0, engine: str = "auto") -> list[str]:

@@ -50,9 +50,7 @@ PAD_CACHE_SLOT = RESERVED_TOKEN_SLOT  # KV slot every padded row writes
 
 
 # --- rows per request --------------------------------------------------------------------------
-def rows_per_request(
-    mode: ForwardMode, spec: SpecConfig | None = None, multi_step_draft: bool = False
-) -> int:
+def rows_per_request(mode: ForwardMode, spec: SpecConfig | None = None, multi_step_draft: bool = False) -> int:
     """Query rows every request occupies in a captured graph of ``mode`` (the table above)."""
     if mode.is_decode_or_idle():
         if not multi_step_draft:
@@ -109,9 +107,7 @@ def tree_mask_total(seq_lens: Sequence[int], num_draft_tokens: int) -> int:
     return n * (sum(seq_lens) + len(seq_lens) * n)
 
 
-def mask_indptr(
-    seq_lens: torch.Tensor, num_draft_tokens: int, out: torch.Tensor | None = None
-) -> torch.Tensor:
+def mask_indptr(seq_lens: torch.Tensor, num_draft_tokens: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """``[0, cumsum(N * (seq_lens + N))]``  # [bs+1] int64.
 
     With ``out`` (a zero-initialised static buffer) the cumsum is written into

@@ -85,8 +85,7 @@ class TokenSlotAllocator:
     def alloc_pages(self, n: int) -> list[int]:
         if n > self.free_pages:
             raise RuntimeError(
-                f"TokenSlotAllocator: asked for {n} pages of {self.page_size} slots, only "
-                f"{self.free_pages} free"
+                f"TokenSlotAllocator: asked for {n} pages of {self.page_size} slots, only {self.free_pages} free"
             )
         out = self._free_pages[self._head : self._head + n]
         self._head += n
@@ -120,12 +119,8 @@ class MHAKVCache:
         self.num_slots = num_slots
         shape_k = (num_slots, cfg.num_kv_heads, cfg.head_dim)
         shape_v = (num_slots, cfg.num_kv_heads, cfg.v_head_dim)
-        self.k = [
-            torch.zeros(shape_k, dtype=cfg.dtype, device=device) for _ in range(cfg.num_layers)
-        ]
-        self.v = [
-            torch.zeros(shape_v, dtype=cfg.dtype, device=device) for _ in range(cfg.num_layers)
-        ]
+        self.k = [torch.zeros(shape_k, dtype=cfg.dtype, device=device) for _ in range(cfg.num_layers)]
+        self.v = [torch.zeros(shape_v, dtype=cfg.dtype, device=device) for _ in range(cfg.num_layers)]
 
     def set_kv(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         # loc: [tokens] int64; k: [tokens, Hkv, D]; an in-place scatter (graph-safe)
@@ -143,9 +138,7 @@ class MLAKVCache:
         self.cfg = cfg
         self.num_slots = num_slots
         shape = (num_slots, 1, cfg.kv_row_width)
-        self.kv = [
-            torch.zeros(shape, dtype=cfg.dtype, device=device) for _ in range(cfg.num_layers)
-        ]
+        self.kv = [torch.zeros(shape, dtype=cfg.dtype, device=device) for _ in range(cfg.num_layers)]
 
     def set_kv(self, layer: int, loc: torch.Tensor, latent_and_rope: torch.Tensor) -> None:
         # latent_and_rope: [tokens, 576] or [tokens, 1, 576]

@@ -37,14 +37,10 @@ class TinyDecoder:
         hd = cfg.hidden_size
 
         def w(*shape):  # scaled so activations stay O(1) through the layers
-            return (torch.randn(*shape, generator=g, device="cpu") / math.sqrt(shape[0])).to(
-                device, cfg.dtype
-            )
+            return (torch.randn(*shape, generator=g, device="cpu") / math.sqrt(shape[0])).to(device, cfg.dtype)
 
         self.embed = w(cfg.vocab_size, hd) * math.sqrt(cfg.vocab_size)
-        self.inv_freq = 1.0 / (
-            10000 ** (torch.arange(0, hd, 2, dtype=torch.float32, device="cpu") / hd)
-        )
+        self.inv_freq = 1.0 / (10000 ** (torch.arange(0, hd, 2, dtype=torch.float32, device="cpu") / hd))
         self.inv_freq = self.inv_freq.to(device)
         H = cfg.num_heads
         self.layers = []
@@ -109,9 +105,7 @@ class MultiStepDraftProgram:
         rows, ids, outs = fb.num_tokens, fb.input_ids, []
         for i in range(self.num_steps - 1):
             step = fb.replace(
-                input_ids=ids,
-                positions=fb.positions + i,
-                out_cache_loc=fb.out_cache_loc[i * rows : (i + 1) * rows],
+                input_ids=ids, positions=fb.positions + i, out_cache_loc=fb.out_cache_loc[i * rows : (i + 1) * rows]
             )
             logits = self.model(step, backend.step_backend(i))  # [rows, vocab]
             outs.append(logits)

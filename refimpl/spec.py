@@ -58,14 +58,10 @@ class DraftTree:
         if not self.parents:
             raise ValueError("DraftTree needs at least one node (the root), got parents=[]")
         if self.parents[0] != -1:
-            raise ValueError(
-                f"DraftTree root must have parent -1, got parents[0]={self.parents[0]}"
-            )
+            raise ValueError(f"DraftTree root must have parent -1, got parents[0]={self.parents[0]}")
         for q, p in enumerate(self.parents[1:], start=1):
             if not 0 <= p < q:
-                raise ValueError(
-                    f"DraftTree parents[{q}]={p} must be in [0, {q}) (parents precede children)"
-                )
+                raise ValueError(f"DraftTree parents[{q}]={p} must be in [0, {q}) (parents precede children)")
 
     @property
     def num_nodes(self) -> int:
@@ -215,9 +211,7 @@ def _check_trees(seq_lens: list[int], trees: Sequence[DraftTree]) -> int:
 
 
 def build_custom_mask(
-    seq_lens: Sequence[int] | torch.Tensor,
-    trees: Sequence[DraftTree],
-    device: str | torch.device = "cpu",
+    seq_lens: Sequence[int] | torch.Tensor, trees: Sequence[DraftTree], device: str | torch.device = "cpu"
 ) -> torch.Tensor:
     """Verify custom mask: request blocks ``[N, seq_lens[i] + N]`` flattened and concatenated.
 
@@ -227,9 +221,7 @@ def build_custom_mask(
     n = _check_trees(lens, trees)
     blocks = []
     for s, tree in zip(lens, trees):
-        block = torch.ones(
-            n, s + n, dtype=torch.bool, device="cpu"
-        )  # [N, s+N]: prefix columns all True
+        block = torch.ones(n, s + n, dtype=torch.bool, device="cpu")  # [N, s+N]: prefix columns all True
         block[:, s:] = tree.ancestry_mask()  # last N columns: the tree
         blocks.append(block.flatten())
     mask = torch.cat(blocks).to(device)
@@ -238,9 +230,7 @@ def build_custom_mask(
 
 
 def build_mask_indptr(
-    seq_lens: Sequence[int] | torch.Tensor,
-    num_draft_tokens: int,
-    device: str | torch.device | None = None,
+    seq_lens: Sequence[int] | torch.Tensor, num_draft_tokens: int, device: str | torch.device | None = None
 ) -> torch.Tensor:
     """``[0, cumsum(N * (seq_lens + N))]``  # [bs+1] int64 (on seq_lens' device by default)."""
     if device is None:

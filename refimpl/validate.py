@@ -179,18 +179,14 @@ def _launch_device_checks(fb, seq: list[int], per: int, extra: int, row_req, dra
     return lambda: read_result(out, bs, n, m)
 
 
-def validate_batch(
-    fb, spec: SpecConfig | None = None, multi_step_draft: bool | None = None, for_graph=False
-) -> None:
+def validate_batch(fb, spec: SpecConfig | None = None, multi_step_draft: bool | None = None, for_graph=False) -> None:
     """Refuse a malformed batch before anything is written (table in the module docstring).
 
     ``spec``: the configuration the batch must match (N, topk, steps); ``for_graph``: also the
     graph's uniform row layout (an eager batch may be ragged). Host checks in Python, device
     checks in one ``batch_check`` launch and one read of its small result."""
     mode, world = fb.forward_mode, fb.world
-    multi = (
-        isinstance(fb.spec_info, DraftDecodeInput) if multi_step_draft is None else multi_step_draft
-    )
+    multi = isinstance(fb.spec_info, DraftDecodeInput) if multi_step_draft is None else multi_step_draft
     _structure(fb, fb.spec_info.num_steps if multi else 1)
     bs, n, L = fb.batch_size, fb.num_tokens, world.max_context_len
     seq = fb.seq_lens_cpu.tolist()

@@ -187,18 +187,14 @@ def segment_roles(indptr: torch.Tensor | Sequence[int], live: int, n: int) -> li
 
 def _cell(ax, x, y, color, text=None, *, fontsize=6.0, edge="white", lw=0.6, hatch=None):
     """One unit cell centred on (x, y), optionally with a centred text."""
-    ax.add_patch(
-        Rectangle((x - 0.5, y - 0.5), 1, 1, facecolor=color, edgecolor=edge, lw=lw, hatch=hatch)
-    )
+    ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, facecolor=color, edgecolor=edge, lw=lw, hatch=hatch))
     if text is not None:
         ax.text(x, y, text, ha="center", va="center", fontsize=fontsize)
 
 
 def _frame(ax, x0, y0, w, h, color, lw=1.8):
     """An unfilled rectangle around cells x0..x0+w-1, y0..y0+h-1."""
-    ax.add_patch(
-        Rectangle((x0 - 0.5, y0 - 0.5), w, h, fill=False, edgecolor=color, lw=lw, zorder=3)
-    )
+    ax.add_patch(Rectangle((x0 - 0.5, y0 - 0.5), w, h, fill=False, edgecolor=color, lw=lw, zorder=3))
 
 
 def _grid_axes(ax, width: int, height: int) -> None:
@@ -266,9 +262,7 @@ def draw_csr(
     wrap = max(ncols, 8)  # strip cells per line: the same cell size as the rows above
     lines = max(1, -(-total // wrap))
 
-    fig = Figure(
-        figsize=(wrap * CELL_IN + 1.8, (bs + 2 * lines) * CELL_IN + 1.4), layout="constrained"
-    )
+    fig = Figure(figsize=(wrap * CELL_IN + 1.8, (bs + 2 * lines) * CELL_IN + 1.4), layout="constrained")
     gs = fig.add_gridspec(2, 1, height_ratios=[bs + 0.6, 2 * lines + 0.4])
     top, bot = fig.add_subplot(gs[0]), fig.add_subplot(gs[1])
 
@@ -318,9 +312,7 @@ def draw_csr(
     )
     bot.set_xticks([])
     note = f"; {bad} entries differ from req_to_token!" if bad or total != expected.size else ""
-    bot.set_title(
-        f"kv_indices (packed; red marks: kv_indptr = {indptr.tolist()}){note}", fontsize=8
-    )
+    bot.set_title(f"kv_indices (packed; red marks: kv_indptr = {indptr.tolist()}){note}", fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
     if legend:
@@ -359,9 +351,7 @@ def draw_block_table(
     lens, table = _np(lens).reshape(-1), _np(block_table)
     bs, P = rpi.shape[0], int(page_size)
     pages = min(table.shape[1], max_pages)
-    fig = Figure(
-        figsize=(pages * CELL_IN * 1.6 + 2.6, 2 * bs * CELL_IN + 1.2), layout="constrained"
-    )
+    fig = Figure(figsize=(pages * CELL_IN * 1.6 + 2.6, 2 * bs * CELL_IN + 1.2), layout="constrained")
     ax = fig.add_subplot()
     _grid_axes(ax, pages, 2 * bs)
     bad, labels = 0, []
@@ -379,10 +369,7 @@ def draw_block_table(
                 bad += 1
                 _frame(ax, p, 2 * i + 1, 1, 1, BAD_COLOR, lw=1.5)
         who = "pad" if pad else f"req {i}"
-        labels += [
-            f"{who}: r2t[row {int(rpi[i])}, p*{P}] // {P}",
-            f"block_table[{i}], len {int(lens[i])}",
-        ]
+        labels += [f"{who}: r2t[row {int(rpi[i])}, p*{P}] // {P}", f"block_table[{i}], len {int(lens[i])}"]
     ax.set_yticks(range(2 * bs), labels, fontsize=7)
     ax.set_xticks(range(pages), [f"p{p}" for p in range(pages)], fontsize=6)
     ax.xaxis.tick_top()
@@ -482,9 +469,7 @@ def draw_tree_mask(
                 _frame(ax, c, q, 1, 1, BAD_COLOR, lw=1.5)
     ax.axvline(seq - 0.5, color="black", lw=1.2)
     ax.set_xticks(
-        [seq / 2 - 0.5, seq + N / 2 - 0.5],
-        [f"prefix: {seq} columns (all 1)", f"tree: {N} columns"],
-        fontsize=7,
+        [seq / 2 - 0.5, seq + N / 2 - 0.5], [f"prefix: {seq} columns (all 1)", f"tree: {N} columns"], fontsize=7
     )
     if parents is None:
         ylabels = [f"draft {q}" for q in range(N)]
@@ -492,10 +477,7 @@ def draw_tree_mask(
         ylabels = [f"draft {q} (depth {d})" for q, d in enumerate(_depths(parents))]
     ax.set_yticks(range(N), ylabels, fontsize=7)
     note = f"; {bad} cells disagree with the tree!" if bad else ""
-    ax.set_title(
-        f"request {request}: custom_mask[{start}:{end}]\nas [N={N}, seq+N={width}]{note}",
-        fontsize=8,
-    )
+    ax.set_title(f"request {request}: custom_mask[{start}:{end}]\nas [N={N}, seq+N={width}]{note}", fontsize=8)
 
     if parents is not None:  # --- the tree ----------------------------------------------------
         tx = fig.add_subplot(gs[1])
@@ -640,9 +622,7 @@ def draw_buffers(
         n = vals.shape[0]
         shown = n if n <= max_cells else max_cells - 1
         for x in range(shown):
-            role = (
-                "value" if row_roles is None else row_roles[x] if x < len(row_roles) else "unread"
-            )
+            role = "value" if row_roles is None else row_roles[x] if x < len(row_roles) else "unread"
             face, hatch, edge, color = _role_style(role)
             used_roles.add(role)
             _cell(ax, x, y, face, _fmt(vals[x]), fontsize=7, edge=edge, lw=1.0, hatch=hatch)
@@ -810,9 +790,7 @@ def draw_buffer_sizes(
     axes[-1, 0].set_xlabel("entries allocated (each panel its own scale)", fontsize=8)
     handles = [Patch(facecolor=color[o], label=o) for o in owners]
     if needed:
-        handles.append(
-            Line2D([], [], color="black", ls="--", lw=1.0, label="entries a batch needs")
-        )
+        handles.append(Line2D([], [], color="black", ls="--", lw=1.0, label="entries a batch needs"))
     if short:
         handles.append(Patch(facecolor="none", edgecolor=BAD_COLOR, lw=1.8,
                              label="too small for that batch"))  # fmt: skip
@@ -867,12 +845,7 @@ def _draw_tree(ax, parents, pos, colors: Mapping[int, str], *, dim: Sequence[int
 
 
 def draw_eagle_iteration(
-    parents: Sequence[int],
-    accepted: Sequence[int],
-    num_steps: int,
-    topk: int,
-    *,
-    title: str = "",
+    parents: Sequence[int], accepted: Sequence[int], num_steps: int, topk: int, *, title: str = ""
 ) -> Figure:
     """One EAGLE speculative-decoding iteration for one request, left to right: ① draft (the
     multi-step draft decode), ② target verify over the tree, ③ accept, ④ draft extend (v1 and
@@ -889,9 +862,7 @@ def draw_eagle_iteration(
     N, S, acc = len(parents), int(num_steps), list(accepted)
     depths = _depths(parents)
     if not parents or parents[0] != -1 or any(not 0 <= parents[q] < q for q in range(1, N)):
-        raise ValueError(
-            f"draw_eagle_iteration: parents {list(parents)} are not a tree rooted at 0"
-        )
+        raise ValueError(f"draw_eagle_iteration: parents {list(parents)} are not a tree rooted at 0")
     if max(depths) > S:
         raise ValueError(f"draw_eagle_iteration: tree depth {max(depths)} > num_steps={S}")
     chain = [0, *acc]
@@ -1070,10 +1041,7 @@ def draw_draft_decode_indices(
         )
     pmax = int(seq.max(initial=1))
     width = pmax + 1 + num_steps  # prefix area | gap | draft area
-    fig = Figure(
-        figsize=(width * CELL_IN + 2.2, num_steps * (rows * CELL_IN + 0.7) + 0.6),
-        layout="constrained",
-    )
+    fig = Figure(figsize=(width * CELL_IN + 2.2, num_steps * (rows * CELL_IN + 0.7) + 0.6), layout="constrained")
     axes = [fig.add_subplot(num_steps, 1, i + 1) for i in range(num_steps)]
     for i, ax in enumerate(axes):
         _grid_axes(ax, width, rows)
@@ -1111,8 +1079,7 @@ def draw_draft_decode_indices(
         note = "  (filled, but no step backend reads it)" if unused else ""
         warn = f"  {bad} rows have the wrong length!" if bad else ""
         ax.set_title(
-            f"step {i}: rows of prefix + {i + 1} draft slot(s), kv_indptr[{i}] = "
-            f"{indptr[i].tolist()}{note}{warn}",
+            f"step {i}: rows of prefix + {i + 1} draft slot(s), kv_indptr[{i}] = {indptr[i].tolist()}{note}{warn}",
             fontsize=7.5,
         )
     if title:
@@ -1137,10 +1104,7 @@ SHAPE_COLORS = {"legacy": "#d62728", "unified": "#1f77b4", "simplified": "#ff7f0
 
 
 def draw_latency_vs_bs(
-    rows: Sequence[Mapping],
-    panels: Sequence[tuple[str, str, str]],
-    title: str = "",
-    second_run: Sequence[Mapping] = (),
+    rows: Sequence[Mapping], panels: Sequence[tuple[str, str, str]], title: str = "", second_run: Sequence[Mapping] = ()
 ) -> Figure:
     """Median (line) and p25–p75 (shaded) against batch size, one line per ``row["shape"]``.
 

@@ -21,9 +21,7 @@ class CaptureSkipsAFill(PagedDecodeBackend):
     ):
         indptr = self.cuda_graph_kv_indptr[: bs + 1]
         indptr[1:] = torch.cumsum(seq_lens[:bs], 0)  # ... and no build_kv_indices
-        self.forward_metadata = PagedDecodeMetadata(
-            indptr, self.cuda_graph_kv_indices, self.world.max_context_len
-        )
+        self.forward_metadata = PagedDecodeMetadata(indptr, self.cuda_graph_kv_indices, self.world.max_context_len)
 
 
 class FrozenScalar(PagedDecodeBackend):

@@ -305,10 +305,7 @@ class DataDependentShape(Program):
     """An op whose output shape depends on tensor values: GraphCaptureError on every engine."""
 
     capture_error = GraphCaptureError
-    KINDS: dict[str, Callable] = {
-        "static_mask": _shape_static_mask,
-        "value_mask": _shape_value_mask,
-    }
+    KINDS: dict[str, Callable] = {"static_mask": _shape_static_mask, "value_mask": _shape_value_mask}
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
@@ -377,9 +374,7 @@ class MultiGraph(Program):
 
     def setup(self, device):
         return SimpleNamespace(
-            x=_rand(70, 4, 8, device=device),
-            w=_rand(71, 8, 8, device=device),
-            bias=_rand(72, 8, device=device),
+            x=_rand(70, 4, 8, device=device), w=_rand(71, 8, 8, device=device), bias=_rand(72, 8, device=device)
         )
 
     def step(self, s, key="main"):
@@ -489,9 +484,7 @@ def run_program(program: Program, engine: GraphEngine, warmup: int = WARMUP) -> 
         engine.synchronize()
         got = tuple(t.clone() for t in outs[key])
         trace.replays.append(ReplayRecord(key, got, eager, exp))
-    trace.addresses_stable = all(
-        [t.data_ptr() for t in out] == ptrs[key] for key, out in outs.items()
-    )
+    trace.addresses_stable = all([t.data_ptr() for t in out] == ptrs[key] for key, out in outs.items())
     return trace
 
 

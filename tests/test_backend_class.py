@@ -40,10 +40,7 @@ def test_capture_that_skips_a_fill_is_named():
 def test_frozen_scalar_is_named():
     rows = check("broken_backends:FrozenScalar")
     assert all(r.capture_equals_replay is False for r in rows)
-    assert all(
-        any(f.startswith("max_kv_len:") and "frozen at capture" in f for f in r.findings)
-        for r in rows
-    )
+    assert all(any(f.startswith("max_kv_len:") and "frozen at capture" in f for f in r.findings) for r in rows)
 
 
 def test_fresh_tensor_at_replay_is_named():

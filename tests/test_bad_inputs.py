@@ -54,9 +54,7 @@ def _setup(case: str, backend: str = "torch_native") -> Setup:
     model = TinyDecoder(cfg)
     program = MultiStepDraftProgram(model, spec.num_steps) if multi else model
     gcfg = GraphConfig(max_bs=4, capture_bs=(1, 2, 4), max_context_len=L, speculative=True)
-    runner = GraphRunner(
-        program, entry.load(multi)(world, spec), CPUEmulatorEngine(), mode, gcfg, spec, multi
-    )
+    runner = GraphRunner(program, entry.load(multi)(world, spec), CPUEmulatorEngine(), mode, gcfg, spec, multi)
     runner.capture()
     return Setup(runner, BatchGenerator(world, spec, seed=7), world)
 
@@ -300,9 +298,7 @@ def test_capture_config_refused_up_front(kwargs, fragment):
     cfg = ModelConfig()
     world = World.create(cfg, max_context_len=48, pool_size=8)
     spec = SpecConfig(num_steps=3, topk=kwargs["topk"], num_draft_tokens=3 + kwargs["topk"] + 1)
-    backend = next(e for e in find("torch_native") if e.variant == "unified").load(False)(
-        world, spec
-    )
+    backend = next(e for e in find("torch_native") if e.variant == "unified").load(False)(world, spec)
     gcfg = GraphConfig(max_bs=4, capture_bs=(1, 4), max_context_len=48, speculative=True)
     with pytest.raises(BatchRefused, match=fragment):
         GraphRunner(TinyDecoder(cfg), backend, CPUEmulatorEngine(), ForwardMode.TARGET_VERIFY,

@@ -100,9 +100,7 @@ def test_a_ragged_batch_maps_rows_by_row_req():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(
-    DEVICE.type != "cuda", reason="a compiled kernel needs CUDA (the CPU runs the interpreter)"
-)
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="a compiled kernel needs CUDA (the CPU runs the interpreter)")
 def test_launches_after_the_first_skip_triton_binding():
     """The compiled kernel is kept and launched directly (``validation._launch``): what
     ``test_kernel_matches_its_definition`` checks from its second trial on is that path."""

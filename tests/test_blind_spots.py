@@ -56,9 +56,7 @@ def _split_buffers(runner) -> list[tuple[str, object, torch.Tensor, int]]:
     b = runner.backend
     steps = getattr(b, "step_backends", None)
     if steps:
-        return [
-            (f"step{i}", s, s.forward_metadata.num_kv_splits, b.topk) for i, s in enumerate(steps)
-        ]
+        return [(f"step{i}", s, s.forward_metadata.num_kv_splits, b.topk) for i, s in enumerate(steps)]
     return [("decode", b, b.forward_metadata.num_kv_splits, 1)]
 
 

@@ -41,9 +41,7 @@ class FrozenScalarAtCapture(TorchNativeBackend):
 
 
 def entry(cls, variant):
-    e = BackendEntry(
-        "torch_native", variant, "refimpl.backends.torch_native:TorchNativeBackend", "mha"
-    )
+    e = BackendEntry("torch_native", variant, "refimpl.backends.torch_native:TorchNativeBackend", "mha")
     object.__setattr__(e, "load", lambda multi_step=False: cls)
     return e
 
@@ -56,9 +54,7 @@ def test_unified_hello_world_passes(mode):
 
 
 def test_fresh_buffer_at_replay_is_caught():
-    rows = check_entry_mode(
-        entry(FreshBufferAtReplay, "bug"), ForwardMode.DECODE, CPUEmulatorEngine(), FAST
-    )
+    rows = check_entry_mode(entry(FreshBufferAtReplay, "bug"), ForwardMode.DECODE, CPUEmulatorEngine(), FAST)
     bad = [r for r in rows if r.bs > 1]
     # Pattern A shares the buggy body between capture and replay, so (a) cannot see it ...
     assert bad and all(r.capture_equals_replay for r in bad)
@@ -88,9 +84,7 @@ class ReplayForgetsMaskIndptr(TorchNativeBackend):
 
 
 def test_capture_replay_drift_is_caught():
-    rows = check_entry_mode(
-        entry(ReplayForgetsMaskIndptr, "bug"), ForwardMode.TARGET_VERIFY, CPUEmulatorEngine(), FAST
-    )
+    rows = check_entry_mode(entry(ReplayForgetsMaskIndptr, "bug"), ForwardMode.TARGET_VERIFY, CPUEmulatorEngine(), FAST)
     assert all(r.capture_equals_replay is False for r in rows)
     assert all(any(f.startswith("mask_indptr:") for f in r.findings) for r in rows)
     # request 0's mask starts at 0 either way; with more requests the stale offsets bite
@@ -98,18 +92,14 @@ def test_capture_replay_drift_is_caught():
 
 
 def test_frozen_scalar_is_caught():
-    rows = check_entry_mode(
-        entry(FrozenScalarAtCapture, "bug"), ForwardMode.DECODE, CPUEmulatorEngine(), FAST
-    )
+    rows = check_entry_mode(entry(FrozenScalarAtCapture, "bug"), ForwardMode.DECODE, CPUEmulatorEngine(), FAST)
     assert all(r.capture_equals_replay is False for r in rows)
     assert any("max_kv_len" in f and "frozen at capture" in f for f in rows[0].findings)
     assert any(r.graph_equals_eager is False for r in rows)
 
 
 def test_unsupported_mode_is_reported_as_skipped():
-    rows = check_entry_mode(
-        entry(TorchNativeBackend, "unified"), ForwardMode.DRAFT_EXTEND, CPUEmulatorEngine(), FAST
-    )
+    rows = check_entry_mode(entry(TorchNativeBackend, "unified"), ForwardMode.DRAFT_EXTEND, CPUEmulatorEngine(), FAST)
     assert len(rows) == 1 and rows[0].passed and "skipped" in rows[0].findings[0]
 
 

@@ -106,9 +106,7 @@ def test_world_twin_and_batch_move_keep_everything():
     twin = w.clone_to("cpu")
     assert twin.req_to_token is not w.req_to_token
     assert torch.equal(twin.req_to_token, w.req_to_token.cpu())
-    assert all(
-        torch.equal(a, b.cpu()) for a, b in zip(twin.kv_cache.buffers(), w.kv_cache.buffers())
-    )
+    assert all(torch.equal(a, b.cpu()) for a, b in zip(twin.kv_cache.buffers(), w.kv_cache.buffers()))
     moved = fb.to_world(twin)
     assert moved.world is twin
     assert torch.equal(moved.spec_info.custom_mask, fb.spec_info.custom_mask.cpu())

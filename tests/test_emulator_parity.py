@@ -36,8 +36,7 @@ def _ids(programs):
 def same(a: tuple, b: tuple) -> bool:
     """Bitwise: same count, shapes, dtypes, devices and values."""
     return len(a) == len(b) and all(
-        x.shape == y.shape and x.dtype == y.dtype and x.device == y.device and torch.equal(x, y)
-        for x, y in zip(a, b)
+        x.shape == y.shape and x.dtype == y.dtype and x.device == y.device and torch.equal(x, y) for x, y in zip(a, b)
     )
 
 
@@ -67,17 +66,13 @@ def check_against_contract(program, trace: Trace) -> None:
     for k, r in enumerate(trace.replays):
         where = f"{program.name} replay {k} ({r.key}) on {trace.engine}"
         if r.expected is not None:
-            assert same(r.graph, r.expected), (
-                f"{where}: graph vs expected {_diff(r.graph, r.expected)}"
-            )
+            assert same(r.graph, r.expected), f"{where}: graph vs expected {_diff(r.graph, r.expected)}"
         if program.stale:
             differs_from_eager += not same(r.graph, r.eager)
         else:
             assert same(r.graph, r.eager), f"{where}: graph vs eager {_diff(r.graph, r.eager)}"
     if program.stale:
-        assert differs_from_eager, (
-            f"{program.name}: the stale pitfall never showed (graph == eager)"
-        )
+        assert differs_from_eager, f"{program.name}: the stale pitfall never showed (graph == eager)"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -142,9 +137,7 @@ def test_cuda_graph_and_emulator_replay_identically(program):
     assert emu.kernels == cuda.kernels, (emu.kernels, cuda.kernels)
     assert [r.key for r in emu.replays] == [r.key for r in cuda.replays]
     for k, (a, b) in enumerate(zip(emu.replays, cuda.replays)):
-        assert same(a.graph, b.graph), (
-            f"replay {k} ({a.key}): emulator vs CUDA {_diff(a.graph, b.graph)}"
-        )
+        assert same(a.graph, b.graph), f"replay {k} ({a.key}): emulator vs CUDA {_diff(a.graph, b.graph)}"
 
 
 _FAILING_CAPTURE = "import sys; sys.path[:0] = [{here!r}, {root!r}]; import parity_programs as p; p.main([{name!r}])"
@@ -154,9 +147,7 @@ def _capture_outcomes_in_subprocess(program) -> dict:
     """Run ``parity_programs.main`` for one program in a fresh interpreter; its JSON summary."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     code = _FAILING_CAPTURE.format(here=HERE, root=ROOT, name=program.name)
-    res = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
-    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("PARITY-RESULT ")]
     assert res.returncode == 0 and lines, (res.returncode, res.stdout[-2000:], res.stderr[-4000:])
     result = json.loads(lines[-1].removeprefix("PARITY-RESULT "))

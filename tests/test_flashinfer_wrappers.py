@@ -326,9 +326,7 @@ def test_prefill_matches_oracle(mode):
     ref = mha_oracle(q, k, v, qo(q_lens), indptr, indices, 1 / D**0.5, mask, mi, mode == "causal")
     assert close(w.run(q, (k, v)), ref)
     if mask is not None:  # the stand-in's representation: bytes + element offsets
-        assert w._custom_mask_buf.dtype == torch.uint8 and torch.equal(
-            w._custom_mask_buf, mask.to(torch.uint8)
-        )
+        assert w._custom_mask_buf.dtype == torch.uint8 and torch.equal(w._custom_mask_buf, mask.to(torch.uint8))
         assert torch.equal(w._mask_indptr_buf, mi)
 
 
@@ -353,11 +351,7 @@ def test_prefill_mask_wins_over_causal_and_padding_rows_are_zero():
 def test_mla_matches_oracle(joined, case):
     g = gen(5)
     cache = mla_cache(g)
-    ckv, kpe = (
-        (cache[..., :R], cache[..., R:])
-        if joined
-        else (cache[..., :R].clone(), cache[..., R:].clone())
-    )
+    ckv, kpe = (cache[..., :R], cache[..., R:]) if joined else (cache[..., :R].clone(), cache[..., R:].clone())
     q_lens = [1, 1, 1] if case == "decode" else [3, 3, 3]
     kv_lens = [4, 9, 6]
     causal = case == "verify"
@@ -394,10 +388,7 @@ def test_plan_copies_into_bound_buffers():
     indptr, indices = csr(kv_lens, g)
     mask = rand_mask(q_lens, kv_lens, g)
     pw.plan(qo(q_lens), indptr, indices, ones(2), H, HKV, D, 1, custom_mask=mask, q_data_type=F32)
-    assert (
-        pw._custom_mask_buf is pbufs["custom_mask_buf"]
-        and pw._qo_indptr_buf is pbufs["qo_indptr_buf"]
-    )
+    assert pw._custom_mask_buf is pbufs["custom_mask_buf"] and pw._qo_indptr_buf is pbufs["qo_indptr_buf"]
     assert torch.equal(pbufs["qo_indptr_buf"], qo(q_lens))
     assert torch.equal(pbufs["custom_mask_buf"][: mask.numel()], mask.to(torch.uint8))
     assert torch.equal(pbufs["mask_indptr_buf"], mask_indptr_of(q_lens, kv_lens))
@@ -648,9 +639,7 @@ def test_plan_validation_errors_name_values():
     g = gen(17)
     idx = torch.arange(20, dtype=I32)
     w = Decode(ws())
-    with pytest.raises(
-        ValueError, match=r"indptr must be non-decreasing: indptr\[1\]=5 > indptr\[2\]=3"
-    ):
+    with pytest.raises(ValueError, match=r"indptr must be non-decreasing: indptr\[1\]=5 > indptr\[2\]=3"):
         w.plan(torch.tensor([0, 5, 3], dtype=I32), idx, ones(2), H, HKV, D, 1, q_data_type=F32)
     with pytest.raises(ValueError, match=r"indptr\[0\]=2: must be 0"):
         w.plan(torch.tensor([2, 5, 7], dtype=I32), idx, ones(2), H, HKV, D, 1, q_data_type=F32)
@@ -659,22 +648,18 @@ def test_plan_validation_errors_name_values():
     with pytest.raises(ValueError, match="batch_size=3 differs from the batch size 2"):
         bw.plan(qo([1, 1, 1]), idx[:3], ones(3), H, HKV, D, 1, q_data_type=F32)
     with pytest.raises(
-        ValueError,
-        match=r"indices has 20 entries, more than the bound paged_kv_indices_buffer holds \(8\)",
+        ValueError, match=r"indices has 20 entries, more than the bound paged_kv_indices_buffer holds \(8\)"
     ):
         bw.plan(qo([2, 2]), idx, ones(2), H, HKV, D, 1, q_data_type=F32)
 
     pw = Prefill(ws())
     indptr, indices = csr([3, 4], g)
-    with pytest.raises(
-        ValueError, match=r"custom_mask has 13 entries, expected sum\(q_len_i \* kv_len_i\) = 14"
-    ):
+    with pytest.raises(ValueError, match=r"custom_mask has 13 entries, expected sum\(q_len_i \* kv_len_i\) = 14"):
         pw.plan(qo([2, 2]), indptr, indices, ones(2), H, HKV, D, 1,
                 custom_mask=torch.ones(13, dtype=torch.bool), q_data_type=F32)  # fmt: skip
     bp, _ = bound_prefill(2, with_mask=True, mask_len=10)
     with pytest.raises(
-        ValueError,
-        match=r"custom_mask has 14 entries, more than the bound custom_mask_buf holds \(10\)",
+        ValueError, match=r"custom_mask has 14 entries, more than the bound custom_mask_buf holds \(10\)"
     ):
         bp.plan(qo([2, 2]), indptr, indices, ones(2), H, HKV, D, 1,
                 custom_mask=torch.ones(14, dtype=torch.bool), q_data_type=F32)  # fmt: skip

@@ -45,9 +45,7 @@ def test_same_program_same_output_on_cuda_and_emulator(kind, mode):
     cuda_world = emu_world.clone_to("cuda")  # after allocation: identical tables and cache
     outs = {}
     for world, eng in ((emu_world, CPUEmulatorEngine("cuda")), (cuda_world, make_engine("cuda"))):
-        runner = GraphRunner(
-            TinyDecoder(cfg, world.device), TorchNativeBackend(world, spec), eng, mode, gcfg, spec
-        )
+        runner = GraphRunner(TinyDecoder(cfg, world.device), TorchNativeBackend(world, spec), eng, mode, gcfg, spec)
         runner.capture()
         outs[eng.name] = [runner.replay(fb.to_world(world)).clone().cpu() for fb in batches]
         if eng.name == "cuda":

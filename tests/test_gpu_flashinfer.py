@@ -31,9 +31,7 @@ def _outputs(backend_cls, cfg, spec, mode, seed):
     outs = []
     for prefer_real in (True, False):
         b = backend_cls(world, spec, prefer_real=prefer_real)
-        assert (
-            getattr(b.fi.BatchDecodeWithPagedKVCacheWrapper, "IS_STANDIN", False) is not prefer_real
-        )
+        assert getattr(b.fi.BatchDecodeWithPagedKVCacheWrapper, "IS_STANDIN", False) is not prefer_real
         b.init_forward_metadata(fb)
         outs.append(model(fb, b).float())
     return outs
@@ -60,9 +58,5 @@ def test_checker_with_real_flashinfer_on_cuda():
     assert unified and all(r.passed for r in unified), [
         (r.backend, r.mode, r.bs, r.findings) for r in unified if not r.passed
     ]
-    stale = [
-        r
-        for r in rows
-        if r.backend == "flashinfer_mla" and r.variant == "as-upstream" and r.mode == "decode"
-    ]
+    stale = [r for r in rows if r.backend == "flashinfer_mla" and r.variant == "as-upstream" and r.mode == "decode"]
     assert stale and all(any(f.startswith("kv_indptr:") for f in r.findings) for r in stale)

@@ -111,13 +111,8 @@ def test_build_kv_indices_bs1_and_gaps_untouched():
     assert (out[~written] == POISON).all()
 
 
-@settings(
-    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(
-    lens=st.lists(st.integers(0, 40), min_size=1, max_size=6),
-    data=st.data(),
-)
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lens=st.lists(st.integers(0, 40), min_size=1, max_size=6), data=st.data())
 def test_build_kv_indices_property(lens, data):
     pool, L = 8, 40
     req_to_token = torch.arange(pool * L, dtype=torch.int32).view(pool, L) + 1
@@ -499,9 +494,7 @@ def test_attention_body_has_no_host_sync(causal):
             case["mask_indptr"], causal,
         )  # fmt: skip
         q5 = case["q"].view(2, 2, 2, 2, 8)
-        attention_mod._masked_attention(
-            q5, case["k_cache"][slots], case["v_cache"][slots], key_ok, allowed, 1.0
-        )
+        attention_mod._masked_attention(q5, case["k_cache"][slots], case["v_cache"][slots], key_ok, allowed, 1.0)
     assert rec.names, "recorder saw nothing: test cannot fail"
     leaked = [n for n in rec.names if n.startswith(SYNC_OPS)]
     assert not leaked, leaked

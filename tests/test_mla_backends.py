@@ -93,16 +93,10 @@ def test_29077_pins_the_draft_extend_v2_static_q_metadata():
     # before #29077 the rows per request came from num_tokens // bs, not num_draft_tokens
     unified = TRTLLMMLAAttnBackend(world(64), CHAIN)
     unified.init_cuda_graph_state(4, 4 * 5)
-    assert (
-        unified._init_cuda_graph_metadata(2, 10, ForwardMode.DRAFT_EXTEND_V2, None).max_seq_len_q
-        == 5
-    )
+    assert unified._init_cuda_graph_metadata(2, 10, ForwardMode.DRAFT_EXTEND_V2, None).max_seq_len_q == 5
     simplified = TRTLLMMLAAttnBackendSimplified(world(64), CHAIN)
     simplified.init_cuda_graph_state(4, 4 * 5)
-    assert (
-        simplified._init_cuda_graph_metadata(2, 10, ForwardMode.DRAFT_EXTEND_V2, None).max_seq_len_q
-        == 4
-    )
+    assert simplified._init_cuda_graph_metadata(2, 10, ForwardMode.DRAFT_EXTEND_V2, None).max_seq_len_q == 4
 
 
 def _draft_extend_hook_launches(cls):
@@ -163,9 +157,7 @@ def test_block_tables_are_upstreams_shape():
     c.init_cuda_graph_state(4, 4)
     assert c.cuda_graph_kv_indices.shape == (4, 300 // 128 + 1)
     fb = BatchGenerator(w, CHAIN, seed=1).decode(3, seq_lens=[127, 128, 129])
-    c.init_forward_metadata_capture_cuda_graph(
-        3, 3, fb.req_pool_indices, fb.seq_lens, None, ForwardMode.DECODE, None
-    )
+    c.init_forward_metadata_capture_cuda_graph(3, 3, fb.req_pool_indices, fb.seq_lens, None, ForwardMode.DECODE, None)
     table = c.forward_metadata.block_kv_indices
     assert table.data_ptr() == c.cuda_graph_kv_indices.data_ptr()  # the graph's table, in place
     for i, (r, n) in enumerate(zip(fb.req_pool_indices.tolist(), fb.seq_lens.tolist())):
@@ -182,9 +174,7 @@ def test_bad_input_is_named():
         CutlassMLAAttnBackend(world(64), CHAIN)
     b = TRTLLMMLAAttnBackend(world(64), CHAIN)
     narrow = torch.full((4, 0), -1, dtype=torch.int32)
-    with pytest.raises(
-        ValueError, match=r"width 0 pages of 64 covers 0 positions < max_context_len=40"
-    ):
+    with pytest.raises(ValueError, match=r"width 0 pages of 64 covers 0 positions < max_context_len=40"):
         b.init_cuda_graph_state(4, 16, narrow)
     tree = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
     with pytest.raises(GraphModeNotSupported, match="chains only.*topk=2"):

@@ -167,9 +167,7 @@ def test_width_bounds_the_table_read():
     guard = torch.full((case.block_table.shape[0], 7), 1, dtype=torch.int32)
     guard[:, :2] = case.block_table[:, :2]
     table = guard[:, :2]  # [bs + tail, 2], row stride 7: keys 0..63 only
-    torch.ops.refimpl.mla_paged_attention(
-        case.q, case.kv, table, case.seq_lens, case.out, 10**6, case.sm_scale, R
-    )
+    torch.ops.refimpl.mla_paged_attention(case.q, case.kv, table, case.seq_lens, case.out, 10**6, case.sm_scale, R)
     want = mla_paged_attention_ref(case.q, case.kv, table, case.seq_lens[:2], 10**6,
                                    case.sm_scale, R)  # fmt: skip
     assert relative_error(case.out, want) < TOL[torch.float32]
@@ -431,10 +429,9 @@ def test_replay_fused_metadata_then_verify_attention():
     want_table, want_k, attn = expected()
     assert torch.equal(table, want_table) and torch.equal(seq_lens_k[:bs], want_k)
     assert relative_error(out, attn) < TOL[torch.float32]
-    assert g.kernels() == {
-        "refimpl.trtllm_mla_graph_metadata.default": 1,
-        "refimpl.mla_paged_attention.default": 1,
-    }, g.ops()
+    assert g.kernels() == {"refimpl.trtllm_mla_graph_metadata.default": 1, "refimpl.mla_paged_attention.default": 1}, (
+        g.ops()
+    )
 
     rpi.copy_(torch.tensor([5, 3]))
     seq_lens.copy_(torch.tensor([context, 7], dtype=torch.int32))

@@ -24,9 +24,7 @@ def test_py_and_ipynb_are_in_sync(py):
     source, executed = jupytext.read(py), jupytext.read(ipynb)
     a, b = _cells(source), _cells(executed)
     for i, (x, y) in enumerate(zip(a, b)):
-        assert x == y, (
-            f"{py.name} cell {i} differs from {ipynb.name}: run scripts/sync_notebooks.sh"
-        )
+        assert x == y, f"{py.name} cell {i} differs from {ipynb.name}: run scripts/sync_notebooks.sh"
     assert len(a) == len(b), f"{py.name}: {len(a)} cells, {ipynb.name}: {len(b)}"
     spec = executed.metadata["kernelspec"]
     assert (spec["name"], spec["display_name"]) == ("python3", "Python 3 (ipykernel)")

@@ -21,9 +21,7 @@ def check(cls_name, modes):
 
 def diffs(finding):
     """``[i] a vs b`` pairs of a finding -> {i: (a, b)}."""
-    return {
-        int(i): (int(a), int(b)) for i, a, b in re.findall(r"\[(\d+)\] (\d+) vs (\d+)", finding)
-    }
+    return {int(i): (int(a), int(b)) for i, a, b in re.findall(r"\[(\d+)\] (\d+) vs (\d+)", finding)}
 
 
 def test_submitted_version_gets_mask_indptr_named_in_verify_only():

@@ -97,11 +97,7 @@ def test_no_padding_mode_runs_only_captured_sizes():
     world = World.create(cfg, max_context_len=L, pool_size=16)
     gcfg = GraphConfig(max_bs=4, capture_bs=(2, 4), max_context_len=L, disable_padding=True)
     runner = GraphRunner(
-        TinyDecoder(cfg),
-        TorchNativeBackend(world, spec),
-        CPUEmulatorEngine(),
-        ForwardMode.DECODE,
-        gcfg,
+        TinyDecoder(cfg), TorchNativeBackend(world, spec), CPUEmulatorEngine(), ForwardMode.DECODE, gcfg
     )
     runner.capture()
     res = runner.run(BatchGenerator(world, None).decode(3))

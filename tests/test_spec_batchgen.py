@@ -32,9 +32,7 @@ TREE = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
 
 
 def make_world(page_size: int = 1, pool_size: int = 16, max_context_len: int = L) -> World:
-    return World.create(
-        ModelConfig(), max_context_len=max_context_len, pool_size=pool_size, page_size=page_size
-    )
+    return World.create(ModelConfig(), max_context_len=max_context_len, pool_size=pool_size, page_size=page_size)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -57,9 +55,7 @@ def test_ancestry_of_a_small_tree():
     #   |
     #   3
     tree = DraftTree([-1, 0, 0, 1])
-    expected = torch.tensor(
-        [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool
-    )
+    expected = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
     assert torch.equal(tree.ancestry_mask(), expected)
     assert [tree.depth(q) for q in range(4)] == [0, 1, 1, 2]
     assert tree_positions(tree).tolist() == [0, 1, 1, 2]
@@ -82,12 +78,7 @@ def test_invalid_parents_raise(parents, bad):
 
 
 @settings(max_examples=150, deadline=None)
-@given(
-    topk=st.integers(1, 4),
-    steps=st.integers(1, 5),
-    frac=st.floats(0, 1),
-    seed=st.integers(0, 2**16),
-)
+@given(topk=st.integers(1, 4), steps=st.integers(1, 5), frac=st.floats(0, 1), seed=st.integers(0, 2**16))
 def test_random_tree_respects_topk_depth_and_size(topk, steps, frac, seed):
     limit = eagle_max_tree_nodes(topk, steps)
     n = 1 + round(frac * (limit - 1))
@@ -130,9 +121,7 @@ def test_random_tree_rejects_infeasible_sizes():
 def test_custom_mask_worked_example():
     tree = DraftTree([-1, 0, 0])
     mask = build_custom_mask([2, 1], [tree, tree], "cpu")
-    block0 = torch.tensor(
-        [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 0, 1]], dtype=torch.bool
-    ).flatten()
+    block0 = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 0, 1]], dtype=torch.bool).flatten()
     block1 = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 0, 1]], dtype=torch.bool).flatten()
     assert torch.equal(mask, torch.cat([block0, block1]))
     assert build_mask_indptr([2, 1], 3).tolist() == [0, 15, 27]

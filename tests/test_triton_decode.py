@@ -14,12 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from refimpl.kernels import mha_oracle, relative_error
-from refimpl.kernels.triton_decode import (
-    MIN_BLOCK_KV,
-    decode_attention,
-    get_num_kv_splits,
-    get_num_kv_splits_ref,
-)
+from refimpl.kernels.triton_decode import MIN_BLOCK_KV, decode_attention, get_num_kv_splits, get_num_kv_splits_ref
 
 # Bounds on relative_error(out, oracle) = ||out - ref|| / ||ref|| (float64), per output dtype:
 # ~3x the worst error these tests measure (CPU, Triton interpreter): fp32 3.0e-7 (float32
@@ -404,9 +399,7 @@ def test_decode_wrapper_errors_name_the_value(change, match):
 def test_num_kv_splits_wrapper_errors():
     lens = torch.tensor([4, 5, 6])
     ok = dict(num_heads=4, num_kv_heads=2, max_kv_splits=4, core_count=8)
-    with pytest.raises(
-        ValueError, match=r"num_kv_splits\.shape\[0\]=5: must be >= num_seq \* num_group = 6"
-    ):
+    with pytest.raises(ValueError, match=r"num_kv_splits\.shape\[0\]=5: must be >= num_seq \* num_group = 6"):
         get_num_kv_splits(torch.zeros(5, dtype=torch.int32), lens, num_group=2, **ok)
     with pytest.raises(ValueError, match=r"num_kv_splits\.dtype=torch\.int64"):
         get_num_kv_splits(torch.zeros(3, dtype=torch.int64), lens, **ok)

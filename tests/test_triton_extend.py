@@ -17,11 +17,7 @@ from helpers import DEVICE, RecordOps, on_device, rng  # noqa: F401  (on_device:
 from refimpl.batch import World
 from refimpl.batchgen import BatchGenerator, draft_decode_step_view
 from refimpl.config import ModelConfig, SpecConfig
-from refimpl.kernels.draft_indices import (
-    draft_decode_kv_indices,
-    draft_decode_kv_indices_ref,
-    draft_decode_used_len,
-)
+from refimpl.kernels.draft_indices import draft_decode_kv_indices, draft_decode_kv_indices_ref, draft_decode_used_len
 from refimpl.kernels.oracle import mha_oracle, relative_error
 from refimpl.kernels.triton_extend import BLOCK_M, extend_attention
 
@@ -135,12 +131,7 @@ UNIFORM = ([12, 0, 33], [4, 4, 4])  # target-verify style: N rows per request
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize(
     "layout,idx_dtype,num_kv_heads",
-    [
-        (RAGGED, torch.int32, 2),
-        (UNIFORM, torch.int64, 4),
-        (RAGGED, torch.int64, 4),
-        (UNIFORM, torch.int32, 2),
-    ],
+    [(RAGGED, torch.int32, 2), (UNIFORM, torch.int64, 4), (RAGGED, torch.int64, 4), (UNIFORM, torch.int32, 2)],
     ids=["ragged-i32-gqa", "uniform-i64-mha", "ragged-i64-mha", "uniform-i32-gqa"],
 )
 def test_extend_attention_matches_oracle(mode, dtype, layout, idx_dtype, num_kv_heads):
@@ -244,10 +235,7 @@ def test_logit_cap():
     assert relative_error(uncapped, ref) > 1e-2, "cap too weak for this test to mean anything"
 
 
-@pytest.mark.parametrize(
-    "q_lens,max_len_extend",
-    [([6, 2, 5], 1), ([6, 2, 5], 3), ([BLOCK_M + 4, 3], BLOCK_M + 1)],
-)
+@pytest.mark.parametrize("q_lens,max_len_extend", [([6, 2, 5], 1), ([6, 2, 5], 3), ([BLOCK_M + 4, 3], BLOCK_M + 1)])
 def test_rows_past_max_len_extend_are_never_computed(q_lens, max_len_extend):
     """A frozen max_len_extend below a request's row count leaves that request's tail rows
     untouched (here: still poisoned); earlier rows still see every extend key. refimpl stops
@@ -336,16 +324,12 @@ def run_draft(rpi, r2t, seq_lens, topk, num_steps, width, idx_dtype=torch.int64,
     rows = seq_lens.numel() * topk
     kv_indices = torch.full((num_steps + extra_steps, width), POISON, dtype=idx_dtype)
     kv_indptr = torch.full((num_steps + extra_steps, rows + 3), POISON, dtype=indptr_dtype)
-    draft_decode_kv_indices(
-        rpi, r2t, seq_lens, kv_indices, kv_indptr, topk=topk, num_steps=num_steps
-    )
+    draft_decode_kv_indices(rpi, r2t, seq_lens, kv_indices, kv_indptr, topk=topk, num_steps=num_steps)
     return kv_indptr, kv_indices
 
 
 def check_draft(kv_indptr, kv_indices, rpi, r2t, seq_lens, topk, num_steps):
-    ref_indptr, ref_indices = draft_decode_kv_indices_ref(
-        rpi, r2t, seq_lens, topk=topk, num_steps=num_steps
-    )
+    ref_indptr, ref_indices = draft_decode_kv_indices_ref(rpi, r2t, seq_lens, topk=topk, num_steps=num_steps)
     rows = seq_lens.numel() * topk
     for i in range(num_steps):
         used = draft_decode_used_len(int(seq_lens.sum()), seq_lens.numel(), topk, i)
@@ -401,9 +385,7 @@ def test_draft_decode_never_writes_past_width():
     topk, num_steps, width = 2, 2, 30  # step 1 needs 2*22 + 2*2*2 = 52 > 30
     big = torch.full((num_steps, width + 16), POISON, dtype=torch.int64)
     kv_indptr = torch.full((num_steps, 5), POISON, dtype=torch.int32)
-    draft_decode_kv_indices(
-        rpi, r2t, seq_lens, big[:, :width], kv_indptr, topk=topk, num_steps=num_steps
-    )
+    draft_decode_kv_indices(rpi, r2t, seq_lens, big[:, :width], kv_indptr, topk=topk, num_steps=num_steps)
     _, ref_indices = draft_decode_kv_indices_ref(rpi, r2t, seq_lens, topk=topk, num_steps=num_steps)
     assert (big[:, width:] == POISON).all()
     for i in range(num_steps):

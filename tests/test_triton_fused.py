@@ -20,11 +20,7 @@ from helpers import RecordOps
 
 from refimpl._env import default_device  # refimpl first: sets TRITON_INTERPRET on CPU
 from refimpl.backends import GraphModeNotSupported, find, must_pass
-from refimpl.backends.triton import (
-    TritonAttnBackend,
-    TritonAttnBackendFused,
-    TritonAttnBackendInGraph,
-)
+from refimpl.backends.triton import TritonAttnBackend, TritonAttnBackendFused, TritonAttnBackendInGraph
 from refimpl.batch import World
 from refimpl.batchgen import BatchGenerator
 from refimpl.bench import launches
@@ -297,9 +293,7 @@ def test_replay_hooks_launch_one_fused_op_or_nothing():
             assert in_graph == {"aten.copy_.default": 1}, in_graph  # the spec's mask
         kernels = runner.graphs[4].custom_kernels()  # in_graph: the rebuild is in the graph
         assert kernels[FUSED_OP] == 1, kernels
-        assert not {"refimpl.build_kv_indices.default", "refimpl.num_kv_splits.default"} & set(
-            kernels
-        )
+        assert not {"refimpl.build_kv_indices.default", "refimpl.num_kv_splits.default"} & set(kernels)
         fused_runner, _ = captured(TritonAttnBackendFused, mode)  # (cached)
         assert FUSED_OP not in fused_runner.graphs[4].custom_kernels()  # out of the graph
 

@@ -41,16 +41,7 @@ def assert_all_pass(rows, raw_bs=(1, 3)):
         ("draft_decode", CHAIN),
         ("draft_decode", TREE),
     ],
-    ids=[
-        "decode",
-        "idle",
-        "verify-chain",
-        "verify-tree",
-        "de-v1",
-        "de-v2-tree",
-        "dd-chain",
-        "dd-tree",
-    ],
+    ids=["decode", "idle", "verify-chain", "verify-tree", "de-v1", "de-v2-tree", "dd-chain", "dd-tree"],
 )
 def test_triton_unified_passes_every_mode(case, spec):
     assert_all_pass(run("triton", "unified", case, spec), (0,) if case == "idle" else (1, 3))
@@ -133,8 +124,7 @@ def test_tree_mask_of_the_wrong_size_is_refused():
     fb = gen.target_verify(2)
     short = VerifyInput(4, fb.spec_info.custom_mask[:-3])
     with pytest.raises(
-        ValueError,
-        match=r"custom_mask entries=\d+: expected sum over requests of N\*\(seq_len\+N\) = \d+",
+        ValueError, match=r"custom_mask entries=\d+: expected sum over requests of N\*\(seq_len\+N\) = \d+"
     ):
         runner.replay(fb.replace(spec_info=short))
 
@@ -155,10 +145,7 @@ def test_multi_step_batch_with_wrong_topk_is_refused():
     with pytest.raises(ValueError, match="topk=2.*built for topk=1"):
         runner.backend.init_forward_metadata(bad)
     tree = BatchGenerator(runner.world, TREE, seed=1).draft_decode(2)
-    assert runner.can_run(tree) == (
-        False,
-        "4 tokens for 2 requests; the graph lays out 1 per request (2)",
-    )
+    assert runner.can_run(tree) == (False, "4 tokens for 2 requests; the graph lays out 1 per request (2)")
     with pytest.raises(ValueError, match="topk=2"):  # and the eager fallback refuses it too
         runner.run(tree)
 

@@ -38,8 +38,7 @@ class OpLog(TorchDispatchMode):
         self.ops.append((str(func), shapes))
         ins = [a for a in args if isinstance(a, torch.Tensor)]
         if any(a.device.type != "cpu" for a in ins) and (
-            isinstance(out, (int, float, bool))
-            or (isinstance(out, torch.Tensor) and out.device.type == "cpu")
+            isinstance(out, (int, float, bool)) or (isinstance(out, torch.Tensor) and out.device.type == "cpu")
         ):
             self.reads += 1
         return out
@@ -68,10 +67,6 @@ def test_validation_work_does_not_follow_the_pool(mode, multi):
     assert large.reads <= 1  # on a GPU: the one read of the kernel's result
     if DEVICE.type == "cuda":  # one launch, the view of its result, and the read's copy
         names = [name for name, _ in small.ops]
-        assert names == [
-            "refimpl.batch_check.default",
-            "aten.slice.Tensor",
-            "aten._to_copy.default",
-        ]
+        assert names == ["refimpl.batch_check.default", "aten.slice.Tensor", "aten._to_copy.default"]
     else:  # the rules' Python definition reads the batch's own request rows, nothing else
         assert {name for name, _ in small.ops} <= {"aten.select.int"}

@@ -134,9 +134,7 @@ def test_draw_draft_decode_indices_one_axes_per_step():
     for i in range(S):
         kv_indptr[i, : rows + 1] = indptrs[i]
         kv_indices[i, : indices[i].numel()] = indices[i]
-    fig = viz.draw_draft_decode_indices(
-        kv_indptr, kv_indices, seq, topk, S, used_steps=S - 1, live_seqs=1
-    )
+    fig = viz.draw_draft_decode_indices(kv_indptr, kv_indices, seq, topk, S, used_steps=S - 1, live_seqs=1)
     assert isinstance(fig, Figure) and len(fig.axes) == S
     for i, ax in enumerate(fig.axes):
         assert len(_texts(ax)) == indices[i].numel()  # every used entry drawn once

@@ -28,9 +28,7 @@ class BackendEntry:
     def load(self, multi_step: bool = False) -> type[AttentionBackend]:
         target = self.multi_step_target if multi_step else self.target
         if target is None:
-            raise GraphModeNotSupported(
-                f"{self.name}/{self.variant} has no multi-step draft backend"
-            )
+            raise GraphModeNotSupported(f"{self.name}/{self.variant} has no multi-step draft backend")
         module, cls = target.split(":")
         return getattr(importlib.import_module(module, __name__), cls)
 

@@ -100,9 +100,7 @@ class AttentionBackend(ABC):
 
     # --- the captured step ----------------------------------------------------------------------
     @abstractmethod
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, fb: ForwardBatch
-    ) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
         """Write this layer's KV at ``fb.out_cache_loc`` and return attention output."""
 
     # --- checker support ------------------------------------------------------------------------
@@ -138,8 +136,7 @@ class AttentionBackend(ABC):
         if mode not in self.graph_modes:
             supported = ", ".join(sorted(m.label for m in self.graph_modes))
             raise GraphModeNotSupported(
-                f"{self.name}/{self.variant} does not support {mode.label} under graphs "
-                f"(supported: {supported})"
+                f"{self.name}/{self.variant} does not support {mode.label} under graphs (supported: {supported})"
             )
 
     def __repr__(self) -> str:

@@ -96,9 +96,7 @@ class CutlassMLAAttnBackend(FlashInferMLAAttnBackend):
         self.cuda_graph_mla_workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
 
     def _metadata_view(self, bs: int) -> CutlassMLADecodeMetadata:
-        return CutlassMLADecodeMetadata(
-            self.cuda_graph_mla_workspace, self.cuda_graph_kv_indices[:bs]
-        )
+        return CutlassMLADecodeMetadata(self.cuda_graph_mla_workspace, self.cuda_graph_kv_indices[:bs])
 
     def init_forward_metadata_capture_cuda_graph(
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info

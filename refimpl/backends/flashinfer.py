@@ -98,9 +98,7 @@ class FlashInferAttnBackend(AttentionBackend):
         self.fi = wrapper_classes(prefer_real and dev.type == "cuda", self.cfg.dtype)
         self.workspace = make_workspace(dev, real=self.fi.real)
         i32 = dict(dtype=torch.int32, device=dev)
-        self.kv_indptr = (
-            kv_indptr_buf if kv_indptr_buf is not None else torch.zeros(pool + 1, **i32)
-        )
+        self.kv_indptr = kv_indptr_buf if kv_indptr_buf is not None else torch.zeros(pool + 1, **i32)
         self.kv_last_page_len = torch.ones(pool, **i32)
         # host twin for plan
         self.kv_last_page_len_cpu = torch.ones(pool, dtype=torch.int32, device="cpu")
@@ -136,9 +134,7 @@ class FlashInferAttnBackend(AttentionBackend):
         if isinstance(spec_info, DraftDecodeInput) and spec_info.kv_indptr is not None:
             kv_indptr, kv_indices = spec_info.kv_indptr, spec_info.kv_indices  # multi-step rows
             rows = kv_indptr.numel() - 1
-            host_lens = (seq_lens_cpu[:bs] + spec_info.extra["step"] + 1).repeat_interleave(
-                spec_info.topk
-            )
+            host_lens = (seq_lens_cpu[:bs] + spec_info.extra["step"] + 1).repeat_interleave(spec_info.topk)
         else:
             rows = bs
             kv_indptr = self.kv_indptr[: bs + 1]
@@ -148,9 +144,7 @@ class FlashInferAttnBackend(AttentionBackend):
             else:
                 total = int(seq_lens_cpu[:bs].sum())
                 kv_indices = torch.empty(max(total, 1), dtype=torch.int32, device=self.device)
-            build_kv_indices(
-                self.world.req_to_token, rpi[:bs], seq_lens[:bs], kv_indptr, kv_indices
-            )
+            build_kv_indices(self.world.req_to_token, rpi[:bs], seq_lens[:bs], kv_indptr, kv_indices)
             host_lens = seq_lens_cpu[:bs]
         # host: no device-to-host copy
         indptr_cpu = torch.zeros(rows + 1, dtype=torch.int32, device="cpu")
@@ -165,11 +159,7 @@ class FlashInferAttnBackend(AttentionBackend):
     @staticmethod
     def _host_indptr_kw(wrapper, indptr_cpu) -> dict:
         """The fast plan takes the host indptr; a full plan reads the device one itself."""
-        return (
-            {"global_override_indptr_cpu": indptr_cpu}
-            if getattr(wrapper, "_refimpl_fast", False)
-            else {}
-        )
+        return {"global_override_indptr_cpu": indptr_cpu} if getattr(wrapper, "_refimpl_fast", False) else {}
 
     def _update_prefill(self, bs, rpi, seq_lens, seq_lens_cpu, wrappers, mode, spec_info) -> None:
         """Verify and draft extend: one branch (POST merged the identical ones).
@@ -235,9 +225,7 @@ class FlashInferAttnBackend(AttentionBackend):
         elif mode.is_target_verify() or mode.is_any_draft_extend():
             self._update_prefill(bs, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_cpu,
                                  [self._eager_prefill], mode, fb.spec_info)  # fmt: skip
-            self.forward_metadata = PrefillMetadata(
-                [self._eager_prefill], not mode.is_target_verify()
-            )
+            self.forward_metadata = PrefillMetadata([self._eager_prefill], not mode.is_target_verify())
         else:
             raise ValueError(f"{self.name}: eager {mode.label} is not modelled here")
 
@@ -287,9 +275,7 @@ class FlashInferAttnBackend(AttentionBackend):
             self.decode_cuda_graph_metadata[bs] = wrappers
             self.forward_metadata = DecodeMetadata(wrappers)
         elif mode.is_target_verify() or mode.is_any_draft_extend():
-            use_mask = (
-                mode.is_target_verify() and getattr(spec_info, "custom_mask", None) is not None
-            )
+            use_mask = mode.is_target_verify() and getattr(spec_info, "custom_mask", None) is not None
             wrappers = self._create_prefill_wrappers(bs, use_mask)
             self.prefill_cuda_graph_metadata[bs] = wrappers
             self.forward_metadata = PrefillMetadata(wrappers, not mode.is_target_verify())
@@ -357,15 +343,10 @@ class FlashInferAttnBackend(AttentionBackend):
         if mode.is_decode_or_idle():
             return ref
         rows = S + 1 if mode.is_draft_extend_v1() else n
-        ref.update(
-            qo_indptr=torch.arange(0, bs * rows + 1, rows, device="cpu"),
-            causal=not mode.is_target_verify(),
-        )
+        ref.update(qo_indptr=torch.arange(0, bs * rows + 1, rows, device="cpu"), causal=not mode.is_target_verify())
         w = self.forward_metadata.prefill_wrappers[0]
         if getattr(w, "_custom_mask_buf", None) is not None and is_standin(w):
-            ref["mask_indptr"] = torch.tensor(
-                [0] + [n * k for k in kv.tolist()], device="cpu"
-            ).cumsum(0)
+            ref["mask_indptr"] = torch.tensor([0] + [n * k for k in kv.tolist()], device="cpu").cumsum(0)
             ref["custom_mask"] = spec.custom_mask.to(torch.uint8)  # the live requests' blocks
         return ref
 
@@ -378,9 +359,7 @@ class FlashInferAttnBackend(AttentionBackend):
         cache.set_kv(layer, fb.out_cache_loc[: q.shape[0]], k, v)
         if q.shape[0] == 0:
             return q.new_empty(0, self.cfg.num_heads, self.cfg.v_head_dim)
-        wrapper = (
-            md.decode_wrappers[0] if isinstance(md, DecodeMetadata) else md.prefill_wrappers[0]
-        )
+        wrapper = md.decode_wrappers[0] if isinstance(md, DecodeMetadata) else md.prefill_wrappers[0]
         return fi_run(wrapper, q, cache.k[layer], cache.v[layer])  # one refimpl op per run
 
 
@@ -462,9 +441,7 @@ class FlashInferAttnBackendLegacy(FlashInferAttnBackend):
     ) -> None:  # fmt: skip
         rpi, seq, seq_cpu = req_pool_indices[:bs], seq_lens[:bs], seq_lens_cpu[:bs]
         if forward_mode.is_decode_or_idle():
-            self._update_decode(
-                bs, rpi, seq, seq_cpu, self.decode_cuda_graph_metadata[bs], spec_info
-            )
+            self._update_decode(bs, rpi, seq, seq_cpu, self.decode_cuda_graph_metadata[bs], spec_info)
         elif forward_mode.is_target_verify():
             wrappers = self.prefill_cuda_graph_metadata[bs]
             self._update_prefill(bs, rpi, seq, seq_cpu, wrappers, forward_mode, spec_info)

@@ -114,24 +114,13 @@ class FlashInferMLAAttnBackend(AttentionBackend):
     # --- plans --------------------------------------------------------------------------------
     def _plan_args(self, causal: bool) -> tuple:
         c = self.cfg
-        return (
-            c.num_heads,
-            c.kv_lora_rank,
-            c.qk_rope_head_dim,
-            1,
-            causal,
-            c.sm_scale,
-            c.dtype,
-            c.dtype,
-        )
+        return (c.num_heads, c.kv_lora_rank, c.qk_rope_head_dim, 1, causal, c.sm_scale, c.dtype, c.dtype)
 
     def _full_decode_plan(self, bs, rpi, seq_lens, seq_lens_cpu, wrapper) -> None:
         """indices_updater_decode.update(init_metadata_replay=False): fresh indices, full plan."""
         kv_indptr = self.kv_indptr[: bs + 1]
         kv_indptr[1:] = torch.cumsum(seq_lens[:bs], 0)
-        kv_indices = torch.empty(
-            max(int(seq_lens_cpu[:bs].sum()), 1), dtype=torch.int32, device=self.device
-        )
+        kv_indices = torch.empty(max(int(seq_lens_cpu[:bs].sum()), 1), dtype=torch.int32, device=self.device)
         build_kv_indices(self.world.req_to_token, rpi[:bs], seq_lens[:bs], kv_indptr, kv_indices)
         wrapper.plan(self.q_indptr_decode[: bs + 1], kv_indptr, kv_indices,
                      seq_lens[:bs].to(torch.int32), *self._plan_args(False))  # fmt: skip
@@ -178,9 +167,7 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         else:  # a graph wrapper: build straight into its bound buffer
             kv_indices = self.cuda_graph_kv_indices
         build_kv_indices(self.world.req_to_token, rpi[:bs], kv_lens, kv_indptr, kv_indices)
-        wrapper.plan(
-            qo_indptr_cpu, kv_indptr_cpu, kv_indices[:total], kv_lens_cpu, *self._plan_args(True)
-        )
+        wrapper.plan(qo_indptr_cpu, kv_indptr_cpu, kv_indices[:total], kv_lens_cpu, *self._plan_args(True))
 
     # --- eager --------------------------------------------------------------------------------
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
@@ -281,9 +268,7 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         if q.shape[0] == 0:
             return q.new_empty(0, self.cfg.num_heads, r)
         kv = cache.kv[layer]  # [slots, 1, 576]
-        return fi_mla_run(
-            self.forward_metadata.wrapper, q[..., :r], q[..., r:], kv[..., :r], kv[..., r:]
-        )
+        return fi_mla_run(self.forward_metadata.wrapper, q[..., :r], q[..., r:], kv[..., :r], kv[..., r:])
 
 
 class FlashInferMLAAttnBackendAsUpstream(FlashInferMLAAttnBackend):
@@ -307,9 +292,7 @@ class FlashInferMLAAttnBackendAsUpstream(FlashInferMLAAttnBackend):
         else:  # target verify and draft extend: one merged branch
             wrapper = self._create_wrapper(bs)
             self.prefill_cuda_graph_metadata[bs] = wrapper
-            self._prefill_plan(
-                bs, req_pool_indices, seq_lens, seq_cpu, wrapper, forward_mode, spec_info
-            )
+            self._prefill_plan(bs, req_pool_indices, seq_lens, seq_cpu, wrapper, forward_mode, spec_info)
         self.forward_metadata = MLAMetadata(wrapper, forward_mode.is_decode_or_idle())
 
 
@@ -347,9 +330,7 @@ class FlashInferMLAAttnBackendLegacy(FlashInferMLAAttnBackendAsUpstream):
                 kv_len_arr=self.cuda_graph_kv_lens[:bs], backend="auto",
             )  # fmt: skip
             self.prefill_cuda_graph_metadata[bs] = wrapper
-            self._prefill_plan(
-                bs, req_pool_indices, seq_lens, seq_cpu, wrapper, forward_mode, spec_info
-            )
+            self._prefill_plan(bs, req_pool_indices, seq_lens, seq_cpu, wrapper, forward_mode, spec_info)
         elif forward_mode.is_any_draft_extend():
             wrapper = MLA(
                 self.workspace, use_cuda_graph=True,
@@ -359,9 +340,7 @@ class FlashInferMLAAttnBackendLegacy(FlashInferMLAAttnBackendAsUpstream):
                 kv_len_arr=self.cuda_graph_kv_lens[:bs], backend="auto",
             )  # fmt: skip
             self.prefill_cuda_graph_metadata[bs] = wrapper
-            self._prefill_plan(
-                bs, req_pool_indices, seq_lens, seq_cpu, wrapper, forward_mode, spec_info
-            )
+            self._prefill_plan(bs, req_pool_indices, seq_lens, seq_cpu, wrapper, forward_mode, spec_info)
         else:
             raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")
         self.forward_metadata = MLAMetadata(wrapper, forward_mode.is_decode_or_idle())

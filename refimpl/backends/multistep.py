@@ -52,19 +52,13 @@ class MultiStepDraftBackend(AttentionBackend):
 
     def __init__(self, world: World, spec: SpecConfig | None = None, **step_kw):
         if spec is None or spec.num_steps < 2:
-            raise ValueError(
-                f"multi-step draft decode needs a SpecConfig with num_steps >= 2, got {spec}"
-            )
+            raise ValueError(f"multi-step draft decode needs a SpecConfig with num_steps >= 2, got {spec}")
         super().__init__(world, spec)
         self.S, self.topk = spec.num_steps, spec.topk
         pool = world.req_to_token_pool.size
-        self.kv_indptr = torch.zeros(
-            self.S, pool * self.topk + 1, dtype=torch.int32, device=self.device
-        )
+        self.kv_indptr = torch.zeros(self.S, pool * self.topk + 1, dtype=torch.int32, device=self.device)
         self.step_backends = [
-            self.step_cls(
-                world, spec, kv_indptr_buf=self.kv_indptr[i], skip_prefill=True, **step_kw
-            )
+            self.step_cls(world, spec, kv_indptr_buf=self.kv_indptr[i], skip_prefill=True, **step_kw)
             for i in range(self.S - 1)
         ]
 
@@ -73,9 +67,7 @@ class MultiStepDraftBackend(AttentionBackend):
 
     def check_graph_mode(self, mode: ForwardMode) -> None:
         if not mode.is_decode_or_idle():
-            raise GraphModeNotSupported(
-                f"multi-step draft decode runs decode steps, not {mode.label}"
-            )
+            raise GraphModeNotSupported(f"multi-step draft decode runs decode steps, not {mode.label}")
 
     def _check_spec(self, spec_info: Any) -> None:
         if not isinstance(spec_info, DraftDecodeInput):
@@ -95,9 +87,7 @@ class MultiStepDraftBackend(AttentionBackend):
         )  # fmt: skip
         for i in range(self.S - 1):
             # the full row, not SGLang's [:used_len] slice: no host value decides a view's size
-            spec_i = DraftDecodeInput(
-                self.topk, self.S, kv_indptr[i, : rows + 1], kv_indices[i], extra={"step": i}
-            )
+            spec_i = DraftDecodeInput(self.topk, self.S, kv_indptr[i, : rows + 1], kv_indices[i], extra={"step": i})
             if call_fn is not None:
                 call_fn(i, spec_i)
 
@@ -113,9 +103,7 @@ class MultiStepDraftBackend(AttentionBackend):
         def eager_step(i, spec_i):
             self.step_backends[i].init_forward_metadata(fb.replace(spec_info=spec_i))
 
-        self._common_template(
-            bs, fb.req_pool_indices, fb.seq_lens, kv_indices, kv_indptr, eager_step
-        )
+        self._common_template(bs, fb.req_pool_indices, fb.seq_lens, kv_indices, kv_indptr, eager_step)
 
     # --- graphs -------------------------------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
@@ -134,9 +122,7 @@ class MultiStepDraftBackend(AttentionBackend):
 
     def _replay_body(self, bs, rpi, seq_lens, seq_lens_cpu) -> None:
         if self.share_splits:
-            self._common_template(
-                bs, rpi, seq_lens, self.cuda_graph_kv_indices, self.kv_indptr, None
-            )
+            self._common_template(bs, rpi, seq_lens, self.cuda_graph_kv_indices, self.kv_indptr, None)
             step0 = self.step_backends[0]
             step0._splits(self.cuda_graph_num_kv_splits[: bs * self.topk], seq_lens[:bs])
         else:
@@ -146,9 +132,7 @@ class MultiStepDraftBackend(AttentionBackend):
                     bs, rpi, seq_lens, None, None, ForwardMode.DECODE, spec_i, seq_lens_cpu
                 )
 
-            self._common_template(
-                bs, rpi, seq_lens, self.cuda_graph_kv_indices, self.kv_indptr, replay_step
-            )
+            self._common_template(bs, rpi, seq_lens, self.cuda_graph_kv_indices, self.kv_indptr, replay_step)
 
     def init_forward_metadata_capture_cuda_graph(
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
@@ -161,9 +145,7 @@ class MultiStepDraftBackend(AttentionBackend):
                 bs, bs * self.topk, req_pool_indices, seq_lens, None, ForwardMode.DECODE, spec_i
             )
 
-        self._common_template(
-            bs, req_pool_indices, seq_lens, self.cuda_graph_kv_indices, self.kv_indptr, capture_step
-        )
+        self._common_template(bs, req_pool_indices, seq_lens, self.cuda_graph_kv_indices, self.kv_indptr, capture_step)
         if self.compute_splits_at_capture:
             self._replay_body(bs, req_pool_indices, seq_lens, seq_lens[:bs].cpu())
 

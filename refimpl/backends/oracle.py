@@ -54,9 +54,7 @@ class OracleBackend(AttentionBackend):
                 for r, n in zip(rpi, seq)
                 for k in range(topk)
             ]
-            kv_indices = (
-                torch.cat(ranges) if ranges else torch.zeros(0, dtype=torch.int64, device="cpu")
-            )
+            kv_indices = torch.cat(ranges) if ranges else torch.zeros(0, dtype=torch.int64, device="cpu")
             kv_lens = [x.numel() for x in ranges]
             kv_indptr = torch.tensor([0] + kv_lens, dtype=torch.int64, device="cpu").cumsum(0)
             qo = torch.arange(len(ranges) + 1, dtype=torch.int64, device="cpu")
@@ -83,9 +81,7 @@ class OracleBackend(AttentionBackend):
         causal = not mode.is_decode_or_idle() and not mode.is_target_verify()
         if mode.is_target_verify() and spec.custom_mask is not None:
             mask = spec.custom_mask.to(torch.bool)
-            mask_indptr = torch.tensor(
-                [0] + [n * k for n, k in zip(q_rows, kv_lens)], device="cpu"
-            ).cumsum(0)
+            mask_indptr = torch.tensor([0] + [n * k for n, k in zip(q_rows, kv_lens)], device="cpu").cumsum(0)
         self.forward_metadata = (qo, kv_indptr, kv_indices, mask, mask_indptr, causal)
 
     def init_cuda_graph_state(self, max_bs, max_num_tokens):
@@ -100,9 +96,7 @@ class OracleBackend(AttentionBackend):
     def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
         cache, cfg = self.world.kv_cache, self.cfg
         *tensors, causal = self.forward_metadata
-        qo, kv_indptr, kv_indices, mask, mask_indptr = (
-            None if t is None else t.to(q.device) for t in tensors
-        )
+        qo, kv_indptr, kv_indices, mask, mask_indptr = (None if t is None else t.to(q.device) for t in tensors)
         csr = (qo, kv_indptr, kv_indices, cfg.sm_scale)
         masks = dict(custom_mask=mask, mask_indptr=mask_indptr, causal=causal)
         if cfg.is_mla:

@@ -28,12 +28,7 @@ import torch
 
 from .. import layout
 from ..batch import ForwardBatch
-from ..kernels import (
-    build_kv_indices,
-    build_kv_indices_ref,
-    dense_paged_attention,
-    dense_paged_mla_attention,
-)
+from ..kernels import build_kv_indices, build_kv_indices_ref, dense_paged_attention, dense_paged_mla_attention
 from ..modes import ForwardMode
 from ..spec import VerifyInput, require_spec
 from .base import AttentionBackend
@@ -93,18 +88,14 @@ class TorchNativeBackend(AttentionBackend):
         kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=self.device)
         kv_indptr[1:] = torch.cumsum(lens, 0)
         host_lens = self._kv_lens(mode, fb.seq_lens_cpu, n)  # host values: eager may use them
-        kv_indices = torch.zeros(
-            max(int(host_lens.sum()), 1), dtype=torch.int64, device=self.device
-        )
+        kv_indices = torch.zeros(max(int(host_lens.sum()), 1), dtype=torch.int64, device=self.device)
         build_kv_indices(self.world.req_to_token, fb.req_pool_indices, lens, kv_indptr, kv_indices)
         mask = mask_indptr = None
         if spec is not None and spec.custom_mask is not None:
             mask = spec.custom_mask
             mask_indptr = layout.mask_indptr(fb.seq_lens, spec.draft_token_num)
         max_len = int(host_lens.max()) if bs else 1
-        self.forward_metadata = TorchNativeMetadata(
-            kv_indptr, kv_indices, n, max_len, mask, mask_indptr
-        )
+        self.forward_metadata = TorchNativeMetadata(kv_indptr, kv_indices, n, max_len, mask, mask_indptr)
 
     # --- graphs -------------------------------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
@@ -135,15 +126,7 @@ class TorchNativeBackend(AttentionBackend):
         )
 
     def init_forward_metadata_replay_cuda_graph(
-        self,
-        bs,
-        req_pool_indices,
-        seq_lens,
-        seq_lens_sum,
-        encoder_lens,
-        forward_mode,
-        spec_info,
-        seq_lens_cpu,
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
     ) -> None:
         seq_lens, rpi = seq_lens[:bs], req_pool_indices[:bs]
         spec = self._verify_spec(forward_mode, spec_info)
@@ -182,9 +165,7 @@ class TorchNativeBackend(AttentionBackend):
         lens_t = torch.tensor(lens, dtype=torch.int64, device="cpu")
         ref = {
             "kv_indptr": torch.tensor([0] + lens, dtype=torch.int64, device="cpu").cumsum(0),
-            "kv_indices": build_kv_indices_ref(
-                self.world.req_to_token, fb.req_pool_indices, lens_t
-            ),
+            "kv_indices": build_kv_indices_ref(self.world.req_to_token, fb.req_pool_indices, lens_t),
             "q_per_req": n,
             "max_kv_len": L,
         }
@@ -215,7 +196,5 @@ class TorchNativeBackend(AttentionBackend):
             )
         else:
             cache.set_kv(layer, fb.out_cache_loc, k, v)
-            dense_paged_attention(
-                q, cache.k[layer], cache.v[layer], md.kv_indptr, md.kv_indices, out, **common
-            )
+            dense_paged_attention(q, cache.k[layer], cache.v[layer], md.kv_indptr, md.kv_indices, out, **common)
         return out

@@ -116,13 +116,8 @@ class TritonAttnBackend(AttentionBackend):
         if world.page_size != 1:
             raise ValueError(f"{self.name} indexes tokens (page size 1), got {world.page_size}")
         pool = world.req_to_token_pool.size
-        i32, i64 = (
-            dict(dtype=torch.int32, device=self.device),
-            dict(dtype=torch.int64, device=self.device),
-        )
-        self.kv_indptr = (
-            kv_indptr_buf if kv_indptr_buf is not None else torch.zeros(pool + 1, **i32)
-        )
+        i32, i64 = (dict(dtype=torch.int32, device=self.device), dict(dtype=torch.int64, device=self.device))
+        self.kv_indptr = kv_indptr_buf if kv_indptr_buf is not None else torch.zeros(pool + 1, **i32)
         self.qo_indptr = torch.zeros(pool + 1, dtype=self.qo_indptr_dtype, device=self.device)
         self.mask_indptr = torch.zeros(pool + 1, **i64)
         if not 1 <= max_kv_splits <= 256:
@@ -220,9 +215,7 @@ class TritonAttnBackend(AttentionBackend):
         qo[1:] = torch.cumsum(rows, 0)
         kv_indices = fresh_kv(prefix, fb.seq_lens_sum - fb.num_tokens)
         max_len = int(rows.max()) if bs else 1  # eager: a host read is allowed (SGLang: .item())
-        self.forward_metadata = TritonMetadata(
-            kv_indptr, kv_indices, max_extend_len=max_len, qo_indptr=qo
-        )
+        self.forward_metadata = TritonMetadata(kv_indptr, kv_indices, max_extend_len=max_len, qo_indptr=qo)
 
     # --- graph buffers ------------------------------------------------------------------------
     def init_cuda_graph_state(
@@ -300,9 +293,7 @@ class TritonAttnBackend(AttentionBackend):
             # the stride the rows are laid out with (v2: N, as current upstream; the
             # post-#26665 code froze S+1 for v2 too, which misses rows once N > S+1)
             return TritonMetadata(
-                **kv,
-                max_extend_len=layout.rows_per_request(mode, self.spec),
-                qo_indptr=self.qo_indptr[: bs + 1],
+                **kv, max_extend_len=layout.rows_per_request(mode, self.spec), qo_indptr=self.qo_indptr[: bs + 1]
             )
         raise ValueError(f"Invalid forward mode {mode} for a CUDA graph")
 
@@ -327,15 +318,7 @@ class TritonAttnBackend(AttentionBackend):
         self.forward_metadata = self._build_cuda_graph_forward_metadata(bs, forward_mode, spec_info)
 
     def init_forward_metadata_replay_cuda_graph(
-        self,
-        bs,
-        req_pool_indices,
-        seq_lens,
-        seq_lens_sum,
-        encoder_lens,
-        forward_mode,
-        spec_info,
-        seq_lens_cpu,
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
     ) -> None:
         if forward_mode.is_decode_or_idle():
             if isinstance(spec_info, DraftDecodeInput):
@@ -345,9 +328,7 @@ class TritonAttnBackend(AttentionBackend):
         elif forward_mode.is_target_verify():
             self._update_target_verify_buffers(bs, seq_lens, req_pool_indices, spec_info)
         elif forward_mode.is_any_draft_extend():
-            self._update_draft_extend_buffers(
-                bs, seq_lens, req_pool_indices, forward_mode, spec_info
-            )
+            self._update_draft_extend_buffers(bs, seq_lens, req_pool_indices, forward_mode, spec_info)
         else:
             raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")
 
@@ -355,10 +336,7 @@ class TritonAttnBackend(AttentionBackend):
     def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
         md: TritonMetadata = self.forward_metadata
         rows = md.kv_indptr.numel() - 1
-        state: dict[str, Any] = {
-            "kv_indptr": md.kv_indptr,
-            "kv_indices": md.kv_indices[: int(md.kv_indptr[-1])],
-        }
+        state: dict[str, Any] = {"kv_indptr": md.kv_indptr, "kv_indices": md.kv_indices[: int(md.kv_indptr[-1])]}
         if md.num_kv_splits is not None:
             state["num_kv_splits"] = md.num_kv_splits[:rows]
             state["max_kv_splits"] = md.attn_logits.shape[2]
@@ -529,9 +507,7 @@ class TritonAttnBackendLegacy(TritonAttnBackend):
             self.qo_indptr[1 : bs + 1] = torch.cumsum(real, 0)  # (2) replay: ragged stride
             kv_lens = torch.clamp(seq - stride, min=0)
             self.kv_indptr[1 : bs + 1] = torch.cumsum(kv_lens, 0)
-            build_kv_indices(
-                r2t, rpi, kv_lens, self.kv_indptr[: bs + 1], self.cuda_graph_kv_indices
-            )
+            build_kv_indices(r2t, rpi, kv_lens, self.kv_indptr[: bs + 1], self.cuda_graph_kv_indices)
         else:
             raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")
 
@@ -667,9 +643,7 @@ class TritonAttnBackendInGraph(TritonAttnBackendFused):
         key = (bs, verify, verify and spec_info.custom_mask is not None)
         md = self._graph_views.get(key)
         if md is None:
-            md = self._graph_views[key] = self._build_cuda_graph_forward_metadata(
-                bs, mode, spec_info
-            )
+            md = self._graph_views[key] = self._build_cuda_graph_forward_metadata(bs, mode, spec_info)
         return md
 
     def _copy_mask(self, spec_info: Any) -> None:

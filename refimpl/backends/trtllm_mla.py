@@ -93,12 +93,7 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
     pattern = "A"
     page_sizes = (32, 64)
     graph_modes = frozenset(
-        {
-            ForwardMode.DECODE,
-            ForwardMode.IDLE,
-            ForwardMode.TARGET_VERIFY,
-            ForwardMode.DRAFT_EXTEND_V2,
-        }
+        {ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2}
     )
 
     def __init__(self, world: World, spec: SpecConfig | None = None, *,
@@ -413,18 +408,14 @@ class TRTLLMMLAMultiStepDraftBackend(AttentionBackend):
         if spec is None or spec.num_steps < 2:
             raise ValueError(f"multi-step draft decode needs num_steps >= 2, got {spec}")
         super().__init__(world, spec)
-        self.steps = [
-            self.step_cls(world, spec, draft_step=i, **kw) for i in range(spec.num_steps - 1)
-        ]
+        self.steps = [self.step_cls(world, spec, draft_step=i, **kw) for i in range(spec.num_steps - 1)]
 
     def step_backend(self, i: int) -> AttentionBackend:
         return self.steps[i]
 
     def check_graph_mode(self, mode: ForwardMode) -> None:
         if not mode.is_decode_or_idle():
-            raise GraphModeNotSupported(
-                f"multi-step draft decode runs decode steps, not {mode.label}"
-            )
+            raise GraphModeNotSupported(f"multi-step draft decode runs decode steps, not {mode.label}")
         if self.spec.topk != 1:
             raise GraphModeNotSupported(f"{self.name}: multi-step draft decode takes chains only "
                                         f"(topk=1), got topk={self.spec.topk}")  # fmt: skip

@@ -47,16 +47,8 @@ class WaveAttnBackend(TritonAttnBackend):
     kv_indices_dtype = torch.int32
     qo_indptr_dtype = torch.int32
 
-    def init_cuda_graph_state(
-        self, max_bs, max_num_tokens, kv_indices_buf=None, num_kv_splits_buf=None
-    ):
-        B, T, L, H, dev = (
-            max_bs,
-            max_num_tokens,
-            self.world.max_context_len,
-            self.cfg.num_heads,
-            self.device,
-        )
+    def init_cuda_graph_state(self, max_bs, max_num_tokens, kv_indices_buf=None, num_kv_splits_buf=None):
+        B, T, L, H, dev = (max_bs, max_num_tokens, self.world.max_context_len, self.cfg.num_heads, self.device)
         self.max_bs, self.max_num_tokens = max_bs, max_num_tokens
         S, Dv = self.max_kv_splits, self.cfg.v_head_dim
         self.cuda_graph_attn_logits = torch.zeros(B, H, S, Dv, dtype=torch.float32, device=dev)

@@ -73,9 +73,7 @@ def real_wrapper_classes() -> FlashInferClasses:
 REAL_DTYPES = (torch.float16, torch.bfloat16)  # what flashinfer's kernels are compiled for
 
 
-def wrapper_classes(
-    prefer_real: bool = True, dtype: torch.dtype | None = None
-) -> FlashInferClasses:
+def wrapper_classes(prefer_real: bool = True, dtype: torch.dtype | None = None) -> FlashInferClasses:
     """The real classes when ``prefer_real``, :func:`flashinfer_available` is None and ``dtype``
     (the model's) is one flashinfer compiles kernels for; else the stand-ins, whose ``reason``
     says why when real ones were preferred (a float32 model on a GPU: flashinfer has no float32

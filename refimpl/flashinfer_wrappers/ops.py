@@ -41,9 +41,7 @@ def _fi_mla_run(handle: int, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torc
     out.copy_(_WRAPPERS[handle].run(q_nope, q_pe, ckv, kpe))
 
 
-def fi_run(
-    wrapper: Any, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
-) -> torch.Tensor:
+def fi_run(wrapper: Any, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
     """Decode or prefill ``wrapper.run(q, (k, v))`` -> ``[tokens, H, Dv]``."""
     out = torch.empty(q.shape[0], q.shape[1], v_cache.shape[-1], dtype=q.dtype, device=q.device)
     _fi_run(handle_of(wrapper), q, k_cache, v_cache, out)

@@ -218,9 +218,7 @@ class _Standin:
         self._float_workspace_buffer, self.device = float_ws, float_ws.device
         n, u8, pin = INT_WORKSPACE_BYTES, torch.uint8, self.device.type == "cuda"
         self._int_workspace_buffer = torch.empty(n, dtype=u8, device=self.device)
-        self._pin_memory_int_workspace_buffer = torch.empty(
-            n, dtype=u8, pin_memory=pin, device="cpu"
-        )
+        self._pin_memory_int_workspace_buffer = torch.empty(n, dtype=u8, pin_memory=pin, device="cpu")
         self._use_cuda_graph = use_cuda_graph
         self._fixed_batch_size = fixed_bs if use_cuda_graph else 0
         self._kv_window = max(1, len(indices_buf)) if use_cuda_graph else 0
@@ -404,9 +402,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Standin):
                                  f"kv_len={kv_lens}")  # fmt: skip
             mask = {  # one byte per entry and element offsets (flashinfer: bits, byte offsets)
                 "_custom_mask_buf": custom_mask.reshape(-1).to(torch.uint8),
-                "_mask_indptr_buf": torch.tensor(
-                    [0, *itertools.accumulate(sizes)], dtype=I32, device="cpu"
-                ),
+                "_mask_indptr_buf": torch.tensor([0, *itertools.accumulate(sizes)], dtype=I32, device="cpu"),
             }
         self._check_bound(bs, kv_lens, "paged_kv_indices", paged_kv_indices,
                           "paged_kv_indices_buf")  # fmt: skip

@@ -74,12 +74,7 @@ class EmulatedGraph(Graph):
         if self.captured:
             raise GraphCaptureError("this graph was already captured; make a new one")
         steps: list[Step] = []
-        with (
-            torch.inference_mode(False),
-            torch.no_grad(),
-            refuse_host_reads(),
-            record_ops(steps) as rec,
-        ):
+        with torch.inference_mode(False), torch.no_grad(), refuse_host_reads(), record_ops(steps) as rec:
             out = fn()
         self._steps = steps
         self._op_log = rec.names

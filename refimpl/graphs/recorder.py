@@ -84,8 +84,7 @@ class Step:
             dst, src = self.outs[i], fresh[i]
             if dst.shape != src.shape:
                 raise GraphReplayError(
-                    f"{self.func} produced shape {tuple(src.shape)} at replay, "
-                    f"{tuple(dst.shape)} at capture"
+                    f"{self.func} produced shape {tuple(src.shape)} at replay, {tuple(dst.shape)} at capture"
                 )
             dst.copy_(src)
 
@@ -116,19 +115,13 @@ class Recorder(TorchDispatchMode):
             self.names.append((name, rerun))
             return out
         if name in HOST_SYNC_OPS:
-            raise GraphCaptureError(
-                f"host synchronisation during capture: {name} {HOST_SYNC_OPS[name]}"
-            )
+            raise GraphCaptureError(f"host synchronisation during capture: {name} {HOST_SYNC_OPS[name]}")
         if name.startswith(DATA_DEPENDENT_SHAPE):
-            raise GraphCaptureError(
-                f"data-dependent output shape during capture: {name} (its size needs a host sync)"
-            )
+            raise GraphCaptureError(f"data-dependent output shape during capture: {name} (its size needs a host sync)")
         if name.startswith(("aten.index.Tensor", "aten.index_put")) and any(
             t.dtype in (torch.bool, torch.uint8) for t in tensors_in(args[1])
         ):
-            raise GraphCaptureError(
-                f"data-dependent output shape during capture: {name} with a boolean mask"
-            )
+            raise GraphCaptureError(f"data-dependent output shape during capture: {name} with a boolean mask")
         if _device_to_host(name, args, kwargs):
             raise GraphCaptureError(f"host synchronisation during capture: {name} copies a "
                                     "device tensor to the host")  # fmt: skip

@@ -100,9 +100,7 @@ class GraphRunner:
         self.world = backend.world
         self.device = self.world.device
         self.tokens_per_req = layout.rows_per_request(mode, spec_cfg, multi_step_draft)
-        self.locs_per_req = self.tokens_per_req * layout.cache_writes_per_row(
-            spec_cfg, multi_step_draft
-        )
+        self.locs_per_req = self.tokens_per_req * layout.cache_writes_per_row(spec_cfg, multi_step_draft)
         self.capture_bs = graph_cfg.batch_sizes()
         if self.world.req_to_token_pool.size <= max(self.capture_bs):
             raise ValueError(
@@ -116,10 +114,7 @@ class GraphRunner:
         check_capture_config(self)  # before any allocation
         static = self._rest_inputs(self.max_bs)
         self.input_ids, self.positions = static["input_ids"], static["positions"]
-        self.req_pool_indices, self.out_cache_loc = (
-            static["req_pool_indices"],
-            static["out_cache_loc"],
-        )
+        self.req_pool_indices, self.out_cache_loc = (static["req_pool_indices"], static["out_cache_loc"])
         self.seq_lens, self.seq_lens_cpu = static["seq_lens"], static["seq_lens_cpu"]
         backend.init_cuda_graph_state(self.max_bs, self.max_num_tokens)
         # replay-path caches: padded-row values, copy plans, static batch views per bs
@@ -140,9 +135,7 @@ class GraphRunner:
             "positions": torch.zeros(n, **i64),  # [n] int64
             "req_pool_indices": torch.full((bs,), layout.PAD_REQ_SLOT, **i64),  # [bs] int64
             "seq_lens": torch.full((bs,), self.fill_value, dtype=torch.int32, device=dev),
-            "seq_lens_cpu": torch.full(
-                (bs,), self.fill_value, dtype=torch.int32, device="cpu"
-            ),  # host
+            "seq_lens_cpu": torch.full((bs,), self.fill_value, dtype=torch.int32, device="cpu"),  # host
             "out_cache_loc": torch.full((bs * self.locs_per_req,), layout.PAD_CACHE_SLOT, **i64),
         }
 
@@ -186,9 +179,7 @@ class GraphRunner:
 
     def capture_batch(self, bs: int) -> ForwardBatch:
         """The batch the capture hook of size ``bs`` sees: all padded rows + a dummy spec input."""
-        spec = dummy_spec_input(
-            self.mode, bs, self.spec_cfg, self.fill_value, self.device, self.multi_step_draft
-        )
+        spec = dummy_spec_input(self.mode, bs, self.spec_cfg, self.fill_value, self.device, self.multi_step_draft)
         return self._batch(self._rest_inputs(bs), bs, bs * self.fill_value, spec)
 
     def padded_batch(self, fb: ForwardBatch) -> ForwardBatch:
@@ -242,10 +233,7 @@ class GraphRunner:
             self.mode.is_decode_or_idle() and fb.forward_mode.is_decode_or_idle()
         )
         if not mode_ok:
-            return (
-                False,
-                f"mode {fb.forward_mode.label} was not captured (runner: {self.mode.label})",
-            )
+            return (False, f"mode {fb.forward_mode.label} was not captured (runner: {self.mode.label})")
         raw_bs = fb.batch_size
         if raw_bs > self.max_bs:
             return False, f"batch size {raw_bs} exceeds the largest captured size {self.max_bs}"
@@ -259,8 +247,7 @@ class GraphRunner:
             )
         if fb.out_cache_loc.numel() != raw_bs * self.locs_per_req:
             return False, (
-                f"out_cache_loc has {fb.out_cache_loc.numel()} entries, the graph expects "
-                f"{raw_bs * self.locs_per_req}"
+                f"out_cache_loc has {fb.out_cache_loc.numel()} entries, the graph expects {raw_bs * self.locs_per_req}"
             )
         return True, None
 
@@ -323,9 +310,7 @@ class GraphRunner:
         view = self._views.get(bs)
         if view is None:
             view = self._views[bs] = self._batch(self._static(), bs, 0, None)
-        view.seq_lens_sum = layout.padded_seq_lens_sum(
-            fb.seq_lens_sum, fb.batch_size, bs, self.fill_value
-        )
+        view.seq_lens_sum = layout.padded_seq_lens_sum(fb.seq_lens_sum, fb.batch_size, bs, self.fill_value)
         view.spec_info = fb.spec_info
         return view
 

@@ -14,11 +14,7 @@ Every op is one ``torch.library.custom_op``: a ``TorchDispatchMode`` recorder se
 """
 
 from .attention import dense_paged_attention, dense_paged_mla_attention
-from .draft_indices import (
-    draft_decode_kv_indices,
-    draft_decode_kv_indices_ref,
-    draft_decode_used_len,
-)
+from .draft_indices import draft_decode_kv_indices, draft_decode_kv_indices_ref, draft_decode_used_len
 from .fused_metadata import (
     fused_graph_metadata,
     fused_graph_metadata_args,

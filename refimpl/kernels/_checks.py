@@ -41,9 +41,7 @@ def check_tensor(
         check(t.dim() == ndim, f"{name}.shape={tuple(t.shape)}: must be {ndim}-D")
     if t.numel() > 0:
         check(t.stride(-1) == 1, f"{name}.stride(-1)={t.stride(-1)}: last dim must be contiguous")
-    check(
-        t.dim() == 0 or t.shape[0] >= min_len, f"{name}.shape[0]={t.shape[0]}: must be >= {min_len}"
-    )
+    check(t.dim() == 0 or t.shape[0] >= min_len, f"{name}.shape[0]={t.shape[0]}: must be >= {min_len}")
     if device is not None:
         check(t.device == device, f"{name}.device={t.device}: must match {device}")
 
@@ -55,10 +53,7 @@ def check_same_device(**tensors: torch.Tensor | None) -> None:
     named = [(n, t) for n, t in tensors.items() if t is not None]
     ref_name, ref = named[0]
     for name, t in named[1:]:
-        check(
-            t.device == ref.device,
-            f"{name}.device={t.device}: must match {ref_name}.device={ref.device}",
-        )
+        check(t.device == ref.device, f"{name}.device={t.device}: must match {ref_name}.device={ref.device}")
 
 
 def check_int(value, name: str, low: int) -> None:

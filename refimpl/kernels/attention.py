@@ -121,8 +121,7 @@ def _check_window_args(
     bs = kv_indptr.shape[0] - 1
     _check(
         q_rows == bs * q_per_req,
-        f"q.shape[0]={q_rows}: must equal bs * q_per_req = {bs} * {q_per_req} "
-        "(bs = kv_indptr.numel() - 1)",
+        f"q.shape[0]={q_rows}: must equal bs * q_per_req = {bs} * {q_per_req} (bs = kv_indptr.numel() - 1)",
     )
     check_mask(custom_mask, mask_indptr, bs, device)
 

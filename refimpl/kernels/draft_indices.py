@@ -200,9 +200,7 @@ def draft_decode_kv_indices(
     _check_index_tensor(req_to_token, "req_to_token", 2)
     _check_index_tensor(kv_indices, "kv_indices", 2)
     if kv_indices.shape[0] < num_steps:
-        raise ValueError(
-            f"kv_indices.shape[0]={kv_indices.shape[0]}: must be >= num_steps={num_steps}"
-        )
+        raise ValueError(f"kv_indices.shape[0]={kv_indices.shape[0]}: must be >= num_steps={num_steps}")
     _check_index_tensor(kv_indptr, "kv_indptr", 2)
     rows = num_seqs * topk
     if kv_indptr.shape[0] < num_steps or kv_indptr.shape[1] < rows + 1:
@@ -217,22 +215,12 @@ def draft_decode_kv_indices(
         ("kv_indptr", kv_indptr),
     ):
         if t.device != req_pool_indices.device:
-            raise ValueError(
-                f"{name}.device={t.device}: must match "
-                f"req_pool_indices.device={req_pool_indices.device}"
-            )
-    _draft_decode_kv_indices_op(
-        req_pool_indices, req_to_token, seq_lens, kv_indices, kv_indptr, topk, num_steps
-    )
+            raise ValueError(f"{name}.device={t.device}: must match req_pool_indices.device={req_pool_indices.device}")
+    _draft_decode_kv_indices_op(req_pool_indices, req_to_token, seq_lens, kv_indices, kv_indptr, topk, num_steps)
 
 
 def draft_decode_kv_indices_ref(
-    req_pool_indices: torch.Tensor,
-    req_to_token: torch.Tensor,
-    seq_lens: torch.Tensor,
-    *,
-    topk: int,
-    num_steps: int,
+    req_pool_indices: torch.Tensor, req_to_token: torch.Tensor, seq_lens: torch.Tensor, *, topk: int, num_steps: int
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Expected ``(kv_indptr, kv_indices)``: one int64 tensor per step, python loops.
 

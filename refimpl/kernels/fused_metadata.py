@@ -364,9 +364,7 @@ def fused_graph_metadata_ref(
     kv_indptr[1:] = torch.cumsum(lens, 0)
     out = {
         "kv_indptr": kv_indptr,
-        "kv_indices": build_kv_indices_ref(
-            req_to_token.cpu(), req_pool_indices[:bs].cpu(), lens
-        ).cpu(),
+        "kv_indices": build_kv_indices_ref(req_to_token.cpu(), req_pool_indices[:bs].cpu(), lens).cpu(),
     }
     if num_draft_tokens is None:
         splits = get_num_kv_splits_ref(

@@ -183,10 +183,7 @@ def build_kv_indices_ref(
     """Expected CSR indices: concat_i req_to_token[rpi[i], start_i : start_i + lens[i]] (int64)."""
     bs = lens.numel()
     starts = [0] * bs if kv_start_idx is None else kv_start_idx[:bs].tolist()
-    rows = [
-        req_to_token[r, s : s + n].long()
-        for r, s, n in zip(req_pool_indices[:bs].tolist(), starts, lens.tolist())
-    ]
+    rows = [req_to_token[r, s : s + n].long() for r, s, n in zip(req_pool_indices[:bs].tolist(), starts, lens.tolist())]
     empty = torch.zeros(0, dtype=torch.int64, device=req_to_token.device)
     return torch.cat(rows) if rows else empty  # [sum(lens)] int64
 
@@ -316,9 +313,7 @@ def build_block_table(
         block_table=block_table,
         kv_start_idx=kv_start_idx,
     )
-    _build_block_table_op(
-        req_to_token, req_pool_indices, lens, block_table, page_size, kv_start_idx
-    )
+    _build_block_table_op(req_to_token, req_pool_indices, lens, block_table, page_size, kv_start_idx)
 
 
 def build_block_table_ref(

@@ -258,10 +258,7 @@ def mla_paged_attention(
         page_size >= 1 and page_size % BLOCK_N == 0,
         f"kv_cache.shape[1]={page_size} (page size): must be a multiple of {BLOCK_N}",
     )
-    _check(
-        block_table.shape[0] >= bs,
-        f"block_table.shape[0]={block_table.shape[0]}: must be >= bs={bs}",
-    )
+    _check(block_table.shape[0] >= bs, f"block_table.shape[0]={block_table.shape[0]}: must be >= bs={bs}")
     _check(seq_lens.shape[0] >= bs, f"seq_lens.shape[0]={seq_lens.shape[0]}: must be >= bs={bs}")
     want = (bs, q_len, num_heads, kv_lora_rank)
     _check(tuple(out.shape) == want, f"out.shape={tuple(out.shape)}: must be {want}")
@@ -374,10 +371,7 @@ def trtllm_batch_decode_with_kv_cache_mla(
     )
     if not isinstance(workspace_buffer, torch.Tensor):
         raise TypeError(f"workspace_buffer must be a torch.Tensor, got {type(workspace_buffer)}")
-    _check(
-        workspace_buffer.device == device,
-        f"workspace_buffer.device={workspace_buffer.device}: must match {device}",
-    )
+    _check(workspace_buffer.device == device, f"workspace_buffer.device={workspace_buffer.device}: must match {device}")
     _check_int(qk_nope_head_dim, "qk_nope_head_dim", 1)
     _check_int(kv_lora_rank, "kv_lora_rank", 1)
     _check_int(qk_rope_head_dim, "qk_rope_head_dim", 1)
@@ -386,10 +380,7 @@ def trtllm_batch_decode_with_kv_cache_mla(
         query.shape[3] == width_d,
         f"query.shape[3]={query.shape[3]}: must be kv_lora_rank + qk_rope_head_dim = {width_d}",
     )
-    _check(
-        sparse_mla_top_k == 0,
-        f"sparse_mla_top_k={sparse_mla_top_k!r}: only dense MLA (0) is implemented here",
-    )
+    _check(sparse_mla_top_k == 0, f"sparse_mla_top_k={sparse_mla_top_k!r}: only dense MLA (0) is implemented here")
     _check(sinks is None, "sinks: attention sinks are not implemented here (pass None)")
     _check(isinstance(backend, str), f"backend={backend!r}: must be a str")
     for name, scale in (("bmm1_scale", bmm1_scale), ("bmm2_scale", bmm2_scale)):
@@ -459,13 +450,11 @@ def cutlass_mla_decode(
     page_size = kv_c_and_k_pe_cache.shape[1]
     _check(
         page_size == CUTLASS_PAGE_SIZE,
-        f"page_size={page_size} (kv_c_and_k_pe_cache.shape[1]): Cutlass-MLA supports only "
-        f"{CUTLASS_PAGE_SIZE}",
+        f"page_size={page_size} (kv_c_and_k_pe_cache.shape[1]): Cutlass-MLA supports only {CUTLASS_PAGE_SIZE}",
     )
     _check_tensor(page_table, "page_table", (torch.int32,), 2, device)
     _check(
-        page_table.shape[0] == bs,
-        f"page_table.shape[0]={page_table.shape[0]}: must equal bs={bs} (q_nope.shape[0])",
+        page_table.shape[0] == bs, f"page_table.shape[0]={page_table.shape[0]}: must equal bs={bs} (q_nope.shape[0])"
     )
     _check(page_table.shape[1] >= 1, f"page_table.shape[1]={page_table.shape[1]}: must be >= 1")
     _check_tensor(seq_lens, "seq_lens", (torch.int32,), 1, device)
@@ -586,10 +575,7 @@ def trtllm_mla_graph_metadata(
     _check_tensor(block_table, "block_table", (torch.int32,), 2, device)
     for name, t in (("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens)):
         _check(t.shape[0] >= bs, f"{name}.shape[0]={t.shape[0]}: must be >= bs={bs}")
-    _check(
-        block_table.shape[0] >= bs,
-        f"block_table.shape[0]={block_table.shape[0]}: must be >= bs={bs}",
-    )
+    _check(block_table.shape[0] >= bs, f"block_table.shape[0]={block_table.shape[0]}: must be >= bs={bs}")
     _check_int(page_size, "page_size", 1)
     ok = isinstance(seqlen_offset, int) and not isinstance(seqlen_offset, bool)
     _check(ok, f"seqlen_offset={seqlen_offset!r}: must be a Python int")

@@ -93,9 +93,7 @@ def mha_oracle(
     for i, rows, cache_rows in _per_request(qo_indptr, kv_indptr, kv_indices):
         n_q, n_k = rows.stop - rows.start, cache_rows.numel()
         mask = _request_mask(i, n_q, n_k, custom_mask, mask_indptr, causal, q.device)
-        out[rows] = attention_from_dense(
-            q[rows], k_cache[cache_rows], v_cache[cache_rows], sm_scale, mask
-        )
+        out[rows] = attention_from_dense(q[rows], k_cache[cache_rows], v_cache[cache_rows], sm_scale, mask)
     return out
 
 

@@ -138,9 +138,7 @@ def _decode_stage1_kernel(
     b = tl.program_id(0).to(tl.int64)  # query row
     hg = tl.program_id(1)  # head group
     s = tl.program_id(2)  # split
-    kv_start, split_start, split_end = _split_range(
-        kv_indptr_ptr, num_kv_splits_ptr, b, s, MAX_KV_SPLITS
-    )
+    kv_start, split_start, split_end = _split_range(kv_indptr_ptr, num_kv_splits_ptr, b, s, MAX_KV_SPLITS)
     if split_end > split_start:  # empty split (incl. s >= splits): touch nothing
         heads = hg * HEADS + tl.arange(0, BLOCK_H)  # [BLOCK_H] query heads
         mask_h = (tl.arange(0, BLOCK_H) < HEADS) & (heads < num_heads)
@@ -278,9 +276,7 @@ def _decode_stage2_kernel(
     total = 0.0  # sum_s exp(lse_s - m)
     acc = tl.zeros([BLOCK_DV], tl.float32)  # sum_s exp(lse_s - m) * partial_s
     for s in range(0, MAX_KV_SPLITS):
-        _, split_start, split_end = _split_range(
-            kv_indptr_ptr, num_kv_splits_ptr, b, s, MAX_KV_SPLITS
-        )
+        _, split_start, split_end = _split_range(kv_indptr_ptr, num_kv_splits_ptr, b, s, MAX_KV_SPLITS)
         if split_end > split_start:  # exactly the splits stage 1 wrote
             lse = tl.load(lse_ptr + b * stride_et + h * stride_eh + s)
             part_ptrs = logits_ptr + b * stride_lt + h * stride_lh + s * stride_ls + offs_dv
@@ -354,8 +350,7 @@ def decode_attention(
         _env.check_cpu_dtype(t, name)
     _check_int(max_kv_splits, "max_kv_splits", 1)
     _check(
-        isinstance(sm_scale, (int, float)) and math.isfinite(sm_scale),
-        f"sm_scale={sm_scale!r}: must be a finite float",
+        isinstance(sm_scale, (int, float)) and math.isfinite(sm_scale), f"sm_scale={sm_scale!r}: must be a finite float"
     )
     _check(
         isinstance(logit_cap, (int, float)) and math.isfinite(logit_cap) and logit_cap >= 0,
@@ -377,15 +372,13 @@ def decode_attention(
     _check_tensor(attn_logits, "attn_logits", (torch.float32,), 4, device)
     want = f"[>= {num_rows}, {num_heads}, max_kv_splits={max_kv_splits}, Dv={v_head_dim}]"
     _check(
-        attn_logits.shape[0] >= num_rows
-        and tuple(attn_logits.shape[1:]) == (num_heads, max_kv_splits, v_head_dim),
+        attn_logits.shape[0] >= num_rows and tuple(attn_logits.shape[1:]) == (num_heads, max_kv_splits, v_head_dim),
         f"attn_logits.shape={tuple(attn_logits.shape)}: must be {want}",
     )
     _check_tensor(attn_lse, "attn_lse", (torch.float32,), 3, device)
     _check(
         attn_lse.shape[0] >= num_rows and tuple(attn_lse.shape[1:]) == (num_heads, max_kv_splits),
-        f"attn_lse.shape={tuple(attn_lse.shape)}: must be "
-        f"[>= {num_rows}, {num_heads}, max_kv_splits={max_kv_splits}]",
+        f"attn_lse.shape={tuple(attn_lse.shape)}: must be [>= {num_rows}, {num_heads}, max_kv_splits={max_kv_splits}]",
     )
 
     _decode_stage1_op(
@@ -518,10 +511,7 @@ def get_num_kv_splits(
     _check_int(num_group, "num_group", 1)
     _check_int(num_heads, "num_heads", 1)
     _check_int(num_kv_heads, "num_kv_heads", 1)
-    _check(
-        num_heads % num_kv_heads == 0,
-        f"num_kv_heads={num_kv_heads}: must divide num_heads={num_heads}",
-    )
+    _check(num_heads % num_kv_heads == 0, f"num_kv_heads={num_kv_heads}: must divide num_heads={num_heads}")
     _check_int(max_kv_splits, "max_kv_splits", 1)
     _check(
         isinstance(core_count, int) and not isinstance(core_count, bool),
@@ -530,8 +520,7 @@ def get_num_kv_splits(
     num_tokens = seq_lens.shape[0] * num_group
     _check(
         num_kv_splits.shape[0] >= num_tokens,
-        f"num_kv_splits.shape[0]={num_kv_splits.shape[0]}: must be >= num_seq * num_group = "
-        f"{num_tokens}",
+        f"num_kv_splits.shape[0]={num_kv_splits.shape[0]}: must be >= num_seq * num_group = {num_tokens}",
     )
     _num_kv_splits_op(
         num_kv_splits, seq_lens, num_group, num_heads, num_kv_heads, max_kv_splits, core_count,

@@ -302,9 +302,7 @@ def extend_attention(
     guarantees the index values are in range (they cannot be checked without a host sync).
     """
     names = ("q_extend", "k_buffer", "v_buffer", "o_extend")
-    tokens, _, num_kv_heads, head_dim, v_head_dim = check_paged_qkvo(
-        q_extend, k_buffer, v_buffer, o_extend, names
-    )
+    tokens, _, num_kv_heads, head_dim, v_head_dim = check_paged_qkvo(q_extend, k_buffer, v_buffer, o_extend, names)
     device = q_extend.device
     for name, t, want in (
         ("k_extend", k_extend, (tokens, num_kv_heads, head_dim)),
@@ -327,8 +325,7 @@ def extend_attention(
     bs = qo_indptr.shape[0] - 1
     _check(
         kv_indptr.shape[0] >= bs + 1,
-        f"kv_indptr.shape[0]={kv_indptr.shape[0]}: must be >= bs + 1 = {bs + 1} "
-        "(bs = qo_indptr.numel() - 1)",
+        f"kv_indptr.shape[0]={kv_indptr.shape[0]}: must be >= bs + 1 = {bs + 1} (bs = qo_indptr.numel() - 1)",
     )
     check_mask(custom_mask, mask_indptr, bs, device)
     check_int(max_len_extend, "max_len_extend", 1)
