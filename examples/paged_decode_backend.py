@@ -36,6 +36,7 @@ class PagedDecodeBackend(AttentionBackend):
     pattern = "A"
     graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE})
     model_kind = "mha"  # the checker builds an MHA model for it (page size 1 by default)
+    graph_buffer_names = ("cuda_graph_kv_indptr", "cuda_graph_kv_indices")  # what forward reads in a graph
 
     # --- eager: fresh tensors are fine ----------------------------------------------------------
     def init_forward_metadata(self, fb):

@@ -53,6 +53,12 @@ class ReviewBackend(AttentionBackend):
     pattern = "C"
     graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY})
     model_kind = "mha"
+    graph_buffer_names = (
+        "cuda_graph_kv_indptr",
+        "cuda_graph_kv_indices",
+        "cuda_graph_custom_mask",
+        "cuda_graph_mask_indptr",
+    )
 
     def _rows(self, mode: ForwardMode) -> int:
         """Query rows per request: N in target verify, else 1."""

@@ -332,7 +332,7 @@ if torch.cuda.is_available():
 #
 # First the code itself. On the left, `GraphRunner.capture`: it runs once, before serving, and
 # loops over the batch sizes largest first. On the right, what runs on *every* step:
-# `GraphRunner._replay` and the input copy it calls, `_load_inputs`. This is the source of
+# `GraphRunner._replay` and the input copy it calls, `load_inputs`. This is the source of
 # `refimpl/graphs/runner.py` as it is now (read with `inspect`, docstrings trimmed); the tags on
 # the right edge are this notebook's. Read the right column top to bottom: **copy inputs → pad →
 # backend hook → `graph.replay()`**.
@@ -370,7 +370,7 @@ class CodeColumns:
             found = {}
             for needle, tag in col_tags:
                 hits = [(b, i) for b, (_, lines) in enumerate(blocks)
-                        for i, line in enumerate(lines) if needle in line]  # fmt: skip
+                        for i, line in enumerate(lines) if needle in line]
                 if len(hits) != 1:
                     raise ValueError(f"{title}: {needle!r} is on {len(hits)} lines, not 1")
                 found[hits[0]] = tag
@@ -420,7 +420,7 @@ runner_code = CodeColumns(
       [("GraphRunner.capture", source_lines(GraphRunner.capture))]),
      ("replay: every step",
       [("GraphRunner._replay", source_lines(GraphRunner._replay)),
-       ("GraphRunner._load_inputs (called by _replay)", source_lines(GraphRunner._load_inputs))])],
+       ("GraphRunner.load_inputs (called by _replay)", source_lines(GraphRunner.load_inputs))])],
     [[("sorted(self.capture_bs, reverse=True)", "largest first"),
       ("layout.reset_padded_rows(", "every row a padded row"),
       ("call_capture_hook(", "backend capture hook (outside the graph)"),
@@ -429,22 +429,22 @@ runner_code = CodeColumns(
       ("CaptureRecord(", "seconds, pool bytes: capture_records")],
      [("self.validate(fb)", "refuse a bad batch (refimpl)"),
       ("self.pick_bs(", "smallest captured bs >= raw bs"),
-      ("self._load_inputs(fb, bs)", "1. copy inputs, 2. pad"),
-      ("call_replay_hook(", "3. backend replay hook"),
-      ("self.graphs[bs].replay()", "4. graph.replay()"),
-      ("return self.outputs[bs]", "5. the live rows of the static output"),
+      ("self.load_inputs(fb, bs)", "1. copy inputs, 2. pad"),
+      ("self.replay_hook(fb, bs)", "3. backend replay hook"),
+      ("self.launch(bs)", "4. graph.replay()"),
+      ("return out[", "5. the live rows of the static output"),
       ("torch._foreach_copy_(", "1+2. live rows and padded rows' values, one launch"),
       ("host_live.copy_(", "1. host mirror of seq_lens"),
       ("host_pad.fill_(", "2. pad the host mirror")]],
-)  # fmt: skip
+)
 display(runner_code) if IN_NOTEBOOK else print(runner_code)
 
 # the order the tags describe is the order of the code shown
 cap = [runner_code.position(0, t) for t in ("largest first", "every row a padded row",
-       "backend capture hook (outside the graph)", "warm-up", "record the step")]  # fmt: skip
+       "backend capture hook (outside the graph)", "warm-up", "record the step")]
 rep = [runner_code.position(1, t) for t in ("smallest captured bs >= raw bs",
        "1. copy inputs, 2. pad", "3. backend replay hook", "4. graph.replay()",
-       "5. the live rows of the static output")]  # fmt: skip
+       "5. the live rows of the static output")]
 assert cap == sorted(cap) and rep == sorted(rep)
 
 # %% [markdown]

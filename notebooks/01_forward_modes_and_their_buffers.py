@@ -47,29 +47,12 @@ except ImportError:  # run as a plain script (the GPU check does): nothing to di
 from refimpl import ForwardMode, GraphConfig, ModelConfig, layout, viz
 from refimpl.backends import GraphModeNotSupported, find
 from refimpl.backends.flashinfer import FlashInferAttnBackend, FlashInferMultiStepDraftBackend
-from refimpl.backends.flashinfer_mla import (
-    FlashInferMLAAttnBackend,
-    FlashInferMLAAttnBackendAsUpstream,
-)
-from refimpl.backends.triton import (
-    TritonAttnBackend,
-    TritonAttnBackendLegacy,
-    TritonMultiStepDraftBackend,
-)
-from refimpl.backends.wave import (
-    WaveAttnBackend,
-    WaveAttnBackendLegacy,
-    WaveMultiStepDraftBackend,
-)
+from refimpl.backends.flashinfer_mla import FlashInferMLAAttnBackend, FlashInferMLAAttnBackendAsUpstream
+from refimpl.backends.triton import TritonAttnBackend, TritonAttnBackendLegacy, TritonMultiStepDraftBackend
+from refimpl.backends.wave import WaveAttnBackend, WaveAttnBackendLegacy, WaveMultiStepDraftBackend
 from refimpl.batch import World
 from refimpl.batchgen import BatchGenerator, draft_decode_step_view
-from refimpl.check import (
-    CheckSettings,
-    capture_vs_replay,
-    check_entry_mode,
-    diff_reference,
-    diff_states,
-)
+from refimpl.check import CheckSettings, capture_vs_replay, check_entry_mode, diff_reference, diff_states
 from refimpl.config import SpecConfig
 from refimpl.flashinfer_wrappers import read_partition
 from refimpl.graphs import CPUEmulatorEngine, make_engine
@@ -110,12 +93,12 @@ for claim, mode, multi in (
     ("N = {} rows per request (one per tree node)", ForwardMode.TARGET_VERIFY, False),
     ("v1: S + 1 = {} rows per request", ForwardMode.DRAFT_EXTEND, False),
     ("v2: N = {} rows per request", ForwardMode.DRAFT_EXTEND_V2, False),
-):  # fmt: skip
+):
     rows = layout.rows_per_request(mode, TREE, multi_step_draft=multi)
     assert any(claim.format(rows) in t for t in texts), (claim, rows)
 badges = " ".join(t.get_text() for t in fig.axes[0].texts if t.get_gid() == "mode")
 for mode in (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND,
-             ForwardMode.DRAFT_EXTEND_V2, ForwardMode.IDLE):  # fmt: skip
+             ForwardMode.DRAFT_EXTEND_V2, ForwardMode.IDLE):
     assert mode.name in badges, mode
 
 # %% [markdown]
@@ -186,7 +169,7 @@ GRAPHS = GraphConfig(max_bs=4, capture_bs=(1, 4), max_context_len=L, speculative
 gen = BatchGenerator(world, TREE, seed=1)  # decode, verify, draft extend v2, draft decode
 gen_chain = BatchGenerator(world, CHAIN, seed=2)  # chains: verify, draft extend v1, Wave's draft
 print("engine:", engine.name, "| model:", cfg.kind, f"({cfg.num_heads} q heads, "
-      f"{cfg.num_kv_heads} kv heads) | chain:", CHAIN, "| tree:", TREE)  # fmt: skip
+      f"{cfg.num_kv_heads} kv heads) | chain:", CHAIN, "| tree:", TREE)
 
 
 # %% [markdown]
@@ -254,7 +237,7 @@ def capture_vs_replay_state(cls, runner, fb):
         if first is not padded:
             call_replay_hook(b, padded)
         out.append({k: v.clone() if isinstance(v, torch.Tensor) else v
-                    for k, v in b.graph_state(bs, runner.mode).items()})  # fmt: skip
+                    for k, v in b.graph_state(bs, runner.mode).items()})
     return out
 
 
@@ -366,9 +349,9 @@ idle_bs = run_dec.pick_bs(fb_idle.batch_size)
 idle_state = {"seq_lens": run_dec.seq_lens[:idle_bs].clone(),
               "kv_indptr": tri_dec.kv_indptr[: idle_bs + 1].clone(),
               "kv_indices": tri_dec.cuda_graph_kv_indices[:1].clone(),
-              "num_kv_splits": tri_dec.cuda_graph_num_kv_splits[:idle_bs].clone()}  # fmt: skip
+              "num_kv_splits": tri_dec.cuda_graph_num_kv_splits[:idle_bs].clone()}
 print("idle: graph bs", idle_bs, {k: v.tolist() for k, v in idle_state.items()},
-      "| output rows", idle_out.shape[0])  # fmt: skip
+      "| output rows", idle_out.shape[0])
 assert idle_bs == 1 and idle_out.shape[0] == 0
 assert idle_state["kv_indptr"].tolist() == [0, 1] and idle_state["kv_indices"].tolist() == [0]
 assert idle_state["num_kv_splits"].tolist() == splits_by_hand([1], cores, S_MAX)
@@ -387,7 +370,7 @@ show(viz.draw_buffers({
     roles={"batch 1 seq_lens": roles(4), "batch 1 num_kv_splits": roles(4),
            "batch 2 seq_lens": roles(4), "batch 2 num_kv_splits": roles(4),
            "IDLE seq_lens (graph bs 1)": roles(1, live=0, bs=1),
-           "IDLE num_kv_splits": roles(1, live=0, bs=1)}), "decode_splits")  # fmt: skip
+           "IDLE num_kv_splits": roles(1, live=0, bs=1)}), "decode_splits")
 gen.release(fb_dec2)
 
 # %% [markdown]
@@ -420,7 +403,7 @@ for i in range(fb_tv.batch_size):
 
 show(viz.draw_csr(world.req_to_token, rpi, seq, kv_indptr, tri_tv.cuda_graph_kv_indices,
                   title="target verify (Triton): kv over the prefix; the N draft slots after "
-                        "the frame come as k/v"), "verify_csr")  # fmt: skip
+                        "the frame come as k/v"), "verify_csr")
 
 # %% [markdown]
 # ### The custom mask
@@ -448,7 +431,7 @@ assert torch.equal(run_tv.positions[req * N : (req + 1) * N].cpu(), s + depths)
 
 show(viz.draw_tree_mask(tri_tv.cuda_graph_custom_mask, mask_indptr, N, req, parents=parents,
                         title="target verify, a tree (topk 2, N 6): request 0's mask block"),
-     "verify_tree_mask")  # fmt: skip
+     "verify_tree_mask")
 
 # %% [markdown]
 # **A chain** (topk = 1, N = S + 1 = 4) is the same layout with a lower-triangular tree part:
@@ -465,12 +448,12 @@ assert not diff_reference(state_tc, tri_tc.reference_graph_state(padded_tc))  # 
 chain_block = state_tc["custom_mask"][: int(state_tc["mask_indptr"][1])].view(Nc, 9 + Nc)
 assert torch.equal(chain_block[:, 9:].bool().cpu(), torch.ones(Nc, Nc, dtype=torch.bool).tril())
 print("chain: qo_indptr", state_tc["qo_indptr"].tolist(), "| mask_indptr",
-      state_tc["mask_indptr"].tolist())  # fmt: skip
+      state_tc["mask_indptr"].tolist())
 
 show(viz.draw_tree_mask(state_tc["custom_mask"], state_tc["mask_indptr"], Nc, 0,
                         parents=fb_tc.spec_info.parents[0],
                         title="target verify, a chain (topk 1, N 4): request 0's mask block"),
-     "verify_chain_mask")  # fmt: skip
+     "verify_chain_mask")
 
 # %%
 fig = viz.draw_buffers({
@@ -486,7 +469,7 @@ fig = viz.draw_buffers({
 }, "target verify (Triton): graph buffers after the replay of a batch of 3",
     roles={k: roles(5, indptr=True) for k in ("tree: qo_indptr (stride N = 6)",
            "tree: kv_indptr (prefix only)", "tree: mask_indptr", "chain: qo_indptr (stride N = 4)",
-           "chain: kv_indptr", "chain: mask_indptr")})  # fmt: skip
+           "chain: kv_indptr", "chain: mask_indptr")})
 show(fig, "verify_buffers")
 
 # %% [markdown]
@@ -524,7 +507,7 @@ assert kv_lens_v1[-1] == 0  # the padded row: seq_len 1 - 4 rows, clamped
 show(viz.draw_csr(world.req_to_token, run_v1.req_pool_indices[:bs], kv_lens_v1,
                   tri_v1.kv_indptr[: bs + 1], tri_v1.cuda_graph_kv_indices,
                   title="draft extend v1: kv = seq_lens - (S+1); the new rows' slots are "
-                        "not packed"), "draft_extend_v1_csr")  # fmt: skip
+                        "not packed"), "draft_extend_v1_csr")
 
 # %% [markdown]
 # **v2**, with the tree spec: **N = 6** rows per request. The stride must be N. Before
@@ -578,7 +561,7 @@ fig = viz.draw_buffers({
            "v2 kv_indptr": roles(5, indptr=True),
            "v2 qo_indptr before #27545": roles(5, indptr=True)},
     differs={"v2 qo_indptr before #27545": wrong != qo_v2},
-    differs_label="differs from the stride-N layout")  # fmt: skip
+    differs_label="differs from the stride-N layout")
 assert len([p for p in fig.axes[0].patches if p.get_gid() == "differs"]) == bs  # entries 1..4
 show(fig, "draft_extend_buffers")
 
@@ -697,13 +680,13 @@ for name, want in expected.items():
 
 sym = {"cuda_graph_num_kv_splits": ("[T]", "[B]"), "cuda_graph_attn_lse": ("[T, H, S]", "[B, H, S]"),
        "cuda_graph_kv_indices": ("[T*L]", "[B*L]"), "cuda_graph_custom_mask": ("[T*L]", "[T*L]"),
-       "qo_indptr": ("[pool+1]", "[pool+1]")}  # fmt: skip
+       "qo_indptr": ("[pool+1]", "[pool+1]")}
 sizes, notes = {}, {}
 for name in expected:
     t_, w_ = getattr(tri_b, name), getattr(wave_b, name)
     sizes[name] = {"Triton": t_.numel(), "Wave": w_.numel()}
     notes[name] = {"Triton": f"{sym[name][0]} = {t_.numel()} {str(t_.dtype)[6:]}",
-                   "Wave": f"{sym[name][1]} = {w_.numel()} {str(w_.dtype)[6:]}"}  # fmt: skip
+                   "Wave": f"{sym[name][1]} = {w_.numel()} {str(w_.dtype)[6:]}"}
 sizes["cuda_graph_custom_mask"]["Wave upstream (not allocated)"] = B * L
 notes["cuda_graph_custom_mask"]["Wave upstream (not allocated)"] = f"[B*L] = {B * L} uint8"
 verify_mask = int(tri_tv.mask_indptr[fb_tv.batch_size])  # section 2's 3 requests: sum N*(seq+N)
@@ -713,9 +696,9 @@ needed = {
 }
 fig = viz.draw_buffer_sizes(sizes, notes=notes, needed=needed,
                             title=f"Triton vs Wave buffers of a target-verify runner "
-                                  f"(B = {B}, T = B*N = {T}, L = {L})")  # fmt: skip
+                                  f"(B = {B}, T = B*N = {T}, L = {L})")
 short = sorted(t.get_text().split()[0] for a in fig.axes for t in a.texts
-               if t.get_gid() == "too_small")  # fmt: skip
+               if t.get_gid() == "too_small")
 assert short == ["[B*L]", "[B]"], short  # Wave's split buffer, upstream's Wave mask
 assert verify_mask > B * L
 show(fig, "wave_vs_triton_sizes")
@@ -745,7 +728,7 @@ for i in range(CHAIN.num_steps - 1):  # step i: prefix + i + 1 draft slots, one 
     assert torch.diff(state_wdd[f"step{i}.kv_indptr"]).tolist() == (
         padded_wdd.seq_lens + i + 1).tolist()
 print("wave draft decode (chain):", {k: v.tolist() for k, v in state_wdd.items()
-                                     if "kv_indptr" in k or "num_kv_splits" in k})  # fmt: skip
+                                     if "kv_indptr" in k or "num_kv_splits" in k})
 
 wave_rows = {
     "decode: num_kv_splits [B]": wave_dec.cuda_graph_num_kv_splits[:bs],
@@ -754,7 +737,7 @@ wave_rows = {
     "verify: mask_indptr": state_wtv["mask_indptr"],
 }
 wave_roles = {"decode: num_kv_splits [B]": roles(4), "verify: qo_indptr (int32)": roles(5, indptr=True),
-              "verify: kv_indptr": roles(5, indptr=True), "verify: mask_indptr": roles(5, indptr=True)}  # fmt: skip
+              "verify: kv_indptr": roles(5, indptr=True), "verify: mask_indptr": roles(5, indptr=True)}
 for i in range(CHAIN.num_steps - 1):
     wave_rows[f"draft step {i}: kv_indptr"] = state_wdd[f"step{i}.kv_indptr"]
     wave_rows[f"draft step {i}: num_kv_splits"] = state_wdd[f"step{i}.num_kv_splits"]
@@ -780,7 +763,7 @@ show(viz.draw_buffers(wave_rows, "Wave: what its graphs read (decode bs 4, tree 
 fi_state, fi_wrappers, fi_padded = {}, {}, {}
 for mode, fb in ((ForwardMode.DECODE, fb_dec), (ForwardMode.TARGET_VERIFY, fb_tv),
                  (ForwardMode.DRAFT_EXTEND, gen.draft_extend(3, 1, accept_length=[1, 3, 0])),
-                 (ForwardMode.DRAFT_EXTEND_V2, fb_v2)):  # fmt: skip
+                 (ForwardMode.DRAFT_EXTEND_V2, fb_v2)):
     fi = FlashInferAttnBackend(world, TREE)
     _, padded = hooks_only(fi, mode, TREE, fb)
     state = fi.graph_state(bs, mode)
@@ -789,7 +772,7 @@ for mode, fb in ((ForwardMode.DECODE, fb_dec), (ForwardMode.TARGET_VERIFY, fb_tv
     fi_state[mode], fi_padded[mode] = state, padded
     fi_wrappers[mode] = {b: registry[b][0] for b in sorted(registry)}  # one wrapper per bs
     print(f"{mode.label:>16}: wrappers for bs {sorted(registry)};",
-          {k: v.tolist() for k, v in state.items() if "indptr" in k})  # fmt: skip
+          {k: v.tolist() for k, v in state.items() if "indptr" in k})
 
 # verify indexes prefix + N (the drafts' KV is written first), under the bound tree mask
 tv_kv = fi_padded[ForwardMode.TARGET_VERIFY].seq_lens + N
@@ -802,7 +785,7 @@ assert all(fi_wrappers[m][4]._custom_mask_buf is None  # draft extend: no mask, 
 show(viz.draw_csr(world.req_to_token, fi_padded[ForwardMode.TARGET_VERIFY].req_pool_indices,
                   tv_kv, w_tv._paged_kv_indptr_buf, w_tv._paged_kv_indices_buf,
                   title="target verify (FlashInfer): the bound kv indices cover the prefix AND "
-                        "the N drafts"), "flashinfer_verify_csr")  # fmt: skip
+                        "the N drafts"), "flashinfer_verify_csr")
 
 # %% [markdown]
 # The bound buffers per mode, after the replay of a batch of 3 through the bs-4 wrapper. The
@@ -814,7 +797,7 @@ show(viz.draw_csr(world.req_to_token, fi_padded[ForwardMode.TARGET_VERIFY].req_p
 fi_rows, fi_roles = {}, {}
 for mode, short_name in ((ForwardMode.DECODE, "decode"), (ForwardMode.TARGET_VERIFY, "verify"),
                          (ForwardMode.DRAFT_EXTEND, "draft extend v1"),
-                         (ForwardMode.DRAFT_EXTEND_V2, "draft extend v2")):  # fmt: skip
+                         (ForwardMode.DRAFT_EXTEND_V2, "draft extend v2")):
     w = fi_wrappers[mode][4]
     bufs = {"_paged_kv_indptr_buf": w._paged_kv_indptr_buf}
     if mode.is_decode():
@@ -829,10 +812,10 @@ for mode, short_name in ((ForwardMode.DECODE, "decode"), (ForwardMode.TARGET_VER
 w_dec = fi_wrappers[ForwardMode.DECODE][4]
 fi_rows["_paged_kv_indices_buf (shared)"] = (
     f"[T*L = {w_dec._paged_kv_indices_buf.numel()}] int32; verify uses "
-    f"{int(w_tv._paged_kv_indptr_buf[-1])}")  # fmt: skip
+    f"{int(w_tv._paged_kv_indptr_buf[-1])}")
 fi_rows["_custom_mask_buf (verify only)"] = (
     f"[T*L = {w_tv._custom_mask_buf.numel()}] uint8; verify uses "
-    f"{int(w_tv._mask_indptr_buf[-1])}")  # fmt: skip
+    f"{int(w_tv._mask_indptr_buf[-1])}")
 fi_rows["causal (verify / draft extend)"] = (
     f"{w_tv._causal} / {fi_wrappers[ForwardMode.DRAFT_EXTEND][4]._causal}")
 for mode in fi_wrappers:  # every bs's wrapper is bound to the backend's one indices buffer
@@ -864,7 +847,7 @@ for i in range(S):  # the same rows as Triton's draft-decode buffers of section 
 
 part_rows, part_roles = {}, {}
 for mode, short_name in ((ForwardMode.DECODE, "decode"), (ForwardMode.TARGET_VERIFY, "verify"),
-                         (ForwardMode.DRAFT_EXTEND_V2, "draft extend v2")):  # fmt: skip
+                         (ForwardMode.DRAFT_EXTEND_V2, "draft extend v2")):
     for b, w in fi_wrappers[mode].items():
         q_len, kv_len = read_partition(w)
         live = 0 if b == 1 else 3  # bs 1: the capture batch, one padded row
@@ -916,11 +899,11 @@ for cls in (FlashInferMLAAttnBackendAsUpstream, FlashInferMLAAttnBackend):
     runner_mla, padded_mla = hooks_only(mla, ForwardMode.DECODE, CHAIN, fb_mla)
     mla_state[cls.variant] = {**mla.graph_state(bs, ForwardMode.DECODE),
                               "eager kv_indptr": mla.kv_indptr[: bs + 1].clone(),
-                              "partition kv_len": read_partition(mla.decode_cuda_graph_metadata[4])[1]}  # fmt: skip
+                              "partition kv_len": read_partition(mla.decode_cuda_graph_metadata[4])[1]}
     ref_mla = mla.reference_graph_state(padded_mla)
     cvr, _ = capture_vs_replay(lambda cls=cls: cls(world_mla, CHAIN), runner_mla, fb_mla)
     print(f"{cls.variant}: checker (a) capture vs replay:", *(cvr or ["no difference"]),
-          sep="\n    ")  # fmt: skip
+          sep="\n    ")
     assert (not cvr) == (cls is FlashInferMLAAttnBackend)
 
 up, uni = mla_state["as-upstream"], mla_state["unified"]
@@ -942,7 +925,7 @@ rows_mla = {"the batch: kv_indptr": ref_mla["kv_indptr"],
             "as-upstream: bound kv_len_arr": up["kv_len_arr"],
             "as-upstream: partition kv_len": up["partition kv_len"],
             "unified: bound kv_indptr": uni["kv_indptr"],
-            "unified: bound kv_len_arr": uni["kv_len_arr"]}  # fmt: skip
+            "unified: bound kv_len_arr": uni["kv_len_arr"]}
 marks, mla_roles = {}, {}
 for name, t in rows_mla.items():
     key = "kv_indptr" if "indptr" in name else "kv_len_arr"
@@ -952,7 +935,7 @@ for name, t in rows_mla.items():
     mla_roles[name] = ["stale" if b else r for r, b in zip(base, bad.tolist())]
 fig = viz.draw_buffers(rows_mla, "FlashInfer-MLA decode after the replay of a batch of 3 "
                        "(bs-4 wrapper): as-upstream vs unified", roles=mla_roles, differs=marks,
-                       differs_label="differs from what the batch needs")  # fmt: skip
+                       differs_label="differs from what the batch needs")
 n_marked = len([p for p in fig.axes[0].patches if p.get_gid() == "differs"])
 assert n_marked == int(marks["as-upstream: bound kv_indptr"].sum() + marks["as-upstream: bound kv_len_arr"].sum())
 assert n_marked > 0 and not marks["unified: bound kv_indptr"].any()
@@ -977,7 +960,7 @@ for mode, fb, short_name in (
     (ForwardMode.TARGET_VERIFY, gen_mla.target_verify(3, seq_lens=[5, 20, 11]), "verify (chain)"),
     (ForwardMode.DRAFT_EXTEND, gen_mla.draft_extend(3, 1, accept_length=[3, 1, 0]), "draft extend v1"),
     (ForwardMode.DRAFT_EXTEND_V2, gen_mla.draft_extend(3, 2, accept_length=[0, 2, 1]), "draft extend v2"),
-):  # fmt: skip
+):
     mla = FlashInferMLAAttnBackend(world_mla, CHAIN)
     _, padded = hooks_only(mla, mode, CHAIN, fb)
     st = mla.graph_state(bs, mode)
@@ -1015,7 +998,7 @@ show(viz.draw_buffers(mla_rows, "FlashInfer-MLA: bound buffers of the bs-4 prefi
 settings = CheckSettings(capture_bs=(4,), raw_bs=(3,))
 (wave_rec,) = check_entry_mode(find("wave", "legacy")[0], "decode", CPUEmulatorEngine(), settings)
 (tri_rec,) = check_entry_mode(find("triton", "legacy")[0], "draft_extend", CPUEmulatorEngine(),
-                              settings)  # fmt: skip
+                              settings)
 for rec in (wave_rec, tri_rec):
     print(f"{rec.backend}/{rec.variant} {rec.mode}: capture == replay {rec.capture_equals_replay}, "
           f"graph == eager {rec.graph_equals_eager}, eager == oracle {rec.matches_oracle}")
@@ -1042,7 +1025,7 @@ assert tri_rec.graph_equals_eager is False and tri_rec.matches_oracle is True
 wave_cap, wave_rep = capture_vs_replay_state(WaveAttnBackendLegacy, run_dec, fb_dec)
 tri_cap, tri_rep = capture_vs_replay_state(TritonAttnBackendLegacy, run_v1, fb_v1)
 for cls, runner, fb, cap, rep in ((WaveAttnBackendLegacy, run_dec, fb_dec, wave_cap, wave_rep),
-                                  (TritonAttnBackendLegacy, run_v1, fb_v1, tri_cap, tri_rep)):  # fmt: skip
+                                  (TritonAttnBackendLegacy, run_v1, fb_v1, tri_cap, tri_rep)):
     checker, _ = capture_vs_replay(lambda cls=cls, r=runner: cls(r.world, r.spec_cfg), runner, fb)
     assert checker == diff_states(cap, rep)  # the same verdict as refimpl.check's
     print(f"{cls.__name__}:", checker)
@@ -1055,11 +1038,11 @@ assert tri_rep["qo_indptr"].tolist() == [0] + torch.cumsum(torch.tensor(acc1) + 
 first = {"Wave decode: num_kv_splits": wave_cap["num_kv_splits"],
          "Triton draft extend v1: qo_indptr": tri_cap["qo_indptr"],
          "Triton draft extend v1: kv_indptr": tri_cap["kv_indptr"],
-         "Triton draft extend v1: max_extend_len": tri_cap["max_extend_len"]}  # fmt: skip
+         "Triton draft extend v1: max_extend_len": tri_cap["max_extend_len"]}
 second = {"Wave decode: num_kv_splits": wave_rep["num_kv_splits"],
           "Triton draft extend v1: qo_indptr": tri_rep["qo_indptr"],
           "Triton draft extend v1: kv_indptr": tri_rep["kv_indptr"],
-          "Triton draft extend v1: max_extend_len": tri_rep["max_extend_len"]}  # fmt: skip
+          "Triton draft extend v1: max_extend_len": tri_rep["max_extend_len"]}
 fig = viz.draw_state_diff(
     first, second, keys=list(first),
     labels=("capture path", "replay path"),
@@ -1068,10 +1051,10 @@ fig = viz.draw_state_diff(
            "Triton draft extend v1: kv_indptr": roles(5, indptr=True)},
     title="legacy Wave decode (benign) and legacy Triton draft extend v1 (wrong output): "
           "capture path vs replay path",
-)  # fmt: skip
+)
 # every differing element the checker reports is framed, in both rows
 reported = sum(int(re.match(r"\S+: (\d+) of", line).group(1))
-               for line in diff_states(wave_cap, wave_rep) + diff_states(tri_cap, tri_rep))  # fmt: skip
+               for line in diff_states(wave_cap, wave_rep) + diff_states(tri_cap, tri_rep))
 assert len([p for p in fig.axes[0].patches if p.get_gid() == "differs"]) == 2 * reported
 show(fig, "legacy_findings")
 

@@ -210,7 +210,7 @@ class CodeGrid:
                 found = {}
                 for needle, tag in tags[r][c]:
                     hits = [(b, i) for b, (_, lines) in enumerate(blocks)
-                            for i, line in enumerate(lines) if needle in line]  # fmt: skip
+                            for i, line in enumerate(lines) if needle in line]
                     if len(hits) != 1:
                         raise ValueError(f"{needle!r} is on {len(hits)} lines of cell {r, c}")
                     found[hits[0]] = tag
@@ -268,7 +268,7 @@ class SideBySideDiff:
     def __init__(self, sections, emphasis: str | None = None):
         self.sections, self.emphasis = sections, re.compile(emphasis) if emphasis else None
         self.ops = [difflib.SequenceMatcher(None, left, right, autojunk=False).get_opcodes()
-                    for _, _, left, _, right in sections]  # fmt: skip
+                    for _, _, left, _, right in sections]
 
     def only_left(self, k: int) -> list[str]:
         """Lines of section k's left block that the right block does not have."""
@@ -401,13 +401,13 @@ shapes = CodeGrid(
        ("self._update_prefill(", "re-plan (host indptrs)")],
       [("self._splits(", "(1) split counts"),
        ("torch.cumsum(real, 0)", "(2) ragged stride")]]],
-)  # fmt: skip
+)
 render(shapes)
 
 # A: the replay body, then the views; B: prepare, the replay body, the tail; C: no shared body
 assert shapes.position(0, 0, "the replay body") < shapes.position(0, 0, "freeze views")
 assert (shapes.position(0, 1, "prepare graph-bound objects") < shapes.position(0, 1, "the replay body")
-        < shapes.position(0, 1, "capture-only tail"))  # fmt: skip
+        < shapes.position(0, 1, "capture-only tail"))
 for cls in (A, B):
     assert calls(getattr(cls, CAP), f"self.{REP}") == 1
 assert calls(getattr(C, CAP), f"self.{REP}") == 0  # two bodies
@@ -466,7 +466,7 @@ legacy_rep = TritonAttnBackendLegacy.init_forward_metadata_replay_cuda_graph
 tri_diff = SideBySideDiff([(
     "legacy Triton: capture body vs replay body", "legacy capture",
     hook_code(legacy_cap, comments=True), "legacy replay", hook_code(legacy_rep, comments=True),
-)])  # fmt: skip
+)])
 render(tri_diff)
 
 removed, added = tri_diff.only_left(0), tri_diff.only_right(0)
@@ -701,7 +701,7 @@ fi_diff = SideBySideDiff(
       "FlashInferAttnBackendLegacy." + REP, hook_code(getattr(FL, REP), comments=True),
       "FlashInferAttnBackend." + REP, hook_code(getattr(FU, REP), comments=True))],
     emphasis=MODE_BRANCH,
-)  # fmt: skip
+)
 render(fi_diff)
 
 PLANS = ("self._update_decode(", "self._update_prefill(")

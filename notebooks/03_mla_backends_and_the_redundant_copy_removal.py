@@ -107,18 +107,18 @@ def mla_world(page_size):
 
 # %%
 for P, cls in ((32, TRTLLMMLAAttnBackend), (64, TRTLLMMLAAttnBackend),
-               (128, CutlassMLAAttnBackend)):  # fmt: skip
+               (128, CutlassMLAAttnBackend)):
     w = mla_world(P)
     gen = BatchGenerator(w, CHAIN, seed=P)
     fb = gen.decode(3, seq_lens=[P - 1, P, min(2 * P + 1, L)])  # below, at, past a page boundary
     b = cls(w, CHAIN)
     b.init_cuda_graph_state(4, 4)
     b.init_forward_metadata_capture_cuda_graph(3, 3, fb.req_pool_indices, fb.seq_lens, None,
-                                               ForwardMode.DECODE, None)  # fmt: skip
+                                               ForwardMode.DECODE, None)
     table = b.forward_metadata.block_kv_indices
     pages = [-(-s // P) for s in fb.seq_lens.tolist()]
     want = [[int(w.req_to_token[r, p * P]) // P for p in range(n)]
-            for r, n in zip(fb.req_pool_indices.tolist(), pages)]  # fmt: skip
+            for r, n in zip(fb.req_pool_indices.tolist(), pages)]
     got = [table[i, :n].tolist() for i, n in enumerate(pages)]
     print(f"P={P:>3} ({cls.name}): table {tuple(table.shape)}, pages used {pages}, read entries {got}")
     assert got == want
@@ -126,7 +126,7 @@ for P, cls in ((32, TRTLLMMLAAttnBackend), (64, TRTLLMMLAAttnBackend),
     assert all((table[i, n:] == fill).all() for i, n in enumerate(pages))
     show(viz.draw_block_table(w.req_to_token, fb.req_pool_indices, fb.seq_lens, table, P,
                               max_pages=8, title=f"{cls.name}: block table, page size {P}"),
-         f"block_table_p{P}")  # fmt: skip
+         f"block_table_p{P}")
 
 # %% [markdown]
 # The table widths are upstream's: Cutlass `L // 128 + 1` pages (here 2), TRTLLM the page count
@@ -150,14 +150,14 @@ rpi = torch.zeros(4, dtype=torch.int64, device=device)
 one = torch.ones(4, dtype=torch.int32, device=device)
 try:
     legacy.init_forward_metadata_replay_cuda_graph(4, rpi, one, None, None, ForwardMode.DECODE,
-                                                   None, None)  # fmt: skip
+                                                   None, None)
 except AssertionError:
     print("legacy replay with seq_lens_cpu=None: AssertionError (the unused assert)")
 else:
     raise AssertionError("expected the legacy replay's assert to fire")
 print(textwrap.indent("\n".join(
     line for line in inspect.getsource(CutlassMLAAttnBackendLegacy.init_forward_metadata_replay_cuda_graph).splitlines()
-    if "assert" in line), "   "))  # fmt: skip
+    if "assert" in line), "   "))
 
 # %% [markdown]
 # (2) The legacy capture handles decode only when `spec_info is None`, with no `else`, while its
@@ -167,7 +167,7 @@ print(textwrap.indent("\n".join(
 
 # %%
 legacy.init_forward_metadata_capture_cuda_graph(4, 4, rpi, one, None, ForwardMode.DECODE,
-                                                DraftDecodeInput(topk=1, num_steps=3))  # fmt: skip
+                                                DraftDecodeInput(topk=1, num_steps=3))
 print("legacy capture, decode with a spec input -> forward_metadata =", legacy.forward_metadata)
 assert legacy.forward_metadata is None
 
@@ -230,7 +230,7 @@ def body(fn):
 for piece in ("_init_draft_extend", "_apply_draft_extend"):
     diff = difflib.unified_diff(body(getattr(TRTLLMMLAAttnBackend, piece)),
                                 body(getattr(TRTLLMMLAAttnBackendSimplified, piece)),
-                                "unified", "simplified", n=1, lineterm="")  # fmt: skip
+                                "unified", "simplified", n=1, lineterm="")
     print("\n".join(diff), "\n")
 apply_unified = "\n".join(body(TRTLLMMLAAttnBackend._apply_draft_extend))
 apply_simplified = "\n".join(body(TRTLLMMLAAttnBackendSimplified._apply_draft_extend))
@@ -252,7 +252,7 @@ def runner_for(cls, mode=ForwardMode.DRAFT_EXTEND_V2):
 
 hook_launches, graph_kernels = {}, {}
 for name, cls in (("unified", TRTLLMMLAAttnBackend), ("simplified", TRTLLMMLAAttnBackendSimplified),
-                  ("in_graph", TRTLLMMLAAttnBackendInGraph)):  # fmt: skip
+                  ("in_graph", TRTLLMMLAAttnBackendInGraph)):
     runner, gen = runner_for(cls)
     fb = gen.draft_extend(3, 2)
     padded = runner.padded_batch(fb)
@@ -281,7 +281,7 @@ for cls in (TRTLLMMLAAttnBackendSimplified, TRTLLMMLAAttnBackendInGraph):
     b.init_cuda_graph_state(4, 16)
     md = b._init_cuda_graph_metadata(2, 8, ForwardMode.DRAFT_EXTEND_V2, None)
     pinned[cls.variant] = (md.max_seq_len_q, md.sum_seq_lens_q, md.cu_seqlens_q.tolist(),
-                           md.seq_lens_q.tolist())  # fmt: skip
+                           md.seq_lens_q.tolist())
     print(f"{cls.variant:<10} bs 2, N 4: max_seq_len_q {pinned[cls.variant][0]}, sum_seq_lens_q "
           f"{pinned[cls.variant][1]}, cu_seqlens_q {pinned[cls.variant][2]}, seq_lens_q {pinned[cls.variant][3]}")
     assert pinned[cls.variant] == (4, 8, [0, 4, 8], [4, 4])
@@ -308,13 +308,13 @@ print(f"{env['device']}, driver {env['driver']}, torch {env['torch']}, triton {e
 table = {(r["shape"], r["bs"]): r["host_us"]["hook+launch"]["median"] for r in runs[0]["rows"]}
 for bs in (1, 16, 256):
     print(f"bs {bs:>3}: " + ", ".join(f"{s} {table[s, bs]:.0f} us"
-                                       for s in ("unified", "simplified", "in_graph")))  # fmt: skip
+                                       for s in ("unified", "simplified", "in_graph")))
 panels = [("host_us", "hook+launch", "host µs: replay hook + graph.replay()"),
-          ("gpu_us", "graph", "GPU µs: the graph")]  # fmt: skip
+          ("gpu_us", "graph", "GPU µs: the graph")]
 show(viz.draw_latency_vs_bs(runs[0]["rows"], panels,
                             f"TRTLLM-MLA draft extend v2 replay path — {env['device']} "
                             "(run 2; dotted: run 1)", second_run=runs[1]["rows"]),
-     "trtllm_draft_extend_replay_h200")  # fmt: skip
+     "trtllm_draft_extend_replay_h200")
 
 # %% [markdown]
 # Reading it from what each hook launches (the numbers are in
@@ -333,10 +333,10 @@ if torch.cuda.is_available():
     for r in live:
         print(f"{r['shape']:<10} bs {r['bs']:>3}: host hook+launch "
               f"{r['host_us']['hook+launch']['median']:.0f} us, GPU graph "
-              f"{r['gpu_us']['graph']['median']:.0f} us")  # fmt: skip
+              f"{r['gpu_us']['graph']['median']:.0f} us")
     live_hook = {(r["shape"], r["bs"]): sum(r["hook_launches"].values()) for r in live}
     assert all(live_hook["unified", bs] == 7 and live_hook["simplified", bs] == 2
-               and live_hook["in_graph", bs] == 0 for bs in (1, 16, 64))  # fmt: skip
+               and live_hook["in_graph", bs] == 0 for bs in (1, 16, 64))
 
 # %%
 elapsed = time.perf_counter() - NOTEBOOK_T0

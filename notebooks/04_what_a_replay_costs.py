@@ -64,7 +64,7 @@ RESULTS = ROOT / "benchmarks" / "results" / "replay_cost"
 h200 = json.loads((RESULTS / "results.json").read_text())
 env, rows = h200["environment"], h200["rows"]
 print(f"{env['device']}, driver {env['driver']}, torch {env['torch']}, triton {env['triton']}, "
-      f"flashinfer {env['flashinfer']}; {env['pinning']}; {len(rows)} points")  # fmt: skip
+      f"flashinfer {env['flashinfer']}; {env['pinning']}; {len(rows)} points")
 
 
 def show(fig, name):
@@ -74,7 +74,7 @@ def show(fig, name):
 
 def point(backend, variant, mode, bs, ctx=512):
     return next(r for r in rows if (r["backend"], r["variant"], r["mode"], r["bs"],
-                                    r["context"]) == (backend, variant, mode, bs, ctx))  # fmt: skip
+                                    r["context"]) == (backend, variant, mode, bs, ctx))
 
 
 # %% [markdown]
@@ -88,13 +88,13 @@ def point(backend, variant, mode, bs, ctx=512):
 # %%
 show(viz.draw_replay_breakdown(rows, env, 8, 512), "replay_breakdown_h200")
 print(f"{'backend/variant mode':<38} {'copies':>7} {'hook':>7} {'launch':>7} {'valid.':>7} "
-      f"{'GPU':>6}  hook launches")  # fmt: skip
+      f"{'GPU':>6}  hook launches")
 for r in (r for r in rows if r["bs"] == 8 and r["context"] == 512):
     h = r["host_us"]
     print(f"{r['backend'] + '/' + r['variant'] + ' ' + r['mode']:<38} "
           f"{h['copies']['median']:7.0f} {h['hook']['median']:7.0f} {h['launch']['median']:7.0f} "
           f"{h['validate']['median']:7.0f} {r['gpu_us']['graph']['median']:6.0f}  "
-          f"{sum(r['hook_launches'].values())}")  # fmt: skip
+          f"{sum(r['hook_launches'].values())}")
 
 # %% [markdown]
 # What the microseconds are, on that host:
@@ -137,7 +137,7 @@ show(viz.draw_host_vs_bs(rows, env, 512, "triton"), "triton_shapes_h200")
 for mode in ("decode", "target_verify"):
     for variant in ("unified", "fused", "in_graph"):
         hooks = [point("triton", variant, mode, bs)["host_us"]["hook"]["median"]
-                 for bs in (1, 8, 64, 256)]  # fmt: skip
+                 for bs in (1, 8, 64, 256)]
         n = sum(point("triton", variant, mode, 8)["hook_launches"].values())
         print(f"triton/{variant:<9} {mode:<14} hook at bs 1/8/64/256: "
               + " / ".join(f"{h:.0f}" for h in hooks) + f" us  ({n} launches)")
@@ -161,7 +161,7 @@ L = 64
 def runner_for(variant, mode, world, capture_bs=(1, 2)):
     entry = next(e for e in find("triton") if e.variant == variant)
     gcfg = GraphConfig(max_bs=max(capture_bs), capture_bs=capture_bs, max_context_len=L,
-                       speculative=True)  # fmt: skip
+                       speculative=True)
     r = GraphRunner(TinyDecoder(cfg, device), entry.load()(world, spec), engine, mode, gcfg, spec)
     r.capture()
     return r
@@ -174,7 +174,7 @@ live = {}
 for variant in ("unified", "fused", "in_graph"):
     runner = runner_for(variant, ForwardMode.DECODE, world)
     fb = gen.decode(2)
-    runner._load_inputs(fb, 2)
+    runner.load_inputs(fb, 2)
     view = runner._replay_batch(fb, 2)
     hook = bench.launches(lambda r=runner, v=view: call_replay_hook(r.backend, v))
     in_graph = bench.launches(lambda r=runner, v=view: call_in_graph_hook(r.backend, v))
@@ -183,10 +183,10 @@ for variant in ("unified", "fused", "in_graph"):
     out = runner.replay(fb).clone()
     assert torch.allclose(out, runner.eager(fb), atol=1e-4, rtol=1e-4), variant
     print(f"{variant:<9} replay hook launches {hook or '{}'}; recorded in the graph: "
-          f"{ {k: v for k, v in graph.items() if k.startswith('refimpl')} }")  # fmt: skip
+          f"{ {k: v for k, v in graph.items() if k.startswith('refimpl')} }")
     gen.release(fb)
 assert sum(live["unified"][0].values()) == 4 and live["fused"][0] == {
-    "refimpl.fused_graph_metadata.default": 1} and live["in_graph"][0] == {}  # fmt: skip
+    "refimpl.fused_graph_metadata.default": 1} and live["in_graph"][0] == {}
 assert "refimpl.fused_graph_metadata.default" in live["in_graph"][2]
 assert "refimpl.fused_graph_metadata.default" not in live["fused"][2]
 
@@ -204,7 +204,7 @@ for r in (r for r in rows if r["bs"] == 1 and r["context"] == 512):
     st = r["step_us"]
     print(f"  {r['backend'] + '/' + r['variant']:<26} {r['mode']:<14} "
           f"graph {st['graph']['median']:6.0f} us, eager {st['eager']['median']:6.0f} us: "
-          f"{st['eager_over_graph']:.1f}x")  # fmt: skip
+          f"{st['eager_over_graph']:.1f}x")
 
 # %% [markdown]
 # Where the ratio is small, the profile says why: FlashInfer's target-verify hook *is* a full
@@ -251,12 +251,12 @@ for row in before:
 if torch.cuda.is_available():
     settings = bench.BenchSettings.for_device(
         True, backends=["triton"], modes=["decode"], batch_sizes=(1, 8, 64), contexts=(512,),
-        repeats=20, warmup=5, rotate=2)  # fmt: skip
+        repeats=20, warmup=5, rotate=2)
     for r in bench.sweep(settings):
         print(f"triton/{r['variant']:<9} bs {r['bs']:>3}: hook {r['host_us']['hook']['median']:.0f}"
               f" us, copies {r['host_us']['copies']['median']:.0f} us, graph step "
               f"{r['step_us']['graph']['median']:.0f} us vs eager "
-              f"{r['step_us']['eager']['median']:.0f} us")  # fmt: skip
+              f"{r['step_us']['eager']['median']:.0f} us")
 
 # %%
 elapsed = time.perf_counter() - NOTEBOOK_T0

@@ -102,7 +102,7 @@ assert capture_hook is ReviewBackend.init_forward_metadata_capture_cuda_graph
 assert replay_hook is not ReviewBackend.init_forward_metadata_replay_cuda_graph
 assert [m for m in vars(ReviewBackendBuggy) if not m.startswith("_")] == [
     "variant", "init_forward_metadata_replay_cuda_graph"
-]  # fmt: skip
+]
 
 # %% [markdown]
 # ## 2. Run the checker
@@ -129,7 +129,7 @@ buggy_cli = cli(BUGGY, "--mode", "target_verify")
 assert buggy_cli.returncode == 1
 assert "2 row(s) that must pass failed" in buggy_cli.stderr
 assert verdict_columns(buggy_cli) == [(1, ["FAIL", "ok", "ok", "FAIL"]),
-                                      (3, ["FAIL", "FAIL", "ok", "FAIL"])]  # fmt: skip
+                                      (3, ["FAIL", "FAIL", "ok", "FAIL"])]
 assert "    - mask_indptr: " in buggy_cli.stdout and "kv_indptr:" not in buggy_cli.stdout
 
 # %% [markdown]
@@ -139,7 +139,7 @@ assert "    - mask_indptr: " in buggy_cli.stdout and "kv_indptr:" not in buggy_c
 # %%
 def check(target, modes):
     return run_checks(modes=modes, engine="cpu-emulator", settings=FAST,
-                      entries=[load_backend_class(target)])  # fmt: skip
+                      entries=[load_backend_class(target)])
 
 
 def verdict(x):
@@ -150,7 +150,7 @@ def print_records(rows):
     print(f"{'mode':<14}{'bs':>3}  cap=rep  graph=eager  oracle  ref")
     for r in rows:
         v = [verdict(x) for x in (r.capture_equals_replay, r.graph_equals_eager,
-                                  r.matches_oracle, r.replay_matches_reference)]  # fmt: skip
+                                  r.matches_oracle, r.replay_matches_reference)]
         print(f"{r.mode:<14}{r.bs:>3}  {v[0]:<7}  {v[1]:<11}  {v[2]:<6}  {v[3]}")
         for f in r.findings:
             print("      -", f)
@@ -199,7 +199,7 @@ def parse_diffs(finding):
 diffs = parse_diffs(finding)
 for i, (cap, rep) in diffs.items():
     print(f"mask_indptr[{i}]: capture path {cap:>3}, replay path {rep:>3}, "
-          f"replay - capture = {rep - cap:>2} = {i} * N*N")  # fmt: skip
+          f"replay - capture = {rep - cap:>2} = {i} * N*N")
 assert sorted(diffs) == [1, 2, 3, 4]
 assert all(rep - cap == i * N * N for i, (cap, rep) in diffs.items())
 
@@ -224,10 +224,10 @@ engine = CPUEmulatorEngine()  # the checker's engine above: on a GPU it runs on 
 cfg = tiny_model_config("mha", default_dtype(engine.device), engine.device.type)
 world = World.create(cfg, max_context_len=FAST.max_context_len,
                      pool_size=4 * max(FAST.capture_bs) + 8, page_size=1, device=engine.device,
-                     seed=FAST.seed)  # fmt: skip
+                     seed=FAST.seed)
 world.randomize_kv(FAST.seed)
 gcfg = GraphConfig(max_bs=max(FAST.capture_bs), capture_bs=FAST.capture_bs,
-                   max_context_len=FAST.max_context_len, speculative=True)  # fmt: skip
+                   max_context_len=FAST.max_context_len, speculative=True)
 
 
 def new_backend(cls=ReviewBackendBuggy):
@@ -235,7 +235,7 @@ def new_backend(cls=ReviewBackendBuggy):
 
 
 runner = GraphRunner(TinyDecoder(cfg, world.device), new_backend(), engine, mode,
-                     gcfg, FAST.spec)  # fmt: skip
+                     gcfg, FAST.spec)
 gen = BatchGenerator(world, FAST.spec, seed=FAST.seed + 1)
 gen.release(gen.for_mode(mode, 1))  # the checker's bs-1 batch came first
 fb = gen.for_mode(mode, 3)
@@ -259,7 +259,7 @@ assert capture_vs_replay(new_backend, runner, fb)[0] == verify[3].findings[:2]
 assert parse_diffs(finding) == {
     i: (int(cap["mask_indptr"][i]), int(rep["mask_indptr"][i]))
     for i in range(bs + 1) if cap["mask_indptr"][i] != rep["mask_indptr"][i]
-}  # fmt: skip
+}
 assert torch.equal(cap["kv_indptr"], rep["kv_indptr"])
 assert torch.equal(cap["mask_indptr"], ref["mask_indptr"])
 seq = padded.seq_lens_cpu
@@ -277,7 +277,7 @@ rows = {
     "replay - capture": rep["mask_indptr"] - cap["mask_indptr"],
 }
 fig = viz.draw_buffers(rows, "target verify, 3 requests padded to the bs-4 graph: what the "
-                       "captured forward reads", max_cells=8)  # fmt: skip
+                       "captured forward reads", max_cells=8)
 w, h = fig.get_size_inches()
 fig.set_size_inches(w + 2.4, h)  # room for the legend on the right
 ax = fig.axes[0]
@@ -287,22 +287,22 @@ off_ref = (rep["mask_indptr"] != ref["mask_indptr"]).nonzero().flatten().tolist(
 for i in differ:
     for name in ("mask_indptr: capture path", "mask_indptr: replay path"):
         ax.add_patch(Rectangle((i - 0.5, y_of[name] - 0.5), 1, 1, fill=False,
-                               edgecolor=viz.BAD_COLOR, lw=2.2, zorder=4))  # fmt: skip
+                               edgecolor=viz.BAD_COLOR, lw=2.2, zorder=4))
 for i in off_ref:
     ax.add_patch(Rectangle((i - 0.36, y_of["mask_indptr: replay path"] - 0.36), 0.72, 0.72,
-                           fill=False, edgecolor="black", lw=1.0, ls="--", zorder=5))  # fmt: skip
+                           fill=False, edgecolor="black", lw=1.0, ls="--", zorder=5))
 for y in (0, 1):  # the padded row of the per-request rows
     ax.add_patch(Rectangle((bs - 1 - 0.5, y - 0.5), 1, 1, fill=False, edgecolor=viz.PAD_COLOR,
-                           lw=2.2, zorder=4))  # fmt: skip
+                           lw=2.2, zorder=4))
 ax.legend(
     handles=[
         Line2D([], [], color=viz.BAD_COLOR, lw=2.2,
-               label="(a) capture path ≠ replay path"),  # fmt: skip
+               label="(a) capture path ≠ replay path"),
         Line2D([], [], color="black", lw=1.0, ls="--", label="(d) replay path ≠ reference"),
         Line2D([], [], color=viz.PAD_COLOR, lw=2.2, label="the padded row"),
     ],
     loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False,
-)  # fmt: skip
+)
 show(fig, "capture_vs_replay_state")
 assert differ == off_ref == [1, 2, 3, 4]
 
@@ -339,11 +339,11 @@ for name, backend in (("capture_path", P), ("replay_path", Q)):
     block, kv_len = block_as_read(backend, 1)
     wrong[name] = int((block != expected_block(1, kv_len)).sum())
     fig = viz.draw_tree_mask(block.flatten(), torch.tensor([0, N * kv_len]), N, 0,
-                             parents=padded.spec_info.parents[1])  # fmt: skip
+                             parents=padded.spec_info.parents[1])
     start = int(backend.forward_metadata.mask_indptr[1])
     fig.axes[0].set_title(f"request 1 ({name.replace('_', ' ')}): custom_mask read from "
                           f"mask_indptr[1] = {start}\n{wrong[name]} cells disagree with the "
-                          "tree", fontsize=8)  # fmt: skip
+                          "tree", fontsize=8)
     show(fig, f"mask_read_{name}")
 print("request 1's mask cells that disagree with its tree:", wrong)
 assert wrong["capture_path"] == 0 and wrong["replay_path"] > 0
@@ -361,7 +361,7 @@ assert wrong["capture_path"] == 0 and wrong["replay_path"] > 0
 diff = list(difflib.unified_diff(source(replay_hook).splitlines(),
                                  source(ReviewBackend.init_forward_metadata_replay_cuda_graph).splitlines(),
                                  "ReviewBackendBuggy (submitted)", "ReviewBackend (reviewed)",
-                                 n=2, lineterm=""))  # fmt: skip
+                                 n=2, lineterm=""))
 print("\n".join(diff))
 display(Markdown("```diff\n" + "\n".join(diff) + "\n```"))
 removed = [d for d in diff[2:] if d.startswith("-")]
@@ -381,10 +381,10 @@ assert verdict_columns(fixed_cli) == [(1, ["ok"] * 4), (3, ["ok"] * 4)]
 fixed_rows = check(FIXED, ["decode", "idle", "target_verify"])
 print_records(fixed_rows)
 assert [(r.mode, r.bs) for r in fixed_rows] == [("decode", 1), ("decode", 3), ("idle", 0),
-                                                ("target_verify", 1), ("target_verify", 3)]  # fmt: skip
+                                                ("target_verify", 1), ("target_verify", 3)]
 assert all(r.passed and not r.findings for r in fixed_rows)
 assert all(r.capture_equals_replay and r.graph_equals_eager and r.matches_oracle
-           and r.replay_matches_reference for r in fixed_rows)  # fmt: skip
+           and r.replay_matches_reference for r in fixed_rows)
 
 # %% [markdown]
 # Approve with one request: the two hooks duplicate the metadata build, so the next edit to one

@@ -19,8 +19,7 @@ def _table(rows) -> str:
     def v(x):
         return "-" if x is None else ("ok" if x else "FAIL")
 
-    cols = ("backend", "variant", "pattern", "mode", "bs", "engine", "cap=rep", "graph=eager",
-            "oracle", "ref")  # fmt: skip
+    cols = ("backend", "variant", "pattern", "mode", "bs", "engine", "cap=rep", "graph=eager", "oracle", "ref")
     cells = [
         (
             r.backend,
@@ -33,7 +32,7 @@ def _table(rows) -> str:
                 v(x)
                 for x in (r.capture_equals_replay, r.graph_equals_eager, r.matches_oracle, r.replay_matches_reference)
             ),
-        )  # fmt: skip
+        )
         for r in rows
     ]
     width = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
@@ -51,12 +50,12 @@ def _table(rows) -> str:
 def _check_names(parser: argparse.ArgumentParser, args) -> None:
     """``--backend`` / ``--variant`` / ``--mode`` values must be known: an argparse error."""
     from .backends import REGISTRY
-    from .check import CASES
+    from .layout import KINDS
 
     names, variants = {e.name for e in REGISTRY}, {e.variant for e in REGISTRY}
     for flag, given, known in (("--backend", args.backend, names),
                                ("--variant", args.variant, variants),
-                               ("--mode", args.mode, set(CASES))):  # fmt: skip
+                               ("--mode", args.mode, set(KINDS))):  # fmt: skip
         unknown = sorted(set(given or ()) - known)
         if unknown:
             parser.error(f"argument {flag}: unknown {unknown}; known: {', '.join(sorted(known))}")
@@ -110,8 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--mode", action="append", help="graph mode (repeatable); default: all")
     c.add_argument("--variant", action="append", help="variant, e.g. unified, legacy (repeatable)")
     c.add_argument("--engine", default="auto", choices=("auto", "cuda", "cpu-emulator"))
-    c.add_argument("--bs", type=_batch_sizes, default=None,
-                   help="raw batch sizes to check, e.g. 1,3,4,7")  # fmt: skip
+    c.add_argument("--bs", type=_batch_sizes, default=None, help="raw batch sizes to check, e.g. 1,3,4,7")
     c.add_argument("--topk", type=_topk, default=1, help="draft tree branching (1 = chain, <= 8)")
     c.add_argument(
         "--backend-class",
@@ -128,8 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("bench", help="what a replay costs, part by part (refimpl.bench.sweep)")
     b.add_argument("--backend", action="append", help="backend name (repeatable); default: all")
     b.add_argument("--variant", action="append", help="variant (repeatable); default: must-pass")
-    b.add_argument("--mode", action="append", help="graph mode (repeatable); default: decode, "
-                   "target_verify")  # fmt: skip
+    b.add_argument("--mode", action="append", help="graph mode (repeatable); default: decode, target_verify")
     b.add_argument("--bs", type=_batch_sizes, help="batch sizes (GPU default 1,2,4,...,256)")
     b.add_argument("--ctx", type=_int_list("context lengths"), help="context lengths (GPU default 512,4096,32768)")
     b.add_argument("--repeats", type=_count, help="timed repeats per point (GPU default 30)")
@@ -161,6 +158,12 @@ def main(argv: list[str] | None = None) -> int:
         s = settings.spec.num_steps
         settings.spec = SpecConfig(num_steps=s, topk=args.topk, num_draft_tokens=s + args.topk + 1)
     if args.fuzz:
+        given = [
+            f for f, v in (("--bs", args.bs), ("--topk", args.topk != 1), ("--backend-class", args.backend_class)) if v
+        ]
+        if given:  # the fuzzer's batch sizes and specs are its own
+            c.error(f"argument --fuzz: not with {' / '.join(given)}: the fuzzer draws batch sizes 1..8 and specs "
+                    "(chains, topk-2 trees) itself, over the registered backends")  # fmt: skip
         return _fuzz(args)
     entries = None
     if args.backend_class:
@@ -247,8 +250,7 @@ def _fuzz(args) -> int:
     from .fuzz import fuzz
 
     t0 = time.perf_counter()
-    report = fuzz(args.fuzz, args.seed, args.backend, args.mode, args.variant, args.engine,
-                  progress=not args.json)  # fmt: skip
+    report = fuzz(args.fuzz, args.seed, args.backend, args.mode, args.variant, args.engine, progress=not args.json)
     total = sum(report.batches.values())
     if args.json:
         print(json.dumps({"batches": report.batches, "mismatches": report.mismatches,

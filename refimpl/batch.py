@@ -21,7 +21,6 @@ from ._env import default_device
 from .config import ModelConfig
 from .memory import MHAKVCache, MLAKVCache, ReqToTokenPool, TokenSlotAllocator, make_kv_cache
 from .modes import ForwardMode
-from .spec import DraftDecodeInput
 from .validate import validate_batch
 
 
@@ -139,11 +138,6 @@ class ForwardBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.numel())
-
-    @property
-    def locs_per_row(self) -> int:
-        """KV slots each row writes: 1, or S in multi-step draft decode (one per step)."""
-        return self.spec_info.num_steps if isinstance(self.spec_info, DraftDecodeInput) else 1
 
     @property
     def device(self) -> torch.device:

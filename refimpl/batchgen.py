@@ -50,6 +50,7 @@ from collections.abc import Sequence
 
 import torch
 
+from . import layout
 from .batch import ForwardBatch, World
 from .config import SpecConfig
 from .modes import ForwardMode
@@ -223,7 +224,7 @@ class BatchGenerator:
         spec = self._need_spec(ForwardMode.DECODE)
         S, topk, L = spec.num_steps, spec.topk, self.world.max_context_len
         self._check_bs(bs, min_bs=1)
-        width = topk * S  # draft columns each request reserves after its prefix
+        width = layout.request_span(ForwardMode.DECODE, spec, True)  # draft columns after the prefix: topk * S
         seq = self._lens(seq_lens, bs, "seq_lens", 1, L - width, f"max_context_len={L} - topk*S")
         rpi = self._alloc([s + width for s in seq])
 

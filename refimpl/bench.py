@@ -1,6 +1,7 @@
 """Measuring the replay path: what each part of ``GraphRunner.replay`` costs, host and GPU.
 
-A replay does four things on the host (``GraphRunner._replay``), timed apart here:
+A replay runs four phases on the host (``GraphRunner.replay``), timed apart here by calling the
+runner's own phase methods between the timers:
 
 0. **validate**: ``refimpl.validate`` (off in timing runs: ``validate_inputs=False``);
 1. **copies**: the batch into the static inputs (one foreach copy + the host mirror);
@@ -35,18 +36,18 @@ from typing import Any
 
 import torch
 
-from ._env import default_dtype
 from .batch import ForwardBatch
 from .config import SpecConfig
 from .graphs.recorder import record_ops
-from .graphs.runner import GraphRunner, call_replay_hook
+from .graphs.runner import GraphRunner
+from .layout import KINDS
+from .rig import Rig, entries, graph_buffers
 
 
 def spread(xs: Sequence[float]) -> dict[str, float]:
     """Median and quantiles of ``xs`` (any unit)."""
     q = statistics.quantiles(xs, n=20, method="inclusive") if len(xs) > 1 else [xs[0]] * 19
-    return {"median": statistics.median(xs), "p10": q[1], "p25": q[4], "p75": q[14], "p90": q[17],
-            "n": len(xs)}  # fmt: skip
+    return {"median": statistics.median(xs), "p10": q[1], "p25": q[4], "p75": q[14], "p90": q[17], "n": len(xs)}
 
 
 def pin_to_core(core: int | None) -> str:
@@ -141,17 +142,17 @@ def time_replay_path(
         t0 = time.perf_counter()
         runner.validate(fb)
         t1 = time.perf_counter()
-        runner._load_inputs(fb, bs)
+        runner.load_inputs(fb, bs)
         t2 = time.perf_counter()
         if timed_gpu:
             ev_hook.__enter__()
-        call_replay_hook(runner.backend, runner._replay_batch(fb, bs))
+        runner.replay_hook(fb, bs)
         if timed_gpu:
             ev_hook.__exit__()
         t3 = time.perf_counter()
         if timed_gpu:
             ev_graph.__enter__()
-        graph.replay()
+        runner.launch(bs)
         if timed_gpu:
             ev_graph.__exit__()
         t4 = time.perf_counter()
@@ -162,19 +163,17 @@ def time_replay_path(
             gpu["hook"].append(ev_hook.ms() * 1e3)
             gpu["graph"].append(ev_graph.ms() * 1e3)
         elif (it - warmup) % 2 == 0 or not cuda:
-            for key, dt in (("validate", t1 - t0), ("copies", t2 - t1), ("hook", t3 - t2),
-                            ("launch", t4 - t3)):  # fmt: skip
+            for key, dt in (("validate", t1 - t0), ("copies", t2 - t1), ("hook", t3 - t2), ("launch", t4 - t3)):
                 host[key].append(dt * 1e6)
     out = {"raw_bs": raw_bs, "graph_bs": bs, "host_us": {k: spread(v) for k, v in host.items()}}
     out["host_us"]["hook+launch"] = spread([a + b for a, b in zip(host["hook"], host["launch"])])
-    out["host_us"]["path"] = spread([sum(x) for x in zip(host["copies"], host["hook"],
-                                                         host["launch"])])  # fmt: skip
+    out["host_us"]["path"] = spread([sum(x) for x in zip(host["copies"], host["hook"], host["launch"])])
     if cuda:
         out["gpu_us"] = {k: spread(v) for k, v in gpu.items()}
     fb = batches[0]
-    runner._load_inputs(fb, bs)
-    out["hook_launches"] = launches(lambda: call_replay_hook(runner.backend, runner._replay_batch(fb, bs)))
-    out["copy_launches"] = launches(lambda: runner._load_inputs(fb, bs))
+    runner.load_inputs(fb, bs)
+    out["hook_launches"] = launches(lambda: runner.replay_hook(fb, bs))
+    out["copy_launches"] = launches(lambda: runner.load_inputs(fb, bs))
     out["graph_kernels"] = dict(graph.kernels())
     return out
 
@@ -208,8 +207,7 @@ def time_steps(
 
 GPU_DEFAULTS = dict(batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256), contexts=(512, 4096, 32768),
                     repeats=30, warmup=5, rotate=3, token_budget=1 << 21)  # fmt: skip
-CPU_DEFAULTS = dict(batch_sizes=(1, 2, 4), contexts=(64,), repeats=5, warmup=1, rotate=2,
-                    token_budget=1 << 10)  # fmt: skip
+CPU_DEFAULTS = dict(batch_sizes=(1, 2, 4), contexts=(64,), repeats=5, warmup=1, rotate=2, token_budget=1 << 10)
 
 
 @dataclass
@@ -236,10 +234,8 @@ class BenchSettings:
 
 def _static_bytes(runner: GraphRunner) -> int:
     """Bytes of the runner's static inputs and the backend's graph buffers."""
-    from .fuzz import _graph_buffers
-
     seen, total = set(), 0
-    tensors = [t for _, t in _graph_buffers(runner.backend)] + list(runner._static().values())
+    tensors = [t for _, t in graph_buffers(runner.backend)] + list(runner._static().values())
     for t in tensors:
         if id(t) in seen or (t.device.type == "cpu" and runner.device.type != "cpu"):
             continue  # host mirrors are not device memory
@@ -250,11 +246,8 @@ def _static_bytes(runner: GraphRunner) -> int:
 
 def _batches(gen, mode_case: str, bs: int, ctx: int, spec: SpecConfig, rotate: int, rng):
     """``rotate`` batches of ``bs`` requests, lengths uniform in [ctx/2, the mode's limit]."""
-    from .check import CASES
-
-    mode, multi = CASES[mode_case]
-    extra = spec.num_draft_tokens if mode.is_target_verify() else 0
-    extra = spec.topk * spec.num_steps if multi else extra
+    kind = KINDS[mode_case]
+    mode, multi, extra = kind.mode, kind.multi_step, kind.span(spec)
     out = []
     for _ in range(rotate):
         if mode.is_idle():
@@ -277,20 +270,12 @@ def sweep(
     import random
 
     from .backends import GraphModeNotSupported
-    from .batch import World
-    from .batchgen import BatchGenerator
-    from .check import CASES
-    from .config import GraphConfig, tiny_model_config
-    from .fuzz import targets
     from .graphs import make_engine
-    from .model import MultiStepDraftProgram, TinyDecoder
 
     engine = make_engine("auto")
-    dev, cuda = engine.device, engine.device.type == "cuda"
-    dtype = default_dtype(dev)
+    cuda = engine.device.type == "cuda"
     spec = settings.spec
-    plan = [(e, case) for e, case, sp in targets(settings.backends, settings.modes,
-                                                 settings.variants) if sp.topk == 1]  # fmt: skip
+    plan = [(e, case) for e in entries(settings.backends, settings.variants) for case in settings.modes]
     points = [(e, case, ctx) for e, case in plan for ctx in settings.contexts]
     bar = None
     if progress:
@@ -303,46 +288,32 @@ def sweep(
         if bar is not None:
             bar.set_postfix_str(f"{entry.name}/{entry.variant}/{case}/ctx {ctx}")
             bar.update()
-        if entry.why_unavailable():
-            continue
         sizes = [b for b in settings.batch_sizes if b * ctx <= settings.token_budget]
         if not sizes:
             continue
-        mode, multi = CASES[case]
-        cfg = tiny_model_config(entry.model_kind, dtype, dev.type)
         max_bs, P = max(sizes), entry.page_size
-        pool = (settings.rotate + 1) * max_bs + 2
         per_req = -(-ctx // P) * P
-        world = World.create(cfg, max_context_len=ctx, pool_size=pool, page_size=P, device=dev,
-                             num_slots=(settings.rotate * max_bs + 2) * per_req + P)  # fmt: skip
-        try:
-            backend = entry.load(multi)(world, spec)
-            backend.check_graph_mode(mode)
+        try:  # validation is timed as its own part (time_replay_path); the steps run without it
+            rig = Rig.build(entry, KINDS[case], spec, engine, capture_bs=tuple(sizes), max_context_len=ctx,
+                            pool_size=(settings.rotate + 1) * max_bs + 2, gen_seed=1, capture=False,
+                            num_slots=(settings.rotate * max_bs + 2) * per_req + P, validate_inputs=False)  # fmt: skip
         except GraphModeNotSupported:
             continue
-        world.randomize_kv(0)
-        model = TinyDecoder(cfg, dev)
-        program = MultiStepDraftProgram(model, spec.num_steps) if multi else model
-        gcfg = GraphConfig(max_bs=max_bs, capture_bs=tuple(sizes), max_context_len=ctx,
-                           speculative=True)  # fmt: skip
-        # validation is timed as its own part (time_replay_path); the steps run without it
-        runner = GraphRunner(program, backend, engine, mode, gcfg, spec, multi,
-                             validate_inputs=False)  # fmt: skip
+        runner, backend, world = rig.runner, rig.backend, rig.world
         key = (entry.name, entry.variant, case)
         first = {r.bs: r for r in runner.capture()}
         again = {r.bs: r for r in runner.capture()[len(first) :]}  # warm: caches filled
         cold_label = "cold" if key not in cold_done else "warm (not first in process)"
         cold_done.add(key)
         static_bytes = _static_bytes(runner)
-        gen, rng = BatchGenerator(world, spec, seed=1), random.Random(f"{key}:{ctx}")
+        gen, rng = rig.gen, random.Random(f"{key}:{ctx}")
         for bs in sizes:
             batches = _batches(gen, case, bs, ctx, spec, settings.rotate, rng)
             row = {"backend": entry.name, "variant": entry.variant, "pattern": backend.pattern,
                    "mode": case, "context": ctx, "bs": bs, "engine": engine.name}  # fmt: skip
             row.update(time_replay_path(runner, batches, settings.repeats, settings.warmup))
             row["step_us"] = time_steps(runner, batches, settings.repeats, settings.warmup)
-            row["capture_s"] = {"first": first[bs].seconds, "first_is": cold_label,
-                                "warm": again[bs].seconds}  # fmt: skip
+            row["capture_s"] = {"first": first[bs].seconds, "first_is": cold_label, "warm": again[bs].seconds}
             row["pool_growth_bytes"] = first[bs].pool_growth
             row["pool_bytes"] = first[bs].pool_bytes
             row["static_bytes"] = static_bytes
@@ -350,7 +321,7 @@ def sweep(
             gen.release_all()
         if sink is not None:
             sink(rows)
-        del runner, backend, world
+        del rig, runner, backend, world
         if cuda:
             torch.cuda.empty_cache()
     if bar is not None:
@@ -408,37 +379,21 @@ def trtllm_draft_extend_sweep(
     repeats: int = 50,
     warmup: int = 10,
     rotate: int = 4,
-    page_size: int = 64,
     progress: bool = False,
 ) -> list[dict[str, Any]]:
     """Replay-path cost of TRTLLM-MLA draft extend v2 per shape and batch size (graph engine of
     this machine: CUDA graphs on a GPU, the emulator on CPU). One row per (shape, bs)."""
     from .backends import find
-    from .batch import World
-    from .batchgen import BatchGenerator
-    from .config import GraphConfig, SpecConfig, tiny_model_config
     from .graphs import make_engine
-    from .model import TinyDecoder
-    from .modes import ForwardMode
 
-    engine = make_engine("auto")
-    dev = engine.device
-    dtype = default_dtype(dev)
-    cfg = tiny_model_config("mla", dtype, dev.type)
-    spec = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
-    max_bs = max(batch_sizes)
-    world = World.create(cfg, max_context_len=context_len, pool_size=(rotate + 1) * max_bs + 1,
-                         page_size=page_size, device=dev)  # fmt: skip
-    world.randomize_kv(0)
-    model = TinyDecoder(cfg, dev)
-    gcfg = GraphConfig(max_bs=max_bs, capture_bs=tuple(batch_sizes), max_context_len=context_len)
-    mode = ForwardMode.DRAFT_EXTEND_V2
-    runners = {}
-    for shape in shapes:
-        backend = find("trtllm_mla", shape)[0].load()(world, spec)
-        runners[shape] = GraphRunner(model, backend, engine, mode, gcfg, spec)
-        runners[shape].capture(progress=progress)
-    gen = BatchGenerator(world, spec, seed=1)
+    engine, spec = make_engine("auto"), SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
+    runners, world, gen = {}, None, None
+    for shape in shapes:  # one world: every shape replays the same batches
+        rig = Rig.build(find("trtllm_mla", shape)[0], KINDS["draft_extend_v2"], spec, engine, world=world,
+                        capture_bs=tuple(batch_sizes), max_context_len=context_len, speculative=False,
+                        pool_size=(rotate + 1) * max(batch_sizes) + 1, gen_seed=1, capture=False)  # fmt: skip
+        rig.runner.capture(progress=progress)
+        runners[shape], world, gen = rig.runner, rig.world, gen or rig.gen
     rows = []
     for bs in batch_sizes:
         batches = [gen.draft_extend(bs, 2) for _ in range(rotate)]

@@ -1,6 +1,6 @@
 """The capability matrix: what each backend x variant does in each graph mode, read from the code.
 
-For every registered entry and every graph mode of ``check.CASES`` (chains: topk 1):
+For every registered entry and every graph kind of ``layout.KINDS`` (chains: topk 1):
 
 * **graph** — the backend captures the mode (``check_graph_mode`` accepts it; for multi-step
   draft decode, the entry has a multi-step wrapper that accepts it);
@@ -20,21 +20,21 @@ import torch
 from .backends import REGISTRY, BackendEntry, GraphModeNotSupported
 from .batch import World
 from .batchgen import BatchGenerator
-from .check import CASES
-from .config import SpecConfig, tiny_model_config
+from .config import SpecConfig
+from .layout import KINDS, GraphKind
+from .rig import Rig
 
 SPEC = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
-MODES = tuple(CASES)  # decode, idle, target_verify, draft_extend, draft_extend_v2, draft_decode
+MODES = tuple(KINDS)  # decode, idle, target_verify, draft_extend, draft_extend_v2, draft_decode
 L = 160  # room for a 128-token page
 
 
-def _eager_serves(backend, world: World, case: str) -> bool:
-    mode, multi = CASES[case]
-    if multi:
+def _eager_serves(backend, world: World, kind: GraphKind) -> bool:
+    if kind.multi_step:
         return False  # multi-step draft decode exists only as graphs of its step backends
     gen = BatchGenerator(world, SPEC, seed=0)
     try:
-        fb = gen.for_mode(mode, 1)
+        fb = gen.for_mode(kind.mode, 1)
         backend.init_forward_metadata(fb)
         return True
     except (GraphModeNotSupported, NotImplementedError, ValueError):
@@ -44,25 +44,22 @@ def _eager_serves(backend, world: World, case: str) -> bool:
 
 
 def capability(entry: BackendEntry, case: str) -> str:
-    """``"graph"``, ``"eager"`` or ``"—"`` for one entry and one ``check.CASES`` mode."""
-    mode, multi = CASES[case]
-    cfg = tiny_model_config(entry.model_kind, torch.float32, "cpu")
-    world = World.create(cfg, max_context_len=L, pool_size=4, page_size=entry.page_size)
+    """``"graph"``, ``"eager"`` or ``"—"`` for one entry and one ``layout.KINDS`` kind."""
+    kind = KINDS[case]
+    world = Rig.world_for(entry, torch.device("cpu"), max_context_len=L, pool_size=4, dtype=torch.float32)
     try:
-        backend = entry.load(multi)(world, SPEC)
-        backend.check_graph_mode(mode)
+        backend = entry.load(kind.multi_step)(world, SPEC)
+        backend.check_graph_mode(kind.mode)
         return "graph"
     except GraphModeNotSupported:
         pass
     single = entry.load(False)(world, SPEC)
-    return "eager" if _eager_serves(single, world, case) else "—"
+    return "eager" if _eager_serves(single, world, kind) else "—"
 
 
 def matrix(entries: list[BackendEntry] | None = None) -> list[dict[str, Any]]:
     rows = []
     for entry in entries or REGISTRY:
-        if entry.why_unavailable():
-            continue
         pattern = getattr(entry.load(), "pattern", "")
         rows.append({"backend": entry.name, "variant": entry.variant, "pattern": pattern,
                      **{case: capability(entry, case) for case in MODES}})  # fmt: skip

@@ -28,17 +28,15 @@ from typing import Any
 
 import torch
 
-from ._env import default_dtype
 from .backends import BackendEntry, find
 from .backends.base import GraphModeNotSupported
-from .backends.oracle import OracleBackend, OracleMultiStep
-from .batch import ForwardBatch, World
-from .batchgen import BatchGenerator
-from .config import GraphConfig, SpecConfig, tiny_model_config
+from .batch import ForwardBatch
+from .config import SpecConfig
 from .graphs import GraphEngine, make_engine
-from .graphs.runner import GraphRunner, call_capture_hook, call_in_graph_hook, call_replay_hook
-from .model import MultiStepDraftProgram, TinyDecoder
+from .graphs.runner import GraphRunner
+from .layout import KINDS, GraphKind
 from .modes import ForwardMode
+from .rig import Rig, state_after
 
 
 @dataclass
@@ -73,12 +71,6 @@ class CheckSettings:
     max_context_len: int = 48
     dtype: torch.dtype | None = None  # None: float32 on CPU, bfloat16 on CUDA
     seed: int = 0
-
-
-def tolerances(dtype: torch.dtype) -> dict:
-    if dtype == torch.float32:
-        return dict(rtol=1e-4, atol=1e-4)
-    return dict(rtol=3e-2, atol=3e-2)
 
 
 # --- (a) comparing graph-read state ----------------------------------------------------------------
@@ -130,8 +122,7 @@ def diff_reference(state: dict[str, Any], ref: dict[str, Any], limit: int = 4) -
                 out.append(f"reference: {key}: graph state has {got.numel()} entries, needs {n}")
                 continue
             got = got[:n].to(want.dtype) if want.dtype != torch.bool else got[:n].bool()
-            out += _tensor_diff(f"reference: {key}", got, want.flatten().to("cpu"),
-                                "graph reads vs reference", limit)  # fmt: skip
+            out += _tensor_diff(f"reference: {key}", got, want.flatten().to("cpu"), "graph reads vs reference", limit)
         elif got != want:
             out.append(f"reference: {key}: graph reads {got!r}, reference {want!r}")
     return out
@@ -144,21 +135,10 @@ def capture_vs_replay(
     replay); Q's state against its reference (None when the backend gives none). Backends that
     rebuild metadata inside the graph get their in-graph hook after the last out-of-graph one."""
     padded = runner.padded_batch(fb)
-    bs, mode = padded.batch_size, runner.mode
-
-    P = new_backend()
-    P.init_cuda_graph_state(runner.max_bs, runner.max_num_tokens)
-    call_capture_hook(P, padded)
-    call_in_graph_hook(P, padded)  # what a graph's own metadata nodes would do first
-    state_p = _snapshot(P.graph_state(bs, mode))
-
-    Q = new_backend()
-    Q.init_cuda_graph_state(runner.max_bs, runner.max_num_tokens)
-    call_capture_hook(Q, runner.capture_batch(bs))
-    call_replay_hook(Q, padded)
-    call_in_graph_hook(Q, padded)
-    state_q = _snapshot(Q.graph_state(bs, mode))
-    ref = Q.reference_graph_state(padded)
+    state_p = _snapshot(state_after(new_backend, runner, padded, replay=False)[1])  # before Q runs
+    q, state_q = state_after(new_backend, runner, padded, replay=True)
+    state_q = _snapshot(state_q)
+    ref = q.reference_graph_state(padded)
     live_p, live_q = _batch_defined(state_p, fb.batch_size), _batch_defined(state_q, fb.batch_size)
     return diff_states(live_p, live_q), None if ref is None else diff_reference(state_q, ref)
 
@@ -174,149 +154,37 @@ def _batch_defined(state: dict[str, Any], raw_bs: int) -> dict[str, Any]:
     return {**state, "custom_mask": state["custom_mask"][:end]}
 
 
-# --- (b) no foreign KV written, (b)/(c) outputs agree -------------------------------------------
-class KVGuard:
-    """Catch any write into a live KV slot that the batch does not write itself.
-
-    Two kinds of slots are guarded: those of live requests outside the batch, which are set to
-    a sentinel for the replay (so that even a write of the very values a slot held is seen: a
-    stale padded row recomputes its old request's K/V bit for bit on a GPU; a correct replay
-    never reads them, so the sentinel cannot change its output), and the batch's own earlier
-    slots, which it reads and must not write, compared with a snapshot. ``check()`` counts the
-    writes and puts the foreign slots' values back.
-    """
-
-    SENTINEL = -1234.5
-
-    def __init__(self, world: World, fb: ForwardBatch):
-        writes = set(fb.out_cache_loc.tolist())
-        rows = world.req_to_token[fb.req_pool_indices.to(world.req_to_token.device)]
-        own = set(rows[rows > 0].tolist()) - writes  # the batch's own earlier tokens
-        foreign = [s for s in world.live_slots().tolist() if s not in writes and s not in own]
-        dev = world.device
-        self.foreign = torch.tensor(foreign, dtype=torch.int64, device=dev)
-        self.own = torch.tensor(sorted(own), dtype=torch.int64, device=dev)
-        self.world = world
-        bufs = world.kv_cache.buffers()
-        self.saved = [b[self.foreign].clone() for b in bufs]
-        for b in bufs:
-            b[self.foreign] = self.SENTINEL
-        self.poisoned = [b[self.foreign].clone() for b in bufs]
-        self.own_before = [b[self.own].clone() for b in bufs]
-        self.violations = 0
-
-    def check(self) -> list[str]:
-        """Count the guarded slots written since construction; restore the foreign ones."""
-        bufs = self.world.kv_cache.buffers()
-        hit_foreign = torch.zeros(len(self.foreign), dtype=torch.bool, device=self.foreign.device)
-        hit_own = torch.zeros(len(self.own), dtype=torch.bool, device=self.own.device)
-        for buf, poisoned, saved, before in zip(bufs, self.poisoned, self.saved, self.own_before):
-            hit_foreign |= (buf[self.foreign] != poisoned).flatten(1).any(1)
-            hit_own |= (buf[self.own] != before).flatten(1).any(1)
-            buf[self.foreign] = saved
-        foreign, own = int(hit_foreign.sum()), int(hit_own.sum())  # slots, over every layer
-        self.violations += foreign + own
-        problems = []
-        if foreign:
-            problems.append(f"padded or live rows wrote {foreign} KV slot(s) of other requests")
-        if own:
-            problems.append(f"the replay overwrote {own} earlier KV slot(s) of requests in this batch")
-        return problems
-
-
-def _close(out: torch.Tensor, ref: torch.Tensor, tol: dict, what: str, findings: list[str]) -> bool:
-    if out.shape != ref.shape:
-        findings.append(f"{what}: shape {tuple(out.shape)} vs {tuple(ref.shape)}")
-        return False
-    if out.numel() == 0:
-        return True
-    o, r = out.float(), ref.float()
-    if torch.allclose(o, r, **tol) and not o.isnan().any():
-        return True
-    err = (o - r).abs().max().item()
-    findings.append(f"{what}: max abs difference {err:.3g} (rtol {tol['rtol']}, atol {tol['atol']})")
-    return False
-
-
-# --- one backend entry x graph mode ------------------------------------------------------------
-# A case is a captured graph kind: a forward mode, or multi-step draft decode (DECODE steps).
-CASES: dict[str, tuple[ForwardMode, bool]] = {
-    "decode": (ForwardMode.DECODE, False),
-    "idle": (ForwardMode.IDLE, False),
-    "target_verify": (ForwardMode.TARGET_VERIFY, False),
-    "draft_extend": (ForwardMode.DRAFT_EXTEND, False),
-    "draft_extend_v2": (ForwardMode.DRAFT_EXTEND_V2, False),
-    "draft_decode": (ForwardMode.DECODE, True),
-}
-
-
-def parse_case(name: str) -> str:
-    key = name.strip().lower().replace("-", "_")
-    if key not in CASES:
-        raise ValueError(f"unknown graph mode {name!r}; valid: {', '.join(CASES)}")
-    return key
-
-
+# --- one backend entry x graph kind --------------------------------------------------------------
 def check_entry_mode(
-    entry: BackendEntry, case: str | ForwardMode, engine: GraphEngine, settings: CheckSettings
+    entry: BackendEntry, case: str | ForwardMode | GraphKind, engine: GraphEngine, settings: CheckSettings
 ) -> list[CheckRecord]:
-    label = case.label if isinstance(case, ForwardMode) else parse_case(case)
-    mode, multi_step = CASES[label]
-    dev = engine.device
-    dtype = settings.dtype or default_dtype(dev)
-    cfg = tiny_model_config(entry.model_kind, dtype, dev.type)
-    L, spec = settings.max_context_len, settings.spec
-    world = World.create(cfg, max_context_len=L, pool_size=4 * max(settings.capture_bs) + 8,
-                         page_size=entry.page_size, device=dev, seed=settings.seed)  # fmt: skip
-    world.randomize_kv(settings.seed)
-    rows: list[CheckRecord] = []
-    backend_cls = None
+    """The four verdicts for one entry and graph kind, one record per raw batch size (one
+    ``skipped`` record when the backend does not capture the kind)."""
+    kind = GraphKind.parse(case)
 
-    def new_backend():
-        return backend_cls(world, spec)
-
-    def record(bs, *v, findings, ref=None):
-        pattern = getattr(backend_cls or entry.load(), "pattern", "")
-        rows.append(CheckRecord(entry.name, entry.variant, label, bs, engine.name, *v, findings,
-                                pattern, ref))  # fmt: skip
+    def record(bs, *verdicts, findings, ref=None, cls=None):
+        pattern = getattr(cls or entry.load(), "pattern", "")
+        return CheckRecord(entry.name, entry.variant, kind.label, bs, engine.name, *verdicts, findings, pattern, ref)
 
     try:
-        backend_cls = entry.load(multi_step)
-        backend = new_backend()
-        backend.check_graph_mode(mode)
+        rig = Rig.build(entry, kind, settings.spec, engine, capture_bs=settings.capture_bs,
+                        max_context_len=settings.max_context_len, dtype=settings.dtype, seed=settings.seed)  # fmt: skip
     except GraphModeNotSupported as e:
-        record(0, None, None, None, findings=[f"skipped: {e}"])
-        return rows
-    model = TinyDecoder(cfg, dev)
-    if multi_step:
-        program, oracle = MultiStepDraftProgram(model, spec.num_steps), OracleMultiStep(world, spec)
-    else:
-        program, oracle = model, OracleBackend(world, spec)
-    gcfg = GraphConfig(max_bs=max(settings.capture_bs), capture_bs=settings.capture_bs,
-                       max_context_len=L, speculative=True)  # fmt: skip
-    runner = GraphRunner(program, backend, engine, mode, gcfg, spec, multi_step)
-    runner.capture()
-    gen = BatchGenerator(world, spec, seed=settings.seed + 1)
-    tol = tolerances(dtype)
-    for raw_bs in (0,) if mode.is_idle() else settings.raw_bs:
-        findings: list[str] = []
-        fb = gen.for_mode(mode, raw_bs, multi_step_draft=multi_step)
+        try:
+            cls = entry.load(kind.multi_step)
+        except GraphModeNotSupported:
+            cls = None
+        return [record(0, None, None, None, findings=[f"skipped: {e}"], cls=cls)]
+    rows: list[CheckRecord] = []
+    for raw_bs in (0,) if kind.mode.is_idle() else settings.raw_bs:
+        fb = rig.gen.for_mode(kind.mode, raw_bs, multi_step_draft=kind.multi_step)
         # (a) capture path vs replay path, (d) replay state vs the first-principles reference
-        diffs, ref_diffs = capture_vs_replay(new_backend, runner, fb)
-        findings += diffs + (ref_diffs or [])
-        cap_eq, ref_eq = not diffs, None if ref_diffs is None else not ref_diffs
-        # (b) graph replay vs eager, and no write into another request's KV
-        guard = KVGuard(world, fb)
-        graph_out = runner.replay(fb).clone()
-        findings += guard.check()
-        eager_out = runner.eager(fb).clone()
-        g_eq = _close(graph_out, eager_out, tol, "graph vs eager", findings)
-        g_eq = g_eq and not guard.violations
-        # (c) eager vs the dense oracle
-        oracle.init_forward_metadata(fb)
-        o_eq = _close(eager_out, program(fb, oracle), tol, "eager vs oracle", findings)
-        record(raw_bs, cap_eq, g_eq, o_eq, findings=findings, ref=ref_eq)
-        gen.release(fb)
+        diffs, ref_diffs = capture_vs_replay(rig.new_backend, rig.runner, fb)
+        # (b) graph replay vs eager, no write into another request's KV; (c) eager vs the oracle
+        v = rig.run(fb)
+        rows.append(record(raw_bs, not diffs, v.graph_ok, v.oracle_ok, findings=diffs + (ref_diffs or []) + v.findings,
+                           ref=None if ref_diffs is None else not ref_diffs, cls=rig.backend_cls))  # fmt: skip
+        rig.gen.release(fb)
     return rows
 
 
@@ -335,14 +203,9 @@ def run_checks(
         entries = [e for n in (backends or [None]) for e in find(n)]
         if variants:
             entries = [e for e in entries if e.variant in set(variants)]
-    case_list = [parse_case(m) for m in modes] if modes else list(CASES)
+    case_list = [GraphKind.parse(m) for m in modes] if modes else list(KINDS.values())
     rows: list[CheckRecord] = []
     for entry in entries:
-        why = entry.why_unavailable()
-        if why:
-            rows.append(CheckRecord(entry.name, entry.variant, "-", 0, eng.name, None, None, None,
-                                    [f"unavailable: {why}"]))  # fmt: skip
-            continue
         for case in case_list:
             rows.extend(check_entry_mode(entry, case, eng, settings))
     return rows

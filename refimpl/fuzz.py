@@ -1,13 +1,13 @@
 """Fuzzing every backend x shape x graph mode against eager and the dense oracle.
 
-For one backend entry, graph mode (``check.CASES``) and spec (a chain, or a topk > 1 tree where
+For one backend entry, graph kind (``layout.KINDS``) and spec (a chain, or a topk > 1 tree where
 the mode has trees) a ``FuzzTarget`` captures graphs once (batch sizes 1, 2, 4, 8 by default),
 then serves random batches (``FuzzTarget.draw``: a batch size that pads or not, prefix lengths
 from 1 to the context with page boundaries favoured, random draft trees, accept lengths 0..S).
 For every batch it checks:
 
 1. graph replay == eager == the float64 oracle (dtype tolerance), and the replay wrote no KV slot
-   of a request outside the batch (``check.KVGuard``);
+   of a request outside the batch (``rig.KVGuard``);
 2. after **poisoning** every static device buffer of the backend past the part the graph reads
    (``graph_state``'s live views, found on a fresh backend fed the same batch; NaN for floats,
    -1 or the dtype's max for indices, 1 for masks), a second replay gives bit-for-bit the same
@@ -21,7 +21,6 @@ the target, the batch parameters and a one-line ``reproduce(...)`` call.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -29,17 +28,11 @@ from typing import Any
 
 import torch
 
-from . import layout
-from ._env import default_dtype
 from .backends import BackendEntry, GraphModeNotSupported, find
-from .backends.oracle import OracleBackend, OracleMultiStep
-from .batch import World
-from .batchgen import BatchGenerator
-from .check import CASES, KVGuard, _close, tolerances
-from .config import GraphConfig, SpecConfig, tiny_model_config
+from .config import SpecConfig
 from .graphs import GraphEngine, make_engine
-from .graphs.runner import GraphRunner, call_capture_hook, call_in_graph_hook, call_replay_hook
-from .model import MultiStepDraftProgram, TinyDecoder
+from .layout import KINDS, GraphKind
+from .rig import SHARED_NAMES, Rig, entries, graph_buffers, state_after
 from .spec import DraftTree
 
 CAPTURE_BS = (1, 2, 4, 8)
@@ -74,34 +67,12 @@ def _poison_value(t: torch.Tensor, high: bool = False):
     return torch.iinfo(t.dtype).max if high else -1
 
 
-SHARED_NAMES = ("kv_indptr", "qo_indptr", "mask_indptr")  # eager buffers some graphs read too
-
-
-def _graph_buffers(backend) -> list[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` for the static device tensors a backend (and its step backends) keeps
-    for its graphs: the ``cuda_graph_*`` buffers, and the eager ``kv_indptr`` / ``qo_indptr`` /
-    ``mask_indptr`` that some backends' graphs read (Triton's, as SGLang's). Not the host mirrors
-    a re-plan reads on the host: the graph never reads those."""
-    out, seen = [], set()
-    stack = [backend]
-    while stack:
-        b = stack.pop()
-        stack += list(getattr(b, "step_backends", [])) + list(getattr(b, "steps", []))
-        for name, t in vars(b).items():
-            graph_buf = name.startswith(("cuda_graph_", "decode_cuda_graph_")) or name in SHARED_NAMES
-            graph_buf = graph_buf and not name.endswith("_cpu")  # host mirrors feed plan()
-            if graph_buf and isinstance(t, torch.Tensor) and id(t) not in seen:
-                seen.add(id(t))
-                out.append((name, t))
-    return out
-
-
 def live_masks(backend, state: dict[str, Any]) -> list[torch.Tensor]:
     """For each of the backend's graph buffers, which elements ``state``'s live views cover (the
     views share the buffers' storage, as ``graph_state`` returns them)."""
     views = [v for v in state.values() if isinstance(v, torch.Tensor) and v.numel()]
     masks = []
-    for _, buf in _graph_buffers(backend):
+    for _, buf in graph_buffers(backend):
         keep = torch.zeros(buf.numel(), dtype=torch.bool, device=buf.device)
         lo, hi = buf.storage_offset(), buf.storage_offset() + buf.numel()
         ptr, flat = buf.untyped_storage().data_ptr(), torch.arange(buf.numel(), device=buf.device)
@@ -121,8 +92,8 @@ def poison_tails(backend, masks: list[torch.Tensor], high: bool = False) -> int:
     """Poison the elements of the backend's graph buffers that ``masks`` leave out. An eager
     buffer (``SHARED_NAMES``) that no live view covers is the eager path's alone: left as is."""
     poisoned = 0
-    for (name, buf), keep in zip(_graph_buffers(backend), masks, strict=True):
-        if name in SHARED_NAMES and not bool(keep.any()):
+    for (name, buf), keep in zip(graph_buffers(backend), masks, strict=True):
+        if name.rsplit(".", 1)[-1] in SHARED_NAMES and not bool(keep.any()):
             continue
         if buf.is_contiguous():
             buf.view(-1)[~keep] = _poison_value(buf, high)
@@ -138,33 +109,15 @@ class FuzzTarget:
                  capture_bs: tuple[int, ...] = CAPTURE_BS, num_layers: int | None = None):  # fmt: skip
         """``capture_bs`` / ``num_layers``: smaller for the CI profile (the Triton interpreter
         runs every kernel instance in Python); the long profile keeps the defaults."""
-        self.entry, self.case, self.spec = entry, case, spec
-        self.mode, self.multi = CASES[case]
+        self.entry, self.spec = entry, spec
+        self.kind = GraphKind.parse(case)
+        self.case, self.mode, self.multi = self.kind.label, self.kind.mode, self.kind.multi_step
         self.capture_bs = tuple(capture_bs)
-        dev = engine.device
-        self.dtype = dtype or default_dtype(dev)
-        cfg = tiny_model_config(entry.model_kind, self.dtype, dev.type)
-        if num_layers is not None:
-            cfg = dataclasses.replace(cfg, num_layers=num_layers)
         self.L = 160 if entry.page_size > 1 else 72  # room for page boundaries
-        self.world = World.create(cfg, max_context_len=self.L,
-                                  pool_size=4 * max(self.capture_bs) + 8,
-                                  page_size=entry.page_size, device=dev, seed=seed)  # fmt: skip
-        self.world.randomize_kv(seed)
-        backend = entry.load(self.multi)(self.world, spec)
-        backend.check_graph_mode(self.mode)  # GraphModeNotSupported: the caller skips
-        model = TinyDecoder(cfg, dev)
-        if self.multi:
-            self.program = MultiStepDraftProgram(model, spec.num_steps)
-            self.oracle = OracleMultiStep(self.world, spec)
-        else:
-            self.program, self.oracle = model, OracleBackend(self.world, spec)
-        gcfg = GraphConfig(max_bs=max(self.capture_bs), capture_bs=self.capture_bs,
-                           max_context_len=self.L, speculative=True)  # fmt: skip
-        self.runner = GraphRunner(self.program, backend, engine, self.mode, gcfg, spec, self.multi)
-        self.runner.capture()
-        self.gen = BatchGenerator(self.world, spec, seed=seed + 1)
-        self.tol = tolerances(self.dtype)
+        # GraphModeNotSupported (the backend does not capture this kind): the caller skips
+        self.rig = Rig.build(entry, self.kind, spec, engine, capture_bs=self.capture_bs, max_context_len=self.L,
+                             dtype=dtype, seed=seed, num_layers=num_layers)  # fmt: skip
+        self.world, self.runner, self.gen = self.rig.world, self.rig.runner, self.rig.gen
 
     @property
     def label(self) -> str:
@@ -175,11 +128,9 @@ class FuzzTarget:
         """Random batch parameters within what this target's mode allows."""
         mode, s, L, P = self.mode, self.spec, self.L, max(self.world.page_size, 16)
         raw_bs = 0 if mode.is_idle() else rng.randint(1, max(self.capture_bs))
-        extra = s.num_draft_tokens if mode.is_target_verify() else 0
-        if self.multi:
-            extra = s.topk * s.num_steps
+        extra = self.kind.span(s)
         # draft extend: seq_lens count the request's new rows and at least one verified token
-        lo = layout.rows_per_request(mode, s) + 1 if mode.is_any_draft_extend() else 1
+        lo = self.kind.rows(s) + 1 if mode.is_any_draft_extend() else 1
         hi = L - extra
 
         def length() -> int:
@@ -220,14 +171,8 @@ class FuzzTarget:
     def _live(self, fb) -> list[torch.Tensor]:
         """What the graph for ``fb`` reads, found on a fresh backend (one captured bs, the batch
         replayed) and mapped onto the runner's buffers, which have the same layout."""
-        r = self.runner
-        padded = r.padded_batch(fb)
-        q = self.entry.load(self.multi)(self.world, self.spec)
-        q.init_cuda_graph_state(r.max_bs, r.max_num_tokens)
-        call_capture_hook(q, r.capture_batch(padded.batch_size))
-        call_replay_hook(q, padded)
-        call_in_graph_hook(q, padded)
-        return live_masks(q, q.graph_state(padded.batch_size, r.mode))
+        q, state = state_after(self.rig.new_backend, self.runner, self.runner.padded_batch(fb), replay=True)
+        return live_masks(q, state)
 
     def poison_and_replay(self, fb, graph: torch.Tensor, high: bool = False) -> list[str]:
         """Poison every graph buffer's tail past ``fb``'s live region; a replay must give
@@ -244,16 +189,8 @@ class FuzzTarget:
         """Problems with one batch (empty: it passed)."""
         fb = self.batch(p)
         try:
-            problems: list[str] = []
-            guard = KVGuard(self.world, fb)
-            graph = self.runner.replay(fb).clone()
-            problems += guard.check()
-            eager = self.runner.eager(fb).clone()
-            _close(graph, eager, self.tol, "graph vs eager", problems)
-            self.oracle.init_forward_metadata(fb)
-            _close(eager, self.program(fb, self.oracle), self.tol, "eager vs oracle", problems)
-            problems += self.poison_and_replay(fb, graph, p.poison_high)
-            return problems
+            v = self.rig.run(fb)
+            return v.findings + self.poison_and_replay(fb, v.graph, p.poison_high)
         finally:
             self.gen.release(fb)
 
@@ -269,19 +206,15 @@ def targets(
     """Every (entry, mode, spec) to fuzz; shapes default to every one that must pass (not the
     historical ``legacy`` / ``as-upstream``). Entries that cannot run here, or modes a backend
     does not capture, are left to ``FuzzTarget`` to refuse."""
-    from .backends import must_pass
-
-    entries = [e for b in (backends or [None]) for e in find(b)]
-    entries = [e for e in entries if (e.variant in variants if variants else must_pass(e.variant))]
-    return [(e, case, spec) for e in entries for case in (modes or CASES) for spec in specs_for(case)]
+    cases = [GraphKind.parse(m).label for m in modes] if modes else list(KINDS)
+    return [(e, case, spec) for e in entries(backends, variants) for case in cases for spec in specs_for(case)]
 
 
 def reproduce(label: str, params: dict, seed: int = 0, engine: str = "auto") -> list[str]:
     """Re-run one reported batch: ``label`` and ``params`` as a mismatch line prints them."""
     name, variant, case, kind = label.split("/")
     entry = next(e for e in find(name) if e.variant == variant)
-    target = FuzzTarget(entry, case, TREE if kind == "tree" else CHAIN, make_engine(engine),
-                        seed=seed)  # fmt: skip
+    target = FuzzTarget(entry, case, TREE if kind == "tree" else CHAIN, make_engine(engine), seed=seed)
     return target.check(FuzzParams(**params))
 
 
@@ -298,10 +231,6 @@ def fuzz(
     eng = make_engine(engine)
     report = FuzzReport()
     for entry, case, spec in targets(backends, modes, variants):
-        why = entry.why_unavailable()
-        if why:
-            report.skipped.append(f"{entry.name}/{entry.variant}/{case}: {why}")
-            continue
         try:
             target = FuzzTarget(entry, case, spec, eng, seed=seed)
         except GraphModeNotSupported as e:

@@ -38,6 +38,7 @@ write their KV where no live request reads and their outputs are discarded.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -47,6 +48,55 @@ from .modes import ForwardMode
 
 PAD_REQ_SLOT = RESERVED_REQ_SLOT  # request slot of every padded row
 PAD_CACHE_SLOT = RESERVED_TOKEN_SLOT  # KV slot every padded row writes
+
+
+# --- graph kinds --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GraphKind:
+    """What a runner captures: a forward mode, or multi-step draft decode (``S`` DECODE steps of
+    the draft model in one graph, ``topk`` rows per request)."""
+
+    label: str
+    mode: ForwardMode
+    multi_step: bool = False
+
+    def rows(self, spec: SpecConfig | None) -> int:
+        return rows_per_request(self.mode, spec, self.multi_step)
+
+    def span(self, spec: SpecConfig | None) -> int:
+        return request_span(self.mode, spec, self.multi_step)
+
+    @staticmethod
+    def parse(name: str | ForwardMode | GraphKind) -> GraphKind:
+        """A kind from its label (``"draft-decode"`` works too) or from a forward mode."""
+        if isinstance(name, GraphKind):
+            return name
+        key = (name.label if isinstance(name, ForwardMode) else name).strip().lower().replace("-", "_")
+        if key not in KINDS:
+            raise ValueError(f"unknown graph mode {name!r}; valid: {', '.join(KINDS)}")
+        return KINDS[key]
+
+
+KINDS: dict[str, GraphKind] = {
+    k.label: k
+    for k in (
+        GraphKind("decode", ForwardMode.DECODE),
+        GraphKind("idle", ForwardMode.IDLE),
+        GraphKind("target_verify", ForwardMode.TARGET_VERIFY),
+        GraphKind("draft_extend", ForwardMode.DRAFT_EXTEND),
+        GraphKind("draft_extend_v2", ForwardMode.DRAFT_EXTEND_V2),
+        GraphKind("draft_decode", ForwardMode.DECODE, multi_step=True),
+    )
+}
+
+
+def request_span(mode: ForwardMode, spec: SpecConfig | None, multi_step_draft: bool = False) -> int:
+    """Columns of ``req_to_token`` a request spans past ``seq_lens``: verify ``N`` (its drafts),
+    multi-step draft decode ``topk * S`` (each branch's S steps), every other mode 0."""
+    if multi_step_draft:
+        spec = _need_spec(mode, spec)
+        return spec.topk * spec.num_steps
+    return _need_spec(mode, spec).num_draft_tokens if mode.is_target_verify() else 0
 
 
 # --- rows per request --------------------------------------------------------------------------

@@ -229,16 +229,6 @@ def build_custom_mask(
     return mask
 
 
-def build_mask_indptr(
-    seq_lens: Sequence[int] | torch.Tensor, num_draft_tokens: int, device: str | torch.device | None = None
-) -> torch.Tensor:
-    """``[0, cumsum(N * (seq_lens + N))]``  # [bs+1] int64 (on seq_lens' device by default)."""
-    if device is None:
-        device = seq_lens.device if isinstance(seq_lens, torch.Tensor) else "cpu"
-    lens = torch.tensor(_as_int_list(seq_lens), dtype=torch.int64, device=device)
-    return layout.mask_indptr(lens, num_draft_tokens)
-
-
 # --------------------------------------------------------------------------------------------
 # Per-mode spec inputs
 # --------------------------------------------------------------------------------------------
@@ -274,7 +264,7 @@ def make_verify_input(
         custom_mask=build_custom_mask(lens, trees, device),
         parents=[list(t.parents) for t in trees],
         topk=int(topk),
-        mask_indptr=build_mask_indptr(lens, n, device),
+        mask_indptr=layout.mask_indptr(torch.tensor(lens, dtype=torch.int64, device=device), n),
     )
 
 

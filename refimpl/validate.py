@@ -95,8 +95,7 @@ def _check_spec(fb, mode, cfg: SpecConfig | None, multi_step: bool, for_graph: b
             if mask.dtype != torch.bool:
                 raise _refuse("spec_info.custom_mask.dtype", mask.dtype, "must be torch.bool")
             if mask.device != fb.world.device:
-                raise _refuse("spec_info.custom_mask.device", mask.device,
-                              f"expected {fb.world.device}")  # fmt: skip
+                raise _refuse("spec_info.custom_mask.device", mask.device, f"expected {fb.world.device}")
         return n
     if mode.is_any_draft_extend():
         if not isinstance(spec, DraftExtendInput):
@@ -159,10 +158,8 @@ def _launch_device_checks(fb, seq: list[int], per: int, extra: int, row_req, dra
     interpreter the kernel costs milliseconds per batch (``tests/test_batch_check.py`` holds the
     two to the same answers)."""
     world, spec = fb.world, fb.spec_info
-    tensors = (world.req_to_token, fb.seq_lens, fb.req_pool_indices, fb.input_ids, fb.positions,
-               fb.out_cache_loc)  # fmt: skip
-    kw = dict(rows_per_req=per, extra=extra, vocab=world.cfg.vocab_size,
-              num_slots=world.kv_cache.num_slots)  # fmt: skip
+    tensors = (world.req_to_token, fb.seq_lens, fb.req_pool_indices, fb.input_ids, fb.positions, fb.out_cache_loc)
+    kw = dict(rows_per_req=per, extra=extra, vocab=world.cfg.vocab_size, num_slots=world.kv_cache.num_slots)
     acc = spec.accept_length if draft_extend else None
     ext = spec.extend_seq_lens if draft_extend else None
     if world.device.type == "cpu":
@@ -174,8 +171,7 @@ def _launch_device_checks(fb, seq: list[int], per: int, extra: int, row_req, dra
     bs, n, m = fb.batch_size, fb.num_tokens, fb.out_cache_loc.numel()
     max_span = max(min(max(seq) + extra, world.max_context_len), 0)
     out = _scratch(world.device, result_size(bs, n, m))
-    batch_check(out, *tensors, **kw, max_span=max_span, accept_length=acc, extend_seq_lens=ext,
-                row_req=row_req)  # fmt: skip
+    batch_check(out, *tensors, **kw, max_span=max_span, accept_length=acc, extend_seq_lens=ext, row_req=row_req)
     return lambda: read_result(out, bs, n, m)
 
 
@@ -206,15 +202,13 @@ def validate_batch(fb, spec: SpecConfig | None = None, multi_step_draft: bool | 
             raise _refuse("extend_seq_lens", got, f"an integer tensor of {bs} row counts")
         rows = ext.tolist()
         if sum(rows) != n:
-            raise _refuse("num_tokens", n, f"expected {sum(rows)} rows for the batch's {bs} "
-                          f"requests in {mode.name}")  # fmt: skip
+            raise _refuse("num_tokens", n, f"expected {sum(rows)} rows for the batch's {bs} requests in {mode.name}")
         if len(set(rows)) > 1:
             owner = [r for r, k in enumerate(rows) for _ in range(k)]
             row_req = torch.tensor(owner, dtype=torch.int32, device="cpu").to(world.device)
     per = rows[0] if rows and row_req is None else n // bs
     if row_req is None and per * bs != n:
-        raise _refuse("num_tokens", n, f"expected {per * bs} rows for the batch's {bs} "
-                      f"requests in {mode.name}")  # fmt: skip
+        raise _refuse("num_tokens", n, f"expected {per * bs} rows for the batch's {bs} requests in {mode.name}")
     spec_info = fb.spec_info
     read = _launch_device_checks(fb, seq, per, extra, row_req, draft_extend)
     # host rules, in order, while the kernel runs; then the device results
@@ -239,8 +233,7 @@ def validate_batch(fb, spec: SpecConfig | None = None, multi_step_draft: bool | 
         _check_accept_lengths(spec_info, res["accept_length"], cfg)
         ext = res["extend_seq_lens"]
         if for_graph and ext != [per] * bs:
-            raise _refuse("spec_info.extend_seq_lens", ext,
-                          f"the graph lays out {per} rows per request")  # fmt: skip
+            raise _refuse("spec_info.extend_seq_lens", ext, f"the graph lays out {per} rows per request")
         rows = ext
     if rows is not None and any(map(operator.lt, seq, rows)):  # extend: seq counts new rows
         i = _first(range(bs), lambda r: seq[r] < rows[r])
@@ -259,10 +252,8 @@ def _report_device_findings(fb, first: dict, seq: list[int], extra: int, per: in
         limit = "row 0 is reserved for padded rows" if v == 0 else f"outside [1, pool={pool})"
         raise _refuse(f"req_pool_indices[{i}]", v, limit)
     if first["req_pool_indices duplicate"] is not None:
-        raise _refuse("req_pool_indices", fb.req_pool_indices.tolist(),
-                      "a request appears twice in the batch")  # fmt: skip
-    for name, t, hi in (("input_ids", fb.input_ids, world.cfg.vocab_size),
-                        ("positions", fb.positions, L)):  # fmt: skip
+        raise _refuse("req_pool_indices", fb.req_pool_indices.tolist(), "a request appears twice in the batch")
+    for name, t, hi in (("input_ids", fb.input_ids, world.cfg.vocab_size), ("positions", fb.positions, L)):
         i = first[f"{name} range"]
         if i is not None:
             raise _refuse(f"{name}[{i}]", int(t[i]), f"outside [0, {hi})")
@@ -290,9 +281,7 @@ def _report_device_findings(fb, first: dict, seq: list[int], extra: int, per: in
 def check_capture_config(runner) -> None:
     """Refuse, before any allocation, a capture the static buffers cannot hold."""
     spec, L, fill = runner.spec_cfg, runner.world.max_context_len, runner.fill_value
-    span = fill + (spec.num_draft_tokens if runner.mode.is_target_verify() else 0)
-    if runner.multi_step_draft:
-        span = fill + spec.topk * spec.num_steps
+    span = fill + layout.request_span(runner.mode, spec, runner.multi_step_draft)
     if span > L:
         raise BatchRefused(
             f"capture batch span {span} (fill value {fill} + the mode's drafts) exceeds "

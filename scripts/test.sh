@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The test command (README): unit tests + every notebook executed by nbval (gpu cells skip on CPU).
+# The test command (README): lint and format checks, unit tests, every notebook executed by nbval
+# (gpu cells skip on CPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ruff check . && ruff format --check .  # one policy (pyproject.toml): ruff's layout at 120 columns
 python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env --durations=10 \
   tests notebooks "$@"

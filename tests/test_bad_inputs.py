@@ -315,6 +315,8 @@ CLI_CASES = [
     (["--topk", "44"], r"argument --topk: topk=44 outside \[1, 8\]"),
     (["--topk", "x"], r"argument --topk: 'x' is not an integer"),
     (["--fuzz", "-3"], r"argument --fuzz: -3 is not a count >= 1"),
+    (["--fuzz", "2", "--bs", "1,3"], r"argument --fuzz: not with --bs: the fuzzer draws batch sizes 1..8"),
+    (["--fuzz", "2", "--topk", "2"], r"argument --fuzz: not with --topk"),
 ]
 
 

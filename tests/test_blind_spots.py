@@ -17,13 +17,14 @@ from refimpl import layout
 from refimpl.backends import find
 from refimpl.batch import World
 from refimpl.batchgen import BatchGenerator
-from refimpl.check import KVGuard, diff_reference
+from refimpl.check import diff_reference
 from refimpl.config import GraphConfig, ModelConfig, SpecConfig
 from refimpl.graphs import CPUEmulatorEngine
 from refimpl.graphs.runner import GraphRunner
 from refimpl.kernels.triton_decode import get_num_kv_splits, get_num_kv_splits_ref
 from refimpl.model import MultiStepDraftProgram, TinyDecoder
 from refimpl.modes import ForwardMode
+from refimpl.rig import KVGuard
 
 L = 96
 SPEC = SpecConfig(num_steps=2, topk=2, num_draft_tokens=5)
@@ -155,8 +156,8 @@ def test_planted_no_padded_row_reset_is_caught(monkeypatch):
     runner, gen = make_runner("triton", "unified", capture_bs=(4,))
     real = GraphRunner._copy_plan
 
-    def no_padding(self, raw_bs, bs, n):
-        dst, pads, host_live, _ = real(self, raw_bs, bs, n)
+    def no_padding(self, raw_bs, bs, n, into=None):
+        dst, pads, host_live, _ = real(self, raw_bs, bs, n, into)
         return dst[: len(dst) - len(pads)], [], host_live, None
 
     monkeypatch.setattr(GraphRunner, "_copy_plan", no_padding)

@@ -33,9 +33,6 @@ def _id(t) -> str:
 
 @pytest.mark.parametrize("entry, case, spec", TARGETS, ids=[_id(t) for t in TARGETS])
 def test_fuzz(entry, case, spec):
-    why = entry.why_unavailable()
-    if why:
-        pytest.skip(why)
     try:
         target = FuzzTarget(entry, case, spec, make_engine("auto"), **CI_PROFILE)
     except GraphModeNotSupported as e:

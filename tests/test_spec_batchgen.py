@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from refimpl import layout
 from refimpl.batch import ForwardBatch, World
 from refimpl.batchgen import BatchGenerator, draft_decode_step_view
 from refimpl.config import ModelConfig, SpecConfig
@@ -19,7 +20,6 @@ from refimpl.spec import (
     DraftTree,
     VerifyInput,
     build_custom_mask,
-    build_mask_indptr,
     eagle_max_tree_nodes,
     make_verify_input,
     require_spec,
@@ -124,7 +124,7 @@ def test_custom_mask_worked_example():
     block0 = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 0, 1]], dtype=torch.bool).flatten()
     block1 = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 0, 1]], dtype=torch.bool).flatten()
     assert torch.equal(mask, torch.cat([block0, block1]))
-    assert build_mask_indptr([2, 1], 3).tolist() == [0, 15, 27]
+    assert layout.mask_indptr(torch.tensor([2, 1]), 3).tolist() == [0, 15, 27]
 
 
 @pytest.mark.parametrize("spec", [CHAIN, TREE], ids=["chain", "tree"])
@@ -134,7 +134,7 @@ def test_custom_mask_blocks(spec):
     seq = [1, 7, 16, 33]
     trees = [DraftTree.random(n, spec.topk, spec.num_steps, rng) for _ in seq]
     mask = build_custom_mask(torch.tensor(seq, dtype=torch.int32), trees, "cpu")
-    indptr = build_mask_indptr(seq, n)
+    indptr = layout.mask_indptr(torch.tensor(seq), n)
     assert mask.dtype == torch.bool and indptr.dtype == torch.int64
     assert indptr.shape == (len(seq) + 1,) and indptr[0] == 0
     assert indptr[-1] == mask.numel()

@@ -20,7 +20,8 @@ from helpers import RecordOps
 
 from refimpl._env import default_device  # refimpl first: sets TRITON_INTERPRET on CPU
 from refimpl.backends import GraphModeNotSupported, find, must_pass
-from refimpl.backends.triton import TritonAttnBackend, TritonAttnBackendFused, TritonAttnBackendInGraph
+from refimpl.backends.triton import TritonAttnBackend
+from refimpl.backends.triton_fused import TritonAttnBackendFused, TritonAttnBackendInGraph
 from refimpl.batch import World
 from refimpl.batchgen import BatchGenerator
 from refimpl.bench import launches

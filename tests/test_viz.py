@@ -9,9 +9,12 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from refimpl import viz  # noqa: E402
+from refimpl import (
+    layout,  # noqa: E402
+    viz,  # noqa: E402
+)
 from refimpl.kernels import draft_decode_kv_indices_ref  # noqa: E402
-from refimpl.spec import DraftTree, build_custom_mask, build_mask_indptr  # noqa: E402
+from refimpl.spec import DraftTree, build_custom_mask  # noqa: E402
 
 
 def _texts(ax, gid=None):
@@ -66,7 +69,7 @@ def test_draw_csr_empty_request_labels_its_boundary_once():
 def _verify_mask():
     trees = [DraftTree([-1, 0, 0]), DraftTree([-1, 0, 1])]
     seq = torch.tensor([2, 1], dtype=torch.int32)
-    return trees, seq, build_custom_mask(seq, trees), build_mask_indptr(seq, 3)
+    return trees, seq, build_custom_mask(seq, trees), layout.mask_indptr(seq.long(), 3)
 
 
 def test_draw_tree_mask_with_and_without_parents():
@@ -79,10 +82,12 @@ def test_draw_tree_mask_with_and_without_parents():
     assert "custom_mask[15:27]" in mask_ax.get_title()
     assert "disagree" not in mask_ax.get_title()
 
-    # seq_lens instead of mask_indptr; a uint8 graph buffer longer than needed
+    # a uint8 graph buffer longer than needed; seq_lens where mask_indptr belongs is refused
     buf = torch.zeros(64, dtype=torch.uint8)
     buf[: mask.numel()] = mask.to(torch.uint8)
-    fig2 = viz.draw_tree_mask(buf, seq, 3, request=0)
+    with pytest.raises(ValueError, match=r"mask_indptr=\[2, 1\] is not \[0, cumsum"):
+        viz.draw_tree_mask(buf, seq, 3, request=0)
+    fig2 = viz.draw_tree_mask(buf, layout.mask_indptr(seq.long(), 3), 3, request=0)
     assert len(fig2.axes) == 1 and len(_texts(fig2.axes[0])) == 9
     assert "custom_mask[0:15]" in fig2.axes[0].get_title()
 

@@ -1,7 +1,6 @@
 """Backend registry: every (backend, variant) the checker and the notebooks can build.
 
-Heavy or hardware-bound backends register with an ``unavailable()`` probe that returns a reason
-string when they cannot run on this machine; importing ``refimpl.backends`` never imports them.
+Importing ``refimpl.backends`` imports no backend module: an entry names its class, loaded lazily.
 ``load_backend_class("package.module:Class")`` turns an out-of-tree backend into an entry
 (``python -m refimpl check --backend-class ...``): a reviewer's tool for any new backend.
 """
@@ -9,7 +8,6 @@ string when they cannot run on this machine; importing ``refimpl.backends`` neve
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from .base import AttentionBackend, GraphModeNotSupported
@@ -20,9 +18,6 @@ class BackendEntry:
     name: str
     variant: str
     target: str  # "module:Class", imported lazily
-    model_kind: str  # "mha" or "mla": the model flavour it serves
-    page_size: int = 1
-    unavailable: Callable[[], str | None] | None = None
     multi_step_target: str | None = None  # "module:Class" of its multi-step draft wrapper
 
     def load(self, multi_step: bool = False) -> type[AttentionBackend]:
@@ -32,23 +27,23 @@ class BackendEntry:
         module, cls = target.split(":")
         return getattr(importlib.import_module(module, __name__), cls)
 
-    def why_unavailable(self) -> str | None:
-        return self.unavailable() if self.unavailable else None
+    @property
+    def model_kind(self) -> str:
+        """``"mha"`` or ``"mla"``: the model the backend serves (declared on its class)."""
+        return getattr(self.load(), "model_kind", "mha")
+
+    @property
+    def page_size(self) -> int:
+        """The KV page size its kernels take (declared on its class)."""
+        return getattr(self.load(), "page_size", 1)
 
     @classmethod
     def from_class(cls, backend_cls: type, target: str) -> "BackendEntry":
-        """An entry for a backend class outside the registry. The class may say which model it
-        serves (``model_kind = "mla"``), its ``page_size`` and its multi-step draft wrapper
-        (``multi_step_class = "module:Class"``); defaults: MHA, page size 1, none."""
-        multi = getattr(backend_cls, "multi_step_class", None)
-        return cls(
-            name=getattr(backend_cls, "name", backend_cls.__name__),
-            variant=getattr(backend_cls, "variant", "unified"),
-            target=target,
-            model_kind=getattr(backend_cls, "model_kind", "mha"),
-            page_size=getattr(backend_cls, "page_size", 1),
-            multi_step_target=multi,
-        )
+        """An entry for a backend class outside the registry. Its labels, ``model_kind`` and
+        ``page_size`` come from the class (``AttentionBackend``'s defaults: MHA, page size 1), its
+        multi-step draft wrapper from ``multi_step_class = "module:Class"`` (default: none)."""
+        return cls(getattr(backend_cls, "name", backend_cls.__name__), getattr(backend_cls, "variant", "unified"),
+                   target, getattr(backend_cls, "multi_step_class", None))  # fmt: skip
 
 
 CONTRACT = (
@@ -58,7 +53,9 @@ CONTRACT = (
     "init_forward_metadata_replay_cuda_graph",
     "get_cuda_graph_seq_len_fill_value",
     "forward",
+    "init_forward_metadata_in_graph",
     "graph_state",
+    "graph_buffers",
     "check_graph_mode",
 )
 
@@ -90,38 +87,32 @@ def load_backend_class(spec: str) -> BackendEntry:
     return BackendEntry.from_class(backend_cls, spec)
 
 
-REGISTRY: list[BackendEntry] = [
-    BackendEntry("torch_native", "unified", ".torch_native:TorchNativeBackend", "mha"),
-    BackendEntry("torch_native_mla", "unified", ".torch_native:TorchNativeBackend", "mla"),
-    BackendEntry("triton", "unified", ".triton:TritonAttnBackend", "mha",
-                 multi_step_target=".triton:TritonMultiStepDraftBackend"),
-    BackendEntry("triton", "legacy", ".triton:TritonAttnBackendLegacy", "mha",
-                 multi_step_target=".triton:TritonMultiStepDraftBackendLegacy"),
-    BackendEntry("triton", "fused", ".triton:TritonAttnBackendFused", "mha"),
-    BackendEntry("triton", "in_graph", ".triton:TritonAttnBackendInGraph", "mha"),
-    BackendEntry("wave", "unified", ".wave:WaveAttnBackend", "mha",
-                 multi_step_target=".wave:WaveMultiStepDraftBackend"),
-    BackendEntry("wave", "legacy", ".wave:WaveAttnBackendLegacy", "mha",
-                 multi_step_target=".wave:WaveMultiStepDraftBackendLegacy"),
-    BackendEntry("flashinfer", "unified", ".flashinfer:FlashInferAttnBackend", "mha",
-                 multi_step_target=".flashinfer:FlashInferMultiStepDraftBackend"),
-    BackendEntry("flashinfer", "legacy", ".flashinfer:FlashInferAttnBackendLegacy", "mha",
-                 multi_step_target=".flashinfer:FlashInferMultiStepDraftBackendLegacy"),
-    BackendEntry("flashinfer_mla", "unified", ".flashinfer_mla:FlashInferMLAAttnBackend", "mla"),
-    BackendEntry("flashinfer_mla", "as-upstream",
-                 ".flashinfer_mla:FlashInferMLAAttnBackendAsUpstream", "mla"),
-    BackendEntry("flashinfer_mla", "legacy", ".flashinfer_mla:FlashInferMLAAttnBackendLegacy", "mla"),
-    BackendEntry("cutlass_mla", "unified", ".cutlass_mla:CutlassMLAAttnBackend", "mla", 128),
-    BackendEntry("cutlass_mla", "legacy", ".cutlass_mla:CutlassMLAAttnBackendLegacy", "mla", 128),
-    BackendEntry("trtllm_mla", "legacy", ".trtllm_mla:TRTLLMMLAAttnBackendLegacy", "mla", 64,
-                 multi_step_target=".trtllm_mla:TRTLLMMLAMultiStepDraftBackendLegacy"),
-    BackendEntry("trtllm_mla", "unified", ".trtllm_mla:TRTLLMMLAAttnBackend", "mla", 64,
-                 multi_step_target=".trtllm_mla:TRTLLMMLAMultiStepDraftBackend"),
-    BackendEntry("trtllm_mla", "simplified", ".trtllm_mla:TRTLLMMLAAttnBackendSimplified", "mla",
-                 64, multi_step_target=".trtllm_mla:TRTLLMMLAMultiStepDraftBackendSimplified"),
-    BackendEntry("trtllm_mla", "in_graph", ".trtllm_mla:TRTLLMMLAAttnBackendInGraph", "mla", 64,
-                 multi_step_target=".trtllm_mla:TRTLLMMLAMultiStepDraftBackendInGraph"),
-]  # fmt: skip
+# (name, variant, backend class, multi-step draft wrapper); model kind and page size: on the class
+# fmt: off
+REGISTRY: list[BackendEntry] = [BackendEntry(*row) for row in (
+    ("torch_native", "unified", ".torch_native:TorchNativeBackend"),
+    ("torch_native_mla", "unified", ".torch_native:TorchNativeMLABackend"),
+    ("triton", "unified", ".triton:TritonAttnBackend", ".triton:TritonMultiStepDraftBackend"),
+    ("triton", "legacy", ".triton:TritonAttnBackendLegacy", ".triton:TritonMultiStepDraftBackendLegacy"),
+    ("triton", "fused", ".triton_fused:TritonAttnBackendFused"),
+    ("triton", "in_graph", ".triton_fused:TritonAttnBackendInGraph"),
+    ("wave", "unified", ".wave:WaveAttnBackend", ".wave:WaveMultiStepDraftBackend"),
+    ("wave", "legacy", ".wave:WaveAttnBackendLegacy", ".wave:WaveMultiStepDraftBackendLegacy"),
+    ("flashinfer", "unified", ".flashinfer:FlashInferAttnBackend", ".flashinfer:FlashInferMultiStepDraftBackend"),
+    ("flashinfer", "legacy", ".flashinfer:FlashInferAttnBackendLegacy",
+     ".flashinfer:FlashInferMultiStepDraftBackendLegacy"),
+    ("flashinfer_mla", "unified", ".flashinfer_mla:FlashInferMLAAttnBackend"),
+    ("flashinfer_mla", "as-upstream", ".flashinfer_mla:FlashInferMLAAttnBackendAsUpstream"),
+    ("flashinfer_mla", "legacy", ".flashinfer_mla:FlashInferMLAAttnBackendLegacy"),
+    ("cutlass_mla", "unified", ".cutlass_mla:CutlassMLAAttnBackend"),
+    ("cutlass_mla", "legacy", ".cutlass_mla:CutlassMLAAttnBackendLegacy"),
+    ("trtllm_mla", "legacy", ".trtllm_mla:TRTLLMMLAAttnBackendLegacy", ".trtllm_mla:TRTLLMMLAMultiStepDraftBackendLegacy"),
+    ("trtllm_mla", "unified", ".trtllm_mla:TRTLLMMLAAttnBackend", ".trtllm_mla:TRTLLMMLAMultiStepDraftBackend"),
+    ("trtllm_mla", "simplified", ".trtllm_mla:TRTLLMMLAAttnBackendSimplified",
+     ".trtllm_mla:TRTLLMMLAMultiStepDraftBackendSimplified"),
+    ("trtllm_mla", "in_graph", ".trtllm_mla:TRTLLMMLAAttnBackendInGraph", ".trtllm_mla:TRTLLMMLAMultiStepDraftBackendInGraph"),
+)]
+# fmt: on
 
 
 HISTORICAL_VARIANTS = frozenset({"legacy", "as-upstream"})  # expected to show their findings

@@ -46,10 +46,18 @@ class GraphModeNotSupported(ValueError):
 
 
 class AttentionBackend(ABC):
+    """Everything a backend owes the runner, the checker and the registry. Abstract: the eager
+    hook, the graph-state allocation, the capture and replay hooks, ``forward``. Declared with
+    defaults: the labels below, the fill value, the in-graph hook, ``graph_buffers``,
+    ``graph_state`` / ``reference_graph_state`` (the checker's view) and ``check_graph_mode``."""
+
     name: str = "?"
     variant: str = "unified"  # "legacy" | "unified" | "as-upstream" | ...
     pattern: str = "A"  # a key of PATTERNS
     graph_modes: frozenset[ForwardMode] = frozenset()
+    model_kind: str = "mha"  # the model it serves: "mha" or "mla" (the registry reads it)
+    page_size: int = 1  # the KV page size its kernels take (the registry reads it)
+    graph_buffer_names: tuple[str, ...] = ()  # what init_cuda_graph_state allocates for forward
 
     def __init__(self, world: World, spec: SpecConfig | None = None):
         self.world = world
@@ -98,6 +106,20 @@ class AttentionBackend(ABC):
     def get_cuda_graph_seq_len_fill_value(self) -> int:
         return 1  # all six SGLang backends ([facts#static-inputs]); 0 would give an empty kv range
 
+    def init_forward_metadata_in_graph(self, fb: ForwardBatch) -> None:
+        """Metadata rebuilt *inside* the captured step (SGLang #29843 for TRTLLM-MLA; refimpl's
+        Triton ``in_graph`` shape): the runner calls it first thing in the step, so capture records
+        its kernels and every replay reruns them. Most backends have none (the default)."""
+        return None
+
+    def graph_buffers(self) -> dict[str, torch.Tensor]:
+        """The static device tensors a captured ``forward`` may read, by name (the attributes in
+        ``graph_buffer_names`` that ``init_cuda_graph_state`` allocated; host mirrors a re-plan
+        reads are not among them). The fuzzer poisons what a batch leaves unread; the bench
+        counts their bytes."""
+        found = ((n, getattr(self, n, None)) for n in self.graph_buffer_names)
+        return {n: t for n, t in found if isinstance(t, torch.Tensor)}
+
     # --- the captured step ----------------------------------------------------------------------
     @abstractmethod
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
@@ -141,3 +163,57 @@ class AttentionBackend(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(variant={self.variant!r}, pattern={self.pattern!r})"
+
+
+class MultiStepBackend(AttentionBackend):
+    """Multi-step draft decode's wrapper: ``S - 1`` step backends of ``step_cls`` in
+    ``step_backends`` (step i drafts every branch's token i + 2; the first came from draft
+    extend). The step contract:
+
+    - ``step_backend(i)`` is what ``MultiStepDraftProgram`` calls for step i's ``forward``; the
+      wrapper's own ``forward`` is never called;
+    - the wrapper's hooks fill every step's metadata (how: the subclass's business, e.g. one
+      index launch for all steps, ``refimpl.backends.multistep``, or each step alone, TRTLLM-MLA);
+    - its graph state and graph buffers are its steps' (``step{i}.`` names) beside its own;
+    - it captures decode only, and carries its step backend's labels.
+    """
+
+    step_cls: type = AttentionBackend
+    graph_modes = frozenset({ForwardMode.DECODE})
+    step_backends: list
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        step = cls.step_cls
+        cls.name, cls.variant, cls.pattern = step.name, step.variant, step.pattern
+        cls.model_kind, cls.page_size = step.model_kind, step.page_size
+
+    def __init__(self, world: World, spec: SpecConfig | None = None):
+        if spec is None or spec.num_steps < 2:
+            raise ValueError(f"multi-step draft decode needs a SpecConfig with num_steps >= 2, got {spec}")
+        super().__init__(world, spec)
+
+    def step_backend(self, i: int) -> AttentionBackend:
+        return self.step_backends[i]
+
+    def check_graph_mode(self, mode: ForwardMode) -> None:
+        if not mode.is_decode_or_idle():
+            raise GraphModeNotSupported(f"multi-step draft decode runs decode steps, not {mode.label}")
+
+    @staticmethod
+    def per_step(states) -> dict[str, Any]:
+        """``{"step{i}.{name}": value}`` over the steps' dicts."""
+        return {f"step{i}.{k}": v for i, state in enumerate(states) for k, v in state.items()}
+
+    def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
+        return self.per_step(b.graph_state(bs, mode) for b in self.step_backends)
+
+    def graph_buffers(self) -> dict[str, torch.Tensor]:
+        return {**super().graph_buffers(), **self.per_step(b.graph_buffers() for b in self.step_backends)}
+
+    def init_forward_metadata_in_graph(self, fb: ForwardBatch) -> None:
+        for b in self.step_backends:
+            b.init_forward_metadata_in_graph(fb)
+
+    def forward(self, q, k, v, layer, fb):
+        raise RuntimeError("the multi-step program calls step_backend(i).forward, not the wrapper")

@@ -54,6 +54,8 @@ class CutlassMLAAttnBackend(FlashInferMLAAttnBackend):
     variant = "unified"
     pattern = "A"
     page_sizes = (PAGE_SIZE,)
+    page_size = PAGE_SIZE
+    graph_buffer_names = ("kv_indptr", "cuda_graph_kv_indices", "cuda_graph_mla_workspace")
     graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE})
 
     def check_graph_mode(self, mode: ForwardMode) -> None:
@@ -72,8 +74,7 @@ class CutlassMLAAttnBackend(FlashInferMLAAttnBackend):
         bs, dev = fb.batch_size, self.device
         width = -(-int(fb.seq_lens_cpu.max()) // PAGE_SIZE) if bs else 1  # eager: host max
         table = torch.full((bs, width), -1, dtype=torch.int32, device=dev)
-        build_block_table(self.world.req_to_token, fb.req_pool_indices, fb.seq_lens, table,
-                          PAGE_SIZE)  # fmt: skip
+        build_block_table(self.world.req_to_token, fb.req_pool_indices, fb.seq_lens, table, PAGE_SIZE)
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
         self.forward_metadata = CutlassMLADecodeMetadata(workspace, table)
 
@@ -113,17 +114,15 @@ class CutlassMLAAttnBackend(FlashInferMLAAttnBackend):
             )
 
     def init_forward_metadata_replay_cuda_graph(
-        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
-        seq_lens_cpu,
-    ) -> None:  # fmt: skip
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
+    ) -> None:
         if forward_mode.is_decode_or_idle():
             build_block_table(self.world.req_to_token, req_pool_indices[:bs], seq_lens[:bs],
                               self.cuda_graph_kv_indices, PAGE_SIZE)  # fmt: skip
         else:
             super().init_forward_metadata_replay_cuda_graph(
-                bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode,
-                spec_info, seq_lens_cpu,
-            )  # fmt: skip
+                bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
+            )
 
     # --- checker support ----------------------------------------------------------------------
     def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
@@ -189,15 +188,13 @@ class CutlassMLAAttnBackendLegacy(CutlassMLAAttnBackend):
             )
 
     def init_forward_metadata_replay_cuda_graph(
-        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
-        seq_lens_cpu,
-    ) -> None:  # fmt: skip
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
+    ) -> None:
         if forward_mode.is_decode_or_idle():
             assert seq_lens_cpu is not None  # (1) never read below
             build_block_table(self.world.req_to_token, req_pool_indices[:bs], seq_lens[:bs],
                               self.cuda_graph_kv_indices, PAGE_SIZE)  # fmt: skip
         else:
             super(CutlassMLAAttnBackend, self).init_forward_metadata_replay_cuda_graph(
-                bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode,
-                spec_info, seq_lens_cpu,
-            )  # fmt: skip
+                bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
+            )

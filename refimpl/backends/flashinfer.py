@@ -71,6 +71,8 @@ class FlashInferAttnBackend(AttentionBackend):
     name = "flashinfer"
     variant = "unified"
     pattern = "B"
+    graph_buffer_names = ("kv_indptr", "cuda_graph_kv_indices", "cuda_graph_custom_mask", "cuda_graph_qk_indptr",
+                          "cuda_graph_qo_indptr")  # fmt: skip
     graph_modes = frozenset(
         {
             ForwardMode.DECODE,
@@ -290,24 +292,21 @@ class FlashInferAttnBackend(AttentionBackend):
         seq_lens_cpu = seq_lens[:bs].cpu()
         self._prepare_cuda_graph_metadata(bs, num_tokens, forward_mode, spec_info)
         self.init_forward_metadata_replay_cuda_graph(
-            bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
-            seq_lens_cpu,
-        )  # fmt: skip
+            bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
+        )
         if forward_mode.is_decode_or_idle():  # the first full plan set _cached_module: go fast now
             for w in self.decode_cuda_graph_metadata[bs]:
                 install_fast_decode_plan(w)
 
     def init_forward_metadata_replay_cuda_graph(
-        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
-        seq_lens_cpu,
-    ) -> None:  # fmt: skip
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
+    ) -> None:
         if forward_mode.is_decode_or_idle():
             wrappers = self.decode_cuda_graph_metadata[bs]
             self._update_decode(bs, req_pool_indices, seq_lens, seq_lens_cpu, wrappers, spec_info)
         elif forward_mode.is_target_verify() or forward_mode.is_any_draft_extend():
             wrappers = self.prefill_cuda_graph_metadata[bs]
-            self._update_prefill(bs, req_pool_indices, seq_lens, seq_lens_cpu, wrappers,
-                                 forward_mode, spec_info)  # fmt: skip
+            self._update_prefill(bs, req_pool_indices, seq_lens, seq_lens_cpu, wrappers, forward_mode, spec_info)
         else:
             raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")
 
@@ -436,9 +435,8 @@ class FlashInferAttnBackendLegacy(FlashInferAttnBackend):
             raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")
 
     def init_forward_metadata_replay_cuda_graph(
-        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
-        seq_lens_cpu,
-    ) -> None:  # fmt: skip
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
+    ) -> None:
         rpi, seq, seq_cpu = req_pool_indices[:bs], seq_lens[:bs], seq_lens_cpu[:bs]
         if forward_mode.is_decode_or_idle():
             self._update_decode(bs, rpi, seq, seq_cpu, self.decode_cuda_graph_metadata[bs], spec_info)

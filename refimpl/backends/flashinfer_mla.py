@@ -69,6 +69,8 @@ class FlashInferMLAAttnBackend(AttentionBackend):
     variant = "unified"
     pattern = "B"
     model_kind = "mla"
+    graph_buffer_names = ("kv_indptr", "cuda_graph_kv_indices", "cuda_graph_qo_indptr", "cuda_graph_kv_indptr",
+                          "cuda_graph_kv_lens")  # fmt: skip
     writes_bound_kv_indptr = True  # False: the #37975 behaviour
     graph_modes = frozenset(
         {
@@ -135,8 +137,7 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         kv_indptr[1:] = torch.cumsum(seq_lens[:bs], 0)
         if self.writes_bound_kv_indptr:
             self.cuda_graph_kv_lens[:bs].copy_(seq_lens[:bs])
-        build_kv_indices(self.world.req_to_token, rpi[:bs], seq_lens[:bs], kv_indptr,
-                         self.cuda_graph_kv_indices)  # fmt: skip
+        build_kv_indices(self.world.req_to_token, rpi[:bs], seq_lens[:bs], kv_indptr, self.cuda_graph_kv_indices)
         wrapper.plan(
             self.cuda_graph_qo_indptr_cpu[: bs + 1], self.cuda_graph_kv_indptr_cpu[: bs + 1],
             self.cuda_graph_kv_indices, kv_len_cpu, *self._plan_args(False),
@@ -224,17 +225,15 @@ class FlashInferMLAAttnBackend(AttentionBackend):
             install_fast_mla_decode_plan(wrapper)
 
     def init_forward_metadata_replay_cuda_graph(
-        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
-        seq_lens_cpu,
-    ) -> None:  # fmt: skip
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
+    ) -> None:
         if forward_mode.is_decode_or_idle():
             if seq_lens_cpu is None:
                 raise ValueError(f"{self.name}: decode replay plans from seq_lens_cpu (host)")
             self._fast_decode_replay(bs, req_pool_indices, seq_lens, seq_lens_cpu)
         elif forward_mode.is_target_verify() or forward_mode.is_any_draft_extend():
             wrapper = self.prefill_cuda_graph_metadata[bs]
-            self._prefill_plan(bs, req_pool_indices, seq_lens, seq_lens_cpu, wrapper,
-                               forward_mode, spec_info)  # fmt: skip
+            self._prefill_plan(bs, req_pool_indices, seq_lens, seq_lens_cpu, wrapper, forward_mode, spec_info)
         else:
             raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")
 
@@ -346,19 +345,16 @@ class FlashInferMLAAttnBackendLegacy(FlashInferMLAAttnBackendAsUpstream):
         self.forward_metadata = MLAMetadata(wrapper, forward_mode.is_decode_or_idle())
 
     def init_forward_metadata_replay_cuda_graph(
-        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
-        seq_lens_cpu,
-    ) -> None:  # fmt: skip
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
+    ) -> None:
         if forward_mode.is_decode_or_idle():
             assert seq_lens_cpu is not None
             self._fast_decode_replay(bs, req_pool_indices, seq_lens, seq_lens_cpu)
         elif forward_mode.is_target_verify():
             wrapper = self.prefill_cuda_graph_metadata[bs]
-            self._prefill_plan(bs, req_pool_indices, seq_lens, seq_lens_cpu, wrapper,
-                               forward_mode, spec_info)  # fmt: skip
+            self._prefill_plan(bs, req_pool_indices, seq_lens, seq_lens_cpu, wrapper, forward_mode, spec_info)
         elif forward_mode.is_any_draft_extend():
             wrapper = self.prefill_cuda_graph_metadata[bs]
-            self._prefill_plan(bs, req_pool_indices, seq_lens, seq_lens_cpu, wrapper,
-                               forward_mode, spec_info)  # fmt: skip
+            self._prefill_plan(bs, req_pool_indices, seq_lens, seq_lens_cpu, wrapper, forward_mode, spec_info)
         else:
             raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")

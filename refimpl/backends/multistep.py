@@ -36,23 +36,17 @@ from ..config import SpecConfig
 from ..kernels import draft_decode_kv_indices, draft_decode_kv_indices_ref
 from ..modes import ForwardMode
 from ..spec import DraftDecodeInput
-from .base import AttentionBackend, GraphModeNotSupported
+from .base import MultiStepBackend
 
 
-class MultiStepDraftBackend(AttentionBackend):
-    step_cls: type = AttentionBackend
+class MultiStepDraftBackend(MultiStepBackend):
+    """SGLang's wrapper: every step's indices from one launch, into rows of shared buffers."""
+
     share_splits = True  # Triton: one split buffer for every step, computed once per replay
     compute_splits_at_capture = True  # unified; the legacy wrapper sets False (upstream)
-    graph_modes = frozenset({ForwardMode.DECODE})
-
-    def __init_subclass__(cls, **kw):  # a wrapper carries its step backends' labels
-        super().__init_subclass__(**kw)
-        cls.name, cls.variant, cls.pattern = (cls.step_cls.name, cls.step_cls.variant,
-                                              cls.step_cls.pattern)  # fmt: skip
+    graph_buffer_names = ("kv_indptr", "cuda_graph_kv_indices", "cuda_graph_num_kv_splits")
 
     def __init__(self, world: World, spec: SpecConfig | None = None, **step_kw):
-        if spec is None or spec.num_steps < 2:
-            raise ValueError(f"multi-step draft decode needs a SpecConfig with num_steps >= 2, got {spec}")
         super().__init__(world, spec)
         self.S, self.topk = spec.num_steps, spec.topk
         pool = world.req_to_token_pool.size
@@ -61,13 +55,6 @@ class MultiStepDraftBackend(AttentionBackend):
             self.step_cls(world, spec, kv_indptr_buf=self.kv_indptr[i], skip_prefill=True, **step_kw)
             for i in range(self.S - 1)
         ]
-
-    def step_backend(self, i: int) -> AttentionBackend:
-        return self.step_backends[i]
-
-    def check_graph_mode(self, mode: ForwardMode) -> None:
-        if not mode.is_decode_or_idle():
-            raise GraphModeNotSupported(f"multi-step draft decode runs decode steps, not {mode.label}")
 
     def _check_spec(self, spec_info: Any) -> None:
         if not isinstance(spec_info, DraftDecodeInput):
@@ -82,9 +69,8 @@ class MultiStepDraftBackend(AttentionBackend):
     def _common_template(self, bs, rpi, seq_lens, kv_indices, kv_indptr, call_fn) -> None:
         rows = bs * self.topk
         draft_decode_kv_indices(
-            rpi[:bs], self.world.req_to_token, seq_lens[:bs], kv_indices, kv_indptr,
-            topk=self.topk, num_steps=self.S,
-        )  # fmt: skip
+            rpi[:bs], self.world.req_to_token, seq_lens[:bs], kv_indices, kv_indptr, topk=self.topk, num_steps=self.S
+        )
         for i in range(self.S - 1):
             # the full row, not SGLang's [:used_len] slice: no host value decides a view's size
             spec_i = DraftDecodeInput(self.topk, self.S, kv_indptr[i, : rows + 1], kv_indices[i], extra={"step": i})
@@ -150,29 +136,16 @@ class MultiStepDraftBackend(AttentionBackend):
             self._replay_body(bs, req_pool_indices, seq_lens, seq_lens[:bs].cpu())
 
     def init_forward_metadata_replay_cuda_graph(
-        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
-        seq_lens_cpu,
-    ) -> None:  # fmt: skip
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
+    ) -> None:
         self._check_spec(spec_info)
         self._replay_body(bs, req_pool_indices, seq_lens, seq_lens_cpu)
-
-    def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
-        state: dict[str, Any] = {}
-        for i, b in enumerate(self.step_backends):
-            state.update({f"step{i}.{k}": v for k, v in b.graph_state(bs, mode).items()})
-        return state
 
     def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any]:
         """Per step: prefix + that step's drafts (``draft_decode_kv_indices_ref``), from the batch."""
         indptrs, indices = draft_decode_kv_indices_ref(
-            fb.req_pool_indices, self.world.req_to_token, fb.seq_lens_cpu, topk=self.topk,
-            num_steps=self.S,
-        )  # fmt: skip
-        ref: dict[str, Any] = {}
-        for i, b in enumerate(self.step_backends):
-            step = b.draft_step_reference(indptrs[i].cpu(), indices[i].cpu(), fb)
-            ref.update({f"step{i}.{k}": v for k, v in step.items()})
-        return ref
-
-    def forward(self, q, k, v, layer, fb):
-        raise RuntimeError("the multi-step program calls step_backend(i).forward, not the wrapper")
+            fb.req_pool_indices, self.world.req_to_token, fb.seq_lens_cpu, topk=self.topk, num_steps=self.S
+        )
+        return self.per_step(
+            b.draft_step_reference(indptrs[i].cpu(), indices[i].cpu(), fb) for i, b in enumerate(self.step_backends)
+        )

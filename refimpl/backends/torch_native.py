@@ -55,6 +55,8 @@ class TorchNativeBackend(AttentionBackend):
     variant = "unified"
     pattern = "A"
     graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY})
+    graph_buffer_names = ("cuda_graph_kv_indptr", "cuda_graph_kv_indices", "cuda_graph_custom_mask",
+                          "cuda_graph_mask_indptr")  # fmt: skip
 
     # --- shared helpers -----------------------------------------------------------------------
     def _kv_lens(self, mode: ForwardMode, seq_lens: torch.Tensor, n: int) -> torch.Tensor:
@@ -198,3 +200,10 @@ class TorchNativeBackend(AttentionBackend):
             cache.set_kv(layer, fb.out_cache_loc, k, v)
             dense_paged_attention(q, cache.k[layer], cache.v[layer], md.kv_indptr, md.kv_indices, out, **common)
         return out
+
+
+class TorchNativeMLABackend(TorchNativeBackend):
+    """The same backend serving an MLA model (the latent cache, ``dense_paged_mla_attention``)."""
+
+    name = "torch_native_mla"
+    model_kind = "mla"

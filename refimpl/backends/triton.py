@@ -1,6 +1,5 @@
-"""SGLang's Triton attention backend, unified (Pattern A) and legacy (Pattern C), plus two
-refimpl-own shapes: ``fused`` (A, the replay metadata in one launch) and ``in_graph`` (that
-launch recorded inside the graph) ([facts#fused-and-in-graph-metadata]).
+"""SGLang's Triton attention backend, unified (Pattern A) and legacy (Pattern C); refimpl's own
+``fused`` and ``in_graph`` shapes are in ``triton_fused.py``.
 
 Upstream: ``python/sglang/srt/layers/attention/triton_backend.py`` (``TritonAttnBackend``);
 unified by #26134 / #26665 (https://github.com/sgl-project/sglang/pull/26665); facts in
@@ -47,10 +46,8 @@ from ..kernels import (
     csr_ref,
     decode_attention,
     extend_attention,
-    fused_graph_metadata_args,
     get_num_kv_splits,
     get_num_kv_splits_ref,
-    launch_fused_graph_metadata,
 )
 from ..modes import ForwardMode
 from ..spec import DraftDecodeInput, DraftExtendInput, VerifyInput, require_spec
@@ -91,6 +88,9 @@ class TritonAttnBackend(AttentionBackend):
     name = "triton"
     variant = "unified"
     pattern = "A"
+    # the eager kv_indptr / qo_indptr / mask_indptr too: some graphs read them (as SGLang's do)
+    graph_buffer_names = ("kv_indptr", "qo_indptr", "mask_indptr", "cuda_graph_attn_logits", "cuda_graph_attn_lse",
+                          "cuda_graph_num_kv_splits", "cuda_graph_kv_indices", "cuda_graph_custom_mask")  # fmt: skip
     graph_modes = frozenset(
         {
             ForwardMode.DECODE,
@@ -199,9 +199,8 @@ class TritonAttnBackend(AttentionBackend):
                 mask = spec.custom_mask
                 mask_indptr = layout.mask_indptr(seq, n)
             self.forward_metadata = TritonMetadata(
-                kv_indptr, kv_indices, max_extend_len=n, qo_indptr=qo,
-                custom_mask=mask, mask_indptr=mask_indptr,
-            )  # fmt: skip
+                kv_indptr, kv_indices, max_extend_len=n, qo_indptr=qo, custom_mask=mask, mask_indptr=mask_indptr
+            )
             return
         # EXTEND and draft extend: causal over the new rows, paged prefix before them
         if mode.is_any_draft_extend():
@@ -450,8 +449,7 @@ class TritonAttnBackendLegacy(TritonAttnBackend):
             self.qo_indptr[: bs + 1] = torch.arange(0, (bs + 1) * n, n, device=dev)
             self.kv_indptr[1 : bs + 1] = torch.cumsum(seq_lens[:bs], 0)
             kv_indptr = self.kv_indptr[: bs + 1]
-            build_kv_indices(r2t, req_pool_indices[:bs], seq_lens[:bs], kv_indptr,
-                             self.cuda_graph_kv_indices)  # fmt: skip
+            build_kv_indices(r2t, req_pool_indices[:bs], seq_lens[:bs], kv_indptr, self.cuda_graph_kv_indices)
             custom_mask = mask_indptr = None
             if spec.custom_mask is not None:
                 self.cuda_graph_custom_mask[: spec.custom_mask.numel()].copy_(spec.custom_mask)
@@ -468,17 +466,14 @@ class TritonAttnBackendLegacy(TritonAttnBackend):
             kv_lens = torch.clamp(seq_lens[:bs] - stride, min=0)  # prefix before the new rows
             self.kv_indptr[1 : bs + 1] = torch.cumsum(kv_lens, 0)
             kv_indptr = self.kv_indptr[: bs + 1]
-            build_kv_indices(r2t, req_pool_indices[:bs], kv_lens, kv_indptr,
-                             self.cuda_graph_kv_indices)  # fmt: skip
+            build_kv_indices(r2t, req_pool_indices[:bs], kv_lens, kv_indptr, self.cuda_graph_kv_indices)
             self.forward_metadata = TritonMetadata(
-                kv_indptr, self.cuda_graph_kv_indices, max_extend_len=stride,
-                qo_indptr=self.qo_indptr[: bs + 1],
-            )  # fmt: skip
+                kv_indptr, self.cuda_graph_kv_indices, max_extend_len=stride, qo_indptr=self.qo_indptr[: bs + 1]
+            )
 
     def init_forward_metadata_replay_cuda_graph(
-        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
-        seq_lens_cpu,
-    ) -> None:  # fmt: skip
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
+    ) -> None:
         r2t, dev = self.world.req_to_token, self.device
         rpi, seq = req_pool_indices[:bs], seq_lens[:bs]
         if forward_mode.is_decode_or_idle():
@@ -524,156 +519,3 @@ class TritonMultiStepDraftBackendLegacy(MultiStepDraftBackend):
 
     step_cls = TritonAttnBackendLegacy
     compute_splits_at_capture = False
-
-
-# ----------------------------------------------------------------------------------------------
-class TritonAttnBackendFused(TritonAttnBackend):
-    """refimpl's own shape (not upstream's): the replay hook's metadata in ONE Triton launch.
-
-    [facts#fused-and-in-graph-metadata]. The unified hook launches a cumsum, the CSR kernel and
-    the split-count kernel for decode (target verify: an ``arange`` copy, the cumsum and CSR
-    kernel, the mask copy and the ``mask_indptr`` cumsum). On an H200 that hook costs ~180 µs of
-    host time against ~10-15 µs per Triton launch and ~2.4 µs for ``graph.replay()``: the
-    metadata glue, not the model, dominates a small-batch replay. Here
-    ``refimpl.kernels.fused_graph_metadata`` writes ``kv_indptr``, ``cuda_graph_kv_indices`` and
-    ``cuda_graph_num_kv_splits`` (decode) or ``kv_indptr``, ``cuda_graph_kv_indices``,
-    ``qo_indptr``, ``mask_indptr`` and the custom-mask copy (verify) in one launch, outside the
-    graph (goal: <= 20 µs host per hook at bs 1..256). SGLang 0.5.23 attacks the same cost with
-    an optional captured "metadata glue graph" (``SGLANG_ENABLE_METADATA_GLUE_GRAPH``, off by
-    default). Capture runs the replay body, then freezes the same views as the unified shape
-    (Pattern A), so ``graph_state`` / ``reference_graph_state`` are the unified ones.
-
-    Modes: decode, idle, target verify. Draft extend and multi-step draft decode are refused.
-    """
-
-    variant = "fused"
-    pattern = "A"
-    graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY})
-
-    def _refuse_draft_decode(self, spec_info: Any) -> None:
-        if isinstance(spec_info, DraftDecodeInput):
-            supported = ", ".join(sorted(m.label for m in self.graph_modes))
-            raise GraphModeNotSupported(
-                f"{self.name}/{self.variant} does not support multi-step draft decode under "
-                f"graphs (supported: {supported})"
-            )
-
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kw) -> None:
-        super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kw)
-        self._fused_plans: dict[tuple, tuple] = {}  # (bs, N, mask?) -> (seq_lens, rpi, args)
-
-    def _fused_metadata(self, mode, req_pool_indices, seq_lens, n=None, mask=None) -> None:
-        """The one launch: every buffer the captured ``forward`` reads for ``seq_lens``' bs.
-
-        The arguments are checked once per (bs, mode, mask) and runner tensors: a replay passes
-        the same static ``seq_lens`` / ``req_pool_indices`` views every time (the runner keeps
-        one per bs), so later calls only check the fresh spec mask and launch."""
-        key = (seq_lens.shape[0], n, mask is not None)
-        plan = self._fused_plans.get(key)
-        if plan is None or plan[0] is not seq_lens or plan[1] is not req_pool_indices:
-            cfg, r2t = self.cfg, self.world.req_to_token
-            if mode.is_decode_or_idle():
-                args = fused_graph_metadata_args(
-                    r2t, req_pool_indices, seq_lens, self.kv_indptr, self.cuda_graph_kv_indices,
-                    num_kv_splits=self.cuda_graph_num_kv_splits, num_heads=cfg.num_heads,
-                    num_kv_heads=cfg.num_kv_heads, max_kv_splits=self.max_kv_splits,
-                    core_count=self.core_count,
-                )  # fmt: skip
-            else:
-                args = fused_graph_metadata_args(
-                    r2t, req_pool_indices, seq_lens, self.kv_indptr, self.cuda_graph_kv_indices,
-                    num_draft_tokens=n, qo_indptr=self.qo_indptr, mask_indptr=self.mask_indptr,
-                    custom_mask_src=mask,
-                    custom_mask=None if mask is None else self.cuda_graph_custom_mask,
-                )  # fmt: skip
-            plan = self._fused_plans[key] = (seq_lens, req_pool_indices, args)
-        launch_fused_graph_metadata(plan[2], mask)
-
-    def init_forward_metadata_capture_cuda_graph(
-        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
-    ) -> None:
-        self.check_graph_mode(forward_mode)
-        self._refuse_draft_decode(spec_info)
-        super().init_forward_metadata_capture_cuda_graph(
-            bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
-        )  # the replay body below, then the unified shape's views
-
-    def init_forward_metadata_replay_cuda_graph(
-        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
-        seq_lens_cpu,
-    ) -> None:  # fmt: skip
-        if seq_lens.shape[0] != bs:  # the runner passes bs-long views already
-            seq_lens = seq_lens[:bs]
-        if forward_mode.is_decode_or_idle():
-            self._refuse_draft_decode(spec_info)
-            self._fused_metadata(forward_mode, req_pool_indices, seq_lens)
-        elif forward_mode.is_target_verify():
-            n, mask = self._verify_mask(spec_info)
-            self._fused_metadata(forward_mode, req_pool_indices, seq_lens, n, mask)
-        else:
-            raise GraphModeNotSupported(f"{self.name}/{self.variant}: {forward_mode.label} is "
-                                        f"not captured")  # fmt: skip
-
-
-class TritonAttnBackendInGraph(TritonAttnBackendFused):
-    """refimpl's own shape: the fused metadata launch recorded INSIDE the graph (in-graph).
-
-    [facts#fused-and-in-graph-metadata]. ``init_forward_metadata_in_graph`` (the runner calls
-    it first thing in the captured step) launches ``fused_graph_metadata`` on the runner's
-    static ``seq_lens`` / ``req_pool_indices``, so every replay rebuilds ``kv_indptr``,
-    ``cuda_graph_kv_indices``, the split counts (decode) or ``qo_indptr`` / ``mask_indptr``
-    (verify) on the device as part of the graph, the way TRTLLM-MLA's in_graph shape does
-    (#30807 / #31628, [facts#trtllm-mla-after-26665-and-after-29077]). The replay hook does no
-    metadata work: decode / idle only re-point ``forward_metadata`` at the bs's views; target
-    verify also copies the spec's custom mask into ``cuda_graph_custom_mask`` (a varying-size
-    input the graph cannot read from a fresh tensor). Goal: a replay is the input copies plus
-    one graph launch (<= 5 µs of host time beyond the copies on an H200).
-    """
-
-    variant = "in_graph"
-    pattern = "in-graph"
-
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kw) -> None:
-        super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kw)
-        self._graph_views: dict[tuple, TritonMetadata] = {}  # (bs, verify, mask?) -> views
-
-    def _views(self, bs: int, mode: ForwardMode, spec_info: Any) -> TritonMetadata:
-        """The bs's metadata views (built once per bs / mode / mask presence)."""
-        verify = mode.is_target_verify()
-        key = (bs, verify, verify and spec_info.custom_mask is not None)
-        md = self._graph_views.get(key)
-        if md is None:
-            md = self._graph_views[key] = self._build_cuda_graph_forward_metadata(bs, mode, spec_info)
-        return md
-
-    def _copy_mask(self, spec_info: Any) -> None:
-        _, mask = self._verify_mask(spec_info)
-        if mask is not None:
-            self.cuda_graph_custom_mask[: mask.numel()].copy_(mask)
-
-    def init_forward_metadata_capture_cuda_graph(
-        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
-    ) -> None:
-        self.check_graph_mode(forward_mode)
-        self._refuse_draft_decode(spec_info)
-        self.init_forward_metadata_replay_cuda_graph(
-            bs, req_pool_indices, seq_lens, None, encoder_lens, forward_mode, spec_info, None
-        )  # the mask copy (verify) and the views; the metadata itself is built in the graph
-
-    def init_forward_metadata_in_graph(self, fb: ForwardBatch) -> None:
-        """Runs inside the captured region: recorded, so every replay rebuilds in the graph.
-        Reads only static buffers (the runner's ``seq_lens`` / ``req_pool_indices``)."""
-        mode = fb.forward_mode
-        n = self._num_draft_tokens() if mode.is_target_verify() else None
-        self._fused_metadata(mode, fb.req_pool_indices, fb.seq_lens, n)  # no mask copy here
-
-    def init_forward_metadata_replay_cuda_graph(
-        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
-        seq_lens_cpu,
-    ) -> None:  # fmt: skip
-        if forward_mode.is_target_verify():
-            self._copy_mask(spec_info)
-        elif not forward_mode.is_decode_or_idle():
-            raise GraphModeNotSupported(f"{self.name}/{self.variant}: {forward_mode.label} is "
-                                        f"not captured")  # fmt: skip
-        self.forward_metadata = self._views(bs, forward_mode, spec_info)  # re-point only

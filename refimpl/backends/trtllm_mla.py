@@ -57,7 +57,7 @@ from ..kernels import (
 )
 from ..modes import ForwardMode
 from ..spec import DraftDecodeInput, DraftExtendInput, VerifyInput, require_spec
-from .base import AttentionBackend, GraphModeNotSupported
+from .base import AttentionBackend, GraphModeNotSupported, MultiStepBackend
 from .flashinfer_mla import FlashInferMLAAttnBackend
 
 TRTLLM_BLOCK_CONSTRAINT = 128  # trtllm-gen: the table must cover a multiple of 128 positions
@@ -92,12 +92,14 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
     variant = "unified"
     pattern = "A"
     page_sizes = (32, 64)
+    page_size = 64  # what the registry builds it with
+    graph_buffer_names = ("kv_indptr", "decode_cuda_graph_kv_indices", "cuda_graph_kv_indices", "cuda_graph_qo_indptr",
+                          "cuda_graph_kv_indptr", "cuda_graph_kv_lens")  # fmt: skip
     graph_modes = frozenset(
         {ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2}
     )
 
-    def __init__(self, world: World, spec: SpecConfig | None = None, *,
-                 draft_step: int | None = None, **kw):  # fmt: skip
+    def __init__(self, world: World, spec: SpecConfig | None = None, *, draft_step: int | None = None, **kw):
         super().__init__(world, spec, **kw)
         self.page_size = world.page_size
         self.draft_step = draft_step  # multi-step draft decode: this step backend's index
@@ -145,8 +147,7 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
         width = calc_padded_blocks(longest + offset, self.page_size)
         table = torch.full((bs, width), -1, dtype=torch.int32, device=self.device)
         seq_k = (fb.seq_lens + offset).to(torch.int32)
-        build_block_table(self.world.req_to_token, fb.req_pool_indices, seq_k, table,
-                          self.page_size)  # fmt: skip
+        build_block_table(self.world.req_to_token, fb.req_pool_indices, seq_k, table, self.page_size)
         md = TRTLLMMLADecodeMetadata(table, longest, None if offset == 0 else seq_k)
         if mode.is_draft_extend_v2():
             n = layout.rows_per_request(mode, self.spec)
@@ -159,8 +160,7 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
     ) -> None:
         L, P = self.world.max_context_len, self.page_size
         if block_kv_indices is None:
-            block_kv_indices = torch.full((max_bs, self.max_blocks), -1, dtype=torch.int32,
-                                          device=self.device)  # fmt: skip
+            block_kv_indices = torch.full((max_bs, self.max_blocks), -1, dtype=torch.int32, device=self.device)
         elif block_kv_indices.shape[1] * P < L:
             raise ValueError(
                 f"block table of width {block_kv_indices.shape[1]} pages of {P} covers "
@@ -200,8 +200,7 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
         elif offset:  # verify, draft step
             seq = seq + offset
             md.seq_lens_k.copy_(seq)
-        build_block_table(self.world.req_to_token, req_pool_indices[:bs], seq, md.block_kv_indices,
-                          self.page_size)  # fmt: skip
+        build_block_table(self.world.req_to_token, req_pool_indices[:bs], seq, md.block_kv_indices, self.page_size)
 
     def _apply_draft_extend(self, md, bs: int, seq: torch.Tensor) -> torch.Tensor:
         npb = self.spec.num_draft_tokens
@@ -218,14 +217,12 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
         self.check_graph_mode(forward_mode)
         self._init_cuda_graph_metadata(bs, num_tokens, forward_mode, spec_info)
         self.init_forward_metadata_replay_cuda_graph(
-            bs, req_pool_indices, seq_lens, None, encoder_lens, forward_mode, spec_info,
-            seq_lens[:bs].cpu(),
-        )  # fmt: skip
+            bs, req_pool_indices, seq_lens, None, encoder_lens, forward_mode, spec_info, seq_lens[:bs].cpu()
+        )
 
     def init_forward_metadata_replay_cuda_graph(
-        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
-        seq_lens_cpu,
-    ) -> None:  # fmt: skip
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
+    ) -> None:
         self._apply_cuda_graph_metadata(bs, req_pool_indices, seq_lens, forward_mode, spec_info)
         self.forward_metadata = self.decode_cuda_graph_metadata[bs]
 
@@ -236,8 +233,7 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
             "block_kv_indices": md.block_kv_indices[:bs],
             "max_seq_len_k": self.captured_max_seq_len[bs],  # what the graph baked in
         }
-        for name in ("seq_lens_k", "cu_seqlens_q", "seq_lens_q", "max_seq_len_q",
-                     "sum_seq_lens_q"):  # fmt: skip
+        for name in ("seq_lens_k", "cu_seqlens_q", "seq_lens_q", "max_seq_len_q", "sum_seq_lens_q"):
             if (value := getattr(md, name)) is not None:
                 state[name] = value
         return state
@@ -304,8 +300,7 @@ class TRTLLMMLAAttnBackendLegacy(TRTLLMMLAAttnBackend):
         dev, i32 = self.device, torch.int32
         seq = seq_lens[:bs] + self._seqlen_offset(forward_mode, spec_info)
         table = self.decode_cuda_graph_kv_indices[:bs, : self.max_blocks]
-        build_block_table(self.world.req_to_token, req_pool_indices[:bs], seq, table,
-                          self.page_size)  # fmt: skip
+        build_block_table(self.world.req_to_token, req_pool_indices[:bs], seq, table, self.page_size)
         md = TRTLLMMLADecodeMetadata(table, int(seq_lens[:bs].max()))  # (1) capture's maximum
         if forward_mode.is_draft_extend_v2():
             npb = num_tokens // bs
@@ -319,9 +314,8 @@ class TRTLLMMLAAttnBackendLegacy(TRTLLMMLAAttnBackend):
         self.captured_max_seq_len[bs] = md.max_seq_len_k
 
     def init_forward_metadata_replay_cuda_graph(
-        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
-        seq_lens_cpu,
-    ) -> None:  # fmt: skip
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
+    ) -> None:
         md = self.decode_cuda_graph_metadata[bs]
         seq = seq_lens[:bs] + self._seqlen_offset(forward_mode, spec_info)
         if forward_mode.is_draft_extend_v2():
@@ -334,8 +328,7 @@ class TRTLLMMLAAttnBackendLegacy(TRTLLMMLAAttnBackend):
             md.seq_lens_q.copy_(real)
         if md.seq_lens_k is not None:
             md.seq_lens_k.copy_(seq)
-        build_block_table(self.world.req_to_token, req_pool_indices[:bs], seq, md.block_kv_indices,
-                          self.page_size)  # fmt: skip
+        build_block_table(self.world.req_to_token, req_pool_indices[:bs], seq, md.block_kv_indices, self.page_size)
         md.max_seq_len_k = int(seq_lens_cpu[:bs].max())  # (1) the graph does not see this
 
 
@@ -383,71 +376,53 @@ class TRTLLMMLAAttnBackendInGraph(TRTLLMMLAAttnBackendSimplified):
         )  # fmt: skip
 
     def init_forward_metadata_replay_cuda_graph(
-        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
-        seq_lens_cpu,
-    ) -> None:  # fmt: skip
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
+    ) -> None:
         self._seqlen_offset(forward_mode, spec_info)  # the batch must fit the graph: host check
         self.forward_metadata = self.decode_cuda_graph_metadata[bs]  # re-point only
 
 
 # ----------------------------------------------------------------------------------------------
-class TRTLLMMLAMultiStepDraftBackend(AttentionBackend):
-    """Multi-step draft decode (topk 1): S-1 step backends; step i's kernel lengths are
-    ``seq_lens + i + 1`` (the prefix and the i+1 drafts of the chain), its own block table."""
+class TRTLLMMLAMultiStepDraftBackend(MultiStepBackend):
+    """Multi-step draft decode (topk 1): S-1 independent step backends; step i's kernel lengths
+    are ``seq_lens + i + 1`` (the prefix and the i+1 drafts of the chain), its own block table."""
 
     step_cls: type = TRTLLMMLAAttnBackend
-    name, variant, pattern = step_cls.name, step_cls.variant, step_cls.pattern
-    graph_modes = frozenset({ForwardMode.DECODE})
-
-    def __init_subclass__(cls, **kw):  # a wrapper carries its step backends' labels
-        super().__init_subclass__(**kw)
-        cls.name, cls.variant, cls.pattern = (cls.step_cls.name, cls.step_cls.variant,
-                                              cls.step_cls.pattern)  # fmt: skip
 
     def __init__(self, world: World, spec: SpecConfig | None = None, **kw):
-        if spec is None or spec.num_steps < 2:
-            raise ValueError(f"multi-step draft decode needs num_steps >= 2, got {spec}")
         super().__init__(world, spec)
-        self.steps = [self.step_cls(world, spec, draft_step=i, **kw) for i in range(spec.num_steps - 1)]
-
-    def step_backend(self, i: int) -> AttentionBackend:
-        return self.steps[i]
+        self.step_backends = [self.step_cls(world, spec, draft_step=i, **kw) for i in range(spec.num_steps - 1)]
 
     def check_graph_mode(self, mode: ForwardMode) -> None:
-        if not mode.is_decode_or_idle():
-            raise GraphModeNotSupported(f"multi-step draft decode runs decode steps, not {mode.label}")
+        super().check_graph_mode(mode)
         if self.spec.topk != 1:
             raise GraphModeNotSupported(f"{self.name}: multi-step draft decode takes chains only "
                                         f"(topk=1), got topk={self.spec.topk}")  # fmt: skip
 
-    def _each(self, method: str, *args) -> None:
-        for b in self.steps:
-            getattr(b, method)(*args)
-
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
-        self._each("init_forward_metadata", fb)
+        for b in self.step_backends:
+            b.init_forward_metadata(fb)
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         self.max_bs, self.max_num_tokens = max_bs, max_num_tokens
-        self._each("init_cuda_graph_state", max_bs, max_num_tokens)
+        for b in self.step_backends:
+            b.init_cuda_graph_state(max_bs, max_num_tokens)
 
-    def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, *args) -> None:
-        self.check_graph_mode(args[3])
-        self._each("init_forward_metadata_capture_cuda_graph", bs, num_tokens, *args)
+    def init_forward_metadata_capture_cuda_graph(
+        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
+    ) -> None:
+        self.check_graph_mode(forward_mode)
+        for b in self.step_backends:
+            b.init_forward_metadata_capture_cuda_graph(
+                bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
+            )
 
     def init_forward_metadata_replay_cuda_graph(self, *args) -> None:
-        self._each("init_forward_metadata_replay_cuda_graph", *args)
-
-    def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
-        return {f"step{i}.{k}": v for i, b in enumerate(self.steps)
-                for k, v in b.graph_state(bs, mode).items()}  # fmt: skip
+        for b in self.step_backends:
+            b.init_forward_metadata_replay_cuda_graph(*args)
 
     def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any]:
-        return {f"step{i}.{k}": v for i, b in enumerate(self.steps)
-                for k, v in b.reference_graph_state(fb).items()}  # fmt: skip
-
-    def forward(self, q, k, v, layer, fb):
-        raise RuntimeError("the multi-step program calls step_backend(i).forward, not the wrapper")
+        return self.per_step(b.reference_graph_state(fb) for b in self.step_backends)
 
 
 class TRTLLMMLAMultiStepDraftBackendLegacy(TRTLLMMLAMultiStepDraftBackend):
@@ -460,6 +435,3 @@ class TRTLLMMLAMultiStepDraftBackendSimplified(TRTLLMMLAMultiStepDraftBackend):
 
 class TRTLLMMLAMultiStepDraftBackendInGraph(TRTLLMMLAMultiStepDraftBackend):
     step_cls = TRTLLMMLAAttnBackendInGraph
-
-    def init_forward_metadata_in_graph(self, fb: ForwardBatch) -> None:
-        self._each("init_forward_metadata_in_graph", fb)

@@ -81,15 +81,13 @@ class WaveAttnBackend(TritonAttnBackend):
         self._splits(self.cuda_graph_num_kv_splits[:rows], seq_lens)
 
     def init_forward_metadata_replay_cuda_graph(
-        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
-        seq_lens_cpu,
-    ) -> None:  # fmt: skip
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
+    ) -> None:
         if forward_mode.is_decode_or_idle() and isinstance(spec_info, DraftDecodeInput):
             return self._replay_draft_decode(spec_info, seq_lens[:bs])
         return super().init_forward_metadata_replay_cuda_graph(
-            bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
-            seq_lens_cpu,
-        )  # fmt: skip
+            bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
+        )
 
 
 class WaveAttnBackendLegacy(WaveAttnBackend):
@@ -127,8 +125,7 @@ class WaveAttnBackendLegacy(WaveAttnBackend):
             self.qo_indptr[: bs + 1] = torch.arange(0, (bs + 1) * n, n, device=self.device)
             self.kv_indptr[1 : bs + 1] = torch.cumsum(seq_lens[:bs], 0)
             kv_indptr = self.kv_indptr[: bs + 1]
-            build_kv_indices(r2t, req_pool_indices[:bs], seq_lens[:bs], kv_indptr,
-                             self.cuda_graph_kv_indices)  # fmt: skip
+            build_kv_indices(r2t, req_pool_indices[:bs], seq_lens[:bs], kv_indptr, self.cuda_graph_kv_indices)
             self.cuda_graph_custom_mask[: spec.custom_mask.numel()].copy_(spec.custom_mask)
             seq_mask_len = n * (seq_lens[:bs].to(torch.int64) + n)
             self.mask_indptr[1 : bs + 1] = torch.cumsum(seq_mask_len, 0)
@@ -139,9 +136,8 @@ class WaveAttnBackendLegacy(WaveAttnBackend):
             )  # fmt: skip
 
     def init_forward_metadata_replay_cuda_graph(
-        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
-        seq_lens_cpu,
-    ) -> None:  # fmt: skip
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
+    ) -> None:
         r2t = self.world.req_to_token
         if forward_mode.is_decode_or_idle():
             if isinstance(spec_info, DraftDecodeInput):

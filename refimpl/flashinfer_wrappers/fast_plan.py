@@ -65,8 +65,7 @@ def _require_alias(name: str, given: torch.Tensor | None, bound: torch.Tensor | 
 
 def _require_fits(name: str, given: torch.Tensor | None, bound: torch.Tensor) -> None:
     if given is not None and len(given) > len(bound):
-        raise ValueError(f"{name} has {len(given)} entries, more than the bound buffer holds "
-                         f"({len(bound)})")  # fmt: skip
+        raise ValueError(f"{name} has {len(given)} entries, more than the bound buffer holds ({len(bound)})")
 
 
 def _check_same_kernel(wrapper: Any, q_dt, kv_dt, window_left: int, soft_cap: float) -> None:
@@ -214,8 +213,7 @@ def fast_mla_decode_plan(
 ) -> None:  # fmt: skip
     """Re-plan a cuda-graph ``BatchMLAPagedAttentionWrapper`` from host tensors, copying nothing."""
     module = _require_planned(wrapper, "fast_mla_decode_plan")
-    _require_host(qo_indptr_cpu=qo_indptr_cpu, kv_indptr_cpu=kv_indptr_cpu,
-                  kv_len_arr_cpu=kv_len_arr_cpu)  # fmt: skip
+    _require_host(qo_indptr_cpu=qo_indptr_cpu, kv_indptr_cpu=kv_indptr_cpu, kv_len_arr_cpu=kv_len_arr_cpu)
     if not getattr(wrapper, "_use_cuda_graph", False):  # run reads the bound kv_indices
         raise ValueError("fast_mla_decode_plan needs a wrapper in cuda-graph mode")
     batch_size = len(kv_len_arr_cpu)

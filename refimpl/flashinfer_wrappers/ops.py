@@ -30,8 +30,7 @@ def handle_of(wrapper: Any) -> int:
 
 
 @kernel_op("refimpl::fi_run", mutates_args=("out",))
-def _fi_run(handle: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-            out: torch.Tensor) -> None:  # fmt: skip
+def _fi_run(handle: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor) -> None:
     out.copy_(_WRAPPERS[handle].run(q, (k_cache, v_cache)))
 
 

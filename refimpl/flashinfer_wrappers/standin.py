@@ -72,8 +72,7 @@ def _lens(name: str, indptr_host: torch.Tensor, batch_size=None, indices=None) -
         raise ValueError(f"{name}[0]={v[0] if v else None}: must be 0")
     for i, (a, b) in enumerate(itertools.pairwise(v)):
         if b < a:
-            raise ValueError(f"{name} must be non-decreasing: {name}[{i}]={a} > {name}[{i + 1}]="
-                             f"{b}")  # fmt: skip
+            raise ValueError(f"{name} must be non-decreasing: {name}[{i}]={a} > {name}[{i + 1}]={b}")
     if indices is not None and v[-1] > len(indices):
         raise ValueError(f"{name}[-1]={v[-1]} > len(indices)={len(indices)}")
     return [b - a for a, b in itertools.pairwise(v)]
@@ -81,8 +80,7 @@ def _lens(name: str, indptr_host: torch.Tensor, batch_size=None, indices=None) -
 
 def _fits(name: str, n: int, buf_name: str, buf: torch.Tensor) -> None:
     if n > len(buf):
-        raise ValueError(f"{name} has {n} entries, more than the bound {buf_name} holds "
-                         f"({len(buf)})")  # fmt: skip
+        raise ValueError(f"{name} has {n} entries, more than the bound {buf_name} holds ({len(buf)})")
 
 
 def _require_tensors(use_cuda_graph: bool, **bufs: Any) -> None:
@@ -143,8 +141,7 @@ class _PrefillModule:
 class _MLAModule:
     """flashinfer's MLA module (``get_batch_mla_module``): 9-argument plan."""
 
-    def plan(self, float_ws, int_ws, pinned_ws, qo_indptr, kv_indptr, kv_len_arr, num_heads,
-             head_dim_o, causal):  # fmt: skip
+    def plan(self, float_ws, int_ws, pinned_ws, qo_indptr, kv_indptr, kv_len_arr, num_heads, head_dim_o, causal):
         q_lens = _lens("qo_indptr", qo_indptr)
         pages, kv_lens = _lens("kv_indptr", kv_indptr, len(q_lens)), kv_len_arr.tolist()
         if kv_lens != pages:
@@ -404,8 +401,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Standin):
                 "_custom_mask_buf": custom_mask.reshape(-1).to(torch.uint8),
                 "_mask_indptr_buf": torch.tensor([0, *itertools.accumulate(sizes)], dtype=I32, device="cpu"),
             }
-        self._check_bound(bs, kv_lens, "paged_kv_indices", paged_kv_indices,
-                          "paged_kv_indices_buf")  # fmt: skip
+        self._check_bound(bs, kv_lens, "paged_kv_indices", paged_kv_indices, "paged_kv_indices_buf")
         if not self._use_cuda_graph:  # a plan without a mask unbinds the last one
             self._custom_mask_buf = self._mask_indptr_buf = None
         elif mask:
@@ -466,8 +462,7 @@ class BatchMLAPagedAttentionWrapper(_Standin):
         kv_lens = _lens("kv_indptr", kv_host, bs, kv_indices)
         self._check_bound(bs, kv_lens, "kv_indices", kv_indices, "kv_indices")
         # the module validates kv_len_arr before anything is copied
-        self._call_module(_MLAModule(), qo_host, kv_host, kv_len_host, num_heads, head_dim_ckv,
-                          causal)  # fmt: skip
+        self._call_module(_MLAModule(), qo_host, kv_host, kv_len_host, num_heads, head_dim_ckv, causal)
         self._store(True, _qo_indptr_buf=qo_indptr, _kv_indptr_buf=kv_indptr,
                     _kv_indices_buf=kv_indices, _kv_len_arr_buf=kv_len_arr)  # fmt: skip
         self._cached_q_data_type = self._cached_o_data_type = _dtype(q_data_type)

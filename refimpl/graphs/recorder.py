@@ -123,8 +123,7 @@ class Recorder(TorchDispatchMode):
         ):
             raise GraphCaptureError(f"data-dependent output shape during capture: {name} with a boolean mask")
         if _device_to_host(name, args, kwargs):
-            raise GraphCaptureError(f"host synchronisation during capture: {name} copies a "
-                                    "device tensor to the host")  # fmt: skip
+            raise GraphCaptureError(f"host synchronisation during capture: {name} copies a device tensor to the host")
         out = func(*args, **kwargs)
         step = Step(func, args, kwargs, out)
         self.names.append((name, step.rerun))

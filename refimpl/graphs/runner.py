@@ -60,9 +60,8 @@ class RunResult:
 # --- the backend hooks, called from a batch (SGLang's argument lists) ----------------------------
 def call_capture_hook(backend, fb: ForwardBatch) -> None:
     backend.init_forward_metadata_capture_cuda_graph(
-        fb.batch_size, fb.num_tokens, fb.req_pool_indices, fb.seq_lens, None, fb.forward_mode,
-        fb.spec_info,
-    )  # fmt: skip
+        fb.batch_size, fb.num_tokens, fb.req_pool_indices, fb.seq_lens, None, fb.forward_mode, fb.spec_info
+    )
 
 
 def call_replay_hook(backend, fb: ForwardBatch) -> None:
@@ -73,11 +72,9 @@ def call_replay_hook(backend, fb: ForwardBatch) -> None:
 
 
 def call_in_graph_hook(backend, fb: ForwardBatch) -> None:
-    """Backends that rebuild their metadata *inside* the graph (``init_forward_metadata_in_graph``,
-    SGLang #29843) run it first thing in the captured step; others have none."""
-    hook = getattr(backend, "init_forward_metadata_in_graph", None)
-    if hook is not None:
-        hook(fb)
+    """The metadata a backend rebuilds *inside* the graph (``AttentionBackend.
+    init_forward_metadata_in_graph``, a no-op for most), first thing in the captured step."""
+    backend.init_forward_metadata_in_graph(fb)
 
 
 class GraphRunner:
@@ -162,21 +159,6 @@ class GraphRunner:
             "seq_lens_cpu": self.seq_lens_cpu, "out_cache_loc": self.out_cache_loc,
         }  # fmt: skip
 
-    def _write_inputs(self, dst: dict[str, torch.Tensor], fb: ForwardBatch, bs: int) -> None:
-        """Copy ``fb``'s live rows into the prefixes of ``dst`` (whose other rows are padded)."""
-        raw_bs, n = fb.batch_size, fb.num_tokens
-        dst["input_ids"][:n].copy_(fb.input_ids)
-        dst["positions"][:n].copy_(fb.positions)
-        if self.multi_step_draft:  # [step][seq][branch]: each step's block starts at step*rows
-            steps = self.spec_cfg.num_steps
-            view = dst["out_cache_loc"][: bs * self.locs_per_req].view(steps, -1)
-            view[:, :n].copy_(fb.out_cache_loc.view(steps, n))
-        else:
-            dst["out_cache_loc"][: fb.out_cache_loc.numel()].copy_(fb.out_cache_loc)
-        dst["req_pool_indices"][:raw_bs].copy_(fb.req_pool_indices)
-        dst["seq_lens"][:raw_bs].copy_(fb.seq_lens)
-        dst["seq_lens_cpu"][:raw_bs].copy_(fb.seq_lens_cpu)
-
     def capture_batch(self, bs: int) -> ForwardBatch:
         """The batch the capture hook of size ``bs`` sees: all padded rows + a dummy spec input."""
         spec = dummy_spec_input(self.mode, bs, self.spec_cfg, self.fill_value, self.device, self.multi_step_draft)
@@ -186,7 +168,7 @@ class GraphRunner:
         """What a replay of ``fb`` feeds the backend: ``fb`` padded to its captured size."""
         bs = self.pick_bs(fb.batch_size)
         inputs = self._rest_inputs(bs)
-        self._write_inputs(inputs, fb, bs)
+        self.load_inputs(fb, bs, into=inputs)  # the replay's own writer, into fresh inputs
         total = layout.padded_seq_lens_sum(fb.seq_lens_sum, fb.batch_size, bs, self.fill_value)
         return self._batch(inputs, bs, total, fb.spec_info)
 
@@ -202,9 +184,8 @@ class GraphRunner:
         for bs in order:
             t0, mem0 = time.perf_counter(), self.engine.memory_in_use()
             layout.reset_padded_rows(
-                self.req_pool_indices, self.seq_lens, self.seq_lens_cpu, self.out_cache_loc,
-                self.fill_value,
-            )  # fmt: skip
+                self.req_pool_indices, self.seq_lens, self.seq_lens_cpu, self.out_cache_loc, self.fill_value
+            )
             fb = self._batch(static, bs, bs * self.fill_value, self.capture_batch(bs).spec_info)
             call_capture_hook(self.backend, fb)
 
@@ -264,48 +245,50 @@ class GraphRunner:
             raise GraphReplayError(why)
         return self._replay(fb)
 
-    def _load_inputs(self, fb: ForwardBatch, bs: int) -> None:
-        """Replay step 1: the batch into the static inputs, the padded rows reset to padded rows
+    def load_inputs(self, fb: ForwardBatch, bs: int, into: dict[str, torch.Tensor] | None = None) -> None:
+        """Replay phase 2: the batch into the static inputs, the padded rows reset to padded rows
         (fill value, request 0, cache slot 0), in one ``torch._foreach_copy_`` (one launch per
-        dtype) plus the host mirror. Same result as ``_write_inputs`` into freshly padded inputs
-        (what ``padded_batch`` builds); ``tests/test_blind_spots.py`` compares the two."""
-        dst, pads, host_live, host_pad = self._copy_plan(fb.batch_size, bs, fb.num_tokens)
+        dtype) plus the host mirror. The one writer of a batch into graph inputs: ``padded_batch``
+        (what the checker feeds the hooks) runs it ``into`` fresh inputs."""
+        dst, pads, host_live, host_pad = self._copy_plan(fb.batch_size, bs, fb.num_tokens, into)
         loc = fb.out_cache_loc
         if self.multi_step_draft:
             loc = loc.view(self.spec_cfg.num_steps, fb.num_tokens)
-        torch._foreach_copy_(dst, [fb.input_ids, fb.positions, loc, fb.req_pool_indices,
-                                   fb.seq_lens, *pads])  # fmt: skip
+        torch._foreach_copy_(dst, [fb.input_ids, fb.positions, loc, fb.req_pool_indices, fb.seq_lens, *pads])
         host_live.copy_(fb.seq_lens_cpu)
         if host_pad is not None:
             host_pad.fill_(self.fill_value)
 
-    def _copy_plan(self, raw_bs: int, bs: int, n: int):
+    def _copy_plan(self, raw_bs: int, bs: int, n: int, into: dict[str, torch.Tensor] | None = None):
         """(device destinations, padded-row sources, host live view, host padded view) for a
-        batch of ``raw_bs`` requests / ``n`` rows replayed by the ``bs`` graph; built once."""
-        plan = self._plans.get((raw_bs, bs, n))
+        batch of ``raw_bs`` requests / ``n`` rows replayed by the ``bs`` graph; built once for the
+        static inputs, anew for other inputs (``into``)."""
+        plan = self._plans.get((raw_bs, bs, n)) if into is None else None
         if plan is not None:
             return plan
+        t = self._static() if into is None else into
         rows = bs * self.tokens_per_req
-        loc = self.out_cache_loc[: bs * self.locs_per_req]
+        loc = t["out_cache_loc"][: bs * self.locs_per_req]
         if self.multi_step_draft:  # [step][seq][branch]: each step's block starts at step*rows
             loc = loc.view(self.spec_cfg.num_steps, rows)
             loc_live, loc_pad = loc[:, :n], loc[:, n:]
         else:
             loc_live, loc_pad = loc[:n], loc[n:]
-        dst = [self.input_ids[:n], self.positions[:n], loc_live,
-               self.req_pool_indices[:raw_bs], self.seq_lens[:raw_bs]]  # fmt: skip
+        dst = [t["input_ids"][:n], t["positions"][:n], loc_live, t["req_pool_indices"][:raw_bs], t["seq_lens"][:raw_bs]]
         pads, host_pad = [], None
         if raw_bs < bs:  # what every padded row holds (refimpl.layout)
-            dst += [self.req_pool_indices[raw_bs:bs], self.seq_lens[raw_bs:bs], loc_pad]
+            dst += [t["req_pool_indices"][raw_bs:bs], t["seq_lens"][raw_bs:bs], loc_pad]
             pads = [self._pad["req_pool_indices"][: bs - raw_bs],
                     self._pad["seq_lens"][: bs - raw_bs],
                     self._pad["out_cache_loc"][: loc_pad.numel()].view(loc_pad.shape)]  # fmt: skip
-            host_pad = self.seq_lens_cpu[raw_bs:bs]
-        plan = self._plans[(raw_bs, bs, n)] = (dst, pads, self.seq_lens_cpu[:raw_bs], host_pad)
+            host_pad = t["seq_lens_cpu"][raw_bs:bs]
+        plan = (dst, pads, t["seq_lens_cpu"][:raw_bs], host_pad)
+        if into is None:
+            self._plans[(raw_bs, bs, n)] = plan
         return plan
 
     def _replay_batch(self, fb: ForwardBatch, bs: int) -> ForwardBatch:
-        """The static batch of size ``bs`` the replay hook sees after ``_load_inputs(fb)`` (one
+        """The static batch of size ``bs`` the replay hook sees after ``load_inputs(fb)`` (one
         object per ``bs``, its views made once; the batch's total and spec input set here)."""
         view = self._views.get(bs)
         if view is None:
@@ -314,19 +297,31 @@ class GraphRunner:
         view.spec_info = fb.spec_info
         return view
 
+    # --- the replay's phases: replay() runs them in order, the bench times each -------------------
     def validate(self, fb: ForwardBatch, for_graph: bool = True) -> None:
-        """Refuse ``fb`` before anything is written (``refimpl.validate``)."""
+        """Phase 1: refuse ``fb`` before anything is written (``refimpl.validate``)."""
         validate_batch(fb, self.spec_cfg, self.multi_step_draft, for_graph)
 
+    def replay_hook(self, fb: ForwardBatch, bs: int) -> ForwardBatch:
+        """Phase 3: the backend's replay hook on the static batch (after ``load_inputs``)."""
+        view = self._replay_batch(fb, bs)
+        call_replay_hook(self.backend, view)
+        return view
+
+    def launch(self, bs: int) -> torch.Tensor:
+        """Phase 4: ``graph.replay()``; the ``bs`` graph's whole static output."""
+        self.graphs[bs].replay()
+        return self.outputs[bs]
+
     def _replay(self, fb: ForwardBatch) -> torch.Tensor:
-        """The replay path proper (``can_run`` already said yes): copies, hook, launch."""
+        """The replay path proper (``can_run`` already said yes): the four phases."""
         if self.validate_inputs:
             self.validate(fb)
         bs = self.pick_bs(fb.batch_size)
-        self._load_inputs(fb, bs)
-        call_replay_hook(self.backend, self._replay_batch(fb, bs))
-        self.graphs[bs].replay()
-        return self.outputs[bs][: fb.num_tokens]
+        self.load_inputs(fb, bs)
+        self.replay_hook(fb, bs)
+        out = self.launch(bs)
+        return out[: fb.num_tokens]
 
     def eager(self, fb: ForwardBatch) -> torch.Tensor:
         if self.validate_inputs:

@@ -21,9 +21,8 @@ def check(cond: bool, msg: str) -> None:
 
 
 def check_tensor(
-    t, name: str, dtypes: tuple, ndim: int | None = None, device: torch.device | None = None,
-    *, min_len: int = 0,
-) -> None:  # fmt: skip
+    t, name: str, dtypes: tuple, ndim: int | None = None, device: torch.device | None = None, *, min_len: int = 0
+) -> None:
     """A tensor of one of ``dtypes``, ``ndim``-D, last dim contiguous, on ``device``."""
     if (  # the common case in one expression (replay hooks call this for every argument)
         type(t) is torch.Tensor

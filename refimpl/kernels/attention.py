@@ -195,10 +195,7 @@ def dense_paged_attention(
     rows = check_paged_qkvo(q, k_cache, v_cache, out, ("q", "k_cache", "v_cache", "out"))[0]
     device = q.device
     _check(k_cache.shape[0] >= 1, f"k_cache.shape[0]={k_cache.shape[0]}: must be >= 1")
-    _check_window_args(
-        rows, kv_indptr, kv_indices, sm_scale, max_kv_len, q_per_req, custom_mask, mask_indptr,
-        device,
-    )  # fmt: skip
+    _check_window_args(rows, kv_indptr, kv_indices, sm_scale, max_kv_len, q_per_req, custom_mask, mask_indptr, device)
     _dense_paged_attention_op(
         q, k_cache, v_cache, kv_indptr, kv_indices, out, float(sm_scale), max_kv_len, q_per_req,
         custom_mask, mask_indptr, bool(causal),
@@ -279,10 +276,7 @@ def dense_paged_mla_attention(
     )
     want = (rows, num_heads, rank)
     _check(tuple(out.shape) == want, f"out.shape={tuple(out.shape)}: must be {want}")
-    _check_window_args(
-        rows, kv_indptr, kv_indices, sm_scale, max_kv_len, q_per_req, custom_mask, mask_indptr,
-        device,
-    )  # fmt: skip
+    _check_window_args(rows, kv_indptr, kv_indices, sm_scale, max_kv_len, q_per_req, custom_mask, mask_indptr, device)
     _dense_paged_mla_attention_op(
         q_nope, q_rope, kv_cache, kv_indptr, kv_indices, out, float(sm_scale), max_kv_len,
         q_per_req, custom_mask, mask_indptr, bool(causal),

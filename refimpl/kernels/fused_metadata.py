@@ -146,9 +146,8 @@ def _fused_graph_metadata_kernel(
 
 @kernel_op(
     "refimpl::fused_graph_metadata",
-    mutates_args=("kv_indptr", "kv_indices", "num_kv_splits", "qo_indptr", "mask_indptr",
-                  "custom_mask"),
-)  # fmt: skip
+    mutates_args=("kv_indptr", "kv_indices", "num_kv_splits", "qo_indptr", "mask_indptr", "custom_mask"),
+)
 def _fused_graph_metadata_op(
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,
@@ -173,9 +172,7 @@ def _fused_graph_metadata_op(
     copy_mask = verify and custom_mask_src is not None
     src = dst = kv_indices  # dummy pointers, never read
     if copy_mask:
-        src = custom_mask_src.view(torch.uint8) if custom_mask_src.dtype == torch.bool else (
-            custom_mask_src
-        )  # fmt: skip
+        src = custom_mask_src.view(torch.uint8) if custom_mask_src.dtype == torch.bool else (custom_mask_src)
         dst = custom_mask.view(torch.uint8) if custom_mask.dtype == torch.bool else custom_mask
     _fused_graph_metadata_kernel[(bs,)](
         req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_indices,
@@ -299,8 +296,7 @@ def fused_graph_metadata_args(
         check_tensor(num_kv_splits, "num_kv_splits", (torch.int32,), 1, dev, min_len=bs)
         check_int(num_heads, "num_heads", 1)
         check_int(num_kv_heads, "num_kv_heads", 1)
-        check(num_heads % num_kv_heads == 0,
-              f"num_kv_heads={num_kv_heads}: must divide num_heads={num_heads}")  # fmt: skip
+        check(num_heads % num_kv_heads == 0, f"num_kv_heads={num_kv_heads}: must divide num_heads={num_heads}")
         check_int(max_kv_splits, "max_kv_splits", 1)
         check(type(core_count) is int, f"core_count={core_count!r}: must be an int (<= 0: static)")
         token_grid = _token_grid(bs, 1, num_heads, num_kv_heads)
@@ -309,8 +305,7 @@ def fused_graph_metadata_args(
     else:
         check_int(num_draft_tokens, "num_draft_tokens", 1)
         n = num_draft_tokens
-        check(qo_indptr is not None and mask_indptr is not None,
-              "target verify needs qo_indptr and mask_indptr")  # fmt: skip
+        check(qo_indptr is not None and mask_indptr is not None, "target verify needs qo_indptr and mask_indptr")
         _check_index(qo_indptr, "qo_indptr", dev, min_len=bs + 1)
         _check_index(mask_indptr, "mask_indptr", dev, min_len=bs + 1)
         check((custom_mask_src is None) == (custom_mask is None),

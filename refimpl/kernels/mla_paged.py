@@ -211,8 +211,7 @@ def _mla_paged_attention_op(
 
 
 @_mla_paged_attention_op.register_fake
-def _(q, kv_cache, block_table, seq_lens, out, max_seq_len, sm_scale, kv_lora_rank,
-      out_scale=1.0) -> None:  # fmt: skip
+def _(q, kv_cache, block_table, seq_lens, out, max_seq_len, sm_scale, kv_lora_rank, out_scale=1.0) -> None:
     return None
 
 
@@ -272,9 +271,8 @@ def mla_paged_attention(
     _check_float(sm_scale, "sm_scale")
     _check_float(out_scale, "out_scale")
     _mla_paged_attention_op(
-        q, kv_cache, block_table, seq_lens, out, max_seq_len, float(sm_scale), kv_lora_rank,
-        float(out_scale),
-    )  # fmt: skip
+        q, kv_cache, block_table, seq_lens, out, max_seq_len, float(sm_scale), kv_lora_rank, float(out_scale)
+    )
     return out
 
 
@@ -406,9 +404,8 @@ def trtllm_batch_decode_with_kv_cache_mla(
     # key past the table is read either way
     bound = min(max_seq_len, width * page_size)
     return mla_paged_attention(
-        query, kv_cache[:, 0], block_tables, seq_lens, out, bound, bmm1_scale, kv_lora_rank,
-        bmm2_scale,
-    )  # fmt: skip
+        query, kv_cache[:, 0], block_tables, seq_lens, out, bound, bmm1_scale, kv_lora_rank, bmm2_scale
+    )
 
 
 def cutlass_mla_decode(
@@ -472,10 +469,7 @@ def cutlass_mla_decode(
     _check(tuple(out.shape) == want, f"out.shape={tuple(out.shape)}: must be {want}")
     q = torch.cat([q_nope, q_pe], dim=-1).unsqueeze(1)  # [bs, 1, H, R + Rr]
     max_seq_len = page_table.shape[1] * CUTLASS_PAGE_SIZE  # the table is the bound
-    mla_paged_attention(
-        q, kv_c_and_k_pe_cache, page_table, seq_lens, out.unsqueeze(1), max_seq_len, sm_scale,
-        rank,
-    )  # fmt: skip
+    mla_paged_attention(q, kv_c_and_k_pe_cache, page_table, seq_lens, out.unsqueeze(1), max_seq_len, sm_scale, rank)
     return out
 
 
@@ -543,8 +537,7 @@ def _trtllm_mla_graph_metadata_op(
 
 
 @_trtllm_mla_graph_metadata_op.register_fake
-def _(req_pool_indices, seq_lens, req_to_token, block_table, seq_lens_k, seqlen_offset,
-      page_size) -> None:  # fmt: skip
+def _(req_pool_indices, seq_lens, req_to_token, block_table, seq_lens_k, seqlen_offset, page_size) -> None:
     return None
 
 
@@ -580,9 +573,8 @@ def trtllm_mla_graph_metadata(
     ok = isinstance(seqlen_offset, int) and not isinstance(seqlen_offset, bool)
     _check(ok, f"seqlen_offset={seqlen_offset!r}: must be a Python int")
     _trtllm_mla_graph_metadata_op(
-        req_pool_indices, seq_lens, req_to_token, block_table, seq_lens_k, seqlen_offset,
-        page_size,
-    )  # fmt: skip
+        req_pool_indices, seq_lens, req_to_token, block_table, seq_lens_k, seqlen_offset, page_size
+    )
 
 
 def trtllm_mla_graph_metadata_ref(

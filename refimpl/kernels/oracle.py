@@ -114,10 +114,7 @@ def mla_oracle(
     assert kv_cache.shape[1:] == (1, rank + q_rope.shape[-1]), "kv_cache must be [slots, 1, R+Rr]"
     q = torch.cat([q_nope, q_rope], dim=-1)  # [T, H, R + Rr]
     values = kv_cache[..., :rank]  # [slots, 1, R]
-    return mha_oracle(
-        q, kv_cache, values, qo_indptr, kv_indptr, kv_indices, sm_scale,
-        custom_mask, mask_indptr, causal,
-    )  # fmt: skip
+    return mha_oracle(q, kv_cache, values, qo_indptr, kv_indptr, kv_indices, sm_scale, custom_mask, mask_indptr, causal)
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:

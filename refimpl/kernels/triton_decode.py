@@ -188,10 +188,7 @@ def _decode_stage1_kernel(
             e_max = new_max
 
         heads64 = heads.to(tl.int64)
-        out_ptrs = (
-            logits_ptr + b * stride_lt + heads64[:, None] * stride_lh + s * stride_ls
-            + offs_dv[None, :]
-        )  # fmt: skip
+        out_ptrs = logits_ptr + b * stride_lt + heads64[:, None] * stride_lh + s * stride_ls + offs_dv[None, :]
         tl.store(out_ptrs, acc / e_sum[:, None], mask=mask_h[:, None] & mask_dv[None, :])
         lse_ptrs = lse_ptr + b * stride_et + heads64 * stride_eh + s
         tl.store(lse_ptrs, e_max + tl.log(e_sum), mask=mask_h)
@@ -476,8 +473,7 @@ def _num_kv_splits_op(
 
 
 @_num_kv_splits_op.register_fake
-def _(num_kv_splits, seq_lens, num_group, num_heads, num_kv_heads, max_kv_splits, core_count,
-      static) -> None:  # fmt: skip
+def _(num_kv_splits, seq_lens, num_group, num_heads, num_kv_heads, max_kv_splits, core_count, static) -> None:
     return None
 
 
@@ -523,9 +519,8 @@ def get_num_kv_splits(
         f"num_kv_splits.shape[0]={num_kv_splits.shape[0]}: must be >= num_seq * num_group = {num_tokens}",
     )
     _num_kv_splits_op(
-        num_kv_splits, seq_lens, num_group, num_heads, num_kv_heads, max_kv_splits, core_count,
-        bool(static),
-    )  # fmt: skip
+        num_kv_splits, seq_lens, num_group, num_heads, num_kv_heads, max_kv_splits, core_count, bool(static)
+    )
 
 
 def get_num_kv_splits_ref(

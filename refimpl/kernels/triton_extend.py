@@ -318,7 +318,7 @@ def extend_attention(
         ("k_buffer", k_buffer),
         ("v_buffer", v_buffer),
     ):
-        _env.check_cpu_dtype(t, name)  # fmt: skip
+        _env.check_cpu_dtype(t, name)
     for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices)):
         check_tensor(t, name, _INDEX_DTYPES, 1, device)
     _check(qo_indptr.shape[0] >= 1, "qo_indptr.shape[0]=0: must be >= 1 (bs + 1)")

@@ -228,8 +228,7 @@ def _launch(nprog: int, args: tuple, flags: tuple, device: torch.device) -> None
             _COMPILED[key] = kernel
         return
     stream = torch.cuda.current_stream(device).cuda_stream
-    kernel.run(nprog, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
-               *args)  # fmt: skip
+    kernel.run(nprog, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None, *args)
 
 
 _DIRECT = ("run", "function", "packed_metadata")  # what a direct launch uses
@@ -276,8 +275,7 @@ def batch_check_ref(req_to_token, seq_lens, req_pool_indices, input_ids, positio
     def first(values, bad):
         return next((i for i, v in enumerate(values) if bad(i, v)), None)
 
-    spans = [set(r2t[rpi[r]][: max(min(seq[r] + extra, L), 0)]) if rpi[r] in r2t else set()
-             for r in range(len(rpi))]  # fmt: skip
+    spans = [set(r2t[rpi[r]][: max(min(seq[r] + extra, L), 0)]) if rpi[r] in r2t else set() for r in range(len(rpi))]
 
     def owned(e, v):
         row = e % max(len(ids), 1)

@@ -1,0 +1,221 @@
+"""The rig: one backend under capture and replay, built the same way for every tool.
+
+``check``, ``fuzz``, ``bench``, ``capabilities``, ``benchmarks/`` and the notebooks all need the
+same set-up for a (backend entry, graph kind, spec, engine): a world (KV pool, request table),
+the backend, the model or multi-step program, the dense oracle, a ``GraphRunner`` and a batch
+generator. ``Rig.build`` makes it; the tools are its clients. Beside it live what their verdicts
+share: the dtype's tolerances (``close``), the KV guard (no replay writes another request's KV),
+the graph-read state of a fresh backend fed one batch through either hook (``state_after``), and
+the backend's graph buffers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ._env import default_dtype
+from .backends import BackendEntry, find, must_pass
+from .backends.oracle import OracleBackend, OracleMultiStep
+from .batch import ForwardBatch, World
+from .batchgen import BatchGenerator
+from .config import GraphConfig, SpecConfig, tiny_model_config
+from .graphs import GraphEngine
+from .graphs.runner import GraphRunner, call_capture_hook, call_in_graph_hook, call_replay_hook
+from .layout import GraphKind
+from .model import MultiStepDraftProgram, TinyDecoder
+
+
+def entries(backends: Iterable[str] | None = None, variants: Iterable[str] | None = None) -> list[BackendEntry]:
+    """The registered entries of ``backends`` (default: all); of ``variants``, or by default every
+    shape that must pass (not the historical ``legacy`` / ``as-upstream``)."""
+    out = [e for b in (backends or [None]) for e in find(b)]
+    return [e for e in out if (e.variant in set(variants) if variants else must_pass(e.variant))]
+
+
+def tolerances(dtype: torch.dtype) -> dict:
+    if dtype == torch.float32:
+        return dict(rtol=1e-4, atol=1e-4)
+    return dict(rtol=3e-2, atol=3e-2)
+
+
+def close(out: torch.Tensor, ref: torch.Tensor, tol: dict, what: str, findings: list[str]) -> bool:
+    """``out`` equals ``ref`` within ``tol`` (and holds no NaN); else a finding says by how much."""
+    if out.shape != ref.shape:
+        findings.append(f"{what}: shape {tuple(out.shape)} vs {tuple(ref.shape)}")
+        return False
+    if out.numel() == 0:
+        return True
+    o, r = out.float(), ref.float()
+    if torch.allclose(o, r, **tol) and not o.isnan().any():
+        return True
+    err = (o - r).abs().max().item()
+    findings.append(f"{what}: max abs difference {err:.3g} (rtol {tol['rtol']}, atol {tol['atol']})")
+    return False
+
+
+class KVGuard:
+    """Catch any write into a live KV slot that the batch does not write itself.
+
+    Two kinds of slots are guarded: those of live requests outside the batch, which are set to
+    a sentinel for the replay (so that even a write of the very values a slot held is seen: a
+    stale padded row recomputes its old request's K/V bit for bit on a GPU; a correct replay
+    never reads them, so the sentinel cannot change its output), and the batch's own earlier
+    slots, which it reads and must not write, compared with a snapshot. ``check()`` counts the
+    writes and puts the foreign slots' values back.
+    """
+
+    SENTINEL = -1234.5
+
+    def __init__(self, world: World, fb: ForwardBatch):
+        writes = set(fb.out_cache_loc.tolist())
+        rows = world.req_to_token[fb.req_pool_indices.to(world.req_to_token.device)]
+        own = set(rows[rows > 0].tolist()) - writes  # the batch's own earlier tokens
+        foreign = [s for s in world.live_slots().tolist() if s not in writes and s not in own]
+        dev = world.device
+        self.foreign = torch.tensor(foreign, dtype=torch.int64, device=dev)
+        self.own = torch.tensor(sorted(own), dtype=torch.int64, device=dev)
+        self.world = world
+        bufs = world.kv_cache.buffers()
+        self.saved = [b[self.foreign].clone() for b in bufs]
+        for b in bufs:
+            b[self.foreign] = self.SENTINEL
+        self.poisoned = [b[self.foreign].clone() for b in bufs]
+        self.own_before = [b[self.own].clone() for b in bufs]
+        self.violations = 0
+
+    def check(self) -> list[str]:
+        """Count the guarded slots written since construction; restore the foreign ones."""
+        bufs = self.world.kv_cache.buffers()
+        hit_foreign = torch.zeros(len(self.foreign), dtype=torch.bool, device=self.foreign.device)
+        hit_own = torch.zeros(len(self.own), dtype=torch.bool, device=self.own.device)
+        for buf, poisoned, saved, before in zip(bufs, self.poisoned, self.saved, self.own_before):
+            hit_foreign |= (buf[self.foreign] != poisoned).flatten(1).any(1)
+            hit_own |= (buf[self.own] != before).flatten(1).any(1)
+            buf[self.foreign] = saved
+        foreign, own = int(hit_foreign.sum()), int(hit_own.sum())  # slots, over every layer
+        self.violations += foreign + own
+        problems = []
+        if foreign:
+            problems.append(f"padded or live rows wrote {foreign} KV slot(s) of other requests")
+        if own:
+            problems.append(f"the replay overwrote {own} earlier KV slot(s) of requests in this batch")
+        return problems
+
+
+def state_after(new_backend: Callable[[], Any], runner: GraphRunner, padded: ForwardBatch, replay: bool):
+    """``(backend, graph_state)`` of a fresh backend fed ``padded`` as a graph would see it:
+    through the capture hook (``replay=False``), or through the capture hook on the runner's
+    capture batch and then the replay hook (``replay=True``, what a replay does). Backends that
+    rebuild metadata inside the graph get their in-graph hook after the last out-of-graph one."""
+    b, bs = new_backend(), padded.batch_size
+    b.init_cuda_graph_state(runner.max_bs, runner.max_num_tokens)
+    if replay:
+        call_capture_hook(b, runner.capture_batch(bs))
+        call_replay_hook(b, padded)
+    else:
+        call_capture_hook(b, padded)
+    call_in_graph_hook(b, padded)  # what a graph's own metadata nodes would do first
+    return b, b.graph_state(bs, runner.mode)
+
+
+SHARED_NAMES = ("kv_indptr", "qo_indptr", "mask_indptr")  # eager buffers some graphs read too (Triton)
+
+
+def graph_buffers(backend) -> list[tuple[str, torch.Tensor]]:
+    """``backend.graph_buffers()`` as ``(name, tensor)`` pairs, each tensor once (a multi-step
+    wrapper's steps name the wrapper's buffers again)."""
+    seen: set[int] = set()
+    return [(n, t) for n, t in backend.graph_buffers().items() if id(t) not in seen and not seen.add(id(t))]
+
+
+@dataclass
+class Verdict:
+    """One batch replayed, run eagerly and run on the oracle (the checker's (b) and (c))."""
+
+    graph: torch.Tensor
+    eager: torch.Tensor
+    graph_ok: bool  # graph == eager and no guarded KV slot written
+    oracle_ok: bool  # eager == the dense oracle
+    findings: list[str]
+
+
+@dataclass
+class Rig:
+    """A backend entry captured for one graph kind: ``Rig.build(...)``, then ``rig.runner``."""
+
+    entry: BackendEntry
+    kind: GraphKind
+    spec: SpecConfig
+    world: World
+    backend_cls: type
+    backend: Any
+    program: Any
+    oracle: Any
+    runner: GraphRunner
+    gen: BatchGenerator
+    tol: dict
+
+    @staticmethod
+    def world_for(entry: BackendEntry, engine_or_device, *, max_context_len: int, pool_size: int,
+                  dtype: torch.dtype | None = None, seed: int = 0, num_slots: int | None = None,
+                  num_layers: int | None = None) -> World:  # fmt: skip
+        """The world an entry's model kind and page size need (float32 on CPU, bf16 on CUDA)."""
+        dev = getattr(engine_or_device, "device", engine_or_device)
+        cfg = tiny_model_config(entry.model_kind, dtype or default_dtype(dev), dev.type)
+        if num_layers is not None:
+            cfg = dataclasses.replace(cfg, num_layers=num_layers)
+        return World.create(cfg, max_context_len=max_context_len, pool_size=pool_size, num_slots=num_slots,
+                            page_size=entry.page_size, device=dev, seed=seed)  # fmt: skip
+
+    @classmethod
+    def build(cls, entry: BackendEntry, kind: GraphKind, spec: SpecConfig, engine: GraphEngine, *,
+              capture_bs: tuple[int, ...], max_context_len: int, dtype: torch.dtype | None = None,
+              seed: int = 0, gen_seed: int | None = None, num_slots: int | None = None,
+              pool_size: int | None = None, num_layers: int | None = None, world: World | None = None,
+              capture: bool = True, speculative: bool = True, **runner_kw) -> Rig:  # fmt: skip
+        """World (random KV from ``seed``), backend, program, oracle, runner (captured unless
+        ``capture=False``) and batch generator (``gen_seed``, default ``seed + 1``). Raises
+        ``GraphModeNotSupported`` before any capture when the backend does not capture ``kind``.
+        ``world``: share one world between rigs (no new KV)."""
+        if world is None:
+            world = cls.world_for(entry, engine, max_context_len=max_context_len, dtype=dtype, seed=seed,
+                                  pool_size=pool_size or 4 * max(capture_bs) + 8, num_slots=num_slots,
+                                  num_layers=num_layers)  # fmt: skip
+            world.randomize_kv(seed)
+        backend_cls = entry.load(kind.multi_step)
+        backend = backend_cls(world, spec)
+        backend.check_graph_mode(kind.mode)
+        model = TinyDecoder(world.cfg, engine.device)
+        if kind.multi_step:
+            program, oracle = MultiStepDraftProgram(model, spec.num_steps), OracleMultiStep(world, spec)
+        else:
+            program, oracle = model, OracleBackend(world, spec)
+        gcfg = GraphConfig(max_bs=max(capture_bs), capture_bs=tuple(capture_bs), max_context_len=max_context_len,
+                           speculative=speculative)  # fmt: skip
+        runner = GraphRunner(program, backend, engine, kind.mode, gcfg, spec, kind.multi_step, **runner_kw)
+        if capture:
+            runner.capture()
+        gen = BatchGenerator(world, spec, seed=seed + 1 if gen_seed is None else gen_seed)
+        return cls(entry, kind, spec, world, backend_cls, backend, program, oracle, runner, gen,
+                   tolerances(world.cfg.dtype))  # fmt: skip
+
+    def new_backend(self):
+        """A fresh instance of the rig's backend class on the same world."""
+        return self.backend_cls(self.world, self.spec)
+
+    def run(self, fb: ForwardBatch) -> Verdict:
+        """Replay ``fb`` under the KV guard, run it eagerly and on the oracle; compare."""
+        findings: list[str] = []
+        guard = KVGuard(self.world, fb)
+        graph = self.runner.replay(fb).clone()
+        findings += guard.check()
+        eager = self.runner.eager(fb).clone()
+        graph_ok = close(graph, eager, self.tol, "graph vs eager", findings) and not guard.violations
+        self.oracle.init_forward_metadata(fb)
+        oracle_ok = close(eager, self.program(fb, self.oracle), self.tol, "eager vs oracle", findings)
+        return Verdict(graph, eager, graph_ok, oracle_ok, findings)
