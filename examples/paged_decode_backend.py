@@ -67,13 +67,13 @@ class PagedDecodeBackend(AttentionBackend):
         )
 
     def init_forward_metadata_replay_cuda_graph(
-        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
-        seq_lens_cpu,
-    ):  # fmt: skip
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
+    ):
         indptr = self.cuda_graph_kv_indptr[: bs + 1]
         indptr[1:] = torch.cumsum(seq_lens[:bs], 0)  # in place: the graph reads this buffer
-        build_kv_indices(self.world.req_to_token, req_pool_indices[:bs], seq_lens[:bs], indptr,
-                         self.cuda_graph_kv_indices)  # fmt: skip
+        build_kv_indices(
+            self.world.req_to_token, req_pool_indices[:bs], seq_lens[:bs], indptr, self.cuda_graph_kv_indices
+        )
 
     def graph_state(self, bs, mode):
         md = self.forward_metadata
@@ -100,6 +100,6 @@ class PagedDecodeBackend(AttentionBackend):
         out = torch.empty(q.shape[0], cfg.num_heads, cfg.v_head_dim, dtype=q.dtype, device=q.device)
         if q.shape[0] == 0:  # an idle batch
             return out
-        dense_paged_attention(q, cache.k[layer], cache.v[layer], md.kv_indptr, md.kv_indices, out,
-                              sm_scale=cfg.sm_scale, max_kv_len=md.max_kv_len, q_per_req=1)  # fmt: skip
+        kv = (cache.k[layer], cache.v[layer], md.kv_indptr, md.kv_indices)  # the window through the CSR
+        dense_paged_attention(q, *kv, out, sm_scale=cfg.sm_scale, max_kv_len=md.max_kv_len, q_per_req=1)
         return out

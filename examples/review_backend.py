@@ -104,27 +104,28 @@ class ReviewBackend(AttentionBackend):
         kv_lens = layout.attended_kv_lens(forward_mode, seq_lens[:bs], n)  # verify: prefix + N
         kv_indptr = self.cuda_graph_kv_indptr[: bs + 1]
         kv_indptr[1:] = torch.cumsum(kv_lens, 0)
-        build_kv_indices(self.world.req_to_token, req_pool_indices[:bs], kv_lens, kv_indptr,
-                         self.cuda_graph_kv_indices)  # fmt: skip
+        build_kv_indices(self.world.req_to_token, req_pool_indices[:bs], kv_lens, kv_indptr, self.cuda_graph_kv_indices)
         mask_indptr = None
         if verify:
             self._copy_mask(spec_info)
             mask_indptr = layout.mask_indptr(seq_lens[:bs], n, out=self.cuda_graph_mask_indptr)
         self.forward_metadata = ReviewMetadata(
-            kv_indptr, self.cuda_graph_kv_indices, n, self.world.max_context_len,
-            self.cuda_graph_custom_mask if verify else None, mask_indptr,
-        )  # fmt: skip
+            kv_indptr,
+            self.cuda_graph_kv_indices,
+            n,
+            self.world.max_context_len,
+            self.cuda_graph_custom_mask if verify else None,
+            mask_indptr,
+        )
 
     def init_forward_metadata_replay_cuda_graph(
-        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
-        seq_lens_cpu,
-    ):  # fmt: skip
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
+    ):
         n = self._rows(forward_mode)
         kv_lens = layout.attended_kv_lens(forward_mode, seq_lens[:bs], n)  # verify: prefix + N
         kv_indptr = self.cuda_graph_kv_indptr[: bs + 1]
         kv_indptr[1:] = torch.cumsum(kv_lens, 0)  # in place: the graph reads this buffer
-        build_kv_indices(self.world.req_to_token, req_pool_indices[:bs], kv_lens, kv_indptr,
-                         self.cuda_graph_kv_indices)  # fmt: skip
+        build_kv_indices(self.world.req_to_token, req_pool_indices[:bs], kv_lens, kv_indptr, self.cuda_graph_kv_indices)
         if forward_mode.is_target_verify():
             self._copy_mask(spec_info)
             # request i's mask block is [N, kv_lens[i]]; mask_indptr adds the N drafts itself
@@ -166,10 +167,11 @@ class ReviewBackend(AttentionBackend):
         out = torch.empty(q.shape[0], cfg.num_heads, cfg.v_head_dim, dtype=q.dtype, device=q.device)
         if q.shape[0] == 0:  # an idle batch
             return out
-        dense_paged_attention(q, cache.k[layer], cache.v[layer], md.kv_indptr, md.kv_indices, out,
-                              sm_scale=cfg.sm_scale, max_kv_len=md.max_kv_len,
-                              q_per_req=md.q_per_req, custom_mask=md.custom_mask,
-                              mask_indptr=md.mask_indptr)  # fmt: skip
+        kv = (cache.k[layer], cache.v[layer], md.kv_indptr, md.kv_indices)  # the window through the CSR
+        mask = dict(custom_mask=md.custom_mask, mask_indptr=md.mask_indptr)  # verify only (None otherwise)
+        dense_paged_attention(
+            q, *kv, out, sm_scale=cfg.sm_scale, max_kv_len=md.max_kv_len, q_per_req=md.q_per_req, **mask
+        )
         return out
 
 
@@ -179,15 +181,13 @@ class ReviewBackendBuggy(ReviewBackend):
     variant = "submitted"
 
     def init_forward_metadata_replay_cuda_graph(
-        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
-        seq_lens_cpu,
-    ):  # fmt: skip
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
+    ):
         n = self._rows(forward_mode)
         kv_lens = layout.attended_kv_lens(forward_mode, seq_lens[:bs], n)  # verify: prefix + N
         kv_indptr = self.cuda_graph_kv_indptr[: bs + 1]
         kv_indptr[1:] = torch.cumsum(kv_lens, 0)  # in place: the graph reads this buffer
-        build_kv_indices(self.world.req_to_token, req_pool_indices[:bs], kv_lens, kv_indptr,
-                         self.cuda_graph_kv_indices)  # fmt: skip
+        build_kv_indices(self.world.req_to_token, req_pool_indices[:bs], kv_lens, kv_indptr, self.cuda_graph_kv_indices)
         if forward_mode.is_target_verify():
             self._copy_mask(spec_info)
             # request i's mask block is [N, kv_lens[i]]

@@ -58,6 +58,7 @@ from refimpl.flashinfer_wrappers import read_partition
 from refimpl.graphs import CPUEmulatorEngine, make_engine
 from refimpl.graphs.runner import GraphRunner, call_capture_hook, call_replay_hook
 from refimpl.kernels import draft_decode_kv_indices_ref, get_num_kv_splits_ref
+from refimpl.layout import GraphKind
 from refimpl.model import MultiStepDraftProgram, TinyDecoder
 from refimpl.spec import DraftTree
 
@@ -190,7 +191,7 @@ print("engine:", engine.name, "| model:", cfg.kind, f"({cfg.num_heads} q heads, 
 def capture_replay(mode, backend, spec=None, *, program=model, multi_step=False, generator=gen,
                    **batch_kw):
     """Capture bs 1 and 4, replay a fresh raw batch of 3, assert graph == eager."""
-    runner = GraphRunner(program, backend, engine, mode, GRAPHS, spec, multi_step)
+    runner = GraphRunner(program, backend, engine, GraphKind.of(mode, multi_step), GRAPHS, spec)
     records = runner.capture()
     frozen = getattr(backend, "forward_metadata", None)  # the last capture's (bs 1) metadata
     fb = generator.for_mode(mode, 3, multi_step_draft=multi_step, **batch_kw)
@@ -208,7 +209,7 @@ def capture_replay(mode, backend, spec=None, *, program=model, multi_step=False,
 def hooks_only(backend, mode, spec, fb, *, multi_step=False):
     """The capture hooks (bs 4, then 1, as a runner captures) and one replay hook for ``fb``,
     no forward pass. Afterwards the backend's metadata is what the bs-4 capture froze."""
-    runner = GraphRunner(None, backend, engine, mode, GRAPHS, spec, multi_step)
+    runner = GraphRunner(None, backend, engine, GraphKind.of(mode, multi_step), GRAPHS, spec)
     owners = getattr(backend, "step_backends", [backend])  # multi-step: one per step
     frozen = {}
     for bs in sorted(runner.capture_bs, reverse=True):

@@ -46,15 +46,12 @@ try:
 except ImportError:  # run as a plain script: nothing to display
     Image = display = lambda *args, **kwargs: None  # noqa: E731
 
-from refimpl import bench, default_dtype, viz
+from refimpl import bench, viz
 from refimpl.backends import find
-from refimpl.batch import World
-from refimpl.batchgen import BatchGenerator
-from refimpl.config import GraphConfig, SpecConfig, tiny_model_config
+from refimpl.config import SpecConfig
 from refimpl.graphs import make_engine
-from refimpl.graphs.runner import GraphRunner, call_in_graph_hook, call_replay_hook
-from refimpl.model import TinyDecoder
-from refimpl.modes import ForwardMode
+from refimpl.layout import KINDS
+from refimpl.rig import Rig
 
 NOTEBOOK_T0 = time.perf_counter()
 ROOT = Path(__file__).resolve().parent.parent if "__file__" in globals() else Path.cwd().parent
@@ -151,33 +148,17 @@ for mode in ("decode", "target_verify"):
 
 # %%
 engine = make_engine("auto")
-device = engine.device
-dtype = default_dtype(device)
-cfg = tiny_model_config("mha", dtype, device.type)
 spec = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
 L = 64
-
-
-def runner_for(variant, mode, world, capture_bs=(1, 2)):
-    entry = next(e for e in find("triton") if e.variant == variant)
-    gcfg = GraphConfig(max_bs=max(capture_bs), capture_bs=capture_bs, max_context_len=L,
-                       speculative=True)
-    r = GraphRunner(TinyDecoder(cfg, device), entry.load()(world, spec), engine, mode, gcfg, spec)
-    r.capture()
-    return r
-
-
-world = World.create(cfg, max_context_len=L, pool_size=16, device=device)
-world.randomize_kv(0)
-gen = BatchGenerator(world, spec, seed=1)
-live = {}
-for variant in ("unified", "fused", "in_graph"):
-    runner = runner_for(variant, ForwardMode.DECODE, world)
+world, gen, live = None, None, {}
+for variant in ("unified", "fused", "in_graph"):  # the rig: world, backend, model, runner (one world)
+    rig = Rig.build(find("triton", variant)[0], KINDS["decode"], spec, engine, capture_bs=(1, 2),
+                    max_context_len=L, pool_size=16, world=world, gen_seed=1)
+    world, gen, runner = rig.world, gen or rig.gen, rig.runner
     fb = gen.decode(2)
-    runner.load_inputs(fb, 2)
-    view = runner._replay_batch(fb, 2)
-    hook = bench.launches(lambda r=runner, v=view: call_replay_hook(r.backend, v))
-    in_graph = bench.launches(lambda r=runner, v=view: call_in_graph_hook(r.backend, v))
+    runner.load_inputs(fb, 2)  # the replay's own phases, one at a time
+    hook = bench.launches(lambda r=runner, f=fb: r.replay_hook(f, 2))
+    in_graph = bench.launches(lambda r=runner, f=fb: r.backend.init_forward_metadata_in_graph(r._replay_batch(f, 2)))
     graph = dict(runner.graphs[2].kernels())
     live[variant] = (hook, in_graph, graph)
     out = runner.replay(fb).clone()

@@ -21,7 +21,6 @@ from ._env import default_device
 from .config import ModelConfig
 from .memory import MHAKVCache, MLAKVCache, ReqToTokenPool, TokenSlotAllocator, make_kv_cache
 from .modes import ForwardMode
-from .validate import validate_batch
 
 
 @dataclass
@@ -161,7 +160,3 @@ class ForwardBatch:
 
     def replace(self, **kw) -> "ForwardBatch":
         return replace(self, **kw)
-
-    def validate(self) -> None:
-        """Refuse anything malformed, naming the value and the limit (``refimpl.validate``)."""
-        validate_batch(self)

@@ -2,7 +2,7 @@
 
 Every method allocates fresh requests in a ``World`` (``World.new_request`` reserves a request
 slot plus token slots for every position the request will touch and fills its ``req_to_token``
-row), builds the batch on ``world.device`` and calls ``ForwardBatch.validate()``. ``release``
+row), builds the batch on ``world.device`` and validates it (``refimpl.validate``). ``release``
 gives the request slots and pages back.
 
 Row layouts (``rpi`` = ``req_pool_indices``, ``r2t`` = ``world.req_to_token``; see the
@@ -254,14 +254,14 @@ class BatchGenerator:
         )
         return self._finish(batch)
 
-    def for_mode(self, mode: ForwardMode | str, bs: int, **kw) -> ForwardBatch:
-        """Dispatch on ``mode``; ``multi_step_draft=True`` turns DECODE into ``draft_decode``.
-
-        IDLE ignores ``bs`` (an idle batch has none).
-        """
+    def for_mode(self, mode: ForwardMode | layout.GraphKind | str, bs: int, **kw) -> ForwardBatch:
+        """Dispatch on ``mode`` (or a graph kind); ``multi_step_draft=True`` turns DECODE into
+        ``draft_decode``. IDLE ignores ``bs`` (an idle batch has none)."""
         if isinstance(mode, str):
             mode = ForwardMode.parse(mode)
         multi = bool(kw.pop("multi_step_draft", False))
+        if isinstance(mode, layout.GraphKind):
+            mode, multi = mode.mode, mode.multi_step or multi
         if multi and not mode.is_decode():
             raise ValueError(f"multi_step_draft=True only applies to DECODE, got {mode.name}")
         if mode.is_extend():

@@ -247,18 +247,16 @@ def _static_bytes(runner: GraphRunner) -> int:
 def _batches(gen, mode_case: str, bs: int, ctx: int, spec: SpecConfig, rotate: int, rng):
     """``rotate`` batches of ``bs`` requests, lengths uniform in [ctx/2, the mode's limit]."""
     kind = KINDS[mode_case]
-    mode, multi, extra = kind.mode, kind.multi_step, kind.span(spec)
     out = []
     for _ in range(rotate):
-        if mode.is_idle():
+        if kind.mode.is_idle():
             out.append(gen.idle())
             continue
-        hi = ctx - extra
+        hi = ctx - kind.span(spec)
         lens = [rng.randint(max(1, hi // 2), hi) for _ in range(bs)]
-        if mode.is_any_draft_extend():
+        if kind.mode.is_any_draft_extend():
             lens = [max(v, spec.num_draft_tokens + 1) for v in lens]
-        kw = {"multi_step_draft": True} if multi else {}
-        out.append(gen.for_mode(mode, bs, seq_lens=lens, **kw))
+        out.append(gen.for_mode(kind, bs, seq_lens=lens))
     return out
 
 

@@ -177,7 +177,7 @@ def check_entry_mode(
         return [record(0, None, None, None, findings=[f"skipped: {e}"], cls=cls)]
     rows: list[CheckRecord] = []
     for raw_bs in (0,) if kind.mode.is_idle() else settings.raw_bs:
-        fb = rig.gen.for_mode(kind.mode, raw_bs, multi_step_draft=kind.multi_step)
+        fb = rig.gen.for_mode(kind, raw_bs)
         # (a) capture path vs replay path, (d) replay state vs the first-principles reference
         diffs, ref_diffs = capture_vs_replay(rig.new_backend, rig.runner, fb)
         # (b) graph replay vs eager, no write into another request's KV; (c) eager vs the oracle

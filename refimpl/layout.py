@@ -67,6 +67,13 @@ class GraphKind:
         return request_span(self.mode, spec, self.multi_step)
 
     @staticmethod
+    def of(mode: ForwardMode | GraphKind, multi_step: bool = False) -> GraphKind:
+        """The kind of ``mode`` (a DECODE ``mode`` with ``multi_step``: multi-step draft decode)."""
+        if isinstance(mode, GraphKind):
+            return mode
+        return KINDS["draft_decode"] if multi_step and mode.is_decode() else GraphKind(mode.label, mode)
+
+    @staticmethod
     def parse(name: str | ForwardMode | GraphKind) -> GraphKind:
         """A kind from its label (``"draft-decode"`` works too) or from a forward mode."""
         if isinstance(name, GraphKind):

@@ -197,7 +197,7 @@ class Rig:
             program, oracle = model, OracleBackend(world, spec)
         gcfg = GraphConfig(max_bs=max(capture_bs), capture_bs=tuple(capture_bs), max_context_len=max_context_len,
                            speculative=speculative)  # fmt: skip
-        runner = GraphRunner(program, backend, engine, kind.mode, gcfg, spec, kind.multi_step, **runner_kw)
+        runner = GraphRunner(program, backend, engine, kind, gcfg, spec, **runner_kw)
         if capture:
             runner.capture()
         gen = BatchGenerator(world, spec, seed=seed + 1 if gen_seed is None else gen_seed)

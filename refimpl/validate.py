@@ -281,7 +281,7 @@ def _report_device_findings(fb, first: dict, seq: list[int], extra: int, per: in
 def check_capture_config(runner) -> None:
     """Refuse, before any allocation, a capture the static buffers cannot hold."""
     spec, L, fill = runner.spec_cfg, runner.world.max_context_len, runner.fill_value
-    span = fill + layout.request_span(runner.mode, spec, runner.multi_step_draft)
+    span = fill + runner.kind.span(spec)
     if span > L:
         raise BatchRefused(
             f"capture batch span {span} (fill value {fill} + the mode's drafts) exceeds "

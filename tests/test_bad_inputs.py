@@ -23,6 +23,7 @@ from refimpl.batchgen import BatchGenerator
 from refimpl.config import GraphConfig, ModelConfig, SpecConfig
 from refimpl.graphs import CPUEmulatorEngine
 from refimpl.graphs.runner import GraphRunner
+from refimpl.layout import GraphKind
 from refimpl.model import MultiStepDraftProgram, TinyDecoder
 from refimpl.modes import ForwardMode
 from refimpl.spec import DraftDecodeInput, make_draft_extend_input
@@ -54,7 +55,8 @@ def _setup(case: str, backend: str = "torch_native") -> Setup:
     model = TinyDecoder(cfg)
     program = MultiStepDraftProgram(model, spec.num_steps) if multi else model
     gcfg = GraphConfig(max_bs=4, capture_bs=(1, 2, 4), max_context_len=L, speculative=True)
-    runner = GraphRunner(program, entry.load(multi)(world, spec), CPUEmulatorEngine(), mode, gcfg, spec, multi)
+    kind = GraphKind.of(mode, multi)
+    runner = GraphRunner(program, entry.load(multi)(world, spec), CPUEmulatorEngine(), kind, gcfg, spec)
     runner.capture()
     return Setup(runner, BatchGenerator(world, spec, seed=7), world)
 

@@ -22,6 +22,7 @@ from refimpl.config import GraphConfig, ModelConfig, SpecConfig
 from refimpl.graphs import CPUEmulatorEngine
 from refimpl.graphs.runner import GraphRunner
 from refimpl.kernels.triton_decode import get_num_kv_splits, get_num_kv_splits_ref
+from refimpl.layout import GraphKind
 from refimpl.model import MultiStepDraftProgram, TinyDecoder
 from refimpl.modes import ForwardMode
 from refimpl.rig import KVGuard
@@ -46,7 +47,7 @@ def make_runner(name, variant, mode=ForwardMode.DECODE, multi=False, seed=0, cap
     # stand-in wrappers there (as on CPU)
     kwargs = {"prefer_real": False} if name == "flashinfer" and not multi else {}
     backend = entry.load(multi)(world, spec, **kwargs)
-    runner = GraphRunner(program, backend, CPUEmulatorEngine(), mode, gcfg, spec, multi)
+    runner = GraphRunner(program, backend, CPUEmulatorEngine(), GraphKind.of(mode, multi), gcfg, spec)
     runner.capture()
     return runner, BatchGenerator(world, spec, seed=seed + 1)
 

@@ -41,7 +41,7 @@ class FrozenScalarAtCapture(TorchNativeBackend):
 
 
 def entry(cls, variant):
-    e = BackendEntry("torch_native", variant, "refimpl.backends.torch_native:TorchNativeBackend", "mha")
+    e = BackendEntry("torch_native", variant, "refimpl.backends.torch_native:TorchNativeBackend")
     object.__setattr__(e, "load", lambda multi_step=False: cls)
     return e
 

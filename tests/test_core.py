@@ -8,6 +8,7 @@ from refimpl.batch import World
 from refimpl.config import GraphConfig, ModelConfig, SpecConfig, sglang_default_capture_bs
 from refimpl.memory import ReqToTokenPool, TokenSlotAllocator
 from refimpl.modes import GRAPH_MODES, ForwardMode
+from refimpl.validate import validate_batch
 
 
 def test_each_mode_has_exactly_one_own_predicate():
@@ -110,4 +111,4 @@ def test_world_twin_and_batch_move_keep_everything():
     moved = fb.to_world(twin)
     assert moved.world is twin
     assert torch.equal(moved.spec_info.custom_mask, fb.spec_info.custom_mask.cpu())
-    moved.validate()
+    validate_batch(moved)

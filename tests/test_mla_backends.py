@@ -34,7 +34,7 @@ CFG = ModelConfig(kind="mla", num_layers=1, hidden_size=32, num_heads=4)
 def rows(name, variant, modes=MODES, page_size=None):
     (entry,) = find(name, variant)
     if page_size is not None:
-        entry = dataclasses.replace(entry, page_size=page_size)
+        entry = dataclasses.replace(entry, page=page_size)
     return [r for m in modes for r in check_entry_mode(entry, m, CPUEmulatorEngine(), FAST)]
 
 

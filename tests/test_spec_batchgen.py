@@ -25,6 +25,7 @@ from refimpl.spec import (
     require_spec,
     tree_positions,
 )
+from refimpl.validate import validate_batch
 
 L = 64
 CHAIN = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
@@ -176,10 +177,10 @@ def check_batch(b: ForwardBatch, spec: SpecConfig | None) -> None:
     """Every invariant a generated batch must satisfy, per mode."""
     w, bs = b.world, b.batch_size
     r2t = w.req_to_token
-    b.validate()  # draft decode: out_cache_loc holds all S steps, validate() knows
+    validate_batch(b)  # draft decode: out_cache_loc holds all S steps, validation knows
     if isinstance(b.spec_info, DraftDecodeInput):
         with pytest.raises(ValueError, match="out_cache_loc"):
-            b.replace(out_cache_loc=b.out_cache_loc[: b.num_tokens]).validate()
+            validate_batch(b.replace(out_cache_loc=b.out_cache_loc[: b.num_tokens]))
     assert b.seq_lens_cpu.device.type == "cpu" and b.seq_lens_cpu.dtype == torch.int32
     assert torch.equal(b.seq_lens.cpu(), b.seq_lens_cpu)
     assert isinstance(b.seq_lens_sum, int) and b.seq_lens_sum == int(b.seq_lens_cpu.sum())

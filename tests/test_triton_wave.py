@@ -85,6 +85,7 @@ from refimpl.batch import World  # noqa: E402
 from refimpl.batchgen import BatchGenerator  # noqa: E402
 from refimpl.config import GraphConfig, ModelConfig  # noqa: E402
 from refimpl.graphs.runner import GraphRunner  # noqa: E402
+from refimpl.layout import GraphKind  # noqa: E402
 from refimpl.model import MultiStepDraftProgram, TinyDecoder  # noqa: E402
 from refimpl.modes import ForwardMode  # noqa: E402
 from refimpl.spec import DraftDecodeInput, VerifyInput  # noqa: E402
@@ -101,7 +102,7 @@ def triton_runner(mode, spec=CHAIN, multi_step=False):
     else:
         backend, program = TritonAttnBackend(world, spec), model
     gcfg = GraphConfig(max_bs=4, capture_bs=(1, 2, 4), max_context_len=L)
-    runner = GraphRunner(program, backend, CPUEmulatorEngine(), mode, gcfg, spec, multi_step)
+    runner = GraphRunner(program, backend, CPUEmulatorEngine(), GraphKind.of(mode, multi_step), gcfg, spec)
     runner.capture()
     return runner, BatchGenerator(world, spec, seed=11)
 

@@ -19,6 +19,7 @@ class BackendEntry:
     variant: str
     target: str  # "module:Class", imported lazily
     multi_step_target: str | None = None  # "module:Class" of its multi-step draft wrapper
+    page: int | None = None  # another page size its kernels take (TRTLLM-MLA: 32 or 64); None: the class's
 
     def load(self, multi_step: bool = False) -> type[AttentionBackend]:
         target = self.multi_step_target if multi_step else self.target
@@ -34,16 +35,20 @@ class BackendEntry:
 
     @property
     def page_size(self) -> int:
-        """The KV page size its kernels take (declared on its class)."""
-        return getattr(self.load(), "page_size", 1)
+        """The KV page size the rig builds its world with: ``page``, else its class's ``page_size``."""
+        return self.page or getattr(self.load(), "page_size", 1)
 
     @classmethod
     def from_class(cls, backend_cls: type, target: str) -> "BackendEntry":
         """An entry for a backend class outside the registry. Its labels, ``model_kind`` and
         ``page_size`` come from the class (``AttentionBackend``'s defaults: MHA, page size 1), its
         multi-step draft wrapper from ``multi_step_class = "module:Class"`` (default: none)."""
-        return cls(getattr(backend_cls, "name", backend_cls.__name__), getattr(backend_cls, "variant", "unified"),
-                   target, getattr(backend_cls, "multi_step_class", None))  # fmt: skip
+        return cls(
+            getattr(backend_cls, "name", backend_cls.__name__),
+            getattr(backend_cls, "variant", "unified"),
+            target,
+            getattr(backend_cls, "multi_step_class", None),
+        )
 
 
 CONTRACT = (

@@ -117,8 +117,9 @@ class CutlassMLAAttnBackend(FlashInferMLAAttnBackend):
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
     ) -> None:
         if forward_mode.is_decode_or_idle():
-            build_block_table(self.world.req_to_token, req_pool_indices[:bs], seq_lens[:bs],
-                              self.cuda_graph_kv_indices, PAGE_SIZE)  # fmt: skip
+            build_block_table(
+                self.world.req_to_token, req_pool_indices[:bs], seq_lens[:bs], self.cuda_graph_kv_indices, PAGE_SIZE
+            )
         else:
             super().init_forward_metadata_replay_cuda_graph(
                 bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
@@ -138,8 +139,9 @@ class CutlassMLAAttnBackend(FlashInferMLAAttnBackend):
         bs, width = fb.batch_size, (self.world.max_context_len + PAGE_SIZE) // PAGE_SIZE
         # the graph table's init value
         fresh = torch.full((bs, width), 1, dtype=torch.int32, device="cpu")
-        table = build_block_table_ref(self.world.req_to_token.cpu(), fb.req_pool_indices.cpu(),
-                                      fb.seq_lens_cpu, fresh, PAGE_SIZE)  # fmt: skip
+        table = build_block_table_ref(
+            self.world.req_to_token.cpu(), fb.req_pool_indices.cpu(), fb.seq_lens_cpu, fresh, PAGE_SIZE
+        )
         return {"block_kv_indices": table, "max_seq_len": width * PAGE_SIZE}
 
     # --- the captured step --------------------------------------------------------------------
@@ -153,9 +155,15 @@ class CutlassMLAAttnBackend(FlashInferMLAAttnBackend):
             return q.new_empty(0, self.cfg.num_heads, r)
         paged = cache.kv[layer].view(-1, PAGE_SIZE, self.cfg.kv_row_width)  # [pages, 128, 576]
         return cutlass_mla_decode(
-            q[..., :r], q[..., r:], paged, fb.seq_lens, md.block_kv_indices, md.workspace,
-            self.cfg.sm_scale, num_kv_splits=1,
-        )  # fmt: skip
+            q[..., :r],
+            q[..., r:],
+            paged,
+            fb.seq_lens,
+            md.block_kv_indices,
+            md.workspace,
+            self.cfg.sm_scale,
+            num_kv_splits=1,
+        )
 
 
 class CutlassMLAAttnBackendLegacy(CutlassMLAAttnBackend):
@@ -177,8 +185,9 @@ class CutlassMLAAttnBackendLegacy(CutlassMLAAttnBackend):
         self.check_graph_mode(forward_mode)
         if forward_mode.is_decode_or_idle():
             if spec_info is None:  # (2) and nothing otherwise
-                build_block_table(self.world.req_to_token, req_pool_indices[:bs],
-                                  seq_lens[:bs], self.cuda_graph_kv_indices, PAGE_SIZE)  # fmt: skip
+                build_block_table(
+                    self.world.req_to_token, req_pool_indices[:bs], seq_lens[:bs], self.cuda_graph_kv_indices, PAGE_SIZE
+                )
                 self.forward_metadata = CutlassMLADecodeMetadata(
                     self.cuda_graph_mla_workspace, self.cuda_graph_kv_indices[:bs]
                 )
@@ -192,8 +201,9 @@ class CutlassMLAAttnBackendLegacy(CutlassMLAAttnBackend):
     ) -> None:
         if forward_mode.is_decode_or_idle():
             assert seq_lens_cpu is not None  # (1) never read below
-            build_block_table(self.world.req_to_token, req_pool_indices[:bs], seq_lens[:bs],
-                              self.cuda_graph_kv_indices, PAGE_SIZE)  # fmt: skip
+            build_block_table(
+                self.world.req_to_token, req_pool_indices[:bs], seq_lens[:bs], self.cuda_graph_kv_indices, PAGE_SIZE
+            )
         else:
             super(CutlassMLAAttnBackend, self).init_forward_metadata_replay_cuda_graph(
                 bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu

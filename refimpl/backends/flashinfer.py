@@ -48,7 +48,7 @@ from ..flashinfer_wrappers import is_standin, make_workspace, wrapper_classes
 from ..flashinfer_wrappers.fast_plan import install_fast_decode_plan
 from ..flashinfer_wrappers.ops import fi_run
 from ..kernels import build_kv_indices, csr_ref
-from ..modes import ForwardMode
+from ..modes import GRAPH_MODES, ForwardMode
 from ..spec import DraftDecodeInput, DraftExtendInput, VerifyInput, require_spec
 from .base import AttentionBackend, GraphModeNotSupported
 from .multistep import MultiStepDraftBackend
@@ -71,17 +71,14 @@ class FlashInferAttnBackend(AttentionBackend):
     name = "flashinfer"
     variant = "unified"
     pattern = "B"
-    graph_buffer_names = ("kv_indptr", "cuda_graph_kv_indices", "cuda_graph_custom_mask", "cuda_graph_qk_indptr",
-                          "cuda_graph_qo_indptr")  # fmt: skip
-    graph_modes = frozenset(
-        {
-            ForwardMode.DECODE,
-            ForwardMode.IDLE,
-            ForwardMode.TARGET_VERIFY,
-            ForwardMode.DRAFT_EXTEND,
-            ForwardMode.DRAFT_EXTEND_V2,
-        }
+    graph_buffer_names = (
+        "kv_indptr",
+        "cuda_graph_kv_indices",
+        "cuda_graph_custom_mask",
+        "cuda_graph_qk_indptr",
+        "cuda_graph_qo_indptr",
     )
+    graph_modes = frozenset(GRAPH_MODES)  # every one: decode, idle, target verify, draft extend v1 / v2
     kv_indices_dtype = torch.int32
 
     def __init__(
@@ -153,10 +150,19 @@ class FlashInferAttnBackend(AttentionBackend):
         indptr_cpu[1:] = torch.cumsum(host_lens, 0)
         H, Hkv, D = self._heads()
         wrapper.plan(
-            kv_indptr, kv_indices, self.kv_last_page_len[:rows], H, Hkv, D, 1,
-            data_type=self.cfg.dtype, q_data_type=self.cfg.dtype, sm_scale=self.cfg.sm_scale,
-            non_blocking=True, **self._host_indptr_kw(wrapper, indptr_cpu),
-        )  # fmt: skip
+            kv_indptr,
+            kv_indices,
+            self.kv_last_page_len[:rows],
+            H,
+            Hkv,
+            D,
+            1,
+            data_type=self.cfg.dtype,
+            q_data_type=self.cfg.dtype,
+            sm_scale=self.cfg.sm_scale,
+            non_blocking=True,
+            **self._host_indptr_kw(wrapper, indptr_cpu),
+        )
 
     @staticmethod
     def _host_indptr_kw(wrapper, indptr_cpu) -> dict:
@@ -199,10 +205,21 @@ class FlashInferAttnBackend(AttentionBackend):
             last_page_len = self.kv_last_page_len[:bs]
         H, Hkv, D = self._heads()
         wrapper.plan(
-            qo_indptr, kv_indptr, kv_indices, last_page_len, H, Hkv, D, 1,
-            custom_mask=mask, causal=mask is None, sm_scale=self.cfg.sm_scale,
-            q_data_type=self.cfg.dtype, kv_data_type=self.cfg.dtype, non_blocking=True,
-        )  # fmt: skip
+            qo_indptr,
+            kv_indptr,
+            kv_indices,
+            last_page_len,
+            H,
+            Hkv,
+            D,
+            1,
+            custom_mask=mask,
+            causal=mask is None,
+            sm_scale=self.cfg.sm_scale,
+            q_data_type=self.cfg.dtype,
+            kv_data_type=self.cfg.dtype,
+            non_blocking=True,
+        )
 
     def _pad_mask(self, mask: torch.Tensor, n: int, kv_lens_cpu: torch.Tensor) -> torch.Tensor:
         """The spec mask covers the live requests; padded ones get allow-all blocks (host math)."""
@@ -221,21 +238,26 @@ class FlashInferAttnBackend(AttentionBackend):
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         mode, bs = fb.forward_mode, fb.batch_size
         if mode.is_decode_or_idle():
-            self._update_decode(bs, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_cpu,
-                                [self._eager_decode], fb.spec_info)  # fmt: skip
+            self._update_decode(
+                bs, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_cpu, [self._eager_decode], fb.spec_info
+            )
             self.forward_metadata = DecodeMetadata([self._eager_decode])
         elif mode.is_target_verify() or mode.is_any_draft_extend():
-            self._update_prefill(bs, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_cpu,
-                                 [self._eager_prefill], mode, fb.spec_info)  # fmt: skip
+            self._update_prefill(
+                bs, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_cpu, [self._eager_prefill], mode, fb.spec_info
+            )
             self.forward_metadata = PrefillMetadata([self._eager_prefill], not mode.is_target_verify())
         else:
             raise ValueError(f"{self.name}: eager {mode.label} is not modelled here")
 
     # --- graphs -------------------------------------------------------------------------------
     def init_cuda_graph_state(
-        self, max_bs: int, max_num_tokens: int, kv_indices_buf: torch.Tensor | None = None,
+        self,
+        max_bs: int,
+        max_num_tokens: int,
+        kv_indices_buf: torch.Tensor | None = None,
         num_kv_splits_buf: torch.Tensor | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         T, L, dev = max_num_tokens, self.world.max_context_len, self.device
         self.max_bs, self.max_num_tokens = max_bs, max_num_tokens
         if kv_indices_buf is None:
@@ -249,18 +271,23 @@ class FlashInferAttnBackend(AttentionBackend):
     def _create_decode_wrappers(self, bs: int, num_tokens: int) -> list:
         return [
             self.fi.BatchDecodeWithPagedKVCacheWrapper(
-                self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=False,
+                self.workspace,
+                "NHD",
+                use_cuda_graph=True,
+                use_tensor_cores=False,
                 paged_kv_indptr_buffer=self.kv_indptr[: num_tokens + 1],
                 paged_kv_indices_buffer=self.cuda_graph_kv_indices,
                 paged_kv_last_page_len_buffer=self.kv_last_page_len[:num_tokens],
             )
-        ]  # fmt: skip
+        ]
 
     def _create_prefill_wrappers(self, bs: int, use_custom_mask: bool) -> list:
         # a zero mask buffer would block all attention: bind it only when there is a mask
         return [
             self.fi.BatchPrefillWithPagedKVCacheWrapper(
-                self.workspace, "NHD", use_cuda_graph=True,
+                self.workspace,
+                "NHD",
+                use_cuda_graph=True,
                 qo_indptr_buf=self.cuda_graph_qo_indptr[: bs + 1],
                 paged_kv_indptr_buf=self.kv_indptr[: bs + 1],
                 paged_kv_indices_buf=self.cuda_graph_kv_indices,
@@ -268,7 +295,7 @@ class FlashInferAttnBackend(AttentionBackend):
                 custom_mask_buf=self.cuda_graph_custom_mask if use_custom_mask else None,
                 mask_indptr_buf=self.cuda_graph_qk_indptr[: bs + 1] if use_custom_mask else None,
             )
-        ]  # fmt: skip
+        ]
 
     def _prepare_cuda_graph_metadata(self, bs, num_tokens, mode, spec_info) -> None:
         """Create, bind and register the wrappers this graph will capture (the 'B' in Pattern B)."""

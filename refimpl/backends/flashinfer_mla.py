@@ -51,7 +51,7 @@ from ..flashinfer_wrappers import make_workspace, wrapper_classes
 from ..flashinfer_wrappers.fast_plan import install_fast_mla_decode_plan
 from ..flashinfer_wrappers.ops import fi_mla_run
 from ..kernels import build_kv_indices, csr_ref
-from ..modes import ForwardMode
+from ..modes import GRAPH_MODES, ForwardMode
 from ..spec import DraftExtendInput, VerifyInput, require_spec
 from .base import AttentionBackend, GraphModeNotSupported
 
@@ -69,18 +69,15 @@ class FlashInferMLAAttnBackend(AttentionBackend):
     variant = "unified"
     pattern = "B"
     model_kind = "mla"
-    graph_buffer_names = ("kv_indptr", "cuda_graph_kv_indices", "cuda_graph_qo_indptr", "cuda_graph_kv_indptr",
-                          "cuda_graph_kv_lens")  # fmt: skip
-    writes_bound_kv_indptr = True  # False: the #37975 behaviour
-    graph_modes = frozenset(
-        {
-            ForwardMode.DECODE,
-            ForwardMode.IDLE,
-            ForwardMode.TARGET_VERIFY,
-            ForwardMode.DRAFT_EXTEND,
-            ForwardMode.DRAFT_EXTEND_V2,
-        }
+    graph_buffer_names = (
+        "kv_indptr",
+        "cuda_graph_kv_indices",
+        "cuda_graph_qo_indptr",
+        "cuda_graph_kv_indptr",
+        "cuda_graph_kv_lens",
     )
+    writes_bound_kv_indptr = True  # False: the #37975 behaviour
+    graph_modes = frozenset(GRAPH_MODES)  # every one: decode, idle, target verify, draft extend v1 / v2
 
     def __init__(self, world: World, spec: SpecConfig | None = None, *, prefer_real: bool = True):
         super().__init__(world, spec)
@@ -124,8 +121,13 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         kv_indptr[1:] = torch.cumsum(seq_lens[:bs], 0)
         kv_indices = torch.empty(max(int(seq_lens_cpu[:bs].sum()), 1), dtype=torch.int32, device=self.device)
         build_kv_indices(self.world.req_to_token, rpi[:bs], seq_lens[:bs], kv_indptr, kv_indices)
-        wrapper.plan(self.q_indptr_decode[: bs + 1], kv_indptr, kv_indices,
-                     seq_lens[:bs].to(torch.int32), *self._plan_args(False))  # fmt: skip
+        wrapper.plan(
+            self.q_indptr_decode[: bs + 1],
+            kv_indptr,
+            kv_indices,
+            seq_lens[:bs].to(torch.int32),
+            *self._plan_args(False),
+        )
 
     def _fast_decode_replay(self, bs, rpi, seq_lens, seq_lens_cpu) -> None:
         """Decode replay: indices into the bound buffer, host indptrs into the fast plan."""
@@ -139,9 +141,12 @@ class FlashInferMLAAttnBackend(AttentionBackend):
             self.cuda_graph_kv_lens[:bs].copy_(seq_lens[:bs])
         build_kv_indices(self.world.req_to_token, rpi[:bs], seq_lens[:bs], kv_indptr, self.cuda_graph_kv_indices)
         wrapper.plan(
-            self.cuda_graph_qo_indptr_cpu[: bs + 1], self.cuda_graph_kv_indptr_cpu[: bs + 1],
-            self.cuda_graph_kv_indices, kv_len_cpu, *self._plan_args(False),
-        )  # fmt: skip
+            self.cuda_graph_qo_indptr_cpu[: bs + 1],
+            self.cuda_graph_kv_indptr_cpu[: bs + 1],
+            self.cuda_graph_kv_indices,
+            kv_len_cpu,
+            *self._plan_args(False),
+        )
 
     def _prefill_plan(self, bs, rpi, seq_lens, seq_lens_cpu, wrapper, mode, spec_info) -> None:
         """Verify and draft extend (generate_attn_arg_prefill): fresh args, full plan."""
@@ -197,11 +202,14 @@ class FlashInferMLAAttnBackend(AttentionBackend):
     def _create_wrapper(self, n: int):
         """A wrapper bound to the ``[:n+1]`` / ``[:n]`` slices of the graph buffers."""
         return self.fi.BatchMLAPagedAttentionWrapper(
-            self.workspace, use_cuda_graph=True,
-            qo_indptr=self.cuda_graph_qo_indptr[: n + 1], kv_indptr=self.cuda_graph_kv_indptr[: n + 1],
-            kv_indices=self.cuda_graph_kv_indices, kv_len_arr=self.cuda_graph_kv_lens[:n],
+            self.workspace,
+            use_cuda_graph=True,
+            qo_indptr=self.cuda_graph_qo_indptr[: n + 1],
+            kv_indptr=self.cuda_graph_kv_indptr[: n + 1],
+            kv_indices=self.cuda_graph_kv_indices,
+            kv_len_arr=self.cuda_graph_kv_lens[:n],
             backend="auto",
-        )  # fmt: skip
+        )
 
     def _prepare_cuda_graph_metadata(self, bs: int, num_tokens: int, mode: ForwardMode):
         """Create, bind and register the wrapper this graph captures (the 'B' of Pattern B)."""
@@ -257,8 +265,12 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         rows = 1 if mode.is_decode_or_idle() else S + 1 if mode.is_draft_extend_v1() else n
         kv = seq + n if mode.is_target_verify() else seq  # verify: prefix + the N drafts
         csr = csr_ref(self.world.req_to_token, fb.req_pool_indices, kv)
-        return {"qo_indptr": torch.arange(0, bs * rows + 1, rows, device="cpu"), "kv_indptr": csr["kv_indptr"],
-                "kv_len_arr": kv, "kv_indices": csr["kv_indices"]}  # fmt: skip
+        return {
+            "qo_indptr": torch.arange(0, bs * rows + 1, rows, device="cpu"),
+            "kv_indptr": csr["kv_indptr"],
+            "kv_len_arr": kv,
+            "kv_indices": csr["kv_indices"],
+        }
 
     # --- the captured step --------------------------------------------------------------------
     def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
@@ -311,33 +323,39 @@ class FlashInferMLAAttnBackendLegacy(FlashInferMLAAttnBackendAsUpstream):
         MLA = self.fi.BatchMLAPagedAttentionWrapper
         if forward_mode.is_decode_or_idle():
             wrapper = MLA(
-                self.workspace, use_cuda_graph=True,
+                self.workspace,
+                use_cuda_graph=True,
                 qo_indptr=self.cuda_graph_qo_indptr[: num_tokens + 1],
                 kv_indptr=self.cuda_graph_kv_indptr[: num_tokens + 1],
                 kv_indices=self.cuda_graph_kv_indices,
-                kv_len_arr=self.cuda_graph_kv_lens[:num_tokens], backend="auto",
-            )  # fmt: skip
+                kv_len_arr=self.cuda_graph_kv_lens[:num_tokens],
+                backend="auto",
+            )
             self._full_decode_plan(bs, req_pool_indices, seq_lens, seq_cpu, wrapper)
             self.decode_cuda_graph_metadata[bs] = wrapper
             install_fast_mla_decode_plan(wrapper)
         elif forward_mode.is_target_verify():
             wrapper = MLA(
-                self.workspace, use_cuda_graph=True,
+                self.workspace,
+                use_cuda_graph=True,
                 qo_indptr=self.cuda_graph_qo_indptr[: bs + 1],
                 kv_indptr=self.cuda_graph_kv_indptr[: bs + 1],
                 kv_indices=self.cuda_graph_kv_indices,
-                kv_len_arr=self.cuda_graph_kv_lens[:bs], backend="auto",
-            )  # fmt: skip
+                kv_len_arr=self.cuda_graph_kv_lens[:bs],
+                backend="auto",
+            )
             self.prefill_cuda_graph_metadata[bs] = wrapper
             self._prefill_plan(bs, req_pool_indices, seq_lens, seq_cpu, wrapper, forward_mode, spec_info)
         elif forward_mode.is_any_draft_extend():
             wrapper = MLA(
-                self.workspace, use_cuda_graph=True,
+                self.workspace,
+                use_cuda_graph=True,
                 qo_indptr=self.cuda_graph_qo_indptr[: bs + 1],
                 kv_indptr=self.cuda_graph_kv_indptr[: bs + 1],
                 kv_indices=self.cuda_graph_kv_indices,
-                kv_len_arr=self.cuda_graph_kv_lens[:bs], backend="auto",
-            )  # fmt: skip
+                kv_len_arr=self.cuda_graph_kv_lens[:bs],
+                backend="auto",
+            )
             self.prefill_cuda_graph_metadata[bs] = wrapper
             self._prefill_plan(bs, req_pool_indices, seq_lens, seq_cpu, wrapper, forward_mode, spec_info)
         else:

@@ -55,8 +55,12 @@ class TorchNativeBackend(AttentionBackend):
     variant = "unified"
     pattern = "A"
     graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY})
-    graph_buffer_names = ("cuda_graph_kv_indptr", "cuda_graph_kv_indices", "cuda_graph_custom_mask",
-                          "cuda_graph_mask_indptr")  # fmt: skip
+    graph_buffer_names = (
+        "cuda_graph_kv_indptr",
+        "cuda_graph_kv_indices",
+        "cuda_graph_custom_mask",
+        "cuda_graph_mask_indptr",
+    )
 
     # --- shared helpers -----------------------------------------------------------------------
     def _kv_lens(self, mode: ForwardMode, seq_lens: torch.Tensor, n: int) -> torch.Tensor:

@@ -49,7 +49,7 @@ from ..kernels import (
     get_num_kv_splits,
     get_num_kv_splits_ref,
 )
-from ..modes import ForwardMode
+from ..modes import GRAPH_MODES, ForwardMode
 from ..spec import DraftDecodeInput, DraftExtendInput, VerifyInput, require_spec
 from .base import AttentionBackend, GraphModeNotSupported
 from .multistep import MultiStepDraftBackend
@@ -89,17 +89,17 @@ class TritonAttnBackend(AttentionBackend):
     variant = "unified"
     pattern = "A"
     # the eager kv_indptr / qo_indptr / mask_indptr too: some graphs read them (as SGLang's do)
-    graph_buffer_names = ("kv_indptr", "qo_indptr", "mask_indptr", "cuda_graph_attn_logits", "cuda_graph_attn_lse",
-                          "cuda_graph_num_kv_splits", "cuda_graph_kv_indices", "cuda_graph_custom_mask")  # fmt: skip
-    graph_modes = frozenset(
-        {
-            ForwardMode.DECODE,
-            ForwardMode.IDLE,
-            ForwardMode.TARGET_VERIFY,
-            ForwardMode.DRAFT_EXTEND,
-            ForwardMode.DRAFT_EXTEND_V2,
-        }
+    graph_buffer_names = (
+        "kv_indptr",
+        "qo_indptr",
+        "mask_indptr",
+        "cuda_graph_attn_logits",
+        "cuda_graph_attn_lse",
+        "cuda_graph_num_kv_splits",
+        "cuda_graph_kv_indices",
+        "cuda_graph_custom_mask",
     )
+    graph_modes = frozenset(GRAPH_MODES)  # every one: decode, idle, target verify, draft extend v1 / v2
     kv_indices_dtype = torch.int64
     qo_indptr_dtype = torch.int64
 
@@ -183,11 +183,12 @@ class TritonAttnBackend(AttentionBackend):
             if bs:
                 self._splits(splits[:rows], seq)
             self.forward_metadata = TritonMetadata(
-                kv_indptr, kv_indices,
+                kv_indptr,
+                kv_indices,
                 attn_logits=torch.empty(max(rows, 1), H, S, Dv, dtype=torch.float32, device=dev),
                 attn_lse=torch.empty(max(rows, 1), H, S, dtype=torch.float32, device=dev),
                 num_kv_splits=splits,
-            )  # fmt: skip
+            )
             return
         if mode.is_target_verify():
             spec = require_spec(mode, fb.spec_info, VerifyInput)
@@ -374,14 +375,23 @@ class TritonAttnBackend(AttentionBackend):
     def draft_step_reference(self, indptr: torch.Tensor, indices: torch.Tensor, fb) -> dict:
         topk = fb.spec_info.topk
         splits = self._splits_ref(fb.seq_lens_cpu.tolist(), topk)
-        return {"kv_indptr": indptr, "kv_indices": indices, "max_kv_splits": self.max_kv_splits,
-                "num_kv_splits": torch.tensor(splits, device="cpu")}  # fmt: skip
+        return {
+            "kv_indptr": indptr,
+            "kv_indices": indices,
+            "max_kv_splits": self.max_kv_splits,
+            "num_kv_splits": torch.tensor(splits, device="cpu"),
+        }
 
     def _splits_ref(self, seq_lens: list[int], num_group: int) -> list[int]:
         cfg = self.cfg
-        return get_num_kv_splits_ref(seq_lens, num_group=num_group, num_heads=cfg.num_heads,
-                                     num_kv_heads=cfg.num_kv_heads,
-                                     max_kv_splits=self.max_kv_splits, core_count=self.core_count)  # fmt: skip
+        return get_num_kv_splits_ref(
+            seq_lens,
+            num_group=num_group,
+            num_heads=cfg.num_heads,
+            num_kv_heads=cfg.num_kv_heads,
+            max_kv_splits=self.max_kv_splits,
+            core_count=self.core_count,
+        )
 
     # --- the captured step --------------------------------------------------------------------
     def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
@@ -393,16 +403,35 @@ class TritonAttnBackend(AttentionBackend):
             return out
         if md.num_kv_splits is not None:  # decode / idle / draft decode
             decode_attention(
-                q, cache.k[layer], cache.v[layer], out, md.kv_indptr, md.kv_indices,
-                md.attn_logits, md.attn_lse, md.num_kv_splits, md.attn_logits.shape[2],
+                q,
+                cache.k[layer],
+                cache.v[layer],
+                out,
+                md.kv_indptr,
+                md.kv_indices,
+                md.attn_logits,
+                md.attn_lse,
+                md.num_kv_splits,
+                md.attn_logits.shape[2],
                 cfg.sm_scale,
-            )  # fmt: skip
+            )
         else:  # target verify / draft extend / extend: new tokens' k, v passed directly
             extend_attention(
-                q, k, v, out, cache.k[layer], cache.v[layer], md.qo_indptr, md.kv_indptr,
-                md.kv_indices, md.custom_mask, md.mask_indptr, md.custom_mask is None,
-                md.max_extend_len, cfg.sm_scale,
-            )  # fmt: skip
+                q,
+                k,
+                v,
+                out,
+                cache.k[layer],
+                cache.v[layer],
+                md.qo_indptr,
+                md.kv_indptr,
+                md.kv_indices,
+                md.custom_mask,
+                md.mask_indptr,
+                md.custom_mask is None,
+                md.max_extend_len,
+                cfg.sm_scale,
+            )
         return out
 
 
@@ -440,9 +469,12 @@ class TritonAttnBackendLegacy(TritonAttnBackend):
                 build_kv_indices(r2t, req_pool_indices[:bs], seq_lens[:bs], kv_indptr, kv_indices)
             # (1) no get_num_kv_splits here
             self.forward_metadata = TritonMetadata(
-                kv_indptr, kv_indices, attn_logits=self.cuda_graph_attn_logits,
-                attn_lse=self.cuda_graph_attn_lse, num_kv_splits=self.cuda_graph_num_kv_splits,
-            )  # fmt: skip
+                kv_indptr,
+                kv_indices,
+                attn_logits=self.cuda_graph_attn_logits,
+                attn_lse=self.cuda_graph_attn_lse,
+                num_kv_splits=self.cuda_graph_num_kv_splits,
+            )
         elif forward_mode.is_target_verify():
             spec = require_spec(forward_mode, spec_info, VerifyInput)
             n = self._check_verify_n(spec)
@@ -457,9 +489,13 @@ class TritonAttnBackendLegacy(TritonAttnBackend):
                 self.mask_indptr[1 : bs + 1] = torch.cumsum(seq_mask_len, 0)
                 custom_mask, mask_indptr = self.cuda_graph_custom_mask, self.mask_indptr[: bs + 1]
             self.forward_metadata = TritonMetadata(
-                kv_indptr, self.cuda_graph_kv_indices, max_extend_len=n,
-                qo_indptr=self.qo_indptr[: bs + 1], custom_mask=custom_mask, mask_indptr=mask_indptr,
-            )  # fmt: skip
+                kv_indptr,
+                self.cuda_graph_kv_indices,
+                max_extend_len=n,
+                qo_indptr=self.qo_indptr[: bs + 1],
+                custom_mask=custom_mask,
+                mask_indptr=mask_indptr,
+            )
         elif forward_mode.is_any_draft_extend():
             stride = self.spec.num_steps + 1  # (2) uniform at capture; (3) S+1 for v2 too
             self.qo_indptr[: bs + 1] = torch.arange(0, bs * stride + 1, stride, device=dev)
@@ -488,8 +524,9 @@ class TritonAttnBackendLegacy(TritonAttnBackend):
             bs = len(req_pool_indices)  # upstream recomputes bs here
             self.qo_indptr[: bs + 1] = torch.arange(0, (bs + 1) * n, n, device=dev)
             self.kv_indptr[1 : bs + 1] = torch.cumsum(seq_lens[:bs], 0)
-            build_kv_indices(r2t, req_pool_indices[:bs], seq_lens[:bs],
-                             self.kv_indptr[: bs + 1], self.cuda_graph_kv_indices)  # fmt: skip
+            build_kv_indices(
+                r2t, req_pool_indices[:bs], seq_lens[:bs], self.kv_indptr[: bs + 1], self.cuda_graph_kv_indices
+            )
             if spec.custom_mask is not None:
                 self.cuda_graph_custom_mask[: spec.custom_mask.numel()].copy_(spec.custom_mask)
                 seq_mask_len = n * (seq_lens[:bs].to(torch.int64) + n)

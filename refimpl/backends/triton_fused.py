@@ -63,18 +63,30 @@ class TritonAttnBackendFused(TritonAttnBackend):
             cfg, r2t = self.cfg, self.world.req_to_token
             if mode.is_decode_or_idle():
                 args = fused_graph_metadata_args(
-                    r2t, req_pool_indices, seq_lens, self.kv_indptr, self.cuda_graph_kv_indices,
-                    num_kv_splits=self.cuda_graph_num_kv_splits, num_heads=cfg.num_heads,
-                    num_kv_heads=cfg.num_kv_heads, max_kv_splits=self.max_kv_splits,
+                    r2t,
+                    req_pool_indices,
+                    seq_lens,
+                    self.kv_indptr,
+                    self.cuda_graph_kv_indices,
+                    num_kv_splits=self.cuda_graph_num_kv_splits,
+                    num_heads=cfg.num_heads,
+                    num_kv_heads=cfg.num_kv_heads,
+                    max_kv_splits=self.max_kv_splits,
                     core_count=self.core_count,
-                )  # fmt: skip
+                )
             else:
                 args = fused_graph_metadata_args(
-                    r2t, req_pool_indices, seq_lens, self.kv_indptr, self.cuda_graph_kv_indices,
-                    num_draft_tokens=n, qo_indptr=self.qo_indptr, mask_indptr=self.mask_indptr,
+                    r2t,
+                    req_pool_indices,
+                    seq_lens,
+                    self.kv_indptr,
+                    self.cuda_graph_kv_indices,
+                    num_draft_tokens=n,
+                    qo_indptr=self.qo_indptr,
+                    mask_indptr=self.mask_indptr,
                     custom_mask_src=mask,
                     custom_mask=None if mask is None else self.cuda_graph_custom_mask,
-                )  # fmt: skip
+                )
             plan = self._fused_plans[key] = (seq_lens, req_pool_indices, args)
         launch_fused_graph_metadata(plan[2], mask)
 

@@ -93,8 +93,14 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
     pattern = "A"
     page_sizes = (32, 64)
     page_size = 64  # what the registry builds it with
-    graph_buffer_names = ("kv_indptr", "decode_cuda_graph_kv_indices", "cuda_graph_kv_indices", "cuda_graph_qo_indptr",
-                          "cuda_graph_kv_indptr", "cuda_graph_kv_lens")  # fmt: skip
+    graph_buffer_names = (
+        "kv_indptr",
+        "decode_cuda_graph_kv_indices",
+        "cuda_graph_kv_indices",
+        "cuda_graph_qo_indptr",
+        "cuda_graph_kv_indptr",
+        "cuda_graph_kv_lens",
+    )
     graph_modes = frozenset(
         {ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2}
     )
@@ -121,15 +127,18 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
         if mode.is_target_verify():
             n = require_spec(mode, spec_info, VerifyInput).draft_token_num
             if n != self.spec.num_draft_tokens:
-                raise ValueError(f"verify batch has N={n}, the graph was captured for "
-                                 f"num_draft_tokens={self.spec.num_draft_tokens}")  # fmt: skip
+                raise ValueError(
+                    f"verify batch has N={n}, the graph was captured for num_draft_tokens={self.spec.num_draft_tokens}"
+                )
             return n
         if mode.is_draft_extend_v2():
             rows = require_spec(mode, spec_info, DraftExtendInput).num_tokens_per_req
             n = layout.rows_per_request(mode, self.spec)
             if rows != n:
-                raise ValueError(f"draft-extend batch has {rows} tokens per request, the graph "
-                                 f"was captured for {n} (num_draft_tokens)")  # fmt: skip
+                raise ValueError(
+                    f"draft-extend batch has {rows} tokens per request, the graph "
+                    f"was captured for {n} (num_draft_tokens)"
+                )
             return 0
         if isinstance(spec_info, DraftDecodeInput):
             if self.draft_step is None:
@@ -252,8 +261,12 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
         }
         if mode.is_draft_extend_v2():
             n = self.spec.num_draft_tokens
-            ref.update(max_seq_len_q=n, sum_seq_lens_q=n * bs, seq_lens_q=torch.full((bs,), n, device="cpu"),
-                       cu_seqlens_q=torch.arange(0, bs * n + 1, n, device="cpu"))  # fmt: skip
+            ref.update(
+                max_seq_len_q=n,
+                sum_seq_lens_q=n * bs,
+                seq_lens_q=torch.full((bs,), n, device="cpu"),
+                cu_seqlens_q=torch.arange(0, bs * n + 1, n, device="cpu"),
+            )
         if offset or mode.is_draft_extend_v2():
             ref["seq_lens_k"] = seq_k
         return ref
@@ -272,11 +285,17 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
         kv = cache.kv[layer].view(-1, self.page_size, cfg.kv_row_width).unsqueeze(1)
         seq_lens = fb.seq_lens if md.seq_lens_k is None else md.seq_lens_k
         out = trtllm_batch_decode_with_kv_cache_mla(
-            query, kv, self.workspace_buffer, cfg.qk_nope_head_dim, cfg.kv_lora_rank,
-            cfg.qk_rope_head_dim, block_tables=md.block_kv_indices, seq_lens=seq_lens,
+            query,
+            kv,
+            self.workspace_buffer,
+            cfg.qk_nope_head_dim,
+            cfg.kv_lora_rank,
+            cfg.qk_rope_head_dim,
+            block_tables=md.block_kv_indices,
+            seq_lens=seq_lens,
             max_seq_len=md.max_seq_len_k + self._seqlen_offset(fb.forward_mode, fb.spec_info),
             bmm1_scale=cfg.sm_scale,
-        )  # fmt: skip
+        )
         return out.view(q.shape[0], cfg.num_heads, cfg.kv_lora_rank)
 
 
@@ -370,10 +389,14 @@ class TRTLLMMLAAttnBackendInGraph(TRTLLMMLAAttnBackendSimplified):
         """Runs inside the captured region: recorded, so every replay rebuilds in the graph."""
         md = self.forward_metadata
         trtllm_mla_graph_metadata(
-            fb.req_pool_indices, fb.seq_lens, self.world.req_to_token, md.block_kv_indices,
-            md.seq_lens_k, seqlen_offset=self._seqlen_offset(fb.forward_mode, fb.spec_info),
+            fb.req_pool_indices,
+            fb.seq_lens,
+            self.world.req_to_token,
+            md.block_kv_indices,
+            md.seq_lens_k,
+            seqlen_offset=self._seqlen_offset(fb.forward_mode, fb.spec_info),
             page_size=self.page_size,
-        )  # fmt: skip
+        )
 
     def init_forward_metadata_replay_cuda_graph(
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
@@ -396,8 +419,9 @@ class TRTLLMMLAMultiStepDraftBackend(MultiStepBackend):
     def check_graph_mode(self, mode: ForwardMode) -> None:
         super().check_graph_mode(mode)
         if self.spec.topk != 1:
-            raise GraphModeNotSupported(f"{self.name}: multi-step draft decode takes chains only "
-                                        f"(topk=1), got topk={self.spec.topk}")  # fmt: skip
+            raise GraphModeNotSupported(
+                f"{self.name}: multi-step draft decode takes chains only (topk=1), got topk={self.spec.topk}"
+            )
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         for b in self.step_backends:

@@ -116,9 +116,12 @@ class WaveAttnBackendLegacy(WaveAttnBackend):
                 build_kv_indices(r2t, req_pool_indices[:bs], seq_lens[:bs], kv_indptr, kv_indices)
             # (1) no get_num_kv_splits: the buffer keeps max_kv_splits from init
             self.forward_metadata = TritonMetadata(
-                kv_indptr, kv_indices, attn_logits=self.cuda_graph_attn_logits,
-                attn_lse=self.cuda_graph_attn_lse, num_kv_splits=self.cuda_graph_num_kv_splits,
-            )  # fmt: skip
+                kv_indptr,
+                kv_indices,
+                attn_logits=self.cuda_graph_attn_logits,
+                attn_lse=self.cuda_graph_attn_lse,
+                num_kv_splits=self.cuda_graph_num_kv_splits,
+            )
         elif forward_mode.is_target_verify():
             spec = require_spec(forward_mode, spec_info, VerifyInput)
             n = self._check_verify_n(spec)
@@ -130,10 +133,13 @@ class WaveAttnBackendLegacy(WaveAttnBackend):
             seq_mask_len = n * (seq_lens[:bs].to(torch.int64) + n)
             self.mask_indptr[1 : bs + 1] = torch.cumsum(seq_mask_len, 0)
             self.forward_metadata = TritonMetadata(
-                kv_indptr, self.cuda_graph_kv_indices, max_extend_len=n,
-                qo_indptr=self.qo_indptr[: bs + 1], custom_mask=self.cuda_graph_custom_mask,
+                kv_indptr,
+                self.cuda_graph_kv_indices,
+                max_extend_len=n,
+                qo_indptr=self.qo_indptr[: bs + 1],
+                custom_mask=self.cuda_graph_custom_mask,
                 mask_indptr=self.mask_indptr[: bs + 1],
-            )  # fmt: skip
+            )
 
     def init_forward_metadata_replay_cuda_graph(
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
@@ -148,8 +154,9 @@ class WaveAttnBackendLegacy(WaveAttnBackend):
                 num_token = n - 1
             else:
                 self.kv_indptr[1 : bs + 1] = torch.cumsum(seq_lens[:bs], 0)
-                build_kv_indices(r2t, req_pool_indices[:bs], seq_lens[:bs],
-                                 self.kv_indptr[: bs + 1], self.cuda_graph_kv_indices)  # fmt: skip
+                build_kv_indices(
+                    r2t, req_pool_indices[:bs], seq_lens[:bs], self.kv_indptr[: bs + 1], self.cuda_graph_kv_indices
+                )
                 num_token = bs
             self._splits(self.cuda_graph_num_kv_splits[:num_token], seq_lens[:bs])
         elif forward_mode.is_target_verify():
@@ -158,8 +165,9 @@ class WaveAttnBackendLegacy(WaveAttnBackend):
             bs = len(req_pool_indices)  # upstream recomputes bs here
             self.qo_indptr[: bs + 1] = torch.arange(0, (bs + 1) * n, n, device=self.device)
             self.kv_indptr[1 : bs + 1] = torch.cumsum(seq_lens[:bs], 0)
-            build_kv_indices(r2t, req_pool_indices[:bs], seq_lens[:bs],
-                             self.kv_indptr[: bs + 1], self.cuda_graph_kv_indices)  # fmt: skip
+            build_kv_indices(
+                r2t, req_pool_indices[:bs], seq_lens[:bs], self.kv_indptr[: bs + 1], self.cuda_graph_kv_indices
+            )
             mask = spec.custom_mask  # (2) copied unconditionally
             self.cuda_graph_custom_mask[: mask.numel()].copy_(mask)
             seq_mask_len = n * (seq_lens[:bs].to(torch.int64) + n)

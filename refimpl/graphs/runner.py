@@ -66,9 +66,15 @@ def call_capture_hook(backend, fb: ForwardBatch) -> None:
 
 def call_replay_hook(backend, fb: ForwardBatch) -> None:
     backend.init_forward_metadata_replay_cuda_graph(
-        fb.batch_size, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_sum, None, fb.forward_mode,
-        fb.spec_info, fb.seq_lens_cpu,
-    )  # fmt: skip
+        fb.batch_size,
+        fb.req_pool_indices,
+        fb.seq_lens,
+        fb.seq_lens_sum,
+        None,
+        fb.forward_mode,
+        fb.spec_info,
+        fb.seq_lens_cpu,
+    )
 
 
 def call_in_graph_hook(backend, fb: ForwardBatch) -> None:
@@ -83,21 +89,24 @@ class GraphRunner:
         model: Callable[[ForwardBatch, Any], torch.Tensor],
         backend,
         engine: GraphEngine,
-        mode: ForwardMode,
+        kind: ForwardMode | layout.GraphKind,
         graph_cfg: GraphConfig,
         spec_cfg: SpecConfig | None = None,
-        multi_step_draft: bool = False,
         validate_inputs: bool = True,
     ):
+        """``kind``: what the graphs run, a forward mode or a ``layout.GraphKind`` (multi-step
+        draft decode: ``layout.KINDS["draft_decode"]``, with a multi-step program and backend)."""
+        self.kind = layout.GraphKind.of(kind)
+        mode = self.kind.mode
         if not mode.is_graph_mode():
             raise ValueError(f"{mode.label} is never captured; run it eagerly")
         self.model, self.backend, self.engine = model, backend, engine
         self.mode, self.graph_cfg, self.spec_cfg = mode, graph_cfg, spec_cfg
-        self.multi_step_draft = multi_step_draft
+        self.multi_step_draft = multi = self.kind.multi_step
         self.world = backend.world
         self.device = self.world.device
-        self.tokens_per_req = layout.rows_per_request(mode, spec_cfg, multi_step_draft)
-        self.locs_per_req = self.tokens_per_req * layout.cache_writes_per_row(spec_cfg, multi_step_draft)
+        self.tokens_per_req = self.kind.rows(spec_cfg)
+        self.locs_per_req = self.tokens_per_req * layout.cache_writes_per_row(spec_cfg, multi)
         self.capture_bs = graph_cfg.batch_sizes()
         if self.world.req_to_token_pool.size <= max(self.capture_bs):
             raise ValueError(
@@ -154,10 +163,13 @@ class GraphRunner:
 
     def _static(self) -> dict[str, torch.Tensor]:
         return {
-            "input_ids": self.input_ids, "positions": self.positions,
-            "req_pool_indices": self.req_pool_indices, "seq_lens": self.seq_lens,
-            "seq_lens_cpu": self.seq_lens_cpu, "out_cache_loc": self.out_cache_loc,
-        }  # fmt: skip
+            "input_ids": self.input_ids,
+            "positions": self.positions,
+            "req_pool_indices": self.req_pool_indices,
+            "seq_lens": self.seq_lens,
+            "seq_lens_cpu": self.seq_lens_cpu,
+            "out_cache_loc": self.out_cache_loc,
+        }
 
     def capture_batch(self, bs: int) -> ForwardBatch:
         """The batch the capture hook of size ``bs`` sees: all padded rows + a dummy spec input."""
@@ -200,9 +212,14 @@ class GraphRunner:
             self.engine.synchronize()
             mem1 = self.engine.memory_in_use()
             self.capture_records.append(
-                CaptureRecord(bs, time.perf_counter() - t0, mem1,
-                              None if mem1 is None else mem1 - mem0, dict(graph.custom_kernels()))
-            )  # fmt: skip
+                CaptureRecord(
+                    bs,
+                    time.perf_counter() - t0,
+                    mem1,
+                    None if mem1 is None else mem1 - mem0,
+                    dict(graph.custom_kernels()),
+                )
+            )
         return self.capture_records
 
     # --- replay -------------------------------------------------------------------------------
@@ -278,9 +295,11 @@ class GraphRunner:
         pads, host_pad = [], None
         if raw_bs < bs:  # what every padded row holds (refimpl.layout)
             dst += [t["req_pool_indices"][raw_bs:bs], t["seq_lens"][raw_bs:bs], loc_pad]
-            pads = [self._pad["req_pool_indices"][: bs - raw_bs],
-                    self._pad["seq_lens"][: bs - raw_bs],
-                    self._pad["out_cache_loc"][: loc_pad.numel()].view(loc_pad.shape)]  # fmt: skip
+            pads = [
+                self._pad["req_pool_indices"][: bs - raw_bs],
+                self._pad["seq_lens"][: bs - raw_bs],
+                self._pad["out_cache_loc"][: loc_pad.numel()].view(loc_pad.shape),
+            ]
             host_pad = t["seq_lens_cpu"][raw_bs:bs]
         plan = (dst, pads, t["seq_lens_cpu"][:raw_bs], host_pad)
         if into is None:

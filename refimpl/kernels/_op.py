@@ -14,6 +14,7 @@ function directly when the dispatch-mode stack is empty and goes through the op 
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Sequence
 
 import torch
@@ -38,9 +39,14 @@ class KernelOp:
 
 
 def kernel_op(name: str, mutates_args: Sequence[str]) -> Callable[[Callable], KernelOp]:
-    """Register ``fn`` as the custom op ``name`` and return the fast-path callable."""
+    """Register ``fn`` as the custom op ``name`` and return the fast-path callable. An op that
+    returns nothing (it writes its ``mutates_args``) gets its fake (meta) kernel here: nothing to
+    allocate, nothing to return."""
 
     def wrap(fn: Callable) -> KernelOp:
-        return KernelOp(torch.library.custom_op(name, mutates_args=tuple(mutates_args))(fn), fn)
+        op = torch.library.custom_op(name, mutates_args=tuple(mutates_args))(fn)
+        if inspect.signature(fn).return_annotation in (None, "None"):
+            op.register_fake(lambda *args, **kwargs: None)
+        return KernelOp(op, fn)
 
     return wrap

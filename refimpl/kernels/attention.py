@@ -165,12 +165,6 @@ def _dense_paged_attention_op(
     out.copy_(o.reshape(out.shape))  # [T, H, Dv], cast to out.dtype
 
 
-@_dense_paged_attention_op.register_fake
-def _(q, k_cache, v_cache, kv_indptr, kv_indices, out, sm_scale, max_kv_len, q_per_req,
-      custom_mask, mask_indptr, causal) -> None:  # fmt: skip
-    return None
-
-
 def dense_paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -231,12 +225,6 @@ def _dense_paged_mla_attention_op(
     kv = kv_cache[slots].float()  # [bs, M, 1, R + rope]
     o = _masked_attention(q5, kv, kv[..., :kv_lora_rank], key_ok, allowed, sm_scale)
     out.copy_(o.reshape(out.shape))  # [T, H, R]
-
-
-@_dense_paged_mla_attention_op.register_fake
-def _(q_nope, q_rope, kv_cache, kv_indptr, kv_indices, out, sm_scale, max_kv_len, q_per_req,
-      custom_mask, mask_indptr, causal) -> None:  # fmt: skip
-    return None
 
 
 def dense_paged_mla_attention(

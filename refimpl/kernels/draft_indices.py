@@ -146,11 +146,6 @@ def _draft_decode_kv_indices_op(
     )
 
 
-@_draft_decode_kv_indices_op.register_fake
-def _(req_pool_indices, req_to_token, seq_lens, kv_indices, kv_indptr, topk, num_steps) -> None:
-    return None
-
-
 def _check_index_tensor(t, name: str, ndim: int) -> None:
     check_tensor(t, name, INDEX_DTYPES, ndim)
 

@@ -193,13 +193,6 @@ def _fused_graph_metadata_op(
     )  # fmt: skip
 
 
-@_fused_graph_metadata_op.register_fake
-def _(req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_indices, num_kv_splits, qo_indptr,
-      mask_indptr, custom_mask_src, custom_mask, token_grid, max_kv_splits, core_count, static,
-      num_draft_tokens) -> None:  # fmt: skip
-    return None
-
-
 def _check_index(t, name: str, device, min_len: int = 0, ndim: int = 1) -> None:
     check_tensor(t, name, INDEX_DTYPES, ndim, device, min_len=min_len)
 

@@ -124,11 +124,6 @@ def _build_kv_indices_op(
     )
 
 
-@_build_kv_indices_op.register_fake
-def _(req_to_token, req_pool_indices, lens, kv_indptr, kv_indices, kv_start_idx) -> None:
-    return None
-
-
 def build_kv_indices(
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,
@@ -258,11 +253,6 @@ def _build_block_table_op(
         PAGES_PER_CHUNK=pages_per_chunk,
         HAS_START=has_start,
     )
-
-
-@_build_block_table_op.register_fake
-def _(req_to_token, req_pool_indices, lens, block_table, page_size, kv_start_idx) -> None:
-    return None
 
 
 def build_block_table(

@@ -210,11 +210,6 @@ def _mla_paged_attention_op(
     )  # fmt: skip
 
 
-@_mla_paged_attention_op.register_fake
-def _(q, kv_cache, block_table, seq_lens, out, max_seq_len, sm_scale, kv_lora_rank, out_scale=1.0) -> None:
-    return None
-
-
 def mla_paged_attention(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -534,11 +529,6 @@ def _trtllm_mla_graph_metadata_op(
         PAGE_SIZE=page_size,
         PAGES_PER_CHUNK=pages_per_chunk,
     )  # fmt: skip
-
-
-@_trtllm_mla_graph_metadata_op.register_fake
-def _(req_pool_indices, seq_lens, req_to_token, block_table, seq_lens_k, seqlen_offset, page_size) -> None:
-    return None
 
 
 def trtllm_mla_graph_metadata(

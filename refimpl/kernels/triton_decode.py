@@ -240,12 +240,6 @@ def _decode_stage1_op(
     )  # fmt: skip
 
 
-@_decode_stage1_op.register_fake
-def _(q, k_buffer, v_buffer, kv_indptr, kv_indices, num_kv_splits, attn_logits, attn_lse,
-      max_kv_splits, sm_scale, logit_cap) -> None:  # fmt: skip
-    return None
-
-
 # ----------------------------------------------------------------------------------------------
 # stage 2: log-sum-exp merge of the splits
 
@@ -311,11 +305,6 @@ def _decode_stage2_op(
         BLOCK_DV=triton.next_power_of_2(v_head_dim),
         MAX_KV_SPLITS=max_kv_splits,
     )  # fmt: skip
-
-
-@_decode_stage2_op.register_fake
-def _(attn_logits, attn_lse, kv_indptr, num_kv_splits, o, max_kv_splits) -> None:
-    return None
 
 
 def decode_attention(
@@ -470,11 +459,6 @@ def _num_kv_splits_op(
         MAX_NUM_SEQ=triton.next_power_of_2(num_seq),
         STATIC=static or core_count <= 0,
     )
-
-
-@_num_kv_splits_op.register_fake
-def _(num_kv_splits, seq_lens, num_group, num_heads, num_kv_heads, max_kv_splits, core_count, static) -> None:
-    return None
 
 
 def get_num_kv_splits(

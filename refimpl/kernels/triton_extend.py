@@ -256,13 +256,6 @@ def _extend_attention_op(
     )
 
 
-@_extend_attention_op.register_fake
-def _(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
-      kv_indices, custom_mask, mask_indptr, is_causal, max_len_extend, sm_scale,
-      logit_cap) -> None:  # fmt: skip
-    return None
-
-
 # ----------------------------------------------------------------------------------------------
 # validation (shapes / dtypes / devices only: never tensor values, so graph-safe)
 

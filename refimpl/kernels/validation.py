@@ -241,11 +241,6 @@ def _launch_hooks_set() -> bool:
     return any(h is not None and getattr(h, "calls", True) for h in hooks)
 
 
-@batch_check.register_fake
-def _(*args, **kwargs) -> None:
-    return None
-
-
 def read_result(out: torch.Tensor, bs: int, num_rows: int, num_writes: int) -> dict:
     """``out`` read back once: ``{"first": {category: index or None}, "seq_lens": [...],
     "accept_length": [...], "extend_seq_lens": [...]}`` (the copies as the kernel wrote them)."""
