@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ._env import default_device
 from .backends import REGISTRY, BackendEntry, GraphModeNotSupported
 from .batch import World
 from .batchgen import BatchGenerator
@@ -46,7 +47,8 @@ def _eager_serves(backend, world: World, kind: GraphKind) -> bool:
 def capability(entry: BackendEntry, case: str) -> str:
     """``"graph"``, ``"eager"`` or ``"—"`` for one entry and one ``layout.KINDS`` kind."""
     kind = KINDS[case]
-    world = Rig.world_for(entry, torch.device("cpu"), max_context_len=L, pool_size=4, dtype=torch.float32)
+    # this machine's device (Triton compiled for a GPU takes no host tensors), a float32 model
+    world = Rig.world_for(entry, default_device(), max_context_len=L, pool_size=4, dtype=torch.float32)
     try:
         backend = entry.load(kind.multi_step)(world, SPEC)
         backend.check_graph_mode(kind.mode)
