@@ -1,7 +1,7 @@
 """refimpl: how an LLM-serving engine captures and replays CUDA graphs around attention backends.
 
-Import order matters: ``_env`` switches Triton's interpreter on (CPU-only machines) before any
-kernel module defines a ``@triton.jit`` function.
+Import order matters: ``_env`` switches Triton's interpreter on (CPU-only machines) before any kernel module defines a
+``@triton.jit`` function.
 """
 
 from . import _env  # noqa: F401  (must stay first)

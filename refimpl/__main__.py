@@ -1,10 +1,6 @@
-"""Command line.
-
-``python -m refimpl check [--backend NAME]... [--mode MODE]... [--variant V]... [--json]``: the
-capture/replay equivalence checker (one row per backend x variant x mode x batch size).
-``python -m refimpl check --fuzz N [--seed S]``: instead, N random batches per backend x unified
-variant x mode x spec (``refimpl.fuzz``), printing a reproducer for every mismatch.
-"""
+"""Command line: ``check`` (the capture/replay equivalence checker, one row per backend x variant x mode x batch size;
+``--fuzz N``: N random batches per target instead, a reproducer per mismatch), ``bench`` (what a replay costs, phase by
+phase) and ``matrix`` (the capability matrix)."""
 
 from __future__ import annotations
 
@@ -16,34 +12,15 @@ from . import _env  # noqa: F401
 
 
 def _table(rows) -> str:
-    def v(x):
-        return "-" if x is None else ("ok" if x else "FAIL")
-
     cols = ("backend", "variant", "pattern", "mode", "bs", "engine", "cap=rep", "graph=eager", "oracle", "ref")
-    cells = [
-        (
-            r.backend,
-            r.variant,
-            r.pattern,
-            r.mode,
-            str(r.bs),
-            r.engine,
-            *(
-                v(x)
-                for x in (r.capture_equals_replay, r.graph_equals_eager, r.matches_oracle, r.replay_matches_reference)
-            ),
-        )
-        for r in rows
-    ]
+    v = lambda x: "-" if x is None else ("ok" if x else "FAIL")
+    verdicts = lambda r: (r.capture_equals_replay, r.graph_equals_eager, r.matches_oracle, r.replay_matches_reference)
+    cells = [(r.backend, r.variant, r.pattern, r.mode, str(r.bs), r.engine, *map(v, verdicts(r))) for r in rows]
     width = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
-
-    def line(values):
-        return " ".join(f"{x:<{w}}" for x, w in zip(values, width)).rstrip()
-
+    line = lambda values: " ".join(f"{x:<{w}}" for x, w in zip(values, width)).rstrip()
     lines = [line(cols), "-" * (sum(width) + len(width) - 1)]
     for r, row in zip(rows, cells):
-        lines.append(line(row))
-        lines.extend(f"    - {f}" for f in r.findings)
+        lines += [line(row), *(f"    - {f}" for f in r.findings)]
     return "\n".join(lines)
 
 
@@ -52,13 +29,18 @@ def _check_names(parser: argparse.ArgumentParser, args) -> None:
     from .backends import REGISTRY
     from .layout import KINDS
 
-    names, variants = {e.name for e in REGISTRY}, {e.variant for e in REGISTRY}
-    for flag, given, known in (("--backend", args.backend, names),
-                               ("--variant", args.variant, variants),
-                               ("--mode", args.mode, set(KINDS))):  # fmt: skip
-        unknown = sorted(set(given or ()) - known)
+    known = {"--backend": {e.name for e in REGISTRY}, "--variant": {e.variant for e in REGISTRY}, "--mode": set(KINDS)}
+    for flag, given in (("--backend", args.backend), ("--variant", args.variant), ("--mode", args.mode)):
+        unknown = sorted(set(given or ()) - known[flag])
         if unknown:
-            parser.error(f"argument {flag}: unknown {unknown}; known: {', '.join(sorted(known))}")
+            parser.error(f"argument {flag}: unknown {unknown}; known: {', '.join(sorted(known[flag]))}")
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
 
 
 def _int_list(what: str):
@@ -78,10 +60,7 @@ _batch_sizes = _int_list("batch sizes")
 
 
 def _count(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    n = _int(text)
     if n < 1:
         raise argparse.ArgumentTypeError(f"{n} is not a count >= 1")
     return n
@@ -91,11 +70,7 @@ TOPK_RANGE = (1, 8)  # the CLI's spec: N = num_steps + topk + 1 must fit the che
 
 
 def _topk(text: str) -> int:
-    lo, hi = TOPK_RANGE
-    try:
-        k = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    (lo, hi), k = TOPK_RANGE, _int(text)
     if not lo <= k <= hi:
         raise argparse.ArgumentTypeError(f"topk={k} outside [{lo}, {hi}]")
     return k
@@ -111,17 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--engine", default="auto", choices=("auto", "cuda", "cpu-emulator"))
     c.add_argument("--bs", type=_batch_sizes, default=None, help="raw batch sizes to check, e.g. 1,3,4,7")
     c.add_argument("--topk", type=_topk, default=1, help="draft tree branching (1 = chain, <= 8)")
-    c.add_argument(
-        "--backend-class",
-        action="append",
-        metavar="MODULE:CLASS",
-        help="check an out-of-tree backend class implementing refimpl's backend contract "
-        "(repeatable), e.g. examples.paged_decode_backend:PagedDecodeBackend",
-    )
+    example = "examples.paged_decode_backend:PagedDecodeBackend"
+    help = f"check an out-of-tree backend class implementing refimpl's backend contract (repeatable), e.g. {example}"
+    c.add_argument("--backend-class", action="append", metavar="MODULE:CLASS", help=help)
     c.add_argument("--json", action="store_true", help="print a JSON list of records")
-    c.add_argument(
-        "--fuzz", type=_count, metavar="N", help="fuzz instead: N random batches per backend x variant x mode x spec"
-    )
+    help = "fuzz instead: N random batches per backend x variant x mode x spec"
+    c.add_argument("--fuzz", type=_count, metavar="N", help=help)
     c.add_argument("--seed", type=int, default=0, help="the fuzz seed (default 0)")
     b = sub.add_parser("bench", help="what a replay costs, part by part (refimpl.bench.sweep)")
     b.add_argument("--backend", action="append", help="backend name (repeatable); default: all")
@@ -146,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "bench":
         return _bench(args, b)
 
-    from .backends import BackendLoadError, load_backend_class, must_pass
+    from .backends import load_backend_class, must_pass
     from .check import CheckSettings, run_checks
     from .config import SpecConfig
 
@@ -158,21 +128,14 @@ def main(argv: list[str] | None = None) -> int:
         s = settings.spec.num_steps
         settings.spec = SpecConfig(num_steps=s, topk=args.topk, num_draft_tokens=s + args.topk + 1)
     if args.fuzz:
-        given = [
-            f for f, v in (("--bs", args.bs), ("--topk", args.topk != 1), ("--backend-class", args.backend_class)) if v
-        ]
+        flags = (("--bs", args.bs), ("--topk", args.topk != 1), ("--backend-class", args.backend_class))
+        given = " / ".join(f for f, v in flags if v)
         if given:  # the fuzzer's batch sizes and specs are its own
-            c.error(f"argument --fuzz: not with {' / '.join(given)}: the fuzzer draws batch sizes 1..8 and specs "
-                    "(chains, topk-2 trees) itself, over the registered backends")  # fmt: skip
+            why = "the fuzzer draws batch sizes 1..8 and specs (chains, topk-2 trees) itself, over the registered backends"
+            c.error(f"argument --fuzz: not with {given}: {why}")
         return _fuzz(args)
-    entries = None
-    if args.backend_class:
-        try:
-            entries = [load_backend_class(spec) for spec in args.backend_class]
-        except BackendLoadError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-    try:
+    try:  # a BackendLoadError is a ValueError too
+        entries = [load_backend_class(spec) for spec in args.backend_class] if args.backend_class else None
         rows = run_checks(args.backend, args.mode, args.variant, args.engine, settings, entries)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -201,21 +164,14 @@ def _bench(args, parser) -> int:
 
     _check_names(parser, args)
     pinned = bench.pin_to_core(args.pin)
-    settings = bench.BenchSettings.for_device(
-        torch.cuda.is_available(), backends=args.backend, variants=args.variant,
-        modes=tuple(args.mode) if args.mode else None, batch_sizes=args.bs, contexts=args.ctx,
-        repeats=args.repeats, warmup=args.warmup, rotate=args.rotate,
-        token_budget=args.token_budget,
-    )  # fmt: skip
-    env = {**bench.environment(), "pinning": pinned,
-           "settings": {k: (list(v) if isinstance(v, tuple) else v)
-                        for k, v in vars(settings).items() if k != "spec"},
-           "spec": vars(settings.spec)}  # fmt: skip
-    env["note"] = (
-        f"{env['device']}: CUDA graph timings"
-        if torch.cuda.is_available()
-        else "CPU: emulator timings (what the Python costs), not GPU launch costs"
-    )
+    given = dict(backends=args.backend, variants=args.variant, modes=tuple(args.mode) if args.mode else None)
+    given.update(batch_sizes=args.bs, contexts=args.ctx, repeats=args.repeats, warmup=args.warmup)
+    cuda = torch.cuda.is_available()
+    settings = bench.BenchSettings.for_device(cuda, rotate=args.rotate, token_budget=args.token_budget, **given)
+    listed = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(settings).items() if k != "spec"}
+    env = {**bench.environment(), "pinning": pinned, "settings": listed, "spec": vars(settings.spec)}
+    cpu_note = "CPU: emulator timings (what the Python costs), not GPU launch costs"
+    env["note"] = f"{env['device']}: CUDA graph timings" if cuda else cpu_note
     out = Path(args.out) if args.out else None
 
     def write(rows):  # after every runner: a run stopped early keeps what it measured
@@ -224,9 +180,7 @@ def _bench(args, parser) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
         with open(out / "results.csv", "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(bench.CSV_COLUMNS)
-            w.writerows(bench.csv_row(r) for r in rows)
+            csv.writer(f).writerows([bench.CSV_COLUMNS, *map(bench.csv_row, rows)])
 
     t0 = time.perf_counter()
     rows = bench.sweep(settings, progress=True, sink=write)
@@ -253,14 +207,14 @@ def _fuzz(args) -> int:
     report = fuzz(args.fuzz, args.seed, args.backend, args.mode, args.variant, args.engine, progress=not args.json)
     total = sum(report.batches.values())
     if args.json:
-        print(json.dumps({"batches": report.batches, "mismatches": report.mismatches,
-                          "skipped": report.skipped, "seed": args.seed}, indent=1))  # fmt: skip
+        found = dict(batches=report.batches, mismatches=report.mismatches, skipped=report.skipped, seed=args.seed)
+        print(json.dumps(found, indent=1))
     else:  # mismatches were printed as they came (with their reproducers)
         for line in report.skipped:
             print(f"skipped {line}")
-    print(f"fuzz: {total} batches over {len(report.batches)} targets, "
-          f"{len(report.mismatches)} mismatches, seed {args.seed}, "
-          f"{time.perf_counter() - t0:.0f} s", file=sys.stderr if args.json else sys.stdout)  # fmt: skip
+    done = f"{len(report.mismatches)} mismatches, seed {args.seed}, {time.perf_counter() - t0:.0f} s"
+    where = sys.stderr if args.json else sys.stdout
+    print(f"fuzz: {total} batches over {len(report.batches)} targets, {done}", file=where)
     return 1 if report.mismatches else 0
 
 

@@ -1,9 +1,8 @@
 """Process-wide set-up that must happen before any ``@triton.jit`` function is defined.
 
-Triton reads ``TRITON_INTERPRET`` when a kernel is *defined*; setting it later fails with
-"0 active drivers". On a machine without CUDA we therefore switch the interpreter on here,
-and ``refimpl/__init__.py`` imports this module first. The interpreter mishandles bf16
-(garbage without an error), so CPU paths use fp32 / fp16 (``check_cpu_dtype``).
+Triton reads ``TRITON_INTERPRET`` when a kernel is *defined*; setting it later fails with "0 active drivers". On a
+machine without CUDA we therefore switch the interpreter on here, and ``refimpl/__init__.py`` imports this module first.
+The interpreter mishandles bf16 (garbage without an error), so CPU paths use fp32 / fp16 (``check_cpu_dtype``).
 """
 
 from __future__ import annotations
@@ -23,8 +22,8 @@ def default_device() -> torch.device:
 
 
 def default_dtype(device: torch.device | str) -> torch.dtype:
-    """The model dtype the backends run on ``device``: bfloat16 on a GPU (what the real kernels
-    take), float32 on the CPU (the Triton interpreter mishandles bf16)."""
+    """The model dtype the backends run on ``device``: bfloat16 on a GPU (what the real kernels take), float32 on the CPU
+    (the Triton interpreter mishandles bf16)."""
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 

@@ -1,11 +1,8 @@
 """``ForwardBatch`` (what one forward step sees) and ``World`` (the pools it indexes into).
 
-What ``seq_lens`` counts and how many query rows each request has, per mode: ``refimpl.layout``
-(EXTEND, eager only: ``extend_seq_lens[i]`` rows, ``seq_lens`` incl. them).
-
-``out_cache_loc[t]`` is the token slot that query row t writes its KV into; it equals
-``req_to_token[req_pool_indices[i], position]`` for a live row and 0 (the reserved slot) for a
-padded row.
+Rows per request and what ``seq_lens`` counts: ``refimpl.layout`` (EXTEND, eager only: ``extend_seq_lens[i]`` rows,
+``seq_lens`` incl. them). ``out_cache_loc[t]``: the token slot query row t writes its KV into,
+``req_to_token[req_pool_indices[i], position]`` (a padded row: slot 0).
 """
 
 from __future__ import annotations
@@ -74,8 +71,7 @@ class World:
 
     def new_request(self, num_tokens: int) -> int:
         """Allocate a request slot and pages for ``num_tokens`` positions; fill its row."""
-        L = self.max_context_len
-        if num_tokens > L:
+        if num_tokens > (L := self.max_context_len):
             raise ValueError(f"request of {num_tokens} tokens exceeds max_context_len={L}")
         (slot,) = self.req_to_token_pool.alloc(1)
         pages = self.allocator.alloc_pages(-(-num_tokens // self.page_size))
@@ -84,10 +80,8 @@ class World:
         return slot
 
     def randomize_kv(self, seed: int = 0, scale: float = 1.0) -> None:
-        """Fill every KV slot with random values, as if all prefixes had been prefilled.
-
-        Slot 0 (the padded rows' dump) gets random values too; nothing live ever reads it.
-        """
+        """Fill every KV slot (slot 0 too: nothing live reads it) with random values, as if all prefixes had been
+        prefilled."""
         g = torch.Generator(device="cpu").manual_seed(seed)
         for buf in self.kv_cache.buffers():
             if buf.is_cuda and buf.numel() > 1 << 24:  # large GPU caches: drawn on the device
@@ -102,9 +96,8 @@ class World:
         dev = torch.device(device)
         if dev.type == "cuda" and dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
-        twin.device = dev
         pool = twin.req_to_token_pool
-        pool.device, pool.req_to_token = dev, pool.req_to_token.to(dev)
+        twin.device, pool.device, pool.req_to_token = dev, dev, pool.req_to_token.to(dev)
         cache = twin.kv_cache
         for name in ("k", "v", "kv"):
             if hasattr(cache, name):
@@ -144,18 +137,12 @@ class ForwardBatch:
 
     def to_world(self, world: "World") -> "ForwardBatch":
         """The same batch against ``world`` (e.g. a ``World.clone_to('cuda')`` twin)."""
-
-        def move(x):
-            return x.to(world.device) if isinstance(x, torch.Tensor) else x
-
+        move = lambda x: x.to(world.device) if isinstance(x, torch.Tensor) else x
         spec = self.spec_info
         if spec is not None and dataclasses.is_dataclass(spec):
             spec = dataclasses.replace(spec, **{f.name: move(getattr(spec, f.name)) for f in dataclasses.fields(spec)})
-        moved = {
-            f.name: move(getattr(self, f.name))
-            for f in dataclasses.fields(self)
-            if f.name not in ("world", "spec_info", "seq_lens_cpu")
-        }
+        skip = ("world", "spec_info", "seq_lens_cpu")
+        moved = {f.name: move(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in skip}
         return ForwardBatch(**moved, seq_lens_cpu=self.seq_lens_cpu, world=world, spec_info=spec)
 
     def replace(self, **kw) -> "ForwardBatch":

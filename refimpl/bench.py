@@ -1,26 +1,11 @@
-"""Measuring the replay path: what each part of ``GraphRunner.replay`` costs, host and GPU.
+"""Measuring the replay path: what each phase of ``GraphRunner.replay`` costs, host and GPU.
 
-A replay runs four phases on the host (``GraphRunner.replay``), timed apart here by calling the
-runner's own phase methods between the timers:
-
-0. **validate**: ``refimpl.validate`` (off in timing runs: ``validate_inputs=False``);
-1. **copies**: the batch into the static inputs (one foreach copy + the host mirror);
-2. **hook**: the backend's ``init_forward_metadata_replay_cuda_graph`` (metadata out of graph);
-3. **launch**: ``graph.replay()``.
-
-Host times come from ``time.perf_counter`` around each part, with a device synchronisation
-*between* iterations (never inside a timed part), so a part's number is what the host spends
-issuing it. GPU time comes from CUDA events around the graph launch (and around the hook, whose
-kernels run outside the graph), recorded in separate passes so that no event record is inside
-a host-timed part. Method (the usual one for small launch-bound work): warm up, rotate the
-inputs among several prepared batches, take medians of many repeats with their spread (p10 /
-p25 / p75 / p90), pin the process to one core when asked, and record the device, driver and
-library versions beside every number. ``sweep`` runs it per backend x variant x mode x context
-x batch size and adds the whole step as a graph vs eagerly, capture time and memory
-(``python -m refimpl bench``).
-
-On CPU (the graph emulator) the same code runs and the numbers are labelled as emulator timings:
-they say what the Python does, not what a GPU launch costs.
+The bench calls the runner's own phases between timers: **validate**, **copies** (``load_inputs``), **hook**
+(``replay_hook``: metadata, outside the graph) and **launch** (``graph.replay()``). Host µs from ``time.perf_counter``
+with a synchronisation *between* iterations; GPU µs from CUDA events in passes of their own. Method: warm up, rotate
+inputs, medians with p10/p25/p75/p90, optional pinning to one core, versions recorded beside every number. ``sweep`` adds
+the whole step as a graph vs eagerly, capture time and memory (``python -m refimpl bench``). On CPU (the emulator) the
+numbers say what the Python costs, not what a GPU launch costs.
 """
 
 from __future__ import annotations
@@ -62,8 +47,8 @@ def environment() -> dict[str, Any]:
     """Device, driver and library versions, git commit: stored beside every result."""
     import triton
 
-    env: dict[str, Any] = {"torch": torch.__version__, "triton": triton.__version__,
-                           "python": platform.python_version(), "host": platform.node()}  # fmt: skip
+    env: dict[str, Any] = dict(torch=torch.__version__, triton=triton.__version__, host=platform.node())
+    env["python"] = platform.python_version()
     try:
         import flashinfer
 
@@ -73,23 +58,25 @@ def environment() -> dict[str, Any]:
     if torch.cuda.is_available():
         env["device"] = torch.cuda.get_device_name()
         env["cuda"] = torch.version.cuda
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True)  # fmt: skip
-        env["driver"] = smi.stdout.strip() or None
+        env["driver"] = _run("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
     else:
         env["device"] = f"CPU ({platform.processor() or platform.machine()}), graph emulator"
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        env["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here,
-                                           capture_output=True, text=True).stdout.strip() or None  # fmt: skip
-    except OSError:
-        env["git_commit"] = None
+    env["git_commit"] = _run("git", "rev-parse", "HEAD")
     return env
 
 
+def _run(*cmd: str) -> str | None:
+    """A command's stripped stdout (run beside this file), or None."""
+    try:
+        out = subprocess.run(cmd, cwd=os.path.dirname(os.path.abspath(__file__)), capture_output=True, text=True)
+    except OSError:
+        return None
+    return out.stdout.strip() or None
+
+
 def launches(fn: Callable[[], Any]) -> dict[str, int]:
-    """The ops ``fn`` launches (views and allocations left out), by name: the kernel count.
-    Host reads are allowed here (``fn`` runs outside any capture)."""
+    """The ops ``fn`` launches (views and allocations left out), by name: the kernel count. Host reads are allowed here
+    (``fn`` runs outside any capture)."""
     with record_ops(None, refuse=False) as rec:
         fn()
     counts: dict[str, int] = {}
@@ -99,72 +86,40 @@ def launches(fn: Callable[[], Any]) -> dict[str, int]:
     return counts
 
 
-class _Events:
-    """CUDA events around a region (no-ops without CUDA)."""
-
-    def __init__(self, cuda: bool):
-        self.cuda = cuda
-        if cuda:
-            self.start, self.end = torch.cuda.Event(True), torch.cuda.Event(True)
-
-    def __enter__(self):
-        if self.cuda:
-            self.start.record()
-
-    def __exit__(self, *exc):
-        if self.cuda:
-            self.end.record()
-
-    def ms(self) -> float | None:
-        return self.start.elapsed_time(self.end) if self.cuda else None
-
-
-def time_replay_path(
-    runner: GraphRunner, batches: Sequence[ForwardBatch], repeats: int = 50, warmup: int = 10
-) -> dict[str, Any]:
-    """Host µs of validation / copies / hook / launch and GPU µs of hook / graph for
-    ``runner``'s replay path (``GraphRunner._replay``, part by part), rotating ``batches`` (all
-    of one raw batch size). Medians with spread; see the module doc. Host times come from
-    passes without CUDA events, GPU times from the passes in between (an event record is
+def time_replay_path(runner: GraphRunner, batches: Sequence[ForwardBatch], repeats: int = 50, warmup: int = 10) -> dict[str, Any]:
+    """Host µs of validate / copies / hook / launch and GPU µs of hook / graph for ``runner``'s replay phases, rotating
+    ``batches`` (one raw batch size). Even passes are host-timed; odd passes record CUDA events (an event record is
     itself host work)."""
     cuda = runner.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     raw_bs = batches[0].batch_size
     bs = runner.pick_bs(raw_bs)
-    graph = runner.graphs[bs]
-    host: dict[str, list[float]] = {"validate": [], "copies": [], "hook": [], "launch": []}
+    phases = dict(validate=runner.validate, copies=lambda fb: runner.load_inputs(fb, bs))
+    phases.update(hook=lambda fb: runner.replay_hook(fb, bs), launch=lambda fb: runner.launch(bs))
+    host: dict[str, list[float]] = {k: [] for k in phases}
     gpu: dict[str, list[float]] = {"hook": [], "graph": []}
-    ev_hook, ev_graph = _Events(cuda), _Events(cuda)
     for it in range(warmup + 2 * repeats):
         fb = batches[it % len(batches)]
-        timed_gpu = cuda and it >= warmup and (it - warmup) % 2 == 1  # events: their own passes
+        timed_gpu = cuda and it >= warmup and (it - warmup) % 2 == 1
+        events = [torch.cuda.Event(True) for _ in range(3)] if timed_gpu else []
         sync()
-        t0 = time.perf_counter()
-        runner.validate(fb)
-        t1 = time.perf_counter()
-        runner.load_inputs(fb, bs)
-        t2 = time.perf_counter()
-        if timed_gpu:
-            ev_hook.__enter__()
-        runner.replay_hook(fb, bs)
-        if timed_gpu:
-            ev_hook.__exit__()
-        t3 = time.perf_counter()
-        if timed_gpu:
-            ev_graph.__enter__()
-        runner.launch(bs)
-        if timed_gpu:
-            ev_graph.__exit__()
-        t4 = time.perf_counter()
+        ts = [time.perf_counter()]
+        for name, phase in phases.items():
+            if events and name in ("hook", "launch"):
+                events[0 if name == "hook" else 1].record()
+            phase(fb)
+            ts.append(time.perf_counter())
+        if events:
+            events[2].record()
         sync()
         if it < warmup:
             continue
-        if timed_gpu:
-            gpu["hook"].append(ev_hook.ms() * 1e3)
-            gpu["graph"].append(ev_graph.ms() * 1e3)
-        elif (it - warmup) % 2 == 0 or not cuda:
-            for key, dt in (("validate", t1 - t0), ("copies", t2 - t1), ("hook", t3 - t2), ("launch", t4 - t3)):
-                host[key].append(dt * 1e6)
+        if events:
+            gpu["hook"].append(events[0].elapsed_time(events[1]) * 1e3)
+            gpu["graph"].append(events[1].elapsed_time(events[2]) * 1e3)
+        else:
+            for k, (t0, t1) in zip(phases, zip(ts, ts[1:])):
+                host[k].append((t1 - t0) * 1e6)
     out = {"raw_bs": raw_bs, "graph_bs": bs, "host_us": {k: spread(v) for k, v in host.items()}}
     out["host_us"]["hook+launch"] = spread([a + b for a, b in zip(host["hook"], host["launch"])])
     out["host_us"]["path"] = spread([sum(x) for x in zip(host["copies"], host["hook"], host["launch"])])
@@ -174,16 +129,13 @@ def time_replay_path(
     runner.load_inputs(fb, bs)
     out["hook_launches"] = launches(lambda: runner.replay_hook(fb, bs))
     out["copy_launches"] = launches(lambda: runner.load_inputs(fb, bs))
-    out["graph_kernels"] = dict(graph.kernels())
+    out["graph_kernels"] = dict(runner.graphs[bs].kernels())
     return out
 
 
-def time_steps(
-    runner: GraphRunner, batches: Sequence[ForwardBatch], repeats: int = 30, warmup: int = 5
-) -> dict[str, Any]:
-    """The whole decoder step, wall µs with a device synchronisation after each: as a graph
-    (``runner.replay``) and eagerly (``runner.eager``: fresh metadata, every kernel launched
-    from Python); batch validation as the runner is configured (``sweep``: off, timed apart)."""
+def time_steps(runner: GraphRunner, batches: Sequence[ForwardBatch], repeats: int = 30, warmup: int = 5) -> dict:
+    """The whole decoder step, wall µs with a synchronisation after each: as a graph (``runner.replay``) and eagerly
+    (``runner.eager``); validation as the runner is configured."""
     cuda = runner.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     out = {}
@@ -205,15 +157,16 @@ def time_steps(
 # ----------------------------------------------------------------------------------------------
 # the sweep behind ``python -m refimpl bench``
 
-GPU_DEFAULTS = dict(batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256), contexts=(512, 4096, 32768),
-                    repeats=30, warmup=5, rotate=3, token_budget=1 << 21)  # fmt: skip
+BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+GPU_DEFAULTS = dict(batch_sizes=BATCH_SIZES, contexts=(512, 4096, 32768), repeats=30, warmup=5, rotate=3)
+GPU_DEFAULTS["token_budget"] = 1 << 21
 CPU_DEFAULTS = dict(batch_sizes=(1, 2, 4), contexts=(64,), repeats=5, warmup=1, rotate=2, token_budget=1 << 10)
 
 
 @dataclass
 class BenchSettings:
-    """What ``sweep`` measures. ``token_budget``: points with ``bs * context`` above it are
-    skipped (memory and time: the KV of every rotated batch stays allocated)."""
+    """What ``sweep`` measures. ``token_budget``: points with ``bs * context`` above it are skipped (memory and time: the
+    KV of every rotated batch stays allocated)."""
 
     backends: Sequence[str] | None = None
     variants: Sequence[str] | None = None  # default: every variant that must pass
@@ -235,7 +188,7 @@ class BenchSettings:
 def _static_bytes(runner: GraphRunner) -> int:
     """Bytes of the runner's static inputs and the backend's graph buffers."""
     seen, total = set(), 0
-    tensors = [t for _, t in graph_buffers(runner.backend)] + list(runner._static().values())
+    tensors = [t for _, t in graph_buffers(runner.backend)] + list(runner.static_inputs().values())
     for t in tensors:
         if id(t) in seen or (t.device.type == "cpu" and runner.device.type != "cpu"):
             continue  # host mirrors are not device memory
@@ -260,11 +213,9 @@ def _batches(gen, mode_case: str, bs: int, ctx: int, spec: SpecConfig, rotate: i
     return out
 
 
-def sweep(
-    settings: BenchSettings, progress: bool = False, sink: Callable[[list], Any] | None = None
-) -> list[dict[str, Any]]:
-    """One row per backend x variant x mode x context x batch size (see ``BenchSettings``);
-    ``sink(rows)`` is called after each runner (write partial results as they come)."""
+def sweep(settings: BenchSettings, progress: bool = False, sink: Callable[[list], Any] | None = None) -> list[dict[str, Any]]:
+    """One row per backend x variant x mode x context x batch size (see ``BenchSettings``); ``sink(rows)`` is called after
+    each runner (write partial results as they come)."""
     import random
 
     from .backends import GraphModeNotSupported
@@ -291,13 +242,13 @@ def sweep(
             continue
         max_bs, P = max(sizes), entry.page_size
         per_req = -(-ctx // P) * P
-        try:  # validation is timed as its own part (time_replay_path); the steps run without it
-            rig = Rig.build(entry, KINDS[case], spec, engine, capture_bs=tuple(sizes), max_context_len=ctx,
-                            pool_size=(settings.rotate + 1) * max_bs + 2, gen_seed=1, capture=False,
-                            num_slots=(settings.rotate * max_bs + 2) * per_req + P, validate_inputs=False)  # fmt: skip
+        kw = dict(capture_bs=tuple(sizes), max_context_len=ctx, pool_size=(settings.rotate + 1) * max_bs + 2)
+        kw.update(num_slots=(settings.rotate * max_bs + 2) * per_req + P, gen_seed=1, capture=False)
+        try:  # validation is timed as its own phase (time_replay_path); the steps run without it
+            rig = Rig.build(entry, KINDS[case], spec, engine, validate_inputs=False, **kw)
         except GraphModeNotSupported:
             continue
-        runner, backend, world = rig.runner, rig.backend, rig.world
+        runner, backend = rig.runner, rig.backend
         key = (entry.name, entry.variant, case)
         first = {r.bs: r for r in runner.capture()}
         again = {r.bs: r for r in runner.capture()[len(first) :]}  # warm: caches filled
@@ -307,19 +258,18 @@ def sweep(
         gen, rng = rig.gen, random.Random(f"{key}:{ctx}")
         for bs in sizes:
             batches = _batches(gen, case, bs, ctx, spec, settings.rotate, rng)
-            row = {"backend": entry.name, "variant": entry.variant, "pattern": backend.pattern,
-                   "mode": case, "context": ctx, "bs": bs, "engine": engine.name}  # fmt: skip
+            row = dict(backend=entry.name, variant=entry.variant, pattern=backend.pattern, mode=case, context=ctx)
+            row.update(bs=bs, engine=engine.name)
             row.update(time_replay_path(runner, batches, settings.repeats, settings.warmup))
             row["step_us"] = time_steps(runner, batches, settings.repeats, settings.warmup)
             row["capture_s"] = {"first": first[bs].seconds, "first_is": cold_label, "warm": again[bs].seconds}
-            row["pool_growth_bytes"] = first[bs].pool_growth
-            row["pool_bytes"] = first[bs].pool_bytes
+            row.update(pool_growth_bytes=first[bs].pool_growth, pool_bytes=first[bs].pool_bytes)
             row["static_bytes"] = static_bytes
             rows.append(row)
             gen.release_all()
         if sink is not None:
             sink(rows)
-        del rig, runner, backend, world
+        del rig, runner, backend
         if cuda:
             torch.cuda.empty_cache()
     if bar is not None:
@@ -327,42 +277,37 @@ def sweep(
     return rows
 
 
-CSV_COLUMNS = ("backend", "variant", "pattern", "mode", "context", "bs", "graph_bs",
-               "validate_us", "copies_us", "hook_us", "launch_us", "path_us", "path_p10",
-               "path_p90", "gpu_graph_us", "gpu_hook_us", "graph_step_us", "eager_step_us",
-               "eager_over_graph", "hook_launches", "copy_launches", "capture_first_s",
-               "capture_warm_s", "pool_growth_bytes", "static_bytes")  # fmt: skip
+CSV_COLUMNS = tuple(
+    "backend variant pattern mode context bs graph_bs validate_us copies_us hook_us launch_us path_us path_p10 "
+    "path_p90 gpu_graph_us gpu_hook_us graph_step_us eager_step_us eager_over_graph hook_launches copy_launches "
+    "capture_first_s capture_warm_s pool_growth_bytes static_bytes".split()
+)
 
 
 def summary_table(rows: Sequence[dict[str, Any]]) -> str:
     """One line per point: host µs per part, the GPU graph time, the step as graph vs eager."""
-    head = (f"{'backend/variant':<26} {'mode':<14} {'ctx':>6} {'bs':>4} {'valid':>7} "
-            f"{'copies':>7} {'hook':>7} {'launch':>7} {'gpu':>8} {'graph':>8} {'eager':>8} "
-            f"{'x':>5}")  # fmt: skip
+    head = f"{'backend/variant':<26} {'mode':<14} {'ctx':>6} {'bs':>4} {'valid':>7} {'copies':>7} {'hook':>7} "
+    head += f"{'launch':>7} {'gpu':>8} {'graph':>8} {'eager':>8} {'x':>5}"
     lines = [head, "-" * len(head)]
     for r in rows:
         h, g, st = r["host_us"], r.get("gpu_us"), r["step_us"]
         gpu = f"{g['graph']['median']:8.1f}" if g else f"{'-':>8}"
-        lines.append(
-            f"{r['backend'] + '/' + r['variant']:<26} {r['mode']:<14} {r['context']:>6} "
-            f"{r['bs']:>4} {h['validate']['median']:7.1f} {h['copies']['median']:7.1f} "
-            f"{h['hook']['median']:7.1f} {h['launch']['median']:7.1f} {gpu} "
-            f"{st['graph']['median']:8.1f} {st['eager']['median']:8.1f} "
-            f"{st['eager_over_graph']:5.2f}"
-        )
+        name, parts = (r["backend"] + "/" + r["variant"], [h[k]["median"] for k in ("validate", "copies", "hook", "launch")])
+        line = f"{name:<26} {r['mode']:<14} {r['context']:>6} {r['bs']:>4} " + " ".join(f"{x:7.1f}" for x in parts)
+        lines.append(line + f" {gpu} {st['graph']['median']:8.1f} {st['eager']['median']:8.1f} {st['eager_over_graph']:5.2f}")
     return "\n".join(lines)
 
 
 def csv_row(r: dict[str, Any]) -> list:
     h, g, st = r["host_us"], r.get("gpu_us", {}), r["step_us"]
     med = lambda d, k: round(d[k]["median"], 2) if k in d else ""  # noqa: E731
-    return [r["backend"], r["variant"], r["pattern"], r["mode"], r["context"], r["bs"],
-            r["graph_bs"], med(h, "validate"), med(h, "copies"), med(h, "hook"),
-            med(h, "launch"), med(h, "path"), round(h["path"]["p10"], 2),
-            round(h["path"]["p90"], 2), med(g, "graph"), med(g, "hook"), med(st, "graph"),
-            med(st, "eager"), round(st["eager_over_graph"], 2), sum(r["hook_launches"].values()),
-            sum(r["copy_launches"].values()), round(r["capture_s"]["first"], 4),
-            round(r["capture_s"]["warm"], 4), r["pool_growth_bytes"], r["static_bytes"]]  # fmt: skip
+    cols = [r[k] for k in ("backend", "variant", "pattern", "mode", "context", "bs", "graph_bs")]
+    cols += [med(h, k) for k in ("validate", "copies", "hook", "launch", "path")]
+    cols += [round(h["path"]["p10"], 2), round(h["path"]["p90"], 2), med(g, "graph"), med(g, "hook")]
+    cols += [med(st, "graph"), med(st, "eager"), round(st["eager_over_graph"], 2)]
+    cols += [sum(r["hook_launches"].values()), sum(r["copy_launches"].values())]
+    cols += [round(r["capture_s"]["first"], 4), round(r["capture_s"]["warm"], 4)]
+    return cols + [r["pool_growth_bytes"], r["static_bytes"]]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -371,7 +316,7 @@ def csv_row(r: dict[str, Any]) -> list:
 
 def trtllm_draft_extend_sweep(
     shapes: Sequence[str] = ("unified", "simplified", "in_graph"),
-    batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256),
+    batch_sizes: Sequence[int] = BATCH_SIZES,
     *,
     context_len: int = 256,
     repeats: int = 50,
@@ -379,17 +324,17 @@ def trtllm_draft_extend_sweep(
     rotate: int = 4,
     progress: bool = False,
 ) -> list[dict[str, Any]]:
-    """Replay-path cost of TRTLLM-MLA draft extend v2 per shape and batch size (graph engine of
-    this machine: CUDA graphs on a GPU, the emulator on CPU). One row per (shape, bs)."""
+    """Replay-path cost of TRTLLM-MLA draft extend v2 per shape and batch size (graph engine of this machine: CUDA graphs
+    on a GPU, the emulator on CPU). One row per (shape, bs)."""
     from .backends import find
     from .graphs import make_engine
 
     engine, spec = make_engine("auto"), SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
     runners, world, gen = {}, None, None
     for shape in shapes:  # one world: every shape replays the same batches
-        rig = Rig.build(find("trtllm_mla", shape)[0], KINDS["draft_extend_v2"], spec, engine, world=world,
-                        capture_bs=tuple(batch_sizes), max_context_len=context_len, speculative=False,
-                        pool_size=(rotate + 1) * max(batch_sizes) + 1, gen_seed=1, capture=False)  # fmt: skip
+        kw = dict(max_context_len=context_len, pool_size=(rotate + 1) * max(batch_sizes) + 1, speculative=False)
+        kw.update(world=world, capture_bs=tuple(batch_sizes), gen_seed=1, capture=False)
+        rig = Rig.build(find("trtllm_mla", shape)[0], KINDS["draft_extend_v2"], spec, engine, **kw)
         rig.runner.capture(progress=progress)
         runners[shape], world, gen = rig.runner, rig.world, gen or rig.gen
     rows = []

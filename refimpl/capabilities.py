@@ -1,14 +1,8 @@
 """The capability matrix: what each backend x variant does in each graph mode, read from the code.
 
-For every registered entry and every graph kind of ``layout.KINDS`` (chains: topk 1):
-
-* **graph** — the backend captures the mode (``check_graph_mode`` accepts it; for multi-step
-  draft decode, the entry has a multi-step wrapper that accepts it);
-* **eager** — it refuses to capture the mode but its eager hook serves a batch of it;
-* **—** — neither.
-
-``python -m refimpl matrix`` prints it as Markdown; README.md holds a copy that
-``tests/test_capabilities.py`` keeps current.
+Per registered entry and ``layout.KINDS`` kind (chains): **graph** (``check_graph_mode``, or the
+multi-step wrapper's, accepts it), **eager** (not captured, but the eager hook serves a batch) or
+**—**. ``python -m refimpl matrix`` prints it; ``tests/test_capabilities.py`` keeps README's copy current.
 """
 
 from __future__ import annotations
@@ -48,7 +42,7 @@ def capability(entry: BackendEntry, case: str) -> str:
     """``"graph"``, ``"eager"`` or ``"—"`` for one entry and one ``layout.KINDS`` kind."""
     kind = KINDS[case]
     # this machine's device (Triton compiled for a GPU takes no host tensors), a float32 model
-    world = Rig.world_for(entry, default_device(), max_context_len=L, pool_size=4, dtype=torch.float32)
+    world = Rig.world_for(entry, default_device(), torch.float32, max_context_len=L, pool_size=4)
     try:
         backend = entry.load(kind.multi_step)(world, SPEC)
         backend.check_graph_mode(kind.mode)
@@ -63,8 +57,8 @@ def matrix(entries: list[BackendEntry] | None = None) -> list[dict[str, Any]]:
     rows = []
     for entry in entries or REGISTRY:
         pattern = getattr(entry.load(), "pattern", "")
-        rows.append({"backend": entry.name, "variant": entry.variant, "pattern": pattern,
-                     **{case: capability(entry, case) for case in MODES}})  # fmt: skip
+        row = {"backend": entry.name, "variant": entry.variant, "pattern": pattern}
+        rows.append({**row, **{case: capability(entry, case) for case in MODES}})
     return rows
 
 

@@ -1,22 +1,14 @@
 """The capture/replay equivalence checker: four verdicts per backend x variant x mode x bs.
 
-(a) ``capture_equals_replay`` — fed the same batch, do the capture path and the replay path
-    leave identical graph-read state? Two fresh backend instances: P runs the *capture* hook on
-    the batch padded to its captured size; Q runs the capture hook on the runner's capture batch
-    (as the runner does) and then the *replay* hook on the padded batch. Their ``graph_state``
-    (live buffer views + frozen scalars) must match element for element; each difference is
-    reported by buffer and index.
-(b) ``graph_equals_eager`` — after capture, a fresh batch replayed through the graph gives the
-    eager output, and the replay wrote no live request's KV slot other than its own.
-(c) ``matches_oracle`` — eager output equals the dense float64 oracle.
-(d) ``replay_matches_reference`` — after the replay hook, the graph-read state equals a
-    reference computed from first principles (the backend's ``reference_graph_state``: the
-    ``*_ref`` builders and ``refimpl.layout``), so a bug inside a body that capture and replay
-    share, invisible to (a), is named by buffer even when it does not change the output.
+(a) ``capture_equals_replay``: fed the same padded batch, a fresh backend's *capture* hook (P) and another's
+    capture-then-*replay* hooks (Q) leave identical graph-read state (buffer views + frozen scalars), by buffer and index.
+(b) ``graph_equals_eager``: a batch replayed through the graph gives the eager output; the replay wrote no KV slot but its own.
+(c) ``matches_oracle``: eager output equals the dense float64 oracle.
+(d) ``replay_matches_reference``: after the replay hook the graph-read state equals the backend's first-principles
+    ``reference_graph_state``: a bug in a body both hooks share, invisible to (a).
 
-The checker is a client of the runner: the batches it feeds the hooks come from
-``GraphRunner.capture_batch`` / ``padded_batch`` and the hooks are called through the runner's
-``call_capture_hook`` / ``call_replay_hook``, so it checks exactly what a replay does.
+The hooks are fed what the runner feeds them (``capture_batch`` / ``padded_batch``, which run the replay's own
+``load_inputs``) through the runner's ``call_*_hook``: the checker checks a replay.
 """
 
 from __future__ import annotations
@@ -55,9 +47,8 @@ class CheckRecord:
 
     @property
     def passed(self) -> bool:
-        verdicts = (self.capture_equals_replay, self.graph_equals_eager, self.matches_oracle,
-                    self.replay_matches_reference)  # fmt: skip
-        return all(v is not False for v in verdicts)
+        verdicts = (self.capture_equals_replay, self.graph_equals_eager, self.matches_oracle)
+        return all(v is not False for v in (*verdicts, self.replay_matches_reference))
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -131,9 +122,9 @@ def diff_reference(state: dict[str, Any], ref: dict[str, Any], limit: int = 4) -
 def capture_vs_replay(
     new_backend: Callable[[], Any], runner: GraphRunner, fb: ForwardBatch
 ) -> tuple[list[str], list[str] | None]:
-    """Verdicts (a) and (d) for one batch: P (capture hook fed the batch) vs Q (capture, then
-    replay); Q's state against its reference (None when the backend gives none). Backends that
-    rebuild metadata inside the graph get their in-graph hook after the last out-of-graph one."""
+    """Verdicts (a) and (d) for one batch: P (capture hook fed the batch) vs Q (capture, then replay); Q's state against
+    its reference (None when the backend gives none). Backends that rebuild metadata inside the graph get their in-graph
+    hook after the last out-of-graph one."""
     padded = runner.padded_batch(fb)
     state_p = _snapshot(state_after(new_backend, runner, padded, replay=False)[1])  # before Q runs
     q, state_q = state_after(new_backend, runner, padded, replay=True)
@@ -144,10 +135,10 @@ def capture_vs_replay(
 
 
 def _batch_defined(state: dict[str, Any], raw_bs: int) -> dict[str, Any]:
-    """``state`` without what the batch does not define: the padded rows' tree-mask blocks. A
-    replay copies the live requests' mask only (as SGLang does), so a padded row's block holds
-    whatever the buffer held before (a capture's dummy mask, an older batch); its output is
-    dropped. Capture and replay histories differ there, so comparing it would be noise."""
+    """``state`` without what the batch does not define: the padded rows' tree-mask blocks. A replay copies the live
+    requests' mask only (as SGLang does), so a padded row's block holds whatever the buffer held before (a capture's
+    dummy mask, an older batch); its output is dropped. Capture and replay histories differ there, so comparing it would
+    be noise."""
     if "custom_mask" not in state or "mask_indptr" not in state:
         return state
     end = int(state["mask_indptr"][raw_bs])
@@ -158,17 +149,17 @@ def _batch_defined(state: dict[str, Any], raw_bs: int) -> dict[str, Any]:
 def check_entry_mode(
     entry: BackendEntry, case: str | ForwardMode | GraphKind, engine: GraphEngine, settings: CheckSettings
 ) -> list[CheckRecord]:
-    """The four verdicts for one entry and graph kind, one record per raw batch size (one
-    ``skipped`` record when the backend does not capture the kind)."""
+    """The four verdicts for one entry and graph kind, one record per raw batch size (one ``skipped`` record when the
+    backend does not capture the kind)."""
     kind = GraphKind.parse(case)
 
     def record(bs, *verdicts, findings, ref=None, cls=None):
         pattern = getattr(cls or entry.load(), "pattern", "")
         return CheckRecord(entry.name, entry.variant, kind.label, bs, engine.name, *verdicts, findings, pattern, ref)
 
+    sizes = dict(capture_bs=settings.capture_bs, max_context_len=settings.max_context_len)
     try:
-        rig = Rig.build(entry, kind, settings.spec, engine, capture_bs=settings.capture_bs,
-                        max_context_len=settings.max_context_len, dtype=settings.dtype, seed=settings.seed)  # fmt: skip
+        rig = Rig.build(entry, kind, settings.spec, engine, **sizes, dtype=settings.dtype, seed=settings.seed)
     except GraphModeNotSupported as e:
         try:
             cls = entry.load(kind.multi_step)
@@ -182,8 +173,9 @@ def check_entry_mode(
         diffs, ref_diffs = capture_vs_replay(rig.new_backend, rig.runner, fb)
         # (b) graph replay vs eager, no write into another request's KV; (c) eager vs the oracle
         v = rig.run(fb)
-        rows.append(record(raw_bs, not diffs, v.graph_ok, v.oracle_ok, findings=diffs + (ref_diffs or []) + v.findings,
-                           ref=None if ref_diffs is None else not ref_diffs, cls=rig.backend_cls))  # fmt: skip
+        ref = None if ref_diffs is None else not ref_diffs
+        findings = diffs + (ref_diffs or []) + v.findings
+        rows.append(record(raw_bs, not diffs, v.graph_ok, v.oracle_ok, findings=findings, ref=ref, cls=rig.backend_cls))
         rig.gen.release(fb)
     return rows
 

@@ -1,9 +1,6 @@
-"""Model, speculative-decoding and graph configuration.
-
-All shapes in refimpl are small on purpose: a reader runs every capture on a laptop CPU.
-The MLA latent cache keeps DeepSeek's real row width (512 + 64 = 576, [facts#memory-pools]) because
-the MLA backends' layouts depend on it.
-"""
+"""Model, speculative-decoding and graph configuration. Shapes are small on purpose (every capture runs on a laptop CPU),
+except the MLA latent cache row: DeepSeek's real 512 + 64 = 576 ([facts#memory-pools]), which the MLA backends' layouts
+depend on."""
 
 from __future__ import annotations
 
@@ -14,21 +11,11 @@ import torch
 
 
 def sglang_default_capture_bs(max_bs: int, speculative: bool) -> list[int]:
-    """SGLang's default batch-size ladder (mid-2025 runner), capped at ``max_bs``.
-
-    [facts#capture-batch-sizes]
-
-    - no speculative decoding: ``[1, 2, 4, 8] + range(16, 161, 8)``
-    - speculative decoding:    ``range(1, 9) + range(10, 33, 2) + range(40, 161, 16)``
-    """
-    if speculative:
-        ladder = list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 161, 16))
-    else:
-        ladder = [1, 2, 4, 8] + list(range(16, 161, 8))
-    capped = sorted({bs for bs in ladder if bs <= max_bs})
-    if not capped or capped[-1] != max_bs:
-        capped.append(max_bs)  # the largest batch the pools can hold must be capturable
-    return capped
+    """SGLang's default batch-size ladder (mid-2025 runner, [facts#capture-batch-sizes]) capped at ``max_bs``; with
+    speculative decoding the ladder is denser."""
+    ladder = [*range(1, 9), *range(10, 33, 2), *range(40, 161, 16)] if speculative else [1, 2, 4, 8, *range(16, 161, 8)]
+    # max_bs itself too: the largest batch the pools can hold must be capturable
+    return sorted({bs for bs in ladder if bs <= max_bs} | {max_bs})
 
 
 @dataclass(frozen=True)
@@ -76,19 +63,16 @@ class ModelConfig:
 
 
 def eagle_max_tree_nodes(topk: int, num_steps: int) -> int:
-    """Largest tree EAGLE drafts in ``num_steps`` steps of ``topk`` (root included): step 0
-    drafts ``topk`` children of the root, every later step expands the ``topk`` best beams of
-    the previous depth into ``topk`` children each (``topk * topk`` candidates)."""
+    """Largest tree EAGLE drafts in ``num_steps`` steps of ``topk`` (root included): step 0 drafts ``topk`` children of the
+    root, every later step expands the ``topk`` best beams of the previous depth into ``topk`` children each (``topk *
+    topk`` candidates)."""
     return 1 + topk + (num_steps - 1) * topk * topk
 
 
 @dataclass(frozen=True)
 class SpecConfig:
-    """EAGLE-style speculative decoding shape.
-
-    S = num_steps (draft decode steps), topk = branches per step, N = num_draft_tokens
-    (tokens verified per request). A chain has topk == 1 and N == S + 1.
-    """
+    """EAGLE-style speculative decoding shape: S = num_steps (draft decode steps), topk = branches per step, N =
+    num_draft_tokens (tokens verified per request). A chain: topk == 1, N == S + 1."""
 
     num_steps: int = 3  # S
     topk: int = 1
@@ -97,18 +81,11 @@ class SpecConfig:
     def __post_init__(self) -> None:
         if self.num_steps < 1 or self.topk < 1 or self.num_draft_tokens < 2:
             raise ValueError(f"invalid SpecConfig {self}: need num_steps>=1, topk>=1, N>=2")
-        # EAGLE: step 0 drafts topk children of the root, every later step topk*topk candidates
-        max_tree = eagle_max_tree_nodes(self.topk, self.num_steps)
-        if self.topk == 1 and self.num_draft_tokens != self.num_steps + 1:
-            raise ValueError(
-                f"a chain (topk=1) verifies num_steps+1={self.num_steps + 1} tokens, "
-                f"got num_draft_tokens={self.num_draft_tokens}"
-            )
-        if self.num_draft_tokens > max_tree and self.topk > 1:
-            raise ValueError(
-                f"num_draft_tokens={self.num_draft_tokens} exceeds what {self.num_steps} steps "
-                f"of topk={self.topk} can draft ({max_tree} incl. the root)"
-            )
+        n, S, k = self.num_draft_tokens, self.num_steps, self.topk
+        if k == 1 and n != S + 1:
+            raise ValueError(f"a chain (topk=1) verifies num_steps+1={S + 1} tokens, got num_draft_tokens={n}")
+        if n > (m := eagle_max_tree_nodes(k, S)) and k > 1:
+            raise ValueError(f"num_draft_tokens={n} exceeds what {S} steps of topk={k} can draft ({m} incl. the root)")
 
 
 @dataclass(frozen=True)
@@ -124,19 +101,17 @@ class GraphConfig:
 
     def batch_sizes(self) -> list[int]:
         if self.capture_bs is not None:
-            bad = [b for b in self.capture_bs if not 1 <= b <= self.max_bs]
-            if bad:
+            if bad := [b for b in self.capture_bs if not 1 <= b <= self.max_bs]:
                 raise ValueError(f"capture_bs {bad} outside 1..max_bs={self.max_bs}")
             return sorted(set(self.capture_bs))
         return sglang_default_capture_bs(self.max_bs, self.speculative)
 
 
 def tiny_model_config(kind: str, dtype: torch.dtype, device_type: str = "cpu") -> ModelConfig:
-    """The checker's model: tiny on CPU (the Triton interpreter is slow); on a GPU, head dims the
-    real FlashInfer kernels compile for; MLA with 16 heads (FlashInfer MLA's smallest)."""
+    """The checker's model: tiny on CPU (the Triton interpreter is slow); on a GPU, head dims the real FlashInfer kernels
+    compile for; MLA with 16 heads (FlashInfer MLA's smallest)."""
     if kind == "mha" and device_type == "cuda":
-        return ModelConfig(kind="mha", num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64,
-                           v_head_dim=64, dtype=dtype)  # fmt: skip
+        return ModelConfig("mha", 2, num_heads=8, num_kv_heads=2, head_dim=64, v_head_dim=64, dtype=dtype)
     if kind == "mla":
         return ModelConfig(kind="mla", num_layers=2, hidden_size=64, num_heads=16, dtype=dtype)
     return ModelConfig(kind="mha", num_layers=2, num_heads=4, num_kv_heads=2, dtype=dtype)

@@ -1,22 +1,11 @@
 """Fuzzing every backend x shape x graph mode against eager and the dense oracle.
 
-For one backend entry, graph kind (``layout.KINDS``) and spec (a chain, or a topk > 1 tree where
-the mode has trees) a ``FuzzTarget`` captures graphs once (batch sizes 1, 2, 4, 8 by default),
-then serves random batches (``FuzzTarget.draw``: a batch size that pads or not, prefix lengths
-from 1 to the context with page boundaries favoured, random draft trees, accept lengths 0..S).
-For every batch it checks:
-
-1. graph replay == eager == the float64 oracle (dtype tolerance), and the replay wrote no KV slot
-   of a request outside the batch (``rig.KVGuard``);
-2. after **poisoning** every static device buffer of the backend past the part the graph reads
-   (``graph_state``'s live views, found on a fresh backend fed the same batch; NaN for floats,
-   -1 or the dtype's max for indices, 1 for masks), a second replay gives bit-for-bit the same
-   output: no kernel reads a stale tail.
-
-Two profiles: ``tests/test_fuzz.py`` drives ``draw`` with hypothesis (a bounded CI profile: one
-captured size, one layer, a few examples per target); ``python -m refimpl check --fuzz N
-[--seed S]`` runs N batches per target with the defaults and prints, for any mismatch, the seed,
-the target, the batch parameters and a one-line ``reproduce(...)`` call.
+A ``FuzzTarget`` (backend entry, graph kind, spec: a chain, or a topk > 1 tree where the mode has trees) captures once,
+then serves random batches (``draw``: padded or not, page boundaries favoured, random trees and accept lengths). Each
+batch must (1) replay == eager == the float64 oracle with no foreign KV write (``rig.KVGuard``), and (2) replay bit for
+bit the same after every graph buffer is **poisoned** past the part the graph reads (NaN for floats, -1 or the dtype's
+max for indices, 1 for masks): no kernel reads a stale tail. ``tests/test_fuzz.py`` drives ``draw`` with hypothesis (a
+bounded CI profile); ``python -m refimpl check --fuzz N`` prints a one-line ``reproduce(...)`` call for any mismatch.
 """
 
 from __future__ import annotations
@@ -68,8 +57,8 @@ def _poison_value(t: torch.Tensor, high: bool = False):
 
 
 def live_masks(backend, state: dict[str, Any]) -> list[torch.Tensor]:
-    """For each of the backend's graph buffers, which elements ``state``'s live views cover (the
-    views share the buffers' storage, as ``graph_state`` returns them)."""
+    """For each of the backend's graph buffers, which elements ``state``'s live views cover (the views share the buffers'
+    storage, as ``graph_state`` returns them)."""
     views = [v for v in state.values() if isinstance(v, torch.Tensor) and v.numel()]
     masks = []
     for _, buf in graph_buffers(backend):
@@ -78,19 +67,16 @@ def live_masks(backend, state: dict[str, Any]) -> list[torch.Tensor]:
         ptr, flat = buf.untyped_storage().data_ptr(), torch.arange(buf.numel(), device=buf.device)
         for v in views:
             end = v.storage_offset() + sum((n - 1) * st for n, st in zip(v.shape, v.stride())) + 1
-            if (
-                v.untyped_storage().data_ptr() == ptr
-                and v.dtype == buf.dtype
-                and (lo <= v.storage_offset() and end <= hi)
-            ):  # a view inside this buffer
+            inside = v.untyped_storage().data_ptr() == ptr and lo <= v.storage_offset() and end <= hi
+            if inside and v.dtype == buf.dtype:  # a view inside this buffer
                 keep[torch.as_strided(flat, v.shape, v.stride(), v.storage_offset() - lo)] = True
         masks.append(keep)
     return masks
 
 
 def poison_tails(backend, masks: list[torch.Tensor], high: bool = False) -> int:
-    """Poison the elements of the backend's graph buffers that ``masks`` leave out. An eager
-    buffer (``SHARED_NAMES``) that no live view covers is the eager path's alone: left as is."""
+    """Poison the elements of the backend's graph buffers that ``masks`` leave out. An eager buffer (``SHARED_NAMES``) that
+    no live view covers is the eager path's alone: left as is."""
     poisoned = 0
     for (name, buf), keep in zip(graph_buffers(backend), masks, strict=True):
         if name.rsplit(".", 1)[-1] in SHARED_NAMES and not bool(keep.any()):
@@ -104,19 +90,26 @@ def poison_tails(backend, masks: list[torch.Tensor], high: bool = False) -> int:
 class FuzzTarget:
     """One captured (backend entry, graph mode, spec) under test."""
 
-    def __init__(self, entry: BackendEntry, case: str, spec: SpecConfig, engine: GraphEngine,
-                 dtype: torch.dtype | None = None, seed: int = 0,
-                 capture_bs: tuple[int, ...] = CAPTURE_BS, num_layers: int | None = None):  # fmt: skip
-        """``capture_bs`` / ``num_layers``: smaller for the CI profile (the Triton interpreter
-        runs every kernel instance in Python); the long profile keeps the defaults."""
+    def __init__(
+        self,
+        entry: BackendEntry,
+        case: str,
+        spec: SpecConfig,
+        engine: GraphEngine,
+        dtype=None,
+        seed=0,
+        capture_bs: tuple[int, ...] = CAPTURE_BS,
+        num_layers: int | None = None,
+    ):
+        """``capture_bs`` / ``num_layers``: smaller for the CI profile (the Triton interpreter)."""
         self.entry, self.spec = entry, spec
         self.kind = GraphKind.parse(case)
         self.case, self.mode, self.multi = self.kind.label, self.kind.mode, self.kind.multi_step
         self.capture_bs = tuple(capture_bs)
         self.L = 160 if entry.page_size > 1 else 72  # room for page boundaries
         # GraphModeNotSupported (the backend does not capture this kind): the caller skips
-        self.rig = Rig.build(entry, self.kind, spec, engine, capture_bs=self.capture_bs, max_context_len=self.L,
-                             dtype=dtype, seed=seed, num_layers=num_layers)  # fmt: skip
+        sizes = dict(capture_bs=self.capture_bs, max_context_len=self.L, num_layers=num_layers)
+        self.rig = Rig.build(entry, self.kind, spec, engine, dtype=dtype, seed=seed, **sizes)
         self.world, self.runner, self.gen = self.rig.world, self.rig.runner, self.rig.gen
 
     @property
@@ -145,38 +138,31 @@ class FuzzTarget:
         params = FuzzParams(raw_bs, [length() for _ in range(raw_bs)])
         params.poison_high = rng.random() < 0.5
         if mode.is_target_verify():
-            params.trees = [
-                DraftTree.chain(s.num_draft_tokens).parents if s.topk == 1
-                else DraftTree.random(s.num_draft_tokens, s.topk, s.num_steps, rng).parents
-                for _ in range(raw_bs)
-            ]  # fmt: skip
+            tree = lambda: DraftTree.random(s.num_draft_tokens, s.topk, s.num_steps, rng)
+            params.trees = [(DraftTree.chain(s.num_draft_tokens) if s.topk == 1 else tree()).parents for _ in range(raw_bs)]
         if mode.is_any_draft_extend():
             params.accept_length = [rng.randint(0, s.num_steps) for _ in range(raw_bs)]
         return params
 
     def batch(self, p: FuzzParams):
-        mode, gen = self.mode, self.gen
-        if mode.is_idle():
-            return gen.idle()
-        if self.multi:
-            return gen.draft_decode(p.raw_bs, seq_lens=p.seq_lens)
-        if mode.is_decode():
-            return gen.decode(p.raw_bs, seq_lens=p.seq_lens)
-        if mode.is_target_verify():
-            trees = [DraftTree(t) for t in p.trees]
-            return gen.target_verify(p.raw_bs, seq_lens=p.seq_lens, trees=trees)
-        version = 2 if mode.is_draft_extend_v2() else 1
-        return gen.draft_extend(p.raw_bs, version, seq_lens=p.seq_lens, accept_length=p.accept_length)
+        if self.mode.is_idle():
+            return self.gen.idle()
+        kw = dict(seq_lens=p.seq_lens)
+        if p.trees is not None:
+            kw["trees"] = [DraftTree(t) for t in p.trees]
+        if p.accept_length is not None:
+            kw["accept_length"] = p.accept_length
+        return self.gen.for_mode(self.kind, p.raw_bs, **kw)
 
     def _live(self, fb) -> list[torch.Tensor]:
-        """What the graph for ``fb`` reads, found on a fresh backend (one captured bs, the batch
-        replayed) and mapped onto the runner's buffers, which have the same layout."""
+        """What the graph for ``fb`` reads, found on a fresh backend (one captured bs, the batch replayed) and mapped onto
+        the runner's buffers, which have the same layout."""
         q, state = state_after(self.rig.new_backend, self.runner, self.runner.padded_batch(fb), replay=True)
         return live_masks(q, state)
 
     def poison_and_replay(self, fb, graph: torch.Tensor, high: bool = False) -> list[str]:
-        """Poison every graph buffer's tail past ``fb``'s live region; a replay must give
-        ``graph`` (the output before poisoning) bit for bit."""
+        """Poison every graph buffer's tail past ``fb``'s live region; a replay must give ``graph`` (the output before
+        poisoning) bit for bit."""
         n = poison_tails(self.runner.backend, self._live(fb), high)
         again = self.runner.replay(fb)
         same = (again == graph) | (again.isnan() & graph.isnan())
@@ -203,9 +189,9 @@ def specs_for(case: str) -> tuple[SpecConfig, ...]:
 def targets(
     backends: Iterable[str] | None = None, modes: Iterable[str] | None = None, variants: Iterable[str] | None = None
 ) -> list[tuple[BackendEntry, str, SpecConfig]]:
-    """Every (entry, mode, spec) to fuzz; shapes default to every one that must pass (not the
-    historical ``legacy`` / ``as-upstream``). Entries that cannot run here, or modes a backend
-    does not capture, are left to ``FuzzTarget`` to refuse."""
+    """Every (entry, mode, spec) to fuzz; shapes default to every one that must pass (not the historical ``legacy`` /
+    ``as-upstream``). Entries that cannot run here, or modes a backend does not capture, are left to ``FuzzTarget`` to
+    refuse."""
     cases = [GraphKind.parse(m).label for m in modes] if modes else list(KINDS)
     return [(e, case, spec) for e in entries(backends, variants) for case in cases for spec in specs_for(case)]
 
@@ -242,12 +228,9 @@ def fuzz(
             problems = target.check(params)
             report.batches[label] = report.batches.get(label, 0) + 1
             if problems:
-                report.mismatches.append(
-                    f"{label} batch {i}: "
-                    + "; ".join(problems)
-                    + "\n    reproduce: python -c 'from refimpl.fuzz import reproduce; print("
-                    + f'reproduce("{label}", {asdict(params)}, seed={seed}))\''
-                )
+                call = f'reproduce("{label}", {asdict(params)}, seed={seed})'
+                how = f"python -c 'from refimpl.fuzz import reproduce; print({call})'"
+                report.mismatches.append(f"{label} batch {i}: {'; '.join(problems)}\n    reproduce: {how}")
                 if progress:
                     print(f"MISMATCH {report.mismatches[-1]}", flush=True)
         if progress:

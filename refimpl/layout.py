@@ -1,10 +1,8 @@
 """The per-mode layout rules, in one place.
 
-A captured graph has fixed shapes, so every request of a graph mode occupies the same number of
-query rows (a *uniform stride*); capture and replay must lay the rows out identically, or the
-replayed kernels read the wrong rows (SGLang #21987, #27545). The rules the whole story depends
-on, and where upstream keeps them (``python/sglang/srt/model_executor/cuda_graph_runner.py``,
-``num_tokens_per_bs``; facts in ``[facts#the-graph-runner]``):
+A captured graph has fixed shapes, so every request of a graph mode occupies the same number of query rows; capture and
+replay must lay them out identically (SGLang #21987, #27545). Upstream keeps the rule in ``cuda_graph_runner.py``
+(``num_tokens_per_bs``; ``[facts#the-graph-runner]``):
 
 | graph mode                   | query rows per request | ``seq_lens[i]`` counts (refimpl)       |
 |------------------------------|------------------------|----------------------------------------|
@@ -14,25 +12,18 @@ on, and where upstream keeps them (``python/sglang/srt/model_executor/cuda_graph
 | DRAFT_EXTEND (v1)            | S + 1 (num_steps + 1)  | every token, incl. the S+1 new rows    |
 | DRAFT_EXTEND_V2              | N                      | every token, incl. the N new rows      |
 
-refimpl's ``seq_lens`` count a request's new rows in every extend mode; upstream's v1 passes
-them without and v2 subtracts ``extend_seq_lens`` (same keys; the table of such differences is
-in ``[facts#where-refimpl-deliberately-differs-from-upstream]``). Two views of
-the keys a request attends follow from it:
+Upstream's v1 passes ``seq_lens`` without the new rows and v2 subtracts ``extend_seq_lens``
+(``[facts#where-refimpl-deliberately-differs-from-upstream]``). The keys a request attends: ``attended_kv_lens`` (incl.
+its new rows: FlashInfer family, TRTLLM-MLA, the oracle) and ``prefix_kv_lens`` (before them: the Triton / Wave extend
+kernel, which takes the new rows' k/v directly). Multi-step draft decode: branch k's step-j token sits at
+``req_to_token`` column ``seq_len + k*S + j``; ``out_cache_loc`` is ordered ``[step][seq][branch]``.
 
-- ``attended_kv_lens``: every key incl. the request's new rows (FlashInfer family, TRTLLM-MLA,
-  the oracle): verify ``seq + N``, every other mode ``seq``;
-- ``prefix_kv_lens``: the keys *before* the new rows (Triton / Wave extend kernel, which take
-  the new rows' k/v directly): verify ``seq``, draft extend ``seq - rows``, decode ``seq``.
+Target verify's tree mask (``[facts#kernel-level-facts]``): request i's block is row-major ``[N, seq_lens[i] + N]``
+(prefix columns 1, then the tree's ancestry), blocks concatenated, ``mask_indptr = [0, cumsum(N * (seq_lens + N))]``.
 
-Target verify's tree mask (``[facts#kernel-level-facts]``): request i's block is
-row-major ``[N, seq_lens[i] + N]`` (prefix columns all 1, then the tree's ancestry), blocks are
-flattened and concatenated, and ``mask_indptr = [0, cumsum(N * (seq_lens + N))]``.
-
-Padding (``[facts#the-graph-runner]``): a batch of ``raw_bs`` requests replays the
-smallest captured graph with ``bs >= raw_bs``; rows ``raw_bs..bs`` are *padded rows* with
-``seq_len = fill value`` (1 for all six backends), request slot ``PAD_REQ_SLOT`` (0, a reserved
-row of ``req_to_token``) and cache slot ``PAD_CACHE_SLOT`` (0, a reserved KV slot), so they
-write their KV where no live request reads and their outputs are discarded.
+Padding (``[facts#the-graph-runner]``): ``raw_bs`` requests replay the smallest captured ``bs >= raw_bs``; rows
+``raw_bs..bs`` are *padded rows*: ``seq_len`` = fill value (1), request slot ``PAD_REQ_SLOT`` and cache slot
+``PAD_CACHE_SLOT`` (both 0, reserved): they write KV where no live request reads, and their outputs are discarded.
 """
 
 from __future__ import annotations
@@ -53,8 +44,8 @@ PAD_CACHE_SLOT = RESERVED_TOKEN_SLOT  # KV slot every padded row writes
 # --- graph kinds --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class GraphKind:
-    """What a runner captures: a forward mode, or multi-step draft decode (``S`` DECODE steps of
-    the draft model in one graph, ``topk`` rows per request)."""
+    """What a runner captures: a forward mode, or multi-step draft decode (``S`` DECODE steps of the draft model in one
+    graph, ``topk`` rows per request)."""
 
     label: str
     mode: ForwardMode
@@ -98,8 +89,8 @@ KINDS: dict[str, GraphKind] = {
 
 
 def request_span(mode: ForwardMode, spec: SpecConfig | None, multi_step_draft: bool = False) -> int:
-    """Columns of ``req_to_token`` a request spans past ``seq_lens``: verify ``N`` (its drafts),
-    multi-step draft decode ``topk * S`` (each branch's S steps), every other mode 0."""
+    """Columns of ``req_to_token`` a request spans past ``seq_lens``: verify ``N`` (its drafts), multi-step draft decode
+    ``topk * S`` (each branch's S steps), every other mode 0."""
     if multi_step_draft:
         spec = _need_spec(mode, spec)
         return spec.topk * spec.num_steps
@@ -118,6 +109,12 @@ def rows_per_request(mode: ForwardMode, spec: SpecConfig | None = None, multi_st
     if mode.is_draft_extend_v1():
         return _need_spec(mode, spec).num_steps + 1
     raise ValueError(f"{mode.label} is not captured in a graph (no uniform row layout)")
+
+
+def draft_column(seq_len, branch, step, spec: SpecConfig):
+    """Multi-step draft decode: ``req_to_token`` column of branch ``k``'s step-``j`` token, ``seq_len + k*S + j``
+    (branch-major; ints or broadcasting tensors)."""
+    return seq_len + branch * spec.num_steps + step
 
 
 def cache_writes_per_row(spec: SpecConfig | None = None, multi_step_draft: bool = False) -> int:
@@ -140,11 +137,8 @@ def attended_kv_lens(mode: ForwardMode, seq_lens: torch.Tensor, num_draft_tokens
 
 
 def prefix_kv_lens(mode: ForwardMode, seq_lens: torch.Tensor, rows: int | torch.Tensor):
-    """Keys before the request's new rows (the Triton / Wave extend kernel's paged part).
-
-    Verify: ``seq`` (it counts the prefix only); draft extend / extend: ``seq - rows``, clamped
-    at 0 because a padded row (``seq_len`` = fill value 1) has fewer tokens than rows.
-    """
+    """Keys before the request's new rows: verify ``seq`` (the prefix only); (draft) extend ``seq - rows``, clamped at 0 (a
+    padded row's ``seq_len`` 1 is below its rows)."""
     if mode.is_target_verify() or mode.is_decode_or_idle():
         return seq_lens
     return torch.clamp(seq_lens - rows, min=0)
@@ -158,19 +152,14 @@ def tree_mask_sizes(seq_lens: Sequence[int], num_draft_tokens: int) -> list[int]
 
 
 def tree_mask_total(seq_lens: Sequence[int], num_draft_tokens: int) -> int:
-    """Entries of the whole batch's mask: ``sum(tree_mask_sizes(...))`` in closed form, without a
-    per-request list (the replay path's validation calls it)."""
+    """``sum(tree_mask_sizes(...))`` in closed form (the replay path's validation calls it)."""
     n = int(num_draft_tokens)
     return n * (sum(seq_lens) + len(seq_lens) * n)
 
 
 def mask_indptr(seq_lens: torch.Tensor, num_draft_tokens: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``[0, cumsum(N * (seq_lens + N))]``  # [bs+1] int64.
-
-    With ``out`` (a zero-initialised static buffer) the cumsum is written into
-    ``out[1:bs+1]`` in place and ``out[:bs+1]`` returned: graph-safe, no allocation a kernel
-    would read. Without, a fresh tensor on ``seq_lens``' device.
-    """
+    """``[0, cumsum(N * (seq_lens + N))]``  # [bs+1] int64; written into ``out`` (a zeroed static buffer: graph-safe) when
+    given, else a fresh tensor."""
     bs, n = seq_lens.numel(), int(num_draft_tokens)
     if out is None:
         out = torch.zeros(bs + 1, dtype=torch.int64, device=seq_lens.device)
@@ -179,12 +168,10 @@ def mask_indptr(seq_lens: torch.Tensor, num_draft_tokens: int, out: torch.Tensor
 
 
 def check_mask_fits(mask: torch.Tensor, buffer: torch.Tensor) -> None:
-    """Refuse a tree mask (the live requests' blocks, back to back) larger than the static
-    ``[max_num_tokens * max_context_len]`` buffer a graph reads it from."""
+    """Refuse a tree mask larger than the static buffer a graph reads it from."""
     if mask.numel() > buffer.numel():
         raise ValueError(
-            f"tree mask of {mask.numel()} entries exceeds the graph buffer of "
-            f"{buffer.numel()} (max_num_tokens * max_context_len)"
+            f"tree mask of {mask.numel()} entries exceeds the graph buffer of {buffer.numel()} (max_num_tokens * max_context_len)"
         )
 
 
@@ -194,13 +181,7 @@ def padded_seq_lens_sum(raw_sum: int, raw_bs: int, bs: int, fill_value: int) -> 
     return raw_sum + (bs - raw_bs) * fill_value
 
 
-def reset_padded_rows(
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    seq_lens_cpu: torch.Tensor,
-    out_cache_loc: torch.Tensor,
-    fill_value: int,
-) -> None:
+def reset_padded_rows(req_pool_indices, seq_lens, seq_lens_cpu, out_cache_loc, fill_value: int) -> None:
     """In place (the runner's static inputs): every row becomes a padded row."""
     req_pool_indices.fill_(PAD_REQ_SLOT)
     seq_lens.fill_(fill_value)

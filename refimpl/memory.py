@@ -1,12 +1,10 @@
 """Request and token pools, and the KV caches the captured step writes into.
 
 Three tables ([facts#memory-pools]):
-
 - ``req_to_token`` ``[pool_size, L]`` int32: row = request slot, column j = position j, value =
   the token slot holding that position's KV. Row 0 is reserved: padded graph rows point at it.
-- token slots, handed out in pages of ``page_size`` contiguous, aligned slots
-  (``page_id = slot // page_size``). Page 0 (slots ``0..page_size-1``) is reserved: padded rows
-  write their KV into slot 0, which therefore never belongs to a live request.
+- token slots, handed out in aligned pages of ``page_size`` (``page_id = slot // page_size``).
+  Page 0 is reserved: padded rows write their KV into slot 0, which no live request owns.
 - the KV cache: MHA ``k[layer]`` ``[slots, Hkv, D]`` / ``v[layer]`` ``[slots, Hkv, Dv]``, or MLA
   ``kv[layer]`` ``[slots, 1, 512 + 64]`` (latent | rope).
 """
@@ -27,9 +25,7 @@ class ReqToTokenPool:
     def __init__(self, size: int, max_context_len: int, device: str | torch.device = "cpu"):
         if size < 2:
             raise ValueError(f"ReqToTokenPool size={size}: need >= 2 (slot 0 is reserved)")
-        self.size = size
-        self.max_context_len = max_context_len
-        self.device = torch.device(device)
+        self.size, self.max_context_len, self.device = size, max_context_len, torch.device(device)
         self.req_to_token = torch.zeros(size, max_context_len, dtype=torch.int32, device=device)
         self._free = list(range(1, size))  # slot 0 never handed out
 
@@ -38,11 +34,9 @@ class ReqToTokenPool:
         return len(self._free)
 
     def alloc(self, n: int) -> list[int]:
-        if n > len(self._free):
-            raise RuntimeError(
-                f"ReqToTokenPool: asked for {n} request slots, only {len(self._free)} free "
-                f"(pool size {self.size}, slot 0 reserved)"
-            )
+        if n > (free := len(self._free)):
+            why = f"only {free} free (pool size {self.size}, slot 0 reserved)"
+            raise RuntimeError(f"ReqToTokenPool: asked for {n} request slots, {why}")
         out, self._free = self._free[:n], self._free[n:]
         return out
 
@@ -50,30 +44,22 @@ class ReqToTokenPool:
         for s in slots:
             if s == RESERVED_REQ_SLOT:
                 raise ValueError("request slot 0 is reserved and cannot be freed")
-            self.row(s).zero_()  # a freed row must not leak stale slot ids
+            self.req_to_token[s].zero_()  # a freed row must not leak stale slot ids
         self._free.extend(slots)
-
-    def row(self, slot: int) -> torch.Tensor:
-        return self.req_to_token[slot]
 
 
 class TokenSlotAllocator:
-    """Hands out KV slots page by page; page 0 is reserved for padded rows.
-
-    ``page_size`` is 1 for Triton / FlashInfer, 64 for FlashMLA, 128 for Cutlass-MLA and 32 or
-    64 for TRTLLM-MLA ([facts#memory-pools]). A request's slots for positions ``[p*P, (p+1)*P)`` live in
-    one page, so ``req_to_token[r, p*P] // P`` is that page's id (what block tables store).
-    """
+    """Hands out KV slots page by page (page 0 reserved for padded rows). ``page_size``: 1 Triton / FlashInfer, 64
+    FlashMLA, 128 Cutlass-MLA, 32 or 64 TRTLLM-MLA ([facts#memory-pools]). Positions ``[p*P, (p+1)*P)`` share a page:
+    ``req_to_token[r, p*P] // P`` is its id (what block tables store)."""
 
     def __init__(self, num_slots: int, page_size: int = 1, seed: int = 0):
         if num_slots % page_size:
             raise ValueError(f"num_slots={num_slots} is not a multiple of page_size={page_size}")
         if num_slots // page_size < 2:
             raise ValueError(f"num_slots={num_slots}: need >= 2 pages (page 0 is reserved)")
-        self.num_slots = num_slots
-        self.page_size = page_size
-        g = torch.Generator().manual_seed(seed)
-        # shuffled so that a request's pages are not contiguous: index bugs then show up
+        self.num_slots, self.page_size = num_slots, page_size
+        g = torch.Generator().manual_seed(seed)  # shuffled: a request's pages are not contiguous (exposes index bugs)
         pages = torch.randperm(num_slots // page_size - 1, generator=g, device="cpu") + 1
         self._free_pages: list[int] = pages.tolist()
         self._head = 0  # pages before it are handed out: O(n) per allocation, not O(free)
@@ -83,10 +69,8 @@ class TokenSlotAllocator:
         return len(self._free_pages) - self._head
 
     def alloc_pages(self, n: int) -> list[int]:
-        if n > self.free_pages:
-            raise RuntimeError(
-                f"TokenSlotAllocator: asked for {n} pages of {self.page_size} slots, only {self.free_pages} free"
-            )
+        if n > (free := self.free_pages):
+            raise RuntimeError(f"TokenSlotAllocator: asked for {n} pages of {self.page_size} slots, only {free} free")
         out = self._free_pages[self._head : self._head + n]
         self._head += n
         if self._head > len(self._free_pages) // 2:  # compact now and then (amortised O(1))
@@ -105,8 +89,6 @@ class TokenSlotAllocator:
         if num_tokens > len(pages) * p:
             raise ValueError(f"{num_tokens} tokens do not fit in {len(pages)} pages of {p}")
         page_ids = torch.tensor(pages, dtype=torch.int64, device="cpu")
-        if p == 1:
-            return page_ids[:num_tokens]
         pos = torch.arange(num_tokens, dtype=torch.int64, device="cpu")
         return page_ids[pos // p] * p + pos % p
 
@@ -115,12 +97,10 @@ class MHAKVCache:
     """Per layer ``k[slots, Hkv, D]`` and ``v[slots, Hkv, Dv]`` ("NHD", page size folded in)."""
 
     def __init__(self, cfg: ModelConfig, num_slots: int, device: str | torch.device = "cpu"):
-        self.cfg = cfg
-        self.num_slots = num_slots
-        shape_k = (num_slots, cfg.num_kv_heads, cfg.head_dim)
-        shape_v = (num_slots, cfg.num_kv_heads, cfg.v_head_dim)
-        self.k = [torch.zeros(shape_k, dtype=cfg.dtype, device=device) for _ in range(cfg.num_layers)]
-        self.v = [torch.zeros(shape_v, dtype=cfg.dtype, device=device) for _ in range(cfg.num_layers)]
+        self.cfg, self.num_slots = cfg, num_slots
+        zeros = lambda d: torch.zeros(num_slots, cfg.num_kv_heads, d, dtype=cfg.dtype, device=device)
+        per_layer = lambda d: [zeros(d) for _ in range(cfg.num_layers)]
+        self.k, self.v = per_layer(cfg.head_dim), per_layer(cfg.v_head_dim)
 
     def set_kv(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         # loc: [tokens] int64; k: [tokens, Hkv, D]; an in-place scatter (graph-safe)
@@ -135,8 +115,7 @@ class MLAKVCache:
     """Per layer ``kv[slots, 1, kv_lora_rank + rope]``: latent in ``[..., :512]``, rope after."""
 
     def __init__(self, cfg: ModelConfig, num_slots: int, device: str | torch.device = "cpu"):
-        self.cfg = cfg
-        self.num_slots = num_slots
+        self.cfg, self.num_slots = cfg, num_slots
         shape = (num_slots, 1, cfg.kv_row_width)
         self.kv = [torch.zeros(shape, dtype=cfg.dtype, device=device) for _ in range(cfg.num_layers)]
 

@@ -1,12 +1,8 @@
 """Forward modes and one explicit predicate per mode.
 
-SGLang's ``ForwardMode`` ([facts#forward-modes]) has grouped predicates with easy-to-miss
-defaults: ``is_draft_extend()`` silently excludes DRAFT_EXTEND_V2 unless ``include_v2=True``.
-Here every mode has exactly one predicate that is true for that mode alone, and the few
-groupings the graph code needs are spelled out by name (``is_decode_or_idle``,
-``is_any_draft_extend``).
-
-Rows per request in each captured mode, and what ``seq_lens`` counts: ``refimpl.layout``.
+SGLang's ``ForwardMode`` ([facts#forward-modes]) has grouped predicates with easy-to-miss defaults
+(``is_draft_extend()`` silently excludes DRAFT_EXTEND_V2 unless ``include_v2=True``). Here each predicate is true for
+one mode alone; the few groupings the graph code needs are named.
 """
 
 from __future__ import annotations
@@ -57,11 +53,9 @@ class ForwardMode(enum.IntEnum):
     def parse(cls, name: str) -> "ForwardMode":
         """``'target_verify'`` / ``'TARGET_VERIFY'`` / ``'draft_extend_v2'`` -> member."""
         key = name.strip().upper().replace("-", "_")
-        try:
-            return cls[key]
-        except KeyError:
-            valid = ", ".join(m.name.lower() for m in cls)
-            raise ValueError(f"unknown forward mode {name!r}; valid modes: {valid}") from None
+        if key not in cls.__members__:
+            raise ValueError(f"unknown forward mode {name!r}; valid modes: {', '.join(m.label for m in cls)}")
+        return cls[key]
 
     @property
     def label(self) -> str:

@@ -1,12 +1,9 @@
 """The rig: one backend under capture and replay, built the same way for every tool.
 
-``check``, ``fuzz``, ``bench``, ``capabilities``, ``benchmarks/`` and the notebooks all need the
-same set-up for a (backend entry, graph kind, spec, engine): a world (KV pool, request table),
-the backend, the model or multi-step program, the dense oracle, a ``GraphRunner`` and a batch
-generator. ``Rig.build`` makes it; the tools are its clients. Beside it live what their verdicts
-share: the dtype's tolerances (``close``), the KV guard (no replay writes another request's KV),
-the graph-read state of a fresh backend fed one batch through either hook (``state_after``), and
-the backend's graph buffers.
+``Rig.build`` makes world, backend, model or multi-step program, dense oracle, ``GraphRunner`` and batch generator for a
+(backend entry, graph kind, spec, engine); ``check``, ``fuzz``, ``bench``, ``capabilities``, ``benchmarks/`` and the
+notebooks are its clients. Beside it lives what their verdicts share: tolerances (``close``), the KV guard,
+``state_after`` and ``graph_buffers``.
 """
 
 from __future__ import annotations
@@ -31,16 +28,14 @@ from .model import MultiStepDraftProgram, TinyDecoder
 
 
 def entries(backends: Iterable[str] | None = None, variants: Iterable[str] | None = None) -> list[BackendEntry]:
-    """The registered entries of ``backends`` (default: all); of ``variants``, or by default every
-    shape that must pass (not the historical ``legacy`` / ``as-upstream``)."""
+    """The registered entries of ``backends`` (default: all); of ``variants``, or by default every shape that must pass
+    (not the historical ``legacy`` / ``as-upstream``)."""
     out = [e for b in (backends or [None]) for e in find(b)]
     return [e for e in out if (e.variant in set(variants) if variants else must_pass(e.variant))]
 
 
 def tolerances(dtype: torch.dtype) -> dict:
-    if dtype == torch.float32:
-        return dict(rtol=1e-4, atol=1e-4)
-    return dict(rtol=3e-2, atol=3e-2)
+    return dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=3e-2, atol=3e-2)
 
 
 def close(out: torch.Tensor, ref: torch.Tensor, tol: dict, what: str, findings: list[str]) -> bool:
@@ -61,13 +56,9 @@ def close(out: torch.Tensor, ref: torch.Tensor, tol: dict, what: str, findings: 
 class KVGuard:
     """Catch any write into a live KV slot that the batch does not write itself.
 
-    Two kinds of slots are guarded: those of live requests outside the batch, which are set to
-    a sentinel for the replay (so that even a write of the very values a slot held is seen: a
-    stale padded row recomputes its old request's K/V bit for bit on a GPU; a correct replay
-    never reads them, so the sentinel cannot change its output), and the batch's own earlier
-    slots, which it reads and must not write, compared with a snapshot. ``check()`` counts the
-    writes and puts the foreign slots' values back.
-    """
+    Other live requests' slots hold a sentinel during the replay (so even a write of the old values is seen: a stale
+    padded row recomputes them bit for bit; a correct replay never reads them); the batch's own earlier slots are
+    compared with a snapshot. ``check()`` counts the writes and restores the foreign slots."""
 
     SENTINEL = -1234.5
 
@@ -108,10 +99,10 @@ class KVGuard:
 
 
 def state_after(new_backend: Callable[[], Any], runner: GraphRunner, padded: ForwardBatch, replay: bool):
-    """``(backend, graph_state)`` of a fresh backend fed ``padded`` as a graph would see it:
-    through the capture hook (``replay=False``), or through the capture hook on the runner's
-    capture batch and then the replay hook (``replay=True``, what a replay does). Backends that
-    rebuild metadata inside the graph get their in-graph hook after the last out-of-graph one."""
+    """``(backend, graph_state)`` of a fresh backend fed ``padded`` as a graph would see it: through the capture hook
+    (``replay=False``), or through the capture hook on the runner's capture batch and then the replay hook
+    (``replay=True``, what a replay does). Backends that rebuild metadata inside the graph get their in-graph hook after
+    the last out-of-graph one."""
     b, bs = new_backend(), padded.batch_size
     b.init_cuda_graph_state(runner.max_bs, runner.max_num_tokens)
     if replay:
@@ -127,16 +118,13 @@ SHARED_NAMES = ("kv_indptr", "qo_indptr", "mask_indptr")  # eager buffers some g
 
 
 def graph_buffers(backend) -> list[tuple[str, torch.Tensor]]:
-    """``backend.graph_buffers()`` as ``(name, tensor)`` pairs, each tensor once (a multi-step
-    wrapper's steps name the wrapper's buffers again)."""
+    """``backend.graph_buffers()`` as ``(name, tensor)`` pairs, each tensor once (multi-step steps repeat some)."""
     seen: set[int] = set()
     return [(n, t) for n, t in backend.graph_buffers().items() if id(t) not in seen and not seen.add(id(t))]
 
 
 @dataclass
-class Verdict:
-    """One batch replayed, run eagerly and run on the oracle (the checker's (b) and (c))."""
-
+class Verdict:  # one batch replayed, run eagerly and on the oracle: the checker's (b) and (c)
     graph: torch.Tensor
     eager: torch.Tensor
     graph_ok: bool  # graph == eager and no guarded KV slot written
@@ -161,31 +149,42 @@ class Rig:
     tol: dict
 
     @staticmethod
-    def world_for(entry: BackendEntry, engine_or_device, *, max_context_len: int, pool_size: int,
-                  dtype: torch.dtype | None = None, seed: int = 0, num_slots: int | None = None,
-                  num_layers: int | None = None) -> World:  # fmt: skip
-        """The world an entry's model kind and page size need (float32 on CPU, bf16 on CUDA)."""
-        dev = getattr(engine_or_device, "device", engine_or_device)
-        cfg = tiny_model_config(entry.model_kind, dtype or default_dtype(dev), dev.type)
+    def world_for(
+        entry: BackendEntry, device: torch.device, dtype: torch.dtype | None = None, num_layers: int | None = None, **kw
+    ) -> World:
+        """The world an entry's model kind and page size need (float32 on CPU, bf16 on CUDA); ``kw``: ``World.create``'s."""
+        cfg = tiny_model_config(entry.model_kind, dtype or default_dtype(device), device.type)
         if num_layers is not None:
             cfg = dataclasses.replace(cfg, num_layers=num_layers)
-        return World.create(cfg, max_context_len=max_context_len, pool_size=pool_size, num_slots=num_slots,
-                            page_size=entry.page_size, device=dev, seed=seed)  # fmt: skip
+        return World.create(cfg, page_size=entry.page_size, device=device, **kw)
 
     @classmethod
-    def build(cls, entry: BackendEntry, kind: GraphKind, spec: SpecConfig, engine: GraphEngine, *,
-              capture_bs: tuple[int, ...], max_context_len: int, dtype: torch.dtype | None = None,
-              seed: int = 0, gen_seed: int | None = None, num_slots: int | None = None,
-              pool_size: int | None = None, num_layers: int | None = None, world: World | None = None,
-              capture: bool = True, speculative: bool = True, **runner_kw) -> Rig:  # fmt: skip
-        """World (random KV from ``seed``), backend, program, oracle, runner (captured unless
-        ``capture=False``) and batch generator (``gen_seed``, default ``seed + 1``). Raises
-        ``GraphModeNotSupported`` before any capture when the backend does not capture ``kind``.
-        ``world``: share one world between rigs (no new KV)."""
+    def build(
+        cls,
+        entry: BackendEntry,
+        kind: GraphKind,
+        spec: SpecConfig,
+        engine: GraphEngine,
+        *,
+        capture_bs: tuple[int, ...],
+        max_context_len: int,
+        dtype: torch.dtype | None = None,
+        seed: int = 0,
+        gen_seed: int | None = None,
+        num_slots: int | None = None,
+        pool_size: int | None = None,
+        num_layers: int | None = None,
+        world: World | None = None,
+        capture: bool = True,
+        speculative: bool = True,
+        **runner_kw,
+    ) -> Rig:
+        """World (random KV from ``seed``; or a shared ``world``), backend, program, oracle, runner (captured unless
+        ``capture=False``) and batch generator (``gen_seed``, default ``seed + 1``). Raises ``GraphModeNotSupported``
+        before any capture when the backend does not capture ``kind``."""
         if world is None:
-            world = cls.world_for(entry, engine, max_context_len=max_context_len, dtype=dtype, seed=seed,
-                                  pool_size=pool_size or 4 * max(capture_bs) + 8, num_slots=num_slots,
-                                  num_layers=num_layers)  # fmt: skip
+            pools = dict(pool_size=pool_size or 4 * max(capture_bs) + 8, num_slots=num_slots, seed=seed)
+            world = cls.world_for(entry, engine.device, dtype, num_layers, max_context_len=max_context_len, **pools)
             world.randomize_kv(seed)
         backend_cls = entry.load(kind.multi_step)
         backend = backend_cls(world, spec)
@@ -195,14 +194,13 @@ class Rig:
             program, oracle = MultiStepDraftProgram(model, spec.num_steps), OracleMultiStep(world, spec)
         else:
             program, oracle = model, OracleBackend(world, spec)
-        gcfg = GraphConfig(max_bs=max(capture_bs), capture_bs=tuple(capture_bs), max_context_len=max_context_len,
-                           speculative=speculative)  # fmt: skip
+        gcfg = GraphConfig(max(capture_bs), tuple(capture_bs), max_context_len=max_context_len, speculative=speculative)
         runner = GraphRunner(program, backend, engine, kind, gcfg, spec, **runner_kw)
         if capture:
             runner.capture()
         gen = BatchGenerator(world, spec, seed=seed + 1 if gen_seed is None else gen_seed)
-        return cls(entry, kind, spec, world, backend_cls, backend, program, oracle, runner, gen,
-                   tolerances(world.cfg.dtype))  # fmt: skip
+        parts = (world, backend_cls, backend, program, oracle, runner, gen)
+        return cls(entry, kind, spec, *parts, tolerances(world.cfg.dtype))
 
     def new_backend(self):
         """A fresh instance of the rig's backend class on the same world."""

@@ -1,22 +1,11 @@
 """EAGLE-style speculative-decoding inputs: draft trees, custom masks and per-mode spec inputs.
 
-The data classes below are the contract the backends and the runner rely on.
-
-Layouts ([facts#target-verify-custom-mask], [facts#multi-step-draft-decode-indices]):
-
-- A draft tree has N nodes; node 0 is the root (the last verified token), ``parents[0] == -1``
-  and ``parents[q] < q``. Its ancestry mask ``anc[q, k]`` is True when node k is node q or one
-  of its ancestors; a chain's ancestry mask is lower-triangular. Draft token q of request i sits
-  at *position* ``seq_lens[i] + depth(q)`` (its depth in the tree), while its KV lives in the
-  request's ``req_to_token`` row at *column* ``seq_lens[i] + q`` (EAGLE stores drafts in node
-  order).
-- ``VerifyInput.custom_mask`` is bool, flattened and concatenated over requests; request i's
-  block is row-major ``[N, seq_lens[i] + N]``: the first ``seq_lens[i]`` columns (the prefix) are
-  all True, the last N columns are the tree ancestry mask. ``mask_indptr`` = ``[0,
-  cumsum(N * (seq_lens + N))]``.
-
-Worked example: N = 3, tree ``parents = [-1, 0, 0]`` (root with two children), two requests
-with prefix lengths ``seq_lens = [2, 1]``::
+The contract the backends and the runner rely on ([facts#target-verify-custom-mask],
+[facts#multi-step-draft-decode-indices]). A draft tree has N nodes, node 0 the root (the last verified token):
+``parents[0] == -1``, ``parents[q] < q``; ``anc[q, k]``: node k is q or one of its ancestors. Draft q of request i sits
+at *position* ``seq_lens[i] + depth(q)``; its KV lives at ``req_to_token`` *column* ``seq_lens[i] + q`` (node order).
+Mask blocks and ``mask_indptr``: ``refimpl.layout``. Example: N = 3, tree ``[-1, 0, 0]``, two requests with ``seq_lens =
+[2, 1]``::
 
     ancestry (3x3)      request 0 block [3, 2+3]     request 1 block [3, 1+3]
     1 0 0               1 1 | 1 0 0                  1 | 1 0 0
@@ -42,11 +31,11 @@ from . import layout
 from .config import SpecConfig, eagle_max_tree_nodes
 from .modes import ForwardMode
 
-# --------------------------------------------------------------------------------------------
-# Draft trees
-# --------------------------------------------------------------------------------------------
+_Generator = _random.Random | torch.Generator | int | None  # a seed, or where to draw one from
+_Lens, _Device = Sequence[int] | torch.Tensor, str | torch.device
 
 
+# --- draft trees --------------------------------------------------------------------------------
 @dataclass
 class DraftTree:
     """A draft tree given by its parent list (node 0 = root, ``parents[q] < q``)."""
@@ -71,11 +60,7 @@ class DraftTree:
         """Edges from the root to node q (the root has depth 0)."""
         if not 0 <= q < self.num_nodes:
             raise ValueError(f"node {q} out of range [0, {self.num_nodes})")
-        d = 0
-        while self.parents[q] != -1:
-            q = self.parents[q]
-            d += 1
-        return d
+        return self.depths()[q]
 
     def depths(self) -> list[int]:
         out = [0] * self.num_nodes
@@ -84,16 +69,12 @@ class DraftTree:
         return out
 
     def num_children(self) -> list[int]:
-        out = [0] * self.num_nodes
-        for p in self.parents[1:]:
-            out[p] += 1
-        return out
+        return [self.parents[1:].count(q) for q in range(self.num_nodes)]
 
     def ancestry_mask(self) -> torch.Tensor:
         """``anc[q, k]`` True iff k == q or k is an ancestor of q.  # [N, N] bool, cpu"""
-        n = self.num_nodes
-        anc = torch.eye(n, dtype=torch.bool, device="cpu")
-        for q in range(1, n):
+        anc = torch.eye(self.num_nodes, dtype=torch.bool, device="cpu")
+        for q in range(1, self.num_nodes):
             anc[q] |= anc[self.parents[q]]  # parent's row is final because parents[q] < q
         return anc
 
@@ -105,135 +86,74 @@ class DraftTree:
         return cls([-1] + list(range(n - 1)))
 
     @classmethod
-    def random(
-        cls,
-        num_draft_tokens: int,
-        topk: int,
-        num_steps: int,
-        generator: _random.Random | torch.Generator | int | None = None,
-    ) -> DraftTree:
-        """A random EAGLE-like tree with exactly ``num_draft_tokens`` nodes.
-
-        Guarantees: depth <= ``num_steps``; every node has <= ``topk`` children; the root has
-        <= ``topk`` children; at each depth >= 2 the children hang off at most ``topk`` distinct
-        parents (EAGLE's beams), so a level holds <= ``topk*topk`` nodes. Nodes are numbered
-        level by level, children grouped by parent.
-        """
+    def random(cls, num_draft_tokens: int, topk: int, num_steps: int, generator: _Generator = None) -> DraftTree:
+        """A random EAGLE-like tree of exactly ``num_draft_tokens`` nodes: depth <= ``num_steps``, every node <= ``topk``
+        children, each depth >= 2 hanging off <= ``topk`` parents (EAGLE's beams, so <= ``topk*topk`` nodes a level).
+        Nodes are numbered level by level, grouped by parent."""
         n, limit = num_draft_tokens, eagle_max_tree_nodes(topk, num_steps)
         if topk < 1 or num_steps < 1:
             raise ValueError(f"need topk >= 1 and num_steps >= 1, got topk={topk}, S={num_steps}")
         if not 1 <= n <= limit:
-            raise ValueError(
-                f"num_draft_tokens={n} is not drawable: {num_steps} steps of topk={topk} draft "
-                f"at most {limit} nodes incl. the root"
-            )
-        rng = _as_rng(generator)
-
-        # 1) nodes per depth: level 0 is the root; level d holds at most topk*min(topk, n_{d-1})
-        def cap(prev: int) -> int:
-            return topk * min(topk, prev)
-
-        def room_after(d: int, n_d: int) -> int:  # max nodes levels d+1..S can hold
-            total, prev = 0, n_d
-            for _ in range(d + 1, num_steps + 1):
-                prev = cap(prev)
-                total += prev
-            return total
-
-        counts, remaining = [1], n - 1
+            why = f"{num_steps} steps of topk={topk} draft at most {limit} nodes incl. the root"
+            raise ValueError(f"num_draft_tokens={n} is not drawable: {why}")
+        if isinstance(generator, torch.Generator):  # draw a seed from it
+            generator = int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=generator.device))
+        rng = generator if isinstance(generator, _random.Random) else _random.Random(generator)
+        cap = lambda prev: topk * min(topk, prev)  # level d holds at most topk*min(topk, n_{d-1})
+        # max nodes levels d+1..S can hold: cap(n_d), then cap(cap(n_d)) (topk*topk or 0) per level
+        room_after = lambda d, n_d: 0 if d >= num_steps else cap(n_d) + (num_steps - d - 1) * cap(cap(n_d))
+        counts, remaining = [1], n - 1  # 1) nodes per depth (level 0 is the root)
         for d in range(1, num_steps + 1):
             hi = min(cap(counts[-1]) if d > 1 else topk, remaining)
             lo = next(k for k in range(hi + 1) if remaining - k <= room_after(d, k))
             counts.append(rng.randint(lo, hi))
             remaining -= counts[-1]
         assert remaining == 0, (counts, n)
-
-        # 2) parents: each level picks <= topk beams of the previous level, <= topk kids each
-        parents, level = [-1], [0]
-        for d in range(1, num_steps + 1):
-            k = counts[d]
+        parents, level = [-1], [0]  # 2) each level picks <= topk beams of the last, <= topk kids each
+        for k in counts[1:]:
             if k == 0:
                 break
-            n_beams_lo = -(-k // topk)
-            n_beams = rng.randint(n_beams_lo, min(topk, len(level)))
-            beams = rng.sample(level, n_beams)
+            beams = rng.sample(level, rng.randint(-(-k // topk), min(topk, len(level))))
             seats = sorted(rng.sample([b for b in beams for _ in range(topk)], k))
-            start = len(parents)
-            parents.extend(seats)
-            level = list(range(start, len(parents)))
+            level, parents = list(range(len(parents), len(parents) + k)), parents + seats
         tree = cls(parents)
-        assert tree.num_nodes == n and max(tree.depths()) <= num_steps
-        assert max(tree.num_children()) <= topk
+        assert tree.num_nodes == n and max(tree.depths()) <= num_steps and max(tree.num_children()) <= topk
         return tree
 
 
-def _as_rng(generator: _random.Random | torch.Generator | int | None) -> _random.Random:
-    if isinstance(generator, _random.Random):
-        return generator
-    if isinstance(generator, torch.Generator):
-        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=generator.device))
-        return _random.Random(seed)
-    return _random.Random(generator)
-
-
 def tree_positions(tree: DraftTree, device: str | torch.device = "cpu") -> torch.Tensor:
-    """Depth of every node: draft token q sits at position ``prefix_len + depth(q)``.
-
-    Returns ``# [N] int64``.
-    """
+    """Depth of every node (draft q sits at position ``prefix_len + depth(q)``).  # [N] int64"""
     return torch.tensor(tree.depths(), dtype=torch.int64, device=device)
 
 
-# --------------------------------------------------------------------------------------------
-# Custom mask (target verify, [facts#target-verify-custom-mask])
-# --------------------------------------------------------------------------------------------
-
-
-def _as_int_list(seq_lens: Sequence[int] | torch.Tensor) -> list[int]:
-    if isinstance(seq_lens, torch.Tensor):
-        return [int(x) for x in seq_lens.detach().cpu().tolist()]
-    return [int(x) for x in seq_lens]
-
-
-def _check_trees(seq_lens: list[int], trees: Sequence[DraftTree]) -> int:
-    if len(trees) != len(seq_lens):
-        raise ValueError(f"got {len(trees)} trees for {len(seq_lens)} requests (seq_lens)")
+# --- custom mask (target verify, [facts#target-verify-custom-mask]) ----------------------------
+def _check_trees(seq_lens: _Lens, trees: Sequence[DraftTree]) -> tuple[list[int], int]:
+    """``seq_lens`` as host ints, and the trees' uniform node count N."""
+    lens = [int(x) for x in (seq_lens.tolist() if isinstance(seq_lens, torch.Tensor) else seq_lens)]
+    if len(trees) != len(lens):
+        raise ValueError(f"got {len(trees)} trees for {len(lens)} requests (seq_lens)")
     if not trees:
         raise ValueError("need at least one request to build a verify mask")
     n = trees[0].num_nodes
     for i, t in enumerate(trees):
         if t.num_nodes != n:
             raise ValueError(f"tree {i} has {t.num_nodes} nodes, tree 0 has {n}: N must be uniform")
-    for i, s in enumerate(seq_lens):
-        if s < 0:
-            raise ValueError(f"seq_lens[{i}]={s} must be >= 0")
-    return n
+    if neg := [i for i, s in enumerate(lens) if s < 0]:
+        raise ValueError(f"seq_lens[{neg[0]}]={lens[neg[0]]} must be >= 0")
+    return lens, n
 
 
-def build_custom_mask(
-    seq_lens: Sequence[int] | torch.Tensor, trees: Sequence[DraftTree], device: str | torch.device = "cpu"
-) -> torch.Tensor:
-    """Verify custom mask: request blocks ``[N, seq_lens[i] + N]`` flattened and concatenated.
-
-    Returns ``# [sum_i N*(seq_lens[i]+N)] bool, device``.
-    """
-    lens = _as_int_list(seq_lens)
-    n = _check_trees(lens, trees)
-    blocks = []
-    for s, tree in zip(lens, trees):
-        block = torch.ones(n, s + n, dtype=torch.bool, device="cpu")  # [N, s+N]: prefix columns all True
-        block[:, s:] = tree.ancestry_mask()  # last N columns: the tree
-        blocks.append(block.flatten())
-    mask = torch.cat(blocks).to(device)
+def build_custom_mask(seq_lens: _Lens, trees: Sequence[DraftTree], device: _Device = "cpu") -> torch.Tensor:
+    """Verify custom mask: request blocks ``[N, seq_lens[i] + N]`` flattened and concatenated. Returns ``# [sum_i
+    N*(seq_lens[i]+N)] bool, device``."""
+    lens, n = _check_trees(seq_lens, trees)
+    ones = lambda s: torch.ones(n, s, dtype=torch.bool, device="cpu")  # [N, s]: the prefix columns
+    mask = torch.cat([torch.cat([ones(s), t.ancestry_mask()], 1).flatten() for s, t in zip(lens, trees)]).to(device)
     assert mask.numel() == sum(layout.tree_mask_sizes(lens, n))
     return mask
 
 
-# --------------------------------------------------------------------------------------------
-# Per-mode spec inputs
-# --------------------------------------------------------------------------------------------
-
-
+# --- per-mode spec inputs -----------------------------------------------------------------------
 @dataclass
 class VerifyInput:
     """Target verify (EagleVerifyInput): N draft tokens per request, checked in one forward."""
@@ -245,42 +165,22 @@ class VerifyInput:
     mask_indptr: torch.Tensor | None = None  # [bs+1] int64, device (eager convenience)
 
 
-def make_verify_input(
-    seq_lens: Sequence[int] | torch.Tensor,
-    trees: Sequence[DraftTree],
-    device: str | torch.device = "cpu",
-    topk: int | None = None,
-) -> VerifyInput:
-    """VerifyInput for prefix lengths ``seq_lens`` and one draft tree per request.
-
-    ``topk`` defaults to the largest child count of any node (1 for chains).
-    """
-    lens = _as_int_list(seq_lens)
-    n = _check_trees(lens, trees)
+def make_verify_input(seq_lens: _Lens, trees: Sequence[DraftTree], device: _Device = "cpu", topk=None) -> VerifyInput:
+    """VerifyInput for prefix lengths ``seq_lens`` and one draft tree per request; ``topk`` defaults to the largest child
+    count of any node (1 for chains)."""
+    lens, n = _check_trees(seq_lens, trees)
     if topk is None:
         topk = max(1, max(max(t.num_children()) for t in trees))
-    return VerifyInput(
-        draft_token_num=n,
-        custom_mask=build_custom_mask(lens, trees, device),
-        parents=[list(t.parents) for t in trees],
-        topk=int(topk),
-        mask_indptr=layout.mask_indptr(torch.tensor(lens, dtype=torch.int64, device=device), n),
-    )
+    mask, indptr = build_custom_mask(lens, trees, device), layout.mask_indptr(torch.tensor(lens, device=device), n)
+    return VerifyInput(n, mask, [list(t.parents) for t in trees], int(topk), indptr)
 
 
 @dataclass
 class DraftExtendInput:
-    """Draft extend after verify (EagleDraftInput for v1, its fixed-shape v2 variant).
-
-    v1: every request carries the S+1 tokens of its verified chain (uniform stride S+1, the
-        layout a captured graph uses, [facts#triton]); the first ``accept_length[i] + 1`` are real
-        (accepted drafts + the bonus token), the rest are rejected drafts whose outputs are
-        discarded. (``ragged=True`` in ``make_draft_extend_input`` builds SGLang's old eager
-        layout with only the ``accept_length[i] + 1`` real rows; graphs never see it.)
-    v2: every request extends by exactly N tokens (``extend_seq_lens`` == N); rows past a
-        request's accepted tokens carry rejected drafts whose outputs are discarded.
-    Causal attention makes the real rows' outputs independent of the rejected rows after them.
-    """
+    """Draft extend after verify (EagleDraftInput for v1, its fixed-shape v2 variant, [facts#triton]). v1: S+1 rows per
+    request, the first ``accept_length[i] + 1`` real (accepted drafts + the bonus token); v2: N rows. The rest are
+    rejected drafts, their outputs discarded (causal attention keeps the real rows independent of them);
+    ``ragged=True``: v1's real rows only (old eager layout)."""
 
     version: int  # 1 or 2
     accept_length: torch.Tensor  # [bs] int32, device: accepted draft tokens (0..S)
@@ -294,15 +194,10 @@ class DraftExtendInput:
 
 
 def make_draft_extend_input(
-    version: int,
-    accept_length: Sequence[int],
-    spec: SpecConfig,
-    device: str | torch.device = "cpu",
-    ragged: bool = False,
+    version: int, accept_length: Sequence[int], spec: SpecConfig, device: _Device = "cpu", ragged: bool = False
 ) -> DraftExtendInput:
-    """DraftExtendInput for accepted lengths in ``[0, S]``: S+1 (v1) or N (v2) rows per request
-    (``refimpl.layout.rows_per_request``). ``ragged=True`` (v1 only): rows = accept+1 per
-    request, the old eager layout."""
+    """DraftExtendInput for accepted lengths in ``[0, S]``: ``layout.rows_per_request`` rows per request, or
+    (``ragged=True``, v1 only) accept+1, the old eager layout."""
     if version not in (1, 2):
         raise ValueError(f"draft extend version must be 1 or 2, got {version!r}")
     acc = [int(a) for a in accept_length]
@@ -311,27 +206,16 @@ def make_draft_extend_input(
             raise ValueError(f"accept_length[{i}]={a} outside [0, num_steps={spec.num_steps}]")
     if ragged and version != 1:
         raise ValueError("only draft extend v1 has a ragged layout")
-    mode = ForwardMode.DRAFT_EXTEND if version == 1 else ForwardMode.DRAFT_EXTEND_V2
-    stride = layout.rows_per_request(mode, spec)
+    stride = layout.rows_per_request(ForwardMode.DRAFT_EXTEND if version == 1 else ForwardMode.DRAFT_EXTEND_V2, spec)
     rows = [a + 1 for a in acc] if ragged else [stride] * len(acc)
-    return DraftExtendInput(
-        version=version,
-        accept_length=torch.tensor(acc, dtype=torch.int32, device=device),  # [bs] int32
-        accept_length_cpu=acc,
-        extend_seq_lens=torch.tensor(rows, dtype=torch.int32, device=device),  # [bs] int32
-        num_tokens_per_req=stride,
-    )
+    i32 = lambda v: torch.tensor(v, dtype=torch.int32, device=device)  # [bs] int32
+    return DraftExtendInput(version, i32(acc), acc, i32(rows), stride)
 
 
 @dataclass
 class DraftDecodeInput:
-    """Multi-step draft decode: S steps, each expanding ``topk`` branches per request.
-
-    Step i of branch k of request r attends the request's ``seq_lens[r]`` prefix slots plus the
-    ``i+1`` draft slots of branch k. The draft slots live in the request's row of
-    ``req_to_token`` at columns ``seq_lens[r] + k*S + j`` (branch-major).
-    The multi-step backend sets ``kv_indptr`` / ``kv_indices`` per step (SGLang's common_template).
-    """
+    """Multi-step draft decode: S steps of ``topk`` branches per request (columns: ``refimpl.layout``); the multi-step
+    backend sets ``kv_indptr`` / ``kv_indices`` per step (SGLang's common_template)."""
 
     topk: int
     num_steps: int  # S
@@ -341,48 +225,29 @@ class DraftDecodeInput:
 
 
 def dummy_spec_input(
-    mode: ForwardMode,
-    bs: int,
-    spec: SpecConfig | None,
-    fill_value: int,
-    device: str | torch.device,
-    multi_step_draft: bool = False,
+    mode: ForwardMode, bs: int, spec: SpecConfig | None, fill_value: int, device: _Device, multi_step_draft=False
 ) -> VerifyInput | DraftExtendInput | DraftDecodeInput | None:
-    """The spec input of a capture batch (every row a padded row, ``seq_len = fill_value``).
-
-    Target verify: a chain mask per request (SGLang captures with a dummy mask too); draft
-    extend: nothing accepted, uniform rows; multi-step draft decode: the step shape only.
-    """
+    """The spec input of a capture batch (every row padded, ``seq_len = fill_value``): verify, a chain mask per request
+    (SGLang captures with a dummy mask too); draft extend, nothing accepted, uniform rows; multi-step draft decode, the
+    step shape only."""
     if mode.is_target_verify():
-        n = spec.num_draft_tokens
-        # request block [N, seq + N]: prefix all ones, then a causal chain over the drafts
-        block = torch.cat(
-            [
-                torch.ones(n, fill_value, dtype=torch.bool, device="cpu"),
-                torch.ones(n, n, dtype=torch.bool, device="cpu").tril(),
-            ],
-            1,
-        )
+        n = spec.num_draft_tokens  # block [N, seq + N]: prefix all ones, then a causal chain
+        block = torch.ones(n, fill_value + n, dtype=torch.bool, device="cpu")
+        block[:, fill_value:] = block[:, fill_value:].tril()
         return VerifyInput(n, block.flatten().repeat(bs).to(device), topk=spec.topk)
     if mode.is_any_draft_extend():
-        version = 2 if mode.is_draft_extend_v2() else 1
-        return make_draft_extend_input(version, [0] * bs, spec, device)
+        return make_draft_extend_input(2 if mode.is_draft_extend_v2() else 1, [0] * bs, spec, device)
     if mode.is_decode_or_idle() and multi_step_draft:
         return DraftDecodeInput(topk=spec.topk, num_steps=spec.num_steps)
     return None
 
 
-SpecInput = VerifyInput | DraftExtendInput | DraftDecodeInput
-
 _S = TypeVar("_S", VerifyInput, DraftExtendInput, DraftDecodeInput)
 
 
 def require_spec(mode: ForwardMode, spec_info: object, expected_type: type[_S]) -> _S:
-    """Return ``spec_info`` if it is an ``expected_type``, else raise a ValueError naming both."""
+    """``spec_info`` if it is an ``expected_type``, else a ValueError (on purpose: a bad batch input)."""
     if not isinstance(spec_info, expected_type):
         got = "None" if spec_info is None else type(spec_info).__name__
-        # a ValueError (not TypeError) on purpose: callers treat it like any bad batch input
-        raise ValueError(  # noqa: TRY004
-            f"{mode.name} needs a {expected_type.__name__} spec input, got {got}"
-        )
+        raise ValueError(f"{mode.name} needs a {expected_type.__name__} spec input, got {got}")
     return spec_info

@@ -1,10 +1,8 @@
 """Validation of a ``ForwardBatch`` at the boundary, before anything is written.
 
-``GraphRunner.replay`` / ``eager`` call ``validate_batch`` before their first write (the static
-inputs, the KV cache), so a refused batch leaves every buffer untouched. Each refusal is a
-``BatchRefused`` (a ``ValueError``) naming the field, the value and the limit.
-
-What is checked:
+``GraphRunner.replay`` / ``eager`` call ``validate_batch`` before their first write (the static inputs, the KV cache),
+so a refused batch leaves every buffer untouched. Each refusal is a ``BatchRefused`` (a ``ValueError``) naming the
+field, the value and the limit. The rules:
 
 | field | rule |
 |---|---|
@@ -15,16 +13,11 @@ What is checked:
 | ``input_ids`` / ``positions`` | in ``[0, vocab)`` / ``[0, max_context_len)`` |
 | spec inputs | the mode's type; verify: N as captured, a **bool** mask of ``sum N*(seq+N)`` entries; draft extend: accept lengths int32 in ``[0, S]`` agreeing with their host copy, the mode's version, rows per request as the graph lays them out; multi-step: topk and steps as captured |
 
-Cost (``refimpl.kernels.validation``): the host rules run in Python on the host copies; the
-device rules run as one kernel launch over the batch's own entries (and its requests'
-``req_to_token`` columns), launched before the host rules so that the two overlap, and its
-small result is read back once: one synchronisation per replay, work proportional to the
-batch, never to the KV pool. An eager batch whose requests
-have different row counts (EXTEND, ragged draft extend) reads its row counts first. The values in
-a refusal's message are read only on the way to the error. ``GraphRunner(validate_inputs=False)``
-switches validation off; the runner's capture configuration is checked once, up front
-(``check_capture_config``). On the CPU the device rules run as their Python definition
-(``batch_check_ref``), over the batch's own request rows.
+Cost (``refimpl.kernels.validation``): host rules in Python on the host copies, overlapping one kernel launch for the
+device rules over the batch's own entries, whose small result is read once (one sync per replay, work proportional to
+the batch, never to the KV pool; an eager ragged batch reads its row counts first).
+``GraphRunner(validate_inputs=False)`` switches validation off; the capture configuration is checked once, up front
+(``check_capture_config``).
 """
 
 from __future__ import annotations
@@ -54,15 +47,11 @@ def _first(values: list, bad) -> int | None:
 
 
 def _structure(fb, locs_per_row: int) -> None:
-    dev = fb.world.device
-    checks = {
-        "input_ids": (fb.input_ids, torch.int64, None),
-        "positions": (fb.positions, torch.int64, fb.num_tokens),
-        "req_pool_indices": (fb.req_pool_indices, torch.int64, fb.batch_size),
-        "seq_lens": (fb.seq_lens, torch.int32, fb.batch_size),
-        "out_cache_loc": (fb.out_cache_loc, torch.int64, fb.num_tokens * locs_per_row),
-    }
-    for name, (t, dtype, n) in checks.items():
+    dev, i64, T, B = fb.world.device, torch.int64, fb.num_tokens, fb.batch_size
+    names = ("input_ids", "positions", "req_pool_indices", "seq_lens", "out_cache_loc")
+    rules = ((i64, None), (i64, T), (i64, B), (torch.int32, B), (i64, T * locs_per_row))  # dtype, entries
+    for name, (dtype, n) in zip(names, rules):
+        t = getattr(fb, name)
         if not isinstance(t, torch.Tensor):
             raise BatchRefused(f"ForwardBatch.{name} must be a tensor, got {type(t).__name__}")
         if t.dtype != dtype:
@@ -79,8 +68,7 @@ def _structure(fb, locs_per_row: int) -> None:
 
 
 def _check_spec(fb, mode, cfg: SpecConfig | None, multi_step: bool, for_graph: bool) -> int:
-    """The mode's spec input, host side; returns the r2t columns a request spans past
-    ``seq_lens``. (The accept lengths' device copy is compared after the device check.)"""
+    """The mode's spec input (host side); returns the r2t columns a request spans past ``seq_lens``."""
     spec, bs = fb.spec_info, fb.batch_size
     if mode.is_target_verify():
         if not isinstance(spec, VerifyInput):
@@ -90,8 +78,7 @@ def _check_spec(fb, mode, cfg: SpecConfig | None, multi_step: bool, for_graph: b
             raise _refuse("spec_info.draft_token_num", n, f"captured N is {cfg.num_draft_tokens}")
         if fb.num_tokens != bs * n:
             raise _refuse("num_tokens", fb.num_tokens, f"expected bs * N = {bs} * {n}")
-        mask = spec.custom_mask
-        if mask is not None:
+        if (mask := spec.custom_mask) is not None:
             if mask.dtype != torch.bool:
                 raise _refuse("spec_info.custom_mask.dtype", mask.dtype, "must be torch.bool")
             if mask.device != fb.world.device:
@@ -111,39 +98,23 @@ def _check_spec(fb, mode, cfg: SpecConfig | None, multi_step: bool, for_graph: b
             if t.device != fb.world.device:
                 raise _refuse(f"spec_info.{name}.device", t.device, f"expected {fb.world.device}")
         if cfg is not None and for_graph:
-            rows = layout.rows_per_request(mode, cfg)
-            if spec.num_tokens_per_req != rows:
-                raise _refuse("spec_info.num_tokens_per_req", spec.num_tokens_per_req,
-                              f"the graph lays out {rows} rows per request")  # fmt: skip
+            if (got := spec.num_tokens_per_req) != (rows := layout.rows_per_request(mode, cfg)):
+                raise _refuse("spec_info.num_tokens_per_req", got, f"the graph lays out {rows} rows per request")
         return 0
     if multi_step:
         if not isinstance(spec, DraftDecodeInput):
             raise _refuse("spec_info", type(spec).__name__, "draft decode needs a DraftDecodeInput")
-        if cfg is not None and (spec.topk, spec.num_steps) != (cfg.topk, cfg.num_steps):
-            raise _refuse("spec_info (topk, num_steps)", (spec.topk, spec.num_steps),
-                          f"captured for ({cfg.topk}, {cfg.num_steps})")  # fmt: skip
-        return spec.topk * spec.num_steps
+        if cfg is not None and (got := (spec.topk, spec.num_steps)) != (cfg.topk, cfg.num_steps):
+            raise _refuse("spec_info (topk, num_steps)", got, f"captured for ({cfg.topk}, {cfg.num_steps})")
+        return layout.request_span(mode, spec, True)  # topk * S (duck-typed: the batch's own topk / S)
     return 0
-
-
-def _check_accept_lengths(spec, host: list[int], cfg: SpecConfig | None) -> None:
-    """Draft extend: the device accept lengths (``host``, as read back) against their host copy
-    and ``[0, S]``."""
-    if host != list(spec.accept_length_cpu):
-        raise _refuse("spec_info.accept_length", host,
-                      f"disagrees with accept_length_cpu={list(spec.accept_length_cpu)}")  # fmt: skip
-    steps = cfg.num_steps if cfg is not None else None  # without a SpecConfig: >= 0 only
-    if host and (min(host) < 0 or (steps is not None and max(host) > steps)):
-        i = _first(host, lambda a: a < 0 or (steps is not None and a > steps))
-        raise _refuse(f"spec_info.accept_length[{i}]", host[i], f"outside [0, num_steps={steps}]")
 
 
 _SCRATCH: dict[torch.device, torch.Tensor] = {}
 
 
 def _scratch(device: torch.device, size: int) -> torch.Tensor:
-    """The int64 result buffer of the device checks, one per device, grown when a batch needs
-    more: no allocation per call once warm."""
+    """The device checks' int64 result buffer, one per device, grown when a batch needs more."""
     buf = _SCRATCH.get(device)
     if buf is None or buf.numel() < size:
         buf = _SCRATCH[device] = torch.empty(max(size, 1024), dtype=torch.int64, device=device)
@@ -151,22 +122,16 @@ def _scratch(device: torch.device, size: int) -> torch.Tensor:
 
 
 def _launch_device_checks(fb, seq: list[int], per: int, extra: int, row_req, draft_extend: bool):
-    """The device rules: one ``batch_check`` launch now; the returned callable reads its result
-    (the one device read), so the host rules run while the kernel does. A batch on the CPU gets
-    the rules' Python definition (``batch_check_ref``) instead: there is no device to read from,
-    a Triton kernel cannot take host tensors where Triton compiles for a GPU, and in the Triton
-    interpreter the kernel costs milliseconds per batch (``tests/test_batch_check.py`` holds the
-    two to the same answers)."""
+    """The device rules: one ``batch_check`` launch now; the returned callable reads its result (the one device read), so
+    the host rules run meanwhile. On the CPU: ``batch_check_ref`` (the interpreted kernel costs ms per batch;
+    ``tests/test_batch_check.py`` holds the two to the same answers)."""
     world, spec = fb.world, fb.spec_info
     tensors = (world.req_to_token, fb.seq_lens, fb.req_pool_indices, fb.input_ids, fb.positions, fb.out_cache_loc)
     kw = dict(rows_per_req=per, extra=extra, vocab=world.cfg.vocab_size, num_slots=world.kv_cache.num_slots)
-    acc = spec.accept_length if draft_extend else None
-    ext = spec.extend_seq_lens if draft_extend else None
+    acc, ext = (spec.accept_length, spec.extend_seq_lens) if draft_extend else (None, None)
     if world.device.type == "cpu":
-        res = {"first": batch_check_ref(*tensors, **kw, row_req=row_req),
-               "seq_lens": fb.seq_lens.tolist(),
-               "accept_length": acc.tolist() if acc is not None else [],
-               "extend_seq_lens": ext.tolist() if ext is not None else []}  # fmt: skip
+        first, lst = batch_check_ref(*tensors, **kw, row_req=row_req), lambda t: t.tolist() if t is not None else []
+        res = {"first": first, "seq_lens": fb.seq_lens.tolist(), "accept_length": lst(acc), "extend_seq_lens": lst(ext)}
         return lambda: res
     bs, n, m = fb.batch_size, fb.num_tokens, fb.out_cache_loc.numel()
     max_span = max(min(max(seq) + extra, world.max_context_len), 0)
@@ -176,16 +141,13 @@ def _launch_device_checks(fb, seq: list[int], per: int, extra: int, row_req, dra
 
 
 def validate_batch(fb, spec: SpecConfig | None = None, multi_step_draft: bool | None = None, for_graph=False) -> None:
-    """Refuse a malformed batch before anything is written (table in the module docstring).
-
-    ``spec``: the configuration the batch must match (N, topk, steps); ``for_graph``: also the
-    graph's uniform row layout (an eager batch may be ragged). Host checks in Python, device
-    checks in one ``batch_check`` launch and one read of its small result."""
-    mode, world = fb.forward_mode, fb.world
-    multi = isinstance(fb.spec_info, DraftDecodeInput) if multi_step_draft is None else multi_step_draft
-    _structure(fb, fb.spec_info.num_steps if multi else 1)
-    bs, n, L = fb.batch_size, fb.num_tokens, world.max_context_len
-    seq = fb.seq_lens_cpu.tolist()
+    """Refuse a malformed batch before anything is written (rules and cost: the module docstring). ``spec``: the
+    configuration the batch must match (N, topk, steps); ``for_graph``: also the graph's uniform row layout (an eager
+    batch may be ragged)."""
+    mode, world, spec_info = fb.forward_mode, fb.world, fb.spec_info
+    multi = isinstance(spec_info, DraftDecodeInput) if multi_step_draft is None else multi_step_draft
+    _structure(fb, spec_info.num_steps if multi else 1)
+    bs, n, L, seq = fb.batch_size, fb.num_tokens, world.max_context_len, fb.seq_lens_cpu.tolist()
     # an eager batch may carry another N / topk than the graphs were captured for
     cfg = spec if for_graph else None
     extra = _check_spec(fb, mode, cfg, multi, for_graph)
@@ -196,7 +158,7 @@ def validate_batch(fb, spec: SpecConfig | None = None, multi_step_draft: bool | 
     # (its lengths are read first: one more device read, on the eager path only)
     row_req, rows = None, None
     if mode.is_extend() or (draft_extend and not for_graph):
-        ext = fb.extend_seq_lens if mode.is_extend() else fb.spec_info.extend_seq_lens
+        ext = fb.extend_seq_lens if mode.is_extend() else spec_info.extend_seq_lens
         if not isinstance(ext, torch.Tensor) or ext.numel() != bs or ext.is_floating_point():
             got = f"{ext.dtype}[{ext.numel()}]" if isinstance(ext, torch.Tensor) else ext
             raise _refuse("extend_seq_lens", got, f"an integer tensor of {bs} row counts")
@@ -209,32 +171,33 @@ def validate_batch(fb, spec: SpecConfig | None = None, multi_step_draft: bool | 
     per = rows[0] if rows and row_req is None else n // bs
     if row_req is None and per * bs != n:
         raise _refuse("num_tokens", n, f"expected {per * bs} rows for the batch's {bs} requests in {mode.name}")
-    spec_info = fb.spec_info
     read = _launch_device_checks(fb, seq, per, extra, row_req, draft_extend)
     # host rules, in order, while the kernel runs; then the device results
     lo, hi = min(seq), max(seq)  # builtins over host ints: the usual case costs no Python loop
     if lo < 1:
-        i = seq.index(lo)
-        raise _refuse(f"seq_lens[{i}]", seq[i], "must be >= 1")
+        raise _refuse(f"seq_lens[{seq.index(lo)}]", lo, "must be >= 1")
     if hi + extra > L:
         i = _first(seq, lambda s: s + extra > L)
         what = f"seq_lens[{i}] + {extra}" if extra else f"seq_lens[{i}]"
         raise _refuse(what, seq[i] + extra, f"exceeds max_context_len={L}")
     mask = getattr(spec_info, "custom_mask", None) if mode.is_target_verify() else None
     if mask is not None:  # its size depends on seq_lens, checked above
-        want = layout.tree_mask_total(seq, extra)
-        if mask.numel() != want:
-            raise _refuse("spec_info.custom_mask entries", mask.numel(),
-                          f"expected sum over requests of N*(seq_len+N) = {want}")  # fmt: skip
+        if (got := mask.numel()) != (want := layout.tree_mask_total(seq, extra)):
+            raise _refuse("spec_info.custom_mask entries", got, f"expected sum over requests of N*(seq_len+N) = {want}")
     res = read()
     if res["seq_lens"] != seq:
         raise _refuse("seq_lens (device)", res["seq_lens"], f"disagrees with seq_lens_cpu={seq}")
     if draft_extend:
-        _check_accept_lengths(spec_info, res["accept_length"], cfg)
-        ext = res["extend_seq_lens"]
-        if for_graph and ext != [per] * bs:
-            raise _refuse("spec_info.extend_seq_lens", ext, f"the graph lays out {per} rows per request")
-        rows = ext
+        acc, cpu = res["accept_length"], list(spec_info.accept_length_cpu)  # acc: the device copy, read back
+        if acc != cpu:
+            raise _refuse("spec_info.accept_length", acc, f"disagrees with accept_length_cpu={cpu}")
+        steps = cfg.num_steps if cfg is not None else None  # without a SpecConfig: >= 0 only
+        if acc and (min(acc) < 0 or (steps is not None and max(acc) > steps)):
+            i = _first(acc, lambda a: a < 0 or (steps is not None and a > steps))
+            raise _refuse(f"spec_info.accept_length[{i}]", acc[i], f"outside [0, num_steps={steps}]")
+        rows = res["extend_seq_lens"]
+        if for_graph and rows != [per] * bs:
+            raise _refuse("spec_info.extend_seq_lens", rows, f"the graph lays out {per} rows per request")
     if rows is not None and any(map(operator.lt, seq, rows)):  # extend: seq counts new rows
         i = _first(range(bs), lambda r: seq[r] < rows[r])
         raise _refuse(f"seq_lens[{i}]", seq[i], f"counts the request's {rows[i]} new rows")
@@ -242,56 +205,44 @@ def validate_batch(fb, spec: SpecConfig | None = None, multi_step_draft: bool | 
 
 
 def _report_device_findings(fb, first: dict, seq: list[int], extra: int, per: int, row_req):
-    """The first bad entry of each device rule, in order, as the refusal it is. The values are
-    read back only here, on the way to an error."""
+    """The first bad entry of each device rule, in order, as its refusal (values read back only here)."""
     world = fb.world
     pool, slots, L = world.req_to_token_pool.size, world.kv_cache.num_slots, world.max_context_len
-    i = first["req_pool_indices range"]
-    if i is not None:
+    if (i := first["req_pool_indices range"]) is not None:
         v = int(fb.req_pool_indices[i])
         limit = "row 0 is reserved for padded rows" if v == 0 else f"outside [1, pool={pool})"
         raise _refuse(f"req_pool_indices[{i}]", v, limit)
     if first["req_pool_indices duplicate"] is not None:
         raise _refuse("req_pool_indices", fb.req_pool_indices.tolist(), "a request appears twice in the batch")
     for name, t, hi in (("input_ids", fb.input_ids, world.cfg.vocab_size), ("positions", fb.positions, L)):
-        i = first[f"{name} range"]
-        if i is not None:
+        if (i := first[f"{name} range"]) is not None:
             raise _refuse(f"{name}[{i}]", int(t[i]), f"outside [0, {hi})")
     loc = fb.out_cache_loc
-    i = first["out_cache_loc range"]
-    if i is not None:
+    if (i := first["out_cache_loc range"]) is not None:
         v = int(loc[i])
         limit = "slot 0 is reserved for padded rows" if v == 0 else f"outside [1, {slots})"
         raise _refuse(f"out_cache_loc[{i}]", v, limit)
     if first["out_cache_loc duplicate"] is not None:
         raise _refuse("out_cache_loc", "duplicates", "two rows would write the same KV slot")
-    i = first["out_cache_loc owner"]
-    if i is not None:
+    if (i := first["out_cache_loc owner"]) is not None:
         v, row = int(loc[i]), i % fb.num_tokens
         writer = int(row_req[row]) if row_req is not None else row // per
-        spans = [min(s + extra, L) for s in seq]
         table = world.req_to_token[fb.req_pool_indices].cpu()  # [bs, L]: the batch's rows only
-        who = next((r for r in range(fb.batch_size) if v in table[r, : spans[r]].tolist()), -1)
+        who = next((r for r in range(fb.batch_size) if v in table[r, : min(seq[r] + extra, L)].tolist()), -1)
         whose = "no request of this batch" if who < 0 else f"request {who}"
-        raise _refuse(f"out_cache_loc[{i}]", v,
-                      f"belongs to {whose}, not to the row's request {writer}: a batch "
-                      "may write only its own requests' KV slots")  # fmt: skip
+        why = f"belongs to {whose}, not to the row's request {writer}: a batch may write only its own requests'"
+        raise _refuse(f"out_cache_loc[{i}]", v, why + " KV slots")
 
 
 def check_capture_config(runner) -> None:
     """Refuse, before any allocation, a capture the static buffers cannot hold."""
     spec, L, fill = runner.spec_cfg, runner.world.max_context_len, runner.fill_value
-    span = fill + runner.kind.span(spec)
-    if span > L:
-        raise BatchRefused(
-            f"capture batch span {span} (fill value {fill} + the mode's drafts) exceeds "
-            f"max_context_len={L}: raise the context length or lower N / topk / num_steps"
-        )
+    if (span := fill + runner.kind.span(spec)) > L:
+        why = f"exceeds max_context_len={L}: raise the context length or lower N / topk / num_steps"
+        raise BatchRefused(f"capture batch span {span} (fill value {fill} + the mode's drafts) {why}")
     if runner.mode.is_any_draft_extend() and runner.tokens_per_req > L:
         raise BatchRefused(f"{runner.tokens_per_req} rows per request exceed max_context_len={L}")
-    width = runner.max_bs * runner.tokens_per_req * L
-    if width >= 2**31:
-        raise BatchRefused(
-            f"kv index buffers of max_bs * rows * L = {width} entries exceed int32 addressing "
-            f"(2^31): max_bs={runner.max_bs}, rows={runner.tokens_per_req}, L={L}"
-        )
+    bs, rows = runner.max_bs, runner.tokens_per_req
+    if (width := bs * rows * L) >= 2**31:
+        why = f"exceed int32 addressing (2^31): max_bs={bs}, rows={rows}, L={L}"
+        raise BatchRefused(f"kv index buffers of max_bs * rows * L = {width} entries {why}")

@@ -65,7 +65,7 @@ def _split_buffers(runner) -> list[tuple[str, object, torch.Tensor, int]]:
 def split_count_problems(runner, gen) -> list[str]:
     """Replay a batch; every split buffer's live part must equal ``get_num_kv_splits_ref`` (the
     pure-Python mirror of the heuristic) for the batch's lengths and the backend's limits."""
-    multi = runner.multi_step_draft
+    multi = runner.kind.multi_step
     fb = gen.draft_decode(len(LENS), LENS) if multi else gen.decode(len(LENS), LENS)
     runner.replay(fb)
     problems = []

@@ -1,8 +1,8 @@
 """Backend registry: every (backend, variant) the checker and the notebooks can build.
 
 Importing ``refimpl.backends`` imports no backend module: an entry names its class, loaded lazily.
-``load_backend_class("package.module:Class")`` turns an out-of-tree backend into an entry
-(``python -m refimpl check --backend-class ...``): a reviewer's tool for any new backend.
+``load_backend_class("package.module:Class")`` turns an out-of-tree backend into an entry (``python -m refimpl check
+--backend-class ...``): a reviewer's tool for any new backend.
 """
 
 from __future__ import annotations
@@ -40,28 +40,17 @@ class BackendEntry:
 
     @classmethod
     def from_class(cls, backend_cls: type, target: str) -> "BackendEntry":
-        """An entry for a backend class outside the registry. Its labels, ``model_kind`` and
-        ``page_size`` come from the class (``AttentionBackend``'s defaults: MHA, page size 1), its
-        multi-step draft wrapper from ``multi_step_class = "module:Class"`` (default: none)."""
-        return cls(
-            getattr(backend_cls, "name", backend_cls.__name__),
-            getattr(backend_cls, "variant", "unified"),
-            target,
-            getattr(backend_cls, "multi_step_class", None),
-        )
+        """An entry for a backend class outside the registry. Its labels, ``model_kind`` and ``page_size`` come from the
+        class (``AttentionBackend``'s defaults: MHA, page size 1), its multi-step draft wrapper from ``multi_step_class
+        = "module:Class"`` (default: none)."""
+        name, variant = getattr(backend_cls, "name", backend_cls.__name__), getattr(backend_cls, "variant", "unified")
+        return cls(name, variant, target, getattr(backend_cls, "multi_step_class", None))
 
 
-CONTRACT = (
-    "init_forward_metadata",
-    "init_cuda_graph_state",
-    "init_forward_metadata_capture_cuda_graph",
-    "init_forward_metadata_replay_cuda_graph",
-    "get_cuda_graph_seq_len_fill_value",
-    "forward",
-    "init_forward_metadata_in_graph",
-    "graph_state",
-    "graph_buffers",
-    "check_graph_mode",
+CONTRACT = tuple(  # what --backend-class requires (refimpl.backends.base.AttentionBackend)
+    "init_forward_metadata init_cuda_graph_state init_forward_metadata_capture_cuda_graph "
+    "init_forward_metadata_replay_cuda_graph get_cuda_graph_seq_len_fill_value forward "
+    "init_forward_metadata_in_graph graph_state graph_buffers check_graph_mode".split()
 )
 
 
@@ -77,9 +66,7 @@ def load_backend_class(spec: str) -> BackendEntry:
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # ImportError, or whatever the module raises while importing
-        raise BackendLoadError(
-            f"--backend-class {spec!r}: cannot import {module_name!r} ({type(e).__name__}: {e})"
-        ) from None
+        raise BackendLoadError(f"--backend-class {spec!r}: cannot import {module_name!r} ({type(e).__name__}: {e})") from None
     backend_cls = getattr(module, cls_name, None)
     if not isinstance(backend_cls, type):
         raise BackendLoadError(f"--backend-class {spec!r}: {module_name} has no class {cls_name!r}")
@@ -137,15 +124,5 @@ def find(name: str | None = None, variant: str | None = None) -> list[BackendEnt
     return out
 
 
-__all__ = [
-    "AttentionBackend",
-    "BackendEntry",
-    "BackendLoadError",
-    "CONTRACT",
-    "GraphModeNotSupported",
-    "REGISTRY",
-    "HISTORICAL_VARIANTS",
-    "find",
-    "load_backend_class",
-    "must_pass",
-]
+__all__ = ["AttentionBackend", "BackendEntry", "BackendLoadError", "CONTRACT", "GraphModeNotSupported", "REGISTRY"]
+__all__ += ["HISTORICAL_VARIANTS", "find", "load_backend_class", "must_pass"]

@@ -9,15 +9,10 @@
 | ``get_cuda_graph_seq_len_fill_value()``        |                        | padding (1 for all six)      |
 | ``forward(q, k, v, layer, fb)``                | ``forward``            | inside the captured step     |
 
-The capture and replay hooks run **outside** the graph ([facts#capture]): what they compute
-is never recorded. Only ``forward`` is. So everything ``forward`` reads must be a static buffer
-allocated in ``init_cuda_graph_state`` (or a view of one), and replay must refill those buffers
-in place ([facts#what-is-and-is-not-captured]).
-
-Variants: every backend comes in a ``legacy`` shape, written as upstream looked before the
-unification (#26134 / #26665), and a ``unified`` shape; some have more (``as-upstream``). Each
-class carries one label from ``PATTERNS`` ([facts#pattern-vocabulary]); where refimpl's unified
-shape differs from upstream's, its docstring says so.
+The capture and replay hooks run **outside** the graph ([facts#capture]); only ``forward`` is recorded. So everything
+``forward`` reads is a static buffer from ``init_cuda_graph_state`` (or a view of one) that replay refills in place
+([facts#what-is-and-is-not-captured]). Every backend has a ``legacy`` shape (upstream before the unification, #26134 /
+#26665) and a ``unified`` one; each class carries one ``PATTERNS`` label ([facts#pattern-vocabulary]).
 """
 
 from __future__ import annotations
@@ -46,10 +41,8 @@ class GraphModeNotSupported(ValueError):
 
 
 class AttentionBackend(ABC):
-    """Everything a backend owes the runner, the checker and the registry. Abstract: the eager
-    hook, the graph-state allocation, the capture and replay hooks, ``forward``. Declared with
-    defaults: the labels below, the fill value, the in-graph hook, ``graph_buffers``,
-    ``graph_state`` / ``reference_graph_state`` (the checker's view) and ``check_graph_mode``."""
+    """Everything a backend owes the runner, the checker and the registry: abstract hooks and ``forward``; defaulted
+    labels, fill value, in-graph hook, graph buffers and checker views."""
 
     name: str = "?"
     variant: str = "unified"  # "legacy" | "unified" | "as-upstream" | ...
@@ -107,16 +100,14 @@ class AttentionBackend(ABC):
         return 1  # all six SGLang backends ([facts#static-inputs]); 0 would give an empty kv range
 
     def init_forward_metadata_in_graph(self, fb: ForwardBatch) -> None:
-        """Metadata rebuilt *inside* the captured step (SGLang #29843 for TRTLLM-MLA; refimpl's
-        Triton ``in_graph`` shape): the runner calls it first thing in the step, so capture records
-        its kernels and every replay reruns them. Most backends have none (the default)."""
+        """Metadata rebuilt *inside* the captured step (SGLang #29843 for TRTLLM-MLA; refimpl's Triton ``in_graph`` shape):
+        the runner calls it first thing in the step, so capture records its kernels and every replay reruns them. Most
+        backends have none (the default)."""
         return None
 
     def graph_buffers(self) -> dict[str, torch.Tensor]:
-        """The static device tensors a captured ``forward`` may read, by name (the attributes in
-        ``graph_buffer_names`` that ``init_cuda_graph_state`` allocated; host mirrors a re-plan
-        reads are not among them). The fuzzer poisons what a batch leaves unread; the bench
-        counts their bytes."""
+        """The static device tensors a captured ``forward`` may read (``graph_buffer_names``; no host mirrors). The fuzzer
+        poisons what a batch leaves unread; the bench counts bytes."""
         found = ((n, getattr(self, n, None)) for n in self.graph_buffer_names)
         return {n: t for n, t in found if isinstance(t, torch.Tensor)}
 
@@ -127,13 +118,9 @@ class AttentionBackend(ABC):
 
     # --- checker support ------------------------------------------------------------------------
     def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
-        """What a captured ``forward`` of batch size ``bs`` reads: live views + frozen scalars.
-
-        The checker compares this between the capture path and the replay path. The default
-        takes every field of ``self.forward_metadata``; backends narrow tensors to the live part
-        (e.g. ``kv_indices[:kv_indptr[bs]]``) so that stale tails, which no kernel reads, are
-        not reported.
-        """
+        """What a captured ``forward`` of batch size ``bs`` reads: live views + frozen scalars (the checker compares it).
+        Default: every field of ``forward_metadata``; backends narrow tensors to the live part
+        (``kv_indices[:kv_indptr[bs]]``): unread stale tails are noise."""
         md = self.forward_metadata
         if md is None:
             return {}
@@ -144,14 +131,9 @@ class AttentionBackend(ABC):
         return {k: v for k, v in fields.items() if v is not None}
 
     def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any] | None:
-        """What ``graph_state`` must hold after the replay hook ran on ``fb`` (a batch padded to
-        its captured size), computed from first principles: the ``*_ref`` builders of
-        ``refimpl.kernels`` and the rules of ``refimpl.layout``, never the hook's own code.
-
-        Tensors cover the region a correct hook must write (the checker compares that prefix
-        of the flattened state); scalars must be equal. ``None``: the backend gives no
-        reference, and the checker's fourth verdict is not applied.
-        """
+        """What ``graph_state`` must hold after the replay hook ran on padded ``fb``, from first principles
+        (``refimpl.kernels``' ``*_ref`` builders, ``refimpl.layout``), never the hook's code. Tensors: the prefix a
+        correct hook writes; scalars: equal. ``None``: no verdict (d)."""
         return None
 
     def check_graph_mode(self, mode: ForwardMode) -> None:
@@ -166,17 +148,11 @@ class AttentionBackend(ABC):
 
 
 class MultiStepBackend(AttentionBackend):
-    """Multi-step draft decode's wrapper: ``S - 1`` step backends of ``step_cls`` in
-    ``step_backends`` (step i drafts every branch's token i + 2; the first came from draft
-    extend). The step contract:
-
-    - ``step_backend(i)`` is what ``MultiStepDraftProgram`` calls for step i's ``forward``; the
-      wrapper's own ``forward`` is never called;
-    - the wrapper's hooks fill every step's metadata (how: the subclass's business, e.g. one
-      index launch for all steps, ``refimpl.backends.multistep``, or each step alone, TRTLLM-MLA);
-    - its graph state and graph buffers are its steps' (``step{i}.`` names) beside its own;
-    - it captures decode only, and carries its step backend's labels.
-    """
+    """Multi-step draft decode's wrapper: ``S - 1`` step backends of ``step_cls`` in ``step_backends`` (step i drafts every
+    branch's token i + 2). The step contract: ``MultiStepDraftProgram`` calls ``step_backend(i).forward`` (never the
+    wrapper's); the wrapper's hooks fill every step's metadata (one launch for all steps, ``backends.multistep``, or
+    step by step, TRTLLM-MLA); its graph state and buffers are its steps' (``step{i}.`` names) beside its own; it
+    captures decode only."""
 
     step_cls: type = AttentionBackend
     graph_modes = frozenset({ForwardMode.DECODE})

@@ -1,27 +1,13 @@
 """SGLang's Cutlass-MLA backend: unified (Pattern A) and legacy (Pattern C).
 
-Upstream: ``python/sglang/srt/layers/attention/cutlass_mla_backend.py`` (``CutlassMLABackend``, a
-subclass of FlashInfer-MLA); facts in ``[facts#cutlass-mla]``. The real kernel,
-``sgl_kernel.cutlass_mla_decode``, needs Blackwell (SM100); refimpl calls its own Triton kernel
-with the same arguments (``refimpl.kernels.cutlass_mla_decode``, on CPU and on Hopper): on an
-SM100 machine the real function plugs in under that name.
-
-Cutlass reads the latent cache through a **block table** of 128-token pages: position t of
-request i lives in slot ``table[i, t // 128] * 128 + t % 128`` (``[facts#block-table-builder]``).
-
-| buffer (``init_cuda_graph_state``) | shape                  | dtype | init |
-|------------------------------------|------------------------|-------|------|
-| cuda_graph_kv_indices (block table)| [B, L // 128 + 1]      | int32 | **1** (eager tables: -1) |
-| cuda_graph_mla_workspace           | [bytes]                | uint8 | -    |
-
-Graphs serve **plain decode** only. ``init_cuda_graph_state`` does not call its parent's, so
-FlashInfer-MLA's graph buffers (``cuda_graph_qo_indptr``, ``cuda_graph_kv_indptr`` ...) do not
-exist on a Cutlass instance; any other graph mode, which would delegate to FlashInfer-MLA's
-capture and bind them, is refused up front (upstream would fail inside the parent). Eager
-target verify / draft extend go to FlashInfer-MLA (page size 1 over the same token slots).
-
-Frozen in a graph: the table's width (its shape is the kernel's only length bound) and the
-workspace. ``seq_lens`` is the runner's static buffer, read by the kernel at run time.
+Upstream: ``python/sglang/srt/layers/attention/cutlass_mla_backend.py`` (``CutlassMLABackend``, a subclass of
+FlashInfer-MLA); facts in ``[facts#cutlass-mla]``. The real ``sgl_kernel.cutlass_mla_decode`` needs Blackwell (SM100);
+refimpl's Triton kernel of the same name and arguments (``refimpl.kernels.cutlass_mla_decode``) stands in on CPU and
+Hopper. It reads the latent cache through a **block table** of 128-token pages (``[facts#block-table-builder]``): the
+graph's ``cuda_graph_kv_indices`` is int32 ``[B, L // 128 + 1]`` filled with **1** (eager tables: -1), beside a
+``cuda_graph_mla_workspace``. Graphs serve **plain decode** only: ``init_cuda_graph_state`` skips its parent's, so any
+other mode is refused up front. Eager verify / draft extend go to FlashInfer-MLA (page size 1). Frozen in a graph: the
+table's width (the kernel's only length bound), the workspace.
 """
 
 from __future__ import annotations
@@ -61,13 +47,11 @@ class CutlassMLAAttnBackend(FlashInferMLAAttnBackend):
     def check_graph_mode(self, mode: ForwardMode) -> None:
         if mode not in self.graph_modes:
             raise GraphModeNotSupported(
-                f"{self.name}/{self.variant} captures decode only, not {mode.label}: its "
-                "init_cuda_graph_state skips FlashInfer-MLA's graph buffers "
-                "(cuda_graph_qo_indptr, cuda_graph_kv_indptr, ...) that the parent's "
+                f"{self.name}/{self.variant} captures decode only, not {mode.label}: its init_cuda_graph_state skips "
+                "FlashInfer-MLA's graph buffers (cuda_graph_qo_indptr, cuda_graph_kv_indptr, ...) that the parent's "
                 f"{mode.label} capture would bind"
             )
 
-    # --- eager --------------------------------------------------------------------------------
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         if not fb.forward_mode.is_decode_or_idle() or fb.spec_info is not None:
             return super().init_forward_metadata(fb)  # FlashInfer-MLA, page size 1
@@ -78,10 +62,7 @@ class CutlassMLAAttnBackend(FlashInferMLAAttnBackend):
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
         self.forward_metadata = CutlassMLADecodeMetadata(workspace, table)
 
-    # --- graphs -------------------------------------------------------------------------------
-    def init_cuda_graph_state(
-        self, max_bs: int, max_num_tokens: int, block_kv_indices: torch.Tensor | None = None
-    ) -> None:
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, block_kv_indices=None) -> None:
         # no super().init_cuda_graph_state(): FlashInfer-MLA's graph buffers are not made
         L, dev = self.world.max_context_len, self.device
         self.max_bs, self.max_num_tokens = max_bs, max_num_tokens
@@ -96,9 +77,6 @@ class CutlassMLAAttnBackend(FlashInferMLAAttnBackend):
         self.cuda_graph_kv_indices = block_kv_indices
         self.cuda_graph_mla_workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
 
-    def _metadata_view(self, bs: int) -> CutlassMLADecodeMetadata:
-        return CutlassMLADecodeMetadata(self.cuda_graph_mla_workspace, self.cuda_graph_kv_indices[:bs])
-
     def init_forward_metadata_capture_cuda_graph(
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
     ) -> None:
@@ -107,7 +85,8 @@ class CutlassMLAAttnBackend(FlashInferMLAAttnBackend):
             self.init_forward_metadata_replay_cuda_graph(
                 bs, req_pool_indices, seq_lens, None, encoder_lens, forward_mode, spec_info, None
             )
-            self.forward_metadata = self._metadata_view(bs)
+            workspace, table = self.cuda_graph_mla_workspace, self.cuda_graph_kv_indices[:bs]
+            self.forward_metadata = CutlassMLADecodeMetadata(workspace, table)
         else:
             super().init_forward_metadata_capture_cuda_graph(
                 bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
@@ -117,15 +96,13 @@ class CutlassMLAAttnBackend(FlashInferMLAAttnBackend):
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
     ) -> None:
         if forward_mode.is_decode_or_idle():
-            build_block_table(
-                self.world.req_to_token, req_pool_indices[:bs], seq_lens[:bs], self.cuda_graph_kv_indices, PAGE_SIZE
-            )
+            rpi, seq = req_pool_indices[:bs], seq_lens[:bs]
+            build_block_table(self.world.req_to_token, rpi, seq, self.cuda_graph_kv_indices, PAGE_SIZE)
         else:
             super().init_forward_metadata_replay_cuda_graph(
                 bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
             )
 
-    # --- checker support ----------------------------------------------------------------------
     def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
         md = self.forward_metadata
         if not isinstance(md, CutlassMLADecodeMetadata):
@@ -137,44 +114,32 @@ class CutlassMLAAttnBackend(FlashInferMLAAttnBackend):
         if not fb.forward_mode.is_decode_or_idle():
             return None
         bs, width = fb.batch_size, (self.world.max_context_len + PAGE_SIZE) // PAGE_SIZE
-        # the graph table's init value
-        fresh = torch.full((bs, width), 1, dtype=torch.int32, device="cpu")
-        table = build_block_table_ref(
-            self.world.req_to_token.cpu(), fb.req_pool_indices.cpu(), fb.seq_lens_cpu, fresh, PAGE_SIZE
-        )
+        fresh = torch.full((bs, width), 1, dtype=torch.int32, device="cpu")  # the graph table's init value
+        r2t, rpi = self.world.req_to_token.cpu(), fb.req_pool_indices.cpu()
+        table = build_block_table_ref(r2t, rpi, fb.seq_lens_cpu, fresh, PAGE_SIZE)
         return {"block_kv_indices": table, "max_seq_len": width * PAGE_SIZE}
 
-    # --- the captured step --------------------------------------------------------------------
     def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
         md = self.forward_metadata
         if not isinstance(md, CutlassMLADecodeMetadata):
             return super().forward(q, k, v, layer, fb)  # eager verify / draft extend
-        cache, r = self.world.kv_cache, self.cfg.kv_lora_rank
+        cache, cfg, r = self.world.kv_cache, self.cfg, self.cfg.kv_lora_rank
         cache.set_kv(layer, fb.out_cache_loc[: q.shape[0]], k)
         if q.shape[0] == 0:
-            return q.new_empty(0, self.cfg.num_heads, r)
-        paged = cache.kv[layer].view(-1, PAGE_SIZE, self.cfg.kv_row_width)  # [pages, 128, 576]
+            return q.new_empty(0, cfg.num_heads, r)
+        paged = cache.kv[layer].view(-1, PAGE_SIZE, cfg.kv_row_width)  # [pages, 128, 576]
         return cutlass_mla_decode(
-            q[..., :r],
-            q[..., r:],
-            paged,
-            fb.seq_lens,
-            md.block_kv_indices,
-            md.workspace,
-            self.cfg.sm_scale,
-            num_kv_splits=1,
+            q[..., :r], q[..., r:], paged, fb.seq_lens, md.block_kv_indices, md.workspace, cfg.sm_scale, num_kv_splits=1
         )
 
 
 class CutlassMLAAttnBackendLegacy(CutlassMLAAttnBackend):
-    """Pattern C (before #26134): separate capture and replay bodies, with two details the
-    refactor removed, kept on purpose and numbered:
+    """Pattern C (before #26134): separate capture and replay bodies; two details the refactor removed:
 
     1. replay asserts ``seq_lens_cpu is not None``, a parameter it never reads: a capture that
        delegates to this replay as Pattern A does (passing ``seq_lens_cpu=None``) trips it;
-    2. capture handles decode only when ``spec_info is None`` (no ``else``), while replay handles
-       any decode: a decode capture *with* a spec input leaves the metadata unset.
-    """
+    2. capture handles decode only when ``spec_info is None`` (no ``else``), replay any decode:
+       a decode capture *with* a spec input leaves the metadata unset."""
 
     variant = "legacy"
     pattern = "C"
@@ -188,9 +153,7 @@ class CutlassMLAAttnBackendLegacy(CutlassMLAAttnBackend):
                 build_block_table(
                     self.world.req_to_token, req_pool_indices[:bs], seq_lens[:bs], self.cuda_graph_kv_indices, PAGE_SIZE
                 )
-                self.forward_metadata = CutlassMLADecodeMetadata(
-                    self.cuda_graph_mla_workspace, self.cuda_graph_kv_indices[:bs]
-                )
+                self.forward_metadata = CutlassMLADecodeMetadata(self.cuda_graph_mla_workspace, self.cuda_graph_kv_indices[:bs])
         else:
             super(CutlassMLAAttnBackend, self).init_forward_metadata_capture_cuda_graph(
                 bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info

@@ -1,37 +1,23 @@
 """SGLang's FlashInfer (MHA) backend: unified (Pattern B) and legacy (Pattern C).
 
-Upstream: ``python/sglang/srt/layers/attention/flashinfer_backend.py``
-(``FlashInferAttnBackend``); Pattern B since #26134 / #26665; facts in
-``[facts#flashinfer]``.
+Upstream: ``python/sglang/srt/layers/attention/flashinfer_backend.py`` (``FlashInferAttnBackend``); Pattern B since
+#26134 / #26665; facts in ``[facts#flashinfer]``.
 
-The kernels live inside FlashInfer wrapper objects. A wrapper built with ``use_cuda_graph=True``
-is *bound* to buffers given at construction; ``plan`` copies indptr / indices / mask into them
-and writes a work partition, computed on the host, into the workspace; ``run`` reads only those.
-So a graph captured around ``run`` stays valid as long as every replay **re-plans** the same
-wrapper. On a GPU with flashinfer installed these are the real wrappers; everywhere else the
-stand-in of ``refimpl.flashinfer_wrappers`` (same constructor / plan / run, same binding behaviour).
+A wrapper built with ``use_cuda_graph=True`` is *bound* to buffers given at construction; ``plan`` copies indptr /
+indices / mask into them and writes a host-computed work partition into the workspace; ``run`` reads only those, so
+every replay must **re-plan** the captured wrapper (real flashinfer on a GPU, else the stand-ins of
+``refimpl.flashinfer_wrappers``). Hence Pattern B's *prepare* step: capture creates, binds and registers the wrapper per
+batch size; replay finds and re-plans it.
 
-Why Pattern B needs a *prepare* step: the graph captures a specific wrapper object (its bound
-buffer addresses, its workspace, its compiled module), so capture must first create that
-object, bind it and register it under the batch size; replay finds it in the registry and
-re-plans it. Only then can capture and replay share one body.
+Static buffers (int32; T = max_num_tokens, L = max_context_len), bound as: ``kv_indptr [pool+1]`` (decode
+``paged_kv_indptr_buffer[:T+1]``, prefill ``[:bs+1]``), ``kv_last_page_len [pool]`` (all ones), ``cuda_graph_kv_indices
+[T*L]`` (``paged_kv_indices_buffer``), ``cuda_graph_qo_indptr [pool+1]`` (prefill ``qo_indptr_buf[:bs+1]``); only if the
+spec has a mask, prefill ``custom_mask_buf`` = ``cuda_graph_custom_mask [T*L]`` (uint8) and ``mask_indptr_buf`` =
+``cuda_graph_qk_indptr[:bs+1]``.
 
-Static buffers (B = max_bs, T = max_num_tokens, L = max_context_len):
-
-| buffer                  | shape    | dtype | bound as                                          |
-|-------------------------|----------|-------|---------------------------------------------------|
-| kv_indptr               | [pool+1] | int32 | decode ``paged_kv_indptr_buffer[:T+1]``, prefill ``[:bs+1]`` |
-| kv_last_page_len        | [pool]   | int32 | all ones (page size 1)                            |
-| cuda_graph_kv_indices   | [T*L]    | int32 | ``paged_kv_indices_buffer``                        |
-| cuda_graph_qo_indptr    | [pool+1] | int32 | prefill ``qo_indptr_buf[:bs+1]``                   |
-| cuda_graph_custom_mask  | [T*L]    | uint8 | prefill ``custom_mask_buf``, only if the spec has a mask |
-| cuda_graph_qk_indptr    | [pool+1] | int32 | prefill ``mask_indptr_buf[:bs+1]``, likewise       |
-
-Decode re-plans through the fast plan (``refimpl.flashinfer_wrappers.fast_plan``): host indptr from
-``seq_lens_cpu``, no device-to-host copy. Prefill wrappers (verify, draft extend) re-plan fully.
-Target verify indexes prefix + N drafts (their KV is written first) under the tree mask; draft
-extend indexes ``seq_lens`` (which count the new rows) causally, rows laid out with the graph's
-uniform stride (S+1 for v1, N for v2).
+Decode re-plans with the fast plan (``flashinfer_wrappers.fast_plan``: host indptr from ``seq_lens_cpu``, no
+device-to-host copy); prefill wrappers (verify, draft extend) re-plan fully. Verify indexes prefix + N drafts under the
+tree mask; draft extend indexes ``seq_lens`` causally, rows at the graph's uniform stride (S+1 for v1, N for v2).
 """
 
 from __future__ import annotations
@@ -45,7 +31,7 @@ from .. import layout
 from ..batch import ForwardBatch, World
 from ..config import SpecConfig
 from ..flashinfer_wrappers import is_standin, make_workspace, wrapper_classes
-from ..flashinfer_wrappers.fast_plan import install_fast_decode_plan
+from ..flashinfer_wrappers.fast_plan import install_fast_decode_plan, is_fast_plan_installed
 from ..flashinfer_wrappers.ops import fi_run
 from ..kernels import build_kv_indices, csr_ref
 from ..modes import GRAPH_MODES, ForwardMode
@@ -71,25 +57,12 @@ class FlashInferAttnBackend(AttentionBackend):
     name = "flashinfer"
     variant = "unified"
     pattern = "B"
-    graph_buffer_names = (
-        "kv_indptr",
-        "cuda_graph_kv_indices",
-        "cuda_graph_custom_mask",
-        "cuda_graph_qk_indptr",
-        "cuda_graph_qo_indptr",
-    )
+    graph_buffer_names = ("kv_indptr", "cuda_graph_kv_indices", "cuda_graph_custom_mask")
+    graph_buffer_names += ("cuda_graph_qk_indptr", "cuda_graph_qo_indptr")
     graph_modes = frozenset(GRAPH_MODES)  # every one: decode, idle, target verify, draft extend v1 / v2
     kv_indices_dtype = torch.int32
 
-    def __init__(
-        self,
-        world: World,
-        spec: SpecConfig | None = None,
-        *,
-        kv_indptr_buf: torch.Tensor | None = None,
-        skip_prefill: bool = False,
-        prefer_real: bool = True,
-    ):
+    def __init__(self, world: World, spec: SpecConfig | None = None, *, kv_indptr_buf=None, skip_prefill=False, prefer_real=True):
         super().__init__(world, spec)
         if world.page_size != 1:
             raise ValueError(f"{self.name} runs with page size 1, got {world.page_size}")
@@ -99,7 +72,6 @@ class FlashInferAttnBackend(AttentionBackend):
         i32 = dict(dtype=torch.int32, device=dev)
         self.kv_indptr = kv_indptr_buf if kv_indptr_buf is not None else torch.zeros(pool + 1, **i32)
         self.kv_last_page_len = torch.ones(pool, **i32)
-        # host twin for plan
         self.kv_last_page_len_cpu = torch.ones(pool, dtype=torch.int32, device="cpu")
         self.skip_prefill = skip_prefill
         self.decode_cuda_graph_metadata: dict[int, list] = {}
@@ -116,15 +88,10 @@ class FlashInferAttnBackend(AttentionBackend):
         return layout.attended_kv_lens(mode, seq_lens, n)  # verify: prefix + the N drafts
 
     def _rows_per_req(self, mode: ForwardMode, spec_info: Any) -> int:
-        if mode.is_target_verify():
-            spec = require_spec(mode, spec_info, VerifyInput)
-            if spec.draft_token_num != self.spec.num_draft_tokens:
-                raise ValueError(
-                    f"verify batch has draft_token_num={spec.draft_token_num}, the backend "
-                    f"was built for num_draft_tokens={self.spec.num_draft_tokens}"
-                )
-        else:
-            require_spec(mode, spec_info, DraftExtendInput)
+        spec = require_spec(mode, spec_info, VerifyInput if mode.is_target_verify() else DraftExtendInput)
+        if mode.is_target_verify() and spec.draft_token_num != self.spec.num_draft_tokens:
+            built = f"the backend was built for num_draft_tokens={self.spec.num_draft_tokens}"
+            raise ValueError(f"verify batch has draft_token_num={spec.draft_token_num}, {built}")
         return layout.rows_per_request(mode, self.spec)
 
     # --- the update paths (eager, capture and replay all use them) -----------------------------
@@ -135,50 +102,25 @@ class FlashInferAttnBackend(AttentionBackend):
             rows = kv_indptr.numel() - 1
             host_lens = (seq_lens_cpu[:bs] + spec_info.extra["step"] + 1).repeat_interleave(spec_info.topk)
         else:
-            rows = bs
-            kv_indptr = self.kv_indptr[: bs + 1]
+            rows, kv_indptr = bs, self.kv_indptr[: bs + 1]
             kv_indptr[1:] = torch.cumsum(seq_lens[:bs], 0)
             if wrapper.is_cuda_graph_enabled:  # the Triton kernel writes the bound buffer itself
                 kv_indices = wrapper._paged_kv_indices_buf
             else:
-                total = int(seq_lens_cpu[:bs].sum())
-                kv_indices = torch.empty(max(total, 1), dtype=torch.int32, device=self.device)
+                kv_indices = torch.empty(max(int(seq_lens_cpu[:bs].sum()), 1), dtype=torch.int32, device=self.device)
             build_kv_indices(self.world.req_to_token, rpi[:bs], seq_lens[:bs], kv_indptr, kv_indices)
             host_lens = seq_lens_cpu[:bs]
-        # host: no device-to-host copy
-        indptr_cpu = torch.zeros(rows + 1, dtype=torch.int32, device="cpu")
+        indptr_cpu = torch.zeros(rows + 1, dtype=torch.int32, device="cpu")  # host: no device-to-host copy
         indptr_cpu[1:] = torch.cumsum(host_lens, 0)
-        H, Hkv, D = self._heads()
-        wrapper.plan(
-            kv_indptr,
-            kv_indices,
-            self.kv_last_page_len[:rows],
-            H,
-            Hkv,
-            D,
-            1,
-            data_type=self.cfg.dtype,
-            q_data_type=self.cfg.dtype,
-            sm_scale=self.cfg.sm_scale,
-            non_blocking=True,
-            **self._host_indptr_kw(wrapper, indptr_cpu),
-        )
-
-    @staticmethod
-    def _host_indptr_kw(wrapper, indptr_cpu) -> dict:
-        """The fast plan takes the host indptr; a full plan reads the device one itself."""
-        return {"global_override_indptr_cpu": indptr_cpu} if getattr(wrapper, "_refimpl_fast", False) else {}
+        kw = dict(data_type=self.cfg.dtype, q_data_type=self.cfg.dtype, sm_scale=self.cfg.sm_scale, non_blocking=True)
+        if is_fast_plan_installed(wrapper):  # the fast plan takes the host indptr; a full plan reads the device one
+            kw["global_override_indptr_cpu"] = indptr_cpu
+        wrapper.plan(kv_indptr, kv_indices, self.kv_last_page_len[:rows], *self._heads(), 1, **kw)
 
     def _update_prefill(self, bs, rpi, seq_lens, seq_lens_cpu, wrappers, mode, spec_info) -> None:
-        """Verify and draft extend: one branch (POST merged the identical ones).
-
-        Without a custom mask (draft extend) the indptrs go to ``plan`` as host tensors
-        computed from ``seq_lens_cpu``: SGLang's ``generate_attn_arg_prefill`` passes device
-        ones, which ``plan`` copies back to the host, a device synchronisation each
-        ([facts#where-refimpl-deliberately-differs-from-upstream]). With a mask (target verify)
-        they stay on the device, as upstream: ``plan`` packs the mask into bits on the device
-        from them. The indices are built straight into the wrapper's bound buffer when it has
-        one."""
+        """Verify and draft extend (one merged branch). Without a mask ``plan`` gets host indptrs (SGLang passes device
+        ones, a sync each: [facts#where-refimpl-deliberately-differs-from-upstream]); with one they stay on the device,
+        where ``plan`` packs the mask. Indices go into the bound buffer."""
         wrapper, dev = wrappers[0], self.device
         n = self._rows_per_req(mode, spec_info)
         kv_lens_cpu = self._kv_len_for(mode, seq_lens_cpu[:bs])  # host
@@ -197,38 +139,20 @@ class FlashInferAttnBackend(AttentionBackend):
         mask = None
         if mode.is_target_verify() and spec_info.custom_mask is not None:
             mask = self._pad_mask(spec_info.custom_mask, n, kv_lens_cpu)
-        if mask is None:  # host indptrs: plan reads nothing back from the device
-            qo_indptr = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device="cpu")
-            kv_indptr, last_page_len = kv_indptr_cpu, self.kv_last_page_len_cpu[:bs]
-        else:
-            qo_indptr = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device=dev)
-            last_page_len = self.kv_last_page_len[:bs]
-        H, Hkv, D = self._heads()
-        wrapper.plan(
-            qo_indptr,
-            kv_indptr,
-            kv_indices,
-            last_page_len,
-            H,
-            Hkv,
-            D,
-            1,
-            custom_mask=mask,
-            causal=mask is None,
-            sm_scale=self.cfg.sm_scale,
-            q_data_type=self.cfg.dtype,
-            kv_data_type=self.cfg.dtype,
-            non_blocking=True,
-        )
+        host = mask is None  # host indptrs: plan reads nothing back from the device
+        qo_indptr = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device="cpu" if host else dev)
+        kv_indptr = kv_indptr_cpu if host else kv_indptr
+        last_page_len = (self.kv_last_page_len_cpu if host else self.kv_last_page_len)[:bs]
+        kw = dict(custom_mask=mask, causal=mask is None, sm_scale=self.cfg.sm_scale, q_data_type=self.cfg.dtype)
+        kw.update(kv_data_type=self.cfg.dtype, non_blocking=True)
+        wrapper.plan(qo_indptr, kv_indptr, kv_indices, last_page_len, *self._heads(), 1, **kw)
 
     def _pad_mask(self, mask: torch.Tensor, n: int, kv_lens_cpu: torch.Tensor) -> torch.Tensor:
         """The spec mask covers the live requests; padded ones get allow-all blocks (host math)."""
         ends = torch.cumsum(n * kv_lens_cpu.to(torch.int64), 0).tolist()  # host values
         if mask.numel() not in [0] + ends:
-            raise ValueError(
-                f"tree mask has {mask.numel()} entries; N*(seq_len+N) summed over the first k "
-                f"requests gives one of {[0] + ends}"
-            )
+            why = f"N*(seq_len+N) summed over the first k requests gives one of {[0] + ends}"
+            raise ValueError(f"tree mask has {mask.numel()} entries; {why}")
         missing = ends[-1] - mask.numel() if ends else 0
         if missing:
             mask = torch.cat([mask, torch.ones(missing, dtype=mask.dtype, device=mask.device)])
@@ -236,28 +160,18 @@ class FlashInferAttnBackend(AttentionBackend):
 
     # --- eager --------------------------------------------------------------------------------
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
-        mode, bs = fb.forward_mode, fb.batch_size
+        mode, args = fb.forward_mode, (fb.batch_size, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_cpu)
         if mode.is_decode_or_idle():
-            self._update_decode(
-                bs, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_cpu, [self._eager_decode], fb.spec_info
-            )
+            self._update_decode(*args, [self._eager_decode], fb.spec_info)
             self.forward_metadata = DecodeMetadata([self._eager_decode])
         elif mode.is_target_verify() or mode.is_any_draft_extend():
-            self._update_prefill(
-                bs, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_cpu, [self._eager_prefill], mode, fb.spec_info
-            )
+            self._update_prefill(*args, [self._eager_prefill], mode, fb.spec_info)
             self.forward_metadata = PrefillMetadata([self._eager_prefill], not mode.is_target_verify())
         else:
             raise ValueError(f"{self.name}: eager {mode.label} is not modelled here")
 
     # --- graphs -------------------------------------------------------------------------------
-    def init_cuda_graph_state(
-        self,
-        max_bs: int,
-        max_num_tokens: int,
-        kv_indices_buf: torch.Tensor | None = None,
-        num_kv_splits_buf: torch.Tensor | None = None,
-    ) -> None:
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, kv_indices_buf=None, num_kv_splits_buf=None):
         T, L, dev = max_num_tokens, self.world.max_context_len, self.device
         self.max_bs, self.max_num_tokens = max_bs, max_num_tokens
         if kv_indices_buf is None:
@@ -269,33 +183,19 @@ class FlashInferAttnBackend(AttentionBackend):
             self.cuda_graph_qo_indptr = torch.zeros_like(self.kv_indptr)
 
     def _create_decode_wrappers(self, bs: int, num_tokens: int) -> list:
-        return [
-            self.fi.BatchDecodeWithPagedKVCacheWrapper(
-                self.workspace,
-                "NHD",
-                use_cuda_graph=True,
-                use_tensor_cores=False,
-                paged_kv_indptr_buffer=self.kv_indptr[: num_tokens + 1],
-                paged_kv_indices_buffer=self.cuda_graph_kv_indices,
-                paged_kv_last_page_len_buffer=self.kv_last_page_len[:num_tokens],
-            )
-        ]
+        n, Decode = num_tokens, self.fi.BatchDecodeWithPagedKVCacheWrapper
+        bufs = dict(paged_kv_indptr_buffer=self.kv_indptr[: n + 1], paged_kv_indices_buffer=self.cuda_graph_kv_indices)
+        bufs.update(paged_kv_last_page_len_buffer=self.kv_last_page_len[:n])
+        return [Decode(self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=False, **bufs)]
 
     def _create_prefill_wrappers(self, bs: int, use_custom_mask: bool) -> list:
-        # a zero mask buffer would block all attention: bind it only when there is a mask
-        return [
-            self.fi.BatchPrefillWithPagedKVCacheWrapper(
-                self.workspace,
-                "NHD",
-                use_cuda_graph=True,
-                qo_indptr_buf=self.cuda_graph_qo_indptr[: bs + 1],
-                paged_kv_indptr_buf=self.kv_indptr[: bs + 1],
-                paged_kv_indices_buf=self.cuda_graph_kv_indices,
-                paged_kv_last_page_len_buf=self.kv_last_page_len[:bs],
-                custom_mask_buf=self.cuda_graph_custom_mask if use_custom_mask else None,
-                mask_indptr_buf=self.cuda_graph_qk_indptr[: bs + 1] if use_custom_mask else None,
-            )
-        ]
+        qo, kv = self.cuda_graph_qo_indptr[: bs + 1], self.kv_indptr[: bs + 1]
+        bufs = dict(qo_indptr_buf=qo, paged_kv_indptr_buf=kv, paged_kv_indices_buf=self.cuda_graph_kv_indices)
+        bufs.update(paged_kv_last_page_len_buf=self.kv_last_page_len[:bs])
+        if use_custom_mask:  # a zero mask buffer would block all attention: bind it only for a mask
+            mask_buf, mask_indptr = self.cuda_graph_custom_mask, self.cuda_graph_qk_indptr[: bs + 1]
+            bufs.update(custom_mask_buf=mask_buf, mask_indptr_buf=mask_indptr)
+        return [self.fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", use_cuda_graph=True, **bufs)]
 
     def _prepare_cuda_graph_metadata(self, bs, num_tokens, mode, spec_info) -> None:
         """Create, bind and register the wrappers this graph will capture (the 'B' in Pattern B)."""
@@ -343,21 +243,18 @@ class FlashInferAttnBackend(AttentionBackend):
         md = self.forward_metadata
         w = (md.decode_wrappers if isinstance(md, DecodeMetadata) else md.prefill_wrappers)[0]
         indptr = w._paged_kv_indptr_buf
-        state: dict[str, Any] = {
-            "paged_kv_indptr": indptr,
-            "paged_kv_indices": w._paged_kv_indices_buf[: int(indptr[-1])],
-        }
+        live = w._paged_kv_indices_buf[: int(indptr[-1])]
+        state: dict[str, Any] = {"paged_kv_indptr": indptr, "paged_kv_indices": live}
         if isinstance(md, PrefillMetadata):
-            state["qo_indptr"] = w._qo_indptr_buf
-            state["causal"] = md.causal
+            state.update(qo_indptr=w._qo_indptr_buf, causal=md.causal)
             if getattr(w, "_custom_mask_buf", None) is not None:
-                state["mask_indptr"] = w._mask_indptr_buf
-                state["custom_mask"] = w._custom_mask_buf[: int(w._mask_indptr_buf[-1])]
+                mask_indptr = w._mask_indptr_buf
+                state.update(mask_indptr=mask_indptr, custom_mask=w._custom_mask_buf[: int(mask_indptr[-1])])
         return state
 
     def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any] | None:
-        """What the bound buffers must hold, from the batch alone (host lengths,
-        ``csr_ref``); the mask only for the stand-ins (the real library packs it into bits)."""
+        """What the bound buffers must hold, from the batch alone (host lengths, ``csr_ref``); the mask only for the
+        stand-ins (the real library packs it into bits)."""
         mode, bs, spec = fb.forward_mode, fb.batch_size, fb.spec_info
         if isinstance(spec, DraftDecodeInput):
             return None  # the multi-step wrapper gives the per-step reference
@@ -389,14 +286,9 @@ class FlashInferAttnBackend(AttentionBackend):
         return fi_run(wrapper, q, cache.k[layer], cache.v[layer])  # one refimpl op per run
 
 
-# ----------------------------------------------------------------------------------------------
 class FlashInferAttnBackendLegacy(FlashInferAttnBackend):
-    """Pattern C (before #26134): capture builds the wrappers and plans inline, per mode (none
-    of the refactor's ``_create_*_wrappers`` / ``_prepare_cuda_graph_metadata``); replay
-    repeats the per-mode dispatch. The two copies happen to agree: the refactor's FlashInfer
-    motivation was the duplicated dispatch (~240 lines upstream), not a divergence (the checker
-    finds none). Read the two methods below side by side: the same branches, twice.
-    """
+    """Pattern C (before #26134): capture builds and plans the wrappers inline, per mode; replay repeats the dispatch. The
+    copies agree: #26134 removed duplication (~240 lines upstream), not a divergence."""
 
     variant = "legacy"
     pattern = "C"
@@ -477,7 +369,6 @@ class FlashInferAttnBackendLegacy(FlashInferAttnBackend):
             raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")
 
 
-# ----------------------------------------------------------------------------------------------
 class FlashInferMultiStepDraftBackend(MultiStepDraftBackend):
     """Each step backend re-plans its bound decode wrapper with the fast plan (host indptr)."""
 

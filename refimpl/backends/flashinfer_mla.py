@@ -1,40 +1,23 @@
 """SGLang's FlashInfer-MLA backend: unified, as-upstream and legacy shapes.
 
-Upstream: ``python/sglang/srt/layers/attention/flashinfer_mla_backend.py``
-(``FlashInferMLAAttnBackend``); facts in ``[facts#flashinfer-mla]``.
+Upstream: ``python/sglang/srt/layers/attention/flashinfer_mla_backend.py`` (``FlashInferMLAAttnBackend``); facts in
+``[facts#flashinfer-mla]``. One wrapper kind, ``BatchMLAPagedAttentionWrapper``, serves every mode: absorbed MLA over
+the latent cache ``[slots, 1, 512 + 64]`` (``ckv = [..., :512]``, ``kpe = [..., 512:]``), page size 1. Graph-bound int32
+buffers: ``cuda_graph_qo_indptr`` / ``cuda_graph_kv_indptr [pool+1]``, ``cuda_graph_kv_indices
+[max_bs*max_context_len]``, ``cuda_graph_kv_lens [max_bs]`` (``kv_len_arr``); host ``cuda_graph_*_cpu``: the fast plan's
+indptrs.
 
-One wrapper kind, ``BatchMLAPagedAttentionWrapper``, serves every mode: absorbed MLA over the
-latent cache ``[slots, 1, 512 + 64]`` (``ckv = [..., :512]``, ``kpe = [..., 512:]``), page size 1.
+Decode replays with the fast MLA plan (host indptrs from ``seq_lens_cpu``, nothing copied into the bound buffers: #3987,
+https://github.com/sgl-project/sglang/pull/3987). Target verify and draft extend re-plan fully, ``causal=True``
+(upstream: "TODO: support custom mask when topk > 1": trees refused).
 
-Static buffers (B = max_bs, L = max_context_len):
-
-| buffer                     | shape    | dtype | bound as (``use_cuda_graph=True``)            |
-|----------------------------|----------|-------|-----------------------------------------------|
-| cuda_graph_qo_indptr       | [pool+1] | int32 | ``qo_indptr`` (0, 1, 2, ... for decode)         |
-| cuda_graph_kv_indptr       | [pool+1] | int32 | ``kv_indptr``                                   |
-| cuda_graph_kv_indices      | [B*L]    | int32 | ``kv_indices``                                  |
-| cuda_graph_kv_lens         | [B]      | int32 | ``kv_len_arr``                                  |
-| cuda_graph_*_cpu           | host     | int32 | the fast plan's host indptrs                    |
-
-Decode replays with the fast MLA plan (host indptrs from ``seq_lens_cpu``, no device-to-host
-copy, nothing copied into the bound buffers: #3987,
-https://github.com/sgl-project/sglang/pull/3987). Target verify and draft extend re-plan
-fully, ``causal=True`` (upstream has no custom mask here: "TODO: support custom mask when
-topk > 1", so trees are refused).
-
-The three shapes, each with its pattern label:
-- **legacy** (C): capture and replay are separate bodies, and each carries a target-verify and a
-  draft-extend branch that are textually identical; decode replay rebuilds ``kv_indptr`` in the
-  backend's *eager* buffer.
-- **as-upstream** (C, merged branches): what #26665 made of it. The identical branches are
-  merged, but capture and replay stay two bodies (capture never runs the replay body), and
-  decode replay still writes the eager ``kv_indptr`` (#37975, open): the graph-bound
-  ``kv_indptr`` and ``kv_len_arr`` keep the capture-time batch. FlashInfer's decode kernel
-  reads the plan's partition, so the output is right and the stale buffer stays hidden; the
-  checker shows it.
-- **unified** (B, refimpl's): prepare the wrapper (create, bind, register), run the replay
-  body, install the fast plan, as FlashInfer's own Pattern B does; and decode replay writes the
-  bound buffers, a fix upstream has not made (#37975).
+- **legacy** (C): capture and replay each have identical target-verify and draft-extend branches;
+  decode replay rebuilds ``kv_indptr`` in the backend's *eager* buffer.
+- **as-upstream** (C, merged branches, #26665): capture never runs the replay body, and decode replay
+  still writes the eager ``kv_indptr`` (#37975, open): the bound ``kv_indptr`` / ``kv_len_arr`` keep the
+  capture-time batch, hidden (the kernel reads the partition) but checker-visible.
+- **unified** (B, refimpl's): prepare the wrapper, run the replay body, install the fast plan; decode
+  replay writes the bound buffers, a fix upstream has not made (#37975).
 """
 
 from __future__ import annotations
@@ -69,21 +52,19 @@ class FlashInferMLAAttnBackend(AttentionBackend):
     variant = "unified"
     pattern = "B"
     model_kind = "mla"
-    graph_buffer_names = (
-        "kv_indptr",
-        "cuda_graph_kv_indices",
-        "cuda_graph_qo_indptr",
-        "cuda_graph_kv_indptr",
-        "cuda_graph_kv_lens",
-    )
+    graph_buffer_names = ("kv_indptr", "cuda_graph_kv_indices", "cuda_graph_qo_indptr", "cuda_graph_kv_indptr")
+    graph_buffer_names += ("cuda_graph_kv_lens",)
     writes_bound_kv_indptr = True  # False: the #37975 behaviour
     graph_modes = frozenset(GRAPH_MODES)  # every one: decode, idle, target verify, draft extend v1 / v2
+    page_sizes: tuple[int, ...] = (1,)  # the KV page sizes this backend's kernels index
 
     def __init__(self, world: World, spec: SpecConfig | None = None, *, prefer_real: bool = True):
         super().__init__(world, spec)
         if not self.cfg.is_mla:
             raise ValueError(f"{self.name} needs an MLA model, got kind={self.cfg.kind!r}")
-        self._check_page_size(world.page_size)
+        if world.page_size not in self.page_sizes:
+            supported = ", ".join(map(str, self.page_sizes))
+            raise ValueError(f"{self.name}: page_size={world.page_size} is not supported (supported: {supported})")
         pool, dev = world.req_to_token_pool.size, self.device
         self.fi = wrapper_classes(prefer_real and dev.type == "cuda", self.cfg.dtype)
         self.workspace = make_workspace(dev, real=self.fi.real)
@@ -93,22 +74,11 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         self.prefill_cuda_graph_metadata: dict[int, Any] = {}
         self._eager = self.fi.BatchMLAPagedAttentionWrapper(self.workspace, backend="auto")
 
-    page_sizes: tuple[int, ...] = (1,)  # the KV page sizes this backend's kernels index
-
-    def _check_page_size(self, page_size: int) -> None:
-        if page_size not in self.page_sizes:
-            raise ValueError(
-                f"{self.name}: page_size={page_size} is not supported (supported: "
-                f"{', '.join(map(str, self.page_sizes))})"
-            )
-
     def check_graph_mode(self, mode: ForwardMode) -> None:
         super().check_graph_mode(mode)
         if mode.is_target_verify() and self.spec is not None and self.spec.topk > 1:
-            raise GraphModeNotSupported(
-                f"{self.name}: verify plans causal=True without a tree mask (upstream TODO: "
-                f"custom mask when topk > 1); topk={self.spec.topk}"
-            )
+            why = "verify plans causal=True without a tree mask (upstream TODO: custom mask when topk > 1)"
+            raise GraphModeNotSupported(f"{self.name}: {why}; topk={self.spec.topk}")
 
     # --- plans --------------------------------------------------------------------------------
     def _plan_args(self, causal: bool) -> tuple:
@@ -121,13 +91,8 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         kv_indptr[1:] = torch.cumsum(seq_lens[:bs], 0)
         kv_indices = torch.empty(max(int(seq_lens_cpu[:bs].sum()), 1), dtype=torch.int32, device=self.device)
         build_kv_indices(self.world.req_to_token, rpi[:bs], seq_lens[:bs], kv_indptr, kv_indices)
-        wrapper.plan(
-            self.q_indptr_decode[: bs + 1],
-            kv_indptr,
-            kv_indices,
-            seq_lens[:bs].to(torch.int32),
-            *self._plan_args(False),
-        )
+        q_indptr, kv_lens = self.q_indptr_decode[: bs + 1], seq_lens[:bs].to(torch.int32)
+        wrapper.plan(q_indptr, kv_indptr, kv_indices, kv_lens, *self._plan_args(False))
 
     def _fast_decode_replay(self, bs, rpi, seq_lens, seq_lens_cpu) -> None:
         """Decode replay: indices into the bound buffer, host indptrs into the fast plan."""
@@ -140,27 +105,16 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         if self.writes_bound_kv_indptr:
             self.cuda_graph_kv_lens[:bs].copy_(seq_lens[:bs])
         build_kv_indices(self.world.req_to_token, rpi[:bs], seq_lens[:bs], kv_indptr, self.cuda_graph_kv_indices)
-        wrapper.plan(
-            self.cuda_graph_qo_indptr_cpu[: bs + 1],
-            self.cuda_graph_kv_indptr_cpu[: bs + 1],
-            self.cuda_graph_kv_indices,
-            kv_len_cpu,
-            *self._plan_args(False),
-        )
+        qo_indptr_cpu, kv_indptr_cpu = self.cuda_graph_qo_indptr_cpu[: bs + 1], self.cuda_graph_kv_indptr_cpu[: bs + 1]
+        wrapper.plan(qo_indptr_cpu, kv_indptr_cpu, self.cuda_graph_kv_indices, kv_len_cpu, *self._plan_args(False))
 
     def _prefill_plan(self, bs, rpi, seq_lens, seq_lens_cpu, wrapper, mode, spec_info) -> None:
         """Verify and draft extend (generate_attn_arg_prefill): fresh args, full plan."""
-        dev = self.device
-        if mode.is_target_verify():
-            require_spec(mode, spec_info, VerifyInput)
-        else:
-            require_spec(mode, spec_info, DraftExtendInput)
+        require_spec(mode, spec_info, VerifyInput if mode.is_target_verify() else DraftExtendInput)
         n = layout.rows_per_request(mode, self.spec)
         kv_lens = layout.attended_kv_lens(mode, seq_lens[:bs], n)  # verify: prefix + N drafts
-        # the plan gets host indptrs / lengths (from seq_lens_cpu): SGLang passes device ones,
-        # which plan reads back, a synchronisation per replay
-        # ([facts#where-refimpl-deliberately-differs-from-upstream]); the kernel below still
-        # builds the indices from device data
+        # plan gets host indptrs / lengths (SGLang: device ones, a sync per replay:
+        # [facts#where-refimpl-deliberately-differs-from-upstream]); the indices come from device data
         kv_lens_cpu = layout.attended_kv_lens(mode, seq_lens_cpu[:bs], n).to(torch.int32)
         qo_indptr_cpu = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device="cpu")
         kv_indptr_cpu = torch.zeros(bs + 1, dtype=torch.int32, device="cpu")
@@ -169,7 +123,7 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         kv_indptr = self.kv_indptr[: bs + 1]  # device scratch for the index kernel
         kv_indptr[1:] = torch.cumsum(kv_lens, 0)
         if wrapper is self._eager:
-            kv_indices = torch.empty(total, dtype=torch.int32, device=dev)
+            kv_indices = torch.empty(total, dtype=torch.int32, device=self.device)
         else:  # a graph wrapper: build straight into its bound buffer
             kv_indices = self.cuda_graph_kv_indices
         build_kv_indices(self.world.req_to_token, rpi[:bs], kv_lens, kv_indptr, kv_indices)
@@ -201,22 +155,15 @@ class FlashInferMLAAttnBackend(AttentionBackend):
 
     def _create_wrapper(self, n: int):
         """A wrapper bound to the ``[:n+1]`` / ``[:n]`` slices of the graph buffers."""
-        return self.fi.BatchMLAPagedAttentionWrapper(
-            self.workspace,
-            use_cuda_graph=True,
-            qo_indptr=self.cuda_graph_qo_indptr[: n + 1],
-            kv_indptr=self.cuda_graph_kv_indptr[: n + 1],
-            kv_indices=self.cuda_graph_kv_indices,
-            kv_len_arr=self.cuda_graph_kv_lens[:n],
-            backend="auto",
-        )
+        bufs = dict(qo_indptr=self.cuda_graph_qo_indptr[: n + 1], kv_indptr=self.cuda_graph_kv_indptr[: n + 1])
+        bufs.update(kv_indices=self.cuda_graph_kv_indices, kv_len_arr=self.cuda_graph_kv_lens[:n])
+        return self.fi.BatchMLAPagedAttentionWrapper(self.workspace, use_cuda_graph=True, **bufs, backend="auto")
 
     def _prepare_cuda_graph_metadata(self, bs: int, num_tokens: int, mode: ForwardMode):
         """Create, bind and register the wrapper this graph captures (the 'B' of Pattern B)."""
         decode = mode.is_decode_or_idle()
         wrapper = self._create_wrapper(num_tokens if decode else bs)
-        registry = self.decode_cuda_graph_metadata if decode else self.prefill_cuda_graph_metadata
-        registry[bs] = wrapper
+        (self.decode_cuda_graph_metadata if decode else self.prefill_cuda_graph_metadata)[bs] = wrapper
         self.forward_metadata = MLAMetadata(wrapper, decode)
         return wrapper
 
@@ -248,14 +195,10 @@ class FlashInferMLAAttnBackend(AttentionBackend):
     # --- checker support ----------------------------------------------------------------------
     def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
         """The wrapper's bound buffers, live parts: what any consumer of them would read."""
-        n = bs  # decode: one query per request; prefill wrappers are bound at [:bs+1] too
-        kv_indptr = self.cuda_graph_kv_indptr[: n + 1]
-        return {
-            "qo_indptr": self.cuda_graph_qo_indptr[: n + 1],
-            "kv_indptr": kv_indptr,
-            "kv_len_arr": self.cuda_graph_kv_lens[:n],
-            "kv_indices": self.cuda_graph_kv_indices[: int(kv_indptr[-1])],
-        }
+        kv_indptr = self.cuda_graph_kv_indptr[: bs + 1]  # decode: one query per request; prefill: bound at [:bs+1]
+        kv_indices = self.cuda_graph_kv_indices[: int(kv_indptr[-1])]
+        qo_indptr, kv_len_arr = self.cuda_graph_qo_indptr[: bs + 1], self.cuda_graph_kv_lens[:bs]
+        return {"qo_indptr": qo_indptr, "kv_indptr": kv_indptr, "kv_len_arr": kv_len_arr, "kv_indices": kv_indices}
 
     def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any] | None:
         """What the wrapper's bound buffers must hold, from the batch alone."""
@@ -265,12 +208,8 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         rows = 1 if mode.is_decode_or_idle() else S + 1 if mode.is_draft_extend_v1() else n
         kv = seq + n if mode.is_target_verify() else seq  # verify: prefix + the N drafts
         csr = csr_ref(self.world.req_to_token, fb.req_pool_indices, kv)
-        return {
-            "qo_indptr": torch.arange(0, bs * rows + 1, rows, device="cpu"),
-            "kv_indptr": csr["kv_indptr"],
-            "kv_len_arr": kv,
-            "kv_indices": csr["kv_indices"],
-        }
+        ref = {"qo_indptr": torch.arange(0, bs * rows + 1, rows, device="cpu"), "kv_indptr": csr["kv_indptr"]}
+        return ref | {"kv_len_arr": kv, "kv_indices": csr["kv_indices"]}
 
     # --- the captured step --------------------------------------------------------------------
     def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
@@ -283,8 +222,8 @@ class FlashInferMLAAttnBackend(AttentionBackend):
 
 
 class FlashInferMLAAttnBackendAsUpstream(FlashInferMLAAttnBackend):
-    """As #26665 left it: two bodies with the verify / draft-extend branches merged, and decode
-    replay writing the eager kv_indptr (#37975, open)."""
+    """As #26665 left it: two bodies with the verify / draft-extend branches merged, and decode replay writing the eager
+    kv_indptr (#37975, open)."""
 
     variant = "as-upstream"
     pattern = "C, merged branches"
@@ -308,9 +247,8 @@ class FlashInferMLAAttnBackendAsUpstream(FlashInferMLAAttnBackend):
 
 
 class FlashInferMLAAttnBackendLegacy(FlashInferMLAAttnBackendAsUpstream):
-    """Pattern C (before #26134): verify and draft extend are two textually identical branches,
-    in capture and again in replay (what the refactor merged); the wrappers are built inline;
-    decode replay asserts the host lengths and writes the eager kv_indptr (#37975)."""
+    """Pattern C (before #26134): identical verify / draft-extend branches in capture and replay, wrappers built inline;
+    decode replay asserts the host lengths, writes the eager kv_indptr (#37975)."""
 
     variant = "legacy"
     pattern = "C"

@@ -1,28 +1,13 @@
 """Multi-step draft decode: one wrapper, S-1 step backends, per-step kv buffers.
 
-[facts#triton-multi-step-draft-decode], [facts#multi-step-draft-decode-indices]
-
-EAGLE drafts S tokens per branch: the first comes from draft extend, the next S-1 from S-1
-decode steps over ``bs * topk`` rows (one per branch). SGLang's ``*MultiStepDraftBackend``
-owns, per step i, a ``kv_indptr`` row and a ``kv_indices`` row; one Triton launch
-(``draft_decode_kv_indices``, grid ``(S, num_seqs, topk)``) fills all of them from
-``req_to_token``: row (r, k) of step i = the ``seq_lens[r]`` prefix slots + the ``i+1`` draft
-slots of branch k. Each step backend then points its metadata at its row
-(``common_template``).
-
-| buffer                 | shape                   | dtype                  |
-|------------------------|-------------------------|------------------------|
-| kv_indptr              | [S, pool*topk + 1]      | int32                  |
-| cuda_graph_kv_indices  | [S, B*topk*L]           | the step backend's     |
-| shared num_kv_splits   | [B*topk] (Triton only)  | int32                  |
-
-Replay regenerates the indices in place, then (Triton) computes the split counts **once** into
-the buffer every step shares, or (Wave) runs each step's replay, which copies the wrapper's rows
-into Wave's buffers (self-copies: the wrapper lent them) and computes that step's splits.
-
-The unified wrapper also computes the split counts at capture (capture = the replay body + the
-steps' captures). Upstream's capture still skips them: the same benign class of drift as Wave's
-legacy bug; the legacy wrapper keeps it.
+[facts#triton-multi-step-draft-decode], [facts#multi-step-draft-decode-indices]. EAGLE drafts S tokens per branch: the
+first from draft extend, the next S-1 from S-1 decode steps over ``bs * topk`` rows. SGLang's ``*MultiStepDraftBackend``
+owns a ``kv_indptr`` ``[S, pool*topk + 1]`` and a ``cuda_graph_kv_indices`` ``[S, B*topk*L]`` row per step i, all filled
+by one Triton launch (``draft_decode_kv_indices``, grid ``(S, num_seqs, topk)``): row (r, k) of step i = the
+``seq_lens[r]`` prefix slots + the ``i+1`` draft slots of branch k; each step backend points its metadata at its row
+(``common_template``). Replay regenerates the indices in place, then computes the split counts once into a shared
+``[B*topk]`` buffer (Triton) or runs each step's replay (Wave: copies the lent rows, computes its splits). The unified
+wrapper computes them at capture too; upstream's (legacy) skips them.
 """
 
 from __future__ import annotations
@@ -52,8 +37,7 @@ class MultiStepDraftBackend(MultiStepBackend):
         pool = world.req_to_token_pool.size
         self.kv_indptr = torch.zeros(self.S, pool * self.topk + 1, dtype=torch.int32, device=self.device)
         self.step_backends = [
-            self.step_cls(world, spec, kv_indptr_buf=self.kv_indptr[i], skip_prefill=True, **step_kw)
-            for i in range(self.S - 1)
+            self.step_cls(world, spec, kv_indptr_buf=self.kv_indptr[i], skip_prefill=True, **step_kw) for i in range(self.S - 1)
         ]
 
     def _check_spec(self, spec_info: Any) -> None:
@@ -67,36 +51,26 @@ class MultiStepDraftBackend(MultiStepBackend):
 
     # --- index generation (common_template) -----------------------------------------------------
     def _common_template(self, bs, rpi, seq_lens, kv_indices, kv_indptr, call_fn) -> None:
-        rows = bs * self.topk
-        draft_decode_kv_indices(
-            rpi[:bs], self.world.req_to_token, seq_lens[:bs], kv_indices, kv_indptr, topk=self.topk, num_steps=self.S
-        )
+        rows, r2t = bs * self.topk, self.world.req_to_token
+        draft_decode_kv_indices(rpi[:bs], r2t, seq_lens[:bs], kv_indices, kv_indptr, topk=self.topk, num_steps=self.S)
         for i in range(self.S - 1):
             # the full row, not SGLang's [:used_len] slice: no host value decides a view's size
             spec_i = DraftDecodeInput(self.topk, self.S, kv_indptr[i, : rows + 1], kv_indices[i], extra={"step": i})
             if call_fn is not None:
                 call_fn(i, spec_i)
 
-    # --- eager --------------------------------------------------------------------------------
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         self._check_spec(fb.spec_info)
         bs, L = fb.batch_size, self.world.max_context_len
-        rows = bs * self.topk
-        dtype = self.step_backends[0].kv_indices_dtype
+        rows, dtype = bs * self.topk, self.step_backends[0].kv_indices_dtype
         kv_indices = torch.zeros(self.S, max(rows * L, 1), dtype=dtype, device=self.device)
         kv_indptr = torch.zeros(self.S, rows + 1, dtype=torch.int32, device=self.device)
-
-        def eager_step(i, spec_i):
-            self.step_backends[i].init_forward_metadata(fb.replace(spec_info=spec_i))
-
+        eager_step = lambda i, spec_i: self.step_backends[i].init_forward_metadata(fb.replace(spec_info=spec_i))
         self._common_template(bs, fb.req_pool_indices, fb.seq_lens, kv_indices, kv_indptr, eager_step)
 
-    # --- graphs -------------------------------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        L = self.world.max_context_len
         self.max_bs, self.max_num_tokens = max_bs, max_num_tokens
-        dtype = self.step_backends[0].kv_indices_dtype
-        width = max_bs * self.topk * L
+        width, dtype = max_bs * self.topk * self.world.max_context_len, self.step_backends[0].kv_indices_dtype
         self.cuda_graph_kv_indices = torch.zeros(self.S, width, dtype=dtype, device=self.device)
         shared = None
         if self.share_splits:  # one split buffer every step reads, computed once per replay
@@ -109,15 +83,11 @@ class MultiStepDraftBackend(MultiStepBackend):
     def _replay_body(self, bs, rpi, seq_lens, seq_lens_cpu) -> None:
         if self.share_splits:
             self._common_template(bs, rpi, seq_lens, self.cuda_graph_kv_indices, self.kv_indptr, None)
-            step0 = self.step_backends[0]
-            step0._splits(self.cuda_graph_num_kv_splits[: bs * self.topk], seq_lens[:bs])
+            self.step_backends[0]._splits(self.cuda_graph_num_kv_splits[: bs * self.topk], seq_lens[:bs])
         else:
-
-            def replay_step(i, spec_i):
-                self.step_backends[i].init_forward_metadata_replay_cuda_graph(
-                    bs, rpi, seq_lens, None, None, ForwardMode.DECODE, spec_i, seq_lens_cpu
-                )
-
+            replay_step = lambda i, spec_i: self.step_backends[i].init_forward_metadata_replay_cuda_graph(
+                bs, rpi, seq_lens, None, None, ForwardMode.DECODE, spec_i, seq_lens_cpu
+            )
             self._common_template(bs, rpi, seq_lens, self.cuda_graph_kv_indices, self.kv_indptr, replay_step)
 
     def init_forward_metadata_capture_cuda_graph(
@@ -125,12 +95,9 @@ class MultiStepDraftBackend(MultiStepBackend):
     ) -> None:
         self.check_graph_mode(forward_mode)
         self._check_spec(spec_info)
-
-        def capture_step(i, spec_i):
-            self.step_backends[i].init_forward_metadata_capture_cuda_graph(
-                bs, bs * self.topk, req_pool_indices, seq_lens, None, ForwardMode.DECODE, spec_i
-            )
-
+        capture_step = lambda i, spec_i: self.step_backends[i].init_forward_metadata_capture_cuda_graph(
+            bs, bs * self.topk, req_pool_indices, seq_lens, None, ForwardMode.DECODE, spec_i
+        )
         self._common_template(bs, req_pool_indices, seq_lens, self.cuda_graph_kv_indices, self.kv_indptr, capture_step)
         if self.compute_splits_at_capture:
             self._replay_body(bs, req_pool_indices, seq_lens, seq_lens[:bs].cpu())
@@ -143,9 +110,7 @@ class MultiStepDraftBackend(MultiStepBackend):
 
     def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any]:
         """Per step: prefix + that step's drafts (``draft_decode_kv_indices_ref``), from the batch."""
-        indptrs, indices = draft_decode_kv_indices_ref(
-            fb.req_pool_indices, self.world.req_to_token, fb.seq_lens_cpu, topk=self.topk, num_steps=self.S
-        )
-        return self.per_step(
-            b.draft_step_reference(indptrs[i].cpu(), indices[i].cpu(), fb) for i, b in enumerate(self.step_backends)
-        )
+        args = (fb.req_pool_indices, self.world.req_to_token, fb.seq_lens_cpu)
+        indptrs, indices = draft_decode_kv_indices_ref(*args, topk=self.topk, num_steps=self.S)
+        steps = enumerate(self.step_backends)
+        return self.per_step(b.draft_step_reference(indptrs[i].cpu(), indices[i].cpu(), fb) for i, b in steps)

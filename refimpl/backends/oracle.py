@@ -1,20 +1,17 @@
 """The dense oracle as a backend: what every backend's output must equal.
 
-Eager only. It ignores every backend's metadata and derives each request's query rows, key
-range and mask straight from the batch and the request table, per mode (``refimpl.layout``),
-then runs ``kernels.oracle`` in float64:
+Eager only: each request's query rows, key range and mask come straight from the batch and the request table, per mode
+(``refimpl.layout``), then ``kernels.oracle`` runs in float64:
 
-| mode            | query rows of request i       | keys                                  | mask |
-|-----------------|-------------------------------|---------------------------------------|------|
-| EXTEND          | ``extend_seq_lens[i]``        | ``req_to_token[r, :seq_len]``         | causal |
-| DECODE / IDLE   | 1                             | ``req_to_token[r, :seq_len]``         | none |
-| TARGET_VERIFY   | N                             | ``req_to_token[r, :seq_len + N]``     | the spec's tree mask |
-| DRAFT_EXTEND v1 | ``extend_seq_lens[i]``        | ``req_to_token[r, :seq_len]``         | causal |
-| DRAFT_EXTEND_V2 | N                             | ``req_to_token[r, :seq_len]``         | causal |
+| mode                    | query rows of request i | keys                              | mask                 |
+|-------------------------|-------------------------|-----------------------------------|----------------------|
+| EXTEND, DRAFT_EXTEND v1 | ``extend_seq_lens[i]``  | ``req_to_token[r, :seq_len]``     | causal               |
+| DECODE / IDLE           | 1                       | ``req_to_token[r, :seq_len]``     | none                 |
+| TARGET_VERIFY           | N                       | ``req_to_token[r, :seq_len + N]`` | the spec's tree mask |
+| DRAFT_EXTEND_V2         | N                       | ``req_to_token[r, :seq_len]``     | causal               |
 
-Multi-step draft decode (``OracleMultiStep``): step i, row (r, k) attends the prefix
-``req_to_token[r, :seq_len]`` plus the i+1 draft slots of branch k at columns
-``seq_len + k*S + j`` (the layout of ``batchgen.draft_decode``).
+Multi-step draft decode (``OracleMultiStep``): step i, row (r, k) attends ``req_to_token[r, :seq_len]`` plus the i+1
+draft slots of branch k at columns ``seq_len + k*S + j`` (``batchgen.draft_decode``).
 """
 
 from __future__ import annotations
@@ -39,31 +36,23 @@ class OracleBackend(AttentionBackend):
         self.step = step  # multi-step draft decode: which step this oracle computes
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
-        mode, bs = fb.forward_mode, fb.batch_size
-        seq = fb.seq_lens_cpu.tolist()
-        rpi = fb.req_pool_indices.tolist()
-        spec = fb.spec_info
-        r2t = self.world.req_to_token
+        mode, bs, spec, r2t = fb.forward_mode, fb.batch_size, fb.spec_info, self.world.req_to_token
+        seq, rpi = fb.seq_lens_cpu.tolist(), fb.req_pool_indices.tolist()
         if mode.is_decode_or_idle() and isinstance(spec, DraftDecodeInput):
             # multi-step draft decode, step i: row (r, k) = prefix + the i+1 drafts of branch k
             if self.step is None:
                 raise ValueError("oracle: draft decode needs the step index (OracleMultiStep)")
             S, topk, i = spec.num_steps, spec.topk, self.step
-            ranges = [
-                torch.cat([r2t[r, :n], r2t[r, n + k * S : n + k * S + i + 1]]).to(torch.int64)
-                for r, n in zip(rpi, seq)
-                for k in range(topk)
-            ]
+            row = lambda r, n, k: torch.cat([r2t[r, :n], r2t[r, n + k * S : n + k * S + i + 1]]).to(torch.int64)
+            ranges = [row(r, n, k) for r, n in zip(rpi, seq) for k in range(topk)]
             kv_indices = torch.cat(ranges) if ranges else torch.zeros(0, dtype=torch.int64, device="cpu")
-            kv_lens = [x.numel() for x in ranges]
-            kv_indptr = torch.tensor([0] + kv_lens, dtype=torch.int64, device="cpu").cumsum(0)
+            kv_indptr = torch.tensor([0] + [x.numel() for x in ranges], dtype=torch.int64, device="cpu").cumsum(0)
             qo = torch.arange(len(ranges) + 1, dtype=torch.int64, device="cpu")
             self.forward_metadata = (qo, kv_indptr, kv_indices, None, None, False)
             return
         if mode.is_target_verify():
             n = spec.draft_token_num
-            q_rows = [n] * bs
-            kv_lens = layout.attended_kv_lens(mode, torch.tensor(seq, device="cpu"), n).tolist()
+            q_rows, kv_lens = [n] * bs, layout.attended_kv_lens(mode, torch.tensor(seq, device="cpu"), n).tolist()
         elif mode.is_decode_or_idle():
             q_rows, kv_lens = [1] * bs, seq
         elif mode.is_extend() or mode.is_any_draft_extend():
@@ -71,10 +60,8 @@ class OracleBackend(AttentionBackend):
             q_rows, kv_lens = ext.tolist(), seq
         else:
             raise ValueError(f"oracle: unknown mode {mode}")
-        kv_indices = torch.cat(
-            [r2t[r, :n].to(torch.int64) for r, n in zip(rpi, kv_lens)]
-            or [torch.zeros(0, dtype=torch.int64, device=self.device)]
-        )
+        ranges = [r2t[r, :n].to(torch.int64) for r, n in zip(rpi, kv_lens)]
+        kv_indices = torch.cat(ranges or [torch.zeros(0, dtype=torch.int64, device=self.device)])
         qo = torch.tensor([0] + q_rows, dtype=torch.int64, device="cpu").cumsum(0)
         kv_indptr = torch.tensor([0] + list(kv_lens), dtype=torch.int64, device="cpu").cumsum(0)
         mask = mask_indptr = None
@@ -84,14 +71,11 @@ class OracleBackend(AttentionBackend):
             mask_indptr = torch.tensor([0] + [n * k for n, k in zip(q_rows, kv_lens)], device="cpu").cumsum(0)
         self.forward_metadata = (qo, kv_indptr, kv_indices, mask, mask_indptr, causal)
 
-    def init_cuda_graph_state(self, max_bs, max_num_tokens):
+    def _eager_only(self, *a, **k):
         raise NotImplementedError("the oracle runs eagerly only")
 
-    def init_forward_metadata_capture_cuda_graph(self, *a, **k):
-        raise NotImplementedError("the oracle runs eagerly only")
-
-    def init_forward_metadata_replay_cuda_graph(self, *a, **k):
-        raise NotImplementedError("the oracle runs eagerly only")
+    init_cuda_graph_state = init_forward_metadata_capture_cuda_graph = _eager_only
+    init_forward_metadata_replay_cuda_graph = _eager_only
 
     def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
         cache, cfg = self.world.kv_cache, self.cfg

@@ -1,12 +1,9 @@
 """The "hello world" backend: page-1 CSR metadata + a pure-torch attention op, Pattern A.
 
-Not one of SGLang's six; it shows the whole contract on one screen so the notebooks can start
-here. Modes under graphs: decode / idle and target verify (FlashInfer-style: the kv range of a
-verify request covers its prefix *and* its N draft tokens, whose KV the step wrote first, and a
-custom mask says which of them each draft row sees; ``refimpl.layout``).
-
-Static buffers (``init_cuda_graph_state``; B = max_bs, T = max_num_tokens, L = max_context_len):
-
+Not one of SGLang's six; it shows the whole contract on one screen so the notebooks can start here.
+Graph modes: decode / idle and target verify (FlashInfer-style: a verify request's kv range covers its
+prefix *and* its N draft tokens, whose KV the step wrote first, and a custom mask says which of them
+each draft row sees; ``refimpl.layout``). Static buffers (B = max_bs, T = tokens, L = max_context_len):
 | buffer        | shape      | dtype | holds                                           |
 |---------------|------------|-------|-------------------------------------------------|
 | kv_indptr     | [B+1]      | int32 | ``[0, cumsum(kv_lens)]``                         |
@@ -14,9 +11,8 @@ Static buffers (``init_cuda_graph_state``; B = max_bs, T = max_num_tokens, L = m
 | custom_mask   | [T*L]      | uint8 | verify only: the spec mask, packed               |
 | mask_indptr   | [B+1]      | int64 | verify only: ``[0, cumsum(N * (seq + N))]``      |
 
-Pattern A: ``capture`` = ``replay`` (fill the buffers) + freeze a metadata object whose tensors
-are views of those buffers and whose ints are bounds valid for any batch of that size
-(``max_kv_len = L``, ``q_per_req``). ``replay`` = the same fill; nothing is allocated.
+Pattern A: ``capture`` = ``replay`` (fill the buffers) + freeze views of them and bounds valid for any batch of that
+size (``max_kv_len = L``, ``q_per_req``).
 """
 
 from __future__ import annotations
@@ -34,20 +30,18 @@ from ..spec import VerifyInput, require_spec
 from .base import AttentionBackend
 
 
-# fmt: off
 @dataclass
 class TorchNativeMetadata:
-    kv_indptr: torch.Tensor                     # [bs+1] int32, device
-    kv_indices: torch.Tensor                    # [>= kv_indptr[bs]] int64, device
-    q_per_req: int                              # 1 (decode) or N (verify); frozen in a graph
-    max_kv_len: int                             # bound on any kv range; frozen in a graph
+    kv_indptr: torch.Tensor  # [bs+1] int32, device
+    kv_indices: torch.Tensor  # [>= kv_indptr[bs]] int64, device
+    q_per_req: int  # 1 (decode) or N (verify); frozen in a graph
+    max_kv_len: int  # bound on any kv range; frozen in a graph
     custom_mask: torch.Tensor | None = None  # [>= mask_indptr[bs]] uint8/bool, device
     mask_indptr: torch.Tensor | None = None  # [bs+1] int64, device
 
     def __post_init__(self):
         assert self.kv_indptr.dtype == torch.int32, self.kv_indptr.dtype
         assert (self.custom_mask is None) == (self.mask_indptr is None)
-# fmt: on
 
 
 class TorchNativeBackend(AttentionBackend):
@@ -55,55 +49,38 @@ class TorchNativeBackend(AttentionBackend):
     variant = "unified"
     pattern = "A"
     graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY})
-    graph_buffer_names = (
-        "cuda_graph_kv_indptr",
-        "cuda_graph_kv_indices",
-        "cuda_graph_custom_mask",
-        "cuda_graph_mask_indptr",
-    )
-
-    # --- shared helpers -----------------------------------------------------------------------
-    def _kv_lens(self, mode: ForwardMode, seq_lens: torch.Tensor, n: int) -> torch.Tensor:
-        return layout.attended_kv_lens(mode, seq_lens, n)  # verify: prefix + the N drafts
+    graph_buffer_names = tuple(f"cuda_graph_{b}" for b in ("kv_indptr", "kv_indices", "custom_mask", "mask_indptr"))
 
     def _graph_num_draft_tokens(self, spec_info: Any) -> int:
         """N as captured (from the SpecConfig); a verify batch must carry the same N."""
         if self.spec is None:
             raise ValueError(f"{self.name}: target verify under graphs needs a SpecConfig")
         n = self.spec.num_draft_tokens
-        if spec_info is not None and spec_info.draft_token_num != n:
-            raise ValueError(
-                f"verify batch has draft_token_num={spec_info.draft_token_num}, the graph was "
-                f"captured for num_draft_tokens={n}"
-            )
+        if spec_info is not None and (got := spec_info.draft_token_num) != n:
+            raise ValueError(f"verify batch has draft_token_num={got}, the graph was captured for num_draft_tokens={n}")
         return n
 
     @staticmethod
     def _verify_spec(mode: ForwardMode, spec_info: Any) -> VerifyInput | None:
         return require_spec(mode, spec_info, VerifyInput) if mode.is_target_verify() else None
 
-    # --- eager --------------------------------------------------------------------------------
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         mode = fb.forward_mode
         if not (mode.is_decode_or_idle() or mode.is_target_verify()):
             raise ValueError(f"{self.name} runs decode, idle and target_verify, not {mode.label}")
-        bs = fb.batch_size
-        spec = self._verify_spec(mode, fb.spec_info)
+        bs, spec = fb.batch_size, self._verify_spec(mode, fb.spec_info)
         n = spec.draft_token_num if spec is not None else 1
-        lens = self._kv_lens(mode, fb.seq_lens, n)
+        lens = layout.attended_kv_lens(mode, fb.seq_lens, n)  # verify: prefix + the N drafts
         kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=self.device)
         kv_indptr[1:] = torch.cumsum(lens, 0)
-        host_lens = self._kv_lens(mode, fb.seq_lens_cpu, n)  # host values: eager may use them
+        host_lens = layout.attended_kv_lens(mode, fb.seq_lens_cpu, n)  # host values: eager may use them
         kv_indices = torch.zeros(max(int(host_lens.sum()), 1), dtype=torch.int64, device=self.device)
         build_kv_indices(self.world.req_to_token, fb.req_pool_indices, lens, kv_indptr, kv_indices)
-        mask = mask_indptr = None
-        if spec is not None and spec.custom_mask is not None:
-            mask = spec.custom_mask
-            mask_indptr = layout.mask_indptr(fb.seq_lens, spec.draft_token_num)
+        mask = spec.custom_mask if spec is not None else None
+        mask_indptr = None if mask is None else layout.mask_indptr(fb.seq_lens, spec.draft_token_num)
         max_len = int(host_lens.max()) if bs else 1
         self.forward_metadata = TorchNativeMetadata(kv_indptr, kv_indices, n, max_len, mask, mask_indptr)
 
-    # --- graphs -------------------------------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         L, dev = self.world.max_context_len, self.device
         self.max_bs, self.max_num_tokens = max_bs, max_num_tokens
@@ -121,15 +98,12 @@ class TorchNativeBackend(AttentionBackend):
             bs, req_pool_indices, seq_lens, None, encoder_lens, forward_mode, spec_info, None
         )
         spec = self._verify_spec(forward_mode, spec_info)
+        n = self._graph_num_draft_tokens(spec) if spec is not None else 1
         has_mask = spec is not None and spec.custom_mask is not None
-        self.forward_metadata = TorchNativeMetadata(
-            kv_indptr=self.cuda_graph_kv_indptr[: bs + 1],
-            kv_indices=self.cuda_graph_kv_indices,
-            q_per_req=self._graph_num_draft_tokens(spec) if spec is not None else 1,
-            max_kv_len=self.world.max_context_len,  # valid for any future batch
-            custom_mask=self.cuda_graph_custom_mask if has_mask else None,
-            mask_indptr=self.cuda_graph_mask_indptr[: bs + 1] if has_mask else None,
-        )
+        mask = (self.cuda_graph_custom_mask, self.cuda_graph_mask_indptr[: bs + 1]) if has_mask else (None, None)
+        csr = (self.cuda_graph_kv_indptr[: bs + 1], self.cuda_graph_kv_indices)
+        # q_per_req = n; max_kv_len = L: valid for any future batch
+        self.forward_metadata = TorchNativeMetadata(*csr, n, self.world.max_context_len, *mask)
 
     def init_forward_metadata_replay_cuda_graph(
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
@@ -137,7 +111,7 @@ class TorchNativeBackend(AttentionBackend):
         seq_lens, rpi = seq_lens[:bs], req_pool_indices[:bs]
         spec = self._verify_spec(forward_mode, spec_info)
         n = self._graph_num_draft_tokens(spec) if spec is not None else 1
-        lens = self._kv_lens(forward_mode, seq_lens, n)
+        lens = layout.attended_kv_lens(forward_mode, seq_lens, n)
         kv_indptr = self.cuda_graph_kv_indptr[: bs + 1]
         kv_indptr[1:] = torch.cumsum(lens, 0)  # in place: the graph reads this buffer
         build_kv_indices(self.world.req_to_token, rpi, lens, kv_indptr, self.cuda_graph_kv_indices)
@@ -150,12 +124,8 @@ class TorchNativeBackend(AttentionBackend):
     def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
         md = self.forward_metadata
         end = int(md.kv_indptr[bs])
-        state = {
-            "kv_indptr": md.kv_indptr[: bs + 1],
-            "kv_indices": md.kv_indices[:end],
-            "q_per_req": md.q_per_req,
-            "max_kv_len": md.max_kv_len,
-        }
+        state = dict(kv_indptr=md.kv_indptr[: bs + 1], kv_indices=md.kv_indices[:end])
+        state.update(q_per_req=md.q_per_req, max_kv_len=md.max_kv_len)
         if md.custom_mask is not None:
             state["mask_indptr"] = md.mask_indptr[: bs + 1]
             state["custom_mask"] = md.custom_mask[: int(md.mask_indptr[bs])].to(torch.uint8)
@@ -163,46 +133,32 @@ class TorchNativeBackend(AttentionBackend):
 
     def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any]:
         """From the batch alone: host lengths, ``build_kv_indices_ref``, the spec's own mask."""
-        mode, L = fb.forward_mode, self.world.max_context_len
-        spec = self._verify_spec(mode, fb.spec_info)
+        spec, L = self._verify_spec(fb.forward_mode, fb.spec_info), self.world.max_context_len
         n = self.spec.num_draft_tokens if spec is not None else 1
         seq = [int(x) for x in fb.seq_lens_cpu.tolist()]
         lens = [s + n for s in seq] if spec is not None else seq  # verify: prefix + N drafts
         lens_t = torch.tensor(lens, dtype=torch.int64, device="cpu")
-        ref = {
-            "kv_indptr": torch.tensor([0] + lens, dtype=torch.int64, device="cpu").cumsum(0),
-            "kv_indices": build_kv_indices_ref(self.world.req_to_token, fb.req_pool_indices, lens_t),
-            "q_per_req": n,
-            "max_kv_len": L,
-        }
+        indptr = torch.tensor([0] + lens, dtype=torch.int64, device="cpu").cumsum(0)
+        indices = build_kv_indices_ref(self.world.req_to_token, fb.req_pool_indices, lens_t)
+        ref = dict(kv_indptr=indptr, kv_indices=indices, q_per_req=n, max_kv_len=L)
         if spec is not None and spec.custom_mask is not None:
-            blocks = [n * length for length in lens]  # request i: [N, seq_i + N]
-            blocks_t = torch.tensor([0] + blocks, dtype=torch.int64, device="cpu")
-            ref["mask_indptr"] = blocks_t.cumsum(0)
+            blocks = torch.tensor([0] + [n * x for x in lens], dtype=torch.int64, device="cpu")  # i: [N, seq_i + N]
+            ref["mask_indptr"] = blocks.cumsum(0)
             ref["custom_mask"] = spec.custom_mask.to(torch.uint8)  # the live requests' blocks
         return ref
 
-    # --- the captured step --------------------------------------------------------------------
     def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
         md, cache, cfg = self.forward_metadata, self.world.kv_cache, self.cfg
-        T, H = q.shape[0], cfg.num_heads
-        out = torch.empty(T, H, cfg.out_head_dim, dtype=q.dtype, device=q.device)
-        common = dict(
-            sm_scale=cfg.sm_scale,
-            max_kv_len=md.max_kv_len,
-            q_per_req=md.q_per_req,
-            custom_mask=md.custom_mask,
-            mask_indptr=md.mask_indptr,
-        )
+        out = torch.empty(q.shape[0], cfg.num_heads, cfg.out_head_dim, dtype=q.dtype, device=q.device)
+        common = dict(sm_scale=cfg.sm_scale, max_kv_len=md.max_kv_len, q_per_req=md.q_per_req)
+        common.update(custom_mask=md.custom_mask, mask_indptr=md.mask_indptr)
+        csr, r = (md.kv_indptr, md.kv_indices), cfg.kv_lora_rank
         if cfg.is_mla:
             cache.set_kv(layer, fb.out_cache_loc, k)
-            r = cfg.kv_lora_rank
-            dense_paged_mla_attention(
-                q[..., :r], q[..., r:], cache.kv[layer], md.kv_indptr, md.kv_indices, out, **common
-            )
+            dense_paged_mla_attention(q[..., :r], q[..., r:], cache.kv[layer], *csr, out, **common)
         else:
             cache.set_kv(layer, fb.out_cache_loc, k, v)
-            dense_paged_attention(q, cache.k[layer], cache.v[layer], md.kv_indptr, md.kv_indices, out, **common)
+            dense_paged_attention(q, cache.k[layer], cache.v[layer], *csr, out, **common)
         return out
 
 

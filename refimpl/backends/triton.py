@@ -1,34 +1,13 @@
-"""SGLang's Triton attention backend, unified (Pattern A) and legacy (Pattern C); refimpl's own
-``fused`` and ``in_graph`` shapes are in ``triton_fused.py``.
+"""SGLang's Triton attention backend, unified (Pattern A) and legacy (Pattern C); refimpl's own ``fused`` and ``in_graph``
+shapes are in ``triton_fused.py``.
 
-Upstream: ``python/sglang/srt/layers/attention/triton_backend.py`` (``TritonAttnBackend``);
-unified by #26134 / #26665 (https://github.com/sgl-project/sglang/pull/26665); facts in
-``[facts#triton]``.
-
-Kernels: refimpl's own Triton kernels, registered as custom ops: the CSR kv-index builder,
-split-KV decode with its split-count heuristic and the extend kernel for target verify / draft
-extend (prefix KV through ``kv_indices``, the new tokens' KV passed directly, tree mask through
-``mask_indptr``).
-
-Static buffers (``init_cuda_graph_state``; B = max_bs, T = max_num_tokens, L = max_context_len):
-
-| buffer                  | shape                        | dtype   | read by                 |
-|-------------------------|------------------------------|---------|-------------------------|
-| kv_indptr (``__init__``)| [pool+1] (or a multi-step row)| int32  | decode, extend          |
-| qo_indptr (``__init__``)| [pool+1]                     | int64   | extend                  |
-| mask_indptr             | [pool+1]                     | int64   | target verify           |
-| cuda_graph_attn_logits  | [T, H, max_kv_splits, Dv]    | float32 | decode stage 1 / 2      |
-| cuda_graph_attn_lse     | [T, H, max_kv_splits]        | float32 | decode stage 1 / 2      |
-| cuda_graph_num_kv_splits| [T] (or shared)              | int32   | decode (data, per row)  |
-| cuda_graph_kv_indices   | [T*L] (or a multi-step row)  | int64   | decode, extend          |
-| cuda_graph_custom_mask  | [T*L]                        | uint8   | target verify           |
-
-Frozen in a graph: the buffer addresses, ``max_kv_splits`` (grid dim 3 of decode stage 1),
-``max_extend_len`` (the extend kernel's q-block grid), head counts and dims.
-
-Per-mode row layout and which keys the extend kernel pages in: ``refimpl.layout``
-(``rows_per_request``, ``prefix_kv_lens``; draft extend v2 strides N since #27545, and freezes
-``max_extend_len = N`` as current upstream does).
+Upstream: ``python/sglang/srt/layers/attention/triton_backend.py`` (``TritonAttnBackend``); unified by #26134 / #26665
+(https://github.com/sgl-project/sglang/pull/26665); facts in ``[facts#triton]``, the static buffers
+(``init_cuda_graph_state``, shapes and dtypes on ``TritonMetadata``'s fields) in ``[facts#triton-buffers]``. Kernels
+(refimpl's Triton custom ops): the CSR kv-index builder, split-KV decode + its split-count heuristic, extend for verify
+/ draft extend (prefix KV via ``kv_indices``). Frozen in a graph: the buffer addresses, ``max_kv_splits`` (grid dim 3 of
+decode stage 1), ``max_extend_len`` (the extend q-block grid), head counts and dims. Row layout per mode:
+``refimpl.layout`` (draft extend v2 strides N since #27545 and freezes ``max_extend_len = N``).
 """
 
 from __future__ import annotations
@@ -41,45 +20,29 @@ import torch
 from .. import layout
 from ..batch import ForwardBatch, World
 from ..config import SpecConfig
-from ..kernels import (
-    build_kv_indices,
-    csr_ref,
-    decode_attention,
-    extend_attention,
-    get_num_kv_splits,
-    get_num_kv_splits_ref,
-)
+from ..kernels import build_kv_indices, csr_ref, decode_attention, extend_attention, get_num_kv_splits, get_num_kv_splits_ref
 from ..modes import GRAPH_MODES, ForwardMode
 from ..spec import DraftDecodeInput, DraftExtendInput, VerifyInput, require_spec
 from .base import AttentionBackend, GraphModeNotSupported
 from .multistep import MultiStepDraftBackend
 
 
-# fmt: off
 @dataclass
 class TritonMetadata:
-    kv_indptr: torch.Tensor                      # [bs+1] int32 (rows+1 in draft decode)
-    kv_indices: torch.Tensor                     # [>= kv_indptr[-1]] int64 (int32 for Wave)
-    attn_logits: torch.Tensor | None = None      # decode: [T, H, max_kv_splits, Dv] float32
-    attn_lse: torch.Tensor | None = None         # decode: [T, H, max_kv_splits] float32
-    num_kv_splits: torch.Tensor | None = None    # decode: [T] int32, data read by the kernel
-    max_extend_len: int | None = None            # extend: q rows per request bound (frozen)
-    qo_indptr: torch.Tensor | None = None        # extend: [bs+1]
-    custom_mask: torch.Tensor | None = None      # verify: [>= mask_indptr[bs]] uint8/bool
-    mask_indptr: torch.Tensor | None = None      # verify: [bs+1] int64
+    kv_indptr: torch.Tensor  # [bs+1] int32 (rows+1 in draft decode)
+    kv_indices: torch.Tensor  # [>= kv_indptr[-1]] int64 (int32 for Wave)
+    attn_logits: torch.Tensor | None = None  # decode: [T, H, max_kv_splits, Dv] float32
+    attn_lse: torch.Tensor | None = None  # decode: [T, H, max_kv_splits] float32
+    num_kv_splits: torch.Tensor | None = None  # decode: [T] int32, data read by the kernel
+    max_extend_len: int | None = None  # extend: q rows per request bound (frozen)
+    qo_indptr: torch.Tensor | None = None  # extend: [bs+1]
+    custom_mask: torch.Tensor | None = None  # verify: [>= mask_indptr[bs]] uint8/bool
+    mask_indptr: torch.Tensor | None = None  # verify: [bs+1] int64
 
     def __post_init__(self):
         assert self.kv_indptr.dtype == torch.int32, self.kv_indptr.dtype
         assert (self.custom_mask is None) == (self.mask_indptr is None)
         assert (self.attn_logits is None) == (self.num_kv_splits is None)
-# fmt: on
-
-
-def default_core_count(device: torch.device) -> int:
-    """SM count on a GPU (``get_num_kv_splits``' core count); a fixed 8 on CPU (reproducible)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 8
 
 
 class TritonAttnBackend(AttentionBackend):
@@ -89,67 +52,46 @@ class TritonAttnBackend(AttentionBackend):
     variant = "unified"
     pattern = "A"
     # the eager kv_indptr / qo_indptr / mask_indptr too: some graphs read them (as SGLang's do)
-    graph_buffer_names = (
-        "kv_indptr",
-        "qo_indptr",
-        "mask_indptr",
-        "cuda_graph_attn_logits",
-        "cuda_graph_attn_lse",
-        "cuda_graph_num_kv_splits",
-        "cuda_graph_kv_indices",
-        "cuda_graph_custom_mask",
+    graph_buffer_names = ("kv_indptr", "qo_indptr", "mask_indptr") + tuple(
+        f"cuda_graph_{b}" for b in ("attn_logits", "attn_lse", "num_kv_splits", "kv_indices", "custom_mask")
     )
     graph_modes = frozenset(GRAPH_MODES)  # every one: decode, idle, target verify, draft extend v1 / v2
     kv_indices_dtype = torch.int64
     qo_indptr_dtype = torch.int64
+    decode_rows_by_bs = False  # Wave: split-KV buffers and kv_indices sized by max_bs, not max_num_tokens
 
-    def __init__(
-        self,
-        world: World,
-        spec: SpecConfig | None = None,
-        *,
-        max_kv_splits: int = 8,
-        kv_indptr_buf: torch.Tensor | None = None,
-        skip_prefill: bool = False,
-    ):
+    def __init__(self, world: World, spec: SpecConfig | None = None, *, max_kv_splits=8, kv_indptr_buf=None, skip_prefill=False):
         super().__init__(world, spec)
         if world.page_size != 1:
             raise ValueError(f"{self.name} indexes tokens (page size 1), got {world.page_size}")
-        pool = world.req_to_token_pool.size
-        i32, i64 = (dict(dtype=torch.int32, device=self.device), dict(dtype=torch.int64, device=self.device))
-        self.kv_indptr = kv_indptr_buf if kv_indptr_buf is not None else torch.zeros(pool + 1, **i32)
-        self.qo_indptr = torch.zeros(pool + 1, dtype=self.qo_indptr_dtype, device=self.device)
-        self.mask_indptr = torch.zeros(pool + 1, **i64)
+        pool, dev = world.req_to_token_pool.size, self.device
+        self.kv_indptr = torch.zeros(pool + 1, dtype=torch.int32, device=dev) if kv_indptr_buf is None else kv_indptr_buf
+        self.qo_indptr = torch.zeros(pool + 1, dtype=self.qo_indptr_dtype, device=dev)
+        self.mask_indptr = torch.zeros(pool + 1, dtype=torch.int64, device=dev)
         if not 1 <= max_kv_splits <= 256:
             raise ValueError(f"max_kv_splits={max_kv_splits} outside [1, 256]")
         self.max_kv_splits = max_kv_splits
-        self.core_count = default_core_count(self.device)
+        # get_num_kv_splits' core count: the SM count on a GPU, a fixed 8 on CPU (reproducible)
+        self.core_count = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 8
         self.skip_prefill = skip_prefill
 
-    # --- small helpers ------------------------------------------------------------------------
     def _num_draft_tokens(self) -> int:
         if self.spec is None:
             raise ValueError(f"{self.name}: speculative modes need a SpecConfig")
         return self.spec.num_draft_tokens
 
+    def _split_kw(self) -> dict:  # the split-count heuristic's constants
+        H, Hkv = self.cfg.num_heads, self.cfg.num_kv_heads
+        return dict(num_heads=H, num_kv_heads=Hkv, max_kv_splits=self.max_kv_splits, core_count=self.core_count)
+
     def _splits(self, num_kv_splits: torch.Tensor, seq_lens: torch.Tensor) -> None:
-        get_num_kv_splits(
-            num_kv_splits,
-            seq_lens,
-            num_group=num_kv_splits.numel() // max(seq_lens.numel(), 1),
-            num_heads=self.cfg.num_heads,
-            num_kv_heads=self.cfg.num_kv_heads,
-            max_kv_splits=self.max_kv_splits,
-            core_count=self.core_count,
-        )
+        num_group = num_kv_splits.numel() // max(seq_lens.numel(), 1)
+        get_num_kv_splits(num_kv_splits, seq_lens, num_group=num_group, **self._split_kw())
 
     def _check_verify_n(self, spec_info: VerifyInput) -> int:
         n = self._num_draft_tokens()
-        if spec_info.draft_token_num != n:
-            raise ValueError(
-                f"verify batch has draft_token_num={spec_info.draft_token_num}, the graph was "
-                f"captured for num_draft_tokens={n}"
-            )
+        if (got := spec_info.draft_token_num) != n:
+            raise ValueError(f"verify batch has draft_token_num={got}, the graph was captured for num_draft_tokens={n}")
         return n
 
     def _verify_mask(self, spec_info: Any) -> tuple[int, torch.Tensor | None]:
@@ -160,10 +102,8 @@ class TritonAttnBackend(AttentionBackend):
             layout.check_mask_fits(mask, self.cuda_graph_custom_mask)
         return n, mask
 
-    # --- eager --------------------------------------------------------------------------------
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
-        mode, bs, dev = fb.forward_mode, fb.batch_size, self.device
-        rpi, seq = fb.req_pool_indices, fb.seq_lens
+        mode, bs, dev, rpi, seq = fb.forward_mode, fb.batch_size, self.device, fb.req_pool_indices, fb.seq_lens
         kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
 
         def fresh_kv(lens: torch.Tensor, host_total: int) -> torch.Tensor:
@@ -178,27 +118,20 @@ class TritonAttnBackend(AttentionBackend):
                 kv_indptr, kv_indices = fb.spec_info.kv_indptr, fb.spec_info.kv_indices
             else:
                 kv_indices = fresh_kv(seq, fb.seq_lens_sum)
-            H, Dv, S = self.cfg.num_heads, self.cfg.v_head_dim, self.max_kv_splits
-            splits = torch.empty(max(rows, 1), dtype=torch.int32, device=dev)
+            H, Dv, S, r = self.cfg.num_heads, self.cfg.v_head_dim, self.max_kv_splits, max(rows, 1)
+            splits = torch.empty(r, dtype=torch.int32, device=dev)
             if bs:
                 self._splits(splits[:rows], seq)
-            self.forward_metadata = TritonMetadata(
-                kv_indptr,
-                kv_indices,
-                attn_logits=torch.empty(max(rows, 1), H, S, Dv, dtype=torch.float32, device=dev),
-                attn_lse=torch.empty(max(rows, 1), H, S, dtype=torch.float32, device=dev),
-                num_kv_splits=splits,
-            )
+            logits = torch.empty(r, H, S, Dv, dtype=torch.float32, device=dev)
+            lse = torch.empty(r, H, S, dtype=torch.float32, device=dev)
+            self.forward_metadata = TritonMetadata(kv_indptr, kv_indices, logits, lse, splits)  # decode fields
             return
         if mode.is_target_verify():
             spec = require_spec(mode, fb.spec_info, VerifyInput)
-            n = spec.draft_token_num
+            n, mask = spec.draft_token_num, spec.custom_mask
             kv_indices = fresh_kv(seq, fb.seq_lens_sum)  # prefix only: drafts come as k/v
             qo = torch.arange(0, (bs + 1) * n, n, dtype=self.qo_indptr_dtype, device=dev)
-            mask = mask_indptr = None
-            if spec.custom_mask is not None:
-                mask = spec.custom_mask
-                mask_indptr = layout.mask_indptr(seq, n)
+            mask_indptr = None if mask is None else layout.mask_indptr(seq, n)
             self.forward_metadata = TritonMetadata(
                 kv_indptr, kv_indices, max_extend_len=n, qo_indptr=qo, custom_mask=mask, mask_indptr=mask_indptr
             )
@@ -217,22 +150,15 @@ class TritonAttnBackend(AttentionBackend):
         max_len = int(rows.max()) if bs else 1  # eager: a host read is allowed (SGLang: .item())
         self.forward_metadata = TritonMetadata(kv_indptr, kv_indices, max_extend_len=max_len, qo_indptr=qo)
 
-    # --- graph buffers ------------------------------------------------------------------------
-    def init_cuda_graph_state(
-        self,
-        max_bs: int,
-        max_num_tokens: int,
-        kv_indices_buf: torch.Tensor | None = None,
-        num_kv_splits_buf: torch.Tensor | None = None,
-    ) -> None:
+    def init_cuda_graph_state(self, max_bs, max_num_tokens, kv_indices_buf=None, num_kv_splits_buf=None) -> None:
         T, L, H, dev = max_num_tokens, self.world.max_context_len, self.cfg.num_heads, self.device
         self.max_bs, self.max_num_tokens = max_bs, max_num_tokens
-        S, Dv = self.max_kv_splits, self.cfg.v_head_dim
-        f32 = dict(dtype=torch.float32, device=dev)
-        self.cuda_graph_attn_logits = torch.zeros(T, H, S, Dv, **f32)
-        self.cuda_graph_attn_lse = torch.zeros(T, H, S, **f32)
+        S, Dv, f32 = self.max_kv_splits, self.cfg.v_head_dim, dict(dtype=torch.float32, device=self.device)
+        R = max_bs if self.decode_rows_by_bs else T  # rows of the split-KV buffers
+        self.cuda_graph_attn_logits = torch.zeros(R, H, S, Dv, **f32)
+        self.cuda_graph_attn_lse = torch.zeros(R, H, S, **f32)
         if num_kv_splits_buf is None:
-            num_kv_splits_buf = torch.full((T,), S, dtype=torch.int32, device=dev)
+            num_kv_splits_buf = torch.full((R,), S, dtype=torch.int32, device=dev)
         elif int(num_kv_splits_buf.max()) > S:  # outside any graph: a host read is fine here
             raise ValueError(
                 f"shared num_kv_splits buffer holds a split count of {int(num_kv_splits_buf.max())}, "
@@ -240,7 +166,7 @@ class TritonAttnBackend(AttentionBackend):
             )
         self.cuda_graph_num_kv_splits = num_kv_splits_buf
         if kv_indices_buf is None:
-            kv_indices_buf = torch.zeros(T * L, dtype=self.kv_indices_dtype, device=dev)
+            kv_indices_buf = torch.zeros(R * L, dtype=self.kv_indices_dtype, device=dev)
         self.cuda_graph_kv_indices = kv_indices_buf
         if not self.skip_prefill:
             self.cuda_graph_custom_mask = torch.zeros(T * L, dtype=torch.uint8, device=dev)
@@ -270,47 +196,34 @@ class TritonAttnBackend(AttentionBackend):
         kv_lens = layout.prefix_kv_lens(mode, seq_lens[:bs], tpr)  # padded rows: empty prefix
         self._fill_kv_indptr_and_indices(bs, kv_lens, rpi[:bs], self.cuda_graph_kv_indices)
 
+    def _decode_views(self, kv_indptr: torch.Tensor, kv_indices: torch.Tensor) -> TritonMetadata:
+        """Decode metadata over the static split-KV buffers (logits, lse, split counts)."""
+        logits, lse, splits = self.cuda_graph_attn_logits, self.cuda_graph_attn_lse, self.cuda_graph_num_kv_splits
+        return TritonMetadata(kv_indptr, kv_indices, attn_logits=logits, attn_lse=lse, num_kv_splits=splits)
+
     def _build_cuda_graph_forward_metadata(self, bs: int, mode: ForwardMode, spec_info: Any):
         """Metadata whose tensors are views of the static buffers (nothing is computed)."""
         kv = dict(kv_indptr=self.kv_indptr[: bs + 1], kv_indices=self.cuda_graph_kv_indices)
         if mode.is_decode_or_idle():
-            return TritonMetadata(
-                **kv,
-                attn_logits=self.cuda_graph_attn_logits,
-                attn_lse=self.cuda_graph_attn_lse,
-                num_kv_splits=self.cuda_graph_num_kv_splits,
-            )
+            return self._decode_views(**kv)
+        qo = self.qo_indptr[: bs + 1]
         if mode.is_target_verify():
             has_mask = spec_info is not None and spec_info.custom_mask is not None
-            return TritonMetadata(
-                **kv,
-                max_extend_len=self._num_draft_tokens(),
-                qo_indptr=self.qo_indptr[: bs + 1],
-                custom_mask=self.cuda_graph_custom_mask if has_mask else None,
-                mask_indptr=self.mask_indptr[: bs + 1] if has_mask else None,
-            )
+            mask, mask_indptr = (self.cuda_graph_custom_mask, self.mask_indptr[: bs + 1]) if has_mask else (None, None)
+            n = self._num_draft_tokens()
+            return TritonMetadata(**kv, max_extend_len=n, qo_indptr=qo, custom_mask=mask, mask_indptr=mask_indptr)
         if mode.is_any_draft_extend():
-            # the stride the rows are laid out with (v2: N, as current upstream; the
-            # post-#26665 code froze S+1 for v2 too, which misses rows once N > S+1)
-            return TritonMetadata(
-                **kv, max_extend_len=layout.rows_per_request(mode, self.spec), qo_indptr=self.qo_indptr[: bs + 1]
-            )
+            # the rows' stride (v2: N, as current upstream; post-#26665 froze S+1, missing rows once N > S+1)
+            return TritonMetadata(**kv, max_extend_len=layout.rows_per_request(mode, self.spec), qo_indptr=qo)
         raise ValueError(f"Invalid forward mode {mode} for a CUDA graph")
 
-    # --- Pattern A ----------------------------------------------------------------------------
     def init_forward_metadata_capture_cuda_graph(
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
     ) -> None:
         self.check_graph_mode(forward_mode)
         if forward_mode.is_decode_or_idle() and isinstance(spec_info, DraftDecodeInput):
             # multi-step draft decode: the multi-step wrapper owns and fills the kv buffers
-            self.forward_metadata = TritonMetadata(
-                spec_info.kv_indptr,
-                spec_info.kv_indices,
-                attn_logits=self.cuda_graph_attn_logits,
-                attn_lse=self.cuda_graph_attn_lse,
-                num_kv_splits=self.cuda_graph_num_kv_splits,
-            )
+            self.forward_metadata = self._decode_views(spec_info.kv_indptr, spec_info.kv_indices)
             return
         self.init_forward_metadata_replay_cuda_graph(
             bs, req_pool_indices, seq_lens, None, encoder_lens, forward_mode, spec_info, None
@@ -332,40 +245,35 @@ class TritonAttnBackend(AttentionBackend):
         else:
             raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")
 
-    # --- checker support ----------------------------------------------------------------------
     def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
         md: TritonMetadata = self.forward_metadata
         rows = md.kv_indptr.numel() - 1
         state: dict[str, Any] = {"kv_indptr": md.kv_indptr, "kv_indices": md.kv_indices[: int(md.kv_indptr[-1])]}
         if md.num_kv_splits is not None:
-            state["num_kv_splits"] = md.num_kv_splits[:rows]
-            state["max_kv_splits"] = md.attn_logits.shape[2]
+            state.update(num_kv_splits=md.num_kv_splits[:rows], max_kv_splits=md.attn_logits.shape[2])
         if md.qo_indptr is not None:
-            state["qo_indptr"] = md.qo_indptr
-            state["max_extend_len"] = md.max_extend_len
+            state.update(qo_indptr=md.qo_indptr, max_extend_len=md.max_extend_len)
         if md.mask_indptr is not None:
             state["mask_indptr"] = md.mask_indptr
             state["custom_mask"] = md.custom_mask[: int(md.mask_indptr[-1])].to(torch.uint8)
         return state
 
     def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any] | None:
-        """From the batch alone: host lengths, ``build_kv_indices_ref``, ``get_num_kv_splits_ref``,
-        the mode's row stride; live regions only."""
+        """From the batch alone: host lengths, ``build_kv_indices_ref``, ``get_num_kv_splits_ref``, the mode's row stride;
+        live regions only."""
         mode, bs, spec = fb.forward_mode, fb.batch_size, fb.spec_info
         if isinstance(spec, DraftDecodeInput):
             return None  # the multi-step wrapper gives the per-step reference
         seq = fb.seq_lens_cpu.to(torch.int64)
         if mode.is_decode_or_idle():
             ref = csr_ref(self.world.req_to_token, fb.req_pool_indices, seq)
-            ref["num_kv_splits"] = torch.tensor(self._splits_ref(seq.tolist(), 1), device="cpu")
-            ref["max_kv_splits"] = self.max_kv_splits
-            return ref
+            splits = torch.tensor(get_num_kv_splits_ref(seq.tolist(), num_group=1, **self._split_kw()), device="cpu")
+            return {**ref, "num_kv_splits": splits, "max_kv_splits": self.max_kv_splits}
         S, n = self.spec.num_steps, self.spec.num_draft_tokens
         rows = S + 1 if mode.is_draft_extend_v1() else n  # verify / draft extend v2: N rows
         prefix = seq if mode.is_target_verify() else (seq - rows).clamp(min=0)
         ref = csr_ref(self.world.req_to_token, fb.req_pool_indices, prefix)
-        ref["qo_indptr"] = torch.arange(0, bs * rows + 1, rows, device="cpu")
-        ref["max_extend_len"] = rows
+        ref.update(qo_indptr=torch.arange(0, bs * rows + 1, rows, device="cpu"), max_extend_len=rows)
         if mode.is_target_verify() and spec.custom_mask is not None:
             blocks = [n * (s + n) for s in seq.tolist()]
             ref["mask_indptr"] = torch.tensor([0] + blocks, device="cpu").cumsum(0)
@@ -373,27 +281,10 @@ class TritonAttnBackend(AttentionBackend):
         return ref
 
     def draft_step_reference(self, indptr: torch.Tensor, indices: torch.Tensor, fb) -> dict:
-        topk = fb.spec_info.topk
-        splits = self._splits_ref(fb.seq_lens_cpu.tolist(), topk)
-        return {
-            "kv_indptr": indptr,
-            "kv_indices": indices,
-            "max_kv_splits": self.max_kv_splits,
-            "num_kv_splits": torch.tensor(splits, device="cpu"),
-        }
+        lens, kw = fb.seq_lens_cpu.tolist(), self._split_kw()
+        splits = torch.tensor(get_num_kv_splits_ref(lens, num_group=fb.spec_info.topk, **kw), device="cpu")
+        return dict(kv_indptr=indptr, kv_indices=indices, max_kv_splits=self.max_kv_splits, num_kv_splits=splits)
 
-    def _splits_ref(self, seq_lens: list[int], num_group: int) -> list[int]:
-        cfg = self.cfg
-        return get_num_kv_splits_ref(
-            seq_lens,
-            num_group=num_group,
-            num_heads=cfg.num_heads,
-            num_kv_heads=cfg.num_kv_heads,
-            max_kv_splits=self.max_kv_splits,
-            core_count=self.core_count,
-        )
-
-    # --- the captured step --------------------------------------------------------------------
     def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
         md: TritonMetadata = self.forward_metadata
         cache, cfg = self.world.kv_cache, self.cfg
@@ -401,55 +292,24 @@ class TritonAttnBackend(AttentionBackend):
         out = torch.empty(q.shape[0], cfg.num_heads, cfg.v_head_dim, dtype=q.dtype, device=q.device)
         if q.shape[0] == 0:  # an idle batch
             return out
+        kc, vc, csr = cache.k[layer], cache.v[layer], (md.kv_indptr, md.kv_indices)
         if md.num_kv_splits is not None:  # decode / idle / draft decode
-            decode_attention(
-                q,
-                cache.k[layer],
-                cache.v[layer],
-                out,
-                md.kv_indptr,
-                md.kv_indices,
-                md.attn_logits,
-                md.attn_lse,
-                md.num_kv_splits,
-                md.attn_logits.shape[2],
-                cfg.sm_scale,
-            )
+            splits = (md.attn_logits, md.attn_lse, md.num_kv_splits, md.attn_logits.shape[2])
+            decode_attention(q, kc, vc, out, *csr, *splits, cfg.sm_scale)
         else:  # target verify / draft extend / extend: new tokens' k, v passed directly
-            extend_attention(
-                q,
-                k,
-                v,
-                out,
-                cache.k[layer],
-                cache.v[layer],
-                md.qo_indptr,
-                md.kv_indptr,
-                md.kv_indices,
-                md.custom_mask,
-                md.mask_indptr,
-                md.custom_mask is None,
-                md.max_extend_len,
-                cfg.sm_scale,
-            )
+            mask = (md.custom_mask, md.mask_indptr, md.custom_mask is None)  # (mask, its indptr, causal)
+            extend_attention(q, k, v, out, kc, vc, md.qo_indptr, *csr, *mask, md.max_extend_len, cfg.sm_scale)
         return out
 
 
-# ----------------------------------------------------------------------------------------------
 class TritonAttnBackendLegacy(TritonAttnBackend):
-    """Legacy shape (Pattern C, before #26134): capture and replay are two separate inline
-    bodies, written as the code looked before the refactor (none of its helpers), with the
-    historical differences kept on purpose and numbered:
+    """Legacy shape (Pattern C, before #26134): two inline bodies, none of the refactor's helpers:
 
-    1. capture never calls ``get_num_kv_splits``: the split buffer still holds
-       ``max_kv_splits`` from ``torch.full`` during warm-up and capture (benign: the kernel
-       reads the buffer at run time and replay does compute it);
-    2. draft-extend replay lays ``qo_indptr`` out by cumulative accept lengths (a ragged
-       stride, ``accept_length + 1`` real rows per request) while capture used the uniform
-       stride the rows are actually laid out with: requests after the first read the wrong rows;
-    3. draft extend v2 strides ``S + 1`` like v1 (before #27545): with trees (``N > S + 1``)
-       the rows of every request after the first are misread.
-    """
+    1. capture never calls ``get_num_kv_splits``: the split buffer keeps ``max_kv_splits`` from
+       ``torch.full`` through warm-up and capture (benign: replay computes it, the kernel reads it);
+    2. draft-extend replay lays ``qo_indptr`` out by cumulative accept lengths (ragged), capture by
+       the uniform stride the rows really have: requests after the first read the wrong rows;
+    3. draft extend v2 strides ``S + 1`` like v1 (before #27545): wrong rows once ``N > S + 1``."""
 
     variant = "legacy"
     pattern = "C"
@@ -524,9 +384,7 @@ class TritonAttnBackendLegacy(TritonAttnBackend):
             bs = len(req_pool_indices)  # upstream recomputes bs here
             self.qo_indptr[: bs + 1] = torch.arange(0, (bs + 1) * n, n, device=dev)
             self.kv_indptr[1 : bs + 1] = torch.cumsum(seq_lens[:bs], 0)
-            build_kv_indices(
-                r2t, req_pool_indices[:bs], seq_lens[:bs], self.kv_indptr[: bs + 1], self.cuda_graph_kv_indices
-            )
+            build_kv_indices(r2t, req_pool_indices[:bs], seq_lens[:bs], self.kv_indptr[: bs + 1], self.cuda_graph_kv_indices)
             if spec.custom_mask is not None:
                 self.cuda_graph_custom_mask[: spec.custom_mask.numel()].copy_(spec.custom_mask)
                 seq_mask_len = n * (seq_lens[:bs].to(torch.int64) + n)
@@ -544,7 +402,6 @@ class TritonAttnBackendLegacy(TritonAttnBackend):
             raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")
 
 
-# ----------------------------------------------------------------------------------------------
 class TritonMultiStepDraftBackend(MultiStepDraftBackend):
     """Multi-step draft decode over unified Triton step backends: one split buffer, shared."""
 

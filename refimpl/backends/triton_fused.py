@@ -1,7 +1,6 @@
-"""refimpl's own Triton shapes (not upstream's): ``fused`` (Pattern A, the replay hook's metadata in
-one launch) and ``in_graph`` (that launch recorded inside the graph)
-([facts#fused-and-in-graph-metadata]). Both are ``TritonAttnBackend`` (``triton.py``) with
-another replay hook: same buffers, same ``forward``, same graph state and reference.
+"""refimpl's own Triton shapes (not upstream's; [facts#fused-and-in-graph-metadata]): ``fused`` (the replay hook's metadata
+in one launch) and ``in_graph`` (that launch recorded inside the graph). Both are ``TritonAttnBackend`` with another
+replay hook: same buffers, ``forward``, graph state, reference.
 """
 
 from __future__ import annotations
@@ -17,23 +16,11 @@ from .triton import TritonAttnBackend, TritonMetadata
 
 
 class TritonAttnBackendFused(TritonAttnBackend):
-    """refimpl's own shape (not upstream's): the replay hook's metadata in ONE Triton launch.
-
-    [facts#fused-and-in-graph-metadata]. The unified hook launches a cumsum, the CSR kernel and
-    the split-count kernel for decode (target verify: an ``arange`` copy, the cumsum and CSR
-    kernel, the mask copy and the ``mask_indptr`` cumsum). On an H200 that hook costs ~180 µs of
-    host time against ~10-15 µs per Triton launch and ~2.4 µs for ``graph.replay()``: the
-    metadata glue, not the model, dominates a small-batch replay. Here
-    ``refimpl.kernels.fused_graph_metadata`` writes ``kv_indptr``, ``cuda_graph_kv_indices`` and
-    ``cuda_graph_num_kv_splits`` (decode) or ``kv_indptr``, ``cuda_graph_kv_indices``,
-    ``qo_indptr``, ``mask_indptr`` and the custom-mask copy (verify) in one launch, outside the
-    graph (goal: <= 20 µs host per hook at bs 1..256). SGLang 0.5.23 attacks the same cost with
-    an optional captured "metadata glue graph" (``SGLANG_ENABLE_METADATA_GLUE_GRAPH``, off by
-    default). Capture runs the replay body, then freezes the same views as the unified shape
-    (Pattern A), so ``graph_state`` / ``reference_graph_state`` are the unified ones.
-
-    Modes: decode, idle, target verify. Draft extend and multi-step draft decode are refused.
-    """
+    """The replay hook's metadata in ONE Triton launch (``refimpl.kernels.fused_graph_metadata``), outside the graph, where
+    the unified hook launches several (~180 µs host time on an H200 vs ~2.4 µs for ``graph.replay()``; goal: <= 20 µs
+    per hook at bs 1..256). SGLang 0.5.23 attacks the same cost with an optional captured "metadata glue graph"
+    (``SGLANG_ENABLE_METADATA_GLUE_GRAPH``). Capture = the replay body + the unified views (A). Modes: decode, idle,
+    target verify."""
 
     variant = "fused"
     pattern = "A"
@@ -43,8 +30,7 @@ class TritonAttnBackendFused(TritonAttnBackend):
         if isinstance(spec_info, DraftDecodeInput):
             supported = ", ".join(sorted(m.label for m in self.graph_modes))
             raise GraphModeNotSupported(
-                f"{self.name}/{self.variant} does not support multi-step draft decode under "
-                f"graphs (supported: {supported})"
+                f"{self.name}/{self.variant} does not support multi-step draft decode under graphs (supported: {supported})"
             )
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kw) -> None:
@@ -52,41 +38,19 @@ class TritonAttnBackendFused(TritonAttnBackend):
         self._fused_plans: dict[tuple, tuple] = {}  # (bs, N, mask?) -> (seq_lens, rpi, args)
 
     def _fused_metadata(self, mode, req_pool_indices, seq_lens, n=None, mask=None) -> None:
-        """The one launch: every buffer the captured ``forward`` reads for ``seq_lens``' bs.
-
-        The arguments are checked once per (bs, mode, mask) and runner tensors: a replay passes
-        the same static ``seq_lens`` / ``req_pool_indices`` views every time (the runner keeps
-        one per bs), so later calls only check the fresh spec mask and launch."""
+        """The one launch: every buffer ``forward`` reads. Arguments are checked once per (bs, mode, mask) and runner
+        tensors (the runner's same static per-bs views); later calls check the mask, launch."""
         key = (seq_lens.shape[0], n, mask is not None)
         plan = self._fused_plans.get(key)
         if plan is None or plan[0] is not seq_lens or plan[1] is not req_pool_indices:
-            cfg, r2t = self.cfg, self.world.req_to_token
+            csr = (self.world.req_to_token, req_pool_indices, seq_lens, self.kv_indptr, self.cuda_graph_kv_indices)
             if mode.is_decode_or_idle():
-                args = fused_graph_metadata_args(
-                    r2t,
-                    req_pool_indices,
-                    seq_lens,
-                    self.kv_indptr,
-                    self.cuda_graph_kv_indices,
-                    num_kv_splits=self.cuda_graph_num_kv_splits,
-                    num_heads=cfg.num_heads,
-                    num_kv_heads=cfg.num_kv_heads,
-                    max_kv_splits=self.max_kv_splits,
-                    core_count=self.core_count,
-                )
+                kw = dict(num_kv_splits=self.cuda_graph_num_kv_splits, **self._split_kw())
             else:
-                args = fused_graph_metadata_args(
-                    r2t,
-                    req_pool_indices,
-                    seq_lens,
-                    self.kv_indptr,
-                    self.cuda_graph_kv_indices,
-                    num_draft_tokens=n,
-                    qo_indptr=self.qo_indptr,
-                    mask_indptr=self.mask_indptr,
-                    custom_mask_src=mask,
-                    custom_mask=None if mask is None else self.cuda_graph_custom_mask,
-                )
+                custom_mask = None if mask is None else self.cuda_graph_custom_mask
+                kw = dict(num_draft_tokens=n, qo_indptr=self.qo_indptr, mask_indptr=self.mask_indptr)
+                kw.update(custom_mask_src=mask, custom_mask=custom_mask)
+            args = fused_graph_metadata_args(*csr, **kw)
             plan = self._fused_plans[key] = (seq_lens, req_pool_indices, args)
         launch_fused_graph_metadata(plan[2], mask)
 
@@ -115,19 +79,10 @@ class TritonAttnBackendFused(TritonAttnBackend):
 
 
 class TritonAttnBackendInGraph(TritonAttnBackendFused):
-    """refimpl's own shape: the fused metadata launch recorded INSIDE the graph (in-graph).
-
-    [facts#fused-and-in-graph-metadata]. ``init_forward_metadata_in_graph`` (the runner calls
-    it first thing in the captured step) launches ``fused_graph_metadata`` on the runner's
-    static ``seq_lens`` / ``req_pool_indices``, so every replay rebuilds ``kv_indptr``,
-    ``cuda_graph_kv_indices``, the split counts (decode) or ``qo_indptr`` / ``mask_indptr``
-    (verify) on the device as part of the graph, the way TRTLLM-MLA's in_graph shape does
-    (#30807 / #31628, [facts#trtllm-mla-after-26665-and-after-29077]). The replay hook does no
-    metadata work: decode / idle only re-point ``forward_metadata`` at the bs's views; target
-    verify also copies the spec's custom mask into ``cuda_graph_custom_mask`` (a varying-size
-    input the graph cannot read from a fresh tensor). Goal: a replay is the input copies plus
-    one graph launch (<= 5 µs of host time beyond the copies on an H200).
-    """
+    """The fused metadata launch recorded INSIDE the graph (in-graph), as TRTLLM-MLA's in_graph shape (#30807 / #31628,
+    [facts#trtllm-mla-after-26665-and-after-29077]): ``init_forward_metadata_in_graph`` launches it on the runner's
+    static inputs; the replay hook only re-points ``forward_metadata`` (verify: and copies the spec's mask, a
+    varying-size input). Goal: <= 5 µs host beyond the copies."""
 
     variant = "in_graph"
     pattern = "in-graph"
@@ -140,15 +95,9 @@ class TritonAttnBackendInGraph(TritonAttnBackendFused):
         """The bs's metadata views (built once per bs / mode / mask presence)."""
         verify = mode.is_target_verify()
         key = (bs, verify, verify and spec_info.custom_mask is not None)
-        md = self._graph_views.get(key)
-        if md is None:
-            md = self._graph_views[key] = self._build_cuda_graph_forward_metadata(bs, mode, spec_info)
-        return md
-
-    def _copy_mask(self, spec_info: Any) -> None:
-        _, mask = self._verify_mask(spec_info)
-        if mask is not None:
-            self.cuda_graph_custom_mask[: mask.numel()].copy_(mask)
+        if key not in self._graph_views:
+            self._graph_views[key] = self._build_cuda_graph_forward_metadata(bs, mode, spec_info)
+        return self._graph_views[key]
 
     def init_forward_metadata_capture_cuda_graph(
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
@@ -160,8 +109,8 @@ class TritonAttnBackendInGraph(TritonAttnBackendFused):
         )  # the mask copy (verify) and the views; the metadata itself is built in the graph
 
     def init_forward_metadata_in_graph(self, fb: ForwardBatch) -> None:
-        """Runs inside the captured region: recorded, so every replay rebuilds in the graph.
-        Reads only static buffers (the runner's ``seq_lens`` / ``req_pool_indices``)."""
+        """Runs inside the captured region: recorded, so every replay rebuilds in the graph. Reads only static buffers (the
+        runner's ``seq_lens`` / ``req_pool_indices``)."""
         mode = fb.forward_mode
         n = self._num_draft_tokens() if mode.is_target_verify() else None
         self._fused_metadata(mode, fb.req_pool_indices, fb.seq_lens, n)  # no mask copy here
@@ -169,8 +118,10 @@ class TritonAttnBackendInGraph(TritonAttnBackendFused):
     def init_forward_metadata_replay_cuda_graph(
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
     ) -> None:
-        if forward_mode.is_target_verify():
-            self._copy_mask(spec_info)
+        if forward_mode.is_target_verify():  # copy the spec's mask (a varying-size input)
+            _, mask = self._verify_mask(spec_info)
+            if mask is not None:
+                self.cuda_graph_custom_mask[: mask.numel()].copy_(mask)
         elif not forward_mode.is_decode_or_idle():
             raise GraphModeNotSupported(f"{self.name}/{self.variant}: {forward_mode.label} is not captured")
         self.forward_metadata = self._views(bs, forward_mode, spec_info)  # re-point only

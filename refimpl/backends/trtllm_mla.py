@@ -1,41 +1,14 @@
-"""SGLang's TRTLLM-MLA backend in four shapes: legacy, unified, simplified (#29077), in_graph.
+"""SGLang's TRTLLM-MLA backend in four shapes: legacy (C, before #21987), unified (A, after #26665), simplified (#29077)
+and in_graph (#30807 / #31628); each class says what it changes.
 
-Upstream: ``python/sglang/srt/layers/attention/trtllm_mla_backend.py`` (``TRTLLMMLABackend``, a
-subclass of FlashInfer-MLA); facts in ``[facts#trtllm-mla]``. The real kernel, FlashInfer's
-``trtllm_batch_decode_with_kv_cache_mla``, needs Blackwell (SM100); refimpl calls its own Triton
-kernel with the same arguments (``refimpl.kernels.trtllm_batch_decode_with_kv_cache_mla``, on CPU
-and on Hopper): on an SM100 machine the real function plugs in under that name.
-
-The kernel reads the latent cache through a **block table** of 32- or 64-token pages and takes
-``seq_lens`` (device data, read at run time) and ``max_seq_len`` (a Python int: frozen when a
-graph captures the call; keys past it are not read). Target verify and draft extend v2 run the
-same kernel with N query rows per request, causal among them.
-
-| buffer (``init_cuda_graph_state``)  | shape                             | dtype | init |
-|-------------------------------------|-----------------------------------|-------|------|
-| decode_cuda_graph_kv_indices        | [B, calc_padded_blocks(L)]        | int32 | -1   |
-| per bs, in ``_init_cuda_graph_metadata``: seq_lens_k [bs]; draft extend also cu_seqlens_q [bs+1], seq_lens_q [bs] | | int32 | |
-
-Lengths the kernel sees, per mode (``_seqlen_offset``): decode ``seq_lens``; target verify
-``seq_lens + N`` (the prefix plus the drafts); draft extend v2 ``seq_lens`` (refimpl's count
-includes the N new rows); multi-step draft step i ``seq_lens + i + 1``.
-
-The four shapes, each a small delta from the one before:
-
-- ``legacy`` (C, before #21987): capture and replay are separate bodies. (1) capture freezes
-  ``max_seq_len = seq_lens.max()``; replay updates that Python attribute, which the graph never
-  sees, so a replayed sequence longer than anything at capture is truncated; (2) draft-extend
-  replay lays ``cu_seqlens_q`` out by cumulative accept lengths, capture by the uniform stride.
-- ``unified`` (A, after #26665): ``_init_cuda_graph_metadata`` + ``_apply_cuda_graph_metadata``,
-  capture = init + the replay body; ``max_seq_len_k = L`` (valid for every later batch); draft
-  extend still re-copies ``cu_seqlens_q`` / ``seq_lens_q`` and does identity arithmetic on
-  every replay, with ``num_tokens // bs`` rows per request at init.
-- ``simplified`` (A, #29077): those per-replay copies and the arithmetic gone; the rows per
-  request at init are ``num_draft_tokens``. (The per-bs *allocation* of ``cu_seqlens_q`` /
-  ``seq_lens_q`` in ``_init_cuda_graph_metadata`` stays, as it does upstream.)
-- ``in_graph`` (in-graph, #30807 / #31628): one fused Triton kernel rebuilds the block table and
-  ``seq_lens_k`` *inside* the graph (``init_forward_metadata_in_graph``); the replay hook only
-  re-points the metadata, so a replay is the input copies plus one graph launch.
+Upstream: ``python/sglang/srt/layers/attention/trtllm_mla_backend.py`` (``TRTLLMMLABackend``, a subclass of
+FlashInfer-MLA); facts in ``[facts#trtllm-mla]``, buffers in ``[facts#trtllm-mla-buffers-and-helpers]``. FlashInfer's
+real ``trtllm_batch_decode_with_kv_cache_mla`` needs Blackwell (SM100); refimpl's Triton kernel of the same name and
+arguments (``refimpl.kernels``) stands in on CPU and Hopper. It reads the latent cache through a **block table** of 32-
+or 64-token pages and takes ``seq_lens`` (device data) and ``max_seq_len`` (a Python int, frozen at capture; keys past
+it are not read). Target verify and draft extend v2 run it with N query rows per request, causal among them. The
+kernel's lengths (``_seqlen_offset``): decode ``seq_lens``; target verify ``seq_lens + N``; draft extend v2 ``seq_lens``
+(it counts the N new rows); draft step i ``seq_lens + i + 1``.
 """
 
 from __future__ import annotations
@@ -49,13 +22,8 @@ import torch
 from .. import layout
 from ..batch import ForwardBatch, World
 from ..config import SpecConfig
-from ..kernels import (
-    build_block_table,
-    build_block_table_ref,
-    trtllm_batch_decode_with_kv_cache_mla,
-    trtllm_mla_graph_metadata,
-)
-from ..modes import ForwardMode
+from ..kernels import build_block_table, build_block_table_ref, trtllm_batch_decode_with_kv_cache_mla, trtllm_mla_graph_metadata
+from ..modes import GRAPH_MODES, ForwardMode
 from ..spec import DraftDecodeInput, DraftExtendInput, VerifyInput, require_spec
 from .base import AttentionBackend, GraphModeNotSupported, MultiStepBackend
 from .flashinfer_mla import FlashInferMLAAttnBackend
@@ -66,44 +34,36 @@ WORKSPACE_BYTES = 1 << 20  # upstream: a shared 150 MB int8 workspace; the stand
 
 
 def calc_padded_blocks(max_seq_len: int, page_size: int) -> int:
-    """Pages for ``max_seq_len`` rounded up to ``lcm(128 // P, 4096 // P)`` (upstream's
-    ``_calc_padded_blocks``): 64 pages at P = 64, 128 at P = 32."""
+    """Pages for ``max_seq_len`` rounded up to ``lcm(128 // P, 4096 // P)`` (upstream's ``_calc_padded_blocks``): 64 pages
+    at P = 64, 128 at P = 32."""
     multiple = math.lcm(TRTLLM_BLOCK_CONSTRAINT // page_size, FLASHMLA_BLOCK // page_size)
     return -(-max(-(-max_seq_len // page_size), 1) // multiple) * multiple
 
 
-# fmt: off
 @dataclass
 class TRTLLMMLADecodeMetadata:
-    block_kv_indices: torch.Tensor             # [bs, width] int32 page ids
-    max_seq_len_k: int                         # bound on seq_lens; frozen at capture (graph: L)
-    seq_lens_k: torch.Tensor | None = None     # [bs] int32: the kernel's lengths (not decode)
-    max_seq_len_q: int | None = None           # draft extend: query rows per request
-    sum_seq_lens_q: int | None = None          # draft extend: query rows in all
-    cu_seqlens_q: torch.Tensor | None = None   # draft extend: [bs+1] int32 row offsets
-    seq_lens_q: torch.Tensor | None = None     # draft extend: [bs] int32 rows per request
-# fmt: on
+    block_kv_indices: torch.Tensor  # [bs, width] int32 page ids
+    max_seq_len_k: int  # bound on seq_lens; frozen at capture (graph: L)
+    seq_lens_k: torch.Tensor | None = None  # [bs] int32: the kernel's lengths (not decode)
+    max_seq_len_q: int | None = None  # draft extend: query rows per request
+    sum_seq_lens_q: int | None = None  # draft extend: query rows in all
+    cu_seqlens_q: torch.Tensor | None = None  # draft extend: [bs+1] int32 row offsets
+    seq_lens_q: torch.Tensor | None = None  # draft extend: [bs] int32 rows per request
 
 
 class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
-    """Unified shape (after #26665): capture = ``_init_cuda_graph_metadata`` + the replay body."""
+    """Unified shape (after #26665): capture = ``_init_cuda_graph_metadata`` + the replay body; draft extend still
+    re-copies ``cu_seqlens_q`` / ``seq_lens_q`` and does identity arithmetic every replay."""
 
     name = "trtllm_mla"
     variant = "unified"
     pattern = "A"
     page_sizes = (32, 64)
     page_size = 64  # what the registry builds it with
-    graph_buffer_names = (
-        "kv_indptr",
-        "decode_cuda_graph_kv_indices",
-        "cuda_graph_kv_indices",
-        "cuda_graph_qo_indptr",
-        "cuda_graph_kv_indptr",
-        "cuda_graph_kv_lens",
+    graph_buffer_names = ("kv_indptr", "decode_cuda_graph_kv_indices") + tuple(
+        f"cuda_graph_{b}" for b in ("kv_indices", "qo_indptr", "kv_indptr", "kv_lens")
     )
-    graph_modes = frozenset(
-        {ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2}
-    )
+    graph_modes = frozenset(GRAPH_MODES) - {ForwardMode.DRAFT_EXTEND}  # draft extend v1 is not captured
 
     def __init__(self, world: World, spec: SpecConfig | None = None, *, draft_step: int | None = None, **kw):
         super().__init__(world, spec, **kw)
@@ -121,23 +81,18 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
                 f"takes chains only (topk=1); got topk={self.spec.topk}"
             )
 
-    # --- the one per-mode rule ----------------------------------------------------------------
     def _seqlen_offset(self, mode: ForwardMode, spec_info: Any) -> int:
         """What the kernel's lengths add to ``seq_lens``: N (verify), step + 1 (draft step)."""
         if mode.is_target_verify():
             n = require_spec(mode, spec_info, VerifyInput).draft_token_num
-            if n != self.spec.num_draft_tokens:
-                raise ValueError(
-                    f"verify batch has N={n}, the graph was captured for num_draft_tokens={self.spec.num_draft_tokens}"
-                )
+            if n != (want := self.spec.num_draft_tokens):
+                raise ValueError(f"verify batch has N={n}, the graph was captured for num_draft_tokens={want}")
             return n
         if mode.is_draft_extend_v2():
             rows = require_spec(mode, spec_info, DraftExtendInput).num_tokens_per_req
-            n = layout.rows_per_request(mode, self.spec)
-            if rows != n:
+            if rows != (n := layout.rows_per_request(mode, self.spec)):
                 raise ValueError(
-                    f"draft-extend batch has {rows} tokens per request, the graph "
-                    f"was captured for {n} (num_draft_tokens)"
+                    f"draft-extend batch has {rows} tokens per request, the graph was captured for {n} (num_draft_tokens)"
                 )
             return 0
         if isinstance(spec_info, DraftDecodeInput):
@@ -146,7 +101,6 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
             return self.draft_step + 1
         return 0
 
-    # --- eager --------------------------------------------------------------------------------
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         mode = fb.forward_mode
         if not (mode.is_decode_or_idle() or mode.is_target_verify() or mode.is_draft_extend_v2()):
@@ -163,10 +117,7 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
             md.seq_lens_k, md.max_seq_len_q, md.sum_seq_lens_q = seq_k, n, n * bs
         self.forward_metadata = md
 
-    # --- graphs -------------------------------------------------------------------------------
-    def init_cuda_graph_state(
-        self, max_bs: int, max_num_tokens: int, block_kv_indices: torch.Tensor | None = None
-    ) -> None:
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, block_kv_indices=None) -> None:
         L, P = self.world.max_context_len, self.page_size
         if block_kv_indices is None:
             block_kv_indices = torch.full((max_bs, self.max_blocks), -1, dtype=torch.int32, device=self.device)
@@ -179,16 +130,14 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
         super().init_cuda_graph_state(max_bs, max_num_tokens)
 
     def _init_cuda_graph_metadata(self, bs, num_tokens, mode, spec_info) -> TRTLLMMLADecodeMetadata:
-        """Per-bs metadata whose tensors the graph will read; ``max_seq_len_k = L`` holds for
-        every later batch ("capture with full width so future longer sequences are safe")."""
-        dev, i32 = self.device, torch.int32
-        md = TRTLLMMLADecodeMetadata(
-            self.decode_cuda_graph_kv_indices[:bs, : self.max_blocks], self.world.max_context_len
-        )
+        """Per-bs metadata whose tensors the graph will read; ``max_seq_len_k = L`` holds for every later batch ("capture
+        with full width so future longer sequences are safe")."""
+        table = self.decode_cuda_graph_kv_indices[:bs, : self.max_blocks]
+        md = TRTLLMMLADecodeMetadata(table, self.world.max_context_len)
         if mode.is_draft_extend_v2():
             self._init_draft_extend(md, bs, num_tokens)
         elif self._seqlen_offset(mode, spec_info):  # verify, draft step
-            md.seq_lens_k = torch.zeros(bs, dtype=i32, device=dev)
+            md.seq_lens_k = torch.zeros(bs, dtype=torch.int32, device=self.device)
         self.decode_cuda_graph_metadata[bs] = self.forward_metadata = md
         self.captured_max_seq_len[bs] = md.max_seq_len_k
         return md
@@ -235,13 +184,9 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
         self._apply_cuda_graph_metadata(bs, req_pool_indices, seq_lens, forward_mode, spec_info)
         self.forward_metadata = self.decode_cuda_graph_metadata[bs]
 
-    # --- checker support ----------------------------------------------------------------------
     def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
         md: TRTLLMMLADecodeMetadata = self.forward_metadata
-        state: dict[str, Any] = {
-            "block_kv_indices": md.block_kv_indices[:bs],
-            "max_seq_len_k": self.captured_max_seq_len[bs],  # what the graph baked in
-        }
+        state = dict(block_kv_indices=md.block_kv_indices[:bs], max_seq_len_k=self.captured_max_seq_len[bs])
         for name in ("seq_lens_k", "cu_seqlens_q", "seq_lens_q", "max_seq_len_q", "sum_seq_lens_q"):
             if (value := getattr(md, name)) is not None:
                 state[name] = value
@@ -253,25 +198,16 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
         offset = self._seqlen_offset(mode, fb.spec_info)
         seq_k = (fb.seq_lens_cpu + offset).to(torch.int32)
         fresh = torch.full((bs, self.max_blocks), -1, dtype=torch.int32, device="cpu")
-        ref: dict[str, Any] = {
-            "block_kv_indices": build_block_table_ref(
-                self.world.req_to_token.cpu(), fb.req_pool_indices.cpu(), seq_k, fresh, P
-            ),
-            "max_seq_len_k": self.world.max_context_len,
-        }
+        table = build_block_table_ref(self.world.req_to_token.cpu(), fb.req_pool_indices.cpu(), seq_k, fresh, P)
+        ref: dict[str, Any] = {"block_kv_indices": table, "max_seq_len_k": self.world.max_context_len}
         if mode.is_draft_extend_v2():
             n = self.spec.num_draft_tokens
-            ref.update(
-                max_seq_len_q=n,
-                sum_seq_lens_q=n * bs,
-                seq_lens_q=torch.full((bs,), n, device="cpu"),
-                cu_seqlens_q=torch.arange(0, bs * n + 1, n, device="cpu"),
-            )
+            seq_q, cu_q = torch.full((bs,), n, device="cpu"), torch.arange(0, bs * n + 1, n, device="cpu")
+            ref.update(max_seq_len_q=n, sum_seq_lens_q=n * bs, seq_lens_q=seq_q, cu_seqlens_q=cu_q)
         if offset or mode.is_draft_extend_v2():
             ref["seq_lens_k"] = seq_k
         return ref
 
-    # --- the captured step --------------------------------------------------------------------
     def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
         md = self.forward_metadata
         if not isinstance(md, TRTLLMMLADecodeMetadata):
@@ -284,30 +220,20 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
         query = q.view(bs, q.shape[0] // bs, cfg.num_heads, cfg.kv_row_width)  # [bs, n, H, 576]
         kv = cache.kv[layer].view(-1, self.page_size, cfg.kv_row_width).unsqueeze(1)
         seq_lens = fb.seq_lens if md.seq_lens_k is None else md.seq_lens_k
-        out = trtllm_batch_decode_with_kv_cache_mla(
-            query,
-            kv,
-            self.workspace_buffer,
-            cfg.qk_nope_head_dim,
-            cfg.kv_lora_rank,
-            cfg.qk_rope_head_dim,
-            block_tables=md.block_kv_indices,
-            seq_lens=seq_lens,
-            max_seq_len=md.max_seq_len_k + self._seqlen_offset(fb.forward_mode, fb.spec_info),
-            bmm1_scale=cfg.sm_scale,
-        )
+        max_len = md.max_seq_len_k + self._seqlen_offset(fb.forward_mode, fb.spec_info)  # an int: frozen
+        dims = (cfg.qk_nope_head_dim, cfg.kv_lora_rank, cfg.qk_rope_head_dim)
+        kw = dict(block_tables=md.block_kv_indices, seq_lens=seq_lens, max_seq_len=max_len, bmm1_scale=cfg.sm_scale)
+        out = trtllm_batch_decode_with_kv_cache_mla(query, kv, self.workspace_buffer, *dims, **kw)
         return out.view(q.shape[0], cfg.num_heads, cfg.kv_lora_rank)
 
 
-# ----------------------------------------------------------------------------------------------
 class TRTLLMMLAAttnBackendLegacy(TRTLLMMLAAttnBackend):
     """Pattern C (before #21987): two inline bodies, the historical differences numbered.
 
-    1. capture freezes ``max_seq_len_k = seq_lens.max()`` of the capture batch; replay sets the
-       Python attribute to the new maximum, which the captured kernel call never sees;
+    1. capture freezes ``max_seq_len_k = seq_lens.max()`` of the capture batch; replay sets the Python
+       attribute to the new maximum, which the captured call never sees (longer sequences truncated);
     2. draft-extend replay lays ``cu_seqlens_q`` / ``seq_lens_q`` out by accepted lengths
-       (``accept_length + 1`` real rows) while capture used the uniform stride.
-    """
+       (``accept_length + 1`` real rows) while capture used the uniform stride."""
 
     variant = "legacy"
     pattern = "C"
@@ -352,8 +278,8 @@ class TRTLLMMLAAttnBackendLegacy(TRTLLMMLAAttnBackend):
 
 
 class TRTLLMMLAAttnBackendSimplified(TRTLLMMLAAttnBackend):
-    """#29077: draft extend's per-replay ``cu_seqlens_q`` copy, ``seq_lens_q`` fill and identity
-    arithmetic gone; rows per request fixed to ``num_draft_tokens`` at init."""
+    """#29077: draft extend's per-replay ``cu_seqlens_q`` copy, ``seq_lens_q`` fill and identity arithmetic gone; rows per
+    request fixed to ``num_draft_tokens`` at init."""
 
     variant = "simplified"
 
@@ -368,7 +294,8 @@ class TRTLLMMLAAttnBackendSimplified(TRTLLMMLAAttnBackend):
 
 
 class TRTLLMMLAAttnBackendInGraph(TRTLLMMLAAttnBackendSimplified):
-    """The metadata rebuild recorded inside the graph (#30807 / #31628): one fused launch."""
+    """The metadata rebuild recorded inside the graph (#30807 / #31628): one fused Triton kernel rebuilds the block table
+    and ``seq_lens_k`` in the graph; the replay hook only re-points."""
 
     variant = "in_graph"
     pattern = "in-graph"
@@ -388,15 +315,9 @@ class TRTLLMMLAAttnBackendInGraph(TRTLLMMLAAttnBackendSimplified):
     def init_forward_metadata_in_graph(self, fb: ForwardBatch) -> None:
         """Runs inside the captured region: recorded, so every replay rebuilds in the graph."""
         md = self.forward_metadata
-        trtllm_mla_graph_metadata(
-            fb.req_pool_indices,
-            fb.seq_lens,
-            self.world.req_to_token,
-            md.block_kv_indices,
-            md.seq_lens_k,
-            seqlen_offset=self._seqlen_offset(fb.forward_mode, fb.spec_info),
-            page_size=self.page_size,
-        )
+        args = (fb.req_pool_indices, fb.seq_lens, self.world.req_to_token, md.block_kv_indices, md.seq_lens_k)
+        offset = self._seqlen_offset(fb.forward_mode, fb.spec_info)
+        trtllm_mla_graph_metadata(*args, seqlen_offset=offset, page_size=self.page_size)
 
     def init_forward_metadata_replay_cuda_graph(
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
@@ -405,10 +326,9 @@ class TRTLLMMLAAttnBackendInGraph(TRTLLMMLAAttnBackendSimplified):
         self.forward_metadata = self.decode_cuda_graph_metadata[bs]  # re-point only
 
 
-# ----------------------------------------------------------------------------------------------
 class TRTLLMMLAMultiStepDraftBackend(MultiStepBackend):
-    """Multi-step draft decode (topk 1): S-1 independent step backends; step i's kernel lengths
-    are ``seq_lens + i + 1`` (the prefix and the i+1 drafts of the chain), its own block table."""
+    """Multi-step draft decode (topk 1): S-1 independent step backends; step i's kernel lengths are ``seq_lens + i + 1``
+    (the prefix and the i+1 drafts of the chain), its own block table."""
 
     step_cls: type = TRTLLMMLAAttnBackend
 
@@ -436,10 +356,9 @@ class TRTLLMMLAMultiStepDraftBackend(MultiStepBackend):
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
     ) -> None:
         self.check_graph_mode(forward_mode)
+        args = (bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info)
         for b in self.step_backends:
-            b.init_forward_metadata_capture_cuda_graph(
-                bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
-            )
+            b.init_forward_metadata_capture_cuda_graph(*args)
 
     def init_forward_metadata_replay_cuda_graph(self, *args) -> None:
         for b in self.step_backends:

@@ -1,11 +1,8 @@
 """SGLang's Wave attention backend, unified (Pattern A) and legacy (Pattern C).
 
-Upstream: ``python/sglang/srt/layers/attention/wave_backend.py`` (``WaveAttnBackend``); the
-refactor that unified it is #26134 / #26665; facts in ``[facts#wave]``.
-
-SGLang's Wave kernels (wave_lang) target AMD GPUs. refimpl runs Wave's *buffer layout and hook
-logic* on refimpl's Triton kernels (the same split-KV decode and extend kernels as the Triton
-backend), so what differs from ``triton.py`` is exactly what differs upstream:
+Upstream: ``python/sglang/srt/layers/attention/wave_backend.py`` (``WaveAttnBackend``), unified by #26134 / #26665;
+facts in ``[facts#wave]``. Wave's kernels (wave_lang) target AMD GPUs; refimpl runs its *buffer layout and hook logic*
+on Triton's kernels: it differs from ``triton.py`` as upstream does.
 
 | buffer                   | Wave                          | Triton                  |
 |--------------------------|-------------------------------|-------------------------|
@@ -15,16 +12,10 @@ backend), so what differs from ``triton.py`` is exactly what differs upstream:
 | cuda_graph_num_kv_splits | [B], Wave's own copy          | [T] (shareable)         |
 | cuda_graph_custom_mask   | [T*L] uint8 (see below)       | [T*L] uint8             |
 
-Deviation, on purpose: upstream sizes Wave's mask buffer ``[B*L]``; a verify batch of B
-requests needs ``sum N*(seq+N)`` entries, up to ``B*N*L``, so refimpl sizes it by tokens
-(``[facts#where-refimpl-deliberately-differs-from-upstream]``).
-
-Graph modes: decode / idle, target verify, multi-step draft decode (through the multi-step
-wrapper, chains only: the decode buffers hold B rows). Draft extend is **not supported** under
-graphs, as upstream: asking for it raises ``GraphModeNotSupported``.
-
-The legacy shape's bug (the one the refactor fixed, #26134): capture skips
-``get_num_kv_splits`` while replay computes it, so the two paths leave different split counts.
+Deviation, on purpose: upstream sizes Wave's mask ``[B*L]``, but a verify batch needs ``sum N*(seq+N)`` entries, up to
+``B*N*L`` ([facts#where-refimpl-deliberately-differs-from-upstream]). Graph modes: decode / idle, target verify,
+multi-step draft decode (through the wrapper, chains only: the decode buffers hold B rows); draft extend raises
+``GraphModeNotSupported``, as upstream.
 """
 
 from __future__ import annotations
@@ -46,19 +37,10 @@ class WaveAttnBackend(TritonAttnBackend):
     graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY})
     kv_indices_dtype = torch.int32
     qo_indptr_dtype = torch.int32
+    decode_rows_by_bs = True  # logits, lse, split counts [B...], kv_indices [B*L]; the mask stays [T*L]
 
     def init_cuda_graph_state(self, max_bs, max_num_tokens, kv_indices_buf=None, num_kv_splits_buf=None):
-        B, T, L, H, dev = (max_bs, max_num_tokens, self.world.max_context_len, self.cfg.num_heads, self.device)
-        self.max_bs, self.max_num_tokens = max_bs, max_num_tokens
-        S, Dv = self.max_kv_splits, self.cfg.v_head_dim
-        self.cuda_graph_attn_logits = torch.zeros(B, H, S, Dv, dtype=torch.float32, device=dev)
-        self.cuda_graph_attn_lse = torch.zeros(B, H, S, dtype=torch.float32, device=dev)
-        self.cuda_graph_num_kv_splits = torch.full((B,), S, dtype=torch.int32, device=dev)
-        if kv_indices_buf is None:
-            kv_indices_buf = torch.zeros(B * L, dtype=torch.int32, device=dev)
-        self.cuda_graph_kv_indices = kv_indices_buf
-        if not self.skip_prefill:
-            self.cuda_graph_custom_mask = torch.zeros(T * L, dtype=torch.uint8, device=dev)
+        super().init_cuda_graph_state(max_bs, max_num_tokens, kv_indices_buf)  # Wave's own split buffer, always
 
     def _update_target_verify_buffers(self, bs, seq_lens, rpi, spec_info) -> None:
         spec = require_spec(ForwardMode.TARGET_VERIFY, spec_info, VerifyInput)
@@ -66,25 +48,20 @@ class WaveAttnBackend(TritonAttnBackend):
             raise ValueError("wave: target verify under graphs needs a tree mask (custom_mask)")
         super()._update_target_verify_buffers(bs, seq_lens, rpi, spec)
 
-    def _replay_draft_decode(self, spec: DraftDecodeInput, seq_lens: torch.Tensor) -> None:
-        """Multi-step: copy the wrapper's indices into Wave's buffers, then compute splits."""
-        n = spec.kv_indptr.numel()
-        rows = n - 1
-        if rows > self.cuda_graph_num_kv_splits.numel():
-            raise ValueError(
-                f"wave: {rows} draft rows exceed its decode buffers of max_bs="
-                f"{self.cuda_graph_num_kv_splits.numel()} rows (Wave sizes them by batch size)"
-            )
-        self.kv_indptr[:n].copy_(spec.kv_indptr)  # self-copies when the wrapper lent the buffers
-        m = spec.kv_indices.numel()
-        self.cuda_graph_kv_indices[:m].copy_(spec.kv_indices)
-        self._splits(self.cuda_graph_num_kv_splits[:rows], seq_lens)
-
     def init_forward_metadata_replay_cuda_graph(
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
     ) -> None:
         if forward_mode.is_decode_or_idle() and isinstance(spec_info, DraftDecodeInput):
-            return self._replay_draft_decode(spec_info, seq_lens[:bs])
+            # multi-step: copy the wrapper's indices into Wave's buffers, then compute splits
+            n, m = spec_info.kv_indptr.numel(), spec_info.kv_indices.numel()
+            if (rows := n - 1) > self.cuda_graph_num_kv_splits.numel():
+                raise ValueError(
+                    f"wave: {rows} draft rows exceed its decode buffers of max_bs="
+                    f"{self.cuda_graph_num_kv_splits.numel()} rows (Wave sizes them by batch size)"
+                )
+            self.kv_indptr[:n].copy_(spec_info.kv_indptr)  # self-copies when the wrapper lent the buffers
+            self.cuda_graph_kv_indices[:m].copy_(spec_info.kv_indices)
+            return self._splits(self.cuda_graph_num_kv_splits[:rows], seq_lens[:bs])
         return super().init_forward_metadata_replay_cuda_graph(
             bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
         )
@@ -93,10 +70,9 @@ class WaveAttnBackend(TritonAttnBackend):
 class WaveAttnBackendLegacy(WaveAttnBackend):
     """Pattern C (before #26134): two inline bodies, as the code looked before the refactor.
 
-    1. capture fills the kv buffers but never computes the split counts: the buffer keeps
-       ``max_kv_splits`` from init while replay computes them (the divergence #26134 names);
-    2. verify replay copies the spec's mask unconditionally (no mask: it fails).
-    """
+    1. capture fills the kv buffers but never the split counts (they keep ``max_kv_splits`` from
+       init) while replay computes them: the divergence #26134 names;
+    2. verify replay copies the spec's mask unconditionally (no mask: it fails)."""
 
     variant = "legacy"
     pattern = "C"
@@ -154,9 +130,7 @@ class WaveAttnBackendLegacy(WaveAttnBackend):
                 num_token = n - 1
             else:
                 self.kv_indptr[1 : bs + 1] = torch.cumsum(seq_lens[:bs], 0)
-                build_kv_indices(
-                    r2t, req_pool_indices[:bs], seq_lens[:bs], self.kv_indptr[: bs + 1], self.cuda_graph_kv_indices
-                )
+                build_kv_indices(r2t, req_pool_indices[:bs], seq_lens[:bs], self.kv_indptr[: bs + 1], self.cuda_graph_kv_indices)
                 num_token = bs
             self._splits(self.cuda_graph_num_kv_splits[:num_token], seq_lens[:bs])
         elif forward_mode.is_target_verify():
@@ -165,9 +139,7 @@ class WaveAttnBackendLegacy(WaveAttnBackend):
             bs = len(req_pool_indices)  # upstream recomputes bs here
             self.qo_indptr[: bs + 1] = torch.arange(0, (bs + 1) * n, n, device=self.device)
             self.kv_indptr[1 : bs + 1] = torch.cumsum(seq_lens[:bs], 0)
-            build_kv_indices(
-                r2t, req_pool_indices[:bs], seq_lens[:bs], self.kv_indptr[: bs + 1], self.cuda_graph_kv_indices
-            )
+            build_kv_indices(r2t, req_pool_indices[:bs], seq_lens[:bs], self.kv_indptr[: bs + 1], self.cuda_graph_kv_indices)
             mask = spec.custom_mask  # (2) copied unconditionally
             self.cuda_graph_custom_mask[: mask.numel()].copy_(mask)
             seq_mask_len = n * (seq_lens[:bs].to(torch.int64) + n)
@@ -176,7 +148,6 @@ class WaveAttnBackendLegacy(WaveAttnBackend):
             raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")
 
 
-# ----------------------------------------------------------------------------------------------
 class WaveMultiStepDraftBackend(MultiStepDraftBackend):
     """Each step's replay copies the wrapper's rows into Wave's buffers and computes splits."""
 

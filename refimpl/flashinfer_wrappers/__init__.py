@@ -1,12 +1,8 @@
-"""The FlashInfer layer: real flashinfer wrappers on a GPU, stand-ins everywhere else.
+"""The FlashInfer layer: real flashinfer wrappers on a GPU, stand-ins (:mod:`.standin`) everywhere else.
 
-- :func:`flashinfer_available`: None when flashinfer imports and CUDA is available, else why.
-- :func:`wrapper_classes`: the three paged wrapper classes, real or the stand-ins of
-  :mod:`.standin` (``IS_STANDIN = True``), under flashinfer's names.
-- :func:`make_workspace`: the float workspace the wrappers share.
-- :mod:`.fast_plan`: the graph-path re-plan without a device-to-host copy.
-- :mod:`.ops`: ``wrapper.run`` as one registered custom op.
-
+:func:`flashinfer_available` (None, or why not), :func:`wrapper_classes` (the three paged wrapper
+classes under flashinfer's names), :func:`make_workspace` (their shared float workspace); :mod:`.fast_plan`
+(the graph-path re-plan without a device-to-host copy); :mod:`.ops` (``wrapper.run`` as one custom op).
 Importing this package never imports flashinfer: the functions do, lazily.
 """
 
@@ -18,13 +14,11 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from . import standin
-from .standin import BatchDecodeWithPagedKVCacheWrapper as BatchDecodeWithPagedKVCacheWrapper
-from .standin import BatchMLAPagedAttentionWrapper as BatchMLAPagedAttentionWrapper
-from .standin import BatchPrefillWithPagedKVCacheWrapper as BatchPrefillWithPagedKVCacheWrapper
 from .standin import is_standin, read_partition, set_kv_window  # noqa: F401  (re-exported)
 
 REAL_WORKSPACE_BYTES = 128 * 1024 * 1024  # flashinfer's recommended float workspace
 STANDIN_WORKSPACE_BYTES = 1024 * 1024  # the stand-ins never touch it
+REAL_DTYPES = (torch.float16, torch.bfloat16)  # what flashinfer's kernels are compiled for
 
 
 @dataclass(frozen=True)
@@ -38,8 +32,7 @@ class FlashInferClasses:
     reason: str | None = None  # why the stand-ins were chosen (None when real or asked for)
 
     @classmethod
-    def _of(cls, module, real: bool) -> FlashInferClasses:
-        """The three classes of ``module`` (``flashinfer`` or :mod:`.standin`), by field name."""
+    def _of(cls, module, real: bool) -> FlashInferClasses:  # module: flashinfer or .standin
         return cls(*(getattr(module, f.name) for f in fields(cls)[:3]), real=real)
 
 
@@ -61,8 +54,7 @@ def flashinfer_available() -> str | None:
 
 
 def real_wrapper_classes() -> FlashInferClasses:
-    """flashinfer's own classes, with or without CUDA (they import on CPU; constructing them
-    needs CUDA). Raises ImportError with the reason when flashinfer does not import."""
+    """flashinfer's own classes (they import on CPU; constructing them needs CUDA); ImportError if not."""
     if (err := _import_error()) is not None:
         raise ImportError(err)
     import flashinfer
@@ -70,14 +62,10 @@ def real_wrapper_classes() -> FlashInferClasses:
     return FlashInferClasses._of(flashinfer, real=True)
 
 
-REAL_DTYPES = (torch.float16, torch.bfloat16)  # what flashinfer's kernels are compiled for
-
-
 def wrapper_classes(prefer_real: bool = True, dtype: torch.dtype | None = None) -> FlashInferClasses:
-    """The real classes when ``prefer_real``, :func:`flashinfer_available` is None and ``dtype``
-    (the model's) is one flashinfer compiles kernels for; else the stand-ins, whose ``reason``
-    says why when real ones were preferred (a float32 model on a GPU: flashinfer has no float32
-    attention kernels, so the stand-ins serve it there as on a CPU)."""
+    """The real classes when ``prefer_real``, :func:`flashinfer_available` is None and ``dtype`` (the model's) has
+    flashinfer kernels; else the stand-ins, whose ``reason`` says why when real ones were preferred (flashinfer has no
+    float32 attention kernels: the stand-ins serve it, on a GPU too)."""
     if not prefer_real:
         return _STANDINS
     why = flashinfer_available()
@@ -86,12 +74,9 @@ def wrapper_classes(prefer_real: bool = True, dtype: torch.dtype | None = None) 
     return real_wrapper_classes() if why is None else replace(_STANDINS, reason=why)
 
 
-def make_workspace(
-    device: torch.device | str, size_bytes: int | None = None, *, real: bool | None = None
-) -> torch.Tensor:
-    """A zeroed uint8 float workspace on ``device``: by default 128 MiB (flashinfer's
-    recommendation; it must be zero before first use) when the real library will use it
-    (``real``, default: a CUDA device and flashinfer available), else 1 MiB."""
+def make_workspace(device: torch.device | str, size_bytes: int | None = None, *, real: bool | None = None):
+    """A zeroed uint8 float workspace on ``device`` (flashinfer needs it zero before first use): by default 128 MiB when
+    the real library will use it (``real``, default: a CUDA device and flashinfer available), else 1 MiB."""
     device = torch.device(device)
     if size_bytes is None:
         if real is None:

@@ -1,26 +1,15 @@
-"""The graph-path re-plan without a device-to-host copy (SGLang's ``fast_decode_plan`` and
-``fast_mla_decode_plan``, our way).
+"""The graph-path re-plan without a device-to-host copy (SGLang's ``fast_decode_plan`` and ``fast_mla_decode_plan``, our
+way).
 
-A replayed ``run`` reads the work partition, which only ``plan`` writes, so every replay
-re-plans. The full ``plan`` (1) copies the indptr device -> host, a stream sync in the serving
-loop (for MLA these transfers made graph replay hang, fixed by SGLang #3987:
-https://github.com/sgl-project/sglang/pull/3987), (2) copies indptr / indices into the bound
-buffers, (3) selects (first time: JIT-compiles) the kernel module, (4) computes the partition
-on the host and writes it into the workspace. The fast plans keep only (4): they call
-``wrapper._cached_module.plan(...)`` with a host indptr the caller already has (SGLang builds it
-from ``seq_lens_cpu``) and set ``_plan_info`` plus the attributes ``run`` reads; touching only
-attributes both have and passing the real JIT modules' ``plan`` arguments, they work on real
-flashinfer 0.6.0 wrappers (GPU) and on the stand-ins. Each skip is safe only under a contract:
-
-* (1) the host indptr describes the batch the caller wrote on the device; if not, the kernel
-  silently reads the wrong keys (nothing can check it without the very copy we avoid);
-* (2) in cuda-graph mode the device tensors handed in *are* the bound buffers, already written
-  in place (checked by address, no sync). Without cuda-graph mode decode rebinds them; MLA
-  refuses. MLA's bound ``kv_indptr`` / ``kv_len_arr`` stay stale: flashinfer's MLA decode reads
-  only the partition and ``kv_indices`` (SGLang #37975 hides behind this:
-  https://github.com/sgl-project/sglang/pull/37975);
-* (3) ``_cached_module`` comes from a first full plan, so the q/kv dtypes and whether a sliding
-  window / soft cap is on (which select the module) must match that plan.
+Every replay re-plans. The full ``plan`` (1) copies the indptr device -> host, a stream sync (for MLA it made graph
+replay hang, SGLang #3987: https://github.com/sgl-project/sglang/pull/3987), (2) copies indptr / indices into the bound
+buffers, (3) selects (first time: JIT-compiles) the kernel module, (4) writes the host-computed partition into the
+workspace. The fast plans keep only (4), through ``wrapper._cached_module.plan(...)`` (real flashinfer 0.6.0 wrappers
+and stand-ins alike). Contracts: (1) the host indptr describes the batch written on the device (unchecked: the kernel
+silently reads wrong keys); (2) in cuda-graph mode the device tensors handed in *are* the bound buffers (checked by
+address; without it decode rebinds them, MLA refuses; MLA's bound ``kv_indptr`` / ``kv_len_arr`` stay stale, SGLang
+#37975: https://github.com/sgl-project/sglang/pull/37975); (3) q/kv dtypes and sliding window / soft cap on/off match
+the first full plan's (they select ``_cached_module``).
 """
 
 from __future__ import annotations
@@ -35,9 +24,9 @@ from .standin import I32, _dtype
 
 def _require_planned(wrapper: Any, what: str) -> Any:
     if getattr(wrapper, "_cached_module", None) is None:
-        raise RuntimeError(f"{what} needs a wrapper planned once with its full plan(): it reuses "
-                           "wrapper._cached_module (the kernel module plan selects and JIT-"
-                           f"compiles); {type(wrapper).__name__} has none yet")  # fmt: skip
+        why = "wrapper._cached_module (the kernel module plan selects and JIT-compiles)"
+        msg = f"{what} needs a wrapper planned once with its full plan(): it reuses {why}"
+        raise RuntimeError(f"{msg}; {type(wrapper).__name__} has none yet")
     return wrapper._cached_module
 
 
@@ -46,21 +35,17 @@ def _require_host(**tensors: Any) -> None:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.device.type != "cpu" or t.dim() != 1:
-            raise ValueError(f"{name} must be a CPU tensor, 1-D (the fast plan exists to avoid a "
-                             f"device-to-host copy), got device={t.device}, shape="
-                             f"{tuple(t.shape)}")  # fmt: skip
+            why = "(the fast plan exists to avoid a device-to-host copy)"
+            raise ValueError(f"{name} must be a CPU tensor, 1-D {why}, got device={t.device}, shape={tuple(t.shape)}")
 
 
 def _require_alias(name: str, given: torch.Tensor | None, bound: torch.Tensor | None) -> None:
     """Contract (2): a device tensor handed in must BE the bound buffer (by address: no sync)."""
-    if given is None or bound is None:
+    if given is None or bound is None or (given.device, given.data_ptr()) == (bound.device, bound.data_ptr()):
         return
-    if given.device != bound.device or given.data_ptr() != bound.data_ptr():
-        raise ValueError(
-            f"{name} is not the wrapper's bound buffer (data_ptr {given.data_ptr():#x} on "
-            f"{given.device} vs {bound.data_ptr():#x} on {bound.device}): the fast plan copies "
-            "nothing, so write the bound buffer in place (or use the full plan)"
-        )
+    have, want = f"{given.data_ptr():#x} on {given.device}", f"{bound.data_ptr():#x} on {bound.device}"
+    fix = "the fast plan copies nothing, so write the bound buffer in place (or use the full plan)"
+    raise ValueError(f"{name} is not the wrapper's bound buffer (data_ptr {have} vs {want}): {fix}")
 
 
 def _require_fits(name: str, given: torch.Tensor | None, bound: torch.Tensor) -> None:
@@ -74,26 +59,41 @@ def _check_same_kernel(wrapper: Any, q_dt, kv_dt, window_left: int, soft_cap: fl
         have = getattr(wrapper, f"_cached_{label}", None)
         if have is not None and have != want:
             raise ValueError(f"{label}={want} differs from the full plan's {have}: re-plan fully")
-    old_window = getattr(wrapper, "_window_left", None)
+    old_window, old_cap = getattr(wrapper, "_window_left", None), getattr(wrapper, "_logits_soft_cap", None)
     if old_window is not None and (old_window != -1) != (window_left != -1):
-        raise ValueError(f"window_left={window_left} vs the full plan's {old_window}: sliding "
-                         "window on/off selects another kernel module; re-plan fully")  # fmt: skip
-    old_cap = getattr(wrapper, "_logits_soft_cap", None)
+        what = "sliding window on/off selects another kernel module; re-plan fully"
+        raise ValueError(f"window_left={window_left} vs the full plan's {old_window}: {what}")
     if old_cap is not None and (old_cap > 0) != (soft_cap > 0):
-        raise ValueError(f"logits_soft_cap={soft_cap} vs the full plan's {old_cap}: soft cap "
-                         "on/off selects another kernel module; re-plan fully")  # fmt: skip
+        what = "soft cap on/off selects another kernel module; re-plan fully"
+        raise ValueError(f"logits_soft_cap={soft_cap} vs the full plan's {old_cap}: {what}")
 
 
 def fast_decode_plan(
-    wrapper: Any, indptr_cpu: torch.Tensor, last_page_len_cpu: torch.Tensor, num_qo_heads: int,
-    num_kv_heads: int, head_dim: int, page_size: int, *, q_data_type, kv_data_type=None,
-    window_left: int = -1, logits_soft_cap=0.0, sm_scale=None, rope_scale=None, rope_theta=None,
-    pos_encoding_mode: str = "NONE", fixed_split_size=None, disable_split_kv: bool = False,
-    indptr=None, indices=None, last_page_len=None,
-) -> None:  # fmt: skip
-    """Re-plan a ``BatchDecodeWithPagedKVCacheWrapper`` from host ``indptr_cpu [bs+1]`` and
-    ``last_page_len_cpu [bs]``; the device ``indptr`` / ``indices`` / ``last_page_len`` follow
-    contract (2): the bound buffers in cuda-graph mode, else required and rebound."""
+    wrapper: Any,
+    indptr_cpu: torch.Tensor,
+    last_page_len_cpu: torch.Tensor,
+    num_qo_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    *,
+    q_data_type,
+    kv_data_type=None,
+    window_left: int = -1,
+    logits_soft_cap=0.0,
+    sm_scale=None,
+    rope_scale=None,
+    rope_theta=None,
+    pos_encoding_mode: str = "NONE",
+    fixed_split_size=None,
+    disable_split_kv: bool = False,
+    indptr=None,
+    indices=None,
+    last_page_len=None,
+) -> None:
+    """Re-plan a ``BatchDecodeWithPagedKVCacheWrapper`` from host ``indptr_cpu [bs+1]`` and ``last_page_len_cpu [bs]``; the
+    device ``indptr`` / ``indices`` / ``last_page_len`` follow contract (2): the bound buffers in cuda-graph mode, else
+    required and rebound."""
     module = _require_planned(wrapper, "fast_decode_plan")
     _require_host(indptr_cpu=indptr_cpu, last_page_len_cpu=last_page_len_cpu)
     batch_size = len(last_page_len_cpu)
@@ -106,47 +106,40 @@ def fast_decode_plan(
     graph = bool(wrapper.is_cuda_graph_enabled)
     if graph:
         if batch_size != wrapper._fixed_batch_size:
-            raise ValueError(f"batch_size={batch_size} differs from the batch size "
-                             f"{wrapper._fixed_batch_size} the wrapper was bound for")  # fmt: skip
+            bound = wrapper._fixed_batch_size
+            raise ValueError(f"batch_size={batch_size} differs from the batch size {bound} the wrapper was bound for")
         _require_fits("indices", indices, wrapper._paged_kv_indices_buf)
         _require_alias("indptr", indptr, wrapper._paged_kv_indptr_buf)
         _require_alias("indices", indices, wrapper._paged_kv_indices_buf)
         _require_alias("last_page_len", last_page_len, wrapper._paged_kv_last_page_len_buf)
     else:
-        if indptr is None or indices is None or last_page_len is None:
-            raise ValueError("without cuda-graph mode the fast plan needs the device indptr / "
-                             "indices / last_page_len to bind (run reads them)")  # fmt: skip
-        wrapper._paged_kv_indptr_buf = indptr
-        wrapper._paged_kv_indices_buf = indices
-        wrapper._paged_kv_last_page_len_buf = last_page_len
+        bufs = (indptr, indices, last_page_len)
+        if any(t is None for t in bufs):
+            what = "the device indptr / indices / last_page_len to bind (run reads them)"
+            raise ValueError(f"without cuda-graph mode the fast plan needs {what}")
+        wrapper._paged_kv_indptr_buf, wrapper._paged_kv_indices_buf, wrapper._paged_kv_last_page_len_buf = bufs
         if wrapper.use_tensor_cores:
             wrapper._qo_indptr_buf = torch.arange(batch_size + 1, dtype=I32, device=wrapper.device)
-
     fws = wrapper._float_workspace_buffer
     ws = (fws, wrapper._int_workspace_buffer, wrapper._pin_memory_int_workspace_buffer)
     pages = indptr_cpu[1:] - indptr_cpu[:-1]
+    heads = (num_qo_heads, num_kv_heads, page_size, graph)
     if wrapper.use_tensor_cores:  # the prefill module, as flashinfer's decode.py plan calls it
-        kv_lens_cpu = ((pages - 1).clamp(min=0) * page_size + last_page_len_cpu).to(I32)
-        kv_lens_cpu = torch.where(pages > 0, kv_lens_cpu, 0).to(I32)
-        args = [
-            *ws, torch.arange(batch_size + 1, dtype=I32, device="cpu"),  # qo_indptr: one row per request
-            indptr_cpu, kv_lens_cpu, batch_size,  # total_num_rows
-            batch_size, num_qo_heads, num_kv_heads, page_size, graph,
-            head_dim, head_dim, False, window_left,  # head_dim_qk, head_dim_vo, causal
-        ]  # fmt: skip
-        if getattr(wrapper, "_backend", None) == "fa2":  # fixed_split_size, disable_split_kv,
+        kv_lens_cpu = torch.where(pages > 0, (pages - 1).clamp(min=0) * page_size + last_page_len_cpu, 0).to(I32)
+        qo_indptr = torch.arange(batch_size + 1, dtype=I32, device="cpu")  # one row per request
+        # ..., total_num_rows, batch_size, heads, head_dim_qk, head_dim_vo, causal, window_left
+        args = [*ws, qo_indptr, indptr_cpu, kv_lens_cpu, batch_size, batch_size, *heads, head_dim, head_dim, False]
+        args.append(window_left)
+        if getattr(wrapper, "_backend", None) == "fa2":  # fixed_split_size, disable_split_kv, num_colocated_ctas
             args += [-1 if fixed_split_size is None else fixed_split_size, disable_split_kv, 0]
-        plan_info = module.plan(*args)  # num_colocated_ctas
+        plan_info = module.plan(*args)
         wrapper._max_kv_len = int(kv_lens_cpu.max()) if batch_size else 0
     else:  # the CUDA-core decode module; empty tensors carry the dtypes, as in the full plan
-        plan_info = module.plan(
-            *ws, indptr_cpu, batch_size, num_qo_heads, num_kv_heads, page_size, graph,
-            window_left, soft_cap, head_dim, head_dim,  # head_dim_qk, head_dim_vo
-            torch.empty(0, dtype=q_dt, device="cpu"), torch.empty(0, dtype=kv_dt, device="cpu"),
-        )  # fmt: skip
+        empties = (torch.empty(0, dtype=q_dt, device="cpu"), torch.empty(0, dtype=kv_dt, device="cpu"))
+        dims = (window_left, soft_cap, head_dim, head_dim)  # ..., head_dim_qk, head_dim_vo
+        plan_info = module.plan(*ws, indptr_cpu, batch_size, *heads, *dims, *empties)
         if hasattr(wrapper, "_max_kv_len"):  # the stand-ins keep the planned max
             wrapper._max_kv_len = int(pages.max()) * page_size if batch_size else 0
-
     wrapper._plan_info = plan_info
     wrapper._workspace_size = fws.numel() * fws.element_size()
     wrapper._cached_q_data_type, wrapper._cached_kv_data_type = q_dt, kv_dt
@@ -159,12 +152,32 @@ def fast_decode_plan(
 
 
 def _fast_decode_plan_entry(
-    wrapper, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
-    pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None, q_data_type="float16",
-    kv_data_type=None, o_data_type=None, data_type=None, sm_scale=None, rope_scale=None,
-    rope_theta=None, non_blocking=True, block_tables=None, seq_lens=None, fixed_split_size=None,
-    disable_split_kv=False, *, global_override_indptr_cpu: torch.Tensor | None = None,
-) -> None:  # fmt: skip
+    wrapper,
+    indptr,
+    indices,
+    last_page_len,
+    num_qo_heads,
+    num_kv_heads,
+    head_dim,
+    page_size,
+    pos_encoding_mode="NONE",
+    window_left=-1,
+    logits_soft_cap=None,
+    q_data_type="float16",
+    kv_data_type=None,
+    o_data_type=None,
+    data_type=None,
+    sm_scale=None,
+    rope_scale=None,
+    rope_theta=None,
+    non_blocking=True,
+    block_tables=None,
+    seq_lens=None,
+    fixed_split_size=None,
+    disable_split_kv=False,
+    *,
+    global_override_indptr_cpu: torch.Tensor | None = None,
+) -> None:
     """``wrapper.plan`` / ``begin_forward`` after :func:`install_fast_decode_plan`."""
     if block_tables is not None or seq_lens is not None:
         raise ValueError("the fast decode plan takes no block_tables / seq_lens (trtllm-gen)")
@@ -176,41 +189,55 @@ def _fast_decode_plan_entry(
         indptr_cpu = indptr
     if indptr_cpu is None:  # reading the device indptr is the copy this plan exists to avoid
         where = getattr(indptr, "device", type(indptr).__name__)
-        raise ValueError("the fast decode plan needs the host indptr: pass "
-                         f"global_override_indptr_cpu= (indptr is on {where})")  # fmt: skip
+        fix = "pass global_override_indptr_cpu="
+        raise ValueError(f"the fast decode plan needs the host indptr: {fix} (indptr is on {where})")
     if last_page_len.device.type == "cpu":
         last_page_len_cpu = last_page_len
     elif page_size == 1:  # every page is full: no need to read the device tensor
         last_page_len_cpu = torch.ones(len(last_page_len), dtype=torch.int32, device="cpu")
     else:
         raise ValueError(f"page_size={page_size}: the fast plan needs last_page_len on the host")
-    q_data_type = data_type if q_data_type is None else q_data_type  # the full plan's precedence:
-    kv_data_type = data_type if kv_data_type is None else kv_data_type  # explicit q / kv win
+    q_data_type, kv_data_type = (data_type if t is None else t for t in (q_data_type, kv_data_type))  # as plan()
     on_device = lambda t: t if t.device == torch.device(wrapper.device) else None  # not a copy
-    fast_decode_plan(
-        wrapper, indptr_cpu, last_page_len_cpu, num_qo_heads, num_kv_heads, head_dim, page_size,
-        q_data_type="float16" if q_data_type is None else q_data_type, kv_data_type=kv_data_type,
-        window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
-        rope_scale=rope_scale, rope_theta=rope_theta, pos_encoding_mode=pos_encoding_mode,
-        fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv,
-        indptr=on_device(indptr), indices=indices, last_page_len=on_device(last_page_len),
-    )  # fmt: skip
+    kw = dict(window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale, rope_scale=rope_scale)
+    kw.update(rope_theta=rope_theta, pos_encoding_mode=pos_encoding_mode, fixed_split_size=fixed_split_size)
+    kw.update(disable_split_kv=disable_split_kv)
+    kw.update(indptr=on_device(indptr), indices=indices, last_page_len=on_device(last_page_len))
+    q_dt = "float16" if q_data_type is None else q_data_type
+    heads = (num_qo_heads, num_kv_heads, head_dim, page_size)
+    fast_decode_plan(wrapper, indptr_cpu, last_page_len_cpu, *heads, q_data_type=q_dt, kv_data_type=kv_data_type, **kw)
 
 
-def install_fast_decode_plan(wrapper: Any) -> Any:
-    """Route ``wrapper.plan`` and ``begin_forward`` (after the first full plan) to the fast
-    plan: flashinfer's decode ``plan`` arguments plus ``global_override_indptr_cpu=`` (the host
-    indptr; omit it only when ``indptr`` is on the CPU). Sets ``wrapper._refimpl_fast = True``."""
-    _require_planned(wrapper, "install_fast_decode_plan")
-    wrapper.plan = wrapper.begin_forward = functools.partial(_fast_decode_plan_entry, wrapper)
+def _install(wrapper: Any, what: str, entry, *names: str) -> Any:
+    _require_planned(wrapper, what)
+    fast = functools.partial(entry, wrapper)
+    for name in names:  # plan (and begin_forward: the same object)
+        setattr(wrapper, name, fast)
     wrapper._refimpl_fast = True
     return wrapper
 
 
+def install_fast_decode_plan(wrapper: Any) -> Any:
+    """Route ``wrapper.plan`` and ``begin_forward`` (after the first full plan) to the fast plan: flashinfer's decode
+    ``plan`` arguments plus ``global_override_indptr_cpu=`` (the host indptr; omit it only when ``indptr`` is on the
+    CPU). Sets ``wrapper._refimpl_fast = True``."""
+    return _install(wrapper, "install_fast_decode_plan", _fast_decode_plan_entry, "plan", "begin_forward")
+
+
 def fast_mla_decode_plan(
-    wrapper: Any, qo_indptr_cpu, kv_indptr_cpu, kv_len_arr_cpu, num_heads: int, head_dim_ckv: int,
-    head_dim_kpe: int, page_size: int, causal: bool, sm_scale: float, q_data_type, kv_data_type,
-) -> None:  # fmt: skip
+    wrapper: Any,
+    qo_indptr_cpu,
+    kv_indptr_cpu,
+    kv_len_arr_cpu,
+    num_heads: int,
+    head_dim_ckv: int,
+    head_dim_kpe: int,
+    page_size: int,
+    causal: bool,
+    sm_scale: float,
+    q_data_type,
+    kv_data_type,
+) -> None:
     """Re-plan a cuda-graph ``BatchMLAPagedAttentionWrapper`` from host tensors, copying nothing."""
     module = _require_planned(wrapper, "fast_mla_decode_plan")
     _require_host(qo_indptr_cpu=qo_indptr_cpu, kv_indptr_cpu=kv_indptr_cpu, kv_len_arr_cpu=kv_len_arr_cpu)
@@ -218,50 +245,55 @@ def fast_mla_decode_plan(
         raise ValueError("fast_mla_decode_plan needs a wrapper in cuda-graph mode")
     batch_size = len(kv_len_arr_cpu)
     if len(qo_indptr_cpu) != batch_size + 1 or len(kv_indptr_cpu) != batch_size + 1:
-        raise ValueError(f"qo_indptr_cpu ({len(qo_indptr_cpu)}) and kv_indptr_cpu "
-                         f"({len(kv_indptr_cpu)}) must have {batch_size + 1} entries")  # fmt: skip
+        have = f"qo_indptr_cpu ({len(qo_indptr_cpu)}) and kv_indptr_cpu ({len(kv_indptr_cpu)})"
+        raise ValueError(f"{have} must have {batch_size + 1} entries")
     bound = wrapper._kv_len_arr_buf
     if bound is not None and len(bound) != batch_size:
-        raise ValueError(f"batch_size={batch_size} differs from the batch size {len(bound)} "
-                         "the wrapper was bound for (its kv_len_arr buffer)")  # fmt: skip
+        why = f"the batch size {len(bound)} the wrapper was bound for (its kv_len_arr buffer)"
+        raise ValueError(f"batch_size={batch_size} differs from {why}")
     q_dt, kv_dt = _dtype(q_data_type), _dtype(kv_data_type)
     _check_same_kernel(wrapper, q_dt, kv_dt, -1, 0.0)
     if getattr(wrapper, "_use_profiler", False):
         raise ValueError("the fast MLA plan does not re-plan a profiling wrapper")
-    wrapper._plan_info = module.plan(
-        wrapper._float_workspace_buffer, wrapper._int_workspace_buffer,
-        wrapper._pin_memory_int_workspace_buffer, qo_indptr_cpu, kv_indptr_cpu, kv_len_arr_cpu,
-        num_heads, head_dim_ckv, causal,  # head_dim_o = head_dim_ckv
-    )  # fmt: skip
+    ws = (wrapper._float_workspace_buffer, wrapper._int_workspace_buffer, wrapper._pin_memory_int_workspace_buffer)
+    # head_dim_o = head_dim_ckv
+    wrapper._plan_info = module.plan(*ws, qo_indptr_cpu, kv_indptr_cpu, kv_len_arr_cpu, num_heads, head_dim_ckv, causal)
     wrapper._causal, wrapper._page_size, wrapper._sm_scale = causal, page_size, sm_scale
     if hasattr(wrapper, "_batch_size"):
         wrapper._batch_size = batch_size
 
 
 def _fast_mla_plan_entry(
-    wrapper, qo_indptr_cpu, kv_indptr_cpu, kv_indices, kv_len_arr_cpu, num_heads, head_dim_ckv,
-    head_dim_kpe, page_size, causal, sm_scale, q_data_type, kv_data_type, use_profiler=False,
-) -> None:  # fmt: skip
+    wrapper,
+    qo_indptr_cpu,
+    kv_indptr_cpu,
+    kv_indices,
+    kv_len_arr_cpu,
+    num_heads,
+    head_dim_ckv,
+    head_dim_kpe,
+    page_size,
+    causal,
+    sm_scale,
+    q_data_type,
+    kv_data_type,
+    use_profiler=False,
+) -> None:
     """``wrapper.plan`` after :func:`install_fast_mla_decode_plan`."""
     if use_profiler:
         raise ValueError("the fast MLA plan does not plan with use_profiler=True")
     if getattr(wrapper, "_use_cuda_graph", False):
         _require_alias("kv_indices", kv_indices, wrapper._kv_indices_buf)
         _require_fits("kv_indices", kv_indices, wrapper._kv_indices_buf)
-    fast_mla_decode_plan(
-        wrapper, qo_indptr_cpu, kv_indptr_cpu, kv_len_arr_cpu, num_heads, head_dim_ckv,
-        head_dim_kpe, page_size, causal, sm_scale, q_data_type, kv_data_type,
-    )  # fmt: skip
+    args = (num_heads, head_dim_ckv, head_dim_kpe, page_size, causal, sm_scale, q_data_type, kv_data_type)
+    fast_mla_decode_plan(wrapper, qo_indptr_cpu, kv_indptr_cpu, kv_len_arr_cpu, *args)
 
 
 def install_fast_mla_decode_plan(wrapper: Any) -> Any:
-    """Route ``wrapper.plan`` (after the first full plan) to the fast MLA plan: flashinfer's MLA
-    ``plan`` arguments, ``qo_indptr`` / ``kv_indptr`` / ``kv_len_arr`` on the host and
-    ``kv_indices`` the bound buffer, already written. Sets ``wrapper._refimpl_fast = True``."""
-    _require_planned(wrapper, "install_fast_mla_decode_plan")
-    wrapper.plan = functools.partial(_fast_mla_plan_entry, wrapper)
-    wrapper._refimpl_fast = True
-    return wrapper
+    """Route ``wrapper.plan`` (after the first full plan) to the fast MLA plan: flashinfer's MLA ``plan`` arguments,
+    ``qo_indptr`` / ``kv_indptr`` / ``kv_len_arr`` on the host and ``kv_indices`` the bound buffer, already written.
+    Sets ``wrapper._refimpl_fast = True``."""
+    return _install(wrapper, "install_fast_mla_decode_plan", _fast_mla_plan_entry, "plan")
 
 
 def is_fast_plan_installed(wrapper: Any) -> bool:

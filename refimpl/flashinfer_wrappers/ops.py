@@ -1,12 +1,9 @@
 """``wrapper.run`` as registered torch custom ops.
 
-The real FlashInfer wrappers launch their kernels through their own JIT module, not through
-PyTorch's dispatcher: a ``TorchDispatchMode`` (the CPU graph emulator, and the op listing of the
-CUDA engine) would not see them. Routing every ``run`` through one ``refimpl::fi_*_run`` op
-makes the call visible as one kernel to both engines, and lets the emulator replay it: the op
-looks the wrapper up by a handle frozen at capture, exactly as a CUDA graph is bound to the
-wrapper object it captured. (The stand-ins' own kernel is a refimpl op already; wrapping it
-again costs one extra ``copy_``.)
+The real wrappers launch kernels through their own JIT module, invisible to a ``TorchDispatchMode`` (the CPU graph
+emulator, the CUDA engine's op listing). One ``refimpl::fi_*_run`` op per ``run`` makes the call one visible kernel and
+lets the emulator replay it: the op finds the wrapper by a handle frozen at capture, as a CUDA graph is bound to the
+wrapper it captured. (For the stand-ins, one extra ``copy_``.)
 """
 
 from __future__ import annotations
@@ -20,6 +17,7 @@ from ..kernels._op import kernel_op
 
 # weak: the backend's per-bs registry keeps a captured wrapper alive, as long as its graph lives
 _WRAPPERS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+Tensor = torch.Tensor
 
 
 def handle_of(wrapper: Any) -> int:
@@ -35,8 +33,7 @@ def _fi_run(handle: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 
 
 @kernel_op("refimpl::fi_mla_run", mutates_args=("out",))
-def _fi_mla_run(handle: int, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor,
-                kpe: torch.Tensor, out: torch.Tensor) -> None:  # fmt: skip
+def _fi_mla_run(handle: int, q_nope: Tensor, q_pe: Tensor, ckv: Tensor, kpe: Tensor, out: Tensor) -> None:
     out.copy_(_WRAPPERS[handle].run(q_nope, q_pe, ckv, kpe))
 
 

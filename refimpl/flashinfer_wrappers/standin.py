@@ -1,35 +1,16 @@
 """Stand-ins for flashinfer 0.6.0's three paged wrappers, for machines without flashinfer/CUDA.
 
-They model what a CUDA graph captured around ``wrapper.run`` depends on:
-
-* **Binding.** With ``use_cuda_graph=True`` the constructor keeps the buffers it is given under
-  flashinfer's attribute names (``_paged_kv_indptr_buf``, ``_qo_indptr_buf``,
-  ``_custom_mask_buf``, MLA ``_kv_indices_buf`` ...) and fixes ``_fixed_batch_size``; ``plan``
-  copies into them, never rebinds. Without cuda-graph mode ``plan`` keeps ``x.to(device)``.
-* **Plan.** ``plan`` reads the indptrs on the host (``.to("cpu")``: the device-to-host copy
-  ``fast_plan.py`` avoids), validates them, selects ``_cached_module`` (a stand-in for the JIT
-  module; its ``plan`` takes the real module's positional arguments) and calls it. The module
-  writes the *work partition*, int32 ``q_len[bs]`` then ``kv_len[bs]`` at byte offset 0 of
-  ``_int_workspace_buffer`` (staged in the pinned host buffer), and returns ``_plan_info``.
-* **Run.** ``run`` reads only the bound buffers and the partition, never the bound indptr, and
-  calls ``refimpl.kernels.dense_paged_attention`` / ``dense_paged_mla_attention`` once. So
-  editing the bound indptr without re-planning changes nothing: every replay must re-plan. The
-  batch is recast as one request per query row (:func:`_per_row_csr`): causal rows bottom-right
-  aligned, mask row j of request i at ``mask_indptr[i] + j * kv_len``, zeros past the batch.
-* **Kv window** (the op's fixed ``max_kv_len``): in cuda-graph mode the bound indices buffer
-  length, fixed at construction (:func:`set_kv_window` lowers it); else the planned maximum.
-* **Masks.** ``custom_mask`` wins over ``causal``. In cuda-graph mode the mask is used iff
-  ``custom_mask_buf`` was bound, even by a plan without a mask (flashinfer picks its mask mode
-  the same way; SGLang binds it only when the spec has a mask). MLA: causal only.
-
-The one representation difference: flashinfer packs the mask into bits (``segment_packbits``,
-each request padded to whole bytes) with packed byte offsets in ``mask_indptr``; the stand-in
-stores one byte per entry and element offsets (``cumsum(q_len_i * kv_len_i)``). A buffer sized
-for the unpacked mask fits both.
-
-Page size 1, NHD, kv cache as a ``(k, v)`` tuple of ``[slots, Hkv, D]``. The methods take the
-parameters refimpl passes, with flashinfer's names, positions and defaults;
-``tests/flashinfer_full_api.py`` has the full signatures and refuses what is not modelled.
+They model what a CUDA graph captured around ``wrapper.run`` depends on. **Binding**: with ``use_cuda_graph=True`` the
+constructor keeps the buffers under flashinfer's attribute names and fixes ``_fixed_batch_size``; ``plan`` copies into
+them (else keeps ``x.to(device)``). **Plan** reads the indptrs on the host (the copy ``fast_plan.py`` avoids), validates
+them and selects ``_cached_module`` (a stand-in JIT module taking the real one's positional ``plan`` arguments), which
+writes the *work partition* (int32 ``q_len[bs]`` ++ ``kv_len[bs]`` at byte 0 of ``_int_workspace_buffer``, staged in the
+pinned buffer). **Run** reads only the bound buffers and the partition (so every replay must re-plan): one dense op
+call, one request per query row (:func:`_per_row_csr`), its kv window the bound indices length in cuda-graph mode
+(:func:`set_kv_window` lowers it), else the planned maximum. **Masks**: ``custom_mask`` wins over ``causal``, in
+cuda-graph mode iff ``custom_mask_buf`` was bound; MLA: causal only. A byte per mask entry and element offsets
+(flashinfer: bits, byte offsets). Page size 1, NHD, kv cache ``(k, v)`` of ``[slots, Hkv, D]``; the full signatures:
+``tests/flashinfer_full_api.py``.
 """
 
 from __future__ import annotations
@@ -46,9 +27,7 @@ from ..kernels.attention import dense_paged_attention, dense_paged_mla_attention
 INT_WORKSPACE_BYTES = 8 * 1024 * 1024  # what flashinfer's constructors allocate
 PARTITION_OFFSET = 0  # byte offset of the partition in _int_workspace_buffer
 I32 = torch.int32
-# the prefill module's trailing fa2-only plan arguments: fixed_split_size, disable_split_kv,
-# num_colocated_ctas (flashinfer's decode.py / prefill.py plan)
-FA2_ARGS = {"fa2": (-1, False, 0), "fa3": ()}
+FA2_ARGS = {"fa2": (-1, False, 0), "fa3": ()}  # prefill plan's fixed_split_size, disable_split_kv, num_colocated_ctas
 
 
 def _dtype(dt: str | torch.dtype) -> torch.dtype:
@@ -83,12 +62,6 @@ def _fits(name: str, n: int, buf_name: str, buf: torch.Tensor) -> None:
         raise ValueError(f"{name} has {n} entries, more than the bound {buf_name} holds ({len(buf)})")
 
 
-def _require_tensors(use_cuda_graph: bool, **bufs: Any) -> None:
-    for name, buf in bufs.items():
-        if use_cuda_graph and not torch.is_tensor(buf):
-            raise ValueError(f"{name} should be a torch.Tensor in cuda graph mode")
-
-
 # the work partition, and the stand-in JIT modules that write it
 def _write_partition(int_ws, pinned_ws, q_lens: list[int], kv_lens: list[int], rows: int):
     """Stage int32 ``q_len ++ kv_len`` in the pinned buffer, copy it into the int workspace."""
@@ -100,8 +73,7 @@ def _write_partition(int_ws, pinned_ws, q_lens: list[int], kv_lens: list[int], r
 
 
 def read_partition(wrapper: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """The planned ``(q_len[bs], kv_len[bs])``: int32 views into the int workspace (graph-safe).
-    Stand-ins only: the real library's partition has another format."""
+    """The planned ``(q_len[bs], kv_len[bs])``: int32 views into a stand-in's int workspace (graph-safe)."""
     if not is_standin(wrapper):
         raise TypeError("read_partition reads the stand-ins' partition format only")
     if wrapper._plan_info is None:
@@ -114,19 +86,18 @@ def read_partition(wrapper: Any) -> tuple[torch.Tensor, torch.Tensor]:
 class _DecodeModule:
     """flashinfer's CUDA-core decode module (``get_batch_decode_module``): 15-argument plan."""
 
-    def plan(self, float_ws, int_ws, pinned_ws, indptr_host, batch_size, num_qo_heads,
-             num_kv_heads, page_size, enable_cuda_graph, window_left, logits_soft_cap,
-             head_dim_qk, head_dim_vo, empty_q_data, empty_kv_data):  # fmt: skip
+    def plan(self, *args: Any) -> list[int]:
+        if len(args) != 15:
+            raise TypeError(f"decode module plan takes 15 arguments, got {len(args)}")
+        _, int_ws, pinned_ws, indptr_host, batch_size, _, _, page_size = args[:8]
         _page_size_1(page_size)
         kv_lens = _lens("indptr", indptr_host, batch_size)
         return _write_partition(int_ws, pinned_ws, [1] * batch_size, kv_lens, batch_size)
 
 
 class _PrefillModule:
-    """flashinfer's prefill module (``get_batch_prefill_module``, also tensor-core decode). plan:
-    float_ws, int_ws, pinned_ws, qo_indptr, kv_indptr, kv_len_arr, total_num_rows, batch_size,
-    num_qo_heads, num_kv_heads, page_size, enable_cuda_graph, head_dim_qk, head_dim_vo, causal,
-    window_left (16); fa2 appends fixed_split_size, disable_split_kv, num_colocated_ctas (19)."""
+    """flashinfer's prefill module (``get_batch_prefill_module``, also tensor-core decode): 16-argument plan; fa2 appends
+    fixed_split_size, disable_split_kv, num_colocated_ctas (19)."""
 
     def plan(self, *args: Any) -> list[int]:
         if len(args) not in (16, 19):
@@ -145,44 +116,38 @@ class _MLAModule:
         q_lens = _lens("qo_indptr", qo_indptr)
         pages, kv_lens = _lens("kv_indptr", kv_indptr, len(q_lens)), kv_len_arr.tolist()
         if kv_lens != pages:
-            raise ValueError(f"kv_len_arr {kv_lens} disagrees with the page counts of kv_indptr "
-                             f"{pages} (page size 1: they must be equal)")  # fmt: skip
+            why = "(page size 1: they must be equal)"
+            raise ValueError(f"kv_len_arr {kv_lens} disagrees with the page counts of kv_indptr {pages} {why}")
         return _write_partition(int_ws, pinned_ws, q_lens, kv_lens, sum(q_lens))
 
 
 # run helpers (device ops only: nothing reads the host)
 def _per_row_csr(q_len, kv_len, num_rows: int, window: int, causal: bool, indices, mask_indptr):
-    """The batch as ``num_rows`` one-row requests (see the module docstring): ``row_indptr
-    [T+1]``, ``row_indices [T*window]``, ``row_mask_indptr [T+1]`` (None without a mask)."""
+    """The batch as ``num_rows`` one-row requests: ``row_indptr [T+1]``, ``row_indices [T*window]``, ``row_mask_indptr
+    [T+1]`` (None without a mask)."""
     dev = indices.device
     indices = indices if indices.numel() else indices.new_zeros(1)  # the op needs >= 1 entry
     ql, kl = q_len.to(torch.int64), kv_len.to(torch.int64)
-    bs = ql.shape[0]
-    q_end = torch.cumsum(ql, 0)
+    bs, q_end = ql.shape[0], torch.cumsum(ql, 0)
     q_start, kv_start = q_end - ql, torch.cumsum(kl, 0) - kl
     r = torch.arange(num_rows, device=dev)
     req = torch.searchsorted(q_end, r, right=True)  # bs for rows past the batch
-    inside = req < bs
-    req = req.clamp(max=bs - 1)
+    inside, req = req < bs, req.clamp(max=bs - 1)
     j, n_kv = r - q_start[req], kl[req]
-    row_len = n_kv
-    if causal:  # bottom-right aligned
-        row_len = torch.minimum((n_kv - ql[req] + j + 1).clamp(min=0), n_kv)
+    row_len = torch.minimum((n_kv - ql[req] + j + 1).clamp(min=0), n_kv) if causal else n_kv  # bottom-right aligned
     row_len = torch.where(inside, row_len.clamp(max=window), 0)
     row_indptr = F.pad(torch.cumsum(row_len, 0), (1, 0))
     p = torch.arange(num_rows * window, device=dev)
     row_of_p = torch.searchsorted(row_indptr[1:], p, right=True).clamp(max=num_rows - 1)
     src = kv_start[req[row_of_p]] + (p - row_indptr[row_of_p])
     row_indices = indices[src.clamp(0, indices.shape[0] - 1)]
-    row_mask = None
-    if mask_indptr is not None:
-        row_mask = F.pad(mask_indptr[:bs].to(torch.int64)[req] + j * n_kv, (0, 1))
+    row_mask = None if mask_indptr is None else F.pad(mask_indptr[:bs].to(torch.int64)[req] + j * n_kv, (0, 1))
     return row_indptr, row_indices, row_mask
 
 
 def _joined_mla_cache(ckv: torch.Tensor, kpe: torch.Tensor) -> torch.Tensor:
-    """``[slots, 1, R + Rr]``: a zero-copy view when ``ckv`` / ``kpe`` are the two column ranges
-    of one buffer (SGLang's ``kv[..., :R]`` / ``kv[..., R:]``), else a concatenated copy."""
+    """``[slots, 1, R + Rr]``: a zero-copy view when ``ckv`` / ``kpe`` are the two column ranges of one buffer (SGLang's
+    ``kv[..., :R]`` / ``kv[..., R:]``), else a concatenated copy."""
     _page_size_1(ckv.shape[1])
     rank, s, off = ckv.shape[-1], ckv.stride(), ckv.storage_offset()
     same_buffer = ckv.untyped_storage().data_ptr() == kpe.untyped_storage().data_ptr()
@@ -198,8 +163,8 @@ def is_standin(wrapper_or_class: Any) -> bool:
 
 
 def set_kv_window(wrapper: Any, max_kv_len: int) -> bool:
-    """Set a stand-in's kv window, the longest kv any later plan may have (before capture: the
-    dense op's work grows with it). Returns False (no-op) for a real flashinfer wrapper."""
+    """Set a stand-in's kv window, the longest kv any later plan may have (before capture: the dense op's work grows with
+    it). Returns False (no-op) for a real flashinfer wrapper."""
     if not is_standin(wrapper):
         return False
     if not isinstance(max_kv_len, int) or max_kv_len < 1:
@@ -211,17 +176,29 @@ def set_kv_window(wrapper: Any, max_kv_len: int) -> bool:
 class _Standin:
     IS_STANDIN = True
 
-    def _setup(self, float_ws, use_cuda_graph: bool, fixed_bs: int, indices_buf) -> None:
+    def _setup(self, float_ws, use_cuda_graph: bool, names: str, bufs: tuple, kv_layout: str = "NHD") -> int:
+        """Check the arguments, bind ``bufs`` (the parameters ``names``) as ``_BUFS``; the bound batch size."""
+        if kv_layout != "NHD":
+            raise NotImplementedError(f"refimpl flashinfer stand-in: kv_layout={kv_layout!r}")
+        for name, buf in zip(names.split(), bufs):  # cuda graph mode: tensors to bind
+            if use_cuda_graph and not torch.is_tensor(buf):
+                raise ValueError(f"{name} should be a torch.Tensor in cuda graph mode")
+        for attr, buf in zip(self._BUFS, bufs):
+            setattr(self, attr, buf)
         self._float_workspace_buffer, self.device = float_ws, float_ws.device
         n, u8, pin = INT_WORKSPACE_BYTES, torch.uint8, self.device.type == "cuda"
         self._int_workspace_buffer = torch.empty(n, dtype=u8, device=self.device)
         self._pin_memory_int_workspace_buffer = torch.empty(n, dtype=u8, pin_memory=pin, device="cpu")
         self._use_cuda_graph = use_cuda_graph
-        self._fixed_batch_size = fixed_bs if use_cuda_graph else 0
-        self._kv_window = max(1, len(indices_buf)) if use_cuda_graph else 0
+        self._fixed_batch_size = self._bound_batch_size() if use_cuda_graph else 0
+        self._kv_window = max(1, len(getattr(self, self._INDICES))) if use_cuda_graph else 0
         self._cached_module = self._plan_info = self._sm_scale = None
         self._window_left, self._logits_soft_cap, self._causal = -1, 0.0, False
         self._backend = "auto"
+        return self._fixed_batch_size
+
+    def _bound_batch_size(self) -> int:
+        return len(self._qo_indptr_buf) - 1
 
     @property
     def is_cuda_graph_enabled(self) -> bool:
@@ -232,32 +209,43 @@ class _Standin:
         if not self._use_cuda_graph:
             return
         if bs != self._fixed_batch_size:
-            raise ValueError(f"batch_size={bs} differs from the batch size "
-                             f"{self._fixed_batch_size} the wrapper was bound for")  # fmt: skip
+            fixed = self._fixed_batch_size
+            raise ValueError(f"batch_size={bs} differs from the batch size {fixed} the wrapper was bound for")
         _fits(name, len(indices), buf_name, getattr(self, self._INDICES))
         for i, n in enumerate(kv_lens):
             if n > self._kv_window:
-                raise ValueError(f"request {i} has kv_len={n} > the wrapper's kv window "
-                                 f"{self._kv_window} (see set_kv_window)")  # fmt: skip
+                window = self._kv_window
+                raise ValueError(f"request {i} has kv_len={n} > the wrapper's kv window {window} (see set_kv_window)")
 
-    def _store(self, non_blocking: bool, **tensors: torch.Tensor) -> None:
-        """Binding (attribute name -> tensor): copy into the bound buffer, or keep ``x.to``."""
-        for attr, x in tensors.items():
+    def _store(self, non_blocking: bool, *tensors: torch.Tensor, **extra: torch.Tensor) -> None:
+        """Bind ``tensors`` (as ``_BUFS``) and ``extra`` (attribute name -> tensor): copy into the bound buffer, or keep
+        ``x.to``."""
+        for attr, x in (*zip(self._BUFS, tensors), *extra.items()):
             if self._use_cuda_graph:
                 getattr(self, attr)[: len(x)].copy_(x, non_blocking=non_blocking)
             else:
                 setattr(self, attr, x.to(self.device, non_blocking=non_blocking))
 
-    def _set_dtypes(self, q_data_type, kv_data_type) -> None:
+    def _record(self, kv_lens: list[int], heads: tuple, sm_scale, q_data_type, kv_data_type) -> None:
+        """What a decode / prefill plan keeps: dtypes (o = q), batch size, heads, max kv_len, scale."""
         q = _dtype(q_data_type if q_data_type is not None else "float16")
         kv = q if kv_data_type is None else _dtype(kv_data_type)
         self._cached_q_data_type, self._cached_kv_data_type, self._cached_o_data_type = q, kv, q
+        self._batch_size, (self._num_qo_heads, self._num_kv_heads) = len(kv_lens), heads
+        self._max_kv_len, self._page_size, self._sm_scale = max(kv_lens, default=0), 1, sm_scale
+
+    def _plan_prefill(self, qo_host, kv_host, kv_lens: list[int], rows: int, heads: tuple, head_dim: int, causal):
+        """Plan with the prefill module (prefill, and flashinfer's tensor-core decode)."""
+        self._backend = "fa2" if self._backend == "auto" else self._backend
+        kv_lens_host = torch.tensor(kv_lens, dtype=I32, device="cpu")
+        args = (*heads, 1, self._use_cuda_graph, head_dim, head_dim, causal, -1)  # page_size, enable_cuda_graph
+        args += FA2_ARGS[self._backend]  # ..., head_dim_qk, head_dim_vo, causal, window_left, the fa2 args
+        self._call_module(_PrefillModule(), qo_host, kv_host, kv_lens_host, rows, len(kv_lens), *args)
 
     def _call_module(self, module: Any, *args: Any) -> None:
         """Select ``module`` as ``_cached_module`` and plan with it (workspaces first, as real)."""
-        info = module.plan(self._float_workspace_buffer, self._int_workspace_buffer,
-                           self._pin_memory_int_workspace_buffer, *args)  # fmt: skip
-        self._cached_module, self._plan_info = module, info
+        ws = (self._float_workspace_buffer, self._int_workspace_buffer, self._pin_memory_int_workspace_buffer)
+        self._cached_module, self._plan_info = module, module.plan(*ws, *args)
 
     def _window(self) -> int:
         return self._kv_window if self._use_cuda_graph else max(1, self._plan_info[4])
@@ -268,8 +256,8 @@ class _Standin:
             raise RuntimeError(f"{type(self).__name__}: call plan() before run()")
         want = (self._cached_q_data_type, self._cached_kv_data_type)
         if (q.dtype, k.dtype) != want:
-            raise ValueError(f"q / kv dtypes {q.dtype} / {k.dtype} do not match the q_data_type "
-                             f"{want[0]} / kv_data_type {want[1]} of plan()")  # fmt: skip
+            what = f"the q_data_type {want[0]} / kv_data_type {want[1]} of plan()"
+            raise ValueError(f"q / kv dtypes {q.dtype} / {k.dtype} do not match {what}")
         info = self._plan_info
         if q.dim() != 3 or q.shape[0] < info[2]:
             raise ValueError(f"q.shape={tuple(q.shape)}: expected [>= {info[2]} rows, H, D]")
@@ -287,11 +275,9 @@ class _Standin:
         csr, window = self._rows(q, k, causal, mask_indptr)
         out = q.new_zeros(q.shape[:-1] + v.shape[-1:], dtype=self._cached_o_data_type)
         if csr is not None:
-            sm_scale = 1 / math.sqrt(q.shape[-1]) if self._sm_scale is None else self._sm_scale
-            dense_paged_attention(
-                q, k, v, csr[0], csr[1], out, sm_scale=float(sm_scale), max_kv_len=window,
-                q_per_req=1, custom_mask=mask, mask_indptr=csr[2],
-            )  # fmt: skip
+            sm_scale = float(1 / math.sqrt(q.shape[-1]) if self._sm_scale is None else self._sm_scale)
+            kw = dict(sm_scale=sm_scale, max_kv_len=window, q_per_req=1, custom_mask=mask, mask_indptr=csr[2])
+            dense_paged_attention(q, k, v, csr[0], csr[1], out, **kw)
         return out
 
 
@@ -299,92 +285,113 @@ class BatchDecodeWithPagedKVCacheWrapper(_Standin):
     """Stand-in for ``flashinfer.BatchDecodeWithPagedKVCacheWrapper`` (one query row/request)."""
 
     _INDICES = "_paged_kv_indices_buf"
+    _BUFS = ("_paged_kv_indptr_buf", _INDICES, "_paged_kv_last_page_len_buf")
 
-    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD",
-                 use_cuda_graph: bool = False, use_tensor_cores: bool = False,
-                 paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None,
-                 paged_kv_last_page_len_buffer=None) -> None:  # fmt: skip
-        if kv_layout != "NHD":
-            raise NotImplementedError(f"refimpl flashinfer stand-in: kv_layout={kv_layout!r}")
-        _require_tensors(use_cuda_graph, paged_kv_indptr_buffer=paged_kv_indptr_buffer,
-                         paged_kv_indices_buffer=paged_kv_indices_buffer,
-                         paged_kv_last_page_len_buffer=paged_kv_last_page_len_buffer)  # fmt: skip
-        bs = len(paged_kv_last_page_len_buffer) if use_cuda_graph else 0
-        self._setup(float_workspace_buffer, use_cuda_graph, bs, paged_kv_indices_buffer)
-        self._paged_kv_indptr_buf = paged_kv_indptr_buffer
-        self._paged_kv_indices_buf = paged_kv_indices_buffer
-        self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buffer
+    def __init__(
+        self,
+        float_workspace_buffer: torch.Tensor,
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        use_tensor_cores: bool = False,
+        paged_kv_indptr_buffer=None,
+        paged_kv_indices_buffer=None,
+        paged_kv_last_page_len_buffer=None,
+    ) -> None:
+        names = "paged_kv_indptr_buffer paged_kv_indices_buffer paged_kv_last_page_len_buffer"
+        bufs = (paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer)
+        bs = self._setup(float_workspace_buffer, use_cuda_graph, names, bufs, kv_layout)
         self.use_tensor_cores = self._use_tensor_cores = use_tensor_cores
         if use_tensor_cores and use_cuda_graph:
             self._qo_indptr_buf = torch.arange(bs + 1, dtype=I32, device=self.device)
 
-    def plan(self, indptr, indices, last_page_len, num_qo_heads: int, num_kv_heads: int,
-             head_dim: int, page_size: int, *, q_data_type="float16", kv_data_type=None,
-             data_type=None, sm_scale=None, non_blocking: bool = True) -> None:  # fmt: skip
+    def plan(
+        self,
+        indptr,
+        indices,
+        last_page_len,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        *,
+        q_data_type="float16",
+        kv_data_type=None,
+        data_type=None,
+        sm_scale=None,
+        non_blocking: bool = True,
+    ) -> None:
         _page_size_1(page_size)
         bs = len(last_page_len)
         indptr_host = indptr.to("cpu")  # the device-to-host copy the fast plan avoids
         kv_lens = _lens("indptr", indptr_host, bs, indices)
         self._check_bound(bs, kv_lens, "indices", indices, "paged_kv_indices_buffer")
-        self._store(non_blocking, _paged_kv_indptr_buf=indptr, _paged_kv_indices_buf=indices,
-                    _paged_kv_last_page_len_buf=last_page_len)  # fmt: skip
+        self._store(non_blocking, indptr, indices, last_page_len)
         if self.use_tensor_cores and not self._use_cuda_graph:
             self._qo_indptr_buf = torch.arange(bs + 1, dtype=I32, device=self.device)
-        q_data_type = data_type if q_data_type is None else q_data_type  # flashinfer's precedence:
-        kv_data_type = data_type if kv_data_type is None else kv_data_type  # explicit q / kv win
-        self._set_dtypes(q_data_type, kv_data_type)
-        self._batch_size, self._num_qo_heads, self._num_kv_heads = bs, num_qo_heads, num_kv_heads
-        self._max_kv_len, self._page_size, self._sm_scale = max(kv_lens, default=0), 1, sm_scale
-        graph = self._use_cuda_graph
+        heads = (num_qo_heads, num_kv_heads)  # flashinfer's precedence: explicit q / kv dtypes win
+        q_data_type, kv_data_type = (data_type if t is None else t for t in (q_data_type, kv_data_type))
+        self._record(kv_lens, heads, sm_scale, q_data_type, kv_data_type)
         if self.use_tensor_cores:  # flashinfer plans tensor-core decode with the prefill module
-            self._backend = "fa2" if self._backend == "auto" else self._backend
-            self._call_module(
-                _PrefillModule(), torch.arange(bs + 1, dtype=I32, device="cpu"), indptr_host,
-                torch.tensor(kv_lens, dtype=I32, device="cpu"), bs, bs, num_qo_heads, num_kv_heads, 1, graph,
-                head_dim, head_dim, False, -1, *FA2_ARGS[self._backend],
-            )  # fmt: skip
-        else:
-            self._call_module(
-                _DecodeModule(), indptr_host, bs, num_qo_heads, num_kv_heads, 1, graph, -1, 0.0,
-                head_dim, head_dim, torch.empty(0, dtype=self._cached_q_data_type, device="cpu"),
-                torch.empty(0, dtype=self._cached_kv_data_type, device="cpu"),
-            )  # fmt: skip
+            qo_host = torch.arange(bs + 1, dtype=I32, device="cpu")
+            self._plan_prefill(qo_host, indptr_host, kv_lens, bs, heads, head_dim, False)
+        else:  # ..., page_size, enable_cuda_graph, window_left, logits_soft_cap, head_dim_qk, head_dim_vo
+            args = (*heads, 1, self._use_cuda_graph, -1, 0.0, head_dim, head_dim)
+            q_dt, kv_dt = self._cached_q_data_type, self._cached_kv_data_type
+            empties = (torch.empty(0, dtype=q_dt, device="cpu"), torch.empty(0, dtype=kv_dt, device="cpu"))
+            self._call_module(_DecodeModule(), indptr_host, bs, *args, *empties)
 
     begin_forward = plan
 
     def run(self, q: torch.Tensor, paged_kv_cache: Any) -> torch.Tensor:
         return self._run_mha(q, paged_kv_cache, causal=False)
 
+    def _bound_batch_size(self) -> int:
+        return len(self._paged_kv_last_page_len_buf)
+
 
 class BatchPrefillWithPagedKVCacheWrapper(_Standin):
     """Stand-in for ``flashinfer.BatchPrefillWithPagedKVCacheWrapper`` (ragged queries)."""
 
     _INDICES = "_paged_kv_indices_buf"
+    _BUFS = ("_qo_indptr_buf", "_paged_kv_indptr_buf", _INDICES, "_paged_kv_last_page_len_buf")
 
-    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD",
-                 use_cuda_graph: bool = False, qo_indptr_buf=None, paged_kv_indptr_buf=None,
-                 paged_kv_indices_buf=None, paged_kv_last_page_len_buf=None,
-                 custom_mask_buf=None, mask_indptr_buf=None) -> None:  # fmt: skip
-        if kv_layout != "NHD":
-            raise NotImplementedError(f"refimpl flashinfer stand-in: kv_layout={kv_layout!r}")
-        _require_tensors(use_cuda_graph, qo_indptr_buf=qo_indptr_buf,
-                         paged_kv_indptr_buf=paged_kv_indptr_buf,
-                         paged_kv_indices_buf=paged_kv_indices_buf,
-                         paged_kv_last_page_len_buf=paged_kv_last_page_len_buf)  # fmt: skip
+    def __init__(
+        self,
+        float_workspace_buffer: torch.Tensor,
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        qo_indptr_buf=None,
+        paged_kv_indptr_buf=None,
+        paged_kv_indices_buf=None,
+        paged_kv_last_page_len_buf=None,
+        custom_mask_buf=None,
+        mask_indptr_buf=None,
+    ) -> None:
+        names = "qo_indptr_buf paged_kv_indptr_buf paged_kv_indices_buf paged_kv_last_page_len_buf"
+        bufs = (qo_indptr_buf, paged_kv_indptr_buf, paged_kv_indices_buf, paged_kv_last_page_len_buf)
+        self._setup(float_workspace_buffer, use_cuda_graph, names, bufs, kv_layout)
         if use_cuda_graph and (custom_mask_buf is None) != (mask_indptr_buf is None):
             raise ValueError("custom_mask_buf and mask_indptr_buf are bound together or not")
-        bs = len(qo_indptr_buf) - 1 if use_cuda_graph else 0
-        self._setup(float_workspace_buffer, use_cuda_graph, bs, paged_kv_indices_buf)
-        self._qo_indptr_buf = qo_indptr_buf
-        self._paged_kv_indptr_buf = paged_kv_indptr_buf
-        self._paged_kv_indices_buf = paged_kv_indices_buf
-        self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buf
         self._custom_mask_buf, self._mask_indptr_buf = custom_mask_buf, mask_indptr_buf
 
-    def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
-             num_qo_heads: int, num_kv_heads: int, head_dim_qk: int, page_size: int, *,
-             custom_mask=None, causal: bool = False, sm_scale=None, q_data_type="float16",
-             kv_data_type=None, non_blocking: bool = True) -> None:  # fmt: skip
+    def plan(
+        self,
+        qo_indptr,
+        paged_kv_indptr,
+        paged_kv_indices,
+        paged_kv_last_page_len,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim_qk: int,
+        page_size: int,
+        *,
+        custom_mask=None,
+        causal: bool = False,
+        sm_scale=None,
+        q_data_type="float16",
+        kv_data_type=None,
+        non_blocking: bool = True,
+    ) -> None:
         _page_size_1(page_size)
         bs = len(qo_indptr) - 1
         qo_host, kv_host = qo_indptr.to("cpu"), paged_kv_indptr.to("cpu")  # host reads
@@ -394,9 +401,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_Standin):
         if custom_mask is not None:
             sizes = [a * b for a, b in zip(q_lens, kv_lens)]
             if custom_mask.numel() != sum(sizes):
-                raise ValueError(f"custom_mask has {custom_mask.numel()} entries, expected "
-                                 f"sum(q_len_i * kv_len_i) = {sum(sizes)} for q_len={q_lens}, "
-                                 f"kv_len={kv_lens}")  # fmt: skip
+                want = f"sum(q_len_i * kv_len_i) = {sum(sizes)} for q_len={q_lens}, kv_len={kv_lens}"
+                raise ValueError(f"custom_mask has {custom_mask.numel()} entries, expected {want}")
             mask = {  # one byte per entry and element offsets (flashinfer: bits, byte offsets)
                 "_custom_mask_buf": custom_mask.reshape(-1).to(torch.uint8),
                 "_mask_indptr_buf": torch.tensor([0, *itertools.accumulate(sizes)], dtype=I32, device="cpu"),
@@ -408,19 +414,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_Standin):
             if self._custom_mask_buf is None:
                 raise ValueError("a custom mask in cuda graph mode needs custom_mask_buf")
             _fits("custom_mask", custom_mask.numel(), "custom_mask_buf", self._custom_mask_buf)
-        self._store(non_blocking, _qo_indptr_buf=qo_indptr, _paged_kv_indptr_buf=paged_kv_indptr,
-                    _paged_kv_indices_buf=paged_kv_indices,
-                    _paged_kv_last_page_len_buf=paged_kv_last_page_len, **mask)  # fmt: skip
-        self._set_dtypes(q_data_type, kv_data_type)
-        self._batch_size, self._num_qo_heads, self._num_kv_heads = bs, num_qo_heads, num_kv_heads
-        self._max_q_len, self._max_kv_len = max(q_lens, default=0), max(kv_lens, default=0)
-        self._page_size, self._causal, self._sm_scale = 1, causal, sm_scale
-        self._backend = "fa2" if self._backend == "auto" else self._backend
-        self._call_module(
-            _PrefillModule(), qo_host, kv_host, torch.tensor(kv_lens, dtype=I32, device="cpu"), rows, bs,
-            num_qo_heads, num_kv_heads, 1, self._use_cuda_graph, head_dim_qk, head_dim_qk,
-            causal, -1, *FA2_ARGS[self._backend],
-        )  # fmt: skip
+        self._store(non_blocking, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, **mask)
+        self._record(kv_lens, (num_qo_heads, num_kv_heads), sm_scale, q_data_type, kv_data_type)
+        self._max_q_len, self._causal = max(q_lens, default=0), causal
+        self._plan_prefill(qo_host, kv_host, kv_lens, rows, (num_qo_heads, num_kv_heads), head_dim_qk, causal)
 
     begin_forward = plan
 
@@ -435,25 +432,39 @@ class BatchMLAPagedAttentionWrapper(_Standin):
     """Stand-in for ``flashinfer.BatchMLAPagedAttentionWrapper`` (absorbed MLA, no custom mask)."""
 
     _INDICES = "_kv_indices_buf"
+    _BUFS = ("_qo_indptr_buf", "_kv_indptr_buf", _INDICES, "_kv_len_arr_buf")
 
-    def __init__(self, float_workspace_buffer: torch.Tensor, use_cuda_graph: bool = False,
-                 qo_indptr=None, kv_indptr=None, kv_indices=None, kv_len_arr=None,
-                 backend: str = "auto") -> None:  # fmt: skip
+    def __init__(
+        self,
+        float_workspace_buffer: torch.Tensor,
+        use_cuda_graph: bool = False,
+        qo_indptr=None,
+        kv_indptr=None,
+        kv_indices=None,
+        kv_len_arr=None,
+        backend: str = "auto",
+    ) -> None:
         if backend not in ("auto", "fa2", "fa3"):
             raise NotImplementedError(f"refimpl flashinfer stand-in: backend={backend!r}")
-        # stricter than flashinfer, which fails later in plan
-        _require_tensors(use_cuda_graph, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
-                         kv_indices=kv_indices, kv_len_arr=kv_len_arr)  # fmt: skip
-        bs = len(qo_indptr) - 1 if use_cuda_graph else 0
-        self._setup(float_workspace_buffer, use_cuda_graph, bs, kv_indices)
-        self._qo_indptr_buf, self._kv_indptr_buf = qo_indptr, kv_indptr
-        self._kv_indices_buf, self._kv_len_arr_buf = kv_indices, kv_len_arr
+        bufs = (qo_indptr, kv_indptr, kv_indices, kv_len_arr)  # flashinfer checks them later
+        self._setup(float_workspace_buffer, use_cuda_graph, "qo_indptr kv_indptr kv_indices kv_len_arr", bufs)
         self._backend, self._batch_size = "fa2" if backend == "auto" else backend, 0
 
-    def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads: int,
-             head_dim_ckv: int, head_dim_kpe: int, page_size: int, causal: bool,
-             sm_scale: float, q_data_type: torch.dtype,
-             kv_data_type: torch.dtype) -> None:  # fmt: skip
+    def plan(
+        self,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        kv_len_arr,
+        num_heads: int,
+        head_dim_ckv: int,
+        head_dim_kpe: int,
+        page_size: int,
+        causal: bool,
+        sm_scale: float,
+        q_data_type: torch.dtype,
+        kv_data_type: torch.dtype,
+    ) -> None:
         _page_size_1(page_size)
         bs = len(qo_indptr) - 1
         # the host reads (in a graph replay they hung: SGLang #3987, see fast_plan.py)
@@ -463,20 +474,16 @@ class BatchMLAPagedAttentionWrapper(_Standin):
         self._check_bound(bs, kv_lens, "kv_indices", kv_indices, "kv_indices")
         # the module validates kv_len_arr before anything is copied
         self._call_module(_MLAModule(), qo_host, kv_host, kv_len_host, num_heads, head_dim_ckv, causal)
-        self._store(True, _qo_indptr_buf=qo_indptr, _kv_indptr_buf=kv_indptr,
-                    _kv_indices_buf=kv_indices, _kv_len_arr_buf=kv_len_arr)  # fmt: skip
+        self._store(True, qo_indptr, kv_indptr, kv_indices, kv_len_arr)
         self._cached_q_data_type = self._cached_o_data_type = _dtype(q_data_type)
         self._cached_kv_data_type = _dtype(kv_data_type)
         self._batch_size, self._num_heads, self._causal = bs, num_heads, causal
         self._page_size, self._sm_scale = 1, sm_scale
 
-    def run(self, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor,
-            kpe_cache: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    def run(self, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor):
         csr, window = self._rows(q_nope, ckv_cache, bool(self._causal))
         out, kv_cache = torch.zeros_like(q_nope), _joined_mla_cache(ckv_cache, kpe_cache)
         if csr is not None:
-            dense_paged_mla_attention(
-                q_nope, q_pe, kv_cache, csr[0], csr[1], out, sm_scale=float(self._sm_scale),
-                max_kv_len=window, q_per_req=1,
-            )  # fmt: skip
+            kw = dict(sm_scale=float(self._sm_scale), max_kv_len=window, q_per_req=1)
+            dense_paged_mla_attention(q_nope, q_pe, kv_cache, csr[0], csr[1], out, **kw)
         return out

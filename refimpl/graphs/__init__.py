@@ -21,12 +21,4 @@ def make_engine(name: str = "auto") -> GraphEngine:
     raise ValueError(f"unknown graph engine {name!r}; valid: auto, cuda, cpu-emulator")
 
 
-__all__ = [
-    "CPUEmulatorEngine",
-    "EmulatedGraph",
-    "Graph",
-    "GraphCaptureError",
-    "GraphEngine",
-    "GraphReplayError",
-    "make_engine",
-]
+__all__ = ["CPUEmulatorEngine", "EmulatedGraph", "Graph", "GraphCaptureError", "GraphEngine", "GraphReplayError", "make_engine"]

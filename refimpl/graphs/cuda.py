@@ -1,17 +1,9 @@
 """The real thing: ``torch.cuda.CUDAGraph`` behind the same contract as the emulator.
 
-What this engine adds to a bare ``torch.cuda.graph`` block (PyTorch "CUDA Graphs" notes,
-SGLang's ``CudaGraphRunner.capture``, [facts#capture]):
-
-- warm-up runs happen on a side stream, so lazy initialisation (cuBLAS handles, Triton
-  compilation, allocator growth) is not captured;
-- every graph of an engine shares one memory pool (``graph.pool()`` of the first capture), and
-  the runner captures the largest batch first so smaller graphs reuse its blocks;
-- while capturing, the op names are listed by the shared op recorder (``recorder.py``) in
-  naming-only mode, so ``kernels()`` works on both engines;
-- a failed capture is contained (``_discard``): whatever raised inside it, the capture is ended,
-  the caller's stream restored and the graph dropped, so the next capture and replay in the same
-  process succeed; and no garbage collection runs during a capture (see ``capture``).
+What it adds to a bare ``torch.cuda.graph`` block (PyTorch "CUDA Graphs" notes, SGLang's ``CudaGraphRunner.capture``,
+[facts#capture]): warm-ups on a side stream (lazy initialisation is not captured); one memory pool shared by every graph
+(largest batch captured first); op names from the shared recorder, so ``kernels()`` works on both engines; a failed
+capture contained (``_discard``), so the next capture and replay succeed; no garbage collection during capture.
 """
 
 from __future__ import annotations
@@ -40,11 +32,8 @@ class CUDAGraphHandle(Graph):
         eng = self.engine
         torch.cuda.synchronize(eng.device)
         caller_stream = torch.cuda.current_stream(eng.device)
-        # No garbage collection while capturing: a collection could destroy an unreachable old
-        # graph, whose pool release (cudaFree) is forbidden during capture and invalidates it.
-        # Seen on the H200: cuBLAS "execution failed" and "operation failed due to a previous
-        # error during capture" at random points of a long test run, whenever a dropped runner
-        # was collected inside another capture.
+        # No garbage collection while capturing: collecting an old graph frees pool memory
+        # (cudaFree), which invalidates the capture (seen on the H200 as random cuBLAS failures).
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
@@ -71,10 +60,8 @@ class CUDAGraphHandle(Graph):
         return out
 
     def _discard(self, caller_stream: torch.cuda.Stream) -> None:
-        """After any error inside capture, leave the process as if the capture never began: the
-        capture ended (``torch.cuda.graph`` ends it, but skips restoring the stream when ending
-        it raises), the caller's stream current again, the half-recorded graph and the cuBLAS
-        workspaces allocated into its pool dropped, a fresh graph object in its place."""
+        """After any error inside capture, leave the process as if it never began: capture ended, the caller's stream
+        current, the half-recorded graph and its cuBLAS workspaces dropped."""
         eng = self.engine
         with torch.cuda.stream(eng.stream):
             if torch.cuda.is_current_stream_capturing():

@@ -1,34 +1,23 @@
 """A CPU emulator of CUDA graphs: record the tensor ops of a step, replay them without Python.
 
-Why: CI and most readers have no GPU, yet every lesson here is about capture and replay. The
-emulator gives the same contract as ``torch.cuda.CUDAGraph`` on CPU tensors:
+CI and most readers have no GPU, yet every lesson here is about capture and replay. The emulator keeps
+``torch.cuda.CUDAGraph``'s contract on CPU tensors:
 
-1. **Record.** ``capture(fn)`` runs ``fn`` once under the op recorder (``recorder.py``, a
-   ``TorchDispatchMode`` shared with the CUDA engine) that logs every aten/custom op with the
-   exact tensor objects it touched. A registered custom op (every
-   refimpl kernel) arrives as one op; the ops inside it are not logged.
-2. **Replay on captured storage.** ``replay()`` re-executes the log. An op that produced a fresh
-   tensor at capture has its new result copied *into that same tensor* (same "address"); an op
-   that mutates its inputs (``copy_``, ``index_copy_``, a kernel writing ``out``) simply runs
-   again on the same objects; views and pure allocations (``empty``) are not re-run: on a GPU
-   they are not kernels either.
-3. **Frozen Python.** Python scalars, shapes and the branches taken are whatever they were at
-   capture: nothing from ``fn`` runs at replay.
-4. **No host synchronisation.** ``.item()``, ``bool(tensor)`` (data-dependent branching),
-   ``.tolist()``, ``.cpu()``, ``.numpy()``, ``torch.equal`` and data-dependent shapes
-   (``nonzero``, ``masked_select``, ``unique``...) raise ``GraphCaptureError`` during capture,
-   as CUDA stream capture does. In the emulator every tensor counts as device memory.
-5. **Fresh tensors are invisible.** A tensor allocated after capture is not in the log, so
-   replay never reads it: rebinding ``self.buf = new_tensor`` after capture changes nothing,
-   exactly the "stale bound buffer" bug class on a GPU.
+1. **Record.** ``capture(fn)`` runs ``fn`` once under the op recorder (``recorder.py``, shared with the CUDA engine),
+   which logs every aten/custom op with the tensor objects it touched (a refimpl kernel is one custom op).
+2. **Replay on captured storage.** ``replay()`` re-executes the log: an op that made a fresh tensor at capture writes
+   its new result *into that same tensor* (same "address"); an op that mutates its inputs runs again on the same
+   objects; views and allocations are not re-run.
+3. **Frozen Python.** Scalars, shapes and branches are whatever they were at capture.
+4. **No host synchronisation.** ``.item()``, ``bool(tensor)``, ``.tolist()``, ``.cpu()``, ``torch.equal`` and
+   value-dependent shapes (``nonzero``, ``unique``...) raise ``GraphCaptureError`` during capture, as CUDA's does.
+5. **Fresh tensors are invisible.** Rebinding ``self.buf = new_tensor`` after capture changes nothing at replay: the
+   "stale bound buffer" bug class of a GPU.
 
-Where the emulator and a CUDA graph differ (``tests/test_emulator_parity.py`` runs the same
-programs under both): capture *executes* the step here (its writes happen once and the returned
-outputs are valid), while CUDA capture only records (outputs are valid after the first replay);
-the emulator keeps every captured tensor alive, while a CUDA graph keeps only addresses (a freed
-rebound buffer's block may be reused by another tensor); graphs sharing one CUDA pool may
-overwrite each other's outputs, here never; a random op draws fresh values from the live
-generator at each replay here, from per-replay seed offsets fixed at capture on CUDA.
+Where it differs from a CUDA graph (``tests/test_emulator_parity.py`` runs both): capture
+*executes* the step here; captured tensors stay alive here, where a CUDA graph keeps addresses
+only; graphs sharing one CUDA pool may overwrite each other's outputs, here never; random ops
+draw fresh values at each replay here, from offsets fixed at capture on CUDA.
 """
 
 from __future__ import annotations
@@ -92,12 +81,8 @@ class EmulatedGraph(Graph):
 
 
 class CPUEmulatorEngine(GraphEngine):
-    """The emulator engine. Its tensors live on CPU wherever Triton runs interpreted (no CUDA).
-
-    On a CUDA machine Triton kernels cannot run on CPU tensors, so the same emulator runs on
-    CUDA tensors there (``name == "emulator-cuda"``): recording and replaying the op log is
-    device-agnostic, which lets a GPU run compare the emulator with real CUDA graphs.
-    """
+    """The emulator engine: CPU tensors where Triton runs interpreted; on a CUDA machine the same op log runs on CUDA
+    tensors (``"emulator-cuda"``), so a GPU run can compare it with real graphs."""
 
     def __init__(self, device: str | torch.device | None = None) -> None:
         from .._env import default_device

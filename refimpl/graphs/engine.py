@@ -1,16 +1,10 @@
 """The contract every graph engine honours (CUDA and the CPU emulator alike).
 
-A ``Graph`` is captured once from a Python callable and replayed many times:
-
-- ``capture(fn)`` runs ``fn`` under the engine's recorder and returns what ``fn`` returned;
-  those returned tensors are the graph's *static outputs*: every replay rewrites them in place.
-- ``replay()`` re-runs the recorded work on the captured storage. No Python from ``fn`` runs:
-  Python scalars, shapes, branches taken and tensors read are all frozen at capture.
-- ``ops()`` / ``kernels()`` list what was recorded ("introspection"); every refimpl kernel is a
-  registered torch custom op, so it shows up as one ``refimpl.<name>`` entry.
-
-Errors: ``GraphCaptureError`` for work that cannot be captured (a host synchronisation such as
-``.item()``), ``GraphReplayError`` for a replay that cannot happen (replay before capture).
+``capture(fn)`` records ``fn`` and returns its outputs, the graph's *static outputs* (every replay rewrites them in
+place); ``replay()`` re-runs the recorded work on the captured storage, no Python from ``fn`` (scalars, shapes, branches
+frozen at capture); ``ops()`` / ``kernels()`` list what was recorded (each refimpl kernel is one ``refimpl.<name>``
+custom op). ``GraphCaptureError``: work a capture cannot record (``.item()``); ``GraphReplayError``: a replay that
+cannot happen.
 """
 
 from __future__ import annotations

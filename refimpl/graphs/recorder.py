@@ -1,15 +1,9 @@
 """The op recorder both graph engines use: a ``TorchDispatchMode`` that sees every tensor op.
 
-Inside ``record_ops(steps)`` every aten op and every registered custom op (each refimpl kernel
-is one ``torch.library.custom_op``) arrives here once, with the exact tensor objects it
-touched. The recorder
-
-- refuses what CUDA stream capture refuses: host synchronisation (``.item()``, ``bool(t)``,
-  ``torch.equal``) and ops whose output *shape* depends on tensor values (``nonzero``,
-  boolean-mask indexing, ...), raising ``GraphCaptureError``;
-- names every op and whether it launches work at replay (views and pure allocations do not),
-  which is what ``Graph.kernels()`` lists on both engines;
-- with ``steps`` given, keeps a ``Step`` per op: the CPU emulator replays those.
+Inside ``record_ops(steps)`` every aten op and custom op (each refimpl kernel is one) arrives once, with the tensor
+objects it touched. The recorder refuses what CUDA stream capture refuses (host synchronisation, value-dependent output
+shapes) with ``GraphCaptureError``; names every op and whether it launches work at replay (``Graph.kernels()``); and,
+with ``steps``, keeps a ``Step`` per op for the CPU emulator to replay.
 """
 
 from __future__ import annotations
@@ -25,21 +19,14 @@ from .engine import GraphCaptureError, GraphReplayError
 
 # Ops that need the value of device data on the host (CUDA: a sync, illegal while capturing).
 HOST_SYNC_OPS = {
-    "aten._local_scalar_dense.default": "reads a tensor value on the host (.item(), int(), bool(): "
-    "data-dependent branching)",
+    "aten._local_scalar_dense.default": "reads a tensor value on the host (.item(), int(), bool(): data-dependent branching)",
     "aten.is_nonzero.default": "reads a tensor value on the host (bool(tensor))",
     "aten.equal.default": "torch.equal returns a host bool",
     "aten.allclose.default": "torch.allclose returns a host bool",
 }
 # Ops whose output shape depends on tensor values.
-DATA_DEPENDENT_SHAPE = (
-    "aten.nonzero.",
-    "aten.masked_select.",
-    "aten._unique",
-    "aten.unique",
-    "aten.repeat_interleave.Tensor",
-    "aten.argwhere.",
-)
+DATA_DEPENDENT_SHAPE = tuple("aten.nonzero. aten.masked_select. aten._unique aten.unique aten.argwhere.".split())
+DATA_DEPENDENT_SHAPE += ("aten.repeat_interleave.Tensor",)
 PURE_ALLOC = ("aten.empty.", "aten.empty_like.", "aten.empty_strided.", "aten.new_empty")
 
 
@@ -83,9 +70,7 @@ class Step:
         for i in self.copy_back:
             dst, src = self.outs[i], fresh[i]
             if dst.shape != src.shape:
-                raise GraphReplayError(
-                    f"{self.func} produced shape {tuple(src.shape)} at replay, {tuple(dst.shape)} at capture"
-                )
+                raise GraphReplayError(f"{self.func} produced shape {tuple(src.shape)} at replay, {tuple(dst.shape)} at capture")
             dst.copy_(src)
 
 
@@ -134,8 +119,8 @@ class Recorder(TorchDispatchMode):
 
 @contextlib.contextmanager
 def record_ops(steps: list[Step] | None = None, refuse: bool = True):
-    """Record (or, with ``steps=None``, only name) the ops run inside the block; ``refuse``:
-    raise ``GraphCaptureError`` on what a capture cannot record (host reads, ...)."""
+    """Record (or, with ``steps=None``, only name) the ops run inside the block; ``refuse``: raise ``GraphCaptureError`` on
+    what a capture cannot record (host reads, ...)."""
     rec = Recorder(steps, refuse)
     with rec:
         yield rec

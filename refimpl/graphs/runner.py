@@ -1,24 +1,11 @@
 """The graph runner: one graph per captured batch size, padding, eager fallback.
 
 Follows SGLang's ``CudaGraphRunner`` (``python/sglang/srt/model_executor/cuda_graph_runner.py``;
-facts in ``[facts#the-graph-runner]``):
-
-* **Static inputs** are allocated once, sized for the largest batch: ``input_ids``,
-  ``positions`` ``[max_bs * rows_per_request]``, ``out_cache_loc`` (one slot per row, S per row
-  in multi-step draft decode), ``req_pool_indices`` and ``seq_lens`` ``[max_bs]`` (+ a host
-  mirror ``seq_lens_cpu``). At rest every row is a padded row (``refimpl.layout``). The backend
-  allocates its own graph buffers in ``init_cuda_graph_state(max_bs, max_num_tokens)``.
-* **Capture**, largest batch first (smaller graphs reuse the shared pool's blocks): the static
-  inputs sliced to ``[:bs]`` make the capture batch; the backend's capture hook runs on it
-  *outside* the graph; warm-up; then the step is captured.
-* **Replay**: pick the smallest captured ``bs >= raw_bs``; load the batch into the static
-  inputs (padded rows reset to fill value / request slot 0 / cache slot 0 when padding); the
-  backend's replay hook; ``graph.replay()``; slice the outputs.
-* **Fallback**: a batch that cannot run as a graph runs eagerly, and the runner says why.
-
-The checker drives the runner through ``capture_batch(bs)`` (what capture fed the backend),
-``padded_batch(fb)`` (what a replay of ``fb`` feeds it) and the two hook adapters
-``call_capture_hook`` / ``call_replay_hook`` (SGLang's argument lists, from a batch).
+``[facts#the-graph-runner]``). Static inputs are allocated once for the largest batch (at rest every row is a padded
+row, ``refimpl.layout``); the backend allocates its graph buffers in ``init_cuda_graph_state``. Capture runs largest
+batch first: the capture hook outside the graph, warm-up, then the step. Replay runs four phases (``validate``,
+``load_inputs``, ``replay_hook``, ``launch``) on the smallest captured ``bs >= raw_bs``; a batch no graph can serve runs
+eagerly. The checker reads ``capture_batch(bs)`` and ``padded_batch(fb)``: what each hook was fed.
 """
 
 from __future__ import annotations
@@ -65,22 +52,19 @@ def call_capture_hook(backend, fb: ForwardBatch) -> None:
 
 
 def call_replay_hook(backend, fb: ForwardBatch) -> None:
+    lens = (fb.seq_lens, fb.seq_lens_sum, None)
     backend.init_forward_metadata_replay_cuda_graph(
-        fb.batch_size,
-        fb.req_pool_indices,
-        fb.seq_lens,
-        fb.seq_lens_sum,
-        None,
-        fb.forward_mode,
-        fb.spec_info,
-        fb.seq_lens_cpu,
+        fb.batch_size, fb.req_pool_indices, *lens, fb.forward_mode, fb.spec_info, fb.seq_lens_cpu
     )
 
 
 def call_in_graph_hook(backend, fb: ForwardBatch) -> None:
-    """The metadata a backend rebuilds *inside* the graph (``AttentionBackend.
-    init_forward_metadata_in_graph``, a no-op for most), first thing in the captured step."""
+    """The metadata a backend rebuilds *inside* the graph (``AttentionBackend.init_forward_metadata_in_graph``, a no-op
+    for most), first thing in the captured step."""
     backend.init_forward_metadata_in_graph(fb)
+
+
+INPUTS = ("input_ids", "positions", "req_pool_indices", "seq_lens", "seq_lens_cpu", "out_cache_loc")
 
 
 class GraphRunner:
@@ -94,15 +78,15 @@ class GraphRunner:
         spec_cfg: SpecConfig | None = None,
         validate_inputs: bool = True,
     ):
-        """``kind``: what the graphs run, a forward mode or a ``layout.GraphKind`` (multi-step
-        draft decode: ``layout.KINDS["draft_decode"]``, with a multi-step program and backend)."""
+        """``kind``: what the graphs run, a forward mode or a ``layout.GraphKind`` (multi-step draft decode:
+        ``layout.KINDS["draft_decode"]``, with a multi-step program and backend)."""
         self.kind = layout.GraphKind.of(kind)
         mode = self.kind.mode
         if not mode.is_graph_mode():
             raise ValueError(f"{mode.label} is never captured; run it eagerly")
         self.model, self.backend, self.engine = model, backend, engine
         self.mode, self.graph_cfg, self.spec_cfg = mode, graph_cfg, spec_cfg
-        self.multi_step_draft = multi = self.kind.multi_step
+        multi = self.kind.multi_step
         self.world = backend.world
         self.device = self.world.device
         self.tokens_per_req = self.kind.rows(spec_cfg)
@@ -118,10 +102,8 @@ class GraphRunner:
         self.fill_value = backend.get_cuda_graph_seq_len_fill_value()
         self.validate_inputs = validate_inputs  # False: timing runs (refimpl.validate's cost)
         check_capture_config(self)  # before any allocation
-        static = self._rest_inputs(self.max_bs)
-        self.input_ids, self.positions = static["input_ids"], static["positions"]
-        self.req_pool_indices, self.out_cache_loc = (static["req_pool_indices"], static["out_cache_loc"])
-        self.seq_lens, self.seq_lens_cpu = static["seq_lens"], static["seq_lens_cpu"]
+        # the static inputs: self.input_ids, .positions, .req_pool_indices, .seq_lens, .seq_lens_cpu, .out_cache_loc
+        self.__dict__.update(self._rest_inputs(self.max_bs))
         backend.init_cuda_graph_state(self.max_bs, self.max_num_tokens)
         # replay-path caches: padded-row values, copy plans, static batch views per bs
         self._pad = self._rest_inputs(self.max_bs)
@@ -147,33 +129,16 @@ class GraphRunner:
 
     def _batch(self, inputs: dict, bs: int, seq_lens_sum: int, spec_info: Any) -> ForwardBatch:
         n = bs * self.tokens_per_req
-        return ForwardBatch(
-            forward_mode=self.mode,
-            batch_size=bs,
-            input_ids=inputs["input_ids"][:n],
-            positions=inputs["positions"][:n],
-            req_pool_indices=inputs["req_pool_indices"][:bs],
-            seq_lens=inputs["seq_lens"][:bs],
-            seq_lens_cpu=inputs["seq_lens_cpu"][:bs],
-            out_cache_loc=inputs["out_cache_loc"][: bs * self.locs_per_req],
-            seq_lens_sum=seq_lens_sum,
-            world=self.world,
-            spec_info=spec_info,
-        )
+        rows = dict(input_ids=n, positions=n, out_cache_loc=bs * self.locs_per_req)  # else bs
+        views = {k: inputs[k][: rows.get(k, bs)] for k in INPUTS}
+        return ForwardBatch(self.mode, bs, **views, seq_lens_sum=seq_lens_sum, world=self.world, spec_info=spec_info)
 
-    def _static(self) -> dict[str, torch.Tensor]:
-        return {
-            "input_ids": self.input_ids,
-            "positions": self.positions,
-            "req_pool_indices": self.req_pool_indices,
-            "seq_lens": self.seq_lens,
-            "seq_lens_cpu": self.seq_lens_cpu,
-            "out_cache_loc": self.out_cache_loc,
-        }
+    def static_inputs(self) -> dict[str, torch.Tensor]:
+        return {k: getattr(self, k) for k in INPUTS}
 
     def capture_batch(self, bs: int) -> ForwardBatch:
         """The batch the capture hook of size ``bs`` sees: all padded rows + a dummy spec input."""
-        spec = dummy_spec_input(self.mode, bs, self.spec_cfg, self.fill_value, self.device, self.multi_step_draft)
+        spec = dummy_spec_input(self.mode, bs, self.spec_cfg, self.fill_value, self.device, self.kind.multi_step)
         return self._batch(self._rest_inputs(bs), bs, bs * self.fill_value, spec)
 
     def padded_batch(self, fb: ForwardBatch) -> ForwardBatch:
@@ -192,12 +157,10 @@ class GraphRunner:
             from tqdm.auto import tqdm
 
             order = tqdm(order, desc=f"capture {self.mode.label}")
-        static = self._static()
+        static = self.static_inputs()
         for bs in order:
             t0, mem0 = time.perf_counter(), self.engine.memory_in_use()
-            layout.reset_padded_rows(
-                self.req_pool_indices, self.seq_lens, self.seq_lens_cpu, self.out_cache_loc, self.fill_value
-            )
+            layout.reset_padded_rows(self.req_pool_indices, self.seq_lens, self.seq_lens_cpu, self.out_cache_loc, self.fill_value)
             fb = self._batch(static, bs, bs * self.fill_value, self.capture_batch(bs).spec_info)
             call_capture_hook(self.backend, fb)
 
@@ -211,15 +174,9 @@ class GraphRunner:
             self.graphs[bs] = graph
             self.engine.synchronize()
             mem1 = self.engine.memory_in_use()
-            self.capture_records.append(
-                CaptureRecord(
-                    bs,
-                    time.perf_counter() - t0,
-                    mem1,
-                    None if mem1 is None else mem1 - mem0,
-                    dict(graph.custom_kernels()),
-                )
-            )
+            growth = None if mem1 is None else mem1 - mem0
+            record = CaptureRecord(bs, time.perf_counter() - t0, mem1, growth, dict(graph.custom_kernels()))
+            self.capture_records.append(record)
         return self.capture_records
 
     # --- replay -------------------------------------------------------------------------------
@@ -227,11 +184,9 @@ class GraphRunner:
         """Whether ``fb`` can be served by a captured graph, and if not, why."""
         if not self.graphs:
             return False, "no graph captured yet (call capture() first)"
-        mode_ok = fb.forward_mode == self.mode or (
-            self.mode.is_decode_or_idle() and fb.forward_mode.is_decode_or_idle()
-        )
-        if not mode_ok:
-            return (False, f"mode {fb.forward_mode.label} was not captured (runner: {self.mode.label})")
+        mode = fb.forward_mode
+        if mode != self.mode and not (self.mode.is_decode_or_idle() and mode.is_decode_or_idle()):
+            return False, f"mode {mode.label} was not captured (runner: {self.mode.label})"
         raw_bs = fb.batch_size
         if raw_bs > self.max_bs:
             return False, f"batch size {raw_bs} exceeds the largest captured size {self.max_bs}"
@@ -240,8 +195,7 @@ class GraphRunner:
         expected = raw_bs * self.tokens_per_req
         if fb.num_tokens != expected:
             return False, (
-                f"{fb.num_tokens} tokens for {raw_bs} requests; the graph lays out "
-                f"{self.tokens_per_req} per request ({expected})"
+                f"{fb.num_tokens} tokens for {raw_bs} requests; the graph lays out {self.tokens_per_req} per request ({expected})"
             )
         if fb.out_cache_loc.numel() != raw_bs * self.locs_per_req:
             return False, (
@@ -263,13 +217,12 @@ class GraphRunner:
         return self._replay(fb)
 
     def load_inputs(self, fb: ForwardBatch, bs: int, into: dict[str, torch.Tensor] | None = None) -> None:
-        """Replay phase 2: the batch into the static inputs, the padded rows reset to padded rows
-        (fill value, request 0, cache slot 0), in one ``torch._foreach_copy_`` (one launch per
-        dtype) plus the host mirror. The one writer of a batch into graph inputs: ``padded_batch``
-        (what the checker feeds the hooks) runs it ``into`` fresh inputs."""
+        """Replay phase 2: the batch into the static inputs, the padded rows reset to padded rows (fill value, request 0,
+        cache slot 0), in one ``torch._foreach_copy_`` (one launch per dtype) plus the host mirror. The one writer of a
+        batch into graph inputs: ``padded_batch`` (what the checker feeds the hooks) runs it ``into`` fresh inputs."""
         dst, pads, host_live, host_pad = self._copy_plan(fb.batch_size, bs, fb.num_tokens, into)
         loc = fb.out_cache_loc
-        if self.multi_step_draft:
+        if self.kind.multi_step:
             loc = loc.view(self.spec_cfg.num_steps, fb.num_tokens)
         torch._foreach_copy_(dst, [fb.input_ids, fb.positions, loc, fb.req_pool_indices, fb.seq_lens, *pads])
         host_live.copy_(fb.seq_lens_cpu)
@@ -277,16 +230,14 @@ class GraphRunner:
             host_pad.fill_(self.fill_value)
 
     def _copy_plan(self, raw_bs: int, bs: int, n: int, into: dict[str, torch.Tensor] | None = None):
-        """(device destinations, padded-row sources, host live view, host padded view) for a
-        batch of ``raw_bs`` requests / ``n`` rows replayed by the ``bs`` graph; built once for the
-        static inputs, anew for other inputs (``into``)."""
+        """(device destinations, padded-row sources, host live / padded views) for ``raw_bs`` requests, ``n`` rows, graph ``bs``."""
         plan = self._plans.get((raw_bs, bs, n)) if into is None else None
         if plan is not None:
             return plan
-        t = self._static() if into is None else into
+        t = self.static_inputs() if into is None else into
         rows = bs * self.tokens_per_req
         loc = t["out_cache_loc"][: bs * self.locs_per_req]
-        if self.multi_step_draft:  # [step][seq][branch]: each step's block starts at step*rows
+        if self.kind.multi_step:  # [step][seq][branch]: each step's block starts at step*rows
             loc = loc.view(self.spec_cfg.num_steps, rows)
             loc_live, loc_pad = loc[:, :n], loc[:, n:]
         else:
@@ -295,11 +246,8 @@ class GraphRunner:
         pads, host_pad = [], None
         if raw_bs < bs:  # what every padded row holds (refimpl.layout)
             dst += [t["req_pool_indices"][raw_bs:bs], t["seq_lens"][raw_bs:bs], loc_pad]
-            pads = [
-                self._pad["req_pool_indices"][: bs - raw_bs],
-                self._pad["seq_lens"][: bs - raw_bs],
-                self._pad["out_cache_loc"][: loc_pad.numel()].view(loc_pad.shape),
-            ]
+            pads = [self._pad["req_pool_indices"][: bs - raw_bs], self._pad["seq_lens"][: bs - raw_bs]]
+            pads.append(self._pad["out_cache_loc"][: loc_pad.numel()].view(loc_pad.shape))
             host_pad = t["seq_lens_cpu"][raw_bs:bs]
         plan = (dst, pads, t["seq_lens_cpu"][:raw_bs], host_pad)
         if into is None:
@@ -307,11 +255,10 @@ class GraphRunner:
         return plan
 
     def _replay_batch(self, fb: ForwardBatch, bs: int) -> ForwardBatch:
-        """The static batch of size ``bs`` the replay hook sees after ``load_inputs(fb)`` (one
-        object per ``bs``, its views made once; the batch's total and spec input set here)."""
+        """The static batch of size ``bs`` the replay hook sees after ``load_inputs(fb)`` (views made once per ``bs``)."""
         view = self._views.get(bs)
         if view is None:
-            view = self._views[bs] = self._batch(self._static(), bs, 0, None)
+            view = self._views[bs] = self._batch(self.static_inputs(), bs, 0, None)
         view.seq_lens_sum = layout.padded_seq_lens_sum(fb.seq_lens_sum, fb.batch_size, bs, self.fill_value)
         view.spec_info = fb.spec_info
         return view
@@ -319,7 +266,7 @@ class GraphRunner:
     # --- the replay's phases: replay() runs them in order, the bench times each -------------------
     def validate(self, fb: ForwardBatch, for_graph: bool = True) -> None:
         """Phase 1: refuse ``fb`` before anything is written (``refimpl.validate``)."""
-        validate_batch(fb, self.spec_cfg, self.multi_step_draft, for_graph)
+        validate_batch(fb, self.spec_cfg, self.kind.multi_step, for_graph)
 
     def replay_hook(self, fb: ForwardBatch, bs: int) -> ForwardBatch:
         """Phase 3: the backend's replay hook on the static batch (after ``load_inputs``)."""

@@ -1,7 +1,6 @@
-"""Argument checks every kernel wrapper shares: shapes, dtypes, devices and Python scalars only.
-
-Never a tensor *value* (that would need a host read): the wrappers run inside captured graphs.
-Every refusal is a ``ValueError`` (``TypeError`` for a non-tensor) naming the value and the rule.
+"""Argument checks every kernel wrapper shares: shapes, dtypes, devices and Python scalars, never a tensor *value* (a host
+read: the wrappers run inside captured graphs). A refusal is a ``ValueError`` (``TypeError`` for a non-tensor) naming
+the value and the rule.
 """
 
 from __future__ import annotations
@@ -36,22 +35,17 @@ def check_tensor(
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     names = " / ".join(str(d) for d in dtypes)
     check(t.dtype in dtypes, f"{name}.dtype={t.dtype}: must be one of {names}")
-    if ndim is not None:
-        check(t.dim() == ndim, f"{name}.shape={tuple(t.shape)}: must be {ndim}-D")
+    check(ndim is None or t.dim() == ndim, f"{name}.shape={tuple(t.shape)}: must be {ndim}-D")
     if t.numel() > 0:
         check(t.stride(-1) == 1, f"{name}.stride(-1)={t.stride(-1)}: last dim must be contiguous")
     check(t.dim() == 0 or t.shape[0] >= min_len, f"{name}.shape[0]={t.shape[0]}: must be >= {min_len}")
-    if device is not None:
-        check(t.device == device, f"{name}.device={t.device}: must match {device}")
+    check(device is None or t.device == device, f"{name}.device={t.device}: must match {device}")
 
 
 def check_same_device(**tensors: torch.Tensor | None) -> None:
-    devices = {t.device for t in tensors.values() if t is not None}
-    if len(devices) <= 1:
-        return
     named = [(n, t) for n, t in tensors.items() if t is not None]
-    ref_name, ref = named[0]
     for name, t in named[1:]:
+        ref_name, ref = named[0]
         check(t.device == ref.device, f"{name}.device={t.device}: must match {ref_name}.device={ref.device}")
 
 
@@ -66,22 +60,18 @@ def check_float(value, name: str) -> None:
 
 
 def check_paged_qkvo(q, k, v, o, names=("q", "k_buffer", "v_buffer", "o")) -> tuple[int, ...]:
-    """``q [T, H, D]``, ``k [slots, Hkv, D]``, ``v [slots, Hkv, Dv]``, ``o [T, H, Dv]`` (GQA:
-    Hkv divides H), float, one device. Returns ``(T, H, Hkv, D, Dv)``."""
+    """``q [T, H, D]``, ``k [slots, Hkv, D]``, ``v [slots, Hkv, Dv]``, ``o [T, H, Dv]`` (GQA: Hkv divides H), float, one
+    device. Returns ``(T, H, Hkv, D, Dv)``."""
     nq, nk, nv, no = names
     check_tensor(q, nq, FLOAT_DTYPES, 3)
     for name, t in ((nk, k), (nv, v), (no, o)):
         check_tensor(t, name, FLOAT_DTYPES, 3, q.device)
     (rows, heads, dim), (slots, kv_heads, k_dim) = q.shape, k.shape
-    check(
-        kv_heads >= 1 and heads % kv_heads == 0,
-        f"{nk}.shape[1]={kv_heads}: must divide {nq}.shape[1]={heads} (GQA groups)",
-    )
+    msg = f"{nk}.shape[1]={kv_heads}: must divide {nq}.shape[1]={heads} (GQA groups)"
+    check(kv_heads >= 1 and heads % kv_heads == 0, msg)
     check(k_dim == dim, f"{nk}.shape[2]={k_dim}: must equal {nq}.shape[2]={dim}")
-    check(
-        tuple(v.shape[:2]) == (slots, kv_heads),
-        f"{nv}.shape={tuple(v.shape)}: must start with {(slots, kv_heads)} like {nk}",
-    )
+    msg = f"{nv}.shape={tuple(v.shape)}: must start with {(slots, kv_heads)} like {nk}"
+    check(tuple(v.shape[:2]) == (slots, kv_heads), msg)
     want = (rows, heads, v.shape[2])
     check(tuple(o.shape) == want, f"{no}.shape={tuple(o.shape)}: must be {want}")
     return rows, heads, kv_heads, dim, v.shape[2]
@@ -90,10 +80,8 @@ def check_paged_qkvo(q, k, v, o, names=("q", "k_buffer", "v_buffer", "o")) -> tu
 def check_mask(custom_mask, mask_indptr, bs: int, device: torch.device) -> None:
     """A flattened bool / uint8 ``custom_mask`` with ``mask_indptr [>= bs+1]``, or neither."""
     if (custom_mask is None) != (mask_indptr is None):
-        raise ValueError(
-            f"custom_mask is {'None' if custom_mask is None else 'set'} but mask_indptr is "
-            f"{'None' if mask_indptr is None else 'set'}: pass both or neither"
-        )
+        mask_state, indptr_state = ("None", "set") if custom_mask is None else ("set", "None")
+        raise ValueError(f"custom_mask is {mask_state} but mask_indptr is {indptr_state}: pass both or neither")
     if custom_mask is not None:
         check_tensor(custom_mask, "custom_mask", MASK_DTYPES, 1, device, min_len=1)
         check_tensor(mask_indptr, "mask_indptr", INDEX_DTYPES, 1, device, min_len=bs + 1)

@@ -1,14 +1,8 @@
 """``kernel_op``: a ``torch.library.custom_op`` that skips the dispatcher when nothing watches it.
 
-Every refimpl kernel is one custom op so that a ``TorchDispatchMode`` (the CPU graph emulator's
-recorder, ``refimpl.graphs.recorder``, the tests' op counters) sees exactly one
-``refimpl.<name>.default`` per launch. That visibility costs: the custom-op path (autograd and
-ADInplaceOrView keys, default filling, redispatch) is about 25-40 µs of Python per call, more
-than the Triton launch it wraps (profiled on the H200 for a replay hook: 41 µs for the op against
-16 µs for the raw launch). A replay hook on a GPU runs outside any graph and outside any
-dispatch mode, where nobody needs that visibility; so the returned callable runs the kernel
-function directly when the dispatch-mode stack is empty and goes through the op otherwise
-(capture under either engine, recording, counting). Both routes run the same function body.
+A ``TorchDispatchMode`` (the CPU emulator's recorder, the tests' op counters) sees one ``refimpl.<name>.default`` per
+launch, but the custom-op path costs 25-40 µs of Python per call (H200 replay hook: 41 µs against 16 µs raw), so the
+callable runs the function directly when the dispatch-mode stack is empty; both routes run the same body.
 """
 
 from __future__ import annotations
@@ -39,9 +33,8 @@ class KernelOp:
 
 
 def kernel_op(name: str, mutates_args: Sequence[str]) -> Callable[[Callable], KernelOp]:
-    """Register ``fn`` as the custom op ``name`` and return the fast-path callable. An op that
-    returns nothing (it writes its ``mutates_args``) gets its fake (meta) kernel here: nothing to
-    allocate, nothing to return."""
+    """Register ``fn`` as the custom op ``name``, return the fast-path callable. An op returning nothing (it writes its
+    ``mutates_args``) gets its fake (meta) kernel here."""
 
     def wrap(fn: Callable) -> KernelOp:
         op = torch.library.custom_op(name, mutates_args=tuple(mutates_args))(fn)

@@ -1,11 +1,7 @@
 """The device half of batch validation (``refimpl.validate``): one launch, one small result.
 
-A replay must refuse a bad batch before it writes anything, but the batch's indices live on the
-device. Reading each of them back (``.cpu()`` per tensor) costs one synchronisation per tensor,
-and the old ownership check built a slot -> request map the size of the whole KV pool on every
-call: 127 ms per replay with a 197k-slot pool on the H200. This kernel does every device-side
-rule in one launch, touching only the batch's own entries and its requests' ``req_to_token``
-columns, and writes a few int64s the host reads back once:
+One sync per index tensor, and a pool-sized slot -> request map per call (127 ms per replay, 197k-slot pool, H200), were
+the old cost. This kernel checks every device-side rule over the batch's own entries and writes a few int64s:
 
 | category (``CATEGORIES[k]``) | an entry is bad when |
 |---|---|
@@ -16,42 +12,28 @@ columns, and writes a few int64s the host reads back once:
 | ``out_cache_loc duplicate`` | ``loc[e] == loc[f]`` for some ``f < e`` |
 | ``out_cache_loc owner`` | ``loc[e]`` is not in ``req_to_token[rpi[r], :min(seq_lens[r] + extra, L)]``, ``r`` the request of the row that writes it |
 
-``out`` layout (int64): ``[nprog, len(CATEGORIES)]`` — each program's smallest bad index per
-category (``NONE`` if none; the host takes the minimum over programs, no atomics and no
-initialisation launch) — then copies of ``seq_lens``, ``accept_length`` and ``extend_seq_lens``
-(``bs`` each, the last two when given) for the host to compare with its own copies.
-
-Work: ``bs^2 + m^2`` comparisons for the duplicate rules and ``m * max_span`` loads for ownership
-(``m`` cache writes, ``max_span`` the longest request span): proportional to the batch, never to
-the pool. Rows map to requests by a uniform stride (``rows_per_req``; multi-step draft decode's
-``[step][row]`` writes by ``e % num_rows``) or, for a ragged eager batch, by ``row_req``.
+``out`` (int64): ``[nprog, len(CATEGORIES)]`` per-program smallest bad index (``NONE``: none; the host takes the
+minimum), then copies of ``seq_lens``, ``accept_length``, ``extend_seq_lens`` (``bs`` each). Rows map to requests by
+``rows_per_req`` (multi-step draft decode: ``e % num_rows``) or ``row_req``.
 """
 
 import inspect
 
 import torch
-
-from .. import _env  # noqa: F401  (sets TRITON_INTERPRET before any @triton.jit)
-
-# isort: split
 import triton
 import triton.language as tl
 
 from ._op import kernel_op
 
-CATEGORIES = (
-    "req_pool_indices range",
-    "req_pool_indices duplicate",
-    "input_ids range",
-    "positions range",
-    "out_cache_loc range",
-    "out_cache_loc duplicate",
-    "out_cache_loc owner",
-)
+CATEGORIES = ("req_pool_indices range", "req_pool_indices duplicate", "input_ids range", "positions range")
+CATEGORIES += ("out_cache_loc range", "out_cache_loc duplicate", "out_cache_loc owner")
 NCAT = len(CATEGORIES)
 NONE = 1 << 62  # "no bad entry" in a category
 BLOCK = 16  # entries per program
 CHUNK = 256  # compared entries / columns per loop iteration: few, wide iterations
+# the compiled kernel per (device, HAS_ACC, HAS_EXT, HAS_ROW_REQ), launched directly by ``_launch``: Triton's
+# JITFunction.run binds 29 arguments in Python per call (26 µs of host on the H200, 7.5 µs direct)
+_COMPILED: dict = {}
 
 
 def num_programs(bs: int, num_rows: int, num_writes: int) -> int:
@@ -80,14 +62,11 @@ def _has_earlier_equal(x, e, src_ptr, count, CHUNK_: tl.constexpr):
     return dup > 0
 
 
-# sizes, counts and pointer alignments vary per batch: one compiled kernel serves them all
-# (Triton would otherwise specialise on every int equal to 1 or divisible by 16 and on every
-# pointer's 16-byte alignment, and compile a new variant as batches vary: minutes of compiles
-# in a GPU test run)
-_ARGS = ("out_ptr seq_ptr acc_ptr ext_ptr rpi_ptr ids_ptr pos_ptr loc_ptr row_req_ptr r2t_ptr "
-         "r2t_stride pool L vocab slots bs n m rows_per_req extra max_span nprog").split()  # fmt: skip
-
-
+# sizes, counts and pointer alignments vary per batch: one compiled kernel serves them all (else
+# Triton specialises on ints equal to 1 or divisible by 16 and on 16-byte pointer alignment, and
+# compiles a new variant as batches vary: minutes of compiles in a GPU test run)
+_ARGS = "out_ptr seq_ptr acc_ptr ext_ptr rpi_ptr ids_ptr pos_ptr loc_ptr row_req_ptr r2t_ptr".split()
+_ARGS += "r2t_stride pool L vocab slots bs n m rows_per_req extra max_span nprog".split()
 _NO_SPECIALISATION = {"do_not_specialize": _ARGS}
 if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
     _NO_SPECIALISATION["do_not_specialize_on_alignment"] = _ARGS[:10]  # the pointers
@@ -133,15 +112,12 @@ def _batch_check_kernel(
     in_b = e < bs
     tl.store(copies + e, tl.load(seq_ptr + e, mask=in_b, other=0).to(tl.int64), mask=in_b)
     if HAS_ACC:
-        acc = tl.load(acc_ptr + e, mask=in_b, other=0).to(tl.int64)
-        tl.store(copies + bs + e, acc, mask=in_b)
+        tl.store(copies + bs + e, tl.load(acc_ptr + e, mask=in_b, other=0).to(tl.int64), mask=in_b)
     if HAS_EXT:
-        ext = tl.load(ext_ptr + e, mask=in_b, other=0).to(tl.int64)
-        tl.store(copies + 2 * bs + e, ext, mask=in_b)
+        tl.store(copies + 2 * bs + e, tl.load(ext_ptr + e, mask=in_b, other=0).to(tl.int64), mask=in_b)
     rpi = tl.load(rpi_ptr + e, mask=in_b, other=1).to(tl.int64)
     tl.store(res + 0, _first(in_b & ((rpi < 1) | (rpi >= pool)), e, NONE_))
-    dup = _has_earlier_equal(rpi, e, rpi_ptr, bs, CHUNK_)
-    tl.store(res + 1, _first(in_b & dup, e, NONE_))
+    tl.store(res + 1, _first(in_b & _has_earlier_equal(rpi, e, rpi_ptr, bs, CHUNK_), e, NONE_))
     # per row: token ids and positions in range
     in_n = e < n
     ids = tl.load(ids_ptr + e, mask=in_n, other=0).to(tl.int64)
@@ -152,8 +128,7 @@ def _batch_check_kernel(
     in_m = e < m
     loc = tl.load(loc_ptr + e, mask=in_m, other=1).to(tl.int64)
     tl.store(res + 4, _first(in_m & ((loc < 1) | (loc >= slots)), e, NONE_))
-    dup = _has_earlier_equal(loc, e, loc_ptr, m, CHUNK_)
-    tl.store(res + 5, _first(in_m & dup, e, NONE_))
+    tl.store(res + 5, _first(in_m & _has_earlier_equal(loc, e, loc_ptr, m, CHUNK_), e, NONE_))
     row = e % tl.maximum(n, 1)
     if HAS_ROW_REQ:
         req = tl.load(row_req_ptr + row, mask=in_m, other=0).to(tl.int64)
@@ -161,8 +136,7 @@ def _batch_check_kernel(
         req = row // rows_per_req
     req_ok = in_m & (req >= 0) & (req < bs)
     slot = tl.load(rpi_ptr + req, mask=req_ok, other=-1).to(tl.int64)
-    span = tl.load(seq_ptr + req, mask=req_ok, other=0).to(tl.int64) + extra
-    span = tl.minimum(span, L)
+    span = tl.minimum(tl.load(seq_ptr + req, mask=req_ok, other=0).to(tl.int64) + extra, L)
     row_ok = req_ok & (slot >= 0) & (slot < pool)  # an out-of-pool row owns nothing
     slot = tl.where(row_ok, slot, 0)
     found = tl.zeros([BLOCK_], dtype=tl.int32)
@@ -193,61 +167,40 @@ def batch_check(
     extend_seq_lens: torch.Tensor | None = None,
     row_req: torch.Tensor | None = None,
 ) -> None:
-    """Launch the checks; ``out`` (int64, >= ``result_size`` entries) receives the result. The
-    caller has checked dtypes and sizes (``refimpl.validate``): every tensor is on ``out``'s
-    device, ``seq_lens`` / ``req_pool_indices`` / ``accept_length`` / ``extend_seq_lens`` hold
-    ``bs`` entries, ``input_ids`` / ``positions`` / ``row_req`` ``n``, ``out_cache_loc`` ``m``."""
+    """Launch the checks into ``out`` (int64, >= ``result_size`` entries). The caller (``refimpl.validate``) has checked
+    dtypes, devices (``out``'s) and sizes: ``seq_lens`` / ``req_pool_indices`` / ``accept_length`` / ``extend_seq_lens``
+    hold ``bs`` entries, ``input_ids`` / ``positions`` / ``row_req`` ``n``, ``out_cache_loc`` ``m``."""
     bs, n, m = seq_lens.numel(), input_ids.numel(), out_cache_loc.numel()
     nprog = num_programs(bs, n, m)
     flags = (accept_length is not None, extend_seq_lens is not None, row_req is not None)
-    args = (
-        out, seq_lens,
-        accept_length if flags[0] else seq_lens,  # dummy pointers: never read
-        extend_seq_lens if flags[1] else seq_lens,
-        req_pool_indices, input_ids, positions, out_cache_loc,
-        row_req if flags[2] else seq_lens,
-        req_to_token, req_to_token.stride(0), req_to_token.shape[0], req_to_token.shape[1],
-        vocab, num_slots, bs, n, m, max(rows_per_req, 1), extra, max_span, nprog,
-        *flags, BLOCK, CHUNK, NCAT, NONE,
-    )  # fmt: skip
+    acc, ext, row = (t if t is not None else seq_lens for t in (accept_length, extend_seq_lens, row_req))  # dummies
+    tensors = (out, seq_lens, acc, ext, req_pool_indices, input_ids, positions, out_cache_loc, row, req_to_token)
+    sizes = (req_to_token.stride(0), *req_to_token.shape, vocab, num_slots, bs, n, m, max(rows_per_req, 1), extra)
+    args = (*tensors, *sizes, max_span, nprog, *flags, BLOCK, CHUNK, NCAT, NONE)
     _launch(nprog, args, flags, out.device)
-
-
-# the compiled kernel per (device, HAS_ACC, HAS_EXT, HAS_ROW_REQ), launched directly: Triton's
-# JITFunction.run binds and specialises 29 arguments in Python on every call (26 µs of host per
-# launch on the H200, against 7.5 µs for the compiled kernel's own launcher)
-_COMPILED: dict = {}
 
 
 def _launch(nprog: int, args: tuple, flags: tuple, device: torch.device) -> None:
     key = (device, *flags)
     kernel = _COMPILED.get(key)
-    if kernel is None or _launch_hooks_set():  # first launch, or a profiler's hooks set
+    # Triton's launch hooks (a profiler's) are None or a chain of ``.calls`` (Triton >= 3.4)
+    rt = getattr(getattr(triton, "knobs", None), "runtime", None)
+    hooks = (getattr(rt, "launch_enter_hook", None), getattr(rt, "launch_exit_hook", None))
+    if kernel is None or any(h is not None and getattr(h, "calls", True) for h in hooks):  # first launch or hooked
         kernel = _batch_check_kernel[(nprog,)](*args)  # compiles once (nothing specialised)
-        if device.type == "cuda" and all(hasattr(kernel, a) for a in _DIRECT):
+        if device.type == "cuda" and all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata")):
             _COMPILED[key] = kernel
         return
     stream = torch.cuda.current_stream(device).cuda_stream
     kernel.run(nprog, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None, *args)
 
 
-_DIRECT = ("run", "function", "packed_metadata")  # what a direct launch uses
-
-
-def _launch_hooks_set() -> bool:
-    """Triton's launch hooks (a profiler's): None, or a chain of ``.calls`` (Triton >= 3.4)."""
-    rt = getattr(getattr(triton, "knobs", None), "runtime", None)
-    hooks = (getattr(rt, "launch_enter_hook", None), getattr(rt, "launch_exit_hook", None))
-    return any(h is not None and getattr(h, "calls", True) for h in hooks)
-
-
 def read_result(out: torch.Tensor, bs: int, num_rows: int, num_writes: int) -> dict:
-    """``out`` read back once: ``{"first": {category: index or None}, "seq_lens": [...],
-    "accept_length": [...], "extend_seq_lens": [...]}`` (the copies as the kernel wrote them)."""
-    nprog = num_programs(bs, num_rows, num_writes)
-    res = out[: nprog * NCAT + 3 * bs].tolist()  # the one device-to-host read
-    first = {c: min(res[k : nprog * NCAT : NCAT]) for k, c in enumerate(CATEGORIES)}
-    base = nprog * NCAT
+    """``out`` read back once: ``{"first": {category: index or None}, "seq_lens": [...], "accept_length": [...],
+    "extend_seq_lens": [...]}`` (the copies as the kernel wrote them)."""
+    base = num_programs(bs, num_rows, num_writes) * NCAT  # the per-program minima, then the copies
+    res = out[: base + 3 * bs].tolist()  # the one device-to-host read
+    first = {c: min(res[k:base:NCAT]) for k, c in enumerate(CATEGORIES)}
     return {
         "first": {c: (None if v >= NONE else v) for c, v in first.items()},
         "seq_lens": res[base : base + bs],
@@ -256,20 +209,29 @@ def read_result(out: torch.Tensor, bs: int, num_rows: int, num_writes: int) -> d
     }
 
 
-def batch_check_ref(req_to_token, seq_lens, req_pool_indices, input_ids, positions,
-                    out_cache_loc, *, rows_per_req: int, extra: int, vocab: int, num_slots: int,
-                    row_req=None) -> dict:  # fmt: skip
-    """The first bad index per category, straight from the table above, in host Python (the
-    batch's own ``req_to_token`` rows only)."""
+def batch_check_ref(
+    req_to_token,
+    seq_lens,
+    req_pool_indices,
+    input_ids,
+    positions,
+    out_cache_loc,
+    *,
+    rows_per_req,
+    extra,
+    vocab,
+    num_slots,
+    row_req=None,
+) -> dict:
+    """The first bad index per category, straight from the table above, in host Python (the batch's own ``req_to_token``
+    rows only)."""
     pool, L = req_to_token.shape
     seq, rpi = seq_lens.tolist(), req_pool_indices.tolist()
     r2t = {r: req_to_token[r].tolist() for r in set(rpi) if 0 <= r < pool}
     ids, pos, loc = input_ids.tolist(), positions.tolist(), out_cache_loc.tolist()
     owner = row_req.tolist() if row_req is not None else None
 
-    def first(values, bad):
-        return next((i for i, v in enumerate(values) if bad(i, v)), None)
-
+    first = lambda values, bad: next((i for i, v in enumerate(values) if bad(i, v)), None)
     spans = [set(r2t[rpi[r]][: max(min(seq[r] + extra, L), 0)]) if rpi[r] in r2t else set() for r in range(len(rpi))]
 
     def owned(e, v):

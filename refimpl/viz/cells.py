@@ -1,6 +1,5 @@
-"""The cell primitives every grid figure draws with: colours with a meaning (``ROLE_LABELS``),
-roles, legends, cells and frames; ``save``.
-"""
+"""What the figures draw with: colours with a meaning (``ROLE_LABELS``), legends, cells, frames, draft-tree shapes;
+``save``."""
 
 from __future__ import annotations
 
@@ -17,6 +16,7 @@ PAD_COLOR = "#ffba73"
 UNUSED_COLOR = "#f0f0f0"
 DRAFT_COLOR = "#fc9272"
 TREE_ON_COLOR = "#3182bd"
+PREFIX_COLOR = "#c6dbef"  # a tree mask's prefix column (always 1)
 BAD_COLOR = "#d62728"
 INDPTR_COLOR = "#a50f15"
 STALE_COLOR = "#bdbdbd"  # cross-hatched: a value some reader would see, left by an older batch
@@ -25,138 +25,141 @@ DIFF_HATCH_COLOR = "#f4a582"  # the hatch over a cell that differs (its frame: B
 
 CELL_IN = 0.3  # inches per cell in the grid figures
 
-# what a cell's colour means: role -> legend text (an int role i: "live request i")
-ROLE_LABELS = {
-    "pad": "padded row (request slot 0, seq_len 1)",
-    "value": "other value (e.g. an indptr's end)",
-    "stale": "stale: left by an earlier batch / the capture",
-    "unread": "past the live part: not read",
+# a named cell role -> (legend text, face, hatch, edge, text colour); an int role i: live request i (its colour)
+ROLES = {
+    "pad": ("padded row (request slot 0, seq_len 1)", PAD_COLOR, None, "white", "black"),
+    "value": ("other value (e.g. an indptr's end)", VALUE_COLOR, None, "#bdbdbd", "black"),
+    "stale": ("stale: left by an earlier batch / the capture", STALE_COLOR, "xx", "white", "black"),
+    "unread": ("past the live part: not read", UNUSED_COLOR, None, "white", "#969696"),
 }
+ROLE_LABELS = {role: style[0] for role, style in ROLES.items()}  # what a cell's colour means
 
 
-def _np(x: torch.Tensor | Sequence | np.ndarray) -> np.ndarray:
-    """Host numpy copy of a tensor / list (bool and integer dtypes kept, int widened)."""
-    if isinstance(x, torch.Tensor):
-        x = x.detach().cpu()
-        if x.dtype == torch.bool:
-            return x.numpy()
-        if x.is_floating_point():
-            return x.to(torch.float64).numpy()
-        return x.to(torch.int64).numpy()
-    return np.asarray(x)
+def to_numpy(x: torch.Tensor | Sequence | np.ndarray) -> np.ndarray:
+    """Host numpy copy of a tensor / list (bool kept, floats as float64, integers as int64)."""
+    if not isinstance(x, torch.Tensor):
+        return np.asarray(x)
+    x = x.detach().cpu()
+    return x.numpy() if x.dtype == torch.bool else x.to(torch.float64 if x.is_floating_point() else torch.int64).numpy()
 
 
-def _req_color(i: int) -> str:
-    return REQ_COLORS[i % len(REQ_COLORS)]
+def owner_color(i: int, pad: bool) -> str:  # request i's colour, or the padded row's
+    return PAD_COLOR if pad else REQ_COLORS[i % len(REQ_COLORS)]
 
 
-# ---------------------------------------------------------------------------------------------
-# Colour roles and legends
-# ---------------------------------------------------------------------------------------------
-def _role_style(role) -> tuple[str, str | None, str, str]:
-    """(face colour, hatch, edge colour, text colour) of a cell role: an int (live request i),
-    ``"pad"``, ``"value"``, ``"stale"``, ``"unread"``."""
+def role_style(role) -> tuple[str, str | None, str, str]:
+    """(face colour, hatch, edge colour, text colour) of a cell role (an int or a ``ROLE_LABELS`` key)."""
     if isinstance(role, (int, np.integer)) and not isinstance(role, bool):
-        return _req_color(int(role)), None, "white", "black"
-    if role == "pad":
-        return PAD_COLOR, None, "white", "black"
-    if role == "value":
-        return VALUE_COLOR, None, "#bdbdbd", "black"
-    if role == "stale":
-        return STALE_COLOR, "xx", "white", "black"
-    if role == "unread":
-        return UNUSED_COLOR, None, "white", "#969696"
+        return owner_color(int(role), pad=False), None, "white", "black"
+    if isinstance(role, str) and role in ROLES:
+        return ROLES[role][1:]
     raise ValueError(f"unknown cell role {role!r}: an int (live request), {sorted(ROLE_LABELS)}")
 
 
-def _role_handle(role, label: str | None = None) -> Patch:
-    face, hatch, edge, _ = _role_style(role)
+def role_handle(role, label: str | None = None) -> Patch:
+    face, hatch, edge, _ = role_style(role)
     if label is None:
         label = f"live request {int(role)}" if not isinstance(role, str) else ROLE_LABELS[role]
     return Patch(facecolor=face, hatch=hatch, edgecolor="#969696" if edge == "white" else edge, lw=0.6, label=label)
 
 
-def _differs_handle(label: str) -> Patch:
+def differs_handle(label: str) -> Patch:
     return Patch(facecolor="none", edgecolor=BAD_COLOR, hatch="//", hatchcolor=DIFF_HATCH_COLOR, lw=1.5, label=label)
 
 
-def _role_order(roles) -> list:
-    ints = sorted({int(r) for r in roles if not isinstance(r, str)})
-    return ints + [r for r in ("pad", "value", "stale", "unread") if r in set(roles)]
+def legend(fig: Figure, handles: list, max_cols: int = 4) -> None:
+    """One legend under the axes, at most ``max_cols`` columns (the figure must use the constrained layout)."""
+    if handles:
+        style = dict(loc="outside lower center", fontsize=7, frameon=False, handlelength=1.6, columnspacing=1.4)
+        fig.legend(handles=handles, ncols=min(len(handles), max_cols), **style).set_gid("legend")
 
 
-def _legend(fig: Figure, handles: list, ncols: int | None = None) -> None:
-    """One legend under the axes (the figure must use the constrained layout)."""
-    if not handles:
-        return
-    ncols = ncols or min(len(handles), 4)
-    leg = fig.legend(handles=handles, loc="outside lower center", ncols=ncols, fontsize=7,
-                     frameon=False, handlelength=1.6, columnspacing=1.4)  # fmt: skip
-    leg.set_gid("legend")
+def suptitle(fig: Figure, title: str) -> None:
+    if title:
+        fig.suptitle(title, fontsize=10)
 
 
 def batch_roles(n: int, live: int, bs: int | None = None, *, indptr: bool = False) -> list:
-    """Colour roles of the first ``n`` entries of a per-request buffer (``seq_lens``,
-    ``num_kv_splits``, ``kv_len_arr``): entry i is live request i for ``i < live``, a padded row
-    for ``live <= i < bs`` (``bs`` defaults to ``live``), past ``bs`` unread. ``indptr=True``
-    (``kv_indptr``, ``qo_indptr``, ``[bs+1]``): entry i < bs is where request i starts, entry
-    ``bs`` (the total) is a plain value, entries past it unread."""
+    """Colour roles of the first ``n`` entries of a per-request buffer (``seq_lens``, ``num_kv_splits``): live request i
+    for ``i < live``, padded for ``live <= i < bs`` (``bs`` defaults to ``live``), unread past ``bs``. ``indptr=True``
+    (``[bs+1]`` buffers such as ``kv_indptr``): entry ``bs`` (the total) is a plain value."""
     bs = live if bs is None else bs
     if not 0 <= live <= bs:
         raise ValueError(f"batch_roles: need 0 <= live={live} <= bs={bs}")
-    out: list = []
-    for i in range(n):
-        if i < live:
-            out.append(i)
-        elif i < bs:
-            out.append("pad")
-        elif indptr and i == bs:
-            out.append("value")
-        else:
-            out.append("unread")
-    return out
+    return [i if i < live else "pad" if i < bs else "value" if indptr and i == bs else "unread" for i in range(n)]
 
 
 def segment_roles(indptr: torch.Tensor | Sequence[int], live: int, n: int) -> list:
-    """Colour roles of the first ``n`` entries of a packed buffer (``kv_indices``, a flat mask,
-    query rows): entry p belongs to the request i with ``indptr[i] <= p < indptr[i+1]`` (a
-    padded row for ``i >= live``); entries at or past ``indptr[-1]`` are unread."""
-    ptr = _np(indptr).reshape(-1).astype(np.int64)
+    """Colour roles of the first ``n`` entries of a packed buffer (``kv_indices``, a flat mask): entry p belongs to request
+    i with ``indptr[i] <= p < indptr[i+1]`` (padded for ``i >= live``); entries at or past ``indptr[-1]`` are unread."""
+    ptr = to_numpy(indptr).reshape(-1).astype(np.int64)
     owner = np.searchsorted(ptr, np.arange(n), side="right") - 1
     end = int(ptr[-1]) if ptr.size else 0
     return [("unread" if p >= end else int(owner[p]) if owner[p] < live else "pad") for p in range(n)]
 
 
-def _cell(ax, x, y, color, text=None, *, fontsize=6.0, edge="white", lw=0.6, hatch=None):
-    """One unit cell centred on (x, y), optionally with a centred text."""
-    ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, facecolor=color, edgecolor=edge, lw=lw, hatch=hatch))
+def cell(ax, x, y, color, text=None, *, fontsize=6.0, edge="white", lw=0.6, hatch=None, text_color="black", size=1):
+    """One square cell (``size`` wide, a unit by default) centred on (x, y), optionally with a centred text."""
+    corner = (x - size / 2, y - size / 2)
+    ax.add_patch(Rectangle(corner, size, size, facecolor=color, edgecolor=edge, lw=lw, hatch=hatch))
     if text is not None:
-        ax.text(x, y, text, ha="center", va="center", fontsize=fontsize)
+        ax.text(x, y, text, ha="center", va="center", fontsize=fontsize, color=text_color)
 
 
-def _frame(ax, x0, y0, w, h, color, lw=1.8):
-    """An unfilled rectangle around cells x0..x0+w-1, y0..y0+h-1."""
+def frame(ax, x0, y0, w=1, h=1, color=BAD_COLOR, lw=1.5):
+    """An unfilled rectangle around cells x0..x0+w-1, y0..y0+h-1 (by default: red, a wrong value)."""
     ax.add_patch(Rectangle((x0 - 0.5, y0 - 0.5), w, h, fill=False, edgecolor=color, lw=lw, zorder=3))
 
 
-def _grid_axes(ax, width: int, height: int) -> None:
+def differs_mark(ax, x, y) -> None:
+    """A red frame and hatch over cell (x, y) (gid ``"differs"``); the cell's text turns bold, on top."""
+    style = dict(fill=False, edgecolor=BAD_COLOR, hatch="//", hatchcolor=DIFF_HATCH_COLOR, lw=2.0, zorder=2.5)
+    ax.add_patch(Rectangle((x - 0.46, y - 0.46), 0.92, 0.92, gid="differs", **style))
+    own = next((t for t in ax.texts[::-1] if t.get_position() == (x, y)), None)  # drawn last for that cell
+    if own is not None:
+        own.set(fontweight="bold", zorder=4)
+
+
+def grid_axes(ax, width: int, height: int) -> None:
+    """Axes of ``width`` x ``height`` unit cells, row 0 on top."""
     ax.set_xlim(-0.5, width - 0.5)
-    ax.set_ylim(height - 0.5, -0.5)  # row 0 on top
+    ax.set_ylim(height - 0.5, -0.5)
     ax.set_aspect("equal")
-    for side in ("top", "right", "bottom", "left"):
-        ax.spines[side].set_visible(False)
+    bare_axes(ax)
+
+
+def bare_axes(ax) -> None:  # no spines, no tick marks
+    ax.spines[:].set_visible(False)
     ax.tick_params(length=0)
 
 
-def _fmt(v) -> str:
-    if isinstance(v, (bool, np.bool_)):
-        return str(int(v))
-    if isinstance(v, (float, np.floating)):
-        return f"{v:.3g}"
-    return str(int(v))
+def fmt(v) -> str:
+    return f"{v:.3g}" if isinstance(v, (float, np.floating)) else str(int(v))
 
 
-# ---------------------------------------------------------------------------------------------
+# draft trees: ``parents[q]`` is node q's parent, -1 for the root (node 0)
+def depths(parents: Sequence[int]) -> list[int]:
+    d = [0] * len(parents)
+    for q in range(1, len(parents)):
+        d[q] = d[parents[q]] + 1
+    return d
+
+
+def tree_slots(parents: Sequence[int]) -> dict[int, tuple[int, int, int]]:
+    """Node q -> (its depth d, its rank among the nodes at depth d, their count), by depth then rank."""
+    levels: dict[int, list[int]] = {}
+    for q, d in enumerate(depths(parents)):
+        levels.setdefault(d, []).append(q)
+    return {q: (d, r, len(nodes)) for d, nodes in levels.items() for r, q in enumerate(nodes)}
+
+
+def ancestry(parents: Sequence[int]) -> np.ndarray:
+    anc = np.eye(len(parents), dtype=bool)  # [N, N]
+    for q in range(1, len(parents)):
+        anc[q] |= anc[parents[q]]
+    return anc
+
+
 def save(fig: Figure, path: str | Path) -> Path:
     """``fig.savefig(path, dpi=110, bbox_inches="tight")`` without a software tag; makes dirs."""
     path = Path(path)
