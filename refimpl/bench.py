@@ -88,47 +88,55 @@ def launches(fn: Callable[[], Any]) -> dict[str, int]:
 
 def time_replay_path(runner: GraphRunner, batches: Sequence[ForwardBatch], repeats: int = 50, warmup: int = 10) -> dict[str, Any]:
     """Host µs of validate / copies / hook / launch and GPU µs of hook / graph for ``runner``'s replay phases, rotating
-    ``batches`` (one raw batch size). Even passes are host-timed; odd passes record CUDA events (an event record is
-    itself host work)."""
+    ``batches`` (one raw batch size). Each host phase is timed in passes of its own, never right after a wait for a graph:
+    a core that sat in a synchronisation while the step ran executes the next microseconds of Python slower, which made
+    the hook column read 1.2-18x high when it followed the previous replay (``benchmarks/bench_vs_direct.py``). The hook's
+    host work does not depend on the values in the static inputs, so its passes run it on the last loaded batch; the
+    launch passes load each batch first (untimed). GPU µs: CUDA events, in passes of their own."""
     cuda = runner.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     raw_bs = batches[0].batch_size
     bs = runner.pick_bs(raw_bs)
-    phases = dict(validate=runner.validate, copies=lambda fb: runner.load_inputs(fb, bs))
-    phases.update(hook=lambda fb: runner.replay_hook(fb, bs), launch=lambda fb: runner.launch(bs))
+    load = lambda fb: runner.load_inputs(fb, bs)
+    phases = dict(validate=runner.validate, copies=load, hook=lambda fb: runner.replay_hook(fb, bs))
+    phases["launch"] = lambda fb: runner.launch(bs)
     host: dict[str, list[float]] = {k: [] for k in phases}
-    gpu: dict[str, list[float]] = {"hook": [], "graph": []}
-    for it in range(warmup + 2 * repeats):
-        fb = batches[it % len(batches)]
-        timed_gpu = cuda and it >= warmup and (it - warmup) % 2 == 1
-        events = [torch.cuda.Event(True) for _ in range(3)] if timed_gpu else []
-        sync()
-        ts = [time.perf_counter()]
-        for name, phase in phases.items():
-            if events and name in ("hook", "launch"):
-                events[0 if name == "hook" else 1].record()
+    for name, phase in phases.items():
+        load(batches[0])
+        for it in range(warmup + repeats):
+            fb = batches[it % len(batches)]
+            sync()
+            if name == "launch":
+                load(fb)  # untimed: the graph's inputs, and the host awake again after the wait
+            t0 = time.perf_counter()
             phase(fb)
-            ts.append(time.perf_counter())
-        if events:
-            events[2].record()
+            t1 = time.perf_counter()
+            if it >= warmup:
+                host[name].append((t1 - t0) * 1e6)
         sync()
-        if it < warmup:
-            continue
-        if events:
+    gpu: dict[str, list[float]] = {"hook": [], "graph": []}
+    for it in range(warmup + repeats if cuda else 0):
+        fb, events = batches[it % len(batches)], [torch.cuda.Event(True) for _ in range(3)]
+        load(fb)
+        sync()
+        events[0].record()
+        runner.replay_hook(fb, bs)
+        events[1].record()
+        runner.launch(bs)
+        events[2].record()
+        sync()
+        if it >= warmup:
             gpu["hook"].append(events[0].elapsed_time(events[1]) * 1e3)
             gpu["graph"].append(events[1].elapsed_time(events[2]) * 1e3)
-        else:
-            for k, (t0, t1) in zip(phases, zip(ts, ts[1:])):
-                host[k].append((t1 - t0) * 1e6)
     out = {"raw_bs": raw_bs, "graph_bs": bs, "host_us": {k: spread(v) for k, v in host.items()}}
     out["host_us"]["hook+launch"] = spread([a + b for a, b in zip(host["hook"], host["launch"])])
     out["host_us"]["path"] = spread([sum(x) for x in zip(host["copies"], host["hook"], host["launch"])])
     if cuda:
         out["gpu_us"] = {k: spread(v) for k, v in gpu.items()}
     fb = batches[0]
-    runner.load_inputs(fb, bs)
+    load(fb)
     out["hook_launches"] = launches(lambda: runner.replay_hook(fb, bs))
-    out["copy_launches"] = launches(lambda: runner.load_inputs(fb, bs))
+    out["copy_launches"] = launches(lambda: load(fb))
     out["graph_kernels"] = dict(runner.graphs[bs].kernels())
     return out
 
