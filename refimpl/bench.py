@@ -87,12 +87,10 @@ def launches(fn: Callable[[], Any]) -> dict[str, int]:
 
 
 def time_replay_path(runner: GraphRunner, batches: Sequence[ForwardBatch], repeats: int = 50, warmup: int = 10) -> dict[str, Any]:
-    """Host µs of validate / copies / hook / launch and GPU µs of hook / graph for ``runner``'s replay phases, rotating
-    ``batches`` (one raw batch size). Each host phase is timed in passes of its own, never right after a wait for a graph:
-    a core that sat in a synchronisation while the step ran executes the next microseconds of Python slower, which made
-    the hook column read 1.2-18x high when it followed the previous replay (``benchmarks/bench_vs_direct.py``). The hook's
-    host work does not depend on the values in the static inputs, so its passes run it on the last loaded batch; the
-    launch passes load each batch first (untimed). GPU µs: CUDA events, in passes of their own."""
+    """Host µs of validate / copies / hook / launch and GPU µs of hook / graph of ``runner``'s replay phases, rotating
+    ``batches`` (one raw batch size). Each host phase is timed in passes of its own, never right after a wait for a graph
+    (that read 1.1-3x high: ``benchmarks/bench_vs_direct.py``); the hook's host work is value-independent, so it runs on
+    the last loaded batch. GPU µs: CUDA events, in passes of their own."""
     cuda = runner.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     raw_bs = batches[0].batch_size
@@ -194,15 +192,10 @@ class BenchSettings:
 
 
 def _static_bytes(runner: GraphRunner) -> int:
-    """Bytes of the runner's static inputs and the backend's graph buffers."""
-    seen, total = set(), 0
-    tensors = [t for _, t in graph_buffers(runner.backend)] + list(runner.static_inputs().values())
-    for t in tensors:
-        if id(t) in seen or (t.device.type == "cpu" and runner.device.type != "cpu"):
-            continue  # host mirrors are not device memory
-        seen.add(id(t))
-        total += t.numel() * t.element_size()
-    return total
+    """Bytes of the runner's static inputs and the backend's graph buffers (host mirrors are not device memory)."""
+    tensors = {id(t): t for _, t in graph_buffers(runner.backend)} | {id(t): t for t in runner.static_inputs().values()}
+    on_host = runner.device.type == "cpu"
+    return sum(t.numel() * t.element_size() for t in tensors.values() if on_host or t.device.type != "cpu")
 
 
 def _batches(gen, mode_case: str, bs: int, ctx: int, spec: SpecConfig, rotate: int, rng):
