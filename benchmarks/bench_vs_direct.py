@@ -96,7 +96,7 @@ def measure(row: str, repeats: int, warmup: int, ctx: int = 256, rotate: int = 4
     out, rng = {}, random.Random(0)
     for bs in SIZES:
         if sweep_setup:
-            batches = bench._batches(rig.gen, mode, bs, ctx, spec, rotate, rng)
+            batches = bench.rotated_batches(rig.gen, mode, bs, ctx, spec, rotate, rng)
         else:
             batches = [rig.gen.for_mode(kind, bs) for _ in range(rotate)]
         runner, one = rig.runner, batches[:1]

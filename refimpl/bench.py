@@ -198,7 +198,7 @@ def _static_bytes(runner: GraphRunner) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values() if on_host or t.device.type != "cpu")
 
 
-def _batches(gen, mode_case: str, bs: int, ctx: int, spec: SpecConfig, rotate: int, rng):
+def rotated_batches(gen, mode_case: str, bs: int, ctx: int, spec: SpecConfig, rotate: int, rng):
     """``rotate`` batches of ``bs`` requests, lengths uniform in [ctx/2, the mode's limit]."""
     kind = KINDS[mode_case]
     out = []
@@ -258,7 +258,7 @@ def sweep(settings: BenchSettings, progress: bool = False, sink: Callable[[list]
         static_bytes = _static_bytes(runner)
         gen, rng = rig.gen, random.Random(f"{key}:{ctx}")
         for bs in sizes:
-            batches = _batches(gen, case, bs, ctx, spec, settings.rotate, rng)
+            batches = rotated_batches(gen, case, bs, ctx, spec, settings.rotate, rng)
             row = dict(backend=entry.name, variant=entry.variant, pattern=backend.pattern, mode=case, context=ctx)
             row.update(bs=bs, engine=engine.name)
             row.update(time_replay_path(runner, batches, settings.repeats, settings.warmup))

@@ -84,7 +84,7 @@ def test_bench_hook_agrees_with_a_plain_loop(row):
     spec, ctx, bs = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4), 4096, 16
     rig = Rig.build(find(name, variant)[0], KINDS[mode], spec, make_engine("cuda"), capture_bs=(1, bs),
                     max_context_len=ctx, pool_size=6 * bs, gen_seed=1, validate_inputs=False)  # fmt: skip
-    batches = bench._batches(rig.gen, mode, bs, ctx, spec, 4, random.Random(0))
+    batches = bench.rotated_batches(rig.gen, mode, bs, ctx, spec, 4, random.Random(0))
     runner = rig.runner
 
     def plain(n=300):

@@ -11,7 +11,7 @@ Eager only: each request's query rows, key range and mask come straight from the
 | DRAFT_EXTEND_V2         | N                       | ``req_to_token[r, :seq_len]``     | causal               |
 
 Multi-step draft decode (``OracleMultiStep``): step i, row (r, k) attends ``req_to_token[r, :seq_len]`` plus the i+1
-draft slots of branch k at columns ``seq_len + k*S + j`` (``batchgen.draft_decode``).
+draft slots of branch k at columns ``seq_len + k*S + j`` (``layout.draft_column``).
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ class OracleBackend(AttentionBackend):
             # multi-step draft decode, step i: row (r, k) = prefix + the i+1 drafts of branch k
             if self.step is None:
                 raise ValueError("oracle: draft decode needs the step index (OracleMultiStep)")
-            S, topk, i = spec.num_steps, spec.topk, self.step
-            row = lambda r, n, k: torch.cat([r2t[r, :n], r2t[r, n + k * S : n + k * S + i + 1]]).to(torch.int64)
-            ranges = [row(r, n, k) for r, n in zip(rpi, seq) for k in range(topk)]
+            topk, i = spec.topk, self.step
+            row = lambda r, n, c: torch.cat([r2t[r, :n], r2t[r, c : c + i + 1]]).to(torch.int64)  # c: branch's step 0
+            ranges = [row(r, n, layout.draft_column(n, k, 0, spec)) for r, n in zip(rpi, seq) for k in range(topk)]
             kv_indices = torch.cat(ranges) if ranges else torch.zeros(0, dtype=torch.int64, device="cpu")
             kv_indptr = torch.tensor([0] + [x.numel() for x in ranges], dtype=torch.int64, device="cpu").cumsum(0)
             qo = torch.arange(len(ranges) + 1, dtype=torch.int64, device="cpu")
