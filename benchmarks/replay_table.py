@@ -1,14 +1,14 @@
-"""The issue-9 table: host µs of each part of the replay path, on a GPU.
+"""The replay-path table of issues 9 and 16: host µs of each part of the replay path, on a GPU.
 
-    python benchmarks/replay_table.py [--pin CORE] [--repeats 400] [--out FILE.json]
+    python benchmarks/replay_table.py [--rows ...] [--ctx 4096] [--sizes 1,8,64] [--pin CORE] [--repeats 600] [--out F]
 
-Rows: Triton decode, FlashInfer decode, FlashInfer target verify, FlashInfer-MLA target
-verify (the unified variants; add ``--rows`` for others), bs 1 / 8 / 64, context 256, tiny
-2-layer models, medians of ``--repeats`` iterations after warm-up, 4 rotated batches. Columns:
-the replay hook per bs, input copies, batch validation, ``graph.replay()``, GPU time of the
-graph (CUDA events). A client of ``refimpl.rig`` (the set-up) and ``refimpl.bench.
-time_replay_path`` (the runner's own replay phases, timed apart). The before / after numbers
-of issue 9 were measured with this file's earlier version, which ran on older checkouts too.
+Rows ``backend/variant/mode``, ``+glue`` after the variant for its hook replayed from a metadata glue graph (the row is
+measured only when the checker's glue verdict passes on this engine; otherwise the table says why). Default: issue 16's
+Triton decode / target verify, faithful (``unified``), ``fused``, ``in_graph`` and glued, beside FlashInfer's; tiny
+2-layer models, medians of ``--repeats`` iterations after warm-up, 4 rotated batches, no validation inside the timed
+phases. Columns: the replay hook per bs, input copies, ``graph.replay()``, the whole path (copies + hook + launch) per
+bs, the graph's GPU time. A client of ``refimpl.rig`` and ``refimpl.bench.time_replay_path``. Issue 9's before / after
+numbers (context 256, 400 repeats) were measured with this file's earlier version.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -27,50 +28,67 @@ from refimpl.graphs import make_engine  # noqa: E402
 from refimpl.layout import KINDS  # noqa: E402
 from refimpl.rig import Rig  # noqa: E402
 
-ROWS = ("triton/unified/decode", "flashinfer/unified/decode", "flashinfer/unified/target_verify",
-        "flashinfer_mla/unified/target_verify")  # fmt: skip
-SIZES = (1, 8, 64)
+ROWS = tuple(f"triton/{v}/{m}" for m in ("decode", "target_verify") for v in ("unified", "fused", "in_graph"))
+ROWS += ("triton/unified+glue/decode", "triton/in_graph+glue/decode", "triton/unified+glue/target_verify")
+ROWS += ("flashinfer/unified/decode", "flashinfer/unified/target_verify")
 
 
-def measure(row: str, repeats: int, warmup: int, ctx: int = 256, rotate: int = 4) -> dict:
+def measure(row: str, sizes, repeats: int, warmup: int, ctx: int, rotate: int = 4) -> dict:
+    from refimpl.check import glue_verdict
+
     name, variant, mode = row.split("/")
-    rig = Rig.build(find(name, variant)[0], KINDS[mode], SpecConfig(num_steps=3, topk=1, num_draft_tokens=4),
-                    make_engine("auto"), capture_bs=SIZES, max_context_len=ctx,
-                    pool_size=(rotate + 1) * max(SIZES) + 2, gen_seed=1)  # fmt: skip
+    variant, glue = variant.removesuffix("+glue"), variant.endswith("+glue")
+    entry, engine = find(name, variant)[0], make_engine("auto")
+    if glue and not (verdict := glue_verdict(entry, mode, engine))[0]:
+        return {"not_glued": verdict[1][0]}
+    rig = Rig.build(entry, KINDS[mode], SpecConfig(num_steps=3, topk=1, num_draft_tokens=4), engine,
+                    capture_bs=sizes, max_context_len=ctx, pool_size=(rotate + 1) * max(sizes) + 2, gen_seed=1,
+                    glue=glue)  # fmt: skip
     out = {}
-    for bs in SIZES:
-        batches = [rig.gen.for_mode(rig.kind.mode, bs) for _ in range(rotate)]
+    for bs in sizes:
+        lens = [ctx - KINDS[mode].span(rig.spec) - i % 7 for i in range(bs)]
+        batches = [rig.gen.for_mode(rig.kind, bs, seq_lens=lens) for _ in range(rotate)]
         r = bench.time_replay_path(rig.runner, batches, repeats, warmup)
-        out[bs] = {k: r["host_us"][k]["median"] for k in ("validate", "copies", "hook", "launch")}
+        out[bs] = {k: r["host_us"][k]["median"] for k in ("validate", "copies", "hook", "launch", "path")}
         if "gpu_us" in r:
             out[bs]["gpu_graph"] = r["gpu_us"]["graph"]["median"]
         rig.gen.release_all()
+    out["replays"] = dict(rig.runner.replays)
     return out
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", default=",".join(ROWS))
-    p.add_argument("--repeats", type=int, default=400)
+    p.add_argument("--ctx", type=int, default=4096)
+    p.add_argument("--sizes", default="1,8,64")
+    p.add_argument("--repeats", type=int, default=600)
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--pin", type=int, default=None)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     pinned = bench.pin_to_core(args.pin)
-    res = {row: measure(row, args.repeats, args.warmup) for row in args.rows.split(",")}
-    env = {**bench.environment(), "pinning": pinned, "repeats": args.repeats, "context": 256}
-    print(f"{env.get('device')}; {pinned}; medians of {args.repeats}, host µs")
-    print("| backend / mode | replay hook, bs 1 / 8 / 64 | input copies | batch validation | "
-          "graph launch | graph GPU time, bs 1 / 64 |")  # fmt: skip
+    sizes = tuple(int(x) for x in args.sizes.split(","))
+    env = {**bench.environment(), "pinning": pinned, "repeats": args.repeats, "context": args.ctx}
+    res = {}
+    for row in args.rows.split(","):  # written as they come: a run stopped early keeps what it measured
+        t0 = time.perf_counter()
+        res[row] = measure(row, sizes, args.repeats, args.warmup, args.ctx)
+        print(f"{row}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+        if args.out:
+            Path(args.out).write_text(json.dumps({"environment": env, "rows": res}, indent=1))
+    print(f"{env.get('device')}; {pinned}; context {args.ctx}; medians of {args.repeats}, host µs")
+    per_bs = " / ".join(map(str, sizes))
+    print(f"| backend / variant / mode | replay hook, bs {per_bs} | input copies | graph launch | "
+          f"whole path, bs {per_bs} | graph GPU time, bs {per_bs} |")  # fmt: skip
     print("|---|---|---|---|---|---|")
     for row, r in res.items():
-        rng = lambda k: f"{min(r[b][k] for b in SIZES):.0f}–{max(r[b][k] for b in SIZES):.0f}"  # noqa: E731
-        gpu = (f"{r[1]['gpu_graph']:.0f} / {r[64]['gpu_graph']:.0f}"
-               if "gpu_graph" in r[1] else "-")  # fmt: skip
-        hooks = " / ".join(f"{r[b]['hook']:.0f}" for b in SIZES)
-        print(f"| {row} | {hooks} | {rng('copies')} | {rng('validate')} | {rng('launch')} | {gpu} |")
-    if args.out:
-        Path(args.out).write_text(json.dumps({"environment": env, "rows": res}, indent=1))
+        if "not_glued" in r:
+            print(f"| {row} | not glue-safe: {r['not_glued']} | | | | |")
+            continue
+        rng = lambda k: f"{min(r[b][k] for b in sizes):.1f}–{max(r[b][k] for b in sizes):.1f}"  # noqa: E731
+        each = lambda k: " / ".join(f"{r[b][k]:.1f}" if k in r[b] else "-" for b in sizes)  # noqa: E731
+        print(f"| {row} | {each('hook')} | {rng('copies')} | {rng('launch')} | {each('path')} | {each('gpu_graph')} |")
     return 0
 
 

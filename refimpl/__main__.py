@@ -12,15 +12,18 @@ from . import _env  # noqa: F401
 
 
 def _table(rows) -> str:
-    cols = ("backend", "variant", "pattern", "mode", "bs", "engine", "cap=rep", "graph=eager", "oracle", "ref")
+    cols = ("backend", "variant", "pattern", "mode", "bs", "engine", "cap=rep", "graph=eager", "oracle", "ref", "glue")
     v = lambda x: "-" if x is None else ("ok" if x else "FAIL")
-    verdicts = lambda r: (r.capture_equals_replay, r.graph_equals_eager, r.matches_oracle, r.replay_matches_reference)
+    verdicts = lambda r: (
+        *(r.capture_equals_replay, r.graph_equals_eager, r.matches_oracle, r.replay_matches_reference),
+        r.glue_equals_eager,
+    )
     cells = [(r.backend, r.variant, r.pattern, r.mode, str(r.bs), r.engine, *map(v, verdicts(r))) for r in rows]
     width = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
     line = lambda values: " ".join(f"{x:<{w}}" for x, w in zip(values, width)).rstrip()
     lines = [line(cols), "-" * (sum(width) + len(width) - 1)]
     for r, row in zip(rows, cells):
-        lines += [line(row), *(f"    - {f}" for f in r.findings)]
+        lines += [line(row), *(f"    - {f}" for f in r.findings + r.glue_findings)]
     return "\n".join(lines)
 
 
@@ -103,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--warmup", type=_count, help="untimed repeats first")
     b.add_argument("--rotate", type=_count, help="batches rotated per point")
     b.add_argument("--token-budget", type=_count, help="skip points with bs * context above it")
+    b.add_argument("--glue", action="store_true", help="also time each shape the checker proves glue-safe, glued")
     b.add_argument("--pin", type=int, default=None, metavar="CORE", help="pin to one core")
     b.add_argument("--out", default=None, help="write results.json / results.csv here")
     b.add_argument("--figures", default=None, metavar="DIR", help="write the plots here")
@@ -167,7 +171,7 @@ def _bench(args, parser) -> int:
     given = dict(backends=args.backend, variants=args.variant, modes=tuple(args.mode) if args.mode else None)
     given.update(batch_sizes=args.bs, contexts=args.ctx, repeats=args.repeats, warmup=args.warmup)
     cuda = torch.cuda.is_available()
-    settings = bench.BenchSettings.for_device(cuda, rotate=args.rotate, token_budget=args.token_budget, **given)
+    settings = bench.BenchSettings.for_device(cuda, rotate=args.rotate, token_budget=args.token_budget, glue=args.glue, **given)
     listed = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(settings).items() if k != "spec"}
     env = {**bench.environment(), "pinning": pinned, "settings": listed, "spec": vars(settings.spec)}
     cpu_note = "CPU: emulator timings (what the Python costs), not GPU launch costs"

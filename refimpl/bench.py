@@ -86,6 +86,25 @@ def launches(fn: Callable[[], Any]) -> dict[str, int]:
     return counts
 
 
+def host_times(fn, batches, repeats: int, warmup: int, sync, before=None, sync_after: bool = False) -> list[float]:
+    """Host µs of ``fn(fb)``, ``batches`` rotated, ``repeats`` calls after ``warmup``: ``sync()`` and ``before(fb)`` untimed
+    before each call; with ``sync_after``, a synchronisation inside the timer (the wall time of a whole step)."""
+    xs = []
+    for it in range(warmup + repeats):
+        fb = batches[it % len(batches)]
+        sync()
+        if before is not None:
+            before(fb)
+        t0 = time.perf_counter()
+        fn(fb)
+        if sync_after:
+            sync()
+        if it >= warmup:
+            xs.append((time.perf_counter() - t0) * 1e6)
+    sync()
+    return xs
+
+
 def time_replay_path(runner: GraphRunner, batches: Sequence[ForwardBatch], repeats: int = 50, warmup: int = 10) -> dict[str, Any]:
     """Host µs of validate / copies / hook / launch and GPU µs of hook / graph of ``runner``'s replay phases, rotating
     ``batches`` (one raw batch size). Each host phase is timed in passes of its own, never right after a wait for a graph
@@ -98,20 +117,10 @@ def time_replay_path(runner: GraphRunner, batches: Sequence[ForwardBatch], repea
     load = lambda fb: runner.load_inputs(fb, bs)
     phases = dict(validate=runner.validate, copies=load, hook=lambda fb: runner.replay_hook(fb, bs))
     phases["launch"] = lambda fb: runner.launch(bs)
-    host: dict[str, list[float]] = {k: [] for k in phases}
+    host: dict[str, list[float]] = {}
     for name, phase in phases.items():
-        load(batches[0])
-        for it in range(warmup + repeats):
-            fb = batches[it % len(batches)]
-            sync()
-            if name == "launch":
-                load(fb)  # untimed: the graph's inputs, and the host awake again after the wait
-            t0 = time.perf_counter()
-            phase(fb)
-            t1 = time.perf_counter()
-            if it >= warmup:
-                host[name].append((t1 - t0) * 1e6)
-        sync()
+        load(batches[0])  # launch: the graph's inputs loaded (untimed), the host awake again after the wait
+        host[name] = host_times(phase, batches, repeats, warmup, sync, before=load if name == "launch" else None)
     gpu: dict[str, list[float]] = {"hook": [], "graph": []}
     for it in range(warmup + repeats if cuda else 0):
         fb, events = batches[it % len(batches)], [torch.cuda.Event(True) for _ in range(3)]
@@ -142,20 +151,11 @@ def time_replay_path(runner: GraphRunner, batches: Sequence[ForwardBatch], repea
 def time_steps(runner: GraphRunner, batches: Sequence[ForwardBatch], repeats: int = 30, warmup: int = 5) -> dict:
     """The whole decoder step, wall µs with a synchronisation after each: as a graph (``runner.replay``) and eagerly
     (``runner.eager``); validation as the runner is configured."""
-    cuda = runner.device.type == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    out = {}
-    for name, step in (("graph", runner.replay), ("eager", runner.eager)):
-        xs = []
-        for it in range(warmup + repeats):
-            fb = batches[it % len(batches)]
-            sync()
-            t0 = time.perf_counter()
-            step(fb)
-            sync()
-            if it >= warmup:
-                xs.append((time.perf_counter() - t0) * 1e6)
-        out[name] = spread(xs)
+    sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
+    out = {
+        n: spread(host_times(f, batches, repeats, warmup, sync, sync_after=True))
+        for n, f in (("graph", runner.replay), ("eager", runner.eager))
+    }
     out["eager_over_graph"] = out["eager"]["median"] / out["graph"]["median"]
     return out
 
@@ -184,6 +184,7 @@ class BenchSettings:
     rotate: int = 3
     token_budget: int = 1 << 21
     spec: SpecConfig = field(default_factory=lambda: SpecConfig(3, 1, 4))
+    glue: bool = False  # also each shape the checker's glue verdict passes, its hook in a glue graph ("<variant>+glue")
 
     @classmethod
     def for_device(cls, cuda: bool, **overrides) -> BenchSettings:
@@ -225,8 +226,12 @@ def sweep(settings: BenchSettings, progress: bool = False, sink: Callable[[list]
     engine = make_engine("auto")
     cuda = engine.device.type == "cuda"
     spec = settings.spec
-    plan = [(e, case) for e in entries(settings.backends, settings.variants) for case in settings.modes]
-    points = [(e, case, ctx) for e, case in plan for ctx in settings.contexts]
+    plan = [(e, case, False) for e in entries(settings.backends, settings.variants) for case in settings.modes]
+    if settings.glue:  # each shape verdict (e) proves on this engine, glued, right after itself
+        from .check import glue_verdict
+
+        plan = [p for e, case, _ in plan for p in [(e, case, False)] + [(e, case, True)] * bool(glue_verdict(e, case, engine)[0])]
+    points = [(e, case, ctx, glue) for e, case, glue in plan for ctx in settings.contexts]
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -234,9 +239,10 @@ def sweep(settings: BenchSettings, progress: bool = False, sink: Callable[[list]
         bar = tqdm(total=len(points), desc="bench")
     rows: list[dict[str, Any]] = []
     cold_done: set[tuple] = set()
-    for entry, case, ctx in points:
+    for entry, case, ctx, glue in points:
+        variant = entry.variant + ("+glue" if glue else "")
         if bar is not None:
-            bar.set_postfix_str(f"{entry.name}/{entry.variant}/{case}/ctx {ctx}")
+            bar.set_postfix_str(f"{entry.name}/{variant}/{case}/ctx {ctx}")
             bar.update()
         sizes = [b for b in settings.batch_sizes if b * ctx <= settings.token_budget]
         if not sizes:
@@ -246,11 +252,11 @@ def sweep(settings: BenchSettings, progress: bool = False, sink: Callable[[list]
         kw = dict(capture_bs=tuple(sizes), max_context_len=ctx, pool_size=(settings.rotate + 1) * max_bs + 2)
         kw.update(num_slots=(settings.rotate * max_bs + 2) * per_req + P, gen_seed=1, capture=False)
         try:  # validation is timed as its own phase (time_replay_path); the steps run without it
-            rig = Rig.build(entry, KINDS[case], spec, engine, validate_inputs=False, **kw)
+            rig = Rig.build(entry, KINDS[case], spec, engine, validate_inputs=False, glue=glue, **kw)
         except GraphModeNotSupported:
             continue
         runner, backend = rig.runner, rig.backend
-        key = (entry.name, entry.variant, case)
+        key = (entry.name, variant, case)
         first = {r.bs: r for r in runner.capture()}
         again = {r.bs: r for r in runner.capture()[len(first) :]}  # warm: caches filled
         cold_label = "cold" if key not in cold_done else "warm (not first in process)"
@@ -259,7 +265,7 @@ def sweep(settings: BenchSettings, progress: bool = False, sink: Callable[[list]
         gen, rng = rig.gen, random.Random(f"{key}:{ctx}")
         for bs in sizes:
             batches = rotated_batches(gen, case, bs, ctx, spec, settings.rotate, rng)
-            row = dict(backend=entry.name, variant=entry.variant, pattern=backend.pattern, mode=case, context=ctx)
+            row = dict(backend=entry.name, variant=variant, pattern=backend.pattern, mode=case, context=ctx)
             row.update(bs=bs, engine=engine.name)
             row.update(time_replay_path(runner, batches, settings.repeats, settings.warmup))
             row["step_us"] = time_steps(runner, batches, settings.repeats, settings.warmup)

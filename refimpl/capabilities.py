@@ -2,7 +2,9 @@
 
 Per registered entry and ``layout.KINDS`` kind (chains): **graph** (``check_graph_mode``, or the
 multi-step wrapper's, accepts it), **eager** (not captured, but the eager hook serves a batch) or
-**—**. ``python -m refimpl matrix`` prints it; ``tests/test_capabilities.py`` keeps README's copy current.
+**—**; and **glue**: the captured kinds whose replay hook the checker's verdict (e) proved safe to replay from a
+metadata glue graph (``refimpl.check.glue_verdict``), or why none. ``python -m refimpl matrix`` prints it;
+``tests/test_capabilities.py`` keeps README's copy current.
 """
 
 from __future__ import annotations
@@ -53,19 +55,34 @@ def capability(entry: BackendEntry, case: str) -> str:
     return "eager" if _eager_serves(single, world, kind) else "—"
 
 
+def glue(entry: BackendEntry, cases: list[str]) -> str:
+    """The kinds of ``cases`` (captured ones) the glue verdict passed, ``none``, or the refusal's reason."""
+    from .check import CheckSettings, glue_verdict
+    from .graphs import CPUEmulatorEngine
+
+    settings, engine = CheckSettings(spec=SPEC, raw_bs=(1, 3), glue_replays=2), CPUEmulatorEngine()
+    verdicts = {case: glue_verdict(entry, case, engine, settings) for case in cases}
+    refused = [f for ok, found in verdicts.values() if ok is None for f in found]
+    if any("plan()" in f for f in refused):
+        return "refused: plan()"
+    safe = [KINDS[c].label.replace("_", " ") for c, (ok, _) in verdicts.items() if ok]
+    return ", ".join(safe) or ("refused: host read" if refused else "none")
+
+
 def matrix(entries: list[BackendEntry] | None = None) -> list[dict[str, Any]]:
     rows = []
     for entry in entries or REGISTRY:
         pattern = getattr(entry.load(), "pattern", "")
         row = {"backend": entry.name, "variant": entry.variant, "pattern": pattern}
-        rows.append({**row, **{case: capability(entry, case) for case in MODES}})
+        row.update({case: capability(entry, case) for case in MODES})
+        rows.append({**row, "glue": glue(entry, [c for c in MODES if row[c] == "graph"])})
     return rows
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    head = "| backend | variant | pattern | " + " | ".join(m.replace("_", " ") for m in MODES) + " |"
-    lines = [head, "|" + "---|" * (3 + len(MODES))]
+    head = "| backend | variant | pattern | " + " | ".join(m.replace("_", " ") for m in MODES) + " | glue |"
+    lines = [head, "|" + "---|" * (4 + len(MODES))]
     for r in rows:
-        cells = [r["backend"], r["variant"], r["pattern"], *(r[m] for m in MODES)]
+        cells = [r["backend"], r["variant"], r["pattern"], *(r[m] for m in MODES), r["glue"]]
         lines.append("| " + " | ".join(f"`{c}`" if i < 2 else c for i, c in enumerate(cells)) + " |")
     return "\n".join(lines)

@@ -6,6 +6,10 @@
 (c) ``matches_oracle``: eager output equals the dense float64 oracle.
 (d) ``replay_matches_reference``: after the replay hook the graph-read state equals the backend's first-principles
     ``reference_graph_state``: a bug in a body both hooks share, invisible to (a).
+(e) ``glue_equals_eager``: the replay hook captured once into a metadata glue graph (``graphs.runner.capture_glue``) and
+    replayed for rotated batches in turn leaves, after each, the graph-read state the eager hook leaves: the proof that
+    the shape may be glued (``None``: refused, e.g. a FlashInfer ``plan()``). Not a pass/fail verdict: a hook that reads
+    a spec input or a host value is correct unglued.
 
 The hooks are fed what the runner feeds them (``capture_batch`` / ``padded_batch``, which run the replay's own
 ``load_inputs``) through the runner's ``call_*_hook``: the checker checks a replay.
@@ -25,7 +29,7 @@ from .backends.base import GraphModeNotSupported
 from .batch import ForwardBatch
 from .config import SpecConfig
 from .graphs import GraphEngine, make_engine
-from .graphs.runner import GraphRunner
+from .graphs.runner import INPUTS, GraphRunner, call_capture_hook, call_in_graph_hook, capture_glue
 from .layout import KINDS, GraphKind
 from .modes import ForwardMode
 from .rig import Rig, state_after
@@ -44,6 +48,8 @@ class CheckRecord:
     findings: list[str] = field(default_factory=list)
     pattern: str = ""
     replay_matches_reference: bool | None = None
+    glue_equals_eager: bool | None = None
+    glue_findings: list[str] = field(default_factory=list)  # why (e) failed or was refused: not a problem unglued
 
     @property
     def passed(self) -> bool:
@@ -58,6 +64,7 @@ class CheckRecord:
 class CheckSettings:
     capture_bs: tuple[int, ...] = (1, 2, 4)
     raw_bs: tuple[int, ...] = (1, 3)  # 3 is padded to the bs-4 graph; 1 is a captured size
+    glue_replays: int = 3  # verdict (e): rotated batches replayed in turn through one glue graph (0: no verdict)
     spec: SpecConfig = field(default_factory=SpecConfig)
     max_context_len: int = 48
     dtype: torch.dtype | None = None  # None: float32 on CPU, bfloat16 on CUDA
@@ -80,22 +87,22 @@ def _tensor_diff(key: str, a: torch.Tensor, b: torch.Tensor, what: str, limit: i
     return [f"{key}: {idx.numel()} of {a_.numel()} elements differ ({ex}; {what})"]
 
 
-def diff_states(capture: dict[str, Any], replay: dict[str, Any], limit: int = 4) -> list[str]:
-    """Human-readable differences, one line per buffer or scalar."""
-    out = []
+def diff_states(capture: dict[str, Any], replay: dict[str, Any], limit: int = 4, paths=("capture", "replay")) -> list[str]:
+    """Human-readable differences, one line per buffer or scalar (``paths``: what made each state)."""
+    out, (p, q) = [], paths
     for key in sorted(set(capture) | set(replay)):
         if key not in capture or key not in replay:
-            where = "capture" if key in capture else "replay"
+            where = p if key in capture else q
             out.append(f"{key}: only the {where} path sets it")
             continue
         a, b = capture[key], replay[key]
         if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
             if a.shape != b.shape:
-                out.append(f"{key}: shape {tuple(a.shape)} after capture vs {tuple(b.shape)} after replay")
+                out.append(f"{key}: shape {tuple(a.shape)} after {p} vs {tuple(b.shape)} after {q}")
                 continue
-            out += _tensor_diff(key, a, b, "capture vs replay", limit)
+            out += _tensor_diff(key, a, b, f"{p} vs {q}", limit)
         elif a != b:
-            out.append(f"{key}: {a!r} frozen at capture vs {b!r} after replay")
+            out.append(f"{key}: {a!r} {'frozen at' if p == 'capture' else 'after'} {p} vs {b!r} after {q}")
     return out
 
 
@@ -145,6 +152,55 @@ def _batch_defined(state: dict[str, Any], raw_bs: int) -> dict[str, Any]:
     return {**state, "custom_mask": state["custom_mask"][:end]}
 
 
+def glue_vs_eager(rig: Rig, batches: list[ForwardBatch]) -> tuple[bool | None, list[str]]:
+    """Verdict (e) for ``batches`` of one raw size, replayed in turn: a fresh backend's replay hook captured once into a
+    glue graph on static inputs at rest (as the runner does), then per batch the replay's ``load_inputs`` and the glue
+    graph, against the eager hook on the padded batch. ``(None, [why])`` when the hook cannot be glued."""
+    runner, raw_bs = rig.runner, batches[0].batch_size
+    bs, glued = runner.pick_bs(raw_bs), rig.new_backend()
+    glued.init_cuda_graph_state(runner.max_bs, runner.max_num_tokens)
+    static = runner.capture_batch(bs)  # the glue graph's own static inputs, every row padded
+    call_capture_hook(glued, static)
+    graph, why = capture_glue(runner.engine, glued, static, runner.graph_cfg.num_warmups)
+    if graph is None:
+        return None, [f"glue refused: {why}"]
+    inputs, failed = {k: getattr(static, k) for k in INPUTS}, []
+    for i, fb in enumerate(batches, 1):
+        runner.load_inputs(fb, bs, into=inputs)
+        graph.replay()
+        call_in_graph_hook(glued, static)
+        got = _batch_defined(_snapshot(glued.graph_state(bs, runner.mode)), raw_bs)
+        want = _batch_defined(state_after(rig.new_backend, runner, runner.padded_batch(fb), replay=True)[1], raw_bs)
+        if diffs := diff_states(want, got, paths=("the eager hook", "the glued hook")):
+            failed.append((i, diffs))
+    if not failed:
+        return True, []
+    which = ", ".join(str(i) for i, _ in failed)
+    return False, [f"glue (replays {which} of {len(batches)} differ; the first): {d}" for d in failed[0][1]]
+
+
+def glue_verdict(
+    entry: BackendEntry, case: str | GraphKind, engine: GraphEngine, settings: CheckSettings | None = None
+) -> tuple[bool | None, list[str]]:
+    """Verdict (e) alone for one entry and graph kind, at every raw size of ``settings`` (no step graph is captured):
+    True when the shape may be glued, None when the hook is refused (or the kind not captured), with the findings."""
+    settings, kind = settings or CheckSettings(), GraphKind.parse(case)
+    sizes = dict(capture_bs=settings.capture_bs, max_context_len=settings.max_context_len, seed=settings.seed)
+    try:
+        rig = Rig.build(entry, kind, settings.spec, engine, **sizes, dtype=settings.dtype, capture=False)
+    except GraphModeNotSupported as e:
+        return None, [f"skipped: {e}"]
+    verdicts, findings = [], []
+    for raw_bs in (0,) if kind.mode.is_idle() else settings.raw_bs:
+        batches = [rig.gen.for_mode(kind, raw_bs) for _ in range(max(settings.glue_replays, 1))]
+        ok, found = glue_vs_eager(rig, batches)
+        verdicts.append(ok)
+        findings += found
+        for fb in batches:
+            rig.gen.release(fb)
+    return (None if None in verdicts else all(verdicts)), findings
+
+
 # --- one backend entry x graph kind --------------------------------------------------------------
 def check_entry_mode(
     entry: BackendEntry, case: str | ForwardMode | GraphKind, engine: GraphEngine, settings: CheckSettings
@@ -175,7 +231,13 @@ def check_entry_mode(
         v = rig.run(fb)
         ref = None if ref_diffs is None else not ref_diffs
         findings = diffs + (ref_diffs or []) + v.findings
-        rows.append(record(raw_bs, not diffs, v.graph_ok, v.oracle_ok, findings=findings, ref=ref, cls=rig.backend_cls))
+        row = record(raw_bs, not diffs, v.graph_ok, v.oracle_ok, findings=findings, ref=ref, cls=rig.backend_cls)
+        if settings.glue_replays:  # (e) the row's batch, then fresh ones of its size
+            more = [rig.gen.for_mode(kind, raw_bs) for _ in range(settings.glue_replays - 1)]
+            row.glue_equals_eager, row.glue_findings = glue_vs_eager(rig, [fb, *more])
+            for extra in more:
+                rig.gen.release(extra)
+        rows.append(row)
         rig.gen.release(fb)
     return rows
 

@@ -73,3 +73,32 @@ class NoGraphState(PagedDecodeBackend):
     """Not a backend at all: the contract method ``graph_state`` is missing."""
 
     graph_state = None
+
+
+class HostValueInHook(PagedDecodeBackend):
+    """The replay hook writes the last ``kv_indptr`` entry from ``seq_lens_sum``, a value the host wrote: right when
+    the hook runs eagerly (all four verdicts pass), frozen at capture in a metadata glue graph. Capture succeeds and a
+    padded batch's live outputs stay right (the entry ends the padded row's range), yet the graph reads a stale
+    ``kv_indptr``: SGLang's glue-graph failure ("capture succeeds, outputs stay correct"), which verdict (e) names."""
+
+    name = "bug_host_value_in_hook"
+
+    def init_forward_metadata_replay_cuda_graph(
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
+    ):
+        super().init_forward_metadata_replay_cuda_graph(
+            bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
+        )
+        if seq_lens_sum is not None:  # the capture hook passes None: its own body computes the sum on device
+            self.cuda_graph_kv_indptr[bs].fill_(seq_lens_sum)
+
+
+class HostReadInHook(PagedDecodeBackend):
+    """Correct, but its replay hook reads a device value on the host (``.item()``): no graph can record that, so a
+    glue capture fails and the runner keeps the hook eager (contained, with the reason)."""
+
+    name = "host_read_in_hook"
+
+    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, *rest):
+        super().init_forward_metadata_replay_cuda_graph(bs, req_pool_indices, seq_lens, *rest)
+        self.longest_seen = int(seq_lens[:bs].max())

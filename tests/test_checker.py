@@ -51,6 +51,9 @@ def test_unified_hello_world_passes(mode):
     rows = check_entry_mode(entry(TorchNativeBackend, "unified"), mode, CPUEmulatorEngine(), FAST)
     assert rows and all(r.passed for r in rows), [r.findings for r in rows]
     assert all(r.findings == [] for r in rows)
+    # verify's hook copies the batch's custom mask: a glue graph would replay the mask it was captured with
+    assert all(r.glue_equals_eager is (mode != ForwardMode.TARGET_VERIFY) for r in rows)
+    assert all(bool(r.glue_findings) == (mode == ForwardMode.TARGET_VERIFY) for r in rows)
 
 
 def test_fresh_buffer_at_replay_is_caught():
@@ -127,6 +130,8 @@ def test_run_checks_json_keys_and_unknown_backend():
         "findings",
         "pattern",
         "replay_matches_reference",
+        "glue_equals_eager",
+        "glue_findings",
     }
     assert rows[0].pattern == TorchNativeBackend.pattern  # the record carries the class's label
     with pytest.raises(ValueError, match="unknown backend 'nope'"):

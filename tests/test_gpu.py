@@ -112,3 +112,27 @@ def test_bench_hook_agrees_with_a_plain_loop(row):
         os.sched_setaffinity(0, cpus)
     print(row, "bench / plain loop, per round:", ratios)
     assert 1 / 1.15 <= statistics.median(ratios) <= 1.15, (row, ratios)
+
+
+@pytest.mark.parametrize(
+    "row", ["triton/unified/decode", "trtllm_mla/in_graph/draft_extend_v2", "flashinfer/unified/decode"]
+)
+def test_glue_graph_on_cuda(row):
+    """On real CUDA graphs: a glue-safe hook replayed from its glue graph gives the eager output on fresh batches, one
+    glue replay each; a FlashInfer hook (real wrappers: bf16) is refused for its plan() and stays eager."""
+    from refimpl.backends import find
+    from refimpl.layout import KINDS
+    from refimpl.rig import Rig
+
+    name, variant, mode = row.split("/")
+    spec = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
+    rig = Rig.build(find(name, variant)[0], KINDS[mode], spec, make_engine("cuda"), capture_bs=(1, 2, 4),
+                    max_context_len=64, glue=True)  # fmt: skip
+    runner, planned = rig.runner, name == "flashinfer"
+    assert bool(runner.glue_refused) == planned, runner.glue_refused
+    assert all("plan()" in why for why in runner.glue_refused.values())
+    for raw_bs in (1, 3, 4):
+        fb = rig.gen.for_mode(KINDS[mode], raw_bs)
+        torch.testing.assert_close(runner.replay(fb).float(), runner.eager(fb).float(), **rig.tol)
+        rig.gen.release(fb)
+    assert runner.replays == ({"hook": 3} if planned else {"glue": 3})

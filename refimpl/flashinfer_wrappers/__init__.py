@@ -2,12 +2,14 @@
 
 :func:`flashinfer_available` (None, or why not), :func:`wrapper_classes` (the three paged wrapper
 classes under flashinfer's names), :func:`make_workspace` (their shared float workspace); :mod:`.fast_plan`
-(the graph-path re-plan without a device-to-host copy); :mod:`.ops` (``wrapper.run`` as one custom op).
+(the graph-path re-plan without a device-to-host copy); :mod:`.ops` (``wrapper.run`` as one custom op);
+:func:`count_plans` (the ``plan()`` calls a backend makes, which a metadata glue graph cannot hold).
 Importing this package never imports flashinfer: the functions do, lazily.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass, fields, replace
 
@@ -85,3 +87,49 @@ def make_workspace(device: torch.device | str, size_bytes: int | None = None, *,
     if size_bytes < 1:
         raise ValueError(f"size_bytes={size_bytes}: must be >= 1")
     return torch.zeros(size_bytes, dtype=torch.uint8, device=device)
+
+
+_LEAVES = (int, float, str, bytes, type(None), torch.Tensor, torch.dtype, torch.device, type)
+
+
+def _wrappers(obj, seen: set[int], depth: int = 0):
+    """The flashinfer wrappers (real or stand-in) reachable from a backend: its attributes, their lists / dicts /
+    dataclasses, its step backends; never the world (its allocator lists hold millions of ints)."""
+    if isinstance(obj, _LEAVES) or id(obj) in seen or depth > 4 or hasattr(obj, "req_to_token_pool"):
+        return
+    seen.add(id(obj))
+    if isinstance(obj, standin._Standin) or type(obj).__module__.startswith("flashinfer"):
+        if hasattr(obj, "plan"):
+            yield obj
+        return
+    if isinstance(obj, dict):
+        children = obj.values()
+    elif isinstance(obj, (list, tuple)):
+        children = obj if obj and not isinstance(obj[0], _LEAVES) else ()
+    else:
+        children = vars(obj).values() if hasattr(obj, "__dict__") else ()
+    for child in children:
+        yield from _wrappers(child, seen, depth + 1)
+
+
+@contextlib.contextmanager
+def count_plans(backend):
+    """``calls[0]``: how many times the block called ``plan()`` on a wrapper ``backend`` holds."""
+    calls, shadowed = [0], []
+    for w in _wrappers(backend, set()):
+        own = w.__dict__.get("plan")  # a fast plan installs itself as an instance attribute
+
+        def counted(*args, _plan=w.plan, **kw):
+            calls[0] += 1
+            return _plan(*args, **kw)
+
+        w.plan = counted
+        shadowed.append((w, own))
+    try:
+        yield calls
+    finally:
+        for w, own in shadowed:
+            if own is None:
+                del w.plan
+            else:
+                w.plan = own

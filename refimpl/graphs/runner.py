@@ -6,12 +6,21 @@ row, ``refimpl.layout``); the backend allocates its graph buffers in ``init_cuda
 batch first: the capture hook outside the graph, warm-up, then the step. Replay runs four phases (``validate``,
 ``load_inputs``, ``replay_hook``, ``launch``) on the smallest captured ``bs >= raw_bs``; a batch no graph can serve runs
 eagerly. The checker reads ``capture_batch(bs)`` and ``padded_batch(fb)``: what each hook was fed.
+
+``glue=True``: SGLang 0.5.23's metadata glue graph (``SGLANG_ENABLE_METADATA_GLUE_GRAPH``, [facts#metadata-glue-graph]).
+After each step graph, the replay hook fed the static inputs is captured into a small graph of its own
+(``capture_glue``), which ``replay_hook`` replays instead of running the hook's Python. Whatever the hook computed on the
+host (a Python scalar, a spec input's tensor) is frozen at that capture: only shapes the checker's glue verdict passed
+(``refimpl.check.glue_vs_eager``) may be glued. A hook that calls FlashInfer's ``plan()`` or that a graph cannot record
+stays eager for that size (``glue_refused``); ``replays`` counts glued and eager hook replays.
 """
 
 from __future__ import annotations
 
 import bisect
 import time
+import warnings
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +33,7 @@ from ..config import GraphConfig, SpecConfig
 from ..modes import ForwardMode
 from ..spec import dummy_spec_input
 from ..validate import check_capture_config, validate_batch
-from .engine import GraphEngine, GraphReplayError
+from .engine import GraphCaptureError, GraphEngine, GraphReplayError
 
 
 @dataclass
@@ -64,6 +73,27 @@ def call_in_graph_hook(backend, fb: ForwardBatch) -> None:
     backend.init_forward_metadata_in_graph(fb)
 
 
+def capture_glue(engine: GraphEngine, backend, fb: ForwardBatch, warmups: int) -> tuple[Any, str | None]:
+    """The replay hook fed ``fb`` (views of static inputs) captured into a graph of its own, after ``warmups`` eager
+    calls: ``(graph, None)``, or ``(None, why)`` when it cannot be. A ``plan()`` seen in the warm-ups refuses it (the
+    work partition is computed on the host every replay; a graph would freeze it); a failed capture is contained."""
+    from ..flashinfer_wrappers import count_plans
+
+    with count_plans(backend) as plans:
+        for _ in range(max(warmups, 1)):
+            call_replay_hook(backend, fb)
+    if plans[0]:
+        return None, "the replay hook calls FlashInfer's plan(): a work partition made on the host, which a graph would freeze"
+    graph = engine.new_graph()
+    try:
+        with warnings.catch_warnings():  # a hook that launches nothing (in-graph shapes) makes an empty graph: fine
+            warnings.filterwarnings("ignore", "The CUDA Graph is empty")
+            graph.capture(lambda: call_replay_hook(backend, fb))
+    except GraphCaptureError as e:
+        return None, f"the replay hook cannot be captured: {e}"
+    return graph, None
+
+
 INPUTS = ("input_ids", "positions", "req_pool_indices", "seq_lens", "seq_lens_cpu", "out_cache_loc")
 
 
@@ -77,6 +107,7 @@ class GraphRunner:
         graph_cfg: GraphConfig,
         spec_cfg: SpecConfig | None = None,
         validate_inputs: bool = True,
+        glue: bool = False,
     ):
         """``kind``: what the graphs run, a forward mode or a ``layout.GraphKind`` (multi-step draft decode:
         ``layout.KINDS["draft_decode"]``, with a multi-step program and backend)."""
@@ -110,6 +141,8 @@ class GraphRunner:
         self._plans: dict[tuple[int, int, int], tuple] = {}
         self._views: dict[int, ForwardBatch] = {}
         self.graphs: dict[int, Any] = {}
+        self.glue, self.glue_graphs, self.glue_refused = glue, {}, {}  # bs -> glue graph / why the hook stays eager
+        self.replays: Counter = Counter()  # "glue" / "hook": how each replay's metadata was made
         self.outputs: dict[int, torch.Tensor] = {}
         self.capture_records: list[CaptureRecord] = []
 
@@ -172,6 +205,11 @@ class GraphRunner:
             graph = self.engine.new_graph()
             self.outputs[bs] = graph.capture(run_once)
             self.graphs[bs] = graph
+            if self.glue:
+                glue, why = capture_glue(self.engine, self.backend, fb, self.graph_cfg.num_warmups)
+                self.glue_graphs[bs] = glue
+                if why:
+                    self.glue_refused[bs] = why
             self.engine.synchronize()
             mem1 = self.engine.memory_in_use()
             growth = None if mem1 is None else mem1 - mem0
@@ -218,19 +256,20 @@ class GraphRunner:
 
     def load_inputs(self, fb: ForwardBatch, bs: int, into: dict[str, torch.Tensor] | None = None) -> None:
         """Replay phase 2: the batch into the static inputs, the padded rows reset to padded rows (fill value, request 0,
-        cache slot 0), in one ``torch._foreach_copy_`` (one launch per dtype) plus the host mirror. The one writer of a
-        batch into graph inputs: ``padded_batch`` (what the checker feeds the hooks) runs it ``into`` fresh inputs."""
+        cache slot 0), in one launch: a ``torch._foreach_copy_`` over byte views (int64 and int32 alike, so one dtype
+        and PyTorch's multi-tensor kernel), plus the host mirror. The dtypes are ``validate``'s to check. The one writer
+        of a batch into graph inputs: ``padded_batch`` (what the checker feeds the hooks) runs it ``into`` fresh inputs."""
         dst, pads, host_live, host_pad = self._copy_plan(fb.batch_size, bs, fb.num_tokens, into)
-        loc = fb.out_cache_loc
-        if self.kind.multi_step:
-            loc = loc.view(self.spec_cfg.num_steps, fb.num_tokens)
-        torch._foreach_copy_(dst, [fb.input_ids, fb.positions, loc, fb.req_pool_indices, fb.seq_lens, *pads])
+        src = [fb.input_ids, fb.positions, fb.req_pool_indices, fb.seq_lens]
+        src += fb.out_cache_loc.view(self.spec_cfg.num_steps, -1).unbind() if self.kind.multi_step else [fb.out_cache_loc]
+        torch._foreach_copy_(dst, [t.view(torch.uint8) for t in src] + pads)
         host_live.copy_(fb.seq_lens_cpu)
         if host_pad is not None:
             host_pad.fill_(self.fill_value)
 
     def _copy_plan(self, raw_bs: int, bs: int, n: int, into: dict[str, torch.Tensor] | None = None):
-        """(device destinations, padded-row sources, host live / padded views) for ``raw_bs`` requests, ``n`` rows, graph ``bs``."""
+        """(device destinations, padded-row sources, as bytes; host live / padded views) for ``raw_bs`` requests, ``n``
+        rows, graph ``bs``."""
         plan = self._plans.get((raw_bs, bs, n)) if into is None else None
         if plan is not None:
             return plan
@@ -239,17 +278,17 @@ class GraphRunner:
         loc = t["out_cache_loc"][: bs * self.locs_per_req]
         if self.kind.multi_step:  # [step][seq][branch]: each step's block starts at step*rows
             loc = loc.view(self.spec_cfg.num_steps, rows)
-            loc_live, loc_pad = loc[:, :n], loc[:, n:]
+            loc_live, loc_pad = list(loc[:, :n].unbind()), list(loc[:, n:].unbind())
         else:
-            loc_live, loc_pad = loc[:n], loc[n:]
-        dst = [t["input_ids"][:n], t["positions"][:n], loc_live, t["req_pool_indices"][:raw_bs], t["seq_lens"][:raw_bs]]
+            loc_live, loc_pad = [loc[:n]], [loc[n:]]
+        dst = [t["input_ids"][:n], t["positions"][:n], t["req_pool_indices"][:raw_bs], t["seq_lens"][:raw_bs], *loc_live]
         pads, host_pad = [], None
         if raw_bs < bs:  # what every padded row holds (refimpl.layout)
-            dst += [t["req_pool_indices"][raw_bs:bs], t["seq_lens"][raw_bs:bs], loc_pad]
+            dst += [t["req_pool_indices"][raw_bs:bs], t["seq_lens"][raw_bs:bs], *loc_pad]
             pads = [self._pad["req_pool_indices"][: bs - raw_bs], self._pad["seq_lens"][: bs - raw_bs]]
-            pads.append(self._pad["out_cache_loc"][: loc_pad.numel()].view(loc_pad.shape))
+            pads += [self._pad["out_cache_loc"][: p.numel()] for p in loc_pad]
             host_pad = t["seq_lens_cpu"][raw_bs:bs]
-        plan = (dst, pads, t["seq_lens_cpu"][:raw_bs], host_pad)
+        plan = ([d.view(torch.uint8) for d in dst], [p.view(torch.uint8) for p in pads], t["seq_lens_cpu"][:raw_bs], host_pad)
         if into is None:
             self._plans[(raw_bs, bs, n)] = plan
         return plan
@@ -269,9 +308,15 @@ class GraphRunner:
         validate_batch(fb, self.spec_cfg, self.kind.multi_step, for_graph)
 
     def replay_hook(self, fb: ForwardBatch, bs: int) -> ForwardBatch:
-        """Phase 3: the backend's replay hook on the static batch (after ``load_inputs``)."""
+        """Phase 3: the backend's replay hook on the static batch (after ``load_inputs``), or its glue graph."""
         view = self._replay_batch(fb, bs)
-        call_replay_hook(self.backend, view)
+        glue = self.glue_graphs.get(bs)
+        if glue is not None:
+            glue.replay()
+            self.replays["glue"] += 1
+        else:
+            call_replay_hook(self.backend, view)
+            self.replays["hook"] += 1
         return view
 
     def launch(self, bs: int) -> torch.Tensor:

@@ -1,0 +1,99 @@
+"""The metadata glue graph (issue 16): the runner replays a backend's replay hook from a small graph of its own, and the
+checker's verdict (e) proves which shapes may be glued, naming the frozen buffer of those that may not."""
+
+import pytest
+import torch
+
+from refimpl.backends import find, load_backend_class
+from refimpl.check import CheckSettings, glue_verdict, run_checks
+from refimpl.config import SpecConfig
+from refimpl.graphs import CPUEmulatorEngine
+from refimpl.layout import KINDS
+from refimpl.rig import Rig
+
+SPEC = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
+FAST = CheckSettings(capture_bs=(1, 2, 4), raw_bs=(1, 3), max_context_len=32)
+
+
+def glued_rig(entry, case="decode", **kw):
+    return Rig.build(
+        entry, KINDS[case], SPEC, CPUEmulatorEngine(), capture_bs=(1, 2, 4), max_context_len=32, glue=True, **kw
+    )
+
+
+def test_planted_host_value_passes_four_verdicts_and_fails_the_glue_verdict_naming_the_buffer():
+    """SGLang's failure mode: a hook reading a value the host wrote is right eagerly and frozen once glued."""
+    rows = run_checks(modes=["decode"], engine="cpu-emulator", settings=FAST,
+                      entries=[load_backend_class("broken_backends:HostValueInHook")])  # fmt: skip
+    assert [r.bs for r in rows] == [1, 3]
+    for r in rows:
+        assert r.passed and r.replay_matches_reference and not r.findings, r.findings  # (a)-(d): nothing wrong unglued
+        assert r.glue_equals_eager is False
+        glue = r.glue_findings
+        assert any(f.split("): ", 1)[1].startswith("kv_indptr:") for f in glue), glue  # kv_indices' view follows it
+
+
+def test_glued_runner_matches_eager_and_counts_its_replays():
+    rig = glued_rig(find("triton", "unified")[0])
+    runner = rig.runner
+    assert set(runner.glue_graphs) == set(runner.capture_bs) and not runner.glue_refused
+    for raw_bs in (1, 3, 4, 2):
+        fb = rig.gen.for_mode(KINDS["decode"], raw_bs)
+        torch.testing.assert_close(runner.replay(fb), runner.eager(fb))
+        rig.gen.release(fb)
+    assert runner.replays == {"glue": 4}
+
+
+def test_glued_planted_backend_keeps_live_outputs_but_not_its_state():
+    """Padded to a bigger graph, the frozen entry ends the padded row's range: the live rows' outputs are right, the
+    state the graph reads is not (what notebook 04 shows)."""
+    rig = glued_rig(load_backend_class("broken_backends:HostValueInHook"))
+    fb = rig.gen.for_mode(KINDS["decode"], 3, seq_lens=[5, 9, 7])  # replayed by the bs-4 graph
+    graph = rig.runner.replay(fb).clone()
+    glued_indptr = rig.backend.cuda_graph_kv_indptr[:5].clone()
+    torch.testing.assert_close(graph, rig.runner.eager(fb))
+    assert glued_indptr.tolist() == [0, 5, 14, 21, 4]  # eager: [0, 5, 14, 21, 22]; 4 = bs * fill, frozen at capture
+
+
+def test_a_hook_that_cannot_be_captured_stays_eager_and_says_why():
+    rig = glued_rig(load_backend_class("broken_backends:HostReadInHook"))
+    runner = rig.runner
+    assert not any(runner.glue_graphs.values()) and set(runner.glue_refused) == set(runner.capture_bs)
+    assert all("host synchronisation" in why for why in runner.glue_refused.values())
+    fb = rig.gen.for_mode(KINDS["decode"], 3)
+    torch.testing.assert_close(runner.replay(fb), runner.eager(fb))
+    assert runner.replays == {"hook": 1}
+
+
+@pytest.mark.parametrize("name", ["flashinfer", "flashinfer_mla"])
+def test_flashinfer_plan_in_the_hook_is_refused_with_the_reason(name):
+    ok, findings = glue_verdict(find(name, "unified")[0], "decode", CPUEmulatorEngine(), FAST)
+    assert ok is None and findings and all("plan()" in f for f in findings), findings
+
+
+@pytest.mark.parametrize(
+    "entry, case, safe",
+    [(("triton", "unified"), "draft_extend", True), (("triton", "unified"), "target_verify", False),
+     (("triton", "legacy"), "draft_extend_v2", False), (("trtllm_mla", "unified"), "target_verify", True)],
+)  # fmt: skip
+def test_glue_verdict_follows_what_the_hook_reads(entry, case, safe):
+    """Triton's verify hook copies the batch's custom mask (a spec input the glue graph froze); its legacy draft extend
+    lays qo_indptr out by accept lengths; TRTLLM-MLA's verify hook reads only static inputs."""
+    ok, findings = glue_verdict(find(*entry)[0], case, CPUEmulatorEngine(), CheckSettings(spec=SPEC, raw_bs=(3,)))
+    assert ok is safe, findings
+    if not safe:
+        assert any(("custom_mask:" if case == "target_verify" else "qo_indptr:") in f for f in findings), findings
+
+
+def test_plan_counting_finds_the_wrappers_and_never_walks_the_world():
+    """``count_plans`` looks for wrappers in the backend, not in the world's allocator lists (millions of ints at a long
+    context: walking them made every glue capture take seconds on the H200)."""
+    from refimpl.flashinfer_wrappers import _wrappers
+
+    rig = Rig.build(find("flashinfer", "unified")[0], KINDS["decode"], SPEC, CPUEmulatorEngine(), capture_bs=(1, 2),
+                    max_context_len=32)  # fmt: skip
+    found = list(_wrappers(rig.backend, set()))
+    assert found and all(hasattr(w, "plan") for w in found)
+    bare = type("Bare", (), {})()
+    bare.world, rig.world.planted = rig.world, found[0]  # a wrapper reachable only through the world
+    assert list(_wrappers(bare, set())) == []
