@@ -18,12 +18,49 @@ import argparse
 import csv
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from refimpl import bench, viz  # noqa: E402
+from refimpl.backends import find  # noqa: E402
+from refimpl.config import SpecConfig  # noqa: E402
+from refimpl.graphs import make_engine  # noqa: E402
+from refimpl.layout import KINDS  # noqa: E402
+from refimpl.rig import Rig  # noqa: E402
+
+
+def sweep(
+    shapes: Sequence[str] = ("unified", "simplified", "in_graph"),
+    batch_sizes: Sequence[int] = bench.BATCH_SIZES,
+    *,
+    context_len: int = 256,
+    repeats: int = 50,
+    warmup: int = 10,
+    rotate: int = 4,
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """Replay-path cost of TRTLLM-MLA draft extend v2 per shape and batch size (graph engine of this machine: CUDA graphs
+    on a GPU, the emulator on CPU). One row per (shape, bs)."""
+    engine, spec = make_engine("auto"), SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
+    runners, world, gen = {}, None, None
+    for shape in shapes:  # one world: every shape replays the same batches
+        kw = dict(max_context_len=context_len, pool_size=(rotate + 1) * max(batch_sizes) + 1, speculative=False)
+        kw.update(world=world, capture_bs=tuple(batch_sizes), gen_seed=1, capture=False)
+        rig = Rig.build(find("trtllm_mla", shape)[0], KINDS["draft_extend_v2"], spec, engine, **kw)
+        rig.runner.capture(progress=progress)
+        runners[shape], world, gen = rig.runner, rig.world, gen or rig.gen
+    rows = []
+    for bs in batch_sizes:
+        batches = [gen.draft_extend(bs, 2) for _ in range(rotate)]
+        for shape, runner in runners.items():
+            row = bench.time_replay_path(runner, batches, repeats, warmup)
+            rows.append({"shape": shape, "bs": bs, **row})
+        gen.release_all()
+    return rows
 
 
 def main(argv=None) -> int:
@@ -42,7 +79,7 @@ def main(argv=None) -> int:
     if args.smoke:
         args.bs, args.repeats, args.warmup, args.rotate, args.ctx = "1,2", 3, 1, 2, 64
     pinned = bench.pin_to_core(args.pin)
-    rows = bench.trtllm_draft_extend_sweep(
+    rows = sweep(
         args.shapes.split(","), [int(x) for x in args.bs.split(",")], context_len=args.ctx,
         repeats=args.repeats, warmup=args.warmup, rotate=args.rotate, progress=True,
     )  # fmt: skip

@@ -41,6 +41,7 @@
 import difflib
 import inspect
 import json
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -327,9 +328,10 @@ show(viz.draw_latency_vs_bs(runs[0]["rows"], panels,
 
 # %% tags=["gpu"]
 if torch.cuda.is_available():
-    from refimpl.bench import trtllm_draft_extend_sweep
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # the #29077 sweep lives with its benchmark
+    from trtllm_mla_draft_extend import sweep
 
-    live = trtllm_draft_extend_sweep(batch_sizes=(1, 16, 64), repeats=20, warmup=5, rotate=2)
+    live = sweep(batch_sizes=(1, 16, 64), repeats=20, warmup=5, rotate=2)
     for r in live:
         print(f"{r['shape']:<10} bs {r['bs']:>3}: host hook+launch "
               f"{r['host_us']['hook+launch']['median']:.0f} us, GPU graph "

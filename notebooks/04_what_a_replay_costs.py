@@ -30,15 +30,19 @@
 # (`python -m refimpl bench`, results in `benchmarks/results/replay_cost/`), explains where
 # the microseconds go, compares the faithful Triton hook with two shapes that move the
 # metadata work out of Python (**fused**: one kernel instead of four launches; **in-graph**:
-# that kernel recorded inside the graph), and shows why a serving engine wants the second.
+# that kernel recorded inside the graph; **glue**: the unchanged hook replayed from a small
+# graph of its own), and shows which hooks may be glued and how the checker proves it.
 # On this CPU the live cells run the emulator, whose timings say what the Python costs, not
 # what a GPU launch costs; a `gpu` cell repeats a short sweep live on a GPU.
 
 # %%
+import inspect
 import json
+import sys
 import time
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import torch
 
 try:
@@ -47,7 +51,8 @@ except ImportError:  # run as a plain script: nothing to display
     Image = display = lambda *args, **kwargs: None  # noqa: E731
 
 from refimpl import bench, viz
-from refimpl.backends import find
+from refimpl.backends import find, load_backend_class
+from refimpl.check import CheckSettings, run_checks
 from refimpl.config import SpecConfig
 from refimpl.graphs import make_engine
 from refimpl.layout import KINDS
@@ -57,6 +62,7 @@ NOTEBOOK_T0 = time.perf_counter()
 ROOT = Path(__file__).resolve().parent.parent if "__file__" in globals() else Path.cwd().parent
 FIGURES = ROOT / "figures"
 RESULTS = ROOT / "benchmarks" / "results" / "replay_cost"
+PATH_RESULTS = ROOT / "benchmarks" / "results" / "replay_path"
 
 h200 = json.loads((RESULTS / "results.json").read_text())
 env, rows = h200["environment"], h200["rows"]
@@ -104,8 +110,10 @@ for r in (r for r in rows if r["bs"] == 8 and r["context"] == 512):
 #   few µs; the host spends far longer issuing them.
 # * **The launch** is one `graph.replay()`, whatever the graph holds: the same for every
 #   backend.
-# * **The copies** are one `torch._foreach_copy_` for every static input (one launch per
-#   dtype) plus the host mirror of `seq_lens`. SGLang's runner issues one `copy_` per input;
+# * **The copies** were one `torch._foreach_copy_` over int64 and int32 tensors plus the host
+#   mirror of `seq_lens`; a list of mixed dtypes is not PyTorch's fast path, so it launched one
+#   copy per tensor (5-8). They are now one launch over byte views (section 3). SGLang's runner
+#   issues one `copy_` per input (newer upstream registers its input buffers);
 #   this, the kernel ops called directly outside any dispatch mode and the host indptrs fed to
 #   FlashInfer's draft-extend plans are refimpl's choices, listed in
 #   [the differences table](../docs/sglang_facts.md#where-refimpl-deliberately-differs-from-upstream).
@@ -126,8 +134,8 @@ for r in (r for r in rows if r["bs"] == 8 and r["context"] == 512):
 # in **one** Triton kernel (`refimpl/kernels/fused_metadata.py`): every program reads all the
 # batch's lengths, computes its own offset, copies its request's slots and writes its split
 # count. `in_graph` records that kernel **inside** the graph, reading the runner's static
-# inputs, so its replay hook only re-points to the captured views (SGLang 0.5.23 offers the
-# same idea as an opt-in "metadata glue graph", [facts](../docs/sglang_facts.md#fused-and-in-graph-metadata)).
+# inputs, so its replay hook only re-points to the captured views
+# ([facts](../docs/sglang_facts.md#fused-and-in-graph-metadata)).
 
 # %%
 show(viz.draw_host_vs_bs(rows, env, 512, "triton"), "triton_shapes_h200")
@@ -172,7 +180,89 @@ assert "refimpl.fused_graph_metadata.default" in live["in_graph"][2]
 assert "refimpl.fused_graph_metadata.default" not in live["fused"][2]
 
 # %% [markdown]
-# ## 3. Graph vs eager, the whole step
+# ## 3. Glue: the hook replayed from a graph of its own
+#
+# SGLang 0.5.23 can do without a new kernel: it captures the faithful replay hook, unchanged,
+# into a small **metadata glue graph** per batch size and replays that before the step graph
+# ([facts](../docs/sglang_facts.md#metadata-glue-graph)). refimpl's runner does the same with
+# `GraphRunner(glue=True)`. The four shapes side by side, measured on the H200 at context 4096
+# (`benchmarks/replay_table.py`, medians of 600, pinned; `benchmarks/results/replay_path/`):
+
+# %%
+table = json.loads((PATH_RESULTS / "replay_table.json").read_text())
+t_env, t_rows = table["environment"], table["rows"]
+shapes = {"faithful": "triton/unified/decode", "fused": "triton/fused/decode",
+          "in-graph": "triton/in_graph/decode", "glue": "triton/unified+glue/decode"}
+print(f"{t_env['device']}, driver {t_env['driver']}, torch {t_env['torch']}; context {t_env['context']}; "
+      f"{t_env['pinning']}; host µs")
+print(f"{'decode':<10} {'hook bs 1 / 8 / 64':>22} {'copies':>7} {'launch':>7} {'whole path bs 1 / 8 / 64':>26}")
+for label, key in shapes.items():
+    r = t_rows[key]
+    hook = " / ".join(f"{r[b]['hook']:.1f}" for b in ("1", "8", "64"))
+    path = " / ".join(f"{r[b]['path']:.1f}" for b in ("1", "8", "64"))
+    print(f"{label:<10} {hook:>22} {r['8']['copies']:7.1f} {r['8']['launch']:7.1f} {path:>26}")
+
+fig, ax = plt.subplots(figsize=(7.5, 2.8))
+for i, key in enumerate(shapes.values()):
+    left = 0
+    for part, colour in (("copies", "#9ecae1"), ("hook", "#fd8d3c"), ("launch", "#74c476")):
+        width = t_rows[key]["8"][part]
+        ax.barh(i, width, left=left, color=colour, label=part if i == 0 else None)
+        left += width
+    ax.text(left + 3, i, f"{left:.0f} µs", va="center", fontsize=8)
+ax.set_yticks(range(len(shapes)), list(shapes))
+ax.invert_yaxis()
+ax.set_xlabel("host µs, Triton decode, bs 8, context 4096")
+ax.set_title(f"Four shapes of one replay hook ({t_env['device']})", fontsize=10)
+ax.legend(loc="lower right", fontsize=8)
+show(fig, "glue_shapes_h200")
+assert set(t_rows["triton/unified+glue/decode"]["replays"]) == {"glue"}  # every timed replay went through it
+
+# %% [markdown]
+# The glued hook costs one small graph launch (about 4 µs) whatever it does inside, and it runs
+# SGLang's own code unchanged. The catch is what a graph freezes: every value the hook computes
+# in Python, and every tensor it reads that is not one of the runner's static inputs. Upstream
+# asks each backend to declare itself safe (`supports_metadata_glue`), because of a failure its
+# own comment describes: a host-written value frozen into the glue graph, capture succeeds,
+# the outputs stay correct, only the accept length collapses.
+#
+# refimpl does not take a declaration. The checker's verdict (e) captures the hook into a glue
+# graph once, replays rotated batches through it in turn, and compares the state the graph
+# reads with what the eager hook leaves after each. Here is the upstream failure, planted in the
+# example backend (`tests/broken_backends.py`): the replay hook writes the last `kv_indptr`
+# entry from `seq_lens_sum`, a Python int the host wrote.
+
+# %%
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the example backend, and the planted one beside the tests
+planted = load_backend_class("broken_backends:HostValueInHook")
+print(inspect.getsource(planted.load().init_forward_metadata_replay_cuda_graph))
+rig = Rig.build(planted, KINDS["decode"], SpecConfig(num_steps=3, topk=1, num_draft_tokens=4),
+                make_engine("cpu-emulator"), capture_bs=(1, 2, 4), max_context_len=32, glue=True)
+fb = rig.gen.for_mode(KINDS["decode"], 3, seq_lens=[5, 9, 7])  # replayed by the bs-4 graph
+graph_out = rig.runner.replay(fb).clone()
+read = rig.backend.cuda_graph_kv_indptr[:5].tolist()
+outputs_equal = torch.allclose(graph_out, rig.runner.eager(fb), atol=1e-4, rtol=1e-4)
+print(f"glued replay of 3 requests in the bs-4 graph: outputs equal eager: {outputs_equal}")
+print(f"kv_indptr the graph reads: {read}  (the eager hook writes [0, 5, 14, 21, 22])")
+assert outputs_equal and read == [0, 5, 14, 21, 4]
+checked = run_checks(modes=["decode"], engine="cpu-emulator", entries=[planted],
+                     settings=CheckSettings(max_context_len=32))
+for r in checked:
+    print(f"bs {r.bs}: verdicts (a)-(d) pass: {r.passed}; glue verdict: {r.glue_equals_eager}")
+    print("\n".join(f"    {f}" for f in r.glue_findings))
+assert all(r.passed and r.glue_equals_eager is False for r in checked)
+assert all(any("): kv_indptr:" in f for f in r.glue_findings) for r in checked)
+
+# %% [markdown]
+# Outputs equal, state wrong, caught: the frozen entry ends the *padded* row's range, so the
+# live rows' outputs are right, and only the state comparison sees it, naming the buffer. The
+# same verdict passes Triton's faithful decode hook and fails its target-verify hook (which
+# copies the batch's tree mask: the glue graph would replay the capture's mask); it refuses
+# FlashInfer's hooks outright, because `plan()` computes the work partition on the host. The
+# capability matrix in the README has a glue column filled from this verdict.
+
+# %% [markdown]
+# ## 4. Graph vs eager, the whole step
 #
 # The reason for graphs at all: the whole decoder step, synchronised, as a graph (copies +
 # hook + launch + the GPU work) and eagerly (fresh metadata, every kernel launched from
@@ -196,7 +286,7 @@ for r in (r for r in rows if r["bs"] == 1 and r["context"] == 512):
 # the host nothing but the copies and one launch.
 
 # %% [markdown]
-# ## 4. Capture: time and memory
+# ## 5. Capture: time and memory
 #
 # A graph per batch size costs capture time (the first capture in a process includes the JIT
 # compilation of every kernel) and memory: the static buffers (sized once for the largest
@@ -206,7 +296,7 @@ for r in (r for r in rows if r["bs"] == 1 and r["context"] == 512):
 show(viz.draw_capture_cost(rows, env, 512), "capture_cost_h200")
 
 # %% [markdown]
-# ## 5. Before and after the replay-path work
+# ## 6. Before and after the replay-path work
 #
 # The same table measured on the same H200 lease for the tree before this work (the
 # robustness commit) and after it (`benchmarks/replay_table.py`: context 256, medians of 400,
@@ -224,17 +314,18 @@ for row in before:
     print(f"{row:<38} {b:>24} {a:>18}")
 
 # %% [markdown]
-# ## 6. Live, on a GPU
+# ## 7. Live, on a GPU
 #
-# On a GPU this cell runs a short sweep of the three Triton shapes (decode, context 512).
+# On a GPU this cell runs a short sweep of the three Triton shapes and every one the checker
+# proves glue-safe, glued (decode, context 512).
 
 # %% tags=["gpu"]
 if torch.cuda.is_available():
     settings = bench.BenchSettings.for_device(
         True, backends=["triton"], modes=["decode"], batch_sizes=(1, 8, 64), contexts=(512,),
-        repeats=20, warmup=5, rotate=2)
+        repeats=20, warmup=5, rotate=2, glue=True)
     for r in bench.sweep(settings):
-        print(f"triton/{r['variant']:<9} bs {r['bs']:>3}: hook {r['host_us']['hook']['median']:.0f}"
+        print(f"triton/{r['variant']:<14} bs {r['bs']:>3}: hook {r['host_us']['hook']['median']:.0f}"
               f" us, copies {r['host_us']['copies']['median']:.0f} us, graph step "
               f"{r['step_us']['graph']['median']:.0f} us vs eager "
               f"{r['step_us']['eager']['median']:.0f} us")

@@ -120,9 +120,9 @@ def cli(target, *args):
 
 
 def verdict_columns(res):
-    """(bs, [cap=rep, graph=eager, oracle, ref]) of each table row of a CLI run."""
+    """(bs, [cap=rep, graph=eager, oracle, ref]) of each table row of a CLI run (the glue column after them)."""
     rows = [line.split() for line in res.stdout.splitlines() if line.startswith("review_backend")]
-    return [(int(r[4]), r[-4:]) for r in rows]
+    return [(int(r[4]), r[6:10]) for r in rows]
 
 
 buggy_cli = cli(BUGGY, "--mode", "target_verify")

@@ -14,11 +14,9 @@ from . import _env  # noqa: F401
 def _table(rows) -> str:
     cols = ("backend", "variant", "pattern", "mode", "bs", "engine", "cap=rep", "graph=eager", "oracle", "ref", "glue")
     v = lambda x: "-" if x is None else ("ok" if x else "FAIL")
-    verdicts = lambda r: (
-        *(r.capture_equals_replay, r.graph_equals_eager, r.matches_oracle, r.replay_matches_reference),
-        r.glue_equals_eager,
-    )
-    cells = [(r.backend, r.variant, r.pattern, r.mode, str(r.bs), r.engine, *map(v, verdicts(r))) for r in rows]
+    verdicts = lambda r: (r.capture_equals_replay, r.graph_equals_eager, r.matches_oracle, r.replay_matches_reference)
+    glue = lambda r: {None: "-", True: "yes", False: "no"}[r.glue_equals_eager]  # (e) is not pass / fail
+    cells = [(r.backend, r.variant, r.pattern, r.mode, str(r.bs), r.engine, *map(v, verdicts(r)), glue(r)) for r in rows]
     width = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
     line = lambda values: " ".join(f"{x:<{w}}" for x, w in zip(values, width)).rstrip()
     lines = [line(cols), "-" * (sum(width) + len(width) - 1)]

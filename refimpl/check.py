@@ -179,6 +179,17 @@ def glue_vs_eager(rig: Rig, batches: list[ForwardBatch]) -> tuple[bool | None, l
     return False, [f"glue (replays {which} of {len(batches)} differ; the first): {d}" for d in failed[0][1]]
 
 
+def _glue_per_size(rig: Rig, sizes, replays: int) -> list[tuple[bool | None, list[str]]]:
+    """Verdict (e) per raw size, each on ``replays`` fresh batches (drawn after every other verdict's)."""
+    out = []
+    for raw_bs in sizes:
+        batches = [rig.gen.for_mode(rig.kind, raw_bs) for _ in range(max(replays, 1))]
+        out.append(glue_vs_eager(rig, batches))
+        for fb in batches:
+            rig.gen.release(fb)
+    return out
+
+
 def glue_verdict(
     entry: BackendEntry, case: str | GraphKind, engine: GraphEngine, settings: CheckSettings | None = None
 ) -> tuple[bool | None, list[str]]:
@@ -190,15 +201,9 @@ def glue_verdict(
         rig = Rig.build(entry, kind, settings.spec, engine, **sizes, dtype=settings.dtype, capture=False)
     except GraphModeNotSupported as e:
         return None, [f"skipped: {e}"]
-    verdicts, findings = [], []
-    for raw_bs in (0,) if kind.mode.is_idle() else settings.raw_bs:
-        batches = [rig.gen.for_mode(kind, raw_bs) for _ in range(max(settings.glue_replays, 1))]
-        ok, found = glue_vs_eager(rig, batches)
-        verdicts.append(ok)
-        findings += found
-        for fb in batches:
-            rig.gen.release(fb)
-    return (None if None in verdicts else all(verdicts)), findings
+    found = _glue_per_size(rig, (0,) if kind.mode.is_idle() else settings.raw_bs, settings.glue_replays)
+    verdicts = [ok for ok, _ in found]
+    return (None if None in verdicts else all(verdicts)), [f for _, fs in found for f in fs]
 
 
 # --- one backend entry x graph kind --------------------------------------------------------------
@@ -223,7 +228,8 @@ def check_entry_mode(
             cls = None
         return [record(0, None, None, None, findings=[f"skipped: {e}"], cls=cls)]
     rows: list[CheckRecord] = []
-    for raw_bs in (0,) if kind.mode.is_idle() else settings.raw_bs:
+    sizes = (0,) if kind.mode.is_idle() else settings.raw_bs
+    for raw_bs in sizes:
         fb = rig.gen.for_mode(kind, raw_bs)
         # (a) capture path vs replay path, (d) replay state vs the first-principles reference
         diffs, ref_diffs = capture_vs_replay(rig.new_backend, rig.runner, fb)
@@ -231,14 +237,11 @@ def check_entry_mode(
         v = rig.run(fb)
         ref = None if ref_diffs is None else not ref_diffs
         findings = diffs + (ref_diffs or []) + v.findings
-        row = record(raw_bs, not diffs, v.graph_ok, v.oracle_ok, findings=findings, ref=ref, cls=rig.backend_cls)
-        if settings.glue_replays:  # (e) the row's batch, then fresh ones of its size
-            more = [rig.gen.for_mode(kind, raw_bs) for _ in range(settings.glue_replays - 1)]
-            row.glue_equals_eager, row.glue_findings = glue_vs_eager(rig, [fb, *more])
-            for extra in more:
-                rig.gen.release(extra)
-        rows.append(row)
+        rows.append(record(raw_bs, not diffs, v.graph_ok, v.oracle_ok, findings=findings, ref=ref, cls=rig.backend_cls))
         rig.gen.release(fb)
+    if settings.glue_replays:  # (e) after the others: their batches are the ones they always were
+        for row, (ok, found) in zip(rows, _glue_per_size(rig, sizes, settings.glue_replays)):
+            row.glue_equals_eager, row.glue_findings = ok, found
     return rows
 
 

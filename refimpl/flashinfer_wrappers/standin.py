@@ -175,6 +175,7 @@ def set_kv_window(wrapper: Any, max_kv_len: int) -> bool:
 
 class _Standin:
     IS_STANDIN = True
+    _custom_mask_buf = _mask_indptr_buf = None  # a prefill wrapper binds / plans a custom mask; decode never
 
     def _setup(self, float_ws, use_cuda_graph: bool, names: str, bufs: tuple, kv_layout: str = "NHD") -> int:
         """Check the arguments, bind ``bufs`` (the parameters ``names``) as ``_BUFS``; the bound batch size."""
@@ -268,11 +269,15 @@ class _Standin:
         indices = getattr(self, self._INDICES)
         return _per_row_csr(q_len, kv_len, q.shape[0], window, causal, indices, mask_indptr), window
 
-    def _run_mha(self, q, paged_kv_cache, causal: bool, mask=None, mask_indptr=None):
+    def run(self, q: torch.Tensor, paged_kv_cache: Any) -> torch.Tensor:
+        """Decode and prefill (MLA has its own): a custom mask, bound or planned (flashinfer's CUSTOM mode), governs,
+        else ``causal`` (always False for decode)."""
         if not isinstance(paged_kv_cache, tuple):
             raise TypeError("the stand-ins take the kv cache as a tuple (k, v), [slots, Hkv, D]")
         k, v = paged_kv_cache
-        csr, window = self._rows(q, k, causal, mask_indptr)
+        mask = self._custom_mask_buf
+        mask_indptr = None if mask is None else self._mask_indptr_buf
+        csr, window = self._rows(q, k, mask is None and bool(self._causal), mask_indptr)
         out = q.new_zeros(q.shape[:-1] + v.shape[-1:], dtype=self._cached_o_data_type)
         if csr is not None:
             sm_scale = float(1 / math.sqrt(q.shape[-1]) if self._sm_scale is None else self._sm_scale)
@@ -341,9 +346,6 @@ class BatchDecodeWithPagedKVCacheWrapper(_Standin):
             self._call_module(_DecodeModule(), indptr_host, bs, *args, *empties)
 
     begin_forward = plan
-
-    def run(self, q: torch.Tensor, paged_kv_cache: Any) -> torch.Tensor:
-        return self._run_mha(q, paged_kv_cache, causal=False)
 
     def _bound_batch_size(self) -> int:
         return len(self._paged_kv_last_page_len_buf)
@@ -420,12 +422,6 @@ class BatchPrefillWithPagedKVCacheWrapper(_Standin):
         self._plan_prefill(qo_host, kv_host, kv_lens, rows, (num_qo_heads, num_kv_heads), head_dim_qk, causal)
 
     begin_forward = plan
-
-    def run(self, q: torch.Tensor, paged_kv_cache: Any) -> torch.Tensor:
-        mask = self._custom_mask_buf  # bound or planned: CUSTOM mode, the mask governs
-        if mask is None:
-            return self._run_mha(q, paged_kv_cache, bool(self._causal))
-        return self._run_mha(q, paged_kv_cache, False, mask, self._mask_indptr_buf)
 
 
 class BatchMLAPagedAttentionWrapper(_Standin):

@@ -53,8 +53,7 @@ def draw_csr(
     for i in range(bs):
         pad = int(rpi[i]) == 0
         for j in range(ncols):
-            used = j < lens[i]
-            color, ink = (C.owner_color(i, pad), "black") if used else (C.UNUSED_COLOR, "#969696")
+            color, ink = (C.owner_color(i, pad), "black") if j < lens[i] else (C.UNUSED_COLOR, "#969696")
             C.cell(top, j, i, color, C.fmt(rows[i, j]), fontsize=5.5, text_color=ink)
         if lens[i] > 0:
             C.frame(top, 0, i, int(lens[i]), 1, "#e6550d" if pad else "#08519c", lw=1.8)
@@ -199,10 +198,8 @@ def draw_tree_mask(
         for q in range(len(parents)):
             ax.text(*pos[q], str(q), ha="center", va="center", fontsize=8, zorder=3)
         span = max(n for _, _, n in slots.values())
-        ax.set_xlim(-0.5, top + 0.5)
-        ax.set_ylim(span / 2 + 0.1, -span / 2 - 0.1)
+        ax.set(xlim=(-0.5, top + 0.5), ylim=(span / 2 + 0.1, -span / 2 - 0.1), yticks=[])
         ax.set_xticks(range(top + 1), [f"d{d}" for d in range(top + 1)], fontsize=7)
-        ax.set_yticks([])
         C.bare_axes(ax)
         ax.set_title(f"tree: parents = {list(parents)}", fontsize=8)
     C.suptitle(fig, title)
@@ -264,8 +261,7 @@ def draw_buffers(
     height = 0.42 * len(rows) + 0.28 * len(scalars) + 0.9 + (0.45 if legend else 0.0)
     fig = Figure(figsize=(label_in + 0.42 * span + 0.3, height), layout="constrained")
     ax = fig.add_subplot(1, 1, 1)
-    ax.set_xlim(-0.5, span - 0.5)
-    ax.set_ylim(len(rows) - 0.5 + 0.7 * len(scalars), -0.5)
+    ax.set(xlim=(-0.5, span - 0.5), ylim=(len(rows) - 0.5 + 0.7 * len(scalars), -0.5))
     C.bare_axes(ax)
     used_roles: set = set()
     for y, (_, vals, _, row_roles, bad) in enumerate(rows):
@@ -286,10 +282,9 @@ def draw_buffers(
     step = 4 if width > 12 else 1
     ax.set_xticks(range(0, width, step), [str(i) for i in range(0, width, step)], fontsize=6)
     ax.xaxis.tick_top()
-    for k, (name, val, flag) in enumerate(scalars):
-        style = dict(color=C.BAD_COLOR, fontweight="bold") if flag else {}
+    for k, (name, val, flag) in enumerate(scalars):  # a differing scalar in bold red
+        style = dict(fontsize=8, family="monospace") | (dict(color=C.BAD_COLOR, fontweight="bold") if flag else {})
         ax.text(-0.5, len(rows) - 0.1 + 0.7 * k, f"{name} = {val}", ha="left", va="center", **style)
-        ax.texts[-1].set(fontsize=8, family="monospace")
     if title:
         ax.set_title(title, fontsize=9, pad=14)
     if legend:
@@ -320,14 +315,12 @@ def draw_state_diff(
         if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.numel() == b.numel():
             a_, b_ = a.detach().cpu().reshape(-1), b.detach().cpu().reshape(-1)
             bad = (a_ != b_) & ~(a_.isnan() & b_.isnan()) if a_.is_floating_point() else a_ != b_
-            bads, n = (bad.numpy(), bad.numpy()), int(bad.sum())
+            bads = (bad.numpy(), bad.numpy())
         elif isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):  # shapes or kinds disagree: every cell
             bads = [np.ones(v.numel(), bool) if isinstance(v, torch.Tensor) else True for v in (a, b)]
-            n = max(int(np.sum(bads[0])), int(np.sum(bads[1])))
         else:  # scalars (or a key one side lacks)
-            flag = bool(a != b)
-            bads, n = (flag, flag), int(flag)
-        total += n
+            bads = (bool(a != b),) * 2
+        total += max(int(np.sum(bad)) for bad in bads)  # the differing cells of the longer side
         for lab, v, bad in zip(labels, (a, b), bads):
             name = f"{key}: {lab}"
             state[name] = v.detach().reshape(-1) if isinstance(v, torch.Tensor) else ("(not set)" if v is None else v)
@@ -371,8 +364,7 @@ def draw_buffer_sizes(
         if need:
             ax.axvline(need[0], color="black", ls="--", lw=1.0)
             ax.text(need[0], -0.55, f" {need[1]}: {need[0]}", fontsize=7, va="bottom", ha="left", gid="need")
-        ax.set_xlim(0, top * 1.75)
-        ax.set_ylim(len(per) - 0.5, -0.5 - (0.9 if need else 0.3))
+        ax.set(xlim=(0, top * 1.75), ylim=(len(per) - 0.5, -0.5 - (0.9 if need else 0.3)))
         ax.set_yticks(range(len(per)), list(per), fontsize=8)
         ax.set_title(buf, loc="left", fontsize=8.5, family="monospace")
         ax.tick_params(axis="x", labelsize=7)
@@ -380,10 +372,8 @@ def draw_buffer_sizes(
         ax.spines[["top", "right"]].set_visible(False)
     axes[-1, 0].set_xlabel("entries allocated (each panel its own scale)", fontsize=8)
     handles = [Patch(facecolor=color[o], label=o) for o in owners]
-    if needed:
-        handles.append(Line2D([], [], color="black", ls="--", lw=1.0, label="entries a batch needs"))
-    if short:
-        handles.append(Patch(facecolor="none", edgecolor=C.BAD_COLOR, lw=1.8, label="too small for that batch"))
+    handles += [Line2D([], [], color="black", ls="--", lw=1.0, label="entries a batch needs")] * bool(needed)
+    handles += [Patch(facecolor="none", edgecolor=C.BAD_COLOR, lw=1.8, label="too small for that batch")] * short
     C.legend(fig, handles, max_cols=5)
     C.suptitle(fig, title)
     return fig

@@ -100,8 +100,7 @@ def segment_roles(indptr: torch.Tensor | Sequence[int], live: int, n: int) -> li
 
 def cell(ax, x, y, color, text=None, *, fontsize=6.0, edge="white", lw=0.6, hatch=None, text_color="black", size=1):
     """One square cell (``size`` wide, a unit by default) centred on (x, y), optionally with a centred text."""
-    corner = (x - size / 2, y - size / 2)
-    ax.add_patch(Rectangle(corner, size, size, facecolor=color, edgecolor=edge, lw=lw, hatch=hatch))
+    ax.add_patch(Rectangle((x - size / 2, y - size / 2), size, size, facecolor=color, edgecolor=edge, lw=lw, hatch=hatch))
     if text is not None:
         ax.text(x, y, text, ha="center", va="center", fontsize=fontsize, color=text_color)
 
@@ -122,9 +121,7 @@ def differs_mark(ax, x, y) -> None:
 
 def grid_axes(ax, width: int, height: int) -> None:
     """Axes of ``width`` x ``height`` unit cells, row 0 on top."""
-    ax.set_xlim(-0.5, width - 0.5)
-    ax.set_ylim(height - 0.5, -0.5)
-    ax.set_aspect("equal")
+    ax.set(xlim=(-0.5, width - 0.5), ylim=(height - 0.5, -0.5), aspect="equal")
     bare_axes(ax)
 
 

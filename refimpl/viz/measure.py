@@ -25,8 +25,7 @@ _where = lambda env: env.get("device", "") + (" (emulator timings)" if "note" in
 def _bs_axis(ax, ylabel: str) -> None:
     """A log2 batch-size x axis, the y label, a light grid."""
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("batch size")
-    ax.set_ylabel(ylabel)
+    ax.set(xlabel="batch size", ylabel=ylabel)
     ax.grid(alpha=0.3)
 
 
@@ -147,8 +146,7 @@ def draw_capture_cost(rows: Sequence[Mapping], env: Mapping, context: int) -> Fi
         ax_t.plot(bs, [r["capture_s"]["first"] * 1e3 for r in pts], color=color, marker="o", ms=3, label=lab)
         ax_t.plot(bs, [r["capture_s"]["warm"] * 1e3 for r in pts], color=color, ls="--")
         if pts[0].get("pool_growth_bytes") is not None:
-            growth = [(r["pool_growth_bytes"] or 0) / 2**20 for r in pts]
-            ax_m.plot(bs, growth, color=color, marker="o", ms=3, label=lab)
+            ax_m.plot(bs, [(r["pool_growth_bytes"] or 0) / 2**20 for r in pts], color=color, marker="o", ms=3, label=lab)
         ax_m.plot(bs, [r["static_bytes"] / 2**20 for r in pts], color=color, ls=":")
     _bs_axis(ax_t, "capture ms (solid: first, dashed: again)")
     ax_t.set_yscale("log")
@@ -160,7 +158,6 @@ def draw_capture_cost(rows: Sequence[Mapping], env: Mapping, context: int) -> Fi
 
 def draw_bench_figures(rows: Sequence[Mapping], env: Mapping, out_dir: str | Path) -> list[Path]:
     """The four bench plots into ``out_dir`` (file names start with ``replay_``)."""
-    out = Path(out_dir)
     ctx = min(r["context"] for r in rows)
     sizes = sorted({r["bs"] for r in rows if r["context"] == ctx})
     bs = 8 if 8 in sizes else sizes[len(sizes) // 2]
@@ -169,4 +166,4 @@ def draw_bench_figures(rows: Sequence[Mapping], env: Mapping, out_dir: str | Pat
     figs["replay_capture_cost.png"] = draw_capture_cost(rows, env, ctx)
     if any(r["backend"] == "triton" for r in rows):
         figs["replay_host_vs_bs_triton.png"] = draw_host_vs_bs(rows, env, ctx, "triton")
-    return [save(f, out / name) for name, f in figs.items()]
+    return [save(f, Path(out_dir) / name) for name, f in figs.items()]

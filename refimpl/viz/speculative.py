@@ -70,14 +70,13 @@ def draw_eagle_iteration(
         raise ValueError(f"draw_eagle_iteration: tree depth {max(depths)} > num_steps={S}")
     chain = [0, *acc]
     if len(acc) > S or any(parents[b] != a for a, b in zip(chain, chain[1:])):
-        what = f"a chain from the root of length <= num_steps={S}"
-        raise ValueError(f"draw_eagle_iteration: accepted {acc} is not {what}")
-    W, H, bw = 17.7, 7.6, _BOX_W
+        raise ValueError(f"draw_eagle_iteration: accepted {acc} is not a chain from the root of length <= num_steps={S}")
+    W, H = 17.7, 7.6
     fig = Figure(figsize=(W, H + 0.5), layout="constrained")
     ax = fig.add_subplot(1, 1, 1)
     ax.set(xlim=(0, W), ylim=(0, H), aspect="equal")
     ax.axis("off")
-    xs = [0.15 + k * (bw + 0.55) for k in range(4)]
+    xs = [0.15 + k * (_BOX_W + 0.55) for k in range(4)]
     _draft_panel(ax, xs[0], parents, depths, S, topk)
     _verify_panel(ax, xs[1], parents)
     _accept_panel(ax, xs[2], parents, acc, S)
@@ -93,7 +92,7 @@ def draw_eagle_iteration(
 
 def _draft_panel(ax, x, parents, depths, S, topk):
     """① the tree the multi-step draft decode grows, node colours by the step that drafted it."""
-    y0, bw, N = _BOX_Y, _BOX_W, len(parents)
+    N = len(parents)
     rows = f"topk = {topk} rows per request per step\n(the graph sees bs·topk rows)"
     caption = (
         f"step 0's {topk} drafts come from the previous\ndraft extend; steps 1..{S - 1} run as {S - 1} decode\n"
@@ -101,23 +100,22 @@ def _draft_panel(ax, x, parents, depths, S, topk):
     )
     _step_box(ax, x, "① draft", ["DECODE (multi-step draft)"], rows, caption)
     parts = ["verified"] + ["step0" if d == 1 else "steps" for d in depths[1:]]
-    _draw_tree(ax, parents, (x, y0 + 1.55, bw, 2.6), S, [EAGLE_COLORS[p] for p in parts])
+    _draw_tree(ax, parents, (x, _BOX_Y + 1.55, _BOX_W, 2.6), S, [EAGLE_COLORS[p] for p in parts])
     for d in range(S + 1):
         label = "verified" if d == 0 else f"step {d - 1}"
-        ax.text(x + 0.3 + d * (bw - 0.6) / S, y0 + 1.45, label, fontsize=6.5, ha="center", va="top", color="#525252")
+        ax.text(x + 0.3 + d * (_BOX_W - 0.6) / S, _BOX_Y + 1.45, label, fontsize=6.5, ha="center", va="top", color="#525252")
 
 
 def _verify_panel(ax, x, parents):
     """② the tree's ancestry mask after a few prefix columns."""
-    y0, bw = _BOX_Y, _BOX_W
     caption = (
         "The target model scores every node in one\npass; the custom mask [N, prefix + N] lets a\n"
         "node see the prefix and its own ancestors.\nGraphs capture N rows per request."
     )
     N = len(parents)
     _step_box(ax, x, "② target verify", ["TARGET_VERIFY"], f"N = {N} rows per request (one per tree node)", caption)
-    anc, c = C.ancestry(parents), min(0.34, (bw - 1.0) / (N + 2.5))
-    mx, my = x + 0.75, y0 + 1.55 + 2.45
+    anc, c = C.ancestry(parents), min(0.34, (_BOX_W - 1.0) / (N + 2.5))
+    mx, my = x + 0.75, _BOX_Y + 1.55 + 2.45
     for q in range(N):
         ax.text(mx - 0.12, my - q * c, str(q), fontsize=6, ha="right", va="center")
         for j in range(2):
@@ -132,7 +130,6 @@ def _verify_panel(ax, x, parents):
 
 def _accept_panel(ax, x, parents, acc, S):
     """③ the accepted chain, the rejected drafts dimmed, the bonus token after the chain."""
-    y0, bw = _BOX_Y, _BOX_W
     N, chain = len(parents), [0, *acc]
     caption = (
         f"accept_length = {len(acc)}: the drafts accepted along\none chain (refimpl counts accepted drafts,\n"
@@ -141,25 +138,24 @@ def _accept_panel(ax, x, parents, acc, S):
     _step_box(ax, x, "③ accept", ["no graph of its own"], "runs on the verify logits", caption)
     parts = ["verified"] + ["accepted" if q in chain else "rejected" for q in range(1, N)]
     dim, colors = [q for q in range(N) if q not in chain], [EAGLE_COLORS[p] for p in parts]
-    pos = _draw_tree(ax, parents, (x, y0 + 1.55, bw - 0.5, 2.6), S, colors, dim, {q: "#238b45" for q in acc})
+    pos = _draw_tree(ax, parents, (x, _BOX_Y + 1.55, _BOX_W - 0.5, 2.6), S, colors, dim, {q: "#238b45" for q in acc})
     lx, ly = pos[chain[-1]]
-    bx = lx + (bw - 1.1) / S
+    bx = lx + (_BOX_W - 1.1) / S
     ax.plot([lx, bx], [ly, ly], color="#cc8400", ls="--", lw=1.2, zorder=1)
     _node(ax, bx, ly, EAGLE_COLORS["bonus"], "b")
 
 
 def _extend_panel(ax, x, acc, N, S):
     """④ the rows v1 (S + 1) and v2 (N) lay out per request."""
-    y0, bw = _BOX_Y, _BOX_W
     rows = f"v1: S + 1 = {S + 1} rows per request\nv2: N = {N} rows per request"
     caption = (
         "The draft model runs over the new tokens\n(graph rows past them: rejected drafts,\n"
         "outputs dropped). Its output gives the next\niteration's step-0 drafts (back to ①)."
     )
     _step_box(ax, x, "④ draft extend", ["DRAFT_EXTEND (v1)", "DRAFT_EXTEND_V2"], rows, caption)
-    real, cw = [f"n{q}" for q in acc] + ["b"], min(0.45, (bw - 0.9) / max(N, S + 1))
+    real, cw = [f"n{q}" for q in acc] + ["b"], min(0.45, (_BOX_W - 0.9) / max(N, S + 1))
     for j, (lab, n) in enumerate((("v1", S + 1), ("v2", N))):
-        yy = y0 + 3.55 - j * 1.0
+        yy = _BOX_Y + 3.55 - j * 1.0
         ax.text(x + 0.2, yy, lab, fontsize=7.5, va="center")
         for r in range(n):
             part = ("accepted" if r < len(acc) else "bonus") if r < len(real) else "rejected"
