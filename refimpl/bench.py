@@ -108,8 +108,9 @@ def host_times(fn, batches, repeats: int, warmup: int, sync, before=None, sync_a
 def time_replay_path(runner: GraphRunner, batches: Sequence[ForwardBatch], repeats: int = 50, warmup: int = 10) -> dict[str, Any]:
     """Host µs of validate / copies / hook / launch and GPU µs of hook / graph of ``runner``'s replay phases, rotating
     ``batches`` (one raw batch size). Each host phase is timed in passes of its own, never right after a wait for a graph
-    (that read 1.1-3x high: ``benchmarks/bench_vs_direct.py``); the hook's host work is value-independent, so it runs on
-    the last loaded batch. GPU µs: CUDA events, in passes of their own."""
+    (that read 1.1-3x high: ``benchmarks/bench_vs_direct.py``). The hook and the launch run on the batch just loaded
+    (``load_inputs``, untimed): a hook fed one batch's spec input over another's lengths is no replay (FlashInfer's
+    verify hook refuses the mismatched tree mask). GPU µs: CUDA events, in passes of their own."""
     cuda = runner.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     raw_bs = batches[0].batch_size
@@ -119,8 +120,8 @@ def time_replay_path(runner: GraphRunner, batches: Sequence[ForwardBatch], repea
     phases["launch"] = lambda fb: runner.launch(bs)
     host: dict[str, list[float]] = {}
     for name, phase in phases.items():
-        load(batches[0])  # launch: the graph's inputs loaded (untimed), the host awake again after the wait
-        host[name] = host_times(phase, batches, repeats, warmup, sync, before=load if name == "launch" else None)
+        load(batches[0])
+        host[name] = host_times(phase, batches, repeats, warmup, sync, before=load if name in ("hook", "launch") else None)
     gpu: dict[str, list[float]] = {"hook": [], "graph": []}
     for it in range(warmup + repeats if cuda else 0):
         fb, events = batches[it % len(batches)], [torch.cuda.Event(True) for _ in range(3)]

@@ -42,3 +42,21 @@ def test_bench_refuses_bad_flags(argv, fragment, capsys):
     with pytest.raises(SystemExit) as e:
         main(["bench", *argv])
     assert e.value.code == 2 and fragment in capsys.readouterr().err
+
+
+def test_each_timed_hook_sees_the_batch_it_was_loaded_with():
+    """The hook pass rotates batches of different lengths: each hook call must follow that batch's own ``load_inputs``
+    (FlashInfer's verify hook checks the tree mask against the loaded lengths; an H200 sweep died on it)."""
+    from refimpl import bench
+    from refimpl.backends import find
+    from refimpl.config import SpecConfig
+    from refimpl.graphs import CPUEmulatorEngine
+    from refimpl.layout import KINDS
+    from refimpl.rig import Rig
+
+    spec = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
+    rig = Rig.build(find("flashinfer", "unified")[0], KINDS["target_verify"], spec, CPUEmulatorEngine(),
+                    capture_bs=(2,), max_context_len=48)  # fmt: skip
+    batches = [rig.gen.target_verify(2, seq_lens=lens) for lens in ([5, 9], [20, 30])]
+    out = bench.time_replay_path(rig.runner, batches, repeats=2, warmup=0)
+    assert out["host_us"]["hook"]["n"] == 2
