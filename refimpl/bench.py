@@ -227,11 +227,14 @@ def sweep(settings: BenchSettings, progress: bool = False, sink: Callable[[list]
     engine = make_engine("auto")
     cuda = engine.device.type == "cuda"
     spec = settings.spec
-    plan = [(e, case, False) for e in entries(settings.backends, settings.variants) for case in settings.modes]
-    if settings.glue:  # each shape verdict (e) proves on this engine, glued, right after itself
-        from .check import glue_verdict
+    from .check import glue_verdict
 
-        plan = [p for e, case, _ in plan for p in [(e, case, False)] + [(e, case, True)] * bool(glue_verdict(e, case, engine)[0])]
+    plan = []
+    for e in entries(settings.backends, settings.variants):
+        for case in settings.modes:
+            plan.append((e, case, False))
+            if settings.glue and glue_verdict(e, case, engine)[0]:  # proven on this engine: glued, right after
+                plan.append((e, case, True))
     points = [(e, case, ctx, glue) for e, case, glue in plan for ctx in settings.contexts]
     bar = None
     if progress:
@@ -263,7 +266,7 @@ def sweep(settings: BenchSettings, progress: bool = False, sink: Callable[[list]
         cold_label = "cold" if key not in cold_done else "warm (not first in process)"
         cold_done.add(key)
         static_bytes = _static_bytes(runner)
-        gen, rng = rig.gen, random.Random(f"{key}:{ctx}")
+        gen, rng = rig.gen, random.Random(f"{(entry.name, entry.variant, case)}:{ctx}")  # a glued row: its twin's batches
         for bs in sizes:
             batches = rotated_batches(gen, case, bs, ctx, spec, settings.rotate, rng)
             row = dict(backend=entry.name, variant=variant, pattern=backend.pattern, mode=case, context=ctx)
