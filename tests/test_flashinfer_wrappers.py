@@ -29,6 +29,7 @@ from refimpl.flashinfer_wrappers import (
 from refimpl.flashinfer_wrappers.fast_plan import (
     fast_decode_plan,
     fast_mla_decode_plan,
+    fast_prefill_plan,
     install_fast_decode_plan,
     install_fast_mla_decode_plan,
     is_fast_plan_installed,
@@ -629,6 +630,65 @@ def test_fast_mla_decode_plan_matches_full_plan():
     with pytest.raises(ValueError, match="not the wrapper's bound buffer"):
         w.plan(qo([1, 1, 1]), indptr, indices, torch.tensor(kv_lens, dtype=I32), HM, R, RR, 1,
                False, 0.3, F32, F32)  # fmt: skip
+
+
+@pytest.mark.parametrize("with_mask", [True, False], ids=["tree mask", "causal"])
+def test_fast_prefill_plan_fills_what_the_full_plan_fills(with_mask):
+    """Verify / draft-extend replays: host indptrs in, the caller's bound kv buffers kept, the mask written; the bound
+    buffers, the partition and the captured run equal a full plan's, the module fed int32 host tensors."""
+    g = gen(18)
+    k, v = mha_cache(g)
+    fast_w, fbufs = bound_prefill(2, with_mask)
+    full_w, _ = bound_prefill(2, with_mask)
+    mask_of = lambda q_lens, kv_lens: torch.rand(sum(a * b for a, b in zip(q_lens, kv_lens)), generator=g) < 0.6
+    kw = lambda q_lens, kv_lens: dict(custom_mask=mask_of(q_lens, kv_lens)) if with_mask else dict(causal=True)
+    first_indptr, first_indices = csr([5, 6], g)
+    fast_w.plan(qo([3, 3]), first_indptr, first_indices, ones(2), H, HKV, D, 1, q_data_type=F32, **kw([3, 3], [5, 6]))
+    q = torch.randn(6, H, D, generator=g)
+    graph, out = capture(lambda: fast_w.run(q, (k, v)))
+
+    kv_lens = [7, 4]
+    indptr, indices = csr(kv_lens, g)
+    fbufs["paged_kv_indptr_buf"].copy_(indptr)  # the caller writes the bound kv buffers in place
+    fbufs["paged_kv_indices_buf"][:11].copy_(indices)
+    extra = kw([3, 3], kv_lens)
+    fast_w._cached_module = Recording(fast_w._cached_module)
+    fast_prefill_plan(fast_w, qo([3, 3]), indptr.long(), torch.tensor(kv_lens), H, HKV, D, 1, q_data_type=F32,
+                      causal=not with_mask, custom_mask=extra.get("custom_mask"))  # fmt: skip
+    full_w.plan(qo([3, 3]), indptr, indices, ones(2), H, HKV, D, 1, q_data_type=F32, **extra)
+    (args,) = fast_w._cached_module.calls
+    assert all(t.dtype == I32 and t.device.type == "cpu" for t in args[3:6]) and args[14] is (not with_mask)
+    for name in ("_qo_indptr_buf", "_custom_mask_buf", "_mask_indptr_buf"):
+        a, b = getattr(fast_w, name), getattr(full_w, name)
+        assert (a is None and b is None) or torch.equal(a[: len(b)], b), name
+    assert [t.tolist() for t in read_partition(fast_w)] == [t.tolist() for t in read_partition(full_w)]
+    graph.replay()
+    assert torch.equal(out, full_w.run(q, (k, v)))
+
+
+def test_fast_prefill_plan_refusals():
+    g = gen(19)
+    w, _ = bound_prefill(2, with_mask=True)
+    args = (qo([2, 2]), qo([3, 3]), torch.tensor([3, 3]), H, HKV, D, 1)
+    mask = torch.ones(12, dtype=torch.bool)
+    with pytest.raises(RuntimeError, match="planned once with its full plan"):
+        fast_prefill_plan(w, *args, causal=False, q_data_type=F32, custom_mask=mask)
+    indptr, indices = csr([3, 3], g)
+    w.plan(qo([2, 2]), indptr, indices, ones(2), H, HKV, D, 1, custom_mask=mask, q_data_type=F32)
+    with pytest.raises(ValueError, match="no custom_mask for a wrapper with one bound"):
+        fast_prefill_plan(w, *args, causal=True, q_data_type=F32)
+    with pytest.raises(ValueError, match=r"custom_mask has 11 entries, expected sum\(q_len_i \* kv_len_i\) = 12"):
+        fast_prefill_plan(w, *args, causal=False, q_data_type=F32, custom_mask=mask[:11])
+    with pytest.raises(ValueError, match="must have 3 entries"):
+        fast_prefill_plan(w, qo([2]), *args[1:], causal=False, q_data_type=F32, custom_mask=mask)
+    with pytest.raises(ValueError, match="q_data_type=torch.float16 differs"):
+        fast_prefill_plan(w, *args, causal=False, q_data_type="float16", custom_mask=mask)
+    with pytest.raises(ValueError, match="must be a CPU tensor"):
+        fast_prefill_plan(w, torch.empty(3, device="meta"), *args[1:], causal=False, q_data_type=F32, custom_mask=mask)
+    eager = Prefill(ws(), "NHD")
+    eager.plan(qo([2, 2]), indptr, indices, ones(2), H, HKV, D, 1, causal=True, q_data_type=F32)
+    with pytest.raises(ValueError, match="needs a wrapper in cuda-graph mode"):
+        fast_prefill_plan(eager, *args, causal=True, q_data_type=F32)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -65,9 +65,12 @@ def test_a_hook_that_cannot_be_captured_stays_eager_and_says_why():
     assert runner.replays == {"hook": 1}
 
 
-@pytest.mark.parametrize("name", ["flashinfer", "flashinfer_mla"])
-def test_flashinfer_plan_in_the_hook_is_refused_with_the_reason(name):
-    ok, findings = glue_verdict(find(name, "unified")[0], "decode", CPUEmulatorEngine(), FAST)
+@pytest.mark.parametrize(
+    "name, case", [("flashinfer", "decode"), ("flashinfer_mla", "decode"), ("flashinfer", "draft_extend")]
+)
+def test_flashinfer_plan_in_the_hook_is_refused_with_the_reason(name, case):
+    """Every FlashInfer re-plan, fast ones included (draft extend's calls only the kernel module's scheduling)."""
+    ok, findings = glue_verdict(find(name, "unified")[0], case, CPUEmulatorEngine(), FAST)
     assert ok is None and findings and all("plan()" in f for f in findings), findings
 
 

@@ -16,7 +16,8 @@ spec has a mask, prefill ``custom_mask_buf`` = ``cuda_graph_custom_mask [T*L]`` 
 ``cuda_graph_qk_indptr[:bs+1]``.
 
 Decode re-plans with the fast plan (``flashinfer_wrappers.fast_plan``: host indptr from ``seq_lens_cpu``, no
-device-to-host copy); prefill wrappers (verify, draft extend) re-plan fully. Verify indexes prefix + N drafts under the
+device-to-host copy); prefill wrappers (verify, draft extend) with ``fast_prefill_plan`` in the unified shape (refimpl's:
+SGLang re-plans them fully, as the legacy shape does). Verify indexes prefix + N drafts under the
 tree mask; draft extend indexes ``seq_lens`` causally, rows at the graph's uniform stride (S+1 for v1, N for v2).
 """
 
@@ -31,7 +32,7 @@ from .. import layout
 from ..batch import ForwardBatch, World
 from ..config import SpecConfig
 from ..flashinfer_wrappers import is_standin, make_workspace, wrapper_classes
-from ..flashinfer_wrappers.fast_plan import install_fast_decode_plan, is_fast_plan_installed
+from ..flashinfer_wrappers.fast_plan import fast_prefill_plan, install_fast_decode_plan, is_fast_plan_installed
 from ..flashinfer_wrappers.ops import fi_run
 from ..kernels import build_kv_indices, csr_ref
 from ..modes import GRAPH_MODES, ForwardMode
@@ -61,6 +62,7 @@ class FlashInferAttnBackend(AttentionBackend):
     graph_buffer_names += ("cuda_graph_qk_indptr", "cuda_graph_qo_indptr")
     graph_modes = frozenset(GRAPH_MODES)  # every one: decode, idle, target verify, draft extend v1 / v2
     kv_indices_dtype = torch.int32
+    fast_prefill_replan = True  # graph prefill wrappers re-plan from host indptrs after their first plan (SGLang: fully)
 
     def __init__(self, world: World, spec: SpecConfig | None = None, *, kv_indptr_buf=None, skip_prefill=False, prefer_real=True):
         super().__init__(world, spec)
@@ -73,6 +75,7 @@ class FlashInferAttnBackend(AttentionBackend):
         self.kv_indptr = kv_indptr_buf if kv_indptr_buf is not None else torch.zeros(pool + 1, **i32)
         self.kv_last_page_len = torch.ones(pool, **i32)
         self.kv_last_page_len_cpu = torch.ones(pool, dtype=torch.int32, device="cpu")
+        self._host_indptr = torch.zeros(pool + 1, dtype=torch.int32)  # [0] stays 0: cumsums land in [1:]
         self.skip_prefill = skip_prefill
         self.decode_cuda_graph_metadata: dict[int, list] = {}
         self.prefill_cuda_graph_metadata: dict[int, list] = {}
@@ -94,6 +97,17 @@ class FlashInferAttnBackend(AttentionBackend):
             raise ValueError(f"verify batch has draft_token_num={spec.draft_token_num}, {built}")
         return layout.rows_per_request(mode, self.spec)
 
+    def _host_indptr_of(self, lens: torch.Tensor, reuse: bool = True) -> torch.Tensor:
+        """``[0, cumsum(lens)]`` int32 on the host. ``reuse``: in one buffer shared by every fast plan (each reads it
+        before returning); a full plan may keep what it is given (``x.to(device)`` on a CPU run), so it gets its own."""
+        n = len(lens)
+        if not reuse or n >= len(self._host_indptr):  # multi-step rows: bs * topk may pass the pool
+            out = torch.zeros(n + 1, dtype=torch.int32)
+            out[1:] = torch.cumsum(lens, 0)
+            return out
+        torch.cumsum(lens, 0, dtype=torch.int32, out=self._host_indptr[1 : n + 1])
+        return self._host_indptr[: n + 1]
+
     # --- the update paths (eager, capture and replay all use them) -----------------------------
     def _update_decode(self, bs, rpi, seq_lens, seq_lens_cpu, wrappers, spec_info) -> None:
         wrapper = wrappers[0]
@@ -102,30 +116,31 @@ class FlashInferAttnBackend(AttentionBackend):
             rows = kv_indptr.numel() - 1
             host_lens = (seq_lens_cpu[:bs] + spec_info.extra["step"] + 1).repeat_interleave(spec_info.topk)
         else:
-            rows, kv_indptr = bs, self.kv_indptr[: bs + 1]
-            kv_indptr[1:] = torch.cumsum(seq_lens[:bs], 0)
+            rows, kv_indptr, lens = bs, self.kv_indptr[: bs + 1], seq_lens[:bs]
+            kv_indptr[1:] = torch.cumsum(lens, 0)
             if wrapper.is_cuda_graph_enabled:  # the Triton kernel writes the bound buffer itself
                 kv_indices = wrapper._paged_kv_indices_buf
             else:
                 kv_indices = torch.empty(max(int(seq_lens_cpu[:bs].sum()), 1), dtype=torch.int32, device=self.device)
-            build_kv_indices(self.world.req_to_token, rpi[:bs], seq_lens[:bs], kv_indptr, kv_indices)
+            build_kv_indices(self.world.req_to_token, rpi[:bs], lens, kv_indptr, kv_indices)
             host_lens = seq_lens_cpu[:bs]
-        indptr_cpu = torch.zeros(rows + 1, dtype=torch.int32, device="cpu")  # host: no device-to-host copy
-        indptr_cpu[1:] = torch.cumsum(host_lens, 0)
+        indptr_cpu = self._host_indptr_of(host_lens)  # host: no device-to-host copy
         kw = dict(data_type=self.cfg.dtype, q_data_type=self.cfg.dtype, sm_scale=self.cfg.sm_scale, non_blocking=True)
         if is_fast_plan_installed(wrapper):  # the fast plan takes the host indptr; a full plan reads the device one
             kw["global_override_indptr_cpu"] = indptr_cpu
         wrapper.plan(kv_indptr, kv_indices, self.kv_last_page_len[:rows], *self._heads(), 1, **kw)
 
     def _update_prefill(self, bs, rpi, seq_lens, seq_lens_cpu, wrappers, mode, spec_info) -> None:
-        """Verify and draft extend (one merged branch). Without a mask ``plan`` gets host indptrs (SGLang passes device
-        ones, a sync each: [facts#where-refimpl-deliberately-differs-from-upstream]); with one they stay on the device,
-        where ``plan`` packs the mask. Indices go into the bound buffer."""
+        """Verify and draft extend (one merged branch). Indices go into the bound buffer. A graph wrapper planned once
+        re-plans with ``fast_prefill_plan`` (unified): host indptrs, the mask packed on the device, nothing read back.
+        Otherwise a full ``plan``: without a mask it gets host indptrs (SGLang passes device ones, a sync each:
+        [facts#where-refimpl-deliberately-differs-from-upstream]); with one they stay on the device, where it packs the
+        mask."""
         wrapper, dev = wrappers[0], self.device
         n = self._rows_per_req(mode, spec_info)
         kv_lens_cpu = self._kv_len_for(mode, seq_lens_cpu[:bs])  # host
-        kv_indptr_cpu = torch.zeros(bs + 1, dtype=torch.int32, device="cpu")
-        kv_indptr_cpu[1:] = torch.cumsum(kv_lens_cpu, 0)
+        fast = self.fast_prefill_replan and wrapper.is_cuda_graph_enabled and wrapper._cached_module is not None
+        kv_indptr_cpu = self._host_indptr_of(kv_lens_cpu, reuse=fast)
         kv_lens = self._kv_len_for(mode, seq_lens[:bs])  # device, what the kernel reads
         if wrapper.is_cuda_graph_enabled:  # the Triton kernel writes the bound buffers itself
             kv_indptr = wrapper._paged_kv_indptr_buf[: bs + 1]
@@ -135,10 +150,15 @@ class FlashInferAttnBackend(AttentionBackend):
             kv_indices = torch.empty(max(int(kv_indptr_cpu[-1]), 1), dtype=torch.int32, device=dev)
         kv_indptr[1:] = torch.cumsum(kv_lens, 0)
         build_kv_indices(self.world.req_to_token, rpi[:bs], kv_lens, kv_indptr, kv_indices)
-        kv_indices = kv_indices[: max(int(kv_indptr_cpu[-1]), 1)]  # plan copies only the live part
         mask = None
         if mode.is_target_verify() and spec_info.custom_mask is not None:
             mask = self._pad_mask(spec_info.custom_mask, n, kv_lens_cpu)
+        if fast:
+            qo_indptr_cpu = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32)  # the bound kv buffers are written
+            kw = dict(causal=mask is None, q_data_type=self.cfg.dtype, custom_mask=mask)
+            fast_prefill_plan(wrapper, qo_indptr_cpu, kv_indptr_cpu, kv_lens_cpu, *self._heads(), 1, **kw)
+            return
+        kv_indices = kv_indices[: max(int(kv_indptr_cpu[-1]), 1)]  # plan copies only the live part
         host = mask is None  # host indptrs: plan reads nothing back from the device
         qo_indptr = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device="cpu" if host else dev)
         kv_indptr = kv_indptr_cpu if host else kv_indptr
@@ -149,11 +169,11 @@ class FlashInferAttnBackend(AttentionBackend):
 
     def _pad_mask(self, mask: torch.Tensor, n: int, kv_lens_cpu: torch.Tensor) -> torch.Tensor:
         """The spec mask covers the live requests; padded ones get allow-all blocks (host math)."""
-        ends = torch.cumsum(n * kv_lens_cpu.to(torch.int64), 0).tolist()  # host values
-        if mask.numel() not in [0] + ends:
-            why = f"N*(seq_len+N) summed over the first k requests gives one of {[0] + ends}"
+        ends = torch.cumsum(n * kv_lens_cpu.to(torch.int64), 0)  # host values
+        if mask.numel() and not bool((ends == mask.numel()).any()):
+            why = f"N*(seq_len+N) summed over the first k requests gives one of {[0] + ends.tolist()}"
             raise ValueError(f"tree mask has {mask.numel()} entries; {why}")
-        missing = ends[-1] - mask.numel() if ends else 0
+        missing = int(ends[-1]) - mask.numel() if len(ends) else 0
         if missing:
             mask = torch.cat([mask, torch.ones(missing, dtype=mask.dtype, device=mask.device)])
         return mask
@@ -292,6 +312,7 @@ class FlashInferAttnBackendLegacy(FlashInferAttnBackend):
 
     variant = "legacy"
     pattern = "C"
+    fast_prefill_replan = False  # every replay a full plan(), as upstream
 
     def init_forward_metadata_capture_cuda_graph(
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info

@@ -8,8 +8,9 @@ buffers: ``cuda_graph_qo_indptr`` / ``cuda_graph_kv_indptr [pool+1]``, ``cuda_gr
 indptrs.
 
 Decode replays with the fast MLA plan (host indptrs from ``seq_lens_cpu``, nothing copied into the bound buffers: #3987,
-https://github.com/sgl-project/sglang/pull/3987). Target verify and draft extend re-plan fully, ``causal=True``
-(upstream: "TODO: support custom mask when topk > 1": trees refused).
+https://github.com/sgl-project/sglang/pull/3987). Target verify and draft extend plan ``causal=True`` (upstream: "TODO:
+support custom mask when topk > 1": trees refused), re-planning fully in the upstream shapes and, in the unified one,
+with the fast plan too (refimpl's: the bound buffers written in place).
 
 - **legacy** (C): capture and replay each have identical target-verify and draft-extend branches;
   decode replay rebuilds ``kv_indptr`` in the backend's *eager* buffer.
@@ -31,7 +32,7 @@ from .. import layout
 from ..batch import ForwardBatch, World
 from ..config import SpecConfig
 from ..flashinfer_wrappers import make_workspace, wrapper_classes
-from ..flashinfer_wrappers.fast_plan import install_fast_mla_decode_plan
+from ..flashinfer_wrappers.fast_plan import install_fast_mla_decode_plan, is_fast_plan_installed
 from ..flashinfer_wrappers.ops import fi_mla_run
 from ..kernels import build_kv_indices, csr_ref
 from ..modes import GRAPH_MODES, ForwardMode
@@ -120,13 +121,17 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         kv_indptr_cpu = torch.zeros(bs + 1, dtype=torch.int32, device="cpu")
         kv_indptr_cpu[1:] = torch.cumsum(kv_lens_cpu, 0)
         total = max(int(kv_indptr_cpu[-1]), 1)
-        kv_indptr = self.kv_indptr[: bs + 1]  # device scratch for the index kernel
+        fast = is_fast_plan_installed(wrapper)  # unified graphs after capture: bound buffers written here, in place
+        kv_indptr = (self.cuda_graph_kv_indptr if fast else self.kv_indptr)[: bs + 1]  # else scratch for the kernel
         kv_indptr[1:] = torch.cumsum(kv_lens, 0)
         if wrapper is self._eager:
             kv_indices = torch.empty(total, dtype=torch.int32, device=self.device)
         else:  # a graph wrapper: build straight into its bound buffer
             kv_indices = self.cuda_graph_kv_indices
         build_kv_indices(self.world.req_to_token, rpi[:bs], kv_lens, kv_indptr, kv_indices)
+        if fast:  # what the full plan would copy: the fast plan copies nothing
+            self.cuda_graph_kv_lens[:bs].copy_(kv_lens)
+            self.cuda_graph_qo_indptr[: bs + 1].copy_(qo_indptr_cpu, non_blocking=True)
         wrapper.plan(qo_indptr_cpu, kv_indptr_cpu, kv_indices[:total], kv_lens_cpu, *self._plan_args(True))
 
     # --- eager --------------------------------------------------------------------------------
@@ -176,8 +181,7 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         self.init_forward_metadata_replay_cuda_graph(
             bs, req_pool_indices, seq_lens, None, encoder_lens, forward_mode, spec_info, seq_cpu
         )
-        if forward_mode.is_decode_or_idle():  # the first (full) plan set _cached_module
-            install_fast_mla_decode_plan(wrapper)
+        install_fast_mla_decode_plan(wrapper)  # the first (full) plan set _cached_module; every mode, refimpl's
 
     def init_forward_metadata_replay_cuda_graph(
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu

@@ -112,9 +112,24 @@ def _wrappers(obj, seen: set[int], depth: int = 0):
         yield from _wrappers(child, seen, depth + 1)
 
 
+class _CountedModule:
+    """A wrapper's kernel module whose ``plan`` (the host scheduling every plan ends in, fast ones included) counts."""
+
+    def __init__(self, module, calls: list[int]):
+        self._module, self._calls = module, calls
+
+    def plan(self, *args, **kw):
+        self._calls[0] += 1
+        return self._module.plan(*args, **kw)
+
+    def __getattr__(self, name: str):
+        return getattr(self._module, name)
+
+
 @contextlib.contextmanager
 def count_plans(backend):
-    """``calls[0]``: how many times the block called ``plan()`` on a wrapper ``backend`` holds."""
+    """``calls[0]`` > 0 iff the block planned a wrapper ``backend`` holds: called its ``plan()``, or its kernel module's
+    scheduling directly (``fast_prefill_plan``). A full plan may count twice."""
     calls, shadowed = [0], []
     for w in _wrappers(backend, set()):
         own = w.__dict__.get("plan")  # a fast plan installs itself as an instance attribute
@@ -123,13 +138,18 @@ def count_plans(backend):
             calls[0] += 1
             return _plan(*args, **kw)
 
-        w.plan = counted
-        shadowed.append((w, own))
+        w.plan, module = counted, getattr(w, "_cached_module", None)
+        proxy = None if module is None else _CountedModule(module, calls)
+        if proxy is not None:
+            w._cached_module = proxy
+        shadowed.append((w, own, module, proxy))
     try:
         yield calls
     finally:
-        for w, own in shadowed:
+        for w, own, module, proxy in shadowed:
             if own is None:
                 del w.plan
             else:
                 w.plan = own
+            if proxy is not None and w._cached_module is proxy:  # a full plan in the block may have chosen another
+                w._cached_module = module

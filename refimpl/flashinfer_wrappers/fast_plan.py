@@ -122,24 +122,22 @@ def fast_decode_plan(
             wrapper._qo_indptr_buf = torch.arange(batch_size + 1, dtype=I32, device=wrapper.device)
     fws = wrapper._float_workspace_buffer
     ws = (fws, wrapper._int_workspace_buffer, wrapper._pin_memory_int_workspace_buffer)
-    pages = indptr_cpu[1:] - indptr_cpu[:-1]
     heads = (num_qo_heads, num_kv_heads, page_size, graph)
     if wrapper.use_tensor_cores:  # the prefill module, as flashinfer's decode.py plan calls it
+        pages = indptr_cpu[1:] - indptr_cpu[:-1]
         kv_lens_cpu = torch.where(pages > 0, (pages - 1).clamp(min=0) * page_size + last_page_len_cpu, 0).to(I32)
         qo_indptr = torch.arange(batch_size + 1, dtype=I32, device="cpu")  # one row per request
-        # ..., total_num_rows, batch_size, heads, head_dim_qk, head_dim_vo, causal, window_left
-        args = [*ws, qo_indptr, indptr_cpu, kv_lens_cpu, batch_size, batch_size, *heads, head_dim, head_dim, False]
-        args.append(window_left)
-        if getattr(wrapper, "_backend", None) == "fa2":  # fixed_split_size, disable_split_kv, num_colocated_ctas
-            args += [-1 if fixed_split_size is None else fixed_split_size, disable_split_kv, 0]
-        plan_info = module.plan(*args)
+        split = (fixed_split_size, disable_split_kv)
+        plan_info = _prefill_module_plan(
+            wrapper, qo_indptr, indptr_cpu, kv_lens_cpu, batch_size, heads, head_dim, False, window_left, *split
+        )
         wrapper._max_kv_len = int(kv_lens_cpu.max()) if batch_size else 0
     else:  # the CUDA-core decode module; empty tensors carry the dtypes, as in the full plan
         empties = (torch.empty(0, dtype=q_dt, device="cpu"), torch.empty(0, dtype=kv_dt, device="cpu"))
         dims = (window_left, soft_cap, head_dim, head_dim)  # ..., head_dim_qk, head_dim_vo
         plan_info = module.plan(*ws, indptr_cpu, batch_size, *heads, *dims, *empties)
-        if hasattr(wrapper, "_max_kv_len"):  # the stand-ins keep the planned max
-            wrapper._max_kv_len = int(pages.max()) * page_size if batch_size else 0
+        if not graph and hasattr(wrapper, "_max_kv_len"):  # run's max kv length (a graph holds the capture's)
+            wrapper._max_kv_len = int((indptr_cpu[1:] - indptr_cpu[:-1]).max()) * page_size if batch_size else 0
     wrapper._plan_info = plan_info
     wrapper._workspace_size = fws.numel() * fws.element_size()
     wrapper._cached_q_data_type, wrapper._cached_kv_data_type = q_dt, kv_dt
@@ -149,6 +147,99 @@ def fast_decode_plan(
     wrapper._num_kv_heads, wrapper._pos_encoding_mode = num_kv_heads, pos_encoding_mode
     wrapper._window_left, wrapper._logits_soft_cap = window_left, soft_cap
     wrapper._sm_scale, wrapper._rope_scale, wrapper._rope_theta = sm_scale, rope_scale, rope_theta
+
+
+def _prefill_module_plan(
+    wrapper, qo_cpu, kv_cpu, kv_lens_cpu, rows, heads, head_dim, causal, window_left, split=None, no_split=False
+):
+    """The prefill module's scheduling call, flashinfer's positional arguments; ``heads``: (q heads, kv heads, page size,
+    cuda graph)."""
+    ws = (wrapper._float_workspace_buffer, wrapper._int_workspace_buffer, wrapper._pin_memory_int_workspace_buffer)
+    # ..., total_num_rows, batch_size, heads, head_dim_qk, head_dim_vo, causal, window_left
+    args = [*ws, qo_cpu, kv_cpu, kv_lens_cpu, rows, len(kv_lens_cpu), *heads, head_dim, head_dim, causal, window_left]
+    if getattr(wrapper, "_backend", None) == "fa2":  # fixed_split_size, disable_split_kv, num_colocated_ctas
+        args += [-1 if split is None else split, no_split, 0]
+    return wrapper._cached_module.plan(*args)
+
+
+def fast_prefill_plan(
+    wrapper: Any,
+    qo_indptr_cpu: torch.Tensor,
+    kv_indptr_cpu: torch.Tensor,
+    kv_lens_cpu: torch.Tensor,
+    num_qo_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    *,
+    causal: bool,
+    q_data_type,
+    kv_data_type=None,
+    custom_mask: torch.Tensor | None = None,
+) -> None:
+    """Re-plan a cuda-graph ``BatchPrefillWithPagedKVCacheWrapper`` (verify, draft extend) from host ``qo_indptr_cpu`` /
+    ``kv_indptr_cpu [bs+1]`` and ``kv_lens_cpu [bs]``: no device-to-host read, no per-element Python. refimpl's own: SGLang
+    re-plans these wrappers fully. Contract (2): the caller has written the bound ``_paged_kv_indptr_buf`` and
+    ``_paged_kv_indices_buf`` on the device. This plan writes ``_qo_indptr_buf`` (one host-to-device copy); with a bound
+    mask, ``custom_mask`` (device, ``q_len_i * kv_len_i`` entries per request) is packed into ``_custom_mask_buf`` as the
+    full plan packs it and ``_mask_indptr_buf`` gets its offsets (host-computed); then the module's scheduling call."""
+    _require_planned(wrapper, "fast_prefill_plan")
+    _require_host(qo_indptr_cpu=qo_indptr_cpu, kv_indptr_cpu=kv_indptr_cpu, kv_lens_cpu=kv_lens_cpu)
+    if not wrapper.is_cuda_graph_enabled:
+        raise ValueError("fast_prefill_plan needs a wrapper in cuda-graph mode (run reads the bound buffers)")
+    bs = len(kv_lens_cpu)
+    if len(qo_indptr_cpu) != bs + 1 or len(kv_indptr_cpu) != bs + 1:
+        have = f"qo_indptr_cpu ({len(qo_indptr_cpu)}) and kv_indptr_cpu ({len(kv_indptr_cpu)})"
+        raise ValueError(f"{have} must have {bs + 1} entries")
+    if bs != wrapper._fixed_batch_size:
+        raise ValueError(f"batch_size={bs} differs from the batch size {wrapper._fixed_batch_size} the wrapper was bound for")
+    q_dt = _dtype(q_data_type)
+    kv_dt = q_dt if kv_data_type is None else _dtype(kv_data_type)
+    _check_same_kernel(wrapper, q_dt, kv_dt, -1, 0.0)
+    qo_indptr_cpu, kv_indptr_cpu, kv_lens_cpu = (t.to(I32) for t in (qo_indptr_cpu, kv_indptr_cpu, kv_lens_cpu))  # IdType
+    rows = int(qo_indptr_cpu[-1])
+    cap = getattr(wrapper, "_max_total_num_rows", None)
+    if cap is not None and rows > cap:
+        raise ValueError(f"qo_indptr_cpu has {rows} rows, more than the {cap} of the wrapper's first plan")
+    if (custom_mask is None) != (wrapper._custom_mask_buf is None):
+        why = "a graph captured with a mask reads the bound mask buffer; one without has none to write"
+        have = "no custom_mask" if custom_mask is None else "a custom_mask"
+        bound = "one bound" if wrapper._custom_mask_buf is not None else "none bound"
+        raise ValueError(f"{have} for a wrapper with {bound}: {why}")
+    wrapper._qo_indptr_buf.copy_(qo_indptr_cpu, non_blocking=True)
+    if custom_mask is not None:
+        _write_mask(wrapper, custom_mask, (qo_indptr_cpu[1:] - qo_indptr_cpu[:-1]).to(torch.int64) * kv_lens_cpu)
+    heads = (num_qo_heads, num_kv_heads, page_size, True)
+    args = (qo_indptr_cpu, kv_indptr_cpu, kv_lens_cpu, cap or rows, heads, head_dim, causal, -1)  # rows: as the full plan
+    wrapper._plan_info = _prefill_module_plan(wrapper, *args)
+    wrapper._causal, wrapper._batch_size = causal, bs  # run's max q / kv lengths: the graph holds the capture's
+
+
+def _write_mask(wrapper: Any, mask: torch.Tensor, sizes: torch.Tensor) -> None:
+    """``mask`` (``sizes[i]`` entries for request i, host sizes) into the bound mask buffers: flashinfer packs each
+    request's block into bits (little bit order, whole bytes per request) at byte offsets; the stand-ins keep a byte per
+    entry at element offsets."""
+    elem = torch.zeros(len(sizes) + 1, dtype=torch.int64)
+    elem[1:] = torch.cumsum(sizes, 0)
+    if mask.numel() != int(elem[-1]):
+        raise ValueError(f"custom_mask has {mask.numel()} entries, expected sum(q_len_i * kv_len_i) = {int(elem[-1])}")
+    real = not getattr(wrapper, "IS_STANDIN", False)
+    offsets = elem.clone()
+    if real:
+        offsets[1:] = torch.cumsum((sizes + 7) // 8, 0)
+    if int(offsets[-1]) > len(wrapper._custom_mask_buf):
+        have, cap = int(offsets[-1]), len(wrapper._custom_mask_buf)
+        raise ValueError(f"custom_mask needs {have} entries of the bound custom_mask_buf, which holds {cap}")
+    wrapper._mask_indptr_buf.copy_(offsets.to(wrapper._mask_indptr_buf.dtype), non_blocking=True)
+    flat = mask.reshape(-1)
+    if not real:
+        wrapper._custom_mask_buf[: flat.numel()].copy_(flat)
+        return
+    from flashinfer.quantization import get_quantization_module  # the kernel segment_packbits launches
+
+    indptr = elem.to(torch.int32).to(flat.device, non_blocking=True)  # the one input it needs on the device
+    out = wrapper._custom_mask_buf[: int(offsets[-1])]
+    get_quantization_module().segment_packbits(flat.to(torch.bool), indptr, wrapper._mask_indptr_buf, "little", out)
 
 
 def _fast_decode_plan_entry(
