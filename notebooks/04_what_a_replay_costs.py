@@ -104,15 +104,14 @@ for r in (r for r in rows if r["bs"] == 8 and r["context"] == 512):
 #
 # * **The hook is the big part**, and it is roughly *launches x per-launch host cost*: the
 #   Triton decode hook makes 4 device launches (`cumsum`, the indices kernel, the split-count
-#   kernel, and a `copy_`), FlashInfer's decode hook 9 plus its fast re-plan on the host,
-#   FlashInfer's verify hook a full `plan()` (which reads the indptrs back from the device
-#   and packs the tree mask into bits) and over 40 small ops. The GPU runs each of these in a
-#   few µs; the host spends far longer issuing them.
+#   kernel, and a `copy_`), FlashInfer's decode hook 9 ops plus its fast re-plan on the host,
+#   FlashInfer's verify hook over 30 small ops around its fast re-plan (section 4). The GPU
+#   runs each of these in a few µs; the host spends far longer issuing them.
 # * **The launch** is one `graph.replay()`, whatever the graph holds: the same for every
 #   backend.
 # * **The copies** were one `torch._foreach_copy_` over int64 and int32 tensors plus the host
 #   mirror of `seq_lens`; a list of mixed dtypes is not PyTorch's fast path, so it launched one
-#   copy per tensor (5-8). They are now one launch over byte views (section 3). SGLang's runner
+#   copy per tensor (5-8). They are now one launch over byte views. SGLang's runner
 #   issues one `copy_` per input (newer upstream registers its input buffers);
 #   this, the kernel ops called directly outside any dispatch mode and the host indptrs fed to
 #   FlashInfer's draft-extend plans are refimpl's choices, listed in
@@ -121,10 +120,11 @@ for r in (r for r in rows if r["bs"] == 8 and r["context"] == 512):
 #   ownership, host/device agreement): each read is a synchronisation, which is why it is
 #   off in timing runs and reported apart.
 #
-# The absolute numbers belong to that machine: on it `graph.replay()` alone took
-# 26–55 µs of host time, about ten times what the same call costs on a lightly loaded host
-# (2.4 µs was measured on an earlier H200 lease). Compare parts and shapes with each other,
-# not with another machine.
+# The absolute numbers belong to that machine: on it `graph.replay()` alone took 4–59 µs of
+# host time (median 7 µs; 2.4 µs was measured on an earlier H200 lease), and one small eager
+# op about 3–5 µs. Compare parts and shapes with each other, not with another machine. With
+# 30 repeats per point the sweep is noisy (the same hook can read 1.5x apart at neighbouring
+# batch sizes); the tables in sections 3 and 4 repeat 300–600 times.
 
 # %% [markdown]
 # ## 2. Faithful, fused, in-graph
@@ -278,12 +278,38 @@ for r in (r for r in rows if r["bs"] == 1 and r["context"] == 512):
           f"{st['eager_over_graph']:.1f}x")
 
 # %% [markdown]
-# Where the ratio is small, the profile says why: FlashInfer's target-verify hook *is* a full
-# `plan()` (device indptrs read back to the host, the tree mask packed into bits, Python's
-# `max` over the host lengths one element at a time), so the graph step keeps most of the
-# eager step's host work; the ratio also shrinks at large batch sizes, where the GPU work
-# grows and the host part does not. The in-graph shape is the largest win because it leaves
-# the host nothing but the copies and one launch.
+# Where the ratio is small, the hook says why: FlashInfer's hooks re-plan on the host every
+# replay, so the graph step keeps much of the eager step's host work; the ratio also shrinks
+# at large batch sizes and long contexts, where the GPU work grows and the host part does not.
+# The in-graph shape is the largest win because it leaves the host nothing but the copies and
+# one launch.
+#
+# SGLang's FlashInfer verify and draft-extend hooks are a full `plan()` every replay (device
+# indptrs read back to the host, the tree mask packed into bits behind a device read of its
+# size). refimpl's `unified` shape re-plans them fast instead
+# ([facts](../docs/sglang_facts.md#flashinfer-wrappers-and-update-path)): the kernels write the
+# bound kv buffers, the mask is packed on the device with offsets computed on the host, and
+# only the kernel module's scheduling call is left (`fast_prefill_plan`). `legacy` keeps the
+# full plan. Both, with each hook's parts timed alone, from `benchmarks/flashinfer_replan.py`
+# on the H200 (300 repeats per point, pinned; two runs in one lease):
+
+# %%
+replan_dir = ROOT / "benchmarks" / "results" / "flashinfer_replan"
+replan = [json.loads((replan_dir / f"replan_{k}.json").read_text())["rows"] for k in ("A", "B")]
+print(f"{'row':<38} {'hook bs 1/8/64, run A':>22} {'run B':>18} {'plan alone (B)':>16} {'eager/graph bs 1':>17}")
+for row in replan[0]:
+    each = lambda run, k, row=row: " / ".join(f"{run[row][bs][k]:.0f}" for bs in ("1", "8", "64"))
+    ratio = " / ".join(f"{run[row]['1']['eager_over_graph']:.1f}x" for run in replan)
+    print(f"{row:<38} {each(replan[0], 'hook'):>22} {each(replan[1], 'hook'):>18} "
+          f"{each(replan[1], 'plan'):>16} {ratio:>17}")
+
+# %% [markdown]
+# The fast re-plan halves FlashInfer's verify hook and the graph step gains with it (about
+# 2x to 3x over eager at bs 1); FlashInfer-MLA's prefill plan had little to cut (its full plan
+# already got host indptrs). What is left is host work: about 80 µs for the two kernels that
+# fill the kv buffers (`cumsum` and the indices kernel, launched from Python), about 120 µs for
+# the fast verify plan (the mask's packing and offsets, one host-to-device copy each, and the
+# scheduling call), and the Python around them.
 
 # %% [markdown]
 # ## 5. Capture: time and memory

@@ -278,3 +278,13 @@ def test_grid_builders_have_legends():
         [torch.nn.functional.pad(x, (0, 20 - x.numel())) for x in indices]), seq, topk, S,
         live_seqs=1)  # fmt: skip
     assert _legend_texts(dd)[:2] == ["seq 0: prefix slots", "padded seq: prefix slot 0"]
+
+
+def test_figure_titles_say_emulator_only_for_emulator_timings():
+    """The bench notes every run; only the CPU's note means emulator timings (an H200 sweep was once titled so)."""
+    from refimpl.viz.measure import _where
+
+    assert _where({"device": "NVIDIA H200", "note": "NVIDIA H200: CUDA graph timings"}) == "NVIDIA H200"
+    assert _where({"device": "CPU (x86_64)", "note": "CPU: emulator timings (what the Python costs)"}).endswith(
+        "(emulator timings)"
+    )

@@ -19,7 +19,7 @@ PART_COLORS = {"validate": "#bdbdbd", "copies": "#9ecae1", "hook": "#fd8d3c", "l
 _by_bs = lambda rows: sorted(rows, key=lambda r: r["bs"])
 _stat = lambda rows, group, key, stat: [r[group][key][stat] for r in rows]  # e.g. "host_us", "hook", "median"
 _label = lambda r: f"{r['backend']}/{r['variant']} {r['mode']}"
-_where = lambda env: env.get("device", "") + (" (emulator timings)" if "note" in env else "")
+_where = lambda env: env.get("device", "") + (" (emulator timings)" if "emulator" in env.get("note", "") else "")
 
 
 def _bs_axis(ax, ylabel: str) -> None:
