@@ -95,7 +95,7 @@ _LEAVES = (int, float, str, bytes, type(None), torch.Tensor, torch.dtype, torch.
 def _wrappers(obj, seen: set[int], depth: int = 0):
     """The flashinfer wrappers (real or stand-in) reachable from a backend: its attributes, their lists / dicts /
     dataclasses, its step backends; never the world (its allocator lists hold millions of ints)."""
-    if isinstance(obj, _LEAVES) or id(obj) in seen or depth > 4 or hasattr(obj, "req_to_token_pool"):
+    if isinstance(obj, _LEAVES) or id(obj) in seen or depth > 6 or hasattr(obj, "req_to_token_pool"):
         return
     seen.add(id(obj))
     if isinstance(obj, standin._Standin) or type(obj).__module__.startswith("flashinfer"):
