@@ -75,7 +75,7 @@ class FlashInferAttnBackend(AttentionBackend):
         self.kv_indptr = kv_indptr_buf if kv_indptr_buf is not None else torch.zeros(pool + 1, **i32)
         self.kv_last_page_len = torch.ones(pool, **i32)
         self.kv_last_page_len_cpu = torch.ones(pool, dtype=torch.int32, device="cpu")
-        self._host_indptr = torch.zeros(pool + 1, dtype=torch.int32)  # [0] stays 0: cumsums land in [1:]
+        self._host_indptr = torch.zeros(pool + 1, dtype=torch.int32, device="cpu")  # [0] stays 0: cumsums land in [1:]
         self.skip_prefill = skip_prefill
         self.decode_cuda_graph_metadata: dict[int, list] = {}
         self.prefill_cuda_graph_metadata: dict[int, list] = {}
@@ -102,7 +102,7 @@ class FlashInferAttnBackend(AttentionBackend):
         before returning); a full plan may keep what it is given (``x.to(device)`` on a CPU run), so it gets its own."""
         n = len(lens)
         if not reuse or n >= len(self._host_indptr):  # multi-step rows: bs * topk may pass the pool
-            out = torch.zeros(n + 1, dtype=torch.int32)
+            out = torch.zeros(n + 1, dtype=torch.int32, device="cpu")
             out[1:] = torch.cumsum(lens, 0)
             return out
         torch.cumsum(lens, 0, dtype=torch.int32, out=self._host_indptr[1 : n + 1])
@@ -154,7 +154,7 @@ class FlashInferAttnBackend(AttentionBackend):
         if mode.is_target_verify() and spec_info.custom_mask is not None:
             mask = self._pad_mask(spec_info.custom_mask, n, kv_lens_cpu)
         if fast:
-            qo_indptr_cpu = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32)  # the bound kv buffers are written
+            qo_indptr_cpu = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device="cpu")  # kv buffers written
             kw = dict(causal=mask is None, q_data_type=self.cfg.dtype, custom_mask=mask)
             fast_prefill_plan(wrapper, qo_indptr_cpu, kv_indptr_cpu, kv_lens_cpu, *self._heads(), 1, **kw)
             return

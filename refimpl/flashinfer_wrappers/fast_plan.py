@@ -219,7 +219,7 @@ def _write_mask(wrapper: Any, mask: torch.Tensor, sizes: torch.Tensor) -> None:
     """``mask`` (``sizes[i]`` entries for request i, host sizes) into the bound mask buffers: flashinfer packs each
     request's block into bits (little bit order, whole bytes per request) at byte offsets; the stand-ins keep a byte per
     entry at element offsets."""
-    elem = torch.zeros(len(sizes) + 1, dtype=torch.int64)
+    elem = torch.zeros(len(sizes) + 1, dtype=torch.int64, device="cpu")
     elem[1:] = torch.cumsum(sizes, 0)
     if mask.numel() != int(elem[-1]):
         raise ValueError(f"custom_mask has {mask.numel()} entries, expected sum(q_len_i * kv_len_i) = {int(elem[-1])}")
