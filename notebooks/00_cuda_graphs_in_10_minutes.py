@@ -53,12 +53,8 @@
 # the same everywhere. Section 5 runs the same program on a GPU.
 
 # %%
-import ast
-import html
-import inspect
 import io
 import json
-import textwrap
 import time
 from pathlib import Path
 
@@ -73,6 +69,7 @@ from refimpl.check import CheckSettings, run_checks
 from refimpl.graphs import GraphCaptureError, make_engine
 from refimpl.graphs.runner import GraphRunner
 from refimpl.model import TinyDecoder
+from refimpl.viz.code import CodeGrid, source_lines
 
 try:
     from IPython import get_ipython
@@ -109,6 +106,7 @@ print("sections 2-4 use    ->", emu.name)
 #
 # Below is a tiny "step": `y = sin(x @ w) * 2 + 1`. Its input `x` is a **static buffer**: a
 # tensor we allocate once and keep. The step also counts how many times its Python body runs.
+
 
 # %%
 def program(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -158,8 +156,7 @@ assert all(same_address), "the output lives at the captured address"
 # %%
 print("ops:    ", graph.ops())
 print("kernels:", dict(graph.kernels()))
-assert graph.kernels() == {"aten.mm.default": 1, "aten.sin.default": 1,
-                           "aten.mul.Tensor": 1, "aten.add.Tensor": 1}
+assert graph.kernels() == {"aten.mm.default": 1, "aten.sin.default": 1, "aten.mul.Tensor": 1, "aten.add.Tensor": 1}
 
 # %% [markdown]
 # ## 3. What is frozen
@@ -181,8 +178,10 @@ vals.copy_(torch.tensor([1.0, 2, 3, 4, 5, 0, 0, 0]))
 knobs.update(n_valid=5, scale=10.0)  # too late: the graph already froze 3 and 1.0
 g_frozen.replay()
 
-print(f"graph says {total.item():.0f};  eager with the new knobs says "
-      f"{(vals[: knobs['n_valid']].sum() * knobs['scale']).item():.0f}")
+print(
+    f"graph says {total.item():.0f};  eager with the new knobs says "
+    f"{(vals[: knobs['n_valid']].sum() * knobs['scale']).item():.0f}"
+)
 assert total.item() == 1 + 2 + 3, "slice length 3 and scale 1.0 were frozen at capture"
 
 # %% [markdown]
@@ -200,6 +199,7 @@ assert total.item() == 1 + 2 + 3, "slice length 3 and scale 1.0 were frozen at c
 # which fails only on device-to-host reads: on a CPU it cannot tell host tensors from device
 # tensors, so it refuses `.tolist()`, `.cpu()` and `.numpy()` on *every* tensor during capture
 # (refimpl's convention, [not upstream's](../docs/sglang_facts.md#where-refimpl-deliberately-differs-from-upstream)).
+
 
 # %%
 def capture_error(fn) -> str:
@@ -240,6 +240,7 @@ for fn in (uses_item, data_dependent_if, uses_nonzero):
 # Eagerly this works fine. The graph, though, recorded the *old* tensor object, so it never
 # sees the new one. No error is raised; the answer is just wrong. The fix is to write into the
 # captured buffer with `copy_`.
+
 
 # %%
 class Meta:
@@ -347,104 +348,65 @@ if torch.cuda.is_available():
 # batch before anything is written (README, "Bad input").
 
 # %%
-def source_lines(fn) -> list[str]:
-    """fn's source lines, dedented, without its docstring (comments kept)."""
-    src = textwrap.dedent(inspect.getsource(fn))
-    lines, first = src.splitlines(), ast.parse(src).body[0].body[0]
-    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
-        del lines[first.lineno - 1 : first.end_lineno]
-    return lines
-
-
-class CodeColumns:
-    """Source in columns, some lines tagged: HTML in a notebook, plain text as a script.
-
-    ``columns``: [(title, [(heading, lines), ...]), ...]; ``tags``: per column, [(text the
-    line contains, tag), ...]. Every tag must match exactly one line of its column."""
-
-    COLORS = ["#deebf7", "#fee6ce", "#e5f5e0", "#fde0ef", "#efedf5", "#f0f0f0"]
-
-    def __init__(self, columns, tags):
-        self.columns, self.where = columns, []
-        for (title, blocks), col_tags in zip(columns, tags):
-            found = {}
-            for needle, tag in col_tags:
-                hits = [(b, i) for b, (_, lines) in enumerate(blocks)
-                        for i, line in enumerate(lines) if needle in line]
-                if len(hits) != 1:
-                    raise ValueError(f"{title}: {needle!r} is on {len(hits)} lines, not 1")
-                found[hits[0]] = tag
-            self.where.append(found)  # (block, line) -> tag
-
-    def position(self, col: int, tag: str) -> tuple[int, int]:
-        """(block, line) of the line tagged ``tag`` in column ``col``."""
-        return next(k for k, t in self.where[col].items() if t == tag)
-
-    def __str__(self) -> str:
-        out = []
-        for (title, blocks), found in zip(self.columns, self.where):
-            out += ["=" * 100, title, "=" * 100]
-            for b, (heading, lines) in enumerate(blocks):
-                out.append(f"--- {heading}")
-                for i, line in enumerate(lines):
-                    tag = found.get((b, i))
-                    out.append(f"{line:<72}  <-- {tag}" if tag else line)
-        return "\n".join(out)
-
-    __repr__ = __str__
-
-    def _repr_html_(self) -> str:
-        cells = []
-        for (title, blocks), found in zip(self.columns, self.where):
-            colors = dict(zip(dict.fromkeys(found.values()), self.COLORS * 4))
-            body = []
-            for b, (heading, lines) in enumerate(blocks):
-                body.append(f'<b style="color:#555"># {html.escape(heading)}</b>')
-                for i, line in enumerate(lines):
-                    tag, text = found.get((b, i)), html.escape(line) or " "
-                    if tag:
-                        text = (f'<span style="background:{colors[tag]}">{text}</span>'
-                                f'<b style="color:#b30000">  \u25c0 {html.escape(tag)}</b>')
-                    body.append(text)
-            cells.append(f'<td style="vertical-align:top;text-align:left;padding:4px 8px;'
-                         f'width:{100 // len(self.columns)}%;border:1px solid #ddd">'
-                         f'<div style="font-weight:bold;margin-bottom:4px">{html.escape(title)}'
-                         f'</div><pre style="font-size:10.5px;line-height:1.35;margin:0;'
-                         f'white-space:pre-wrap;background:none">' + "\n".join(body) + "</pre></td>")
-        return ('<table style="border-collapse:collapse;width:100%"><tr>' + "".join(cells)
-                + "</tr></table>")
-
-
-runner_code = CodeColumns(
-    [("capture: once per batch size, largest first",
-      [("GraphRunner.capture", source_lines(GraphRunner.capture))]),
-     ("replay: every step",
-      [("GraphRunner._replay", source_lines(GraphRunner._replay)),
-       ("GraphRunner.load_inputs (called by _replay)", source_lines(GraphRunner.load_inputs))])],
-    [[("sorted(self.capture_bs, reverse=True)", "largest first"),
-      ("layout.reset_padded_rows(", "every row a padded row"),
-      ("call_capture_hook(", "backend capture hook (outside the graph)"),
-      ("self.engine.warmup(", "warm-up"),
-      ("graph.capture(run_once)", "record the step"),
-      ("CaptureRecord(", "seconds, pool bytes: capture_records")],
-     [("self.validate(fb)", "refuse a bad batch (refimpl)"),
-      ("self.pick_bs(", "smallest captured bs >= raw bs"),
-      ("self.load_inputs(fb, bs)", "1. copy inputs, 2. pad"),
-      ("self.replay_hook(fb, bs)", "3. backend replay hook"),
-      ("self.launch(bs)", "4. graph.replay()"),
-      ("return out[", "5. the live rows of the static output"),
-      ("torch._foreach_copy_(", "1+2. live rows and padded rows' values, one launch"),
-      ("host_live.copy_(", "1. host mirror of seq_lens"),
-      ("host_pad.fill_(", "2. pad the host mirror")]],
+runner_code = CodeGrid(
+    ["capture: once per batch size, largest first", "replay: every step"],
+    [""],
+    [
+        [
+            [("GraphRunner.capture", source_lines(GraphRunner.capture))],
+            [
+                ("GraphRunner._replay", source_lines(GraphRunner._replay)),
+                ("GraphRunner.load_inputs (called by _replay)", source_lines(GraphRunner.load_inputs)),
+            ],
+        ]
+    ],
+    [
+        [
+            [
+                ("sorted(self.capture_bs, reverse=True)", "largest first"),
+                ("layout.reset_padded_rows(", "every row a padded row"),
+                ("call_capture_hook(", "backend capture hook (outside the graph)"),
+                ("self.engine.warmup(", "warm-up"),
+                ("graph.capture(run_once)", "record the step"),
+                ("CaptureRecord(", "seconds, pool bytes: capture_records"),
+            ],
+            [
+                ("self.validate(fb)", "refuse a bad batch (refimpl)"),
+                ("self.pick_bs(", "smallest captured bs >= raw bs"),
+                ("self.load_inputs(fb, bs)", "1. copy inputs, 2. pad"),
+                ("self.replay_hook(fb, bs)", "3. backend replay hook"),
+                ("self.launch(bs)", "4. graph.replay()"),
+                ("return out[", "5. the live rows of the static output"),
+                ("torch._foreach_copy_(", "1+2. live rows and padded rows' values, one launch"),
+                ("host_live.copy_(", "1. host mirror of seq_lens"),
+                ("host_pad.fill_(", "2. pad the host mirror"),
+            ],
+        ]
+    ],
 )
 display(runner_code) if IN_NOTEBOOK else print(runner_code)
 
 # the order the tags describe is the order of the code shown
-cap = [runner_code.position(0, t) for t in ("largest first", "every row a padded row",
-       "backend capture hook (outside the graph)", "warm-up", "record the step")]
-rep = [runner_code.position(1, t) for t in ("smallest captured bs >= raw bs",
-       "1. copy inputs, 2. pad", "3. backend replay hook", "4. graph.replay()",
-       "5. the live rows of the static output")]
+cap = [
+    runner_code.position(0, 0, t)
+    for t in (
+        "largest first",
+        "every row a padded row",
+        "backend capture hook (outside the graph)",
+        "warm-up",
+        "record the step",
+    )
+]
+rep = [
+    runner_code.position(0, 1, t)
+    for t in (
+        "smallest captured bs >= raw bs",
+        "1. copy inputs, 2. pad",
+        "3. backend replay hook",
+        "4. graph.replay()",
+        "5. the live rows of the static output",
+    )
+]
 assert cap == sorted(cap) and rep == sorted(rep)
 
 # %% [markdown]
@@ -458,15 +420,17 @@ world = World.create(cfg, max_context_len=48, pool_size=24, device=device)
 world.randomize_kv(0)
 model = TinyDecoder(cfg, device)
 backend = TorchNativeBackend(world, None)
-runner = GraphRunner(model, backend, engine, ForwardMode.DECODE,
-                     GraphConfig(max_bs=8, capture_bs=(1, 2, 4, 8), max_context_len=48))
+runner = GraphRunner(
+    model, backend, engine, ForwardMode.DECODE, GraphConfig(max_bs=8, capture_bs=(1, 2, 4, 8), max_context_len=48)
+)
 
 records = runner.capture()  # largest first: smaller graphs reuse the bigger one's memory
 assert records is runner.capture_records
-print(f"engine: {engine.name}" + ("  (emulator timings: they say nothing about a GPU)"
-                                  if engine.name == "cpu-emulator" else ""))
-print(f"{'bs':>3} {'capture ms':>10} {'reserved MiB':>12} {'pool growth MiB':>15}  "
-      f"kernels (refimpl custom ops)")
+print(
+    f"engine: {engine.name}"
+    + ("  (emulator timings: they say nothing about a GPU)" if engine.name == "cpu-emulator" else "")
+)
+print(f"{'bs':>3} {'capture ms':>10} {'reserved MiB':>12} {'pool growth MiB':>15}  kernels (refimpl custom ops)")
 for r in records:
     mib = ["-" if b is None else f"{b / 2**20:.1f}" for b in (r.pool_bytes, r.pool_growth)]
     print(f"{r.bs:>3} {r.seconds * 1e3:10.1f} {mib[0]:>12} {mib[1]:>15}  {r.kernels}")
@@ -500,8 +464,7 @@ for ax in axes:
 axes[0].set_xscale("log", base=2)
 axes[0].set_xticks(bs_axis, [str(b) for b in bs_axis])
 axes[0].minorticks_off()
-where = ("CPU emulator timings, not a GPU's" if engine.name == "cpu-emulator"
-         else torch.cuda.get_device_name())
+where = "CPU emulator timings, not a GPU's" if engine.name == "cpu-emulator" else torch.cuda.get_device_name()
 fig.suptitle(f"capture cost per batch size ({where}; captured 8, 4, 2, 1)", fontsize=9)
 fig.tight_layout()
 show_png(fig)  # shown, not saved: timings differ run to run, figures/ holds reproducible pictures
@@ -517,8 +480,14 @@ show_png(fig)  # shown, not saved: timings differ run to run, figures/ holds rep
 # %%
 gen = BatchGenerator(world, None, seed=1)
 fb = gen.decode(3)
-print("live batch: req_pool_indices", fb.req_pool_indices.tolist(),
-      " seq_lens", fb.seq_lens.tolist(), " out_cache_loc", fb.out_cache_loc.tolist())
+print(
+    "live batch: req_pool_indices",
+    fb.req_pool_indices.tolist(),
+    " seq_lens",
+    fb.seq_lens.tolist(),
+    " out_cache_loc",
+    fb.out_cache_loc.tolist(),
+)
 
 res = runner.run(fb)
 print(f"used_graph={res.used_graph}  graph_bs={res.graph_bs}  logits {tuple(res.logits.shape)}")
@@ -544,8 +513,10 @@ fill = backend.get_cuda_graph_seq_len_fill_value()
 print(f"{'row':>3}  {'kind':<7} {'req_pool_idx':>12} {'seq_len':>8} {'out_cache_loc':>13}")
 for i in range(runner.max_bs):
     kind = "live" if i < raw_bs else ("padded" if i < bs else "unread")
-    print(f"{i:>3}  {kind:<7} {int(runner.req_pool_indices[i]):>12} {int(runner.seq_lens[i]):>8} "
-          f"{int(runner.out_cache_loc[i]):>13}")
+    print(
+        f"{i:>3}  {kind:<7} {int(runner.req_pool_indices[i]):>12} {int(runner.seq_lens[i]):>8} "
+        f"{int(runner.out_cache_loc[i]):>13}"
+    )
 
 assert torch.equal(runner.req_pool_indices[:raw_bs], fb.req_pool_indices)
 assert torch.equal(runner.seq_lens[:raw_bs], fb.seq_lens)
@@ -590,8 +561,7 @@ runner.replay(fb)
 
 assert all(torch.equal(b[guarded], old) for b, old in zip(bufs, before)), "a live KV slot changed"
 assert all(b[0].abs().sum() > 0 for b in bufs), "the padded row writes its KV into slot 0"
-print(f"{guarded.numel()} live slots untouched; "
-      f"the padded row wrote slot 0 in all {len(bufs)} K/V buffers")
+print(f"{guarded.numel()} live slots untouched; the padded row wrote slot 0 in all {len(bufs)} K/V buffers")
 
 # %% [markdown]
 # **Fallback.** A batch larger than the largest captured size cannot be replayed. The runner
@@ -628,8 +598,7 @@ labels = ["live", "padded", "unread"]
 ax.set_yticks(range(runner.max_bs), [f"{i} {labels[int(k)]}" for i, k in enumerate(row_kind)])
 ax.hlines([i + 0.5 for i in range(runner.max_bs - 1)], -0.5, len(names) - 0.5, colors="white")
 ax.xaxis.tick_top()
-ax.set_title(f"raw bs {raw_bs} replayed by the bs-{bs} graph (fill value {fill})",
-             fontsize=10, pad=28)
+ax.set_title(f"raw bs {raw_bs} replayed by the bs-{bs} graph (fill value {fill})", fontsize=10, pad=28)
 fig.tight_layout()
 
 show_png(fig, ROOT / "figures" / "00_runner_padding.png")
@@ -648,8 +617,10 @@ print(f"{_bench['environment']['device']}, context 512, bs 1:")
 for r in _bench["rows"]:
     if r["bs"] == 1 and r["context"] == 512 and r["mode"] == "decode" and r["variant"] == "unified":
         st = r["step_us"]
-        print(f"  {r['backend']:<17} graph {st['graph']['median']:5.0f} us, eager "
-              f"{st['eager']['median']:5.0f} us: {st['eager_over_graph']:.1f}x faster as a graph")
+        print(
+            f"  {r['backend']:<17} graph {st['graph']['median']:5.0f} us, eager "
+            f"{st['eager']['median']:5.0f} us: {st['eager_over_graph']:.1f}x faster as a graph"
+        )
 
 # %% tags=["gpu"]
 if torch.cuda.is_available():
@@ -657,8 +628,10 @@ if torch.cuda.is_available():
 
     live_fb = [gen.decode(1) for _ in range(3)]
     steps = time_steps(runner, live_fb, repeats=50, warmup=10)
-    print(f"live, this notebook's runner, bs 1: graph {steps['graph']['median']:.0f} us, eager "
-          f"{steps['eager']['median']:.0f} us ({steps['eager_over_graph']:.1f}x)")
+    print(
+        f"live, this notebook's runner, bs 1: graph {steps['graph']['median']:.0f} us, eager "
+        f"{steps['eager']['median']:.0f} us ({steps['eager_over_graph']:.1f}x)"
+    )
     for f in live_fb:
         gen.release(f)
 
@@ -666,20 +639,24 @@ if torch.cuda.is_available():
 # ## 8. Wrap-up: the checker
 #
 # `refimpl.check.run_checks` runs this whole section as an automated test, for every backend and
-# mode. For each raw batch size it asks three questions:
+# mode. For each raw batch size it asks four questions:
 # (a) do the capture path and the replay path leave identical graph-read state?
 # (b) does the graph replay equal eager execution, without touching another request's KV?
 # (c) does eager execution match a dense float64 oracle?
-# Here it runs on the hello-world backend, for plain decode and for speculative *target verify*
-# (N = 4 draft tokens per request).
+# (d) does the replayed state match a reference built from first principles (where the backend
+#     gives one)?
+# A fifth, (e), is not pass/fail: whether the replay hook itself may be replayed from a small
+# graph of its own (notebook 04). Here it runs on the hello-world backend, for plain decode and
+# for speculative *target verify* (N = 4 draft tokens per request).
 
 # %%
-checks = run_checks(backends=["torch_native"], modes=["decode", "target_verify"],
-                    settings=CheckSettings(raw_bs=(1, 3)))
-print(f"{'backend':<13} {'mode':<14} {'raw bs':>6}  capture=replay  graph=eager  =oracle  passed")
+checks = run_checks(backends=["torch_native"], modes=["decode", "target_verify"], settings=CheckSettings(raw_bs=(1, 3)))
+print(f"{'backend':<13} {'mode':<14} {'raw bs':>6}  capture=replay  graph=eager  =oracle  =reference  passed")
 for r in checks:
-    print(f"{r.backend:<13} {r.mode:<14} {r.bs:>6}  {r.capture_equals_replay!s:>14}  "
-          f"{r.graph_equals_eager!s:>11}  {r.matches_oracle!s:>7}  {r.passed}")
+    print(
+        f"{r.backend:<13} {r.mode:<14} {r.bs:>6}  {r.capture_equals_replay!s:>14}  "
+        f"{r.graph_equals_eager!s:>11}  {r.matches_oracle!s:>7}  {r.replay_matches_reference!s:>10}  {r.passed}"
+    )
     for f in r.findings:
         print("    finding:", f)
 assert len(checks) == 4 and all(r.passed for r in checks)
@@ -701,3 +678,9 @@ print(f"notebook ran in {time.perf_counter() - NOTEBOOK_T0:.1f} s")
 #   "capture = replay body + freeze views" (Pattern A, as in `TorchNativeBackend`) versus
 #   "prepare graph-bound objects, then replay" (Pattern B), and the drift that follows when the
 #   two paths are written separately (Pattern C).
+# * **03: MLA backends and the redundant-copy removal.** FlashInfer-MLA, Cutlass-MLA and
+#   TRTLLM-MLA over one latent cache, and what removing TRTLLM-MLA's per-replay copies bought.
+# * **04: what a replay costs.** The host work left around `graph.replay()` (copies, the replay
+#   hook, the launch), measured on an H200, and the shapes that move the hook out of Python.
+# * **05: reviewing a new backend.** Run the checker on a backend of your own and read its
+#   findings.

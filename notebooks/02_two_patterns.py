@@ -55,15 +55,11 @@
 
 # %%
 import ast
-import difflib
-import html
 import inspect
-import io
 import json
 import re
 import textwrap
 import time
-import tokenize
 from pathlib import Path
 
 import torch
@@ -88,6 +84,7 @@ from refimpl.flashinfer_wrappers.fast_plan import fast_decode_plan, is_fast_plan
 from refimpl.graphs import CPUEmulatorEngine, make_engine
 from refimpl.graphs.runner import GraphRunner
 from refimpl.model import TinyDecoder
+from refimpl.viz.code import CodeGrid, SideBySideDiff, hook_code
 
 try:
     from IPython import get_ipython
@@ -110,7 +107,7 @@ for (name, variant), p in patterns.items():
     print(f"{name:<15} {variant:<12} Pattern {p}")
 
 # %% [markdown]
-# A few helpers. `hook_code` returns a method's body as source lines (no `def` line, no
+# A few helpers. `hook_code` (from `refimpl.viz.code`) returns a method's body as source lines (no `def` line, no
 # docstring, comments removed unless asked for, so that an assert about a *call* is not fooled
 # by a comment that mentions it); `calls` counts the calls of a name in it; `mode_branches`
 # pulls out the body of each `if/elif forward_mode.is_...():` branch. `check` runs the
@@ -119,31 +116,11 @@ for (name, variant), p in patterns.items():
 # graph emulator. `show_record` prints the verdicts: (a) capture = replay, the graph-read state after
 # the capture hook equals the state after the replay hook for the same batch; (b) graph =
 # eager; (c) eager = the float64 oracle. `show` saves a figure under `figures/02_<name>.png`
-# and displays it. `CodeGrid` and `SideBySideDiff` render source code: as HTML in a notebook,
-# as plain text when the notebook runs as a script.
+# and displays it. `CodeGrid` and `SideBySideDiff` (`refimpl.viz.code` too) render source code:
+# as HTML in a notebook, as plain text when the notebook runs as a script.
+
 
 # %%
-def hook_code(fn, comments: bool = False) -> list[str]:
-    """Body lines of a function: no signature, no docstring, no blank lines, no comments
-    (unless `comments`)."""
-    src = textwrap.dedent(inspect.getsource(fn))
-    cut = {}  # line -> column where a comment starts (tokenize: '#' inside strings is safe)
-    for tok in tokenize.generate_tokens(io.StringIO(src).readline):
-        if tok.type == tokenize.COMMENT:
-            cut[tok.start[0]] = tok.start[1]
-    func = ast.parse(src).body[0]
-    body = func.body
-    if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        body = body[1:]  # the docstring
-    lines = src.splitlines()
-    out = []
-    for n in range(body[0].lineno, func.end_lineno + 1):
-        line = lines[n - 1] if comments else lines[n - 1][: cut.get(n)].rstrip()
-        if line.strip():
-            out.append(line)
-    return out
-
-
 def calls(fn, name: str) -> int:
     """How many times `name(` is called in fn's body (comments excluded)."""
     return sum(line.count(f"{name}(") for line in hook_code(fn))
@@ -171,9 +148,11 @@ def check(name: str, variant: str, case: str):
 
 
 def show_record(r) -> None:
-    print(f"{r.backend}/{r.variant} {r.mode}, raw bs {r.bs}: capture=replay "
-          f"{r.capture_equals_replay}, graph=eager {r.graph_equals_eager}, "
-          f"=oracle {r.matches_oracle} -> {'PASS' if r.passed else 'FAIL'}")
+    print(
+        f"{r.backend}/{r.variant} {r.mode}, raw bs {r.bs}: capture=replay "
+        f"{r.capture_equals_replay}, graph=eager {r.graph_equals_eager}, "
+        f"=oracle {r.matches_oracle} -> {'PASS' if r.passed else 'FAIL'}"
+    )
     for f in r.findings:
         print("    finding:", f)
 
@@ -187,130 +166,6 @@ def show(fig, name):
 def render(obj) -> None:
     """Rich output (HTML) in a notebook, the plain-text form as a script."""
     display(obj) if IN_NOTEBOOK else print(obj)
-
-
-PRE = "font-family:monospace;font-size:10.5px;line-height:1.3;white-space:pre-wrap;margin:0"
-TD = "vertical-align:top;text-align:left;padding:3px 6px;border:1px solid #ddd"
-TD_LINE = "vertical-align:top;text-align:left;padding:0 6px;border:none;border-left:1px solid #ccc"
-
-
-class CodeGrid:
-    """Source code in a grid (rows x columns of cells), some lines tagged.
-
-    ``cells[r][c]``: [(heading, lines), ...]; ``tags[r][c]``: [(text the line contains, tag),
-    ...]. Every tag must match exactly one line of its cell (else ValueError)."""
-
-    COLORS = ["#c6dbef", "#fdd0a2", "#c7e9c0", "#fcc5c0", "#dadaeb", "#e0e0e0"]
-
-    def __init__(self, col_titles, row_titles, cells, tags):
-        self.col_titles, self.row_titles, self.cells = col_titles, row_titles, cells
-        self.where = {}  # (r, c) -> {(block, line): tag}
-        for r, row in enumerate(cells):
-            for c, blocks in enumerate(row):
-                found = {}
-                for needle, tag in tags[r][c]:
-                    hits = [(b, i) for b, (_, lines) in enumerate(blocks)
-                            for i, line in enumerate(lines) if needle in line]
-                    if len(hits) != 1:
-                        raise ValueError(f"{needle!r} is on {len(hits)} lines of cell {r, c}")
-                    found[hits[0]] = tag
-                self.where[r, c] = found
-
-    def position(self, r: int, c: int, tag: str) -> tuple[int, int]:
-        """(block, line) of the line tagged ``tag`` in cell (r, c)."""
-        return next(k for k, t in self.where[r, c].items() if t == tag)
-
-    def __str__(self) -> str:
-        out = []
-        for c, title in enumerate(self.col_titles):
-            out += ["=" * 100, title, "=" * 100]
-            for r, row_title in enumerate(self.row_titles):
-                out.append(f"----- {row_title}")
-                for b, (heading, lines) in enumerate(self.cells[r][c]):
-                    out.append(f"# {heading}")
-                    for i, line in enumerate(lines):
-                        tag = self.where[r, c].get((b, i))
-                        out.append(f"{line:<70}  <-- {tag}" if tag else line)
-        return "\n".join(out)
-
-    __repr__ = __str__
-
-    def _repr_html_(self) -> str:
-        head = "".join(f'<th style="{TD};width:33%">{html.escape(t)}</th>' for t in self.col_titles)
-        rows = [f"<tr><th></th>{head}</tr>"]
-        for r, row_title in enumerate(self.row_titles):
-            tds = []
-            for c in range(len(self.col_titles)):
-                found, body = self.where[r, c], []
-                colors = dict(zip(dict.fromkeys(found.values()), self.COLORS * 4))
-                for b, (heading, lines) in enumerate(self.cells[r][c]):
-                    body.append(f'<b style="color:#555"># {html.escape(heading)}</b>')
-                    for i, line in enumerate(lines):
-                        tag, text = found.get((b, i)), html.escape(line)
-                        if tag:
-                            text = (f'<span style="background:{colors[tag]}">{text}</span>'
-                                    f'<b style="color:#b30000"> \u25c0 {html.escape(tag)}</b>')
-                        body.append(text)
-                tds.append(f'<td style="{TD}"><pre style="{PRE}">' + "\n".join(body)
-                           + "</pre></td>")
-            rows.append(f'<tr><th style="{TD};writing-mode:vertical-rl">{html.escape(row_title)}'
-                        f"</th>{''.join(tds)}</tr>")
-        return '<table style="border-collapse:collapse;width:100%">' + "".join(rows) + "</table>"
-
-
-class SideBySideDiff:
-    """Line diffs, left against right, one section per (left, right) pair of code blocks.
-
-    ``sections``: [(title, left_title, left_lines, right_title, right_lines)]. Lines matching
-    ``emphasis`` (a regex) are set in bold. Shown: HTML side by side (left only: red, right
-    only: green) in a notebook, a unified diff as plain text."""
-
-    def __init__(self, sections, emphasis: str | None = None):
-        self.sections, self.emphasis = sections, re.compile(emphasis) if emphasis else None
-        self.ops = [difflib.SequenceMatcher(None, left, right, autojunk=False).get_opcodes()
-                    for _, _, left, _, right in sections]
-
-    def only_left(self, k: int) -> list[str]:
-        """Lines of section k's left block that the right block does not have."""
-        left = self.sections[k][2]
-        return [left[i] for op, i1, i2, _, _ in self.ops[k] if op != "equal" for i in range(i1, i2)]
-
-    def only_right(self, k: int) -> list[str]:
-        right = self.sections[k][4]
-        return [right[j] for op, _, _, j1, j2 in self.ops[k] if op != "equal" for j in range(j1, j2)]
-
-    def __str__(self) -> str:
-        out = []
-        for title, lt, left, rt, right in self.sections:
-            out += ["=" * 100, title, "=" * 100]
-            out += difflib.unified_diff(left, right, lt, rt, n=2, lineterm="")
-        return "\n".join(out)
-
-    __repr__ = __str__
-
-    def _cell(self, line: str | None, color: str) -> str:
-        if line is None:
-            return f'<td style="{TD_LINE};background:#f4f4f4"></td>'
-        text = html.escape(line)
-        if self.emphasis and self.emphasis.search(line):
-            text = f"<b>{text}</b>"
-        bg = f";background:{color}" if color else ""
-        return f'<td style="{TD_LINE}{bg}"><pre style="{PRE};background:none">{text}</pre></td>'
-
-    def _repr_html_(self) -> str:
-        rows = []
-        for (title, lt, left, rt, right), ops in zip(self.sections, self.ops):
-            rows.append(f'<tr><th colspan="2" style="{TD};background:#eee">{html.escape(title)}'
-                        f'</th></tr><tr><th style="{TD};width:50%">{html.escape(lt)}</th>'
-                        f'<th style="{TD};width:50%">{html.escape(rt)}</th></tr>')
-            for op, i1, i2, j1, j2 in ops:
-                for k in range(max(i2 - i1, j2 - j1)):
-                    a = left[i1 + k] if i1 + k < i2 else None
-                    b = right[j1 + k] if j1 + k < j2 else None
-                    same = op == "equal"
-                    rows.append("<tr>" + self._cell(a, "" if same else "#ffe0e0")
-                                + self._cell(b, "" if same else "#dcf5dc") + "</tr>")
-        return '<table style="border-collapse:collapse;width:100%">' + "".join(rows) + "</table>"
 
 
 # %% [markdown]
@@ -330,9 +185,7 @@ def pattern_from_code(cls) -> str:
     owners = [c for c in cls.__mro__ if HOOK in vars(c)]  # the classes that define the hook
     for owner in owners:  # skip hooks that only hand over to their parent's
         cap = vars(owner)[HOOK]
-        if calls(cap, "self.init_forward_metadata_replay_cuda_graph") or not calls(
-            cap, f"super().{HOOK}"
-        ):
+        if calls(cap, "self.init_forward_metadata_replay_cuda_graph") or not calls(cap, f"super().{HOOK}"):
             break
     if calls(cap, "self.init_forward_metadata_replay_cuda_graph") == 0:
         return "C"
@@ -375,39 +228,70 @@ assert derived["flashinfer", "unified"] == derived["flashinfer_mla", "unified"] 
 CAP, REP = HOOK, "init_forward_metadata_replay_cuda_graph"
 A, B, C = TritonAttnBackend, FlashInferAttnBackend, TritonAttnBackendLegacy
 shapes = CodeGrid(
-    ["Pattern A: TritonAttnBackend (unified)", "Pattern B: FlashInferAttnBackend (unified)",
-     "Pattern C: TritonAttnBackendLegacy"],
+    [
+        "Pattern A: TritonAttnBackend (unified)",
+        "Pattern B: FlashInferAttnBackend (unified)",
+        "Pattern C: TritonAttnBackendLegacy",
+    ],
     ["capture hook", "replay hook"],
-    [[[(CAP, hook_code(getattr(A, CAP), comments=True))],
-      [(CAP, hook_code(getattr(B, CAP), comments=True)),
-       ("... which first calls _prepare_cuda_graph_metadata:",
-        hook_code(B._prepare_cuda_graph_metadata, comments=True))],
-      [(CAP, hook_code(getattr(C, CAP), comments=True))]],
-     [[(REP, hook_code(getattr(A, REP), comments=True))],
-      [(REP, hook_code(getattr(B, REP), comments=True))],
-      [(REP, hook_code(getattr(C, REP), comments=True))]]],
-    [[[("self.init_forward_metadata_replay_cuda_graph(", "the replay body"),
-       ("self._build_cuda_graph_forward_metadata(", "freeze views")],
-      [("self._prepare_cuda_graph_metadata(", "prepare graph-bound objects"),
-       ("self.init_forward_metadata_replay_cuda_graph(", "the replay body"),
-       ("install_fast_decode_plan(", "capture-only tail"),
-       ("self._create_decode_wrappers(", "bound to the static buffers"),
-       ("self.decode_cuda_graph_metadata[bs] = wrappers", "registered per bs")],
-      [("# (1) no get_num_kv_splits here", "(1) no split counts"),
-       ("torch.arange(0, bs * stride + 1, stride", "(2) uniform stride")]],
-     [[("self._update_decode_kv_buffers(", "fill the static buffers"),
-       ("self._splits(", "split counts: capture runs them too")],
-      [("self._update_decode(", "re-plan the registered wrapper"),
-       ("self._update_prefill(", "re-plan (host indptrs)")],
-      [("self._splits(", "(1) split counts"),
-       ("torch.cumsum(real, 0)", "(2) ragged stride")]]],
+    [
+        [
+            [(CAP, hook_code(getattr(A, CAP), comments=True))],
+            [
+                (CAP, hook_code(getattr(B, CAP), comments=True)),
+                (
+                    "... which first calls _prepare_cuda_graph_metadata:",
+                    hook_code(B._prepare_cuda_graph_metadata, comments=True),
+                ),
+            ],
+            [(CAP, hook_code(getattr(C, CAP), comments=True))],
+        ],
+        [
+            [(REP, hook_code(getattr(A, REP), comments=True))],
+            [(REP, hook_code(getattr(B, REP), comments=True))],
+            [(REP, hook_code(getattr(C, REP), comments=True))],
+        ],
+    ],
+    [
+        [
+            [
+                ("self.init_forward_metadata_replay_cuda_graph(", "the replay body"),
+                ("self._build_cuda_graph_forward_metadata(", "freeze views"),
+            ],
+            [
+                ("self._prepare_cuda_graph_metadata(", "prepare graph-bound objects"),
+                ("self.init_forward_metadata_replay_cuda_graph(", "the replay body"),
+                ("install_fast_decode_plan(", "capture-only tail"),
+                ("self._create_decode_wrappers(", "bound to the static buffers"),
+                ("self.decode_cuda_graph_metadata[bs] = wrappers", "registered per bs"),
+            ],
+            [
+                ("# (1) no get_num_kv_splits here", "(1) no split counts"),
+                ("torch.arange(0, bs * stride + 1, stride", "(2) uniform stride"),
+            ],
+        ],
+        [
+            [
+                ("self._update_decode_kv_buffers(", "fill the static buffers"),
+                ("self._splits(", "split counts: capture runs them too"),
+            ],
+            [
+                ("self._update_decode(", "re-plan the registered wrapper"),
+                ("self._update_prefill(", "re-plan (host indptrs)"),
+            ],
+            [("self._splits(", "(1) split counts"), ("torch.cumsum(real, 0)", "(2) ragged stride")],
+        ],
+    ],
 )
 render(shapes)
 
 # A: the replay body, then the views; B: prepare, the replay body, the tail; C: no shared body
 assert shapes.position(0, 0, "the replay body") < shapes.position(0, 0, "freeze views")
-assert (shapes.position(0, 1, "prepare graph-bound objects") < shapes.position(0, 1, "the replay body")
-        < shapes.position(0, 1, "capture-only tail"))
+assert (
+    shapes.position(0, 1, "prepare graph-bound objects")
+    < shapes.position(0, 1, "the replay body")
+    < shapes.position(0, 1, "capture-only tail")
+)
 for cls in (A, B):
     assert calls(getattr(cls, CAP), f"self.{REP}") == 1
 assert calls(getattr(C, CAP), f"self.{REP}") == 0  # two bodies
@@ -450,8 +334,10 @@ print("Wave's capture hook is Triton's unified one:", wave_cap is unified_cap)
 print(textwrap.dedent(inspect.getsource(WaveAttnBackend.init_forward_metadata_replay_cuda_graph)))
 
 assert wave_cap is unified_cap  # inherited
-assert calls(WaveAttnBackend.init_forward_metadata_replay_cuda_graph,
-             "super().init_forward_metadata_replay_cuda_graph") == 1
+assert (
+    calls(WaveAttnBackend.init_forward_metadata_replay_cuda_graph, "super().init_forward_metadata_replay_cuda_graph")
+    == 1
+)
 
 # %% [markdown]
 # Legacy Triton keeps two full bodies (column C). Its capture body diffed against its replay
@@ -463,10 +349,17 @@ assert calls(WaveAttnBackend.init_forward_metadata_replay_cuda_graph,
 # %%
 legacy_cap = TritonAttnBackendLegacy.init_forward_metadata_capture_cuda_graph
 legacy_rep = TritonAttnBackendLegacy.init_forward_metadata_replay_cuda_graph
-tri_diff = SideBySideDiff([(
-    "legacy Triton: capture body vs replay body", "legacy capture",
-    hook_code(legacy_cap, comments=True), "legacy replay", hook_code(legacy_rep, comments=True),
-)])
+tri_diff = SideBySideDiff(
+    [
+        (
+            "legacy Triton: capture body vs replay body",
+            "legacy capture",
+            hook_code(legacy_cap, comments=True),
+            "legacy replay",
+            hook_code(legacy_rep, comments=True),
+        )
+    ]
+)
 render(tri_diff)
 
 removed, added = tri_diff.only_left(0), tri_diff.only_right(0)
@@ -585,10 +478,12 @@ wrappers = {bs: ws[0] for bs, ws in sorted(fi.decode_cuda_graph_metadata.items()
 print(f"{'bs':>2}  {'wrapper':<35} {'indptr buf':<11} {'same storage':<13} {'indices buf':<12} fast plan")
 for bs, w in wrappers.items():
     same = w._paged_kv_indptr_buf.untyped_storage().data_ptr() == fi.kv_indptr.untyped_storage().data_ptr()
-    print(f"{bs:>2}  {type(w).__name__:<35} "
-          f"{str(list(w._paged_kv_indptr_buf.shape)):<11} {str(same):<13} "
-          f"{'the tensor' if w._paged_kv_indices_buf is fi.cuda_graph_kv_indices else 'other':<12} "
-          f"{is_fast_plan_installed(w)}")
+    print(
+        f"{bs:>2}  {type(w).__name__:<35} "
+        f"{str(list(w._paged_kv_indptr_buf.shape)):<11} {str(same):<13} "
+        f"{'the tensor' if w._paged_kv_indices_buf is fi.cuda_graph_kv_indices else 'other':<12} "
+        f"{is_fast_plan_installed(w)}"
+    )
     assert is_standin(w) and w.is_cuda_graph_enabled and w._fixed_batch_size == bs
     assert w._paged_kv_indptr_buf.shape == (bs + 1,)
     assert w._paged_kv_indptr_buf.data_ptr() == fi.kv_indptr.data_ptr()  # a view of kv_indptr
@@ -609,8 +504,14 @@ graph_out = fi_runner.replay(fb).clone()
 eager_out = fi_runner.eager(fb)
 w4 = wrappers[4]
 q_len, kv_len = read_partition(w4)
-print("seq_lens", fb.seq_lens.tolist(), "| bound kv_indptr", fi.kv_indptr[:5].tolist(),
-      "| planned partition kv_len", kv_len.tolist())
+print(
+    "seq_lens",
+    fb.seq_lens.tolist(),
+    "| bound kv_indptr",
+    fi.kv_indptr[:5].tolist(),
+    "| planned partition kv_len",
+    kv_len.tolist(),
+)
 print(f"graph vs eager: max |diff| = {(graph_out - eager_out).abs().max():.1e}")
 assert torch.allclose(graph_out, eager_out, atol=1e-4)
 assert kv_len.tolist() == fb.seq_lens.tolist() + [1]  # + the padded row (fill value 1)
@@ -629,8 +530,7 @@ assert fi.kv_indptr[:5].tolist() == [0] + torch.cumsum(kv_len, 0).tolist()
 saved_indptr = fi.kv_indptr[:5].clone()
 fi.kv_indptr[1:5] = torch.arange(1, 5, dtype=torch.int32)  # by hand, no plan()
 fi_runner.graphs[4].replay()
-print("bound kv_indptr now", fi.kv_indptr[:5].tolist(), "| partition kv_len",
-      read_partition(w4)[1].tolist())
+print("bound kv_indptr now", fi.kv_indptr[:5].tolist(), "| partition kv_len", read_partition(w4)[1].tolist())
 assert torch.equal(fi_runner.outputs[4][:3], graph_out)  # unchanged: the partition is stale
 assert read_partition(w4)[1].tolist() == kv_len.tolist()
 fi.kv_indptr[:5] = saved_indptr  # put the replayed batch's indptr back
@@ -647,8 +547,13 @@ w4.plan = lambda *args, **kwargs: None  # a replay hook that forgot to re-plan
 skipped = fi_runner.replay(fb2).clone()
 w4.plan = fast_plan
 eager2 = fi_runner.eager(fb2)
-print("bound kv_indptr", fi.kv_indptr[:5].tolist(), "(new batch) | partition kv_len",
-      read_partition(w4)[1].tolist(), "(old batch)")
+print(
+    "bound kv_indptr",
+    fi.kv_indptr[:5].tolist(),
+    "(new batch) | partition kv_len",
+    read_partition(w4)[1].tolist(),
+    "(old batch)",
+)
 print(f"no re-plan: graph vs eager max |diff| = {(skipped - eager2).abs().max():.2f}")
 assert read_partition(w4)[1].tolist() == kv_len.tolist()  # still the previous batch
 assert not torch.allclose(skipped, eager2, atol=1e-2)
@@ -692,14 +597,24 @@ assert all(r.passed and not r.findings for r in fi_rows)
 MODE_BRANCH = r"^\s*(if|elif)\b.*\b(forward_)?mode\.is_"
 FL, FU = FlashInferAttnBackendLegacy, FlashInferAttnBackend
 fi_diff = SideBySideDiff(
-    [("capture: legacy hook vs unified hook + its prepare step",
-      "FlashInferAttnBackendLegacy." + CAP, hook_code(getattr(FL, CAP), comments=True),
-      f"FlashInferAttnBackend.{CAP} + _prepare_cuda_graph_metadata",
-      hook_code(getattr(FU, CAP), comments=True) + ["# --- _prepare_cuda_graph_metadata:"]
-      + hook_code(FU._prepare_cuda_graph_metadata, comments=True)),
-     ("replay: legacy hook vs unified hook",
-      "FlashInferAttnBackendLegacy." + REP, hook_code(getattr(FL, REP), comments=True),
-      "FlashInferAttnBackend." + REP, hook_code(getattr(FU, REP), comments=True))],
+    [
+        (
+            "capture: legacy hook vs unified hook + its prepare step",
+            "FlashInferAttnBackendLegacy." + CAP,
+            hook_code(getattr(FL, CAP), comments=True),
+            f"FlashInferAttnBackend.{CAP} + _prepare_cuda_graph_metadata",
+            hook_code(getattr(FU, CAP), comments=True)
+            + ["# --- _prepare_cuda_graph_metadata:"]
+            + hook_code(FU._prepare_cuda_graph_metadata, comments=True),
+        ),
+        (
+            "replay: legacy hook vs unified hook",
+            "FlashInferAttnBackendLegacy." + REP,
+            hook_code(getattr(FL, REP), comments=True),
+            "FlashInferAttnBackend." + REP,
+            hook_code(getattr(FU, REP), comments=True),
+        ),
+    ],
     emphasis=MODE_BRANCH,
 )
 render(fi_diff)
@@ -710,9 +625,15 @@ assert len(legacy_plans) == 3  # legacy capture plans in every mode branch ...
 assert all(line in fi_diff.only_left(0) for line in legacy_plans)  # ... unified capture never
 assert not any(line.strip().startswith(PLANS) for line in fi_diff.sections[0][4])
 # the mode dispatch: three branches in each legacy hook; unified prepare and replay merge two
-branches = {k: list(mode_branches(fn)) for k, fn in {
-    "legacy capture": getattr(FL, CAP), "legacy replay": getattr(FL, REP),
-    "unified prepare": FU._prepare_cuda_graph_metadata, "unified replay": getattr(FU, REP)}.items()}
+branches = {
+    k: list(mode_branches(fn))
+    for k, fn in {
+        "legacy capture": getattr(FL, CAP),
+        "legacy replay": getattr(FL, REP),
+        "unified prepare": FU._prepare_cuda_graph_metadata,
+        "unified replay": getattr(FU, REP),
+    }.items()
+}
 print("\nmode branches (the bold lines):")
 for k, v in branches.items():
     print(f"  {k:<16} {v}")
@@ -880,21 +801,32 @@ def refusal(fn) -> str:
 
 
 never_planned = fi.fi.BatchDecodeWithPagedKVCacheWrapper(
-    fi.workspace, "NHD", use_cuda_graph=True, paged_kv_indptr_buffer=fi.kv_indptr[:5],
-    paged_kv_indices_buffer=fi.cuda_graph_kv_indices, paged_kv_last_page_len_buffer=fi.kv_last_page_len[:4])
+    fi.workspace,
+    "NHD",
+    use_cuda_graph=True,
+    paged_kv_indptr_buffer=fi.kv_indptr[:5],
+    paged_kv_indices_buffer=fi.cuda_graph_kv_indices,
+    paged_kv_last_page_len_buffer=fi.kv_last_page_len[:4],
+)
 msgs = {
-    "never planned": refusal(lambda: fast_decode_plan(
-        never_planned, host_indptr, ones_cpu, H, Hkv, D, 1, q_data_type=cfg.dtype)),
-    "not the bound buffer": refusal(lambda: fast_decode_plan(
-        w4, host_indptr, ones_cpu, H, Hkv, D, 1, q_data_type=cfg.dtype,
-        indptr=fi.kv_indptr[:5].clone())),
-    "other dtype": refusal(lambda: fast_decode_plan(
-        w4, host_indptr, ones_cpu, H, Hkv, D, 1, q_data_type=torch.float16)),
+    "never planned": refusal(
+        lambda: fast_decode_plan(never_planned, host_indptr, ones_cpu, H, Hkv, D, 1, q_data_type=cfg.dtype)
+    ),
+    "not the bound buffer": refusal(
+        lambda: fast_decode_plan(
+            w4, host_indptr, ones_cpu, H, Hkv, D, 1, q_data_type=cfg.dtype, indptr=fi.kv_indptr[:5].clone()
+        )
+    ),
+    "other dtype": refusal(
+        lambda: fast_decode_plan(w4, host_indptr, ones_cpu, H, Hkv, D, 1, q_data_type=torch.float16)
+    ),
 }
 for what, msg in msgs.items():  # addresses change run to run: the message without them
     print(f"{what}:\n    {textwrap.shorten(re.sub(r' [(]data_ptr [^)]*[)]', '', msg), 160)}")
-print("the clone at the bound buffer's address:",
-      fi.kv_indptr[:5].clone().data_ptr() == w4._paged_kv_indptr_buf.data_ptr())
+print(
+    "the clone at the bound buffer's address:",
+    fi.kv_indptr[:5].clone().data_ptr() == w4._paged_kv_indptr_buf.data_ptr(),
+)
 assert "_cached_module" in msgs["never planned"]
 assert "not the wrapper's bound buffer" in msgs["not the bound buffer"]
 assert "differs from the full plan's" in msgs["other dtype"]
@@ -918,22 +850,22 @@ assert read_partition(w4)[1].tolist() == [30, 5, 17, 1]  # the partition follows
 bench = json.loads(PLAN_COST.read_text())
 versions = bench["versions"]
 print("measured with:", ", ".join(f"{k} {v}" for k, v in versions.items()))
-print(f"context {bench['ctx']}, {bench['reps']} reps per point, decode heads {bench['heads']}, "
-      f"MLA {bench['mla']}\n")
+print(f"context {bench['ctx']}, {bench['reps']} reps per point, decode heads {bench['heads']}, MLA {bench['mla']}\n")
 
 
 def series(run, kind):
     rows = [r for r in run if r["kind"] == kind]
-    return ([r["bs"] for r in rows], [r["full_plan_us"] for r in rows],
-            [r["fast_plan_us"] for r in rows])
+    return ([r["bs"] for r in rows], [r["full_plan_us"] for r in rows], [r["fast_plan_us"] for r in rows])
 
 
 print(f"{'kind':<11} {'bs':>4}  {'plan() run1/run2 (us)':>22}  {'fast run1/run2 (us)':>20}  ratio")
 for kind in ("decode", "mla_decode"):
     (bs1, full1, fast1), (bs2, full2, fast2) = (series(run, kind) for run in bench["runs"])
     for i, b in enumerate(bs1):
-        print(f"{kind:<11} {b:>4}  {full1[i]:>10.1f} / {full2[i]:<9.1f}  {fast1[i]:>9.1f} / "
-              f"{fast2[i]:<8.1f}  {full1[i] / fast1[i]:.1f}x / {full2[i] / fast2[i]:.1f}x")
+        print(
+            f"{kind:<11} {b:>4}  {full1[i]:>10.1f} / {full2[i]:<9.1f}  {fast1[i]:>9.1f} / "
+            f"{fast2[i]:<8.1f}  {full1[i] / fast1[i]:.1f}x / {full2[i] / fast2[i]:.1f}x"
+        )
 
 print()
 for i, run in enumerate(bench["runs"]):  # the ranges the text below quotes
@@ -974,8 +906,11 @@ for ax, kind in zip(axes, ("decode", "mla_decode")):
 axes[0].set_ylabel("host time per plan call, median (us)")
 axes[0].set_ylim(bottom=0)
 axes[0].legend(fontsize=7, loc="upper left", ncol=2)
-fig.suptitle(f"{versions['gpu']}, flashinfer {versions['flashinfer']}, torch {versions['torch']}, "
-             f"CUDA {versions['cuda']} (committed measurement, context {bench['ctx']})", fontsize=9)
+fig.suptitle(
+    f"{versions['gpu']}, flashinfer {versions['flashinfer']}, torch {versions['torch']}, "
+    f"CUDA {versions['cuda']} (committed measurement, context {bench['ctx']})",
+    fontsize=9,
+)
 fig.tight_layout()
 show(fig, "plan_cost_h200")
 
@@ -1002,8 +937,13 @@ if torch.cuda.is_available():
         gpu_model = TinyDecoder(gpu_cfg, gpu_world.device)
         real_fi = FlashInferAttnBackend(gpu_world, None)  # prefer_real: flashinfer's wrappers
         assert real_fi.fi.real and not is_standin(real_fi.fi.BatchDecodeWithPagedKVCacheWrapper)
-        gpu_runner = GraphRunner(gpu_model, real_fi, gpu_engine, ForwardMode.DECODE,
-                                 GraphConfig(max_bs=4, capture_bs=(1, 2, 4), max_context_len=96))
+        gpu_runner = GraphRunner(
+            gpu_model,
+            real_fi,
+            gpu_engine,
+            ForwardMode.DECODE,
+            GraphConfig(max_bs=4, capture_bs=(1, 2, 4), max_context_len=96),
+        )
         gpu_runner.capture()
         assert sorted(real_fi.decode_cuda_graph_metadata) == [1, 2, 4]
         assert not any(is_standin(ws[0]) for ws in real_fi.decode_cuda_graph_metadata.values())
@@ -1016,8 +956,10 @@ if torch.cuda.is_available():
         standin_fi.init_forward_metadata(gpu_fb)
         standin_eager = gpu_model(gpu_fb, standin_fi).float()
         gpu_diff = (real_graph - standin_eager).abs().max().item()
-        print(f"flashinfer {flashinfer.__version__}: real wrappers under a CUDA graph vs stand-in "
-              f"eager, max |diff| = {gpu_diff:.2e} (bf16)")
+        print(
+            f"flashinfer {flashinfer.__version__}: real wrappers under a CUDA graph vs stand-in "
+            f"eager, max |diff| = {gpu_diff:.2e} (bf16)"
+        )
         torch.testing.assert_close(real_graph, standin_eager, rtol=3e-2, atol=3e-2)
 
 # %% [markdown]
@@ -1035,7 +977,7 @@ matrix = capabilities.matrix()
 table = capabilities.markdown(matrix)
 readme = (ROOT / "README.md").read_text()
 start, end = "<!-- capability-matrix:start -->", "<!-- capability-matrix:end -->"
-assert table in readme[readme.index(start):readme.index(end)], "README copy is out of date"
+assert table in readme[readme.index(start) : readme.index(end)], "README copy is out of date"
 if IN_NOTEBOOK:
     display(Markdown(table))
 else:
@@ -1043,8 +985,7 @@ else:
 rows = {(r["backend"], r["variant"]): r for r in matrix}
 # Wave serves draft extend only eagerly; Cutlass-MLA captures decode and idle only
 assert rows["wave", "unified"]["draft_extend"] == "eager"
-assert [m for m in capabilities.MODES if rows["cutlass_mla", "unified"][m] == "graph"] == [
-    "decode", "idle"]
+assert [m for m in capabilities.MODES if rows["cutlass_mla", "unified"][m] == "graph"] == ["decode", "idle"]
 
 # %% [markdown]
 # ## Summary

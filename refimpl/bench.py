@@ -299,7 +299,8 @@ def summary_table(rows: Sequence[dict[str, Any]]) -> str:
     """One line per point: host µs per part, the GPU graph time, the step as graph vs eager."""
     head = f"{'backend/variant':<26} {'mode':<14} {'ctx':>6} {'bs':>4} {'valid':>7} {'copies':>7} {'hook':>7} "
     head += f"{'launch':>7} {'gpu':>8} {'graph':>8} {'eager':>8} {'x':>5}"
-    lines = [head, "-" * len(head)]
+    units = "host µs, medians: valid(ation) / copies / hook / launch; gpu: the graph's GPU µs; graph / eager: the whole step"
+    lines = [units + ", wall µs; x: eager / graph", head, "-" * len(head)]
     for r in rows:
         h, g, st = r["host_us"], r.get("gpu_us"), r["step_us"]
         gpu = f"{g['graph']['median']:8.1f}" if g else f"{'-':>8}"

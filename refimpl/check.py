@@ -18,13 +18,14 @@ The hooks are fed what the runner feeds them (``capture_batch`` / ``padded_batch
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .backends import BackendEntry, find
+from .backends import REGISTRY, BackendEntry, find, must_pass
 from .backends.base import GraphModeNotSupported
 from .batch import ForwardBatch
 from .config import SpecConfig
@@ -40,7 +41,7 @@ class CheckRecord:
     backend: str
     variant: str
     mode: str
-    bs: int
+    bs: int  # 0 for idle, and for a skipped row (the backend does not capture the mode)
     engine: str
     capture_equals_replay: bool | None
     graph_equals_eager: bool | None
@@ -51,13 +52,25 @@ class CheckRecord:
     glue_equals_eager: bool | None = None
     glue_findings: list[str] = field(default_factory=list)  # why (e) failed or was refused: not a problem unglued
 
+    expected: bool = False  # a legacy / as-upstream shape: its findings are the historical bugs it reproduces
+
     @property
     def passed(self) -> bool:
         verdicts = (self.capture_equals_replay, self.graph_equals_eager, self.matches_oracle)
         return all(v is not False for v in (*verdicts, self.replay_matches_reference))
 
+    @property
+    def skipped(self) -> bool:
+        """The backend does not capture the mode: no verdict was asked."""
+        return bool(self.findings) and self.findings[0].startswith("skipped:") and self.capture_equals_replay is None
+
+    @property
+    def status(self) -> str:
+        """``ok``, ``skipped``, ``expected`` (a historical shape's finding) or ``FAIL`` (a row that must pass did not)."""
+        return "skipped" if self.skipped else "ok" if self.passed else "expected" if self.expected else "FAIL"
+
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        return dataclasses.asdict(self) | {"status": self.status}
 
 
 @dataclass
@@ -213,10 +226,13 @@ def check_entry_mode(
     """The four verdicts for one entry and graph kind, one record per raw batch size (one ``skipped`` record when the
     backend does not capture the kind)."""
     kind = GraphKind.parse(case)
+    expected = not must_pass(entry.variant) and entry in REGISTRY  # a class under review (--backend-class) must pass
 
     def record(bs, *verdicts, findings, ref=None, cls=None):
         pattern = getattr(cls or entry.load(), "pattern", "")
-        return CheckRecord(entry.name, entry.variant, kind.label, bs, engine.name, *verdicts, findings, pattern, ref)
+        row = CheckRecord(entry.name, entry.variant, kind.label, bs, engine.name, *verdicts, findings, pattern, ref)
+        row.expected = expected
+        return row
 
     sizes = dict(capture_bs=settings.capture_bs, max_context_len=settings.max_context_len)
     try:
@@ -252,17 +268,33 @@ def run_checks(
     engine: str = "auto",
     settings: CheckSettings | None = None,
     entries: Iterable[BackendEntry] | None = None,
+    progress: bool = False,
 ) -> list[CheckRecord]:
-    """Check the registered backends (``backends`` / ``variants`` filter them) or ``entries``."""
+    """Check the registered backends (``backends`` / ``variants`` filter them) or ``entries``; ``progress``: a bar on
+    stderr, one step per entry x graph kind. A selection with nothing in it raises ``ValueError``."""
     settings = settings or CheckSettings()
     eng = make_engine(engine)
     if entries is None:
         entries = [e for n in (backends or [None]) for e in find(n)]
         if variants:
+            have = sorted({e.variant for e in entries})
             entries = [e for e in entries if e.variant in set(variants)]
+            if not entries:
+                raise ValueError(f"nothing to check: no variant {sorted(variants)} of {backends or 'any backend'} (have: {have})")
     case_list = [GraphKind.parse(m) for m in modes] if modes else list(KINDS.values())
+    tasks = [(entry, case) for entry in entries for case in case_list]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(tasks), desc="check", unit="target", file=sys.stderr)
     rows: list[CheckRecord] = []
-    for entry in entries:
-        for case in case_list:
-            rows.extend(check_entry_mode(entry, case, eng, settings))
+    for entry, case in tasks:
+        if bar is not None:
+            bar.set_postfix_str(f"{entry.name}/{entry.variant} {case.label}")
+        rows.extend(check_entry_mode(entry, case, eng, settings))
+        if bar is not None:
+            bar.update()
+    if bar is not None:
+        bar.close()
     return rows

@@ -104,6 +104,7 @@ def test_frozen_scalar_is_caught():
 def test_unsupported_mode_is_reported_as_skipped():
     rows = check_entry_mode(entry(TorchNativeBackend, "unified"), ForwardMode.DRAFT_EXTEND, CPUEmulatorEngine(), FAST)
     assert len(rows) == 1 and rows[0].passed and "skipped" in rows[0].findings[0]
+    assert rows[0].skipped and rows[0].status == "skipped"
 
 
 def test_diff_states_names_buffer_and_elements():
@@ -132,7 +133,33 @@ def test_run_checks_json_keys_and_unknown_backend():
         "replay_matches_reference",
         "glue_equals_eager",
         "glue_findings",
+        "expected",  # issue 17: new fields only
+        "status",
     }
     assert rows[0].pattern == TorchNativeBackend.pattern  # the record carries the class's label
     with pytest.raises(ValueError, match="unknown backend 'nope'"):
         run_checks(["nope"], None, None, "cpu-emulator", FAST)
+
+
+def test_cli_reports_like_a_tool(capsys):
+    """Progress on stderr, a status per row (historical shapes' findings are ``expected``, not failures), skipped rows
+    without a batch size, one legend line and a closing summary; exit 0 when nothing that must pass failed."""
+    from refimpl.__main__ import LEGEND, main
+
+    assert (
+        main(["check", "--backend", "flashinfer_mla", "--mode", "decode", "--mode", "draft_decode", "--bs", "1"]) == 0
+    )
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert "check:" in err and "%|" in err  # the bar
+    rows = [line.split() for line in lines[2:] if line.startswith("flashinfer_mla")]
+    mode = lambda r: "draft_decode" if "draft_decode" in r else "decode"  # noqa: E731
+    status = {(r[1], mode(r)): r[-1] for r in rows}
+    assert status == {("unified", "decode"): "ok", ("as-upstream", "decode"): "expected", ("legacy", "decode"): "expected",
+                      ("unified", "draft_decode"): "skipped", ("as-upstream", "draft_decode"): "skipped",
+                      ("legacy", "draft_decode"): "skipped"}, rows  # fmt: skip
+    assert all(r[r.index(mode(r)) + 1] == ("-" if r[-1] == "skipped" else "1") for r in rows)  # no bs 0 when skipped
+    assert LEGEND in lines
+    assert lines[-1].startswith("check: 6 rows in ") and lines[-1].endswith(
+        "1 ok, 2 expected historical findings (legacy / as-upstream shapes), 3 skipped, 0 unexpected failures"
+    )

@@ -50,3 +50,19 @@ def test_every_registered_shape_carries_one_documented_pattern_label():
         cls = entry.load()
         assert cls.pattern in PATTERNS, (entry.name, entry.variant, cls.pattern)
         assert f"| **{cls.pattern}** |" in FACTS.read_text(), f"{cls.pattern!r} is not documented"
+
+
+def test_the_box_lists_every_backend_variant_and_notebook():
+    """README's "What is in the box" keeps step with the registry and the notebooks folder."""
+    readme = (ROOT / "README.md").read_text()
+    box = readme.split("## What is in the box", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split("|")[1].strip(): line for line in box.splitlines() if line.startswith("| ")}
+    titles = {"torch_native": "torch_native", "torch_native_mla": "torch_native", "triton": "Triton", "wave": "Wave"}
+    titles |= {"flashinfer": "FlashInfer", "flashinfer_mla": "FlashInfer-MLA", "cutlass_mla": "Cutlass-MLA"}
+    titles |= {"trtllm_mla": "TRTLLM-MLA"}
+    missing = [e.name for e in REGISTRY if titles.get(e.name, "?") not in rows["backends"]]
+    missing += [f"{e.name}/{e.variant}" for e in REGISTRY if e.variant not in rows["backends"]]
+    missing += [
+        nb.stem for nb in (ROOT / "notebooks").glob("[0-9][0-9]_*.py") if f"`{nb.stem}`" not in rows["notebooks"]
+    ]
+    assert not missing, f"README's box lacks {missing}"

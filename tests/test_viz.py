@@ -288,3 +288,28 @@ def test_figure_titles_say_emulator_only_for_emulator_timings():
     assert _where({"device": "CPU (x86_64)", "note": "CPU: emulator timings (what the Python costs)"}).endswith(
         "(emulator timings)"
     )
+
+
+def test_code_grid_tags_one_line_each_and_renders_both_ways():
+    """The notebooks' code views: a tag that matches no line, or two, is an error (a claim about moved code fails)."""
+    from refimpl.viz.code import CodeGrid, SideBySideDiff, hook_code, source_lines
+
+    def f(x):
+        """doc"""
+        y = x + 1  # a comment naming g(
+        return g(y)
+
+    def g(y):
+        return y
+
+    assert source_lines(f)[0].startswith("def f(x):") and '"""doc"""' not in "".join(source_lines(f))
+    assert hook_code(f) == ["    y = x + 1", "    return g(y)"] and "# a comment" in hook_code(f, comments=True)[0]
+    grid = CodeGrid(["f", "g"], [""], [[[("f", hook_code(f))], [("g", hook_code(g))]]], [[[("g(y)", "the call")], []]])
+    assert grid.position(0, 0, "the call") == (0, 1)
+    assert "<-- the call" in str(grid) and "\u25c0 the call" in grid._repr_html_()
+    for needle in ("nowhere", "y"):  # no line, two lines
+        with pytest.raises(ValueError, match="lines of cell"):
+            CodeGrid(["f"], [""], [[[("f", hook_code(f))]]], [[[(needle, "t")]]])
+    diff = SideBySideDiff([("f vs g", "f", hook_code(f), "g", hook_code(g))])
+    assert diff.only_left(0) == ["    y = x + 1", "    return g(y)"] and diff.only_right(0) == ["    return y"]
+    assert "#ffe0e0" in diff._repr_html_() and "--- f" in str(diff)
