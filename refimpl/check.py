@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from .backends import REGISTRY, BackendEntry, find, must_pass
 from .backends.base import GraphModeNotSupported
@@ -230,9 +231,8 @@ def check_entry_mode(
 
     def record(bs, *verdicts, findings, ref=None, cls=None):
         pattern = getattr(cls or entry.load(), "pattern", "")
-        row = CheckRecord(entry.name, entry.variant, kind.label, bs, engine.name, *verdicts, findings, pattern, ref)
-        row.expected = expected
-        return row
+        labels = (entry.name, entry.variant, kind.label, bs, engine.name)
+        return CheckRecord(*labels, *verdicts, findings, pattern, ref, expected=expected)
 
     sizes = dict(capture_bs=settings.capture_bs, max_context_len=settings.max_context_len)
     try:
@@ -282,19 +282,9 @@ def run_checks(
             if not entries:
                 raise ValueError(f"nothing to check: no variant {sorted(variants)} of {backends or 'any backend'} (have: {have})")
     case_list = [GraphKind.parse(m) for m in modes] if modes else list(KINDS.values())
-    tasks = [(entry, case) for entry in entries for case in case_list]
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(tasks), desc="check", unit="target", file=sys.stderr)
+    tasks = tqdm([(e, c) for e in entries for c in case_list], desc="check", unit="target", file=sys.stderr, disable=not progress)
     rows: list[CheckRecord] = []
     for entry, case in tasks:
-        if bar is not None:
-            bar.set_postfix_str(f"{entry.name}/{entry.variant} {case.label}")
+        tasks.set_postfix_str(f"{entry.name}/{entry.variant} {case.label}")
         rows.extend(check_entry_mode(entry, case, eng, settings))
-        if bar is not None:
-            bar.update()
-    if bar is not None:
-        bar.close()
     return rows
