@@ -66,6 +66,7 @@ def test_checker_passes_unified_rows_on_cuda():
     assert all(r.passed for r in rows), [(r.backend, r.mode, r.bs, r.findings) for r in rows]
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("row", ["triton/unified/decode", "trtllm_mla/unified/draft_extend_v2"])
 def test_bench_hook_agrees_with_a_plain_loop(row):
     """The bench's hook column is the hook's own cost: within 15% of the same hook timed in a plain loop, in the
