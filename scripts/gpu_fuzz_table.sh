@@ -5,13 +5,7 @@
 # Results under ${OUT:-gpu_out}/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-gpu_out}; mkdir -p "$out"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export SITE=/tmp/site
-fi
-export PYTHONUNBUFFERED=1 MPLBACKEND=Agg FLASHINFER_WORKSPACE_BASE=/tmp/fiws MAX_JOBS=16
-export PYTHONPATH=$PWD:${SITE:-}
+. scripts/gpu_env.sh  # wheels, PYTHONPATH, MAX_JOBS=16, $out
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 # 1. fuzz: 36 batches per target, seed 7 (progress, mismatches with reproducers, summary)
 timeout 270 python3 -m refimpl check --fuzz 36 --seed 7 2>&1 | grep -v "it/s" | tee "$out/fuzz_h200.log" | tail -4

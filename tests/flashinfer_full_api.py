@@ -1,4 +1,4 @@
-"""flashinfer 0.6.0's FULL wrapper signatures over the lean stand-ins (a test helper).
+"""flashinfer 0.7.2's FULL wrapper signatures over the lean stand-ins (a test helper; SGLang 0.5.23 pins 0.7.2).
 
 ``refimpl.flashinfer_wrappers.standin`` keeps only the parameters refimpl passes. The
 subclasses here carry every parameter of the real ``__init__`` / ``plan`` / ``run`` (and
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from typing import Any
 
 import torch
@@ -37,6 +38,23 @@ def _refuse_run_extras(args: tuple, lse, return_lse: bool, sinks, window_left) -
     _refuse(return_lse or lse is not None, "return_lse / lse (the dense op returns no log-sum-exp)")
     _refuse(sinks is not None, "sinks (attention sinks)")
     _refuse(window_left not in (None, -1), f"window_left={window_left} (sliding window)")
+
+
+def _refuse_new_run_extras(**given: Any) -> None:
+    """0.7.2's new run arguments (scale-factor / quantised caches, softmax skipping, sinks, fp16 softmax): all off."""
+    for name, value in given.items():
+        _refuse(value is not None, f"{name}={value!r}")
+
+
+# 0.6.0's positional order after page_size, which 0.7.2 still maps (deprecated)
+DECODE_PLAN_POSITIONAL = (
+    "pos_encoding_mode window_left logits_soft_cap q_data_type kv_data_type o_data_type data_type sm_scale rope_scale "
+    "rope_theta non_blocking block_tables seq_lens fixed_split_size disable_split_kv"
+).split()
+CSR_PLAN_NAMES = (
+    "qo_indptr kv_indptr kv_indices kv_len_arr num_heads head_dim_ckv head_dim_kpe page_size causal sm_scale "
+    "q_data_type kv_data_type"
+).split()
 
 
 def _kv_tuple(kv: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,8 +132,34 @@ class BatchDecodeWithPagedKVCacheWrapper(lean.BatchDecodeWithPagedKVCacheWrapper
         num_kv_heads: int,
         head_dim: int,
         page_size: int,
+        *deprecated_positional_args: Any,
+        **kwargs: Any,
+    ) -> None:
+        """0.7.2: the optional arguments by keyword; positional ones (0.6.0's order) still map, with a warning."""
+        if deprecated_positional_args:
+            if len(deprecated_positional_args) > len(DECODE_PLAN_POSITIONAL):
+                raise TypeError(f"plan() takes at most {7 + len(DECODE_PLAN_POSITIONAL)} positional arguments")
+            given = dict(zip(DECODE_PLAN_POSITIONAL, deprecated_positional_args))
+            if twice := given.keys() & kwargs.keys():
+                raise TypeError(f"plan() got multiple values for {sorted(twice)}")
+            warnings.warn("positional plan() arguments after page_size are deprecated", DeprecationWarning, 2)
+            kwargs = given | kwargs
+        heads = (num_qo_heads, num_kv_heads, head_dim, page_size)
+        return self._plan_impl(indptr, indices, last_page_len, *heads, **kwargs)
+
+    def _plan_impl(
+        self,
+        indptr: torch.Tensor,
+        indices: torch.Tensor,
+        last_page_len: torch.Tensor,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        *,
         pos_encoding_mode: str = "NONE",
         window_left: int = -1,
+        window_right: int = 0,
         logits_soft_cap: float | None = None,
         q_data_type: str | torch.dtype | None = "float16",
         kv_data_type: str | torch.dtype | None = None,
@@ -129,8 +173,12 @@ class BatchDecodeWithPagedKVCacheWrapper(lean.BatchDecodeWithPagedKVCacheWrapper
         seq_lens: torch.Tensor | None = None,
         fixed_split_size: int | None = None,
         disable_split_kv: bool = False,
+        q_len_per_req: int = 1,
+        is_causal: bool | None = None,
     ) -> None:
         _refuse_plan_features(pos_encoding_mode, window_left, logits_soft_cap)
+        _refuse(window_right != 0, f"window_right={window_right} (cute-dsl)")
+        _refuse(q_len_per_req != 1 or is_causal, f"q_len_per_req={q_len_per_req} / is_causal={is_causal}")
         trtllm = block_tables is not None or seq_lens is not None
         _refuse(trtllm, "block_tables / seq_lens (trtllm-gen)")
         if fixed_split_size is not None and not self.use_tensor_cores:  # as flashinfer
@@ -178,10 +226,14 @@ class BatchDecodeWithPagedKVCacheWrapper(lean.BatchDecodeWithPagedKVCacheWrapper
         enable_pdl: bool | None = None,
         window_left: int | None = None,
         sinks: torch.Tensor | None = None,
-        q_len_per_req: int | None = 1,
+        q_len_per_req: int | None = None,
+        skip_softmax_threshold_scale_factor: float | None = None,
+        kv_cache_sf: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         _refuse_run_extras(args, lse, return_lse, sinks, window_left)
         _refuse(q_len_per_req not in (None, 1), f"q_len_per_req={q_len_per_req} (trtllm-gen)")
+        _refuse_new_run_extras(skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor,
+                               kv_cache_sf=kv_cache_sf)  # fmt: skip
         lean_run = super().run
         return _run_scaled(self, lean_run, q, paged_kv_cache, q_scale, k_scale, v_scale, out)
 
@@ -203,8 +255,10 @@ class BatchPrefillWithPagedKVCacheWrapper(lean.BatchPrefillWithPagedKVCacheWrapp
         backend: str = "auto",
         jit_args: list[Any] | None = None,
         jit_kwargs: dict[str, Any] | None = None,
+        variant_owns_mask: bool = False,
     ) -> None:
         _refuse(kv_layout == "HND", "kv_layout='HND'")
+        _refuse(variant_owns_mask, "variant_owns_mask=True (a JIT variant's own mask)")
         jit = jit_args is not None or jit_kwargs is not None
         _refuse(jit, "jit_args / jit_kwargs (custom JIT attention variants)")
         _refuse(backend not in ("auto", "fa2", "fa3"), f"backend={backend!r}")
@@ -307,11 +361,19 @@ class BatchPrefillWithPagedKVCacheWrapper(lean.BatchPrefillWithPagedKVCacheWrapp
         out: torch.Tensor | None = None,
         lse: torch.Tensor | None = None,
         return_lse: bool = False,
+        lse_base: str = "log2",
+        lse_layout: str = "NH",
         enable_pdl: bool | None = None,
         window_left: int | None = None,
         sinks: torch.Tensor | None = None,
+        kv_cache_sf: torch.Tensor | None = None,
+        skip_softmax_threshold_scale_factor: float | None = None,
+        use_fp16_softmax: bool | None = None,
+        uses_spcompress: bool | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         _refuse_run_extras(args, lse, return_lse, sinks, window_left)
+        _refuse_new_run_extras(kv_cache_sf=kv_cache_sf, use_fp16_softmax=use_fp16_softmax, uses_spcompress=uses_spcompress,
+                               skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor)  # fmt: skip
         lean_run = super().run
         return _run_scaled(self, lean_run, q, paged_kv_cache, q_scale, k_scale, v_scale, out)
 
@@ -323,32 +385,58 @@ class BatchMLAPagedAttentionWrapper(lean.BatchMLAPagedAttentionWrapper):
 
     def plan(
         self,
-        qo_indptr: torch.Tensor,
-        kv_indptr: torch.Tensor,
-        kv_indices: torch.Tensor,
-        kv_len_arr: torch.Tensor,
-        num_heads: int,
-        head_dim_ckv: int,
-        head_dim_kpe: int,
-        page_size: int,
-        causal: bool,
-        sm_scale: float,
-        q_data_type: torch.dtype,
-        kv_data_type: torch.dtype,
+        qo_indptr: torch.Tensor | None = None,
+        kv_indptr: torch.Tensor | None = None,
+        kv_indices: torch.Tensor | None = None,
+        kv_len_arr: torch.Tensor | None = None,
+        num_heads: int | None = None,
+        head_dim_ckv: int | None = None,
+        head_dim_kpe: int | None = None,
+        page_size: int | None = None,
+        causal: bool | None = None,
+        sm_scale: float | None = None,
+        q_data_type: torch.dtype | None = None,
+        kv_data_type: torch.dtype | None = None,
         use_profiler: bool = False,
+        *,
+        metadata: Any = None,
+        cum_seq_lens_q: torch.Tensor | None = None,
+        block_tables: torch.Tensor | None = None,
+        seq_lens: torch.Tensor | None = None,
+        max_q_len: int | None = None,
+        query_layout: str | None = None,
+        kv_cache_layout: str | None = None,
+        lse_mode: str = "none",
+        output_dtype: torch.dtype | None = None,
+        output_scale: str = "none",
+        scale_mode: str = "default",
+        skip_softmax: bool = False,
+        enable_pdl: bool | None = None,
+        use_sinks: bool = False,
     ) -> None:
+        """0.7.2's CSR form (its canonical ``metadata=`` / block-table forms are refused)."""
         _refuse(use_profiler, "use_profiler=True")
-        super().plan(
-            qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe,
-            page_size, causal, sm_scale, q_data_type, kv_data_type,
-        )  # fmt: skip
+        canonical = (metadata, cum_seq_lens_q, block_tables, seq_lens, max_q_len)
+        _refuse(any(x is not None for x in canonical), "metadata= / block tables (0.7.2's canonical plan forms)")
+        _refuse(
+            query_layout not in (None, "split") or kv_cache_layout not in (None, "split"), "packed query / kv layouts"
+        )
+        _refuse(
+            lse_mode != "none" or output_scale != "none" or scale_mode != "default", "lse / output / kv scale modes"
+        )
+        _refuse(skip_softmax or use_sinks, "skip_softmax / use_sinks")
+        _refuse(output_dtype not in (None, q_data_type), f"output_dtype={output_dtype}")
+        csr = (qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe, page_size, causal)
+        if missing := [n for n, x in zip(CSR_PLAN_NAMES, (*csr, sm_scale, q_data_type, kv_data_type)) if x is None]:
+            raise TypeError(f"plan() needs {', '.join(missing)} (the CSR form)")
+        super().plan(*csr, sm_scale, q_data_type, kv_data_type)
 
     def run(
         self,
-        q_nope: torch.Tensor,
-        q_pe: torch.Tensor,
-        ckv_cache: torch.Tensor,
-        kpe_cache: torch.Tensor,
+        q_nope: torch.Tensor | None = None,
+        q_pe: torch.Tensor | None = None,
+        ckv_cache: torch.Tensor | None = None,
+        kpe_cache: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
         lse: torch.Tensor | None = None,
         return_lse: bool = False,
@@ -356,8 +444,26 @@ class BatchMLAPagedAttentionWrapper(lean.BatchMLAPagedAttentionWrapper):
         kv_len: torch.Tensor | None = None,
         page_table: torch.Tensor | None = None,
         return_lse_base_on_e: bool = False,
+        o_scale: float | None = None,
+        *,
+        query: torch.Tensor | None = None,
+        kv_cache: torch.Tensor | None = None,
+        ckv_scale: float | None = None,
+        ckv_scale_arr: torch.Tensor | None = None,
+        kpe_scale: float | None = None,
+        sinks: torch.Tensor | None = None,
+        skip_softmax_threshold_scale_factor: float | None = None,
+        bmm1_scale: float | None = None,
+        bmm2_scale: float | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``kv_len`` / ``page_table`` are cutlass-only: ignored, as on flashinfer's fa2/fa3."""
         _refuse(return_lse or lse is not None, "return_lse / lse (no log-sum-exp)")
         _refuse(profiler_buffer is not None, "profiler_buffer")
+        _refuse(query is not None or kv_cache is not None, "query= / kv_cache= (packed inputs)")
+        _refuse_new_run_extras(o_scale=o_scale, ckv_scale=ckv_scale, ckv_scale_arr=ckv_scale_arr, kpe_scale=kpe_scale,
+                               sinks=sinks, bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale,
+                               skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor)  # fmt: skip
+        if missing := [n for n, x in zip(("q_nope", "q_pe", "ckv_cache", "kpe_cache"), (q_nope, q_pe, ckv_cache, kpe_cache))
+                       if x is None]:  # fmt: skip
+            raise TypeError(f"run() needs {', '.join(missing)}")
         return _into(out, super().run(q_nope, q_pe, ckv_cache, kpe_cache))

@@ -1,8 +1,8 @@
 """refimpl.flashinfer_wrappers: the lean stand-ins (binding, plan partition, run), the fast
-plans, and signature parity with flashinfer 0.6.0.
+plans, and signature parity with flashinfer (0.7.2, which SGLang 0.5.23 pins; the lean calls also with 0.6.0).
 
 CPU only. The signature-parity tests need the real flashinfer importable (its Python package
-imports without CUDA: ``pip install flashinfer-python==0.6.0``); they skip otherwise.
+imports without CUDA: ``pip install --no-deps flashinfer-python==0.7.2``, as CI does); they skip otherwise.
 Unmodelled features are refused by the full-API subclasses of ``flashinfer_full_api.py``.
 """
 
@@ -236,11 +236,18 @@ def _params(f):
     return [(p.name, p.kind, p.default) for p in inspect.signature(f).parameters.values()]
 
 
+FULL_API_VERSION = "0.7.2"
+
+
 @pytest.mark.parametrize("name", WRAPPER_NAMES)
 def test_full_api_signature_parity_with_real_flashinfer(name):
     real = getattr(_real_classes(), name)
+    import flashinfer
+
+    if flashinfer.__version__ != FULL_API_VERSION:  # the lean test below holds for 0.6.0 too
+        pytest.skip(f"the full API mirrors flashinfer {FULL_API_VERSION}; {flashinfer.__version__} is installed")
     mine = getattr(full_api, name)
-    for method in ("__init__", "plan", "run", "forward", "begin_forward", "run_return_lse"):
+    for method in ("__init__", "plan", "_plan_impl", "run", "forward", "begin_forward", "run_return_lse"):
         has_real, has_mine = hasattr(real, method), hasattr(mine, method)
         assert has_real == has_mine, f"{name}.{method}: real has it={has_real}, full API={has_mine}"
         if has_real:
@@ -251,9 +258,10 @@ def test_full_api_signature_parity_with_real_flashinfer(name):
 
 @pytest.mark.parametrize("name", WRAPPER_NAMES)
 def test_lean_signatures_are_a_subset_of_real_flashinfer(name):
-    """Every call refimpl makes on a lean stand-in is valid on the real class: each positional
-    parameter sits at the same position with the same name, kind and default; each keyword-only
-    one exists in the real method (positional-or-keyword or keyword-only) with the same default."""
+    """Every call refimpl makes on a lean stand-in is valid on the real class (0.6.0 and 0.7.2): each positional
+    parameter sits at the same position with the same name and kind (and, where the stand-in has a default, the same
+    default); each keyword-only one exists in the real method (positional-or-keyword or keyword-only; behind 0.7.2's
+    ``**kwargs``, in the ``_plan_impl`` it forwards to) with the same default."""
     real = getattr(_real_classes(), name)
     mine = getattr(standin, name)
     for method in ("__init__", "plan", "run", "begin_forward", "forward", "run_return_lse"):
@@ -262,17 +270,21 @@ def test_lean_signatures_are_a_subset_of_real_flashinfer(name):
         assert hasattr(real, method), f"{name}.{method}: the stand-in has it, flashinfer not"
         real_params = inspect.signature(getattr(real, method)).parameters
         real_list = list(real_params.values())
+        keywords = dict(real_params)
+        if any(q.kind is q.VAR_KEYWORD for q in real_list) and hasattr(real, "_plan_impl"):
+            keywords |= inspect.signature(real._plan_impl).parameters
         for i, p in enumerate(inspect.signature(getattr(mine, method)).parameters.values()):
             where = f"{name}.{method}({p.name})"
             if p.kind is p.KEYWORD_ONLY:
-                q = real_params.get(p.name)
+                q = keywords.get(p.name)
                 assert q is not None, f"{where}: not a parameter of flashinfer's"
                 assert q.kind in (q.POSITIONAL_OR_KEYWORD, q.KEYWORD_ONLY), where
                 assert q.default == p.default, f"{where}: default {p.default!r} vs {q.default!r}"
             else:
                 assert p.kind is p.POSITIONAL_OR_KEYWORD, f"{where}: {p.kind}"
                 q = real_list[i]
-                assert (q.name, q.kind, q.default) == (p.name, p.kind, p.default), (
+                default = q.default if p.default is p.empty else p.default  # a required argument: any default
+                assert (q.name, q.kind, q.default) == (p.name, p.kind, default), (
                     f"{where}: flashinfer has {q.name} ({q.kind}, default {q.default!r}) there"
                 )
 
@@ -563,9 +575,10 @@ def test_fast_decode_plan_tensor_core_path_and_module_arguments():
         bufs["paged_kv_indices_buffer"][:11].copy_(indices)
         fast_decode_plan(w, indptr, ones(2), H, HKV, D, 1, q_data_type=F32)
         (args,) = w._cached_module.calls
-        if tc:  # the prefill module's fa2 argument list
-            assert len(args) == 19 and args[3].tolist() == [0, 1, 2] and args[4] is indptr
+        if tc:  # the prefill module's fa2 argument list (0.7.2: ..., fixed_split_size, disable_split_kv, 0, uniform_q_len 0)
+            assert len(args) == 20 and args[3].tolist() == [0, 1, 2] and args[4] is indptr
             assert args[5].tolist() == [4, 7] and args[6:8] == (2, 2) and args[14] is False
+            assert args[16:] == (-1, False, 0, 0)
         else:  # the CUDA-core decode module's 15 arguments
             assert len(args) == 15 and args[3] is indptr and args[4:9] == (2, H, HKV, 1, True)
             assert args[13].dtype == F32 and args[14].dtype == F32
@@ -593,6 +606,41 @@ def test_fast_decode_plan_refusals():
     with pytest.raises(ValueError, match="needs the host indptr"):
         w.plan(torch.empty(3, device="meta"), torch.zeros(4, dtype=I32), ones(2), H, HKV, D, 1,
                q_data_type=F32)  # fmt: skip
+
+
+def test_fast_mla_decode_plan_on_flashinfer_072s_planned_backend():
+    """flashinfer 0.7.2 keeps an MLA plan on the backend object its full plan chose (``wrapper._planned_backend``) and
+    schedules through ``plan_with_staged_workspace_bytes``: the fast plan writes the plan there, through the wrapper's
+    module (so ``count_plans`` still counts it), and checks the backend's dtypes. The real wrappers: the GPU gate."""
+    from types import SimpleNamespace
+
+    from refimpl.flashinfer_wrappers import count_plans
+
+    g = gen(17)
+    w, _ = bound_mla(3)
+    mla_plan(w, [1, 1, 1], [2, 2, 2], g)
+    staged = []
+
+    class Module072:  # 0.7.2's module adapter: plan() is plan_with_staged_workspace_bytes()[0]
+        def plan_with_staged_workspace_bytes(self, *args):
+            staged.append(args)
+            return ["info", len(staged)], 24
+
+    ws = (w._float_workspace_buffer, w._int_workspace_buffer, w._pin_memory_int_workspace_buffer)
+    backend = SimpleNamespace(_float_workspace_buffer=ws[0], _int_workspace_buffer=ws[1],
+                              _pin_memory_int_workspace_buffer=ws[2], _q_data_type=F32, _kv_data_type=F32)  # fmt: skip
+    w._planned_backend, w._cached_module, before = backend, Module072(), w._plan_info
+    with count_plans(SimpleNamespace(wrappers=[w])) as calls:
+        fast_mla_decode_plan(w, qo([1, 1, 1]), qo([3, 1, 2]), torch.tensor([3, 1, 2], dtype=I32), HM, R, RR, 1,
+                             True, 0.5, F32, F32)  # fmt: skip
+    assert calls[0] == 1 and len(staged) == 1 and staged[0][:3] == ws and staged[0][5].tolist() == [3, 1, 2]
+    assert backend._plan_info == ["info", 1] and backend._staged_int_workspace_bytes == 24
+    assert (backend._causal, backend._sm_scale, w._causal) == (True, 0.5, True)
+    assert w._plan_info is before, "the wrapper's own plan is not where 0.7.2's run reads it"
+    backend._q_data_type = torch.float16
+    with pytest.raises(ValueError, match="q_data_type=torch.float32 differs from the full plan's torch.float16"):
+        fast_mla_decode_plan(w, qo([1, 1, 1]), qo([3, 1, 2]), torch.tensor([3, 1, 2], dtype=I32), HM, R, RR, 1,
+                             True, 0.5, F32, F32)  # fmt: skip
 
 
 def test_fast_mla_decode_plan_matches_full_plan():

@@ -82,9 +82,11 @@ class FlashInferMLAAttnBackend(AttentionBackend):
             raise GraphModeNotSupported(f"{self.name}: {why}; topk={self.spec.topk}")
 
     # --- plans --------------------------------------------------------------------------------
-    def _plan_args(self, causal: bool) -> tuple:
+    def _plan_kw(self, causal: bool) -> dict:
+        """``plan``'s scalar arguments, by keyword (flashinfer 0.7.2 deprecates positional MLA plan arguments)."""
         c = self.cfg
-        return (c.num_heads, c.kv_lora_rank, c.qk_rope_head_dim, 1, causal, c.sm_scale, c.dtype, c.dtype)
+        heads = dict(num_heads=c.num_heads, head_dim_ckv=c.kv_lora_rank, head_dim_kpe=c.qk_rope_head_dim, page_size=1)
+        return heads | dict(causal=causal, sm_scale=c.sm_scale, q_data_type=c.dtype, kv_data_type=c.dtype)
 
     def _full_decode_plan(self, bs, rpi, seq_lens, seq_lens_cpu, wrapper) -> None:
         """indices_updater_decode.update(init_metadata_replay=False): fresh indices, full plan."""
@@ -93,7 +95,7 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         kv_indices = torch.empty(max(int(seq_lens_cpu[:bs].sum()), 1), dtype=torch.int32, device=self.device)
         build_kv_indices(self.world.req_to_token, rpi[:bs], seq_lens[:bs], kv_indptr, kv_indices)
         q_indptr, kv_lens = self.q_indptr_decode[: bs + 1], seq_lens[:bs].to(torch.int32)
-        wrapper.plan(q_indptr, kv_indptr, kv_indices, kv_lens, *self._plan_args(False))
+        wrapper.plan(qo_indptr=q_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_len_arr=kv_lens, **self._plan_kw(False))
 
     def _fast_decode_replay(self, bs, rpi, seq_lens, seq_lens_cpu) -> None:
         """Decode replay: indices into the bound buffer, host indptrs into the fast plan."""
@@ -107,7 +109,10 @@ class FlashInferMLAAttnBackend(AttentionBackend):
             self.cuda_graph_kv_lens[:bs].copy_(seq_lens[:bs])
         build_kv_indices(self.world.req_to_token, rpi[:bs], seq_lens[:bs], kv_indptr, self.cuda_graph_kv_indices)
         qo_indptr_cpu, kv_indptr_cpu = self.cuda_graph_qo_indptr_cpu[: bs + 1], self.cuda_graph_kv_indptr_cpu[: bs + 1]
-        wrapper.plan(qo_indptr_cpu, kv_indptr_cpu, self.cuda_graph_kv_indices, kv_len_cpu, *self._plan_args(False))
+        kw = self._plan_kw(False)
+        wrapper.plan(
+            qo_indptr=qo_indptr_cpu, kv_indptr=kv_indptr_cpu, kv_indices=self.cuda_graph_kv_indices, kv_len_arr=kv_len_cpu, **kw
+        )
 
     def _prefill_plan(self, bs, rpi, seq_lens, seq_lens_cpu, wrapper, mode, spec_info) -> None:
         """Verify and draft extend (generate_attn_arg_prefill): fresh args, full plan."""
@@ -132,7 +137,10 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         if fast:  # what the full plan would copy: the fast plan copies nothing
             self.cuda_graph_kv_lens[:bs].copy_(kv_lens)
             self.cuda_graph_qo_indptr[: bs + 1].copy_(qo_indptr_cpu, non_blocking=True)
-        wrapper.plan(qo_indptr_cpu, kv_indptr_cpu, kv_indices[:total], kv_lens_cpu, *self._plan_args(True))
+        kw = self._plan_kw(True)
+        wrapper.plan(
+            qo_indptr=qo_indptr_cpu, kv_indptr=kv_indptr_cpu, kv_indices=kv_indices[:total], kv_len_arr=kv_lens_cpu, **kw
+        )
 
     # --- eager --------------------------------------------------------------------------------
     def init_forward_metadata(self, fb: ForwardBatch) -> None:

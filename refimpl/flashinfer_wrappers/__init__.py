@@ -113,17 +113,22 @@ def _wrappers(obj, seen: set[int], depth: int = 0):
 
 
 class _CountedModule:
-    """A wrapper's kernel module whose ``plan`` (the host scheduling every plan ends in, fast ones included) counts."""
+    """A wrapper's kernel module whose ``plan`` / ``plan_with_staged_workspace_bytes`` (flashinfer 0.7.2's MLA: the host
+    scheduling every plan ends in, fast ones included) count."""
 
     def __init__(self, module, calls: list[int]):
         self._module, self._calls = module, calls
 
-    def plan(self, *args, **kw):
-        self._calls[0] += 1
-        return self._module.plan(*args, **kw)
-
     def __getattr__(self, name: str):
-        return getattr(self._module, name)
+        attr = getattr(self._module, name)
+        if not name.startswith("plan"):
+            return attr
+
+        def counted(*args, **kw):
+            self._calls[0] += 1
+            return attr(*args, **kw)
+
+        return counted
 
 
 @contextlib.contextmanager

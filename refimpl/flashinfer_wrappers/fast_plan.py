@@ -4,8 +4,9 @@ way).
 Every replay re-plans. The full ``plan`` (1) copies the indptr device -> host, a stream sync (for MLA it made graph
 replay hang, SGLang #3987: https://github.com/sgl-project/sglang/pull/3987), (2) copies indptr / indices into the bound
 buffers, (3) selects (first time: JIT-compiles) the kernel module, (4) writes the host-computed partition into the
-workspace. The fast plans keep only (4), through ``wrapper._cached_module.plan(...)`` (real flashinfer 0.6.0 wrappers
-and stand-ins alike). Contracts: (1) the host indptr describes the batch written on the device (unchecked: the kernel
+workspace. The fast plans keep only (4), through ``wrapper._cached_module.plan(...)`` (real flashinfer 0.6.0 and 0.7.2
+wrappers and the stand-ins, which follow 0.7.2; where the two versions differ, :func:`fa2_tail` and
+:func:`fast_mla_decode_plan` say how). Contracts: (1) the host indptr describes the batch written on the device (unchecked: the kernel
 silently reads wrong keys); (2) in cuda-graph mode the device tensors handed in *are* the bound buffers (checked by
 address; without it decode rebinds them, MLA refuses; MLA's bound ``kv_indptr`` / ``kv_len_arr`` stay stale, SGLang
 #37975: https://github.com/sgl-project/sglang/pull/37975); (3) q/kv dtypes and sliding window / soft cap on/off match
@@ -56,7 +57,7 @@ def _require_fits(name: str, given: torch.Tensor | None, bound: torch.Tensor) ->
 def _check_same_kernel(wrapper: Any, q_dt, kv_dt, window_left: int, soft_cap: float) -> None:
     """Contract (3): the settings that select ``_cached_module`` match the full plan's."""
     for label, want in (("q_data_type", q_dt), ("kv_data_type", kv_dt)):
-        have = getattr(wrapper, f"_cached_{label}", None)
+        have = getattr(wrapper, f"_cached_{label}", None) or getattr(wrapper, f"_{label}", None)  # 0.7.2's MLA backend
         if have is not None and have != want:
             raise ValueError(f"{label}={want} differs from the full plan's {have}: re-plan fully")
     old_window, old_cap = getattr(wrapper, "_window_left", None), getattr(wrapper, "_logits_soft_cap", None)
@@ -147,6 +148,23 @@ def fast_decode_plan(
     wrapper._num_kv_heads, wrapper._pos_encoding_mode = num_kv_heads, pos_encoding_mode
     wrapper._window_left, wrapper._logits_soft_cap = window_left, soft_cap
     wrapper._sm_scale, wrapper._rope_scale, wrapper._rope_theta = sm_scale, rope_scale, rope_theta
+    if hasattr(wrapper, "_q_len_per_req"):  # flashinfer 0.7.2's decode plan keeps these too: one query row per request
+        wrapper._q_len_per_req, wrapper._is_causal, wrapper._window_right = 1, False, 0
+
+
+@functools.cache
+def _real_version() -> tuple[int, ...]:
+    import flashinfer
+
+    return tuple(int(x) for x in flashinfer.__version__.split("+")[0].split(".")[:2])
+
+
+def fa2_tail(wrapper: Any, split=None, no_split: bool = False) -> list:
+    """The fa2 prefill module plan's last arguments: fixed_split_size, disable_split_kv, num_colocated_ctas (0), and from
+    flashinfer 0.7 uniform_q_len (0: rows per request vary; 0.7.2's plans pass 0 for prefill and for decode with one
+    query row). The stand-ins follow 0.7.2."""
+    tail = [-1 if split is None else split, no_split, 0]
+    return tail + [0] if getattr(wrapper, "IS_STANDIN", False) or _real_version() >= (0, 7) else tail
 
 
 def _prefill_module_plan(
@@ -157,8 +175,8 @@ def _prefill_module_plan(
     ws = (wrapper._float_workspace_buffer, wrapper._int_workspace_buffer, wrapper._pin_memory_int_workspace_buffer)
     # ..., total_num_rows, batch_size, heads, head_dim_qk, head_dim_vo, causal, window_left
     args = [*ws, qo_cpu, kv_cpu, kv_lens_cpu, rows, len(kv_lens_cpu), *heads, head_dim, head_dim, causal, window_left]
-    if getattr(wrapper, "_backend", None) == "fa2":  # fixed_split_size, disable_split_kv, num_colocated_ctas
-        args += [-1 if split is None else split, no_split, 0]
+    if getattr(wrapper, "_backend", None) == "fa2":
+        args += fa2_tail(wrapper, split, no_split)
     return wrapper._cached_module.plan(*args)
 
 
@@ -235,7 +253,10 @@ def _write_mask(wrapper: Any, mask: torch.Tensor, sizes: torch.Tensor) -> None:
     if not real:
         wrapper._custom_mask_buf[: flat.numel()].copy_(flat)
         return
-    from flashinfer.quantization import get_quantization_module  # the kernel segment_packbits launches
+    try:  # the kernel segment_packbits launches (0.7.2 moved it into a submodule)
+        from flashinfer.quantization.packbits import get_quantization_module
+    except ImportError:
+        from flashinfer.quantization import get_quantization_module
 
     indptr = elem.to(torch.int32).to(flat.device, non_blocking=True)  # the one input it needs on the device
     out = wrapper._custom_mask_buf[: int(offsets[-1])]
@@ -329,8 +350,11 @@ def fast_mla_decode_plan(
     q_data_type,
     kv_data_type,
 ) -> None:
-    """Re-plan a cuda-graph ``BatchMLAPagedAttentionWrapper`` from host tensors, copying nothing."""
+    """Re-plan a cuda-graph ``BatchMLAPagedAttentionWrapper`` from host tensors, copying nothing. flashinfer 0.7.2 keeps
+    the plan on the backend object its full plan chose (``wrapper._planned_backend``; the wrapper mirrors its module and
+    workspaces), and its modules schedule through ``plan_with_staged_workspace_bytes``: the plan lands there."""
     module = _require_planned(wrapper, "fast_mla_decode_plan")
+    target = getattr(wrapper, "_planned_backend", None) or wrapper
     _require_host(qo_indptr_cpu=qo_indptr_cpu, kv_indptr_cpu=kv_indptr_cpu, kv_len_arr_cpu=kv_len_arr_cpu)
     if not getattr(wrapper, "_use_cuda_graph", False):  # run reads the bound kv_indices
         raise ValueError("fast_mla_decode_plan needs a wrapper in cuda-graph mode")
@@ -343,23 +367,27 @@ def fast_mla_decode_plan(
         why = f"the batch size {len(bound)} the wrapper was bound for (its kv_len_arr buffer)"
         raise ValueError(f"batch_size={batch_size} differs from {why}")
     q_dt, kv_dt = _dtype(q_data_type), _dtype(kv_data_type)
-    _check_same_kernel(wrapper, q_dt, kv_dt, -1, 0.0)
-    if getattr(wrapper, "_use_profiler", False):
+    _check_same_kernel(target, q_dt, kv_dt, -1, 0.0)
+    if getattr(target, "_use_profiler", False):
         raise ValueError("the fast MLA plan does not re-plan a profiling wrapper")
-    ws = (wrapper._float_workspace_buffer, wrapper._int_workspace_buffer, wrapper._pin_memory_int_workspace_buffer)
-    # head_dim_o = head_dim_ckv
-    wrapper._plan_info = module.plan(*ws, qo_indptr_cpu, kv_indptr_cpu, kv_len_arr_cpu, num_heads, head_dim_ckv, causal)
-    wrapper._causal, wrapper._page_size, wrapper._sm_scale = causal, page_size, sm_scale
+    ws = (target._float_workspace_buffer, target._int_workspace_buffer, target._pin_memory_int_workspace_buffer)
+    args = (*ws, qo_indptr_cpu, kv_indptr_cpu, kv_len_arr_cpu, num_heads, head_dim_ckv, causal)  # head_dim_o = ckv
+    if hasattr(module, "plan_with_staged_workspace_bytes"):  # 0.7.2
+        target._plan_info, target._staged_int_workspace_bytes = module.plan_with_staged_workspace_bytes(*args)
+    else:
+        target._plan_info = module.plan(*args)
+    for obj in {id(target): target, id(wrapper): wrapper}.values():
+        obj._causal, obj._page_size, obj._sm_scale = causal, page_size, sm_scale
     if hasattr(wrapper, "_batch_size"):
         wrapper._batch_size = batch_size
 
 
 def _fast_mla_plan_entry(
     wrapper,
-    qo_indptr_cpu,
-    kv_indptr_cpu,
+    qo_indptr,
+    kv_indptr,
     kv_indices,
-    kv_len_arr_cpu,
+    kv_len_arr,
     num_heads,
     head_dim_ckv,
     head_dim_kpe,
@@ -370,14 +398,15 @@ def _fast_mla_plan_entry(
     kv_data_type,
     use_profiler=False,
 ) -> None:
-    """``wrapper.plan`` after :func:`install_fast_mla_decode_plan`."""
+    """``wrapper.plan`` after :func:`install_fast_mla_decode_plan`: flashinfer's names, ``qo_indptr`` / ``kv_indptr`` /
+    ``kv_len_arr`` on the host."""
     if use_profiler:
         raise ValueError("the fast MLA plan does not plan with use_profiler=True")
     if getattr(wrapper, "_use_cuda_graph", False):
         _require_alias("kv_indices", kv_indices, wrapper._kv_indices_buf)
         _require_fits("kv_indices", kv_indices, wrapper._kv_indices_buf)
     args = (num_heads, head_dim_ckv, head_dim_kpe, page_size, causal, sm_scale, q_data_type, kv_data_type)
-    fast_mla_decode_plan(wrapper, qo_indptr_cpu, kv_indptr_cpu, kv_len_arr_cpu, *args)
+    fast_mla_decode_plan(wrapper, qo_indptr, kv_indptr, kv_len_arr, *args)
 
 
 def install_fast_mla_decode_plan(wrapper: Any) -> Any:

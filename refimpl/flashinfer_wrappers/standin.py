@@ -1,4 +1,5 @@
-"""Stand-ins for flashinfer 0.6.0's three paged wrappers, for machines without flashinfer/CUDA.
+"""Stand-ins for flashinfer's three paged wrappers (0.7.2's API; calls valid on 0.6.0 too), for machines without
+flashinfer/CUDA.
 
 They model what a CUDA graph captured around ``wrapper.run`` depends on. **Binding**: with ``use_cuda_graph=True`` the
 constructor keeps the buffers under flashinfer's attribute names and fixes ``_fixed_batch_size``; ``plan`` copies into
@@ -27,7 +28,9 @@ from ..kernels.attention import dense_paged_attention, dense_paged_mla_attention
 INT_WORKSPACE_BYTES = 8 * 1024 * 1024  # what flashinfer's constructors allocate
 PARTITION_OFFSET = 0  # byte offset of the partition in _int_workspace_buffer
 I32 = torch.int32
-FA2_ARGS = {"fa2": (-1, False, 0), "fa3": ()}  # prefill plan's fixed_split_size, disable_split_kv, num_colocated_ctas
+# the prefill module plan's fa2 tail, as flashinfer 0.7.2 passes it: fixed_split_size, disable_split_kv,
+# num_colocated_ctas, uniform_q_len (0.6.0 has no uniform_q_len: see fast_plan.fa2_tail)
+FA2_ARGS = {"fa2": (-1, False, 0, 0), "fa3": ()}
 
 
 def _dtype(dt: str | torch.dtype) -> torch.dtype:
@@ -97,11 +100,11 @@ class _DecodeModule:
 
 class _PrefillModule:
     """flashinfer's prefill module (``get_batch_prefill_module``, also tensor-core decode): 16-argument plan; fa2 appends
-    fixed_split_size, disable_split_kv, num_colocated_ctas (19)."""
+    fixed_split_size, disable_split_kv, num_colocated_ctas and (0.7.2) uniform_q_len (20)."""
 
     def plan(self, *args: Any) -> list[int]:
-        if len(args) not in (16, 19):
-            raise TypeError(f"prefill module plan takes 16 or 19 arguments, got {len(args)}")
+        if len(args) not in (16, 20):
+            raise TypeError(f"prefill module plan takes 16 or 20 arguments (flashinfer 0.7.2), got {len(args)}")
         _, int_ws, pinned_ws, qo_indptr, kv_indptr, kv_len_arr, rows, batch_size = args[:8]
         _page_size_1(args[10])
         q_lens = _lens("qo_indptr", qo_indptr, batch_size)

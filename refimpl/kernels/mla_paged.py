@@ -216,14 +216,42 @@ def trtllm_batch_decode_with_kv_cache_mla(
     bmm1_scale: float = 1.0,
     bmm2_scale: float = 1.0,
     sinks: list[torch.Tensor] | None = None,
+    skip_softmax_threshold_scale_factor: float | None = None,
     enable_pdl: bool | None = None,
     backend: str = "auto",
+    is_var_seq: bool = True,
+    uses_shared_paged_kv_idx: bool = True,
+    lse: torch.Tensor | None = None,
+    return_lse: bool = False,
+    cute_dsl_impl: str = "auto",
+    kv_scale_format: str = "auto",
+    cum_seq_lens_q: torch.Tensor | None = None,
+    max_q_len: int | None = None,
+    multi_ctas_kv_counter_buffer: torch.Tensor | None = None,
+    sparse_mla_top_k_lens: torch.Tensor | None = None,
+    enable_dcp: bool = False,
+    cp_world: int = 1,
+    cp_rank: int = 0,
+    causal_seqlens_kv_global: torch.Tensor | None = None,
+    use_fp16_softmax: bool | None = None,
+    return_lse_base: str | None = None,
 ) -> torch.Tensor:  # [bs, N, H, kv_lora_rank]
-    """Stand-in for FlashInfer's TRTLLM-gen MLA decode (FlashInfer 0.6.0's argument list): ``query [bs, N, H, R + Rr]``,
+    """Stand-in for FlashInfer's TRTLLM-gen MLA decode (FlashInfer 0.7.2's argument list): ``query [bs, N, H, R + Rr]``,
     ``kv_cache [pages, 1, P, R + Rr]`` (SGLang: ``k_buffer.view(-1, P, 576).unsqueeze(1)``), P in {32, 64},
     ``block_tables [bs, width] int32`` (``width * P`` % 128 == 0), ``seq_lens [bs] int32``; ``bmm1_scale`` = softmax
-    scale, ``bmm2_scale`` scales the output. Unlike the real kernel: Python-float scales, no sparse MLA / ``sinks``,
-    ``enable_pdl`` / ``backend`` ignored, an omitted ``out`` in ``query.dtype``."""
+    scale, ``bmm2_scale`` scales the output. Unlike the real kernel: Python-float scales, no sparse MLA / ``sinks`` /
+    log-sum-exp / ragged queries / context parallelism (0.7.2's new arguments must keep their defaults), ``enable_pdl``
+    / ``backend`` / ``cute_dsl_impl`` / ``kv_scale_format`` / ``multi_ctas_kv_counter_buffer`` ignored, an omitted
+    ``out`` in ``query.dtype``."""
+    off = dict(skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor, lse=lse,
+               cum_seq_lens_q=cum_seq_lens_q, max_q_len=max_q_len, sparse_mla_top_k_lens=sparse_mla_top_k_lens,
+               causal_seqlens_kv_global=causal_seqlens_kv_global, use_fp16_softmax=use_fp16_softmax,
+               return_lse_base=return_lse_base)  # fmt: skip
+    for name, value in off.items():
+        check(value is None, f"{name}={value!r}: not implemented here (pass None)")
+    flags = (is_var_seq, uses_shared_paged_kv_idx, return_lse, enable_dcp, cp_world, cp_rank)
+    check(flags == (True, True, False, False, 1, 0), "is_var_seq / uses_shared_paged_kv_idx / return_lse / enable_dcp / "
+          f"cp_world / cp_rank = {flags}: only the defaults (True, True, False, False, 1, 0) are implemented here")  # fmt: skip
     check_tensor(query, "query", FLOAT_DTYPES, 4, None)
     (bs, q_len, num_heads, _), device = query.shape, query.device
     if not isinstance(kv_cache, torch.Tensor):
