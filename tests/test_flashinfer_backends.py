@@ -81,3 +81,21 @@ def test_flashinfer_batch_larger_than_bound_is_refused():
     with pytest.raises(ValueError, match="3"):
         b._update_decode(3, big.req_pool_indices, big.seq_lens, big.seq_lens_cpu,
                          b.decode_cuda_graph_metadata[2], None)  # fmt: skip
+
+
+def test_decode_kernel_choice_follows_sglang():
+    """SGLang's ``should_use_tensor_core``: fp8 KV, or fp16 / bf16 with >= 4 query heads per KV head, picks the
+    tensor-core decode; every decode wrapper the backend builds (eager and graph-bound) gets that choice."""
+    import torch
+
+    from refimpl.backends.flashinfer import should_use_tensor_core
+
+    assert should_use_tensor_core(torch.float8_e4m3fn, 4, 4) and should_use_tensor_core(torch.bfloat16, 8, 2)
+    assert not should_use_tensor_core(torch.bfloat16, 4, 2) and not should_use_tensor_core(torch.float32, 8, 2)
+    for heads, want in ((8, True), (4, False)):
+        cfg = ModelConfig(num_heads=heads, num_kv_heads=2, dtype=torch.float16)
+        backend = FlashInferAttnBackend(World.create(cfg, max_context_len=40, pool_size=8), CHAIN)
+        backend.init_cuda_graph_state(2, 2)
+        graph_wrapper = backend._create_decode_wrappers(2, 2)[0]
+        assert backend.decode_use_tensor_cores is want
+        assert backend._eager_decode.use_tensor_cores is want and graph_wrapper.use_tensor_cores is want

@@ -52,6 +52,15 @@ class PrefillMetadata:
     causal: bool  # draft extend / extend: causal; target verify: the tree mask governs
 
 
+def should_use_tensor_core(kv_dtype: torch.dtype, num_heads: int, num_kv_heads: int) -> bool:
+    """SGLang's choice of decode kernel (``flashinfer_backend.py:should_use_tensor_core``, without its environment
+    override): the tensor-core decode (flashinfer plans it with the prefill module) for an fp8 KV cache, or for fp16 /
+    bf16 with 4 or more query heads per KV head; else the CUDA-core decode kernel."""
+    if kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return True
+    return kv_dtype in (torch.float16, torch.bfloat16) and num_heads // num_kv_heads >= 4
+
+
 class FlashInferAttnBackend(AttentionBackend):
     """Unified shape (POST-#26665): capture = ``_prepare_cuda_graph_metadata`` + replay body."""
 
@@ -79,7 +88,9 @@ class FlashInferAttnBackend(AttentionBackend):
         self.skip_prefill = skip_prefill
         self.decode_cuda_graph_metadata: dict[int, list] = {}
         self.prefill_cuda_graph_metadata: dict[int, list] = {}
-        self._eager_decode = self.fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD")
+        self.decode_use_tensor_cores = should_use_tensor_core(self.cfg.dtype, self.cfg.num_heads, self.cfg.num_kv_heads)
+        tc = self.decode_use_tensor_cores
+        self._eager_decode = self.fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=tc)
         self._eager_prefill = self.fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
 
     # --- plan arguments shared by every path ----------------------------------------------------
@@ -206,7 +217,7 @@ class FlashInferAttnBackend(AttentionBackend):
         n, Decode = num_tokens, self.fi.BatchDecodeWithPagedKVCacheWrapper
         bufs = dict(paged_kv_indptr_buffer=self.kv_indptr[: n + 1], paged_kv_indices_buffer=self.cuda_graph_kv_indices)
         bufs.update(paged_kv_last_page_len_buffer=self.kv_last_page_len[:n])
-        return [Decode(self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=False, **bufs)]
+        return [Decode(self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.decode_use_tensor_cores, **bufs)]
 
     def _create_prefill_wrappers(self, bs: int, use_custom_mask: bool) -> list:
         qo, kv = self.cuda_graph_qo_indptr[: bs + 1], self.kv_indptr[: bs + 1]
@@ -327,7 +338,7 @@ class FlashInferAttnBackendLegacy(FlashInferAttnBackend):
                     self.workspace,
                     "NHD",
                     use_cuda_graph=True,
-                    use_tensor_cores=False,
+                    use_tensor_cores=self.decode_use_tensor_cores,
                     paged_kv_indptr_buffer=self.kv_indptr[: num_tokens + 1],
                     paged_kv_indices_buffer=self.cuda_graph_kv_indices,
                     paged_kv_last_page_len_buffer=self.kv_last_page_len[:num_tokens],
