@@ -19,7 +19,6 @@ import sys
 import zipfile
 from pathlib import Path
 
-
 DATA = "flashinfer/data/"
 # what flashinfer's JIT puts on the include path (-I / -isystem) from the bundled CCCL and CUTLASS
 KEEP = tuple(DATA + d for d in ("cccl/cub/", "cccl/libcudacxx/include/", "cccl/thrust/", "cutlass/include/",

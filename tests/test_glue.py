@@ -46,7 +46,7 @@ def test_glued_runner_matches_eager_and_counts_its_replays():
 
 def test_glued_planted_backend_keeps_live_outputs_but_not_its_state():
     """Padded to a bigger graph, the frozen entry ends the padded row's range: the live rows' outputs are right, the
-    state the graph reads is not (what notebook 04 shows)."""
+    state the graph reads is not (what notebook 05 shows)."""
     rig = glued_rig(load_backend_class("broken_backends:HostValueInHook"))
     fb = rig.gen.for_mode(KINDS["decode"], 3, seq_lens=[5, 9, 7])  # replayed by the bs-4 graph
     graph = rig.runner.replay(fb).clone()

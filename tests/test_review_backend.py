@@ -1,4 +1,4 @@
-"""The pull request reviewed in notebook 05 (``examples/review_backend.py``): the checker names
+"""The pull request reviewed in notebook 06 (``examples/review_backend.py``): the checker names
 the submitted version's bug (by verdict, buffer and index) and passes the reviewed version."""
 
 import difflib

@@ -15,6 +15,8 @@
 # %% [markdown]
 # # MLA backends and the redundant-copy removal
 #
+# Reading time: about 18 minutes. The CPU run takes about 25 s.
+#
 # DeepSeek-style models use **MLA** (multi-head latent attention): every token's KV is one
 # compressed row, a 512-wide latent plus a 64-wide rope part, shared by all query heads
 # ([facts](../docs/sglang_facts.md#memory-pools)). Notebook 02 showed FlashInfer-MLA, which
@@ -36,8 +38,10 @@
 # This notebook draws the block tables, shows Cutlass's two historical details live, puts
 # TRTLLM-MLA's four shapes side by side, and measures what SGLang
 # [#29077](https://github.com/sgl-project/sglang/pull/29077) saved on every draft-extend replay.
+# It ends with the three shapes of their parent class, FlashInfer-MLA.
 
 # %%
+import ast
 import difflib
 import inspect
 import json
@@ -56,6 +60,11 @@ except ImportError:  # run as a plain script: nothing to display
 from refimpl import ForwardMode, GraphConfig, ModelConfig, viz
 from refimpl.backends import find
 from refimpl.backends.cutlass_mla import CutlassMLAAttnBackend, CutlassMLAAttnBackendLegacy
+from refimpl.backends.flashinfer_mla import (
+    FlashInferMLAAttnBackend,
+    FlashInferMLAAttnBackendAsUpstream,
+    FlashInferMLAAttnBackendLegacy,
+)
 from refimpl.backends.trtllm_mla import (
     TRTLLMMLAAttnBackend,
     TRTLLMMLAAttnBackendInGraph,
@@ -70,6 +79,7 @@ from refimpl.graphs import CPUEmulatorEngine, make_engine
 from refimpl.graphs.runner import GraphRunner, call_replay_hook
 from refimpl.model import TinyDecoder
 from refimpl.spec import DraftDecodeInput
+from refimpl.viz.code import hook_code
 
 NOTEBOOK_T0 = time.perf_counter()
 # the repository root, from this file's own location (a kernel runs in the notebook's folder)
@@ -85,7 +95,7 @@ L = 160  # context length
 
 
 def show(fig, name):
-    path = viz.save(fig, FIGURES / f"03_{name}.png")
+    path = viz.save(fig, FIGURES / f"04_{name}.png")
     display(Image(filename=str(path)))
 
 
@@ -324,7 +334,7 @@ show(viz.draw_latency_vs_bs(runs[0]["rows"], panels,
 # graph takes the last two (the block-table launch and one copy), about 100 µs more. The GPU
 # time of the graph does not move: it is the model step, and the in-graph rebuild is one tiny
 # node. What the in-graph shape still spends on the host is the runner's own work around a
-# replay, the subject of notebook 04.
+# replay, the subject of notebook 05.
 
 # %% tags=["gpu"]
 if torch.cuda.is_available():
@@ -339,6 +349,87 @@ if torch.cuda.is_available():
     live_hook = {(r["shape"], r["bs"]): sum(r["hook_launches"].values()) for r in live}
     assert all(live_hook["unified", bs] == 7 and live_hook["simplified", bs] == 2
                and live_hook["in_graph", bs] == 0 for bs in (1, 16, 64))
+
+# %% [markdown]
+# ## 5. FlashInfer-MLA, the parent class: legacy, as-upstream, unified
+#
+# FlashInfer-MLA indexes the latent cache token by token (notebook 02, section 3, drew its
+# buffers), with one wrapper kind for every mode (`BatchMLAPagedAttentionWrapper`). Decode
+# replays with the fast MLA plan ([#3987](https://github.com/sgl-project/sglang/pull/3987)),
+# which takes *host* indptrs and copies nothing into the bound buffers. refimpl keeps three
+# shapes ([facts](../docs/sglang_facts.md#flashinfer-mla)):
+#
+# * **legacy** (C): target verify and draft extend are two textually identical branches, in
+#   capture and again in replay; decode replay rebuilds `kv_indptr` in the backend's *eager*
+#   buffer;
+# * **as-upstream** (C, merged branches: what
+#   [#26665](https://github.com/sgl-project/sglang/pull/26665) did): the identical branches are
+#   merged, but capture and replay stay two bodies, and decode replay still writes the eager
+#   `kv_indptr` (open upstream: [#37975](https://github.com/sgl-project/sglang/pull/37975)), so
+#   the graph-bound `kv_indptr` and `kv_len_arr` keep the capture-time batch;
+# * **unified** (B, refimpl's shape): prepare the wrapper, run the replay body, install the fast
+#   plan; decode replay writes the bound buffers (a fix upstream has not made:
+#   [not upstream's](../docs/sglang_facts.md#where-refimpl-deliberately-differs-from-upstream)).
+#
+# The checker on decode (the MLA model: 16 heads, latent 512 + rope 64). Graph = eager even with
+# the stale buffers, because the decode kernel reads the plan's partition, which is current.
+
+# %%
+fast = CheckSettings(capture_bs=(4,), raw_bs=(3,), max_context_len=40, glue_replays=0)  # one graph; no (e)
+mla_rows = {}
+for v in ("legacy", "as-upstream", "unified"):
+    (r,) = check_entry_mode(find("flashinfer_mla", v)[0], "decode", CPUEmulatorEngine(), fast)
+    mla_rows[v] = r
+    print(f"flashinfer_mla/{v} ({r.pattern}) decode: capture=replay {r.capture_equals_replay}, "
+          f"graph=eager {r.graph_equals_eager}, =oracle {r.matches_oracle}")
+    for f in r.findings:
+        print("    finding:", f)
+for v in ("legacy", "as-upstream"):
+    stale = [f.split(":")[0] for f in mla_rows[v].findings]
+    assert mla_rows[v].capture_equals_replay is False and {"kv_indptr", "kv_len_arr"} <= set(stale), stale
+    assert mla_rows[v].graph_equals_eager is True and mla_rows[v].matches_oracle is True  # hidden
+assert mla_rows["unified"].passed and not mla_rows["unified"].findings
+
+# %% [markdown]
+# (The `kv_indices` line is a consequence: the checker reads the live part of the indices as
+# `kv_indices[:kv_indptr[bs]]`, and with a stale `kv_indptr` that cut is the capture batch's.)
+#
+# **The merged branch.** The MLA part of the refactor was small: in both hooks the
+# target-verify branch and the draft-extend branch were the same code, so they became one. We
+# pull the two branch bodies out of each legacy hook with `ast` and compare them as text.
+
+
+# %%
+def mode_branches(fn) -> dict[str, str]:
+    """{predicate: body source} for every `if/elif forward_mode.<predicate>():` branch."""
+    src = textwrap.dedent(inspect.getsource(fn))
+    lines, out = src.splitlines(), {}
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Call) and isinstance(node.test.func, ast.Attribute):
+            body = lines[node.body[0].lineno - 1 : node.body[-1].end_lineno]
+            out[node.test.func.attr] = textwrap.dedent("\n".join(body))
+    return out
+
+
+def calls(fn, name: str) -> int:  # calls of `name(` in fn's body, comments excluded
+    return sum(line.count(f"{name}(") for line in hook_code(fn))
+
+
+CAP, REP = "init_forward_metadata_capture_cuda_graph", "init_forward_metadata_replay_cuda_graph"
+for hook in (CAP, REP):
+    branches = mode_branches(getattr(FlashInferMLAAttnBackendLegacy, hook))
+    print(f"legacy {hook}: both branch bodies read")
+    print(textwrap.indent(branches["is_target_verify"], "    "))
+    assert branches["is_target_verify"] == branches["is_any_draft_extend"]  # identical apart from the condition
+    assert calls(getattr(FlashInferMLAAttnBackendLegacy, hook), "self._prefill_plan") == 2
+    as_upstream = getattr(FlashInferMLAAttnBackendAsUpstream, hook)  # two bodies, one merged branch each
+    assert "is_any_draft_extend" not in mode_branches(as_upstream) and calls(as_upstream, "self._prefill_plan") == 1
+merged = "forward_mode.is_target_verify() or forward_mode.is_any_draft_extend()"
+assert merged in "\n".join(hook_code(getattr(FlashInferMLAAttnBackend, REP)))
+# as-upstream's capture never runs the replay body ("C, merged branches"); unified's is Pattern B
+assert calls(getattr(FlashInferMLAAttnBackendAsUpstream, CAP), f"self.{REP}") == 0
+assert calls(getattr(FlashInferMLAAttnBackend, CAP), "self._prepare_cuda_graph_metadata") == 1
+assert calls(getattr(FlashInferMLAAttnBackend, CAP), f"self.{REP}") == 1
 
 # %%
 elapsed = time.perf_counter() - NOTEBOOK_T0

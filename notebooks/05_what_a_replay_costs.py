@@ -15,6 +15,8 @@
 # %% [markdown]
 # # What a replay costs
 #
+# Reading time: about 20 minutes. The CPU run takes about 20 s.
+#
 # A CUDA graph makes the GPU side of a decoder step cheap: one launch replays every kernel.
 # What is left runs on the host, before that launch, on **every** step
 # (`GraphRunner._replay`, [facts](../docs/sglang_facts.md#the-graph-runner)):
@@ -55,8 +57,10 @@ from refimpl.backends import find, load_backend_class
 from refimpl.check import CheckSettings, run_checks
 from refimpl.config import SpecConfig
 from refimpl.graphs import make_engine
+from refimpl.graphs.runner import GraphRunner
 from refimpl.layout import KINDS
 from refimpl.rig import Rig
+from refimpl.viz.code import CodeGrid, source_lines
 
 NOTEBOOK_T0 = time.perf_counter()
 ROOT = Path(__file__).resolve().parent.parent if "__file__" in globals() else Path.cwd().parent
@@ -71,7 +75,7 @@ print(f"{env['device']}, driver {env['driver']}, torch {env['torch']}, triton {e
 
 
 def show(fig, name):
-    path = viz.save(fig, FIGURES / f"04_{name}.png")
+    path = viz.save(fig, FIGURES / f"05_{name}.png")
     display(Image(filename=str(path)))
 
 
@@ -79,6 +83,72 @@ def point(backend, variant, mode, bs, ctx=512):
     return next(r for r in rows if (r["backend"], r["variant"], r["mode"], r["bs"],
                                     r["context"]) == (backend, variant, mode, bs, ctx))
 
+
+# %% [markdown]
+# ### The runner's two loops, as code
+#
+# On the left, `GraphRunner.capture`: it runs once, before serving, over the batch sizes largest
+# first. On the right, what runs on *every* step: `GraphRunner._replay` and the input copy it
+# calls, `load_inputs`. This is the source of `refimpl/graphs/runner.py` as it is now (read with
+# `inspect`, docstrings trimmed); the tags on the right edge are this notebook's, numbered as
+# the four parts above.
+#
+# Three things in this code are refimpl's own, not upstream's
+# ([the list](../docs/sglang_facts.md#where-refimpl-deliberately-differs-from-upstream)):
+# the live rows and the padded rows' values go into the static inputs in one
+# `torch._foreach_copy_` (upstream: one `copy_` per input, plus `fill_` of whole buffers when
+# padding), from a copy plan `_copy_plan` builds once per (raw bs, graph bs); a padded row's
+# `req_pool_indices` is reset to the reserved row 0 on every padded replay (the mid-2025
+# upstream runner resets only `seq_lens` and `out_cache_loc`); and `validate` refuses a bad
+# batch before anything is written (README, "Bad input").
+
+# %%
+runner_code = CodeGrid(
+    ["capture: once per batch size, largest first", "replay: every step"],
+    [""],
+    [
+        [
+            [("GraphRunner.capture", source_lines(GraphRunner.capture))],
+            [
+                ("GraphRunner._replay", source_lines(GraphRunner._replay)),
+                ("GraphRunner.load_inputs (called by _replay)", source_lines(GraphRunner.load_inputs)),
+            ],
+        ]
+    ],
+    [
+        [
+            [
+                ("sorted(self.capture_bs, reverse=True)", "largest first"),
+                ("layout.reset_padded_rows(", "every row a padded row"),
+                ("call_capture_hook(", "backend capture hook (outside the graph)"),
+                ("self.engine.warmup(", "warm-up"),
+                ("graph.capture(run_once)", "record the step"),
+                ("CaptureRecord(", "seconds, pool bytes: capture_records"),
+            ],
+            [
+                ("self.validate(fb)", "1. validation"),
+                ("self.pick_bs(", "smallest captured bs >= raw bs"),
+                ("self.load_inputs(fb, bs)", "2. input copies, padded rows reset"),
+                ("self.replay_hook(fb, bs)", "3. the replay hook"),
+                ("self.launch(bs)", "4. launch: graph.replay()"),
+                ("return out[", "the live rows of the static output"),
+                ("torch._foreach_copy_(", "2. live rows and padded rows' values, one launch"),
+                ("host_live.copy_(", "2. host mirror of seq_lens"),
+                ("host_pad.fill_(", "2. pad the host mirror"),
+            ],
+        ]
+    ],
+)
+display(runner_code)
+
+# the order the tags describe is the order of the code shown
+cap = [runner_code.position(0, 0, t) for t in ("largest first", "every row a padded row",
+                                               "backend capture hook (outside the graph)", "warm-up",
+                                               "record the step")]
+rep = [runner_code.position(0, 1, t) for t in ("1. validation", "smallest captured bs >= raw bs",
+                                               "2. input copies, padded rows reset", "3. the replay hook",
+                                               "4. launch: graph.replay()", "the live rows of the static output")]
+assert cap == sorted(cap) and rep == sorted(rep)
 
 # %% [markdown]
 # ## 1. The four parts, per backend

@@ -15,6 +15,8 @@
 # %% [markdown]
 # # Reviewing a new backend
 #
+# Reading time: about 18 minutes. The CPU run takes about 20 s.
+#
 # A pull request adds an attention backend. It is small, it reads well, and its author's tests
 # pass. This notebook is the reviewer's side: run refimpl's checker on the class, read what it
 # reports, draw the buffers it names, fix the bug, run it again. The last section is a checklist.
@@ -77,7 +79,7 @@ N = FAST.spec.num_draft_tokens  # 4: an EAGLE chain of 3 steps verifies 4 tokens
 
 
 def show(fig, name):
-    path = viz.save(fig, FIGURES / f"05_{name}.png")
+    path = viz.save(fig, FIGURES / f"06_{name}.png")
     display(Image(filename=str(path)))
 
 
@@ -414,7 +416,7 @@ assert all(r.capture_equals_replay and r.graph_equals_eager and r.matches_oracle
 #   blocks (no batch defines them).
 # * What only a GPU shows: stream and async-copy ordering, a kernel's own preconditions beyond
 #   refimpl's dense kernel (which tolerates an empty or odd range in a padded row), the real
-#   libraries' planning; and cost: what a replay hook spends is notebook 04's subject.
+#   libraries' planning; and cost: what a replay hook spends is notebook 05's subject.
 #
 # **When to add a `reference_graph_state`:**
 #
