@@ -164,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
 
     _check_names(c, args)
     _require_cuda(c, args.engine)
+    if args.backend_class and (args.backend or args.variant):
+        given = " / ".join(f for f, v in (("--backend", args.backend), ("--variant", args.variant)) if v)
+        c.error(f"argument --backend-class: not with {given}: it checks the given classes, not registered backends")
     settings = CheckSettings()
     if args.bs:
         settings.raw_bs = args.bs

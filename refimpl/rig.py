@@ -54,22 +54,28 @@ def close(out: torch.Tensor, ref: torch.Tensor, tol: dict, what: str, findings: 
 
 
 class KVGuard:
-    """Catch any write into a live KV slot that the batch does not write itself.
+    """Catch any write into a KV slot that the batch does not write itself.
 
-    Other live requests' slots hold a sentinel during the replay (so even a write of the old values is seen: a stale
-    padded row recomputes them bit for bit; a correct replay never reads them); the batch's own earlier slots are
-    compared with a snapshot. ``check()`` counts the writes and restores the foreign slots."""
+    Every slot outside the batch (other live requests' and free ones; slot 0, the padded rows' reserved target, aside)
+    holds a sentinel during the replay, so even a write of the old values is seen (a stale padded row recomputes them
+    bit for bit; a correct replay never reads them); the batch's own earlier slots are compared with a snapshot.
+    ``check()`` counts the writes and restores the foreign slots."""
 
     SENTINEL = -1234.5
 
     def __init__(self, world: World, fb: ForwardBatch):
-        writes = set(fb.out_cache_loc.tolist())
-        rows = world.req_to_token[fb.req_pool_indices.to(world.req_to_token.device)]
-        own = set(rows[rows > 0].tolist()) - writes  # the batch's own earlier tokens
-        foreign = [s for s in world.live_slots().tolist() if s not in writes and s not in own]
         dev = world.device
-        self.foreign = torch.tensor(foreign, dtype=torch.int64, device=dev)
-        self.own = torch.tensor(sorted(own), dtype=torch.int64, device=dev)
+        writes = fb.out_cache_loc.to(dev)
+        rows = world.req_to_token[fb.req_pool_indices.to(world.req_to_token.device)]
+        earlier = rows[rows > 0].to(dev)
+        outside = torch.ones(world.kv_cache.num_slots, dtype=torch.bool, device=dev)
+        outside[0] = False
+        outside[earlier] = False
+        outside[writes] = False
+        own = torch.zeros_like(outside)
+        own[earlier] = True
+        own[writes] = False  # the batch's own earlier tokens
+        self.foreign, self.own = outside.nonzero().flatten(), own.nonzero().flatten()
         self.world = world
         bufs = world.kv_cache.buffers()
         self.saved = [b[self.foreign].clone() for b in bufs]
@@ -92,7 +98,7 @@ class KVGuard:
         self.violations += foreign + own
         problems = []
         if foreign:
-            problems.append(f"padded or live rows wrote {foreign} KV slot(s) of other requests")
+            problems.append(f"padded or live rows wrote {foreign} KV slot(s) outside the batch (other requests' or free)")
         if own:
             problems.append(f"the replay overwrote {own} earlier KV slot(s) of requests in this batch")
         return problems

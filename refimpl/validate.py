@@ -7,11 +7,13 @@ field, the value and the limit. The rules:
 | field | rule |
 |---|---|
 | every tensor | dtype, device, size for the mode (``refimpl.layout``) |
+| ``world`` | the runner's own ``World`` (a batch built against another one would index and write another pool) |
+| ``seq_lens_sum`` | an int equal to ``sum(seq_lens_cpu)`` (kernels size their index buffers from it) |
 | ``seq_lens`` / ``seq_lens_cpu`` | the device copy equals the host copy; ``1 <= seq_len`` and the request's span (verify: ``+ N``; multi-step draft: ``+ topk*S``) ``<= max_context_len``; draft extend: ``seq_len >= rows`` |
 | ``req_pool_indices`` | in ``[1, pool)`` (row 0 is the padded rows' reserved row), no duplicates |
 | ``out_cache_loc`` | in ``[1, num_slots)`` (slot 0 is reserved), distinct, and **owned**: a row may write only a slot of its own request's ``req_to_token`` row, within the request's span |
 | ``input_ids`` / ``positions`` | in ``[0, vocab)`` / ``[0, max_context_len)`` |
-| spec inputs | the mode's type; verify: N as captured, a **bool** mask of ``sum N*(seq+N)`` entries; draft extend: accept lengths int32 in ``[0, S]`` agreeing with their host copy, the mode's version, rows per request as the graph lays them out; multi-step: topk and steps as captured |
+| spec inputs | the mode's type; verify: N as captured, a **bool** mask of ``sum N*(seq+N)`` entries (a graph replay needs one); draft extend: accept lengths int32 in ``[0, S]`` agreeing with their host copy, the mode's version, rows per request as the graph lays them out; multi-step: topk and steps as captured |
 
 Cost (``refimpl.kernels.validation``): host rules in Python on the host copies, overlapping one kernel launch for the
 device rules over the batch's own entries, whose small result is read once (one sync per replay, work proportional to
@@ -140,14 +142,22 @@ def _launch_device_checks(fb, seq: list[int], per: int, extra: int, row_req, dra
     return lambda: read_result(out, bs, n, m)
 
 
-def validate_batch(fb, spec: SpecConfig | None = None, multi_step_draft: bool | None = None, for_graph=False) -> None:
+def validate_batch(fb, spec: SpecConfig | None = None, multi_step_draft: bool | None = None, for_graph=False, world=None) -> None:
     """Refuse a malformed batch before anything is written (rules and cost: the module docstring). ``spec``: the
     configuration the batch must match (N, topk, steps); ``for_graph``: also the graph's uniform row layout (an eager
-    batch may be ragged)."""
+    batch may be ragged); ``world``: the ``World`` the batch must belong to (the runner's)."""
+    if world is not None and fb.world is not world:
+        why = "the runner writes its own world's KV pool and reads its own request table"
+        raise BatchRefused(f"ForwardBatch.world is another World (id {id(fb.world):#x}) than the runner's: {why}")
     mode, world, spec_info = fb.forward_mode, fb.world, fb.spec_info
     multi = isinstance(spec_info, DraftDecodeInput) if multi_step_draft is None else multi_step_draft
     _structure(fb, spec_info.num_steps if multi else 1)
     bs, n, L, seq = fb.batch_size, fb.num_tokens, world.max_context_len, fb.seq_lens_cpu.tolist()
+    total = fb.seq_lens_sum
+    if not isinstance(total, int) or isinstance(total, bool):
+        raise _refuse("ForwardBatch.seq_lens_sum", f"{type(total).__name__} {total}", "must be a Python int")
+    if total != sum(seq):
+        raise _refuse("ForwardBatch.seq_lens_sum", total, f"expected sum(seq_lens_cpu) = {sum(seq)}")
     # an eager batch may carry another N / topk than the graphs were captured for
     cfg = spec if for_graph else None
     extra = _check_spec(fb, mode, cfg, multi, for_graph)
@@ -181,6 +191,9 @@ def validate_batch(fb, spec: SpecConfig | None = None, multi_step_draft: bool | 
         what = f"seq_lens[{i}] + {extra}" if extra else f"seq_lens[{i}]"
         raise _refuse(what, seq[i] + extra, f"exceeds max_context_len={L}")
     mask = getattr(spec_info, "custom_mask", None) if mode.is_target_verify() else None
+    if mask is None and for_graph and mode.is_target_verify():
+        why = "a verify graph reads its mask buffer, which still holds the last batch's mask: give this batch's"
+        raise _refuse("spec_info.custom_mask", None, why + " (a chain's is causal)")
     if mask is not None:  # its size depends on seq_lens, checked above
         if (got := mask.numel()) != (want := layout.tree_mask_total(seq, extra)):
             raise _refuse("spec_info.custom_mask entries", got, f"expected sum over requests of N*(seq_len+N) = {want}")

@@ -120,7 +120,13 @@ Call = Callable[[], object]
 
 def _with_seq(fb: ForwardBatch, host: list[int], device: list[int] | None = None) -> ForwardBatch:
     dev = _i32(device if device is not None else host).to(fb.device)
-    return fb.replace(seq_lens_cpu=_i32(host), seq_lens=dev)
+    return fb.replace(seq_lens_cpu=_i32(host), seq_lens=dev, seq_lens_sum=sum(host))
+
+
+def _other_world(s: Setup, fb: ForwardBatch) -> ForwardBatch:
+    """The same batch against another World of the same sizes (its requests and slots mean nothing here)."""
+    twin = World.create(s.world.cfg, max_context_len=L, pool_size=POOL, seed=0)
+    return fb.replace(world=twin)
 
 
 def _foreign_slot(s: Setup, fb: ForwardBatch) -> ForwardBatch:
@@ -180,6 +186,19 @@ CASES = [
          rf"seq_lens\[0\]={L + 1}: exceeds max_context_len={L}"),
     Case("seq_len 0", "decode", lambda s, fb: _with_seq(fb, [0, 3]),
          r"seq_lens\[0\]=0: must be >= 1"),
+    Case("seq_lens_sum understates the lengths (a kernel would read past its index buffer)", "decode",
+         lambda s, fb: fb.replace(seq_lens_sum=fb.seq_lens_sum - 5),
+         r"seq_lens_sum=21: expected sum\(seq_lens_cpu\) = 26"),
+    Case("same, eager Triton draft extend", "draft_extend",
+         lambda s, fb: fb.replace(seq_lens_sum=1), r"seq_lens_sum=1: expected sum\(seq_lens_cpu\) = 26",
+         call="eager"),
+    Case("seq_lens_sum absurdly large (would allocate terabytes)", "decode",
+         lambda s, fb: fb.replace(seq_lens_sum=10**13), r"seq_lens_sum=10000000000000: expected"),
+    Case("seq_lens_sum not an int", "decode",
+         lambda s, fb: fb.replace(seq_lens_sum=torch.tensor(26)), r"seq_lens_sum=Tensor 26: must be a Python int"),
+    Case("a batch built against another World of the same sizes", "decode", _other_world,
+         r"ForwardBatch.world is another World \(id 0x[0-9a-f]+\) than the runner's"),
+    Case("same, eager path", "decode", _other_world, r"another World", call="eager"),
     Case("verify: prefix + N past the context", "verify",
          lambda s, fb: _with_seq(fb, [L - 2, 3]),
          rf"seq_lens\[0\] \+ 4={L + 2}: exceeds max_context_len={L}"),
@@ -226,6 +245,8 @@ CASES = [
     Case("verify: custom mask of the wrong size", "verify",
          lambda s, fb: _verify_with(fb, custom_mask=fb.spec_info.custom_mask[:-1]),
          r"custom_mask entries=\d+: expected sum over requests of N\*\(seq_len\+N\)"),
+    Case("verify: no mask after a masked batch (the graph would read the last batch's)", "verify",
+         lambda s, fb: _verify_with(fb, custom_mask=None), r"spec_info.custom_mask=None: a verify graph reads its mask"),
     Case("verify: N other than captured", "verify",
          lambda s, fb: _verify_with(fb, draft_token_num=5),
          r"draft_token_num=5: captured N is 4"),
@@ -321,6 +342,14 @@ CLI_CASES = [  # (argv, fragment of the one error line); every case fails before
     (["check", "--fuzz", "2", "--topk", "2"], r"argument --fuzz: not with --topk"),
     (["check", "--bogus"], r"unrecognized arguments: --bogus"),
     (["check", "--backend", "torch_native", "--variant", "legacy"], r"nothing to check: no variant \['legacy'\]"),
+    (
+        ["check", "--backend-class", "refimpl.backends.triton:TritonAttnBackend", "--backend", "wave"],
+        r"argument --backend-class: not with --backend: it checks the given classes, not registered backends",
+    ),
+    (
+        ["check", "--backend-class", "refimpl.backends.base:AttentionBackend"],
+        r"AttentionBackend is abstract: it leaves forward, .* unimplemented",
+    ),
     (["bench", "--pin", "9999"], r"argument --pin: core 9999 is not one this process may run on"),
     (["bench", "--out", "/proc/refimpl-nope"], r"argument --out: cannot write to /proc/refimpl-nope"),
     (["bench", "--figures", "/proc/refimpl-nope"], r"argument --figures: cannot write to /proc/refimpl-nope"),
@@ -353,3 +382,28 @@ def test_readme_lists_the_table():
     missing = [c.id for c in CASES if f"| {c.id} |" not in section]
     missing += [" ".join(a) for a, _ in CLI_CASES if f"`{' '.join(a)}`" not in section]
     assert not missing, f"README's bad-input table lacks: {missing}"
+
+
+def _no_graph_backend():
+    from refimpl.backends.torch_native import TorchNativeBackend
+
+    class NoGraphModes(TorchNativeBackend):  # declares no graph mode: every row is skipped
+        name, graph_modes = "no_graph_modes", frozenset()
+
+    return NoGraphModes
+
+
+NoGraphModes = _no_graph_backend()
+
+
+def test_review_of_a_backend_with_no_graph_mode_fails(capsys):
+    """A class under review that captures nothing is not a pass: exit 1 and one line saying nothing was checked."""
+    from refimpl.__main__ import main
+
+    code = main(["check", "--backend-class", f"{__name__}:NoGraphModes", "--mode", "decode", "--bs", "1"])
+    out, err = capsys.readouterr()
+    assert code == 1 and "skipped" in out
+    assert (
+        err.strip().splitlines()[-1]
+        == "error: nothing was checked: every selected row was skipped (the reasons are above)"
+    )

@@ -164,7 +164,7 @@ def test_planted_no_padded_row_reset_is_caught(monkeypatch):
     monkeypatch.setattr(GraphRunner, "_copy_plan", no_padding)
     problems = padding_after_full_problems(runner, gen)
     assert any("padded row 3 holds" in p for p in problems), problems
-    assert any("KV slot(s) of other requests" in p for p in problems), problems
+    assert any("KV slot(s) outside the batch" in p for p in problems), problems
 
 
 def test_guard_sees_a_rewrite_of_identical_values():
@@ -181,9 +181,50 @@ def test_guard_sees_a_rewrite_of_identical_values():
     guard = KVGuard(world, fb)
     assert (bufs[0][slot] == KVGuard.SENTINEL).all()  # poisoned for the replay
     bufs[0][slot] = before[0][slot]  # the "write": the very values the slot held
-    assert guard.check() == ["padded or live rows wrote 1 KV slot(s) of other requests"]
+    want = ["padded or live rows wrote 1 KV slot(s) outside the batch (other requests' or free)"]
+    assert guard.check() == want
     assert all(torch.equal(b, a) for b, a in zip(bufs, before))  # restored
+    held = set(world.req_to_token.flatten().tolist())
+    free = next(i for i in range(1, world.kv_cache.num_slots) if i not in held)  # a slot no request holds
+    guard = KVGuard(world, fb)
+    bufs[0][free] = before[0][free]  # a padded row writing a free, non-reserved slot
+    assert guard.check() == want
     own = int(world.req_to_token[fb.req_pool_indices[0], 3])  # the batch's own earlier token
     guard = KVGuard(world, fb)
     bufs[1][own] += 1.0
     assert guard.check() == ["the replay overwrote 1 earlier KV slot(s) of requests in this batch"]
+
+
+def test_oracle_rebuilds_the_verify_mask_from_the_trees():
+    """A mask bug shared by the spec inputs, eager and the graph (here: every draft sees every draft) passes verdict
+    (b), and the oracle catches it: it rebuilds each request's mask from the draft tree (``spec_info.parents``)."""
+    import dataclasses
+
+    from refimpl.layout import KINDS
+    from refimpl.rig import Rig
+
+    rig = Rig.build(find("triton", "unified")[0], KINDS["target_verify"], SPEC, CPUEmulatorEngine(),
+                    capture_bs=(2,), max_context_len=40)  # fmt: skip
+    fb = rig.gen.for_mode(rig.kind, 2)
+    assert (v := rig.run(fb)).graph_ok and v.oracle_ok
+    everyone = dataclasses.replace(fb.spec_info, custom_mask=torch.ones_like(fb.spec_info.custom_mask))
+    v = rig.run(fb.replace(spec_info=everyone))
+    assert v.graph_ok and not v.oracle_ok and "eager vs oracle" in v.findings[0], v.findings
+
+
+@pytest.mark.parametrize("name", ["torch_native", "triton", "flashinfer"])
+def test_no_verify_mask_means_chains_on_every_backend(name):
+    """One rule (``layout.chain_mask``): an eager verify batch without a custom mask is run as chains, the same output as
+    the batch with its chain mask (torch_native once read it as "every draft sees every draft")."""
+    import dataclasses
+
+    from refimpl.layout import KINDS
+    from refimpl.rig import Rig
+
+    chain = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
+    rig = Rig.build(find(name, "unified")[0], KINDS["target_verify"], chain, CPUEmulatorEngine(), capture_bs=(2,),
+                    max_context_len=40, capture=False)  # fmt: skip
+    fb = rig.gen.for_mode(rig.kind, 2)
+    with_mask = rig.runner.eager(fb).clone()
+    without = rig.runner.eager(fb.replace(spec_info=dataclasses.replace(fb.spec_info, custom_mask=None)))
+    assert torch.equal(with_mask, without)

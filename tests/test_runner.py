@@ -116,7 +116,7 @@ def test_bad_input_errors_name_value_and_limit():
     with pytest.raises(ValueError, match="out_cache_loc.dtype=torch.int32: expected torch.int64"):
         runner.replay(fb.replace(out_cache_loc=fb.out_cache_loc.to(torch.int32)))
     long_cpu = torch.tensor([L + 1, 3], dtype=torch.int32)
-    long = fb.replace(seq_lens_cpu=long_cpu, seq_lens=long_cpu.to(fb.device))
+    long = fb.replace(seq_lens_cpu=long_cpu, seq_lens=long_cpu.to(fb.device), seq_lens_sum=L + 4)
     with pytest.raises(ValueError, match=rf"seq_lens\[0\]={L + 1}: exceeds max_context_len={L}"):
         runner.replay(long)
     with pytest.raises(ValueError, match="disagrees with seq_lens_cpu"):  # host copy looks fine

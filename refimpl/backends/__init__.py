@@ -8,6 +8,7 @@ Importing ``refimpl.backends`` imports no backend module: an entry names its cla
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass
 
 from .base import AttentionBackend, GraphModeNotSupported
@@ -70,6 +71,9 @@ def load_backend_class(spec: str) -> BackendEntry:
     backend_cls = getattr(module, cls_name, None)
     if not isinstance(backend_cls, type):
         raise BackendLoadError(f"--backend-class {spec!r}: {module_name} has no class {cls_name!r}")
+    if inspect.isabstract(backend_cls):
+        left = ", ".join(sorted(backend_cls.__abstractmethods__))
+        raise BackendLoadError(f"--backend-class {spec!r}: {cls_name} is abstract: it leaves {left} unimplemented")
     missing = [m for m in CONTRACT if not callable(getattr(backend_cls, m, None))]
     if missing:
         raise BackendLoadError(

@@ -7,7 +7,7 @@ Eager only: each request's query rows, key range and mask come straight from the
 |-------------------------|-------------------------|-----------------------------------|----------------------|
 | EXTEND, DRAFT_EXTEND v1 | ``extend_seq_lens[i]``  | ``req_to_token[r, :seq_len]``     | causal               |
 | DECODE / IDLE           | 1                       | ``req_to_token[r, :seq_len]``     | none                 |
-| TARGET_VERIFY           | N                       | ``req_to_token[r, :seq_len + N]`` | the spec's tree mask |
+| TARGET_VERIFY           | N                       | ``req_to_token[r, :seq_len + N]`` | rebuilt from ``spec.parents`` (chains without) |
 | DRAFT_EXTEND_V2         | N                       | ``req_to_token[r, :seq_len]``     | causal               |
 
 Multi-step draft decode (``OracleMultiStep``): step i, row (r, k) attends ``req_to_token[r, :seq_len]`` plus the i+1
@@ -21,7 +21,7 @@ import torch
 from .. import layout
 from ..batch import ForwardBatch
 from ..kernels import mha_oracle, mla_oracle
-from ..spec import DraftDecodeInput
+from ..spec import DraftDecodeInput, DraftTree, build_custom_mask
 from .base import AttentionBackend
 
 
@@ -66,10 +66,20 @@ class OracleBackend(AttentionBackend):
         kv_indptr = torch.tensor([0] + list(kv_lens), dtype=torch.int64, device="cpu").cumsum(0)
         mask = mask_indptr = None
         causal = not mode.is_decode_or_idle() and not mode.is_target_verify()
-        if mode.is_target_verify() and spec.custom_mask is not None:
-            mask = spec.custom_mask.to(torch.bool)
+        if mode.is_target_verify():  # the mask rebuilt from the draft trees, never taken from the batch
+            mask = build_custom_mask(seq, self._trees(spec, bs))
             mask_indptr = torch.tensor([0] + [n * k for n, k in zip(q_rows, kv_lens)], device="cpu").cumsum(0)
         self.forward_metadata = (qo, kv_indptr, kv_indices, mask, mask_indptr, causal)
+
+    @staticmethod
+    def _trees(spec, bs: int) -> list[DraftTree]:
+        """The batch's draft trees (``spec.parents``); a verify input without them is chains (the one "no tree" rule)."""
+        n = spec.draft_token_num
+        if spec.parents is None:
+            return [DraftTree.chain(n)] * bs
+        if len(spec.parents) != bs or any(len(p) != n for p in spec.parents):
+            raise ValueError(f"spec_info.parents: expected {bs} trees of {n} nodes, got {[len(p) for p in spec.parents]}")
+        return [DraftTree(list(p)) for p in spec.parents]
 
     def _eager_only(self, *a, **k):
         raise NotImplementedError("the oracle runs eagerly only")

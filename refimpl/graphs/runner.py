@@ -305,7 +305,7 @@ class GraphRunner:
     # --- the replay's phases: replay() runs them in order, the bench times each -------------------
     def validate(self, fb: ForwardBatch, for_graph: bool = True) -> None:
         """Phase 1: refuse ``fb`` before anything is written (``refimpl.validate``)."""
-        validate_batch(fb, self.spec_cfg, self.kind.multi_step, for_graph)
+        validate_batch(fb, self.spec_cfg, self.kind.multi_step, for_graph, world=self.world)
 
     def replay_hook(self, fb: ForwardBatch, bs: int) -> ForwardBatch:
         """Phase 3: the backend's replay hook on the static batch (after ``load_inputs``), or its glue graph."""
