@@ -90,19 +90,35 @@ def _snapshot(state: dict[str, Any]) -> dict[str, Any]:
     return {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
 
 
-def _tensor_diff(key: str, a: torch.Tensor, b: torch.Tensor, what: str, limit: int) -> list[str]:
+def _where(i: int, shape: tuple, rows: tuple[int, int] | None) -> str:
+    """Flat index ``i`` as a reviewer reads it: ``[i]`` (kept), the row and column of a 2-D tensor, and whether the row is
+    a padded request's (``rows``: live and padded batch size; a tensor's first dimension of the padded size is per
+    request)."""
+    parts, r = [], i
+    if len(shape) == 2 and shape[1]:
+        r, c = divmod(i, shape[1])
+        parts.append(f"row {r}, col {c}")
+    if rows is not None and shape and shape[0] == rows[1] and r >= rows[0]:
+        parts.append("a padded row" if parts else f"padded row {r}")
+    return f"[{i}]" + (f" ({', '.join(parts)})" if parts else "")
+
+
+def _tensor_diff(key: str, a: torch.Tensor, b: torch.Tensor, what: str, limit: int, rows=None) -> list[str]:
     a_, b_ = a.to("cpu"), b.to("cpu")
     bad = (a_ != b_) & ~(a_.isnan() & b_.isnan()) if a_.is_floating_point() else a_ != b_
     idx = bad.flatten().nonzero().flatten()
     if not idx.numel():
         return []
     af, bf = a_.flatten(), b_.flatten()
-    ex = ", ".join(f"[{i}] {af[i].item()} vs {bf[i].item()}" for i in idx[:limit].tolist())
+    ex = ", ".join(f"{_where(i, tuple(a_.shape), rows)} {af[i].item()} vs {bf[i].item()}" for i in idx[:limit].tolist())
     return [f"{key}: {idx.numel()} of {a_.numel()} elements differ ({ex}; {what})"]
 
 
-def diff_states(capture: dict[str, Any], replay: dict[str, Any], limit: int = 4, paths=("capture", "replay")) -> list[str]:
-    """Human-readable differences, one line per buffer or scalar (``paths``: what made each state)."""
+def diff_states(
+    capture: dict[str, Any], replay: dict[str, Any], limit: int = 4, paths=("capture", "replay"), rows=None
+) -> list[str]:
+    """Human-readable differences, one line per buffer or scalar (``paths``: what made each state; ``rows``: the live and
+    padded batch sizes, to name padded rows)."""
     out, (p, q) = [], paths
     for key in sorted(set(capture) | set(replay)):
         if key not in capture or key not in replay:
@@ -114,7 +130,7 @@ def diff_states(capture: dict[str, Any], replay: dict[str, Any], limit: int = 4,
             if a.shape != b.shape:
                 out.append(f"{key}: shape {tuple(a.shape)} after {p} vs {tuple(b.shape)} after {q}")
                 continue
-            out += _tensor_diff(key, a, b, f"{p} vs {q}", limit)
+            out += _tensor_diff(key, a, b, f"{p} vs {q}", limit, rows)
         elif a != b:
             out.append(f"{key}: {a!r} {'frozen at' if p == 'capture' else 'after'} {p} vs {b!r} after {q}")
     return out
@@ -152,7 +168,8 @@ def capture_vs_replay(
     state_q = _snapshot(state_q)
     ref = q.reference_graph_state(padded)
     live_p, live_q = _batch_defined(state_p, fb.batch_size), _batch_defined(state_q, fb.batch_size)
-    return diff_states(live_p, live_q), None if ref is None else diff_reference(state_q, ref)
+    rows = (fb.batch_size, padded.batch_size)
+    return diff_states(live_p, live_q, rows=rows), None if ref is None else diff_reference(state_q, ref)
 
 
 def _batch_defined(state: dict[str, Any], raw_bs: int) -> dict[str, Any]:

@@ -48,9 +48,21 @@ def close(out: torch.Tensor, ref: torch.Tensor, tol: dict, what: str, findings: 
     o, r = out.float(), ref.float()
     if torch.allclose(o, r, **tol) and not o.isnan().any():
         return True
-    err = (o - r).abs().max().item()
-    findings.append(f"{what}: max abs difference {err:.3g} (rtol {tol['rtol']}, atol {tol['atol']})")
+    rows = lambda t: t.reshape(len(t), -1).any(1).nonzero().flatten().tolist()  # the rows (tokens) where t holds
+    nan, far = o.isnan() & ~r.isnan(), (o - r).abs() > tol["atol"] + tol["rtol"] * r.abs()
+    finite = (o - r).abs()[~(o.isnan() | r.isnan())]
+    err = finite.max().item() if finite.numel() else float("nan")
+    msg = f"{what}: max abs difference {err:.3g} (rtol {tol['rtol']}, atol {tol['atol']})"
+    if bad := rows(far):
+        msg += f"; rows {_first_few(bad)} differ"
+    if bad := rows(nan):
+        msg += f"; NaN in rows {_first_few(bad)}"
+    findings.append(msg)
     return False
+
+
+def _first_few(xs: list, n: int = 8) -> str:
+    return ", ".join(map(str, xs[:n])) + (f", ... ({len(xs)} in all)" if len(xs) > n else "")
 
 
 class KVGuard:
@@ -85,8 +97,10 @@ class KVGuard:
         self.own_before = [b[self.own].clone() for b in bufs]
         self.violations = 0
 
-    def check(self) -> list[str]:
-        """Count the guarded slots written since construction; restore the foreign ones."""
+    def check(self, graph_locs: torch.Tensor | None = None, live_rows: int | None = None) -> list[str]:
+        """Count the guarded slots written since construction and say whose they were; restore the foreign ones.
+        ``graph_locs``: the graph's write targets (the runner's static ``out_cache_loc``), to name the row that wrote a
+        slot; rows from ``live_rows`` on are padded."""
         bufs = self.world.kv_cache.buffers()
         hit_foreign = torch.zeros(len(self.foreign), dtype=torch.bool, device=self.foreign.device)
         hit_own = torch.zeros(len(self.own), dtype=torch.bool, device=self.own.device)
@@ -98,10 +112,27 @@ class KVGuard:
         self.violations += foreign + own
         problems = []
         if foreign:
-            problems.append(f"padded or live rows wrote {foreign} KV slot(s) outside the batch (other requests' or free)")
+            msg = f"padded or live rows wrote {foreign} KV slot(s) outside the batch (other requests' or free)"
+            problems.append(msg + self._whose(self.foreign[hit_foreign], graph_locs, live_rows))
         if own:
-            problems.append(f"the replay overwrote {own} earlier KV slot(s) of requests in this batch")
+            msg = f"the replay overwrote {own} earlier KV slot(s) of requests in this batch"
+            problems.append(msg + self._whose(self.own[hit_own], graph_locs, live_rows))
         return problems
+
+    def _whose(self, slots: torch.Tensor, graph_locs, live_rows, limit: int = 4) -> str:
+        """``: slot s (request-table row p, position t; written by graph row r, a padded row), ...``"""
+        table = self.world.req_to_token.to(slots.device)
+        parts = []
+        for s in slots[:limit].tolist():
+            held = (table == s).nonzero().tolist()
+            whose = f"request-table row {held[0][0]}, position {held[0][1]}" if held else "a free slot"
+            if graph_locs is not None:
+                writers = (graph_locs.to(slots.device) == s).nonzero().flatten().tolist()
+                pad = lambda r: ", a padded row" if live_rows is not None and r >= live_rows else ""
+                whose += "".join(f"; written by graph row {r}{pad(r)}" for r in writers[:2])
+            parts.append(f"slot {s} ({whose})")
+        more = f", ... ({len(slots)} in all)" if len(slots) > limit else ""
+        return ": " + ", ".join(parts) + more
 
 
 def state_after(new_backend: Callable[[], Any], runner: GraphRunner, padded: ForwardBatch, replay: bool):
@@ -217,7 +248,8 @@ class Rig:
         findings: list[str] = []
         guard = KVGuard(self.world, fb)
         graph = self.runner.replay(fb).clone()
-        findings += guard.check()
+        multi = self.kind.multi_step  # its static targets hold every step: no single live-row boundary
+        findings += guard.check(self.runner.out_cache_loc, None if multi else fb.out_cache_loc.numel())
         eager = self.runner.eager(fb).clone()
         graph_ok = close(graph, eager, self.tol, "graph vs eager", findings) and not guard.violations
         self.oracle.init_forward_metadata(fb)

@@ -254,6 +254,8 @@ CASES = [
          r"spec_info=NoneType: TARGET_VERIFY needs a VerifyInput"),
     Case("draft extend: accept length past num_steps (built by hand)", "draft_extend",
          lambda s, fb: _accept(fb, [7, 0]), r"accept_length\[0\]=7: outside \[0, num_steps=3\]"),
+    Case("draft extend: accept length S+1 (one past the bound)", "draft_extend",
+         lambda s, fb: _accept(fb, [4, 0]), r"accept_length\[0\]=4: outside \[0, num_steps=3\]"),
     Case("draft extend: negative accept length", "draft_extend",
          lambda s, fb: _accept(fb, [1, -1]), r"accept_length\[1\]=-1: outside"),
     Case("draft extend: host and device accept lengths disagree", "draft_extend",

@@ -181,18 +181,23 @@ def test_guard_sees_a_rewrite_of_identical_values():
     guard = KVGuard(world, fb)
     assert (bufs[0][slot] == KVGuard.SENTINEL).all()  # poisoned for the replay
     bufs[0][slot] = before[0][slot]  # the "write": the very values the slot held
-    want = ["padded or live rows wrote 1 KV slot(s) outside the batch (other requests' or free)"]
-    assert guard.check() == want
+    row, pos = (world.req_to_token == slot).nonzero()[0].tolist()
+    locs = torch.tensor([int(fb.out_cache_loc[0]), slot])  # graph row 1, a padded row, targets the slot
+    want = "padded or live rows wrote 1 KV slot(s) outside the batch (other requests' or free)"
+    assert guard.check(locs, live_rows=1) == [
+        f"{want}: slot {slot} (request-table row {row}, position {pos}; written by graph row 1, a padded row)"
+    ]
     assert all(torch.equal(b, a) for b, a in zip(bufs, before))  # restored
     held = set(world.req_to_token.flatten().tolist())
     free = next(i for i in range(1, world.kv_cache.num_slots) if i not in held)  # a slot no request holds
     guard = KVGuard(world, fb)
     bufs[0][free] = before[0][free]  # a padded row writing a free, non-reserved slot
-    assert guard.check() == want
+    assert guard.check() == [f"{want}: slot {free} (a free slot)"]
     own = int(world.req_to_token[fb.req_pool_indices[0], 3])  # the batch's own earlier token
     guard = KVGuard(world, fb)
     bufs[1][own] += 1.0
-    assert guard.check() == ["the replay overwrote 1 earlier KV slot(s) of requests in this batch"]
+    (problem,) = guard.check()
+    assert problem.startswith(f"the replay overwrote 1 earlier KV slot(s) of requests in this batch: slot {own} (")
 
 
 def test_oracle_rebuilds_the_verify_mask_from_the_trees():
@@ -228,3 +233,24 @@ def test_no_verify_mask_means_chains_on_every_backend(name):
     with_mask = rig.runner.eager(fb).clone()
     without = rig.runner.eager(fb.replace(spec_info=dataclasses.replace(fb.spec_info, custom_mask=None)))
     assert torch.equal(with_mask, without)
+
+
+def test_findings_name_rows_columns_padded_rows_and_nan_rows():
+    """A reviewer reads a finding without decoding flat indices: row and column of a 2-D buffer (the raw index kept),
+    whether the row is a padded request's, and which output rows differ or hold NaN."""
+    from refimpl.check import diff_states
+    from refimpl.rig import close
+
+    table = torch.zeros(4, 64, dtype=torch.int32)
+    other = table.clone()
+    other[3, 0] = 7  # row 3 of a bs-4 graph whose batch has 3 live requests
+    (line,) = diff_states({"block_table": table}, {"block_table": other}, rows=(3, 4))
+    assert "[192] (row 3, col 0, a padded row) 0 vs 7" in line, line
+    lens = torch.tensor([5, 6, 7, 1])
+    (line,) = diff_states({"seq_lens": lens}, {"seq_lens": lens + torch.tensor([0, 1, 0, 0])}, rows=(3, 4))
+    assert "[1] 6 vs 7" in line and "padded" not in line, line
+    out, ref = torch.zeros(4, 8), torch.zeros(4, 8)
+    out[1, 2], out[3, 0] = 1.0, float("nan")
+    findings: list[str] = []
+    assert not close(out, ref, dict(rtol=1e-4, atol=1e-4), "graph vs eager", findings)
+    assert findings == ["graph vs eager: max abs difference 1 (rtol 0.0001, atol 0.0001); rows 1 differ; NaN in rows 3"]

@@ -94,6 +94,31 @@ def test_capture_replay_drift_is_caught():
     assert all(r.graph_equals_eager is False for r in rows if r.bs > 1)
 
 
+class ReplaySkipsTheMask(TorchNativeBackend):
+    """Capture copies the verify mask, replay forgets it (the graph reads the capture's dummy mask)."""
+
+    variant = "bug-mask"
+
+    def init_forward_metadata_replay_cuda_graph(self, bs, rpi, seq_lens, *args, **kw):
+        saved = self.cuda_graph_custom_mask.clone()
+        super().init_forward_metadata_replay_cuda_graph(bs, rpi, seq_lens, *args, **kw)
+        if not getattr(self, "_capturing", False):
+            self.cuda_graph_custom_mask.copy_(saved)
+
+    def init_forward_metadata_capture_cuda_graph(self, *a, **k):
+        self._capturing = True
+        try:
+            super().init_forward_metadata_capture_cuda_graph(*a, **k)
+        finally:
+            self._capturing = False
+
+
+def test_replay_that_skips_the_mask_is_named():
+    rows = check_entry_mode(entry(ReplaySkipsTheMask, "bug"), ForwardMode.TARGET_VERIFY, CPUEmulatorEngine(), FAST)
+    assert all(r.capture_equals_replay is False for r in rows)
+    assert all(any(f.startswith("custom_mask:") for f in r.findings) for r in rows), [r.findings for r in rows]
+
+
 def test_frozen_scalar_is_caught():
     rows = check_entry_mode(entry(FrozenScalarAtCapture, "bug"), ForwardMode.DECODE, CPUEmulatorEngine(), FAST)
     assert all(r.capture_equals_replay is False for r in rows)

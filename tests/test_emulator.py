@@ -144,3 +144,19 @@ def test_replay_before_capture_and_double_capture_raise():
     g.capture(lambda: torch.ones(1) + 1)
     with pytest.raises(GraphCaptureError):
         g.capture(lambda: torch.ones(1))
+
+
+def test_copy_ops_inside_capture_rerun():
+    """A copy made inside the capture (``clone``, ``.contiguous()`` of a strided view) is a kernel, not an allocation:
+    replay recomputes it from the current input (treating it as an allocation would replay stale values)."""
+    x = torch.arange(6.0).view(2, 3)
+
+    def step():
+        a = x.clone()
+        b = x.t().contiguous()  # a copy: x.t() is not contiguous
+        return a * 2, b + 1
+
+    g, (a2, b1) = capture(step)
+    x.copy_(torch.full((2, 3), 10.0))
+    g.replay()
+    assert torch.equal(a2, torch.full((2, 3), 20.0)) and torch.equal(b1, torch.full((3, 2), 11.0))

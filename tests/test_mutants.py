@@ -1,0 +1,139 @@
+"""The mutant list (issue 18): each verdict, the KV guard and each validation rule named here, switched off alone, makes
+the test beside it fail. A mutant edits one line of refimpl's source text in memory (the function is recompiled from
+the edited text and patched wherever it is bound); the catching test is then called and must fail. docs/mutants.md lists
+them; ``test_docs_lists_every_mutant`` keeps the two in step.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import test_backend_class
+import test_bad_inputs
+import test_blind_spots
+import test_checker
+import test_emulator
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    where: str  # "module:function" or "module:Class.method"
+    old: str  # a fragment of that function's source, found exactly once
+    new: str
+    catching: str  # the catching test, "file::name[param]"
+
+    def apply(self, monkeypatch) -> None:
+        module_name, qual = self.where.split(":")
+        module = importlib.import_module(module_name)
+        owner, name = (module, qual) if "." not in qual else (getattr(module, qual.split(".")[0]), qual.split(".")[1])
+        fn = getattr(owner, name)
+        src = textwrap.dedent(inspect.getsource(fn))
+        assert src.count(self.old) == 1, f"{self.id}: {self.old!r} found {src.count(self.old)} times in {self.where}"
+        namespace = dict(vars(module))
+        exec(compile(src.replace(self.old, self.new), inspect.getsourcefile(fn), "exec"), namespace)
+        mutated = namespace[name]
+        if owner is not module:
+            monkeypatch.setattr(owner, name, mutated)
+            return
+        for m in list(sys.modules.values()):  # every module that imported the function by name
+            if getattr(m, name, None) is fn:
+                monkeypatch.setattr(m, name, mutated)
+
+
+def _case(case_id: str):
+    case = next(c for c in test_bad_inputs.CASES if c.id == case_id)
+    return lambda: test_bad_inputs.test_bad_input_is_refused_before_any_write(case)
+
+
+CATCHING = {
+    "test_checker.py::test_capture_replay_drift_is_caught": test_checker.test_capture_replay_drift_is_caught,
+    "test_checker.py::test_replay_that_skips_the_mask_is_named": test_checker.test_replay_that_skips_the_mask_is_named,
+    "test_checker.py::test_fresh_buffer_at_replay_is_caught": test_checker.test_fresh_buffer_at_replay_is_caught,
+    "test_blind_spots.py::test_oracle_rebuilds_the_verify_mask_from_the_trees": (
+        test_blind_spots.test_oracle_rebuilds_the_verify_mask_from_the_trees
+    ),
+    "test_backend_class.py::test_fresh_tensor_at_replay_is_named": test_backend_class.test_fresh_tensor_at_replay_is_named,
+    "test_backend_class.py::test_foreign_kv_write_is_caught_by_the_guard": (
+        test_backend_class.test_foreign_kv_write_is_caught_by_the_guard
+    ),
+    "test_emulator.py::test_copy_ops_inside_capture_rerun": test_emulator.test_copy_ops_inside_capture_rerun,
+}
+
+MUTANTS = [
+    Mutant("verdict (a) compares nothing", "refimpl.check:capture_vs_replay",
+           "return diff_states(live_p, live_q, rows=rows)", "return []",
+           "test_checker.py::test_capture_replay_drift_is_caught"),
+    Mutant("verdict (a) drops the custom mask", "refimpl.check:_batch_defined",
+           'return {**state, "custom_mask": state["custom_mask"][:end]}',
+           'return {k: v for k, v in state.items() if k != "custom_mask"}',
+           "test_checker.py::test_replay_that_skips_the_mask_is_named"),
+    Mutant("verdict (b) graph vs eager always true", "refimpl.rig:Rig.run",
+           'graph_ok = close(graph, eager, self.tol, "graph vs eager", findings) and not guard.violations',
+           "graph_ok = True", "test_checker.py::test_fresh_buffer_at_replay_is_caught"),
+    Mutant("verdict (c) the oracle always agrees", "refimpl.rig:Rig.run",
+           'oracle_ok = close(eager, self.program(fb, self.oracle), self.tol, "eager vs oracle", findings)',
+           "oracle_ok = True", "test_blind_spots.py::test_oracle_rebuilds_the_verify_mask_from_the_trees"),
+    Mutant("verdict (d) compares nothing with the reference", "refimpl.check:diff_reference",
+           "    return out", "    return []", "test_backend_class.py::test_fresh_tensor_at_replay_is_named"),
+    Mutant("the KV guard reports nothing", "refimpl.rig:KVGuard.check", "    return problems", "    return []",
+           "test_backend_class.py::test_foreign_kv_write_is_caught_by_the_guard"),
+    Mutant("the emulator takes a copy inside capture for an allocation", "refimpl.graphs.recorder:Step.__init__",
+           "if name.startswith(PURE_ALLOC):", 'if name.startswith((*PURE_ALLOC, "aten.clone")):',
+           "test_emulator.py::test_copy_ops_inside_capture_rerun"),
+    Mutant("validation: accept-length bound S -> S+1", "refimpl.validate:validate_batch",
+           "max(acc) > steps)", "max(acc) > steps + 1)", "draft extend: accept length S+1 (one past the bound)"),
+    Mutant("validation: seq_lens_sum unchecked", "refimpl.validate:validate_batch",
+           "if total != sum(seq):", "if False:",
+           "seq_lens_sum understates the lengths (a kernel would read past its index buffer)"),
+    Mutant("validation: any World accepted", "refimpl.validate:validate_batch",
+           "if world is not None and fb.world is not world:", "if False:",
+           "a batch built against another World of the same sizes"),
+    Mutant("validation: a graph verify batch may omit its mask", "refimpl.validate:validate_batch",
+           "if mask is None and for_graph and mode.is_target_verify():", "if False:",
+           "verify: no mask after a masked batch (the graph would read the last batch's)"),
+    Mutant("validation: device and host seq_lens may disagree", "refimpl.validate:validate_batch",
+           'if res["seq_lens"] != seq:', "if False:", "device seq_lens past the context, host copy fine"),
+    Mutant("validation: the tree mask's size unchecked", "refimpl.validate:validate_batch",
+           "if (got := mask.numel()) != (want := layout.tree_mask_total(seq, extra)):", "if False:",
+           "verify: custom mask of the wrong size"),
+    Mutant("validation: slot ownership unchecked", "refimpl.validate:_report_device_findings",
+           'if (i := first["out_cache_loc owner"]) is not None:', "if False:",
+           "out_cache_loc of another request in the batch"),
+]  # fmt: skip
+
+
+def _catching(m: Mutant):
+    return CATCHING[m.catching] if "::" in m.catching else _case(m.catching)
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=[m.id for m in MUTANTS])
+def test_mutant_is_caught(mutant: Mutant, monkeypatch):
+    """The catching test passes on the real code (the suite runs it) and fails with the mutant in place."""
+    monkeypatch.setattr(test_bad_inputs, "_SETUPS", {})  # runners of their own: a mutant may let a bad batch write
+    mutant.apply(monkeypatch)
+    with pytest.raises((Exception, pytest.fail.Exception)):  # a failed assert, "DID NOT RAISE", or a crash
+        _catching(mutant)()
+
+
+def test_docs_lists_every_mutant():
+    text = (ROOT / "docs" / "mutants.md").read_text()
+    missing = [m.id for m in MUTANTS if f"| {m.id} |" not in text]
+    assert not missing, f"docs/mutants.md lacks: {missing}"
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=[m.id for m in MUTANTS])
+def test_the_harness_alone_breaks_nothing(mutant: Mutant, monkeypatch):
+    """Recompiling and patching the same function with an edit that changes nothing leaves the catching test passing:
+    each failure above comes from its edit, not from the harness or a broken test."""
+    monkeypatch.setattr(test_bad_inputs, "_SETUPS", {})
+    Mutant(mutant.id, mutant.where, mutant.old, mutant.old, mutant.catching).apply(monkeypatch)
+    _catching(mutant)()
