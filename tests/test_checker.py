@@ -67,23 +67,31 @@ def test_fresh_buffer_at_replay_is_caught():
     assert all(r.matches_oracle for r in rows), "the eager path itself is right"
 
 
-class ReplayForgetsMaskIndptr(TorchNativeBackend):
-    """Bug class 'capture and replay drifted apart' (Pattern C): replay skips mask_indptr."""
+def replay_forgets(buffer: str) -> type:
+    """Bug class 'capture and replay drifted apart' (Pattern C): the replay hook leaves ``buffer`` as it was (capture
+    fills it)."""
 
-    variant = "bug-drift"
+    class ReplayForgets(TorchNativeBackend):
+        variant = "bug-drift"
 
-    def init_forward_metadata_replay_cuda_graph(self, bs, rpi, seq_lens, *args, **kw):
-        saved = self.cuda_graph_mask_indptr.clone()
-        super().init_forward_metadata_replay_cuda_graph(bs, rpi, seq_lens, *args, **kw)
-        if not getattr(self, "_capturing", False):
-            self.cuda_graph_mask_indptr.copy_(saved)
+        def init_forward_metadata_replay_cuda_graph(self, bs, rpi, seq_lens, *args, **kw):
+            saved = getattr(self, buffer).clone()
+            super().init_forward_metadata_replay_cuda_graph(bs, rpi, seq_lens, *args, **kw)
+            if not getattr(self, "_capturing", False):
+                getattr(self, buffer).copy_(saved)
 
-    def init_forward_metadata_capture_cuda_graph(self, *a, **k):
-        self._capturing = True
-        try:
-            super().init_forward_metadata_capture_cuda_graph(*a, **k)
-        finally:
-            self._capturing = False
+        def init_forward_metadata_capture_cuda_graph(self, *a, **k):
+            self._capturing = True
+            try:
+                super().init_forward_metadata_capture_cuda_graph(*a, **k)
+            finally:
+                self._capturing = False
+
+    return ReplayForgets
+
+
+ReplayForgetsMaskIndptr = replay_forgets("cuda_graph_mask_indptr")
+ReplaySkipsTheMask = replay_forgets("cuda_graph_custom_mask")  # the graph reads the capture's dummy mask
 
 
 def test_capture_replay_drift_is_caught():
@@ -92,25 +100,6 @@ def test_capture_replay_drift_is_caught():
     assert all(any(f.startswith("mask_indptr:") for f in r.findings) for r in rows)
     # request 0's mask starts at 0 either way; with more requests the stale offsets bite
     assert all(r.graph_equals_eager is False for r in rows if r.bs > 1)
-
-
-class ReplaySkipsTheMask(TorchNativeBackend):
-    """Capture copies the verify mask, replay forgets it (the graph reads the capture's dummy mask)."""
-
-    variant = "bug-mask"
-
-    def init_forward_metadata_replay_cuda_graph(self, bs, rpi, seq_lens, *args, **kw):
-        saved = self.cuda_graph_custom_mask.clone()
-        super().init_forward_metadata_replay_cuda_graph(bs, rpi, seq_lens, *args, **kw)
-        if not getattr(self, "_capturing", False):
-            self.cuda_graph_custom_mask.copy_(saved)
-
-    def init_forward_metadata_capture_cuda_graph(self, *a, **k):
-        self._capturing = True
-        try:
-            super().init_forward_metadata_capture_cuda_graph(*a, **k)
-        finally:
-            self._capturing = False
 
 
 def test_replay_that_skips_the_mask_is_named():
