@@ -11,13 +11,14 @@ bounded CI profile); ``python -m refimpl check --fuzz N`` prints a one-line ``re
 from __future__ import annotations
 
 import random
+import shlex
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
-from .backends import BackendEntry, GraphModeNotSupported, find
+from .backends import REGISTRY, BackendEntry, GraphModeNotSupported, find
 from .config import SpecConfig
 from .graphs import GraphEngine, make_engine
 from .layout import KINDS, GraphKind
@@ -187,19 +188,29 @@ def specs_for(case: str) -> tuple[SpecConfig, ...]:
 
 
 def targets(
-    backends: Iterable[str] | None = None, modes: Iterable[str] | None = None, variants: Iterable[str] | None = None
+    backends: Iterable[str] | None = None,
+    modes: Iterable[str] | None = None,
+    variants: Iterable[str] | None = None,
+    given: Iterable[BackendEntry] | None = None,
 ) -> list[tuple[BackendEntry, str, SpecConfig]]:
-    """Every (entry, mode, spec) to fuzz; shapes default to every one that must pass (not the historical ``legacy`` /
-    ``as-upstream``). Entries that cannot run here, or modes a backend does not capture, are left to ``FuzzTarget`` to
-    refuse."""
+    """Every (entry, mode, spec) to fuzz: the ``given`` entries (``--backend-class``), else the registered ones, whose
+    shapes default to every one that must pass (not the historical ``legacy`` / ``as-upstream``). Entries that cannot run
+    here, or modes a backend does not capture, are left to ``FuzzTarget`` to refuse."""
     cases = [GraphKind.parse(m).label for m in modes] if modes else list(KINDS)
-    return [(e, case, spec) for e in entries(backends, variants) for case in cases for spec in specs_for(case)]
+    chosen = list(given) if given is not None else entries(backends, variants)
+    return [(e, case, spec) for e in chosen for case in cases for spec in specs_for(case)]
 
 
-def reproduce(label: str, params: dict, seed: int = 0, engine: str = "auto") -> list[str]:
-    """Re-run one reported batch: ``label`` and ``params`` as a mismatch line prints them."""
+def reproduce(label: str, params: dict, seed: int = 0, engine: str = "auto", backend_class: str | None = None) -> list[str]:
+    """Re-run one reported batch: ``label`` and ``params`` as a mismatch line prints them (``backend_class``: the
+    ``module:Class`` of a backend under review)."""
     name, variant, case, kind = label.split("/")
-    entry = next(e for e in find(name) if e.variant == variant)
+    if backend_class is not None:
+        from .backends import load_backend_class
+
+        entry = load_backend_class(backend_class)
+    else:
+        entry = next(e for e in find(name) if e.variant == variant)
     target = FuzzTarget(entry, case, TREE if kind == "tree" else CHAIN, make_engine(engine), seed=seed)
     return target.check(FuzzParams(**params))
 
@@ -212,11 +223,12 @@ def fuzz(
     variants: Iterable[str] | None = None,
     engine: str = "auto",
     progress: bool = False,
+    given: Iterable[BackendEntry] | None = None,
 ) -> FuzzReport:
-    """``n`` random batches per (backend, shape, mode, spec) target (``targets``)."""
+    """``n`` random batches per (backend, shape, mode, spec) target (``targets``; ``given``: backends under review)."""
     eng = make_engine(engine)
     report = FuzzReport()
-    for entry, case, spec in targets(backends, modes, variants):
+    for entry, case, spec in targets(backends, modes, variants, given):
         try:
             target = FuzzTarget(entry, case, spec, eng, seed=seed)
         except GraphModeNotSupported as e:
@@ -228,8 +240,9 @@ def fuzz(
             problems = target.check(params)
             report.batches[label] = report.batches.get(label, 0) + 1
             if problems:
-                call = f'reproduce("{label}", {asdict(params)}, seed={seed})'
-                how = f"python -c 'from refimpl.fuzz import reproduce; print({call})'"
+                cls = "" if entry in REGISTRY else f', backend_class="{entry.target}"'
+                call = f'reproduce("{label}", {asdict(params)}, seed={seed}{cls})'
+                how = "python -c " + shlex.quote(f"from refimpl.fuzz import reproduce; print({call})")  # a shell line
                 report.mismatches.append(f"{label} batch {i}: {'; '.join(problems)}\n    reproduce: {how}")
                 if progress:
                     print(f"MISMATCH {report.mismatches[-1]}", flush=True)
