@@ -545,9 +545,11 @@ run_v1 = GraphRunner(None, TritonAttnBackendLegacy(world, CHAIN), engine, Forwar
 states = {}
 for cls, runner, fb in ((WaveAttnBackendLegacy, run_wave, fb_dec), (TritonAttnBackendLegacy, run_v1, fb_v1)):
     new = lambda cls=cls, r=runner: cls(r.world, r.spec_cfg)  # noqa: E731
-    cap, rep = (state_after(new, runner, runner.padded_batch(fb), replay=r)[1] for r in (False, True))
+    padded = runner.padded_batch(fb)
+    cap, rep = (state_after(new, runner, padded, replay=r)[1] for r in (False, True))
     checker, _ = capture_vs_replay(new, runner, fb)
-    assert checker == diff_states(cap, rep)  # the same verdict as refimpl.check's
+    rows = (fb.batch_size, padded.batch_size)  # live and padded batch sizes: findings name padded rows
+    assert checker == diff_states(cap, rep, rows=rows)  # the same verdict as refimpl.check's
     print(f"{cls.__name__}:", checker)
     states[cls] = cap, rep
 (wave_cap, wave_rep), (tri_cap, tri_rep) = states.values()

@@ -99,3 +99,18 @@ def test_decode_kernel_choice_follows_sglang():
         graph_wrapper = backend._create_decode_wrappers(2, 2)[0]
         assert backend.decode_use_tensor_cores is want
         assert backend._eager_decode.use_tensor_cores is want and graph_wrapper.use_tensor_cores is want
+
+
+@pytest.mark.parametrize("name", ["flashinfer", "flashinfer_mla"])
+def test_an_empty_idle_batch_plans_nothing(name):
+    """flashinfer 0.7.2 refuses to plan an empty batch (tensor-core decode: ``max()`` of no lengths; MLA: "requires a
+    nonempty batch"): an eager idle batch of no request plans nothing, and its forward runs no kernel."""
+    from refimpl.flashinfer_wrappers import count_plans
+    from refimpl.layout import KINDS
+    from refimpl.rig import Rig
+
+    rig = Rig.build(find(name, "unified")[0], KINDS["idle"], CHAIN, CPUEmulatorEngine(), capture_bs=(1,),
+                    max_context_len=40, capture=False)  # fmt: skip
+    with count_plans(rig.runner.backend) as calls:
+        out = rig.runner.eager(rig.gen.idle())
+    assert calls[0] == 0 and out.shape[0] == 0

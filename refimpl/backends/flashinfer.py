@@ -193,7 +193,8 @@ class FlashInferAttnBackend(AttentionBackend):
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         mode, args = fb.forward_mode, (fb.batch_size, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_cpu)
         if mode.is_decode_or_idle():
-            self._update_decode(*args, [self._eager_decode], fb.spec_info)
+            if fb.batch_size:  # an empty (idle) batch plans nothing: flashinfer 0.7.2 refuses it, forward runs no kernel
+                self._update_decode(*args, [self._eager_decode], fb.spec_info)
             self.forward_metadata = DecodeMetadata([self._eager_decode])
         elif mode.is_target_verify() or mode.is_any_draft_extend():
             self._update_prefill(*args, [self._eager_prefill], mode, fb.spec_info)

@@ -147,7 +147,8 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         mode, bs = fb.forward_mode, fb.batch_size
         args = (bs, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_cpu, self._eager)
         if mode.is_decode_or_idle():
-            self._full_decode_plan(*args)
+            if bs:  # an empty (idle) batch plans nothing: flashinfer 0.7.2 refuses it, forward runs no kernel
+                self._full_decode_plan(*args)
         elif mode.is_target_verify() or mode.is_any_draft_extend():
             self._prefill_plan(*args, mode, fb.spec_info)
         else:
