@@ -266,7 +266,8 @@ print(f"{guarded.numel()} live KV slots untouched; the padded row wrote slot 0")
 # (d) does the replayed state match a reference built from first principles (where the backend
 #     gives one)?
 # A fifth, (e), is not pass/fail: whether the replay hook itself may be replayed from a small
-# graph of its own (notebook 05). Here: the hello-world backend, in decode and in speculative
+# graph of its own (notebook 05). A sixth, (f), replays a history of batches through the same
+# graphs (notebook 06). Here: the hello-world backend, in decode and in speculative
 # *target verify* (N = 4 draft tokens per request).
 
 # %%

@@ -513,7 +513,7 @@ show(viz.draw_buffers(mla_rows, "FlashInfer-MLA: bound buffers of the bs-4 prefi
 #   replay wrote `qo_indptr = cumsum(accept_length + 1)`, the ragged layout of the old eager path.
 
 # %%
-settings = CheckSettings(capture_bs=(4,), raw_bs=(3,), glue_replays=0)  # verdict (e): not read here
+settings = CheckSettings(capture_bs=(4,), raw_bs=(3,), glue_replays=0, history=False)  # verdict (e): not read here
 (wave_rec,) = check_entry_mode(find("wave", "legacy")[0], "decode", CPUEmulatorEngine(), settings)
 (tri_rec,) = check_entry_mode(find("triton", "legacy")[0], "draft_extend", CPUEmulatorEngine(),
                               settings)

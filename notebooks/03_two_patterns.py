@@ -123,7 +123,7 @@ def mode_branches(fn) -> dict[str, list[str]]:
     return out
 
 
-CHECK = CheckSettings(capture_bs=(4,), raw_bs=(3,), max_context_len=40, glue_replays=0)  # one graph; no (e)
+CHECK = CheckSettings(capture_bs=(4,), raw_bs=(3,), max_context_len=40, glue_replays=0, history=False)  # one graph; no (e)
 
 
 def check(name: str, variant: str, case: str):

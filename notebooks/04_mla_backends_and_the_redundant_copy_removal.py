@@ -182,7 +182,7 @@ legacy.init_forward_metadata_capture_cuda_graph(4, 4, rpi, one, None, ForwardMod
 print("legacy capture, decode with a spec input -> forward_metadata =", legacy.forward_metadata)
 assert legacy.forward_metadata is None
 
-settings = CheckSettings(capture_bs=(1, 2, 4), raw_bs=(3,), max_context_len=48)
+settings = CheckSettings(capture_bs=(1, 2, 4), raw_bs=(3,), max_context_len=48, history=False)
 for variant in ("legacy", "unified"):
     (rec,) = check_entry_mode(find("cutlass_mla", variant)[0], "decode", CPUEmulatorEngine(), settings)
     print(f"checker, cutlass_mla/{variant} ({rec.pattern}) decode: passed={rec.passed}, findings={rec.findings}")
@@ -375,7 +375,7 @@ if torch.cuda.is_available():
 # the stale buffers, because the decode kernel reads the plan's partition, which is current.
 
 # %%
-fast = CheckSettings(capture_bs=(4,), raw_bs=(3,), max_context_len=40, glue_replays=0)  # one graph; no (e)
+fast = CheckSettings(capture_bs=(4,), raw_bs=(3,), max_context_len=40, glue_replays=0, history=False)  # one graph; no (e)
 mla_rows = {}
 for v in ("legacy", "as-upstream", "unified"):
     (r,) = check_entry_mode(find("flashinfer_mla", v)[0], "decode", CPUEmulatorEngine(), fast)

@@ -13,7 +13,9 @@ from . import _env  # noqa: F401
 LEGEND = (
     "legend: cap=rep (a) capture fills what replay fills; graph=eager (b) the graph's output is eager's, no other "
     "request's KV written; oracle (c) eager matches a float64 oracle; ref (d) the replayed state matches a first-principles "
-    "reference; glue (e) the hook may be replayed from a glue graph (yes/no, not pass/fail); - not asked; "
+    "reference; glue (e) the hook may be replayed from a glue graph (yes/no, not pass/fail); history (f) a sequence of "
+    "replays through the same graphs (same size twice, smaller after larger, another tree, back to the first), each "
+    "right; - not asked; "
     "expected: a legacy / as-upstream shape showing the historical bug it reproduces"
 )
 
@@ -27,12 +29,13 @@ class _Parser(argparse.ArgumentParser):
 
 def _table(rows) -> str:
     cols = ("backend", "variant", "pattern", "mode", "bs", "engine", "cap=rep", "graph=eager", "oracle", "ref", "glue")
-    cols += ("status",)
+    cols += ("history", "status")
     v = lambda x: "-" if x is None else ("ok" if x else "FAIL")
     verdicts = lambda r: (r.capture_equals_replay, r.graph_equals_eager, r.matches_oracle, r.replay_matches_reference)
     glue = lambda r: {None: "-", True: "yes", False: "no"}[r.glue_equals_eager]  # (e) is not pass / fail
     bs = lambda r: "-" if r.skipped else str(r.bs)
-    cells = [(r.backend, r.variant, r.pattern, r.mode, bs(r), r.engine, *map(v, verdicts(r)), glue(r), r.status) for r in rows]
+    cells = [(r.backend, r.variant, r.pattern, r.mode, bs(r), r.engine, *map(v, verdicts(r)), glue(r), v(r.history_ok), r.status)
+             for r in rows]  # fmt: skip
     width = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
     line = lambda values: " ".join(f"{x:<{w}}" for x, w in zip(values, width)).rstrip()
     lines = [line(cols), "-" * (sum(width) + len(width) - 1)]

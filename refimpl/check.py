@@ -34,7 +34,7 @@ from .graphs import GraphEngine, make_engine
 from .graphs.runner import INPUTS, GraphRunner, call_capture_hook, call_in_graph_hook, capture_glue
 from .layout import KINDS, GraphKind
 from .modes import ForwardMode
-from .rig import Rig, state_after
+from .rig import Rig, Verdict, raised, state_after
 
 
 @dataclass
@@ -52,13 +52,14 @@ class CheckRecord:
     replay_matches_reference: bool | None = None
     glue_equals_eager: bool | None = None
     glue_findings: list[str] = field(default_factory=list)  # why (e) failed or was refused: not a problem unglued
+    history_ok: bool | None = None  # (f) a sequence of replays through the captured graphs, each right (largest bs row)
 
     expected: bool = False  # a legacy / as-upstream shape: its findings are the historical bugs it reproduces
 
     @property
     def passed(self) -> bool:
         verdicts = (self.capture_equals_replay, self.graph_equals_eager, self.matches_oracle)
-        return all(v is not False for v in (*verdicts, self.replay_matches_reference))
+        return all(v is not False for v in (*verdicts, self.replay_matches_reference, self.history_ok))
 
     @property
     def skipped(self) -> bool:
@@ -79,6 +80,7 @@ class CheckSettings:
     capture_bs: tuple[int, ...] = (1, 2, 4)
     raw_bs: tuple[int, ...] = (1, 3)  # 3 is padded to the bs-4 graph; 1 is a captured size
     glue_replays: int = 3  # verdict (e): rotated batches replayed in turn through one glue graph (0: no verdict)
+    history: bool = True  # verdict (f): after the per-size rows, a sequence of replays through the same graphs
     spec: SpecConfig = field(default_factory=SpecConfig)
     max_context_len: int = 48
     dtype: torch.dtype | None = None  # None: float32 on CPU, bfloat16 on CUDA
@@ -237,6 +239,32 @@ def glue_verdict(
     return (None if None in verdicts else all(verdicts)), [f for _, fs in found for f in fs]
 
 
+# --- (f) a history of replays -------------------------------------------------------------------
+def history_verdict(rig: Rig, big: int, small: int) -> tuple[bool, list[str]]:
+    """Verdict (f): the captured graphs replay a sequence, each replay checked as (b) and (c) are: A; B, the same size
+    with other contents; C, smaller after larger; D, verify with trees: A's lengths (the same mask size) with other
+    trees; A again. A backend whose replay depends on the previous replay (a buffer refreshed only when something
+    changed) passes every per-size row and fails here."""
+    gen, kind = rig.gen, rig.kind
+    a, b, c = gen.for_mode(kind, big), gen.for_mode(kind, big), gen.for_mode(kind, small)
+    steps = [("A", a), ("B, the same size", b), ("C, smaller after larger", c)]
+    if kind.mode.is_target_verify() and rig.spec.topk > 1:
+        d = gen.target_verify(big, seq_lens=a.seq_lens_cpu.tolist())  # new random trees, the same mask size
+        steps.append(("D, A's mask size with other trees", d))
+    steps.append(("A again", a))
+    findings = []
+    for i, (label, fb) in enumerate(steps, 1):
+        try:
+            v = rig.run(fb)
+        except Exception as e:  # noqa: BLE001 - a finding, not a crash
+            v = Verdict(None, None, False, None, [raised(e)])
+        if not (v.graph_ok and v.oracle_ok):
+            findings += [f"history replay {i} ({label}, bs {fb.batch_size}): {f}" for f in v.findings]
+    for fb in {id(fb): fb for _, fb in steps}.values():
+        gen.release(fb)
+    return not findings, findings
+
+
 # --- one backend entry x graph kind --------------------------------------------------------------
 def check_entry_mode(
     entry: BackendEntry, case: str | ForwardMode | GraphKind, engine: GraphEngine, settings: CheckSettings
@@ -260,6 +288,9 @@ def check_entry_mode(
         except GraphModeNotSupported:
             cls = None
         return [record(0, None, None, None, findings=[f"skipped: {e}"], cls=cls)]
+    except Exception as e:  # noqa: BLE001 - the capture (or its warm-up) raised: a failing row, not a crash
+        cls = entry.load(kind.multi_step)
+        return [record(max(settings.raw_bs), False, None, None, findings=[f"capture: {raised(e)}"], cls=cls)]
     rows: list[CheckRecord] = []
     sizes = (0,) if kind.mode.is_idle() else settings.raw_bs
     for raw_bs in sizes:
@@ -267,7 +298,10 @@ def check_entry_mode(
         # (a) capture path vs replay path, (d) replay state vs the first-principles reference
         diffs, ref_diffs = capture_vs_replay(rig.new_backend, rig.runner, fb)
         # (b) graph replay vs eager, no write into another request's KV; (c) eager vs the oracle
-        v = rig.run(fb)
+        try:
+            v = rig.run(fb)
+        except Exception as e:  # noqa: BLE001 - the review tool survives the code it reviews: a finding, not a crash
+            v = Verdict(None, None, False, None, [raised(e)])
         ref = None if ref_diffs is None else not ref_diffs
         findings = diffs + (ref_diffs or []) + v.findings
         rows.append(record(raw_bs, not diffs, v.graph_ok, v.oracle_ok, findings=findings, ref=ref, cls=rig.backend_cls))
@@ -275,6 +309,10 @@ def check_entry_mode(
     if settings.glue_replays:  # (e) after the others: their batches are the ones they always were
         for row, (ok, found) in zip(rows, _glue_per_size(rig, sizes, settings.glue_replays)):
             row.glue_equals_eager, row.glue_findings = ok, found
+    if settings.history and not kind.mode.is_idle():  # (f) last, on the largest size's row
+        row = max(rows, key=lambda r: r.bs)
+        row.history_ok, found = history_verdict(rig, max(sizes), min(sizes))
+        row.findings += found
     return rows
 
 

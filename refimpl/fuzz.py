@@ -22,7 +22,7 @@ from .backends import REGISTRY, BackendEntry, GraphModeNotSupported, find
 from .config import SpecConfig
 from .graphs import GraphEngine, make_engine
 from .layout import KINDS, GraphKind
-from .rig import SHARED_NAMES, Rig, entries, graph_buffers, state_after
+from .rig import SHARED_NAMES, Rig, entries, graph_buffers, raised, state_after
 from .spec import DraftTree
 
 CAPTURE_BS = (1, 2, 4, 8)
@@ -234,10 +234,19 @@ def fuzz(
         except GraphModeNotSupported as e:
             report.skipped.append(f"{entry.name}/{entry.variant}/{case}: {e}")
             continue
+        except Exception as e:  # noqa: BLE001 - the capture raised: a mismatch, and on to the next target
+            shape = "tree" if spec.topk > 1 else "chain"
+            report.mismatches.append(f"{entry.name}/{entry.variant}/{case}/{shape} capture: {raised(e)}")
+            if progress:
+                print(f"MISMATCH {report.mismatches[-1]}", flush=True)
+            continue
         label = target.label
         for i in range(n):
             params = target.draw(random.Random(f"{seed}:{label}:{i}"))
-            problems = target.check(params)
+            try:
+                problems = target.check(params)
+            except Exception as e:  # noqa: BLE001 - the review tool survives the code it reviews: a finding, not a crash
+                problems = [raised(e)]
             report.batches[label] = report.batches.get(label, 0) + 1
             if problems:
                 cls = "" if entry in REGISTRY else f', backend_class="{entry.target}"'

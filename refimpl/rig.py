@@ -65,6 +65,13 @@ def _first_few(xs: list, n: int = 8) -> str:
     return ", ".join(map(str, xs[:n])) + (f", ... ({len(xs)} in all)" if len(xs) > n else "")
 
 
+def raised(e: Exception) -> str:
+    """A batch whose replay or eager run raised, as a finding: the review tool survives the code it reviews (on a CPU an
+    index past a buffer raises; a GPU kernel may read garbage instead)."""
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"the batch raised {type(e).__name__}: {first} (metadata pointing outside a buffer?)"
+
+
 class KVGuard:
     """Catch any write into a KV slot that the batch does not write itself.
 
@@ -247,9 +254,11 @@ class Rig:
         """Replay ``fb`` under the KV guard, run it eagerly and on the oracle; compare."""
         findings: list[str] = []
         guard = KVGuard(self.world, fb)
-        graph = self.runner.replay(fb).clone()
         multi = self.kind.multi_step  # its static targets hold every step: no single live-row boundary
-        findings += guard.check(self.runner.out_cache_loc, None if multi else fb.out_cache_loc.numel())
+        try:
+            graph = self.runner.replay(fb).clone()
+        finally:  # restore the guarded slots even when the replay raised
+            findings += guard.check(self.runner.out_cache_loc, None if multi else fb.out_cache_loc.numel())
         eager = self.runner.eager(fb).clone()
         graph_ok = close(graph, eager, self.tol, "graph vs eager", findings) and not guard.violations
         self.oracle.init_forward_metadata(fb)

@@ -102,3 +102,33 @@ class HostReadInHook(PagedDecodeBackend):
     def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, *rest):
         super().init_forward_metadata_replay_cuda_graph(bs, req_pool_indices, seq_lens, *rest)
         self.longest_seen = int(seq_lens[:bs].max())
+
+
+class RefreshOnlyWhenSizeChanges(PagedDecodeBackend):
+    """The replay hook rebuilds ``kv_indptr`` / ``kv_indices`` only when the batch size differs from the previous
+    replay's (a "nothing changed" shortcut): every first replay of a size is right, and so is every capture; the next
+    batch of the same size reads the last one's keys. Only a history of replays shows it (verdict (f))."""
+
+    name = "bug_refresh_on_size_change"
+
+    def init_forward_metadata_capture_cuda_graph(self, *args, **kwargs):
+        super().init_forward_metadata_capture_cuda_graph(*args, **kwargs)
+        self._last_replay_bs = None  # a capture is not a replay: the next replay refreshes
+
+    def init_forward_metadata_replay_cuda_graph(self, bs, *args, **kwargs):
+        if getattr(self, "_last_replay_bs", None) == bs:
+            return  # the shortcut: "same size as last time, nothing to do"
+        self._last_replay_bs = bs
+        super().init_forward_metadata_replay_cuda_graph(bs, *args, **kwargs)
+
+
+class SlotPastTheCache(PagedDecodeBackend):
+    """The replay hook leaves a KV slot index past the end of the KV cache in ``kv_indices`` (a block table too short
+    for its lengths does the same): the attention kernel gathers outside the cache. On a CPU that raises; the review
+    tool must report it as a finding and go on."""
+
+    name = "bug_slot_past_the_cache"
+
+    def init_forward_metadata_replay_cuda_graph(self, bs, *args, **kwargs):
+        super().init_forward_metadata_replay_cuda_graph(bs, *args, **kwargs)
+        self.cuda_graph_kv_indices[0] = 10**9

@@ -20,7 +20,7 @@ from refimpl.flashinfer_wrappers import flashinfer_available
 from refimpl.fuzz import CHAIN, TREE, FuzzParams, FuzzTarget
 from refimpl.graphs import make_engine
 
-SETTINGS = CheckSettings(capture_bs=(4,), raw_bs=(3,), max_context_len=40)
+SETTINGS = CheckSettings(capture_bs=(4,), raw_bs=(3,), max_context_len=40, history=False)
 ENTRIES = [e for e in REGISTRY if must_pass(e.variant) and e.variant in ("unified", "in_graph")]
 
 

@@ -1,6 +1,7 @@
 """The checker as a review tool: ``--backend-class`` loads any backend that implements the
 contract; planted bugs are named; a missing module, class or method is a one-line error."""
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -107,3 +108,30 @@ def test_fuzz_reviews_the_backend_class_it_is_given(capsys):
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     run = subprocess.run(line, shell=True, capture_output=True, text=True, cwd=ROOT, env=env)  # the printed shell line
     assert run.returncode == 0 and "graph vs eager" in run.stdout, (run.stdout, run.stderr)
+
+
+def test_a_bug_that_depends_on_the_previous_replay_is_caught_by_the_history():
+    """A replay hook that skips its refresh when the size did not change passes every per-size row (each size's first
+    replay is right) and fails verdict (f), the history, which names the replay; without (f) nothing sees it."""
+    rows = check("broken_backends:RefreshOnlyWhenSizeChanges")
+    per_size = [(r.capture_equals_replay, r.graph_equals_eager, r.matches_oracle) for r in rows]
+    assert all(v == (True, True, True) for v in per_size), per_size
+    (last,) = [r for r in rows if r.history_ok is not None]
+    assert last.history_ok is False and last.status == "FAIL"
+    assert any(f.startswith("history replay 2 (B, the same size, bs 3): graph vs eager") for f in last.findings), (
+        last.findings
+    )
+    quiet = run_checks(modes=("decode",), engine="cpu-emulator", settings=dataclasses.replace(FAST, history=False),
+                       entries=[load_backend_class("broken_backends:RefreshOnlyWhenSizeChanges")])  # fmt: skip
+    assert all(r.passed for r in quiet)
+
+
+def test_metadata_pointing_outside_a_buffer_is_a_finding_not_a_crash(capsys):
+    """The review tool survives the code it reviews: a replay whose kernel indexes past a buffer (an IndexError on a
+    CPU) is a row that fails with the reason, and the checker and the fuzzer go on to the next batch."""
+    (row,) = check("broken_backends:SlotPastTheCache")  # Pattern A: its capture runs the replay body, and raises
+    assert row.status == "FAIL" and row.findings[0].startswith("capture: the batch raised IndexError"), row.findings
+    argv = ["check", "--fuzz", "6", "--backend-class", "broken_backends:RefreshOnlyWhenSizeChanges", "--mode", "decode"]
+    assert main([*argv, "--engine", "cpu-emulator"]) == 1  # the history bug: the fuzzer's sequence of replays sees it
+    out = capsys.readouterr().out
+    assert "fuzz: 6 batches over 1 targets" in out and "MISMATCH bug_refresh_on_size_change" in out, out

@@ -18,7 +18,9 @@ TREE = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
 def run(name, variant, case, spec=CHAIN, raw_bs=(1, 3)):
     (entry,) = find(name, variant)
     # verdict (e) off: it has its own tests (test_glue.py) and the capability matrix; CI time
-    settings = CheckSettings(capture_bs=(1, 2, 4), raw_bs=raw_bs, spec=spec, max_context_len=40, glue_replays=0)
+    settings = CheckSettings(
+        capture_bs=(1, 2, 4), raw_bs=raw_bs, spec=spec, max_context_len=40, glue_replays=0, history=False
+    )
     return check_entry_mode(entry, case, CPUEmulatorEngine(), settings)
 
 

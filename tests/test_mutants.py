@@ -66,6 +66,9 @@ CATCHING = {
         test_backend_class.test_foreign_kv_write_is_caught_by_the_guard
     ),
     "test_emulator.py::test_copy_ops_inside_capture_rerun": test_emulator.test_copy_ops_inside_capture_rerun,
+    "test_backend_class.py::test_a_bug_that_depends_on_the_previous_replay_is_caught_by_the_history": (
+        test_backend_class.test_a_bug_that_depends_on_the_previous_replay_is_caught_by_the_history
+    ),
 }
 
 MUTANTS = [
@@ -84,6 +87,9 @@ MUTANTS = [
            "oracle_ok = True", "test_blind_spots.py::test_oracle_rebuilds_the_verify_mask_from_the_trees"),
     Mutant("verdict (d) compares nothing with the reference", "refimpl.check:diff_reference",
            "    return out", "    return []", "test_backend_class.py::test_fresh_tensor_at_replay_is_named"),
+    Mutant("verdict (f) the history replays nothing", "refimpl.check:history_verdict",
+           "    for i, (label, fb) in enumerate(steps, 1):", "    for i, (label, fb) in enumerate([], 1):",
+           "test_backend_class.py::test_a_bug_that_depends_on_the_previous_replay_is_caught_by_the_history"),
     Mutant("the KV guard reports nothing", "refimpl.rig:KVGuard.check", "    return problems", "    return []",
            "test_backend_class.py::test_foreign_kv_write_is_caught_by_the_guard"),
     Mutant("the emulator takes a copy inside capture for an allocation", "refimpl.graphs.recorder:Step.__init__",
