@@ -176,16 +176,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.topk != 1:
         s = settings.spec.num_steps
         settings.spec = SpecConfig(num_steps=s, topk=args.topk, num_draft_tokens=s + args.topk + 1)
+    try:  # a BackendLoadError is a ValueError too
+        entries = [load_backend_class(spec) for spec in args.backend_class] if args.backend_class else None
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.fuzz:
         flags = (("--bs", args.bs), ("--topk", args.topk != 1))
         given = " / ".join(f for f, v in flags if v)
         if given:  # the fuzzer's batch sizes and specs are its own
             why = "the fuzzer draws batch sizes 1..8 and specs (chains, topk-2 trees) itself"
             c.error(f"argument --fuzz: not with {given}: {why}")
-        return _fuzz(args)
+        return _fuzz(args, entries)
     t0 = time.perf_counter()
-    try:  # a BackendLoadError is a ValueError too
-        entries = [load_backend_class(spec) for spec in args.backend_class] if args.backend_class else None
+    try:  # an empty selection is a ValueError
         rows = run_checks(args.backend, args.mode, args.variant, args.engine, settings, entries, progress=True)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -281,18 +285,13 @@ def _bench(args, parser) -> int:
     return 0
 
 
-def _fuzz(args) -> int:
+def _fuzz(args, given) -> int:
+    """``--fuzz``: the registered backends, or ``given`` (the ``--backend-class`` entries)."""
     import time
 
-    from .backends import load_backend_class
     from .fuzz import fuzz
 
     t0 = time.perf_counter()
-    try:  # a BackendLoadError is a ValueError too
-        given = [load_backend_class(spec) for spec in args.backend_class] if args.backend_class else None
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     report = fuzz(args.fuzz, args.seed, args.backend, args.mode, args.variant, args.engine, not args.json, given)
     total = sum(report.batches.values())
     if args.json:

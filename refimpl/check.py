@@ -239,6 +239,15 @@ def glue_verdict(
     return (None if None in verdicts else all(verdicts)), [f for _, fs in found for f in fs]
 
 
+def _run(rig: Rig, fb: ForwardBatch) -> Verdict:
+    """Verdicts (b) and (c) for one batch; a replay or eager run that raises (a kernel indexing past a buffer, on a CPU)
+    is a failing verdict with the reason: the review tool survives the code it reviews."""
+    try:
+        return rig.run(fb)
+    except Exception as e:  # noqa: BLE001 - a finding, not a crash
+        return Verdict(None, None, False, None, [raised(e)])
+
+
 # --- (f) a history of replays -------------------------------------------------------------------
 def history_verdict(rig: Rig, big: int, small: int) -> tuple[bool, list[str]]:
     """Verdict (f): the captured graphs replay a sequence, each replay checked as (b) and (c) are: A; B, the same size
@@ -254,10 +263,7 @@ def history_verdict(rig: Rig, big: int, small: int) -> tuple[bool, list[str]]:
     steps.append(("A again", a))
     findings = []
     for i, (label, fb) in enumerate(steps, 1):
-        try:
-            v = rig.run(fb)
-        except Exception as e:  # noqa: BLE001 - a finding, not a crash
-            v = Verdict(None, None, False, None, [raised(e)])
+        v = _run(rig, fb)
         if not (v.graph_ok and v.oracle_ok):
             findings += [f"history replay {i} ({label}, bs {fb.batch_size}): {f}" for f in v.findings]
     for fb in {id(fb): fb for _, fb in steps}.values():
@@ -298,10 +304,7 @@ def check_entry_mode(
         # (a) capture path vs replay path, (d) replay state vs the first-principles reference
         diffs, ref_diffs = capture_vs_replay(rig.new_backend, rig.runner, fb)
         # (b) graph replay vs eager, no write into another request's KV; (c) eager vs the oracle
-        try:
-            v = rig.run(fb)
-        except Exception as e:  # noqa: BLE001 - the review tool survives the code it reviews: a finding, not a crash
-            v = Verdict(None, None, False, None, [raised(e)])
+        v = _run(rig, fb)
         ref = None if ref_diffs is None else not ref_diffs
         findings = diffs + (ref_diffs or []) + v.findings
         rows.append(record(raw_bs, not diffs, v.graph_ok, v.oracle_ok, findings=findings, ref=ref, cls=rig.backend_cls))

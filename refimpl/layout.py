@@ -157,15 +157,6 @@ def tree_mask_total(seq_lens: Sequence[int], num_draft_tokens: int) -> int:
     return n * (sum(seq_lens) + len(seq_lens) * n)
 
 
-def chain_mask(seq_lens: Sequence[int], num_draft_tokens: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """What a verify batch without a custom mask means, for every backend: chains (draft j sees the prefix and drafts
-    0..j; Triton / FlashInfer run it as ``causal``). Request blocks ``[N, seq_i + N]`` flattened.  # [sum N*(seq+N)] bool"""
-    n = int(num_draft_tokens)
-    tri = torch.ones(n, n, dtype=torch.bool, device="cpu").tril()
-    blocks = [torch.cat([torch.ones(n, int(s), dtype=torch.bool, device="cpu"), tri], 1).flatten() for s in seq_lens]
-    return torch.cat(blocks or [torch.zeros(0, dtype=torch.bool, device="cpu")]).to(device)
-
-
 def mask_indptr(seq_lens: torch.Tensor, num_draft_tokens: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """``[0, cumsum(N * (seq_lens + N))]``  # [bs+1] int64; written into ``out`` (a zeroed static buffer: graph-safe) when
     given, else a fresh tensor."""

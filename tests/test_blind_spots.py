@@ -219,7 +219,7 @@ def test_oracle_rebuilds_the_verify_mask_from_the_trees():
 
 @pytest.mark.parametrize("name", ["torch_native", "triton", "flashinfer"])
 def test_no_verify_mask_means_chains_on_every_backend(name):
-    """One rule (``layout.chain_mask``): an eager verify batch without a custom mask is run as chains, the same output as
+    """One rule (no mask means chains): an eager verify batch without a custom mask is run as chains, the same output as
     the batch with its chain mask (torch_native once read it as "every draft sees every draft")."""
     import dataclasses
 

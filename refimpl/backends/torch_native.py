@@ -26,7 +26,7 @@ from .. import layout
 from ..batch import ForwardBatch
 from ..kernels import build_kv_indices, build_kv_indices_ref, dense_paged_attention, dense_paged_mla_attention
 from ..modes import ForwardMode
-from ..spec import VerifyInput, require_spec
+from ..spec import DraftTree, VerifyInput, build_custom_mask, require_spec
 from .base import AttentionBackend
 
 
@@ -76,11 +76,9 @@ class TorchNativeBackend(AttentionBackend):
         host_lens = layout.attended_kv_lens(mode, fb.seq_lens_cpu, n)  # host values: eager may use them
         kv_indices = torch.zeros(max(int(host_lens.sum()), 1), dtype=torch.int64, device=self.device)
         build_kv_indices(self.world.req_to_token, fb.req_pool_indices, lens, kv_indptr, kv_indices)
-        mask = None
-        if spec is not None:  # verify; no mask means chains (layout.chain_mask), as on every backend
-            mask = (
-                spec.custom_mask if spec.custom_mask is not None else layout.chain_mask(fb.seq_lens_cpu.tolist(), n, self.device)
-            )
+        mask = None if spec is None else spec.custom_mask
+        if spec is not None and mask is None:  # verify without a mask means chains, as on every backend (Triton: causal)
+            mask = build_custom_mask(fb.seq_lens_cpu.tolist(), [DraftTree.chain(n)] * bs, self.device)
         mask_indptr = None if mask is None else layout.mask_indptr(fb.seq_lens, spec.draft_token_num)
         max_len = int(host_lens.max()) if bs else 1
         self.forward_metadata = TorchNativeMetadata(kv_indptr, kv_indices, n, max_len, mask, mask_indptr)
