@@ -32,6 +32,7 @@ from .batch import ForwardBatch
 from .config import SpecConfig
 from .graphs import GraphEngine, make_engine
 from .graphs.runner import INPUTS, GraphRunner, call_capture_hook, call_in_graph_hook, capture_glue
+from .kernels.bounds import bounds_guard
 from .layout import KINDS, GraphKind
 from .modes import ForwardMode
 from .rig import Rig, Verdict, raised, state_after
@@ -272,6 +273,7 @@ def history_verdict(rig: Rig, big: int, small: int) -> tuple[bool, list[str]]:
 
 
 # --- one backend entry x graph kind --------------------------------------------------------------
+@bounds_guard()  # metadata pointing outside a buffer: a finding, not a crash (kernels/bounds.py)
 def check_entry_mode(
     entry: BackendEntry, case: str | ForwardMode | GraphKind, engine: GraphEngine, settings: CheckSettings
 ) -> list[CheckRecord]:

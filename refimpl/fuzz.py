@@ -21,6 +21,7 @@ import torch
 from .backends import REGISTRY, BackendEntry, GraphModeNotSupported, find
 from .config import SpecConfig
 from .graphs import GraphEngine, make_engine
+from .kernels.bounds import bounds_guard
 from .layout import KINDS, GraphKind
 from .rig import SHARED_NAMES, Rig, entries, graph_buffers, raised, state_after
 from .spec import DraftTree
@@ -201,6 +202,7 @@ def targets(
     return [(e, case, spec) for e in chosen for case in cases for spec in specs_for(case)]
 
 
+@bounds_guard()  # metadata pointing outside a buffer: a finding, not a crash (kernels/bounds.py)
 def reproduce(label: str, params: dict, seed: int = 0, engine: str = "auto", backend_class: str | None = None) -> list[str]:
     """Re-run one reported batch: ``label`` and ``params`` as a mismatch line prints them (``backend_class``: the
     ``module:Class`` of a backend under review)."""
@@ -215,6 +217,7 @@ def reproduce(label: str, params: dict, seed: int = 0, engine: str = "auto", bac
     return target.check(FuzzParams(**params))
 
 
+@bounds_guard()
 def fuzz(
     n: int,
     seed: int = 0,

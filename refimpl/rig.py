@@ -23,6 +23,7 @@ from .batchgen import BatchGenerator
 from .config import GraphConfig, SpecConfig, tiny_model_config
 from .graphs import GraphEngine
 from .graphs.runner import GraphRunner, call_capture_hook, call_in_graph_hook, call_replay_hook
+from .kernels import bounds
 from .layout import GraphKind
 from .model import MultiStepDraftProgram, TinyDecoder
 
@@ -241,7 +242,9 @@ class Rig:
         gcfg = GraphConfig(max(capture_bs), tuple(capture_bs), max_context_len=max_context_len, speculative=speculative)
         runner = GraphRunner(program, backend, engine, kind, gcfg, spec, **runner_kw)
         if capture:
+            bounds.take()
             runner.capture()
+            bounds.take()  # the capture's dummy batches: every replay re-runs (and re-records) what the graph reads
         gen = BatchGenerator(world, spec, seed=seed + 1 if gen_seed is None else gen_seed)
         parts = (world, backend_cls, backend, program, oracle, runner, gen)
         return cls(entry, kind, spec, *parts, tolerances(world.cfg.dtype))
@@ -259,8 +262,11 @@ class Rig:
             graph = self.runner.replay(fb).clone()
         finally:  # restore the guarded slots even when the replay raised
             findings += guard.check(self.runner.out_cache_loc, None if multi else fb.out_cache_loc.numel())
+        outside = [f"out of bounds: the graph read {f}" for f in bounds.take()]  # (bounds_guard() on: a finding)
         eager = self.runner.eager(fb).clone()
-        graph_ok = close(graph, eager, self.tol, "graph vs eager", findings) and not guard.violations
+        outside += [f"out of bounds: eager read {f}" for f in bounds.take()]
+        findings += outside
+        graph_ok = close(graph, eager, self.tol, "graph vs eager", findings) and not guard.violations and not outside
         self.oracle.init_forward_metadata(fb)
         oracle_ok = close(eager, self.program(fb, self.oracle), self.tol, "eager vs oracle", findings)
         return Verdict(graph, eager, graph_ok, oracle_ok, findings)

@@ -163,6 +163,7 @@ class VerifyInput:
     parents: list[list[int]] | None = None  # per request, the tree (for drawing / oracle)
     topk: int = 1
     mask_indptr: torch.Tensor | None = None  # [bs+1] int64, device (eager convenience)
+    allow_blind_rows: bool = False  # validation refuses a draft row that does not see itself unless this is set
 
 
 def make_verify_input(seq_lens: _Lens, trees: Sequence[DraftTree], device: _Device = "cpu", topk=None) -> VerifyInput:

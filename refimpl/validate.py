@@ -11,9 +11,9 @@ field, the value and the limit. The rules:
 | ``seq_lens_sum`` | an int equal to ``sum(seq_lens_cpu)`` (kernels size their index buffers from it) |
 | ``seq_lens`` / ``seq_lens_cpu`` | the device copy equals the host copy; ``1 <= seq_len`` and the request's span (verify: ``+ N``; multi-step draft: ``+ topk*S``) ``<= max_context_len``; draft extend: ``seq_len >= rows`` |
 | ``req_pool_indices`` | in ``[1, pool)`` (row 0 is the padded rows' reserved row), no duplicates |
-| ``out_cache_loc`` | in ``[1, num_slots)`` (slot 0 is reserved), distinct, and **owned**: a row may write only a slot of its own request's ``req_to_token`` row, within the request's span |
+| ``out_cache_loc`` | in ``[1, num_slots)`` (slot 0 is reserved), distinct, and **exactly the row's own new position**: the slot ``req_to_token`` holds at that row's column of its own request (decode ``seq - 1``, verify ``seq + j``, extend ``seq - rows + j``, multi-step ``seq + k*S + step``; ``refimpl.kernels.validation``), never an earlier position of the request, never another request's |
 | ``input_ids`` / ``positions`` | in ``[0, vocab)`` / ``[0, max_context_len)`` |
-| spec inputs | the mode's type; verify: N as captured, a **bool** mask of ``sum N*(seq+N)`` entries (a graph replay needs one); draft extend: accept lengths int32 in ``[0, S]`` agreeing with their host copy, the mode's version, rows per request as the graph lays them out; multi-step: topk and steps as captured |
+| spec inputs | the mode's type; verify: N as captured, a **bool** mask of ``sum N*(seq+N)`` entries (a graph replay needs one) in which every draft row sees itself (an all-False or self-blind mask is refused unless ``VerifyInput.allow_blind_rows``); draft extend: accept lengths int32 in ``[0, S]`` agreeing with their host copy, the mode's version, rows per request as the graph lays them out; multi-step: topk and steps as captured |
 
 Cost (``refimpl.kernels.validation``): host rules in Python on the host copies, overlapping one kernel launch for the
 device rules over the batch's own entries, whose small result is read once (one sync per replay, work proportional to
@@ -123,7 +123,7 @@ def _scratch(device: torch.device, size: int) -> torch.Tensor:
     return buf
 
 
-def _launch_device_checks(fb, seq: list[int], per: int, extra: int, row_req, draft_extend: bool):
+def _launch_device_checks(fb, seq: list[int], per: int, extra: int, row_req, draft_extend: bool, mask):
     """The device rules: one ``batch_check`` launch now; the returned callable reads its result (the one device read), so
     the host rules run meanwhile. On the CPU: ``batch_check_ref`` (the interpreted kernel costs ms per batch;
     ``tests/test_batch_check.py`` holds the two to the same answers)."""
@@ -132,13 +132,13 @@ def _launch_device_checks(fb, seq: list[int], per: int, extra: int, row_req, dra
     kw = dict(rows_per_req=per, extra=extra, vocab=world.cfg.vocab_size, num_slots=world.kv_cache.num_slots)
     acc, ext = (spec.accept_length, spec.extend_seq_lens) if draft_extend else (None, None)
     if world.device.type == "cpu":
-        first, lst = batch_check_ref(*tensors, **kw, row_req=row_req), lambda t: t.tolist() if t is not None else []
+        first = batch_check_ref(*tensors, **kw, row_req=row_req, custom_mask=mask)
+        lst = lambda t: t.tolist() if t is not None else []
         res = {"first": first, "seq_lens": fb.seq_lens.tolist(), "accept_length": lst(acc), "extend_seq_lens": lst(ext)}
         return lambda: res
     bs, n, m = fb.batch_size, fb.num_tokens, fb.out_cache_loc.numel()
-    max_span = max(min(max(seq) + extra, world.max_context_len), 0)
     out = _scratch(world.device, result_size(bs, n, m))
-    batch_check(out, *tensors, **kw, max_span=max_span, accept_length=acc, extend_seq_lens=ext, row_req=row_req)
+    batch_check(out, *tensors, **kw, accept_length=acc, extend_seq_lens=ext, row_req=row_req, custom_mask=mask)
     return lambda: read_result(out, bs, n, m)
 
 
@@ -175,13 +175,15 @@ def validate_batch(fb, spec: SpecConfig | None = None, multi_step_draft: bool | 
         rows = ext.tolist()
         if sum(rows) != n:
             raise _refuse("num_tokens", n, f"expected {sum(rows)} rows for the batch's {bs} requests in {mode.name}")
-        if len(set(rows)) > 1:
-            owner = [r for r, k in enumerate(rows) for _ in range(k)]
-            row_req = torch.tensor(owner, dtype=torch.int32, device="cpu").to(world.device)
+        if len(set(rows)) > 1:  # each row's request, then its column past seq_lens + extra: j - rows[r]
+            owner = [(r, j - k) for r, k in enumerate(rows) for j in range(k)]
+            row_req = torch.tensor(owner, dtype=torch.int32, device="cpu").T.contiguous().to(world.device)
     per = rows[0] if rows and row_req is None else n // bs
     if row_req is None and per * bs != n:
         raise _refuse("num_tokens", n, f"expected {per * bs} rows for the batch's {bs} requests in {mode.name}")
-    read = _launch_device_checks(fb, seq, per, extra, row_req, draft_extend)
+    mask = getattr(spec_info, "custom_mask", None) if mode.is_target_verify() else None
+    usable = isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.device == world.device
+    read = _launch_device_checks(fb, seq, per, extra, row_req, draft_extend, mask if usable else None)
     # host rules, in order, while the kernel runs; then the device results
     lo, hi = min(seq), max(seq)  # builtins over host ints: the usual case costs no Python loop
     if lo < 1:
@@ -190,7 +192,6 @@ def validate_batch(fb, spec: SpecConfig | None = None, multi_step_draft: bool | 
         i = _first(seq, lambda s: s + extra > L)
         what = f"seq_lens[{i}] + {extra}" if extra else f"seq_lens[{i}]"
         raise _refuse(what, seq[i] + extra, f"exceeds max_context_len={L}")
-    mask = getattr(spec_info, "custom_mask", None) if mode.is_target_verify() else None
     if mask is None and for_graph and mode.is_target_verify():
         why = "a verify graph reads its mask buffer, which still holds the last batch's mask: give this batch's"
         raise _refuse("spec_info.custom_mask", None, why + " (a chain's is causal)")
@@ -237,14 +238,23 @@ def _report_device_findings(fb, first: dict, seq: list[int], extra: int, per: in
         raise _refuse(f"out_cache_loc[{i}]", v, limit)
     if first["out_cache_loc duplicate"] is not None:
         raise _refuse("out_cache_loc", "duplicates", "two rows would write the same KV slot")
-    if (i := first["out_cache_loc owner"]) is not None:
-        v, row = int(loc[i]), i % fb.num_tokens
-        writer = int(row_req[row]) if row_req is not None else row // per
+    if (i := first["out_cache_loc slot"]) is not None:
+        n, v = fb.num_tokens, int(loc[i])
+        row, steps = i % n, loc.numel() // n
+        if row_req is not None:
+            writer, col = int(row_req[0, row]), seq[int(row_req[0, row])] + extra + int(row_req[1, row])
+        else:
+            writer, col = row // per, seq[row // per] + extra - per * steps + (row % per) * steps + i // n
         table = world.req_to_token[fb.req_pool_indices].cpu()  # [bs, L]: the batch's rows only
-        who = next((r for r in range(fb.batch_size) if v in table[r, : min(seq[r] + extra, L)].tolist()), -1)
-        whose = "no request of this batch" if who < 0 else f"request {who}"
-        why = f"belongs to {whose}, not to the row's request {writer}: a batch may write only its own requests'"
-        raise _refuse(f"out_cache_loc[{i}]", v, why + " KV slots")
+        hits = [(r, c) for r in range(fb.batch_size) for c, s in enumerate(table[r].tolist()) if s == v]
+        held = " and ".join(f"request {r}'s position {c}" for r, c in hits) or "no position of this batch's requests"
+        want = f"(slot {int(table[writer, col])})" if 0 <= col < L else f"(outside [0, {L}): no slot)"
+        why = f"is the slot of {held}; row {row} must write request {writer}'s new position {col} {want}"
+        raise _refuse(f"out_cache_loc[{i}]", v, why)
+    if (e := first["custom_mask self"]) is not None and not getattr(fb.spec_info, "allow_blind_rows", False):
+        r, j = divmod(e, per)
+        why = "does not see itself: an all-False or self-blind tree mask (VerifyInput.allow_blind_rows=True passes one)"
+        raise _refuse("spec_info.custom_mask", f"row {e} (request {r}, draft {j})", why)
 
 
 def check_capture_config(runner) -> None:

@@ -124,8 +124,8 @@ class RefreshOnlyWhenSizeChanges(PagedDecodeBackend):
 
 class SlotPastTheCache(PagedDecodeBackend):
     """The replay hook leaves a KV slot index past the end of the KV cache in ``kv_indices`` (a block table too short
-    for its lengths does the same): the attention kernel gathers outside the cache. On a CPU that raises; the review
-    tool must report it as a finding and go on."""
+    for its lengths does the same): the attention kernel would gather outside the cache (an IndexError on a CPU, a
+    device-side assert on a GPU). The checker's bounds guard reads slot 0 instead and reports the entry."""
 
     name = "bug_slot_past_the_cache"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from refimpl.__main__ import main
-from refimpl.backends import BackendLoadError, load_backend_class
+from refimpl.backends import REGISTRY, BackendLoadError, load_backend_class
 from refimpl.check import CheckSettings, run_checks
 
 FAST = CheckSettings(capture_bs=(1, 2, 4), raw_bs=(1, 3), max_context_len=32)
@@ -126,12 +126,36 @@ def test_a_bug_that_depends_on_the_previous_replay_is_caught_by_the_history():
     assert all(r.passed for r in quiet)
 
 
-def test_metadata_pointing_outside_a_buffer_is_a_finding_not_a_crash(capsys):
-    """The review tool survives the code it reviews: a replay whose kernel indexes past a buffer (an IndexError on a
-    CPU) is a row that fails with the reason, and the checker and the fuzzer go on to the next batch."""
-    (row,) = check("broken_backends:SlotPastTheCache")  # Pattern A: its capture runs the replay body, and raises
-    assert row.status == "FAIL" and row.findings[0].startswith("capture: the batch raised IndexError"), row.findings
+def test_metadata_pointing_outside_a_buffer_is_a_finding_not_a_crash():
+    """The review tool survives the code it reviews: a replay whose kernel would read past the KV cache (an IndexError
+    on a CPU; a device-side assert that ends the CUDA context on a GPU) is, on every device, a row that fails naming the
+    entry, and the checker and the fuzzer go on to the next batch (refimpl/kernels/bounds.py)."""
+    rows = check("broken_backends:SlotPastTheCache")
+    outside = "out of bounds: the graph read dense_paged_attention: kv_indices[0] = 1000000000: a live entry outside"
+    assert rows and all(r.status == "FAIL" and not r.graph_equals_eager for r in rows)
+    assert all(any(f.startswith(outside) for f in r.findings) for r in rows), [r.findings for r in rows]
+    assert not any(f.startswith("out of bounds: eager") for r in rows for f in r.findings)  # eager's metadata is right
+
+
+def test_the_fuzzer_sees_a_history_bug_and_survives_metadata_outside_a_buffer(capsys):
+    """The fuzzer's sequence of replays through one set of graphs sees the history bug the per-size rows miss, and
+    reports (not crashes on) a kernel read outside the cache."""
     argv = ["check", "--fuzz", "6", "--backend-class", "broken_backends:RefreshOnlyWhenSizeChanges", "--mode", "decode"]
     assert main([*argv, "--engine", "cpu-emulator"]) == 1  # the history bug: the fuzzer's sequence of replays sees it
     out = capsys.readouterr().out
     assert "fuzz: 6 batches over 1 targets" in out and "MISMATCH bug_refresh_on_size_change" in out, out
+    argv = ["check", "--fuzz", "2", "--backend-class", "broken_backends:SlotPastTheCache", "--mode", "decode"]
+    assert main([*argv, "--engine", "cpu-emulator"]) == 1  # the bounds guard: a finding per batch, no crash
+    out = capsys.readouterr().out
+    assert "fuzz: 2 batches over 1 targets" in out and "out of bounds: the graph read dense_paged_attention" in out, out
+
+
+def test_every_in_tree_class_can_be_passed_to_backend_class():
+    """Each registered class, named as a reviewer would (``refimpl.backends.<module>:<Class>``), gives the registry's
+    labels, page size and model kind (the MLA family's page sizes are class attributes); one runs end to end."""
+    for entry in REGISTRY:
+        got = load_backend_class("refimpl.backends" + entry.target)
+        assert (got.name, got.variant, got.page_size) == (entry.name, entry.variant, entry.page_size), entry
+        assert got.load().model_kind == entry.load().model_kind, entry
+    (row,) = check("refimpl.backends.trtllm_mla:TRTLLMMLAAttnBackend", modes=("decode",))[:1]
+    assert row.passed, row.findings

@@ -150,6 +150,12 @@ def _verify_with(fb: ForwardBatch, **kw) -> ForwardBatch:
     return fb.replace(spec_info=dataclasses.replace(fb.spec_info, **kw))
 
 
+def _blind_draft_1(fb: ForwardBatch) -> ForwardBatch:
+    """Request 0's draft 1 no longer sees itself (its diagonal entry of the tree mask, row-major [N, seq + N])."""
+    s, n = int(fb.seq_lens_cpu[0]), fb.spec_info.draft_token_num
+    return _verify_with(fb, custom_mask=_set(fb.spec_info.custom_mask, (s + n) + s + 1, False))
+
+
 def _accept(fb: ForwardBatch, acc: list[int], host: list[int] | None = None) -> ForwardBatch:
     dev = torch.tensor(acc, dtype=torch.int32, device=fb.device)
     return _verify_with(fb, accept_length=dev, accept_length_cpu=host if host else acc)
@@ -203,10 +209,19 @@ CASES = [
          lambda s, fb: _with_seq(fb, [L - 2, 3]),
          rf"seq_lens\[0\] \+ 4={L + 2}: exceeds max_context_len={L}"),
     Case("out_cache_loc of a request outside the batch", "decode", _foreign_slot,
-         r"out_cache_loc\[0\]=\d+: belongs to no request of this batch"),
+         r"out_cache_loc\[0\]=\d+: is the slot of no position of this batch's requests; row 0 must write request 0's"),
     Case("out_cache_loc of another request in the batch", "decode",
          lambda s, fb: _swap_slots(fb),
-         r"out_cache_loc\[0\]=\d+: belongs to request 1, not to the row's request 0"),
+         r"out_cache_loc\[0\]=\d+: is the slot of request 1's position \d+; row 0 must write request 0's new position"),
+    Case("out_cache_loc of an earlier position of the row's own request (its KV would be destroyed)", "verify",
+         lambda s, fb: fb.replace(out_cache_loc=_set(fb.out_cache_loc, 0, int(s.world.req_to_token[
+             int(fb.req_pool_indices[0]), int(fb.seq_lens_cpu[0]) - 1]))),
+         r"out_cache_loc\[0\]=\d+: is the slot of request 0's position (\d+); row 0 must write request 0's new "
+         r"position \d+ \(slot \d+\)"),
+    Case("out_cache_loc of another row's position of the same request", "verify",
+         lambda s, fb: fb.replace(out_cache_loc=torch.cat([fb.out_cache_loc[:2].flip(0), fb.out_cache_loc[2:]])),
+         r"out_cache_loc\[0\]=\d+: is the slot of request 0's position (\d+); row 0 must write request 0's new "
+         r"position \d+"),
     Case("out_cache_loc at the reserved slot 0", "decode",
          lambda s, fb: fb.replace(out_cache_loc=_set(fb.out_cache_loc, 1, 0)),
          r"out_cache_loc\[1\]=0: slot 0 is reserved for padded rows"),
@@ -245,6 +260,11 @@ CASES = [
     Case("verify: custom mask of the wrong size", "verify",
          lambda s, fb: _verify_with(fb, custom_mask=fb.spec_info.custom_mask[:-1]),
          r"custom_mask entries=\d+: expected sum over requests of N\*\(seq_len\+N\)"),
+    Case("verify: an all-False mask (every draft row attends to nothing)", "verify",
+         lambda s, fb: _verify_with(fb, custom_mask=torch.zeros_like(fb.spec_info.custom_mask)),
+         r"spec_info.custom_mask=row 0 \(request 0, draft 0\): does not see itself: an all-False or self-blind"),
+    Case("verify: a draft row that does not see itself", "verify", lambda s, fb: _blind_draft_1(fb),
+         r"spec_info.custom_mask=row 1 \(request 0, draft 1\): does not see itself"),
     Case("verify: no mask after a masked batch (the graph would read the last batch's)", "verify",
          lambda s, fb: _verify_with(fb, custom_mask=None), r"spec_info.custom_mask=None: a verify graph reads its mask"),
     Case("verify: N other than captured", "verify",
@@ -409,3 +429,11 @@ def test_review_of_a_backend_with_no_graph_mode_fails(capsys):
         err.strip().splitlines()[-1]
         == "error: nothing was checked: every selected row was skipped (the reasons are above)"
     )
+
+
+def test_a_blind_mask_passes_when_the_batch_opts_in():
+    """``VerifyInput.allow_blind_rows=True``: the batch is replayed (a test that wants such rows says so)."""
+    s = setup_for("verify")
+    fb = _verify_with(_blind_draft_1(s.gen.for_mode(s.runner.kind, 2)), allow_blind_rows=True)
+    assert torch.isfinite(s.runner.replay(fb)).all()
+    s.gen.release(fb)

@@ -68,7 +68,13 @@ def test_kernel_matches_its_definition(case):
         kw = dict(rows_per_req=per, extra=extra, vocab=world.cfg.vocab_size,
                   num_slots=world.kv_cache.num_slots)  # fmt: skip
         spec = fb.spec_info if mode.is_any_draft_extend() else None
-        batch_check(out, *args, **kw, max_span=world.max_context_len,
+        mask = fb.spec_info.custom_mask.clone() if mode.is_target_verify() else None
+        if mask is not None and trial:  # a few entries switched off: a diagonal one makes a self-blind row
+            mask[torch.tensor([rnd.randrange(mask.numel()) for _ in range(rnd.randint(0, 6))], dtype=torch.long)] = (
+                False
+            )
+        kw["custom_mask"] = mask
+        batch_check(out, *args, **kw,
                     accept_length=getattr(spec, "accept_length", None),
                     extend_seq_lens=getattr(spec, "extend_seq_lens", None))  # fmt: skip
         got = read_result(out, fb.batch_size, fb.num_tokens, fb.out_cache_loc.numel())
@@ -81,22 +87,28 @@ def test_kernel_matches_its_definition(case):
 
 
 def test_a_ragged_batch_maps_rows_by_row_req():
+    """An eager extend with 2 + 1 new rows: row_req holds each row's request and its column past seq_lens (j - rows).
+    A row must write exactly its own new position: not another request's slot, not an earlier one of its own."""
     world = World.create(CFG, max_context_len=20, pool_size=8, device=DEVICE, seed=0)
     a, b = world.new_request(9), world.new_request(5)
     r2t = world.req_to_token
     # request a writes its positions 7, 8 (two rows), request b its position 4 (one row)
-    loc = torch.stack([r2t[a, 7], r2t[a, 8], r2t[b, 4]]).long()
-    args = (r2t, torch.tensor([9, 5], dtype=torch.int32, device=DEVICE),
-            torch.tensor([a, b], device=DEVICE), torch.zeros(3, dtype=torch.int64, device=DEVICE),
-            torch.tensor([7, 8, 4], device=DEVICE), loc)  # fmt: skip
+    args = lambda loc: (r2t, torch.tensor([9, 5], dtype=torch.int32, device=DEVICE),
+                        torch.tensor([a, b], device=DEVICE), torch.zeros(3, dtype=torch.int64, device=DEVICE),
+                        torch.tensor([7, 8, 4], device=DEVICE), torch.stack(loc).long())  # fmt: skip
     kw = dict(rows_per_req=1, extra=0, vocab=96, num_slots=world.kv_cache.num_slots)
     out = torch.empty(result_size(2, 3, 3), dtype=torch.int64, device=DEVICE)
-    for owner, bad in (([0, 0, 1], None), ([0, 1, 1], 1)):  # row 1 is a's, not b's
-        row_req = torch.tensor(owner, dtype=torch.int32, device=DEVICE)
-        batch_check(out, *args, **kw, max_span=20, row_req=row_req)
+    right = [r2t[a, 7], r2t[a, 8], r2t[b, 4]]
+    for owner, loc, bad in (
+        ([0, 0, 1], right, None),
+        ([0, 1, 1], right, 1),  # row 1 is a's, not b's
+        ([0, 0, 1], [r2t[a, 7], r2t[a, 3], r2t[b, 4]], 1),  # an earlier position of its own request: its KV destroyed
+    ):
+        row_req = torch.tensor([owner, [-2, -1, -1]], dtype=torch.int32, device=DEVICE)
+        batch_check(out, *args(loc), **kw, row_req=row_req)
         got = read_result(out, 2, 3, 3)["first"]
-        assert got == batch_check_ref(*args, **kw, row_req=row_req)
-        assert got["out_cache_loc owner"] == bad
+        assert got == batch_check_ref(*args(loc), **kw, row_req=row_req)
+        assert got["out_cache_loc slot"] == bad
 
 
 @pytest.mark.gpu

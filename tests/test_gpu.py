@@ -29,6 +29,35 @@ def test_cuda_engine_replays_on_captured_storage():
     assert g.kernels() == {"aten.mul.Tensor": 1, "aten.add.Tensor": 1}, g.ops()
 
 
+def test_dropped_graphs_leave_the_engines_live_graphs_intact():
+    """Graphs captured on one stream share PyTorch's cuBLAS workspace for it, and destroying any of them freed it
+    (pytorch#193402): the checker's dropped glue graphs and refused captures made a live step graph's split-K GEMM
+    write to freed memory (cudaErrorIllegalAddress on the H200, at 757ed71). The engine now keeps every graph it began,
+    so a live graph replays right after others are dropped, the cache is emptied and the memory reused."""
+    import gc
+
+    from refimpl.graphs import GraphCaptureError
+
+    eng = make_engine("cuda")
+    x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)  # a long K: cuBLAS splits it, with a workspace
+    w = torch.randn(4096, 64, device="cuda", dtype=torch.bfloat16)
+    eng.warmup(lambda: x @ w, 2)
+    live = eng.new_graph()
+    y = live.capture(lambda: x @ w)
+    for _ in range(3):
+        eng.new_graph().capture(lambda: x @ w)  # a glue graph, dropped at once
+        with pytest.raises(GraphCaptureError):
+            eng.new_graph().capture(lambda: (x @ w).sum().item())  # a refused capture
+    gc.collect()
+    torch.cuda.empty_cache()
+    junk = [torch.full((1 << 20,), 3.0, device="cuda") for _ in range(32)]  # freed memory taken by others
+    x.copy_(torch.randn_like(x))
+    live.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, x @ w)
+    assert all(torch.all(j == 3.0) for j in junk)  # and nothing written into them
+
+
 @pytest.mark.parametrize("kind", ["mha", "mla"])
 @pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY])
 def test_same_program_same_output_on_cuda_and_emulator(kind, mode):

@@ -8,7 +8,8 @@ past the context length and corrupted the heap). Every case here feeds such valu
 - ``draft_decode_kv_indices`` (refimpl/kernels/draft_indices.py),
 - ``trtllm_mla_graph_metadata`` (refimpl/kernels/mla_paged.py),
 
-with every tensor the kernel touches allocated as a slice of a larger *guard* tensor:
+with every tensor the kernel touches allocated as a slice of a larger *guard* tensor (the attention kernels, which read
+the cache *through* such indices, are the bounds guard's: the last section):
 
 - ``req_to_token`` sits inside a READ_GUARD-filled block (guard rows above and below, guard
   columns left and right). A read outside ``[pool, L]`` that lands there puts READ_GUARD (or
@@ -29,13 +30,18 @@ import torch
 from helpers import RecordOps
 
 from refimpl._env import default_device  # refimpl first: sets TRITON_INTERPRET on CPU
+from refimpl.graphs import make_engine
 from refimpl.kernels import (
+    bounds,
     build_block_table,
     build_block_table_ref,
     build_kv_indices,
     build_kv_indices_ref,
+    decode_attention,
+    dense_paged_attention,
     draft_decode_kv_indices,
     draft_decode_kv_indices_ref,
+    mla_paged_attention,
     trtllm_mla_graph_metadata,
     trtllm_mla_graph_metadata_ref,
 )
@@ -426,3 +432,94 @@ def test_bounded_kernels_are_still_one_op_each():
         "refimpl.build_block_table.default",
         "refimpl.draft_decode_kv_indices.default",
     ], rec.names
+
+
+# --- the bounds guard (refimpl/kernels/bounds.py): attention fed metadata that points outside the cache -------------
+SLOTS, HEADS, DIM = 16, 2, 16
+
+
+def d(values, dtype=torch.int64):
+    return torch.tensor(values, dtype=dtype, device=DEVICE)
+
+
+def dense(indices):
+    """Two decode requests over a 16-slot cache; kv_indices[5] is a stale tail entry (past kv_indptr[2]: never read)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(n, HEADS, DIM, generator=g).to(DEVICE) for n in (2, SLOTS, SLOTS))
+    return q, k, v, d([0, 3, 5], torch.int32), t(indices + [10**9]), torch.zeros(2, HEADS, DIM, device=DEVICE)
+
+
+def run_dense(q, k, v, ptr, idx, out):
+    dense_paged_attention(q, k, v, ptr, idx, out, sm_scale=0.25, max_kv_len=3, q_per_req=1)
+    return out
+
+
+def run_decode(q, k, v, ptr, idx, out):
+    logits, lse = torch.zeros(2, HEADS, 2, DIM, device=DEVICE), torch.zeros(2, HEADS, 2, device=DEVICE)
+    decode_attention(q, k, v, out, ptr, idx, logits, lse, d([2, 2], torch.int32), 2, 0.25)
+    return out
+
+
+@pytest.mark.parametrize("name,kernel", [("dense_paged_attention", run_dense), ("decode_attention", run_decode)])
+def test_guarded_attention_names_the_entry_and_reads_slot_0_instead(name, kernel):
+    """On the checker's path a live slot past the cache is recorded (which entry, what it held, the limit) and read as
+    slot 0, the padding slot: the run goes on and its output is the same call's with that entry 0."""
+    bounds.take()
+    with bounds.bounds_guard():
+        got = kernel(*dense([1, 2, 10**9, 4, 5]))
+    assert bounds.take() == [f"{name}: kv_indices[2] = 1000000000: a live entry outside the cache's slots [0, {SLOTS})"]
+    assert torch.equal(got, kernel(*dense([1, 2, 0, 4, 5])))
+    assert bounds.take() == []  # the tail entry (past kv_indptr[bs]) is never read, so never reported
+
+
+def test_guarded_indptr_out_of_order_reads_nothing():
+    q, k, v, _, idx, out = dense([1, 2, 3, 4, 5])
+    with bounds.bounds_guard():
+        run_dense(q, k, v, d([0, 5, 3], torch.int32), idx, out)
+    assert bounds.take() == ["dense_paged_attention: kv_indptr[2] = 3: outside [0, 6] (kv_indices.numel()) or below "
+                             "the entry before it"]  # fmt: skip
+    assert torch.equal(out, torch.zeros_like(out))  # every request empty: no key, zeros
+
+
+def test_guarded_block_table_names_row_and_column():
+    """MLA through a block table: request 1's second page (a column it reads) is past the cache's pages."""
+    g = torch.Generator().manual_seed(1)
+    pages, page, dim = 4, 32, 32  # kv_lora_rank 16 + rope 16
+    kv = torch.randn(pages, page, dim, generator=g).to(DEVICE)
+    q = torch.randn(2, 1, HEADS, dim, generator=g).to(DEVICE)
+    table = d([[1, -1], [2, 77]], torch.int32)  # row 0 reads column 0 only: its -1 is never read
+    lens, out = d([20, 40], torch.int32), torch.zeros(2, 1, HEADS, 16, device=DEVICE)
+    with bounds.bounds_guard():
+        mla_paged_attention(q, kv, table, lens, out, 64, 0.25, 16)
+    assert bounds.take() == ["mla_paged_attention: block_table[1, 1] (row, col) = 77: a read entry outside the "
+                             f"cache's pages [0, {pages})"]  # fmt: skip
+    want = mla_paged_attention(q, kv, d([[1, -1], [2, 0]], torch.int32), lens, torch.zeros_like(out), 64, 0.25, 16)
+    assert torch.equal(out, want)
+
+
+def test_outside_the_guard_nothing_changes():
+    q, k, v, ptr, idx, out = dense([1, 2, 3, 4, 5])
+    assert bounds.guard_csr("x", ptr, idx, 2, SLOTS) == (ptr, idx)  # the same tensors: no op launched
+    with RecordOps() as rec:
+        run_dense(q, k, v, ptr, idx, out)
+    assert rec.names == ["refimpl.dense_paged_attention.default"], rec.names
+
+
+def test_a_guarded_graph_checks_every_replay():
+    """The guard's ops are captured with the kernel, so a replay whose metadata went bad is recorded too, and a good
+    replay after it is clean."""
+    engine = make_engine("auto")
+    q, k, v, ptr, idx, out = dense([1, 2, 3, 4, 5])
+    with bounds.bounds_guard():
+        engine.warmup(lambda: run_dense(q, k, v, ptr, idx, out), 1)
+        graph = engine.new_graph()
+        graph.capture(lambda: run_dense(q, k, v, ptr, idx, out))
+    bounds.take()
+    idx[4] = -2
+    graph.replay()
+    assert bounds.take() == [
+        f"dense_paged_attention: kv_indices[4] = -2: a live entry outside the cache's slots [0, {SLOTS})"
+    ]
+    idx[4] = 5
+    graph.replay()
+    assert bounds.take() == []

@@ -19,6 +19,7 @@ import test_bad_inputs
 import test_blind_spots
 import test_checker
 import test_emulator
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,6 +31,7 @@ class Mutant:
     old: str  # a fragment of that function's source, found exactly once
     new: str
     catching: str  # the catching test, "file::name[param]"
+    cpu_only: str = ""  # why the mutant cannot run on a GPU (empty: it can)
 
     def apply(self, monkeypatch) -> None:
         module_name, qual = self.where.split(":")
@@ -66,6 +68,9 @@ CATCHING = {
         test_backend_class.test_foreign_kv_write_is_caught_by_the_guard
     ),
     "test_emulator.py::test_copy_ops_inside_capture_rerun": test_emulator.test_copy_ops_inside_capture_rerun,
+    "test_backend_class.py::test_metadata_pointing_outside_a_buffer_is_a_finding_not_a_crash": (
+        test_backend_class.test_metadata_pointing_outside_a_buffer_is_a_finding_not_a_crash
+    ),
     "test_backend_class.py::test_a_bug_that_depends_on_the_previous_replay_is_caught_by_the_history": (
         test_backend_class.test_a_bug_that_depends_on_the_previous_replay_is_caught_by_the_history
     ),
@@ -80,7 +85,7 @@ MUTANTS = [
            'return {k: v for k, v in state.items() if k != "custom_mask"}',
            "test_checker.py::test_replay_that_skips_the_mask_is_named"),
     Mutant("verdict (b) graph vs eager always true", "refimpl.rig:Rig.run",
-           'graph_ok = close(graph, eager, self.tol, "graph vs eager", findings) and not guard.violations',
+           'graph_ok = close(graph, eager, self.tol, "graph vs eager", findings) and not guard.violations and not outside',
            "graph_ok = True", "test_checker.py::test_fresh_buffer_at_replay_is_caught"),
     Mutant("verdict (c) the oracle always agrees", "refimpl.rig:Rig.run",
            'oracle_ok = close(eager, self.program(fb, self.oracle), self.tol, "eager vs oracle", findings)',
@@ -92,6 +97,10 @@ MUTANTS = [
            "test_backend_class.py::test_a_bug_that_depends_on_the_previous_replay_is_caught_by_the_history"),
     Mutant("the KV guard reports nothing", "refimpl.rig:KVGuard.check", "    return problems", "    return []",
            "test_backend_class.py::test_foreign_kv_write_is_caught_by_the_guard"),
+    Mutant("the bounds guard passes every index through", "refimpl.kernels.bounds:guard_csr",
+           "    if not _state[\"on\"]:", "    if True:",
+           "test_backend_class.py::test_metadata_pointing_outside_a_buffer_is_a_finding_not_a_crash",
+           cpu_only="unguarded, the planted read is a device-side assert: it would end the test process's CUDA context"),
     Mutant("the emulator takes a copy inside capture for an allocation", "refimpl.graphs.recorder:Step.__init__",
            "if name.startswith(PURE_ALLOC):", 'if name.startswith((*PURE_ALLOC, "aten.clone")):',
            "test_emulator.py::test_copy_ops_inside_capture_rerun"),
@@ -111,8 +120,11 @@ MUTANTS = [
     Mutant("validation: the tree mask's size unchecked", "refimpl.validate:validate_batch",
            "if (got := mask.numel()) != (want := layout.tree_mask_total(seq, extra)):", "if False:",
            "verify: custom mask of the wrong size"),
-    Mutant("validation: slot ownership unchecked", "refimpl.validate:_report_device_findings",
-           'if (i := first["out_cache_loc owner"]) is not None:', "if False:",
+    Mutant("validation: a self-blind mask accepted", "refimpl.validate:_report_device_findings",
+           'if (e := first["custom_mask self"]) is not None and not getattr(fb.spec_info, "allow_blind_rows", False):',
+           "if False:", "verify: a draft row that does not see itself"),
+    Mutant("validation: a row may write any slot", "refimpl.validate:_report_device_findings",
+           'if (i := first["out_cache_loc slot"]) is not None:', "if False:",
            "out_cache_loc of another request in the batch"),
 ]  # fmt: skip
 
@@ -124,6 +136,8 @@ def _catching(m: Mutant):
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.id for m in MUTANTS])
 def test_mutant_is_caught(mutant: Mutant, monkeypatch):
     """The catching test passes on the real code (the suite runs it) and fails with the mutant in place."""
+    if mutant.cpu_only and torch.cuda.is_available():
+        pytest.skip(mutant.cpu_only)
     monkeypatch.setattr(test_bad_inputs, "_SETUPS", {})  # runners of their own: a mutant may let a bad batch write
     mutant.apply(monkeypatch)
     with pytest.raises((Exception, pytest.fail.Exception)):  # a failed assert, "DID NOT RAISE", or a crash

@@ -321,7 +321,7 @@ def test_checker_catches_corrupted_batches():
     check_batch(b, TREE)
     swapped = b.out_cache_loc.clone()
     swapped[[0, 1]] = swapped[[1, 0]]
-    with pytest.raises(AssertionError):
+    with pytest.raises(ValueError, match=r"row 0 must write request 0's new position"):  # refused by validate()
         check_batch(b.replace(out_cache_loc=swapped), TREE)
     with pytest.raises(AssertionError):
         check_batch(b.replace(positions=b.positions + 1), TREE)

@@ -3,7 +3,12 @@
 What it adds to a bare ``torch.cuda.graph`` block (PyTorch "CUDA Graphs" notes, SGLang's ``CudaGraphRunner.capture``,
 [facts#capture]): warm-ups on a side stream (lazy initialisation is not captured); one memory pool shared by every graph
 (largest batch captured first); op names from the shared recorder, so ``kernels()`` works on both engines; a failed
-capture contained (``_discard``), so the next capture and replay succeed; no garbage collection during capture.
+capture contained (``_discard``), so the next capture and replay succeed; no garbage collection during capture; every
+graph kept as long as its engine. That last rule is for cuBLAS: PyTorch caches one cuBLAS workspace per (handle,
+stream), every graph captured on the engine's stream bakes that workspace's address into its GEMMs, and destroying any
+one of those graphs frees the workspace of all of them (``CUDAGraph::reset`` clears the capture stream's workspaces,
+pytorch/pytorch#193402). A short-lived graph (the checker's glue graph, a refused capture) dropped while the step graphs
+live made their next replay's split-K GEMM write to freed memory: ``cudaErrorIllegalAddress`` on the H200.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ class CUDAGraphHandle(Graph):
             raise GraphCaptureError("this graph was already captured; make a new one")
         eng = self.engine
         torch.cuda.synchronize(eng.device)
+        eng.graphs.append(self.graph)  # destroyed with the engine, never before (module docstring)
         caller_stream = torch.cuda.current_stream(eng.device)
         # No garbage collection while capturing: collecting an old graph frees pool memory
         # (cudaFree), which invalidates the capture (seen on the H200 as random cuBLAS failures).
@@ -61,7 +67,8 @@ class CUDAGraphHandle(Graph):
 
     def _discard(self, caller_stream: torch.cuda.Stream) -> None:
         """After any error inside capture, leave the process as if it never began: capture ended, the caller's stream
-        current, the half-recorded graph and its cuBLAS workspaces dropped."""
+        current, the half-recorded graph set aside. It is not reset: its reset would free the cuBLAS workspace the
+        engine's other graphs replay with (module docstring); the engine keeps it."""
         eng = self.engine
         with torch.cuda.stream(eng.stream):
             if torch.cuda.is_current_stream_capturing():
@@ -70,14 +77,8 @@ class CUDAGraphHandle(Graph):
                 except RuntimeError:
                     pass  # an invalidated capture ends with an error: it has ended all the same
         torch.cuda.set_stream(caller_stream)
-        try:
-            self.graph.reset()
-        except Exception:  # noqa: BLE001 - nothing was instantiated: nothing to free
-            pass
         self.graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize(eng.device)
-        if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):
-            torch._C._cuda_clearCublasWorkspaces()
 
     def replay(self) -> None:
         self._check_captured()
@@ -97,6 +98,7 @@ class CUDAGraphEngine(GraphEngine):
         self.device = dev
         self.stream = torch.cuda.Stream(self.device)
         self.pool = None  # set by the first capture (graph.pool()), shared afterwards
+        self.graphs: list[torch.cuda.CUDAGraph] = []  # every graph begun here, alive as long as the engine
 
     def new_graph(self) -> CUDAGraphHandle:
         return CUDAGraphHandle(self)

@@ -23,6 +23,7 @@ import triton.language as tl
 from .. import _env
 from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check, check_float, check_int, check_tensor
 from ._op import kernel_op
+from .bounds import guard_table
 from .indices import block_table_to_kv_indices, build_block_table_ref, copy_pages, pages_per_chunk, pool_row
 from .oracle import mla_oracle
 
@@ -171,6 +172,8 @@ def mla_paged_attention(q, kv_cache, block_table, seq_lens, out, max_seq_len, sm
     check(width * page_size >= max_seq_len, f"{msg} < max_seq_len={max_seq_len}: the table is too narrow")
     check_float(sm_scale, "sm_scale")
     check_float(out_scale, "out_scale")
+    bound = min(max_seq_len, width * page_size)
+    block_table = guard_table("mla_paged_attention", block_table, seq_lens, bs, bound, page_size, kv_cache.shape[0])
     scalars = (max_seq_len, float(sm_scale), kv_lora_rank, float(out_scale))
     _mla_paged_attention_op(q, kv_cache, block_table, seq_lens, out, *scalars)
     return out

@@ -22,6 +22,7 @@ import triton.language as tl
 from .. import _env
 from ._checks import INDEX_DTYPES, check, check_int, check_paged_qkvo, check_same_device, check_tensor
 from ._op import kernel_op
+from .bounds import guard_csr
 
 MIN_BLOCK_KV = 32  # split ranges are multiples of this many keys ([facts#split-kv-decode])
 BLOCK_N = 32  # keys per inner-loop iteration of stage 1 (divides MIN_BLOCK_KV)
@@ -258,6 +259,7 @@ def decode_attention(
     check_tensor(attn_lse, "attn_lse", (torch.float32,), 3, device)
     ok = attn_lse.shape[0] >= num_rows and tuple(attn_lse.shape[1:]) == (num_heads, max_kv_splits)
     check(ok, f"attn_lse.shape={tuple(attn_lse.shape)}: must be {want}]")
+    kv_indptr, kv_indices = guard_csr("decode_attention", kv_indptr, kv_indices, num_rows, k_buffer.shape[0])
     tensors = (q, k_buffer, v_buffer, kv_indptr, kv_indices, num_kv_splits, attn_logits, attn_lse)
     _decode_stage1_op(*tensors, max_kv_splits, float(sm_scale), float(logit_cap))
     _decode_stage2_op(attn_logits, attn_lse, kv_indptr, num_kv_splits, o, max_kv_splits)

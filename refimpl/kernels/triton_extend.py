@@ -17,6 +17,7 @@ from .. import _env
 from ._checks import FLOAT_DTYPES as _FLOAT_DTYPES
 from ._checks import INDEX_DTYPES, check, check_float, check_int, check_mask, check_paged_qkvo, check_tensor
 from ._op import kernel_op
+from .bounds import guard_csr
 
 BLOCK_M = 16  # query rows per program (tl.dot needs >= 16)
 BLOCK_N = 32  # keys per loop iteration
@@ -201,6 +202,7 @@ def extend_attention(
     check_float(sm_scale, "sm_scale")
     ok = isinstance(logit_cap, (int, float)) and logit_cap >= 0
     check(ok, f"logit_cap={logit_cap!r}: must be a float >= 0 (0 = off)")
+    kv_indptr, kv_indices = guard_csr("extend_attention", kv_indptr, kv_indices, bs, k_buffer.shape[0])
     tensors = (q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices)
     masks = (custom_mask, mask_indptr, bool(is_causal))
     _extend_attention_op(*tensors, *masks, max_len_extend, float(sm_scale), float(logit_cap))

@@ -10,11 +10,17 @@ the old cost. This kernel checks every device-side rule over the batch's own ent
 | ``input_ids range`` / ``positions range`` | outside ``[0, vocab)`` / ``[0, L)`` |
 | ``out_cache_loc range`` | outside ``[1, num_slots)`` |
 | ``out_cache_loc duplicate`` | ``loc[e] == loc[f]`` for some ``f < e`` |
-| ``out_cache_loc owner`` | ``loc[e]`` is not in ``req_to_token[rpi[r], :min(seq_lens[r] + extra, L)]``, ``r`` the request of the row that writes it |
+| ``out_cache_loc slot`` | ``loc[e] != req_to_token[rpi[r], col(e)]``: the write is not its row's own new position |
+| ``custom_mask self`` | verify (a mask given): draft row ``e`` (request ``r = e // N``, draft ``j = e % N``) does not see itself: its entry ``N * sum(seq_lens[:r]) + r*N*N + j*(seq_r + N) + seq_r + j`` of the tree mask is False (an all-False mask, too) |
+
+Write ``e`` is row ``e % n`` of step ``e // n`` (S = m / n steps: multi-step draft decode; else 1), row ``j`` of its
+request ``r``'s ``per`` rows, and fills column ``col(e) = seq_lens[r] + extra - per*S + j*S + e // n`` of the request's
+``req_to_token`` row: decode ``seq - 1``; verify (extra N) ``seq + j``; extend and draft extend ``seq - per + j``;
+multi-step (extra topk*S) ``seq + k*S + step`` for branch k. A ragged batch passes ``row_req [2, n]``: each row's
+request and ``j - per_r`` (its column is ``seq_lens[r] + extra + j - per_r``). A write outside ``[0, L)`` owns nothing.
 
 ``out`` (int64): ``[nprog, len(CATEGORIES)]`` per-program smallest bad index (``NONE``: none; the host takes the
-minimum), then copies of ``seq_lens``, ``accept_length``, ``extend_seq_lens`` (``bs`` each). Rows map to requests by
-``rows_per_req`` (multi-step draft decode: ``e % num_rows``) or ``row_req``.
+minimum), then copies of ``seq_lens``, ``accept_length``, ``extend_seq_lens`` (``bs`` each).
 """
 
 import inspect
@@ -26,11 +32,11 @@ import triton.language as tl
 from ._op import kernel_op
 
 CATEGORIES = ("req_pool_indices range", "req_pool_indices duplicate", "input_ids range", "positions range")
-CATEGORIES += ("out_cache_loc range", "out_cache_loc duplicate", "out_cache_loc owner")
+CATEGORIES += ("out_cache_loc range", "out_cache_loc duplicate", "out_cache_loc slot", "custom_mask self")
 NCAT = len(CATEGORIES)
 NONE = 1 << 62  # "no bad entry" in a category
 BLOCK = 16  # entries per program
-CHUNK = 256  # compared entries / columns per loop iteration: few, wide iterations
+CHUNK = 256  # compared entries per loop iteration: few, wide iterations
 # the compiled kernel per (device, HAS_ACC, HAS_EXT, HAS_ROW_REQ), launched directly by ``_launch``: Triton's
 # JITFunction.run binds 29 arguments in Python per call (26 µs of host on the H200, 7.5 µs direct)
 _COMPILED: dict = {}
@@ -65,11 +71,11 @@ def _has_earlier_equal(x, e, src_ptr, count, CHUNK_: tl.constexpr):
 # sizes, counts and pointer alignments vary per batch: one compiled kernel serves them all (else
 # Triton specialises on ints equal to 1 or divisible by 16 and on 16-byte pointer alignment, and
 # compiles a new variant as batches vary: minutes of compiles in a GPU test run)
-_ARGS = "out_ptr seq_ptr acc_ptr ext_ptr rpi_ptr ids_ptr pos_ptr loc_ptr row_req_ptr r2t_ptr".split()
-_ARGS += "r2t_stride pool L vocab slots bs n m rows_per_req extra max_span nprog".split()
+_ARGS = "out_ptr seq_ptr acc_ptr ext_ptr rpi_ptr ids_ptr pos_ptr loc_ptr row_req_ptr r2t_ptr mask_ptr".split()
+_ARGS += "r2t_stride pool L vocab slots bs n m rows_per_req extra mask_size nprog".split()
 _NO_SPECIALISATION = {"do_not_specialize": _ARGS}
 if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
-    _NO_SPECIALISATION["do_not_specialize_on_alignment"] = _ARGS[:10]  # the pointers
+    _NO_SPECIALISATION["do_not_specialize_on_alignment"] = _ARGS[:11]  # the pointers
 
 
 @triton.jit(**_NO_SPECIALISATION)
@@ -82,8 +88,9 @@ def _batch_check_kernel(
     ids_ptr,  # [n] input_ids
     pos_ptr,  # [n] positions
     loc_ptr,  # [m] out_cache_loc (m = n, or S * n in multi-step draft decode)
-    row_req_ptr,  # [n] request of each row (read when HAS_ROW_REQ)
+    row_req_ptr,  # [2, n] each row's request, then j - per_r (read when HAS_ROW_REQ)
     r2t_ptr,  # [pool, L] int32 req_to_token
+    mask_ptr,  # [mask_size] bool tree mask (read when HAS_MASK)
     r2t_stride,
     pool,
     L,
@@ -94,11 +101,12 @@ def _batch_check_kernel(
     m,
     rows_per_req,
     extra,  # columns a request spans past seq_lens (verify N, multi-step topk * S)
-    max_span,  # longest span on the host's copy: the ownership loop's bound
+    mask_size,
     nprog,
     HAS_ACC: tl.constexpr,
     HAS_EXT: tl.constexpr,
     HAS_ROW_REQ: tl.constexpr,
+    HAS_MASK: tl.constexpr,
     BLOCK_: tl.constexpr,
     CHUNK_: tl.constexpr,
     NCAT_: tl.constexpr,
@@ -124,29 +132,41 @@ def _batch_check_kernel(
     tl.store(res + 2, _first(in_n & ((ids < 0) | (ids >= vocab)), e, NONE_))
     pos = tl.load(pos_ptr + e, mask=in_n, other=0).to(tl.int64)
     tl.store(res + 3, _first(in_n & ((pos < 0) | (pos >= L)), e, NONE_))
-    # per cache write: in range, distinct, and inside its own request's span of req_to_token
+    # per cache write: in range, distinct, and exactly its row's own new position in req_to_token
     in_m = e < m
     loc = tl.load(loc_ptr + e, mask=in_m, other=1).to(tl.int64)
     tl.store(res + 4, _first(in_m & ((loc < 1) | (loc >= slots)), e, NONE_))
     tl.store(res + 5, _first(in_m & _has_earlier_equal(loc, e, loc_ptr, m, CHUNK_), e, NONE_))
-    row = e % tl.maximum(n, 1)
+    n1 = tl.maximum(n, 1)
+    row = e % n1
     if HAS_ROW_REQ:
         req = tl.load(row_req_ptr + row, mask=in_m, other=0).to(tl.int64)
+        col = extra + tl.load(row_req_ptr + n + row, mask=in_m, other=0).to(tl.int64)
     else:
         req = row // rows_per_req
+        steps = m // n1
+        col = extra - rows_per_req * steps + (row % rows_per_req) * steps + e // n1
     req_ok = in_m & (req >= 0) & (req < bs)
     slot = tl.load(rpi_ptr + req, mask=req_ok, other=-1).to(tl.int64)
-    span = tl.minimum(tl.load(seq_ptr + req, mask=req_ok, other=0).to(tl.int64) + extra, L)
-    row_ok = req_ok & (slot >= 0) & (slot < pool)  # an out-of-pool row owns nothing
-    slot = tl.where(row_ok, slot, 0)
-    found = tl.zeros([BLOCK_], dtype=tl.int32)
-    for c0 in range(0, max_span, CHUNK_):
-        c = c0 + tl.arange(0, CHUNK_).to(tl.int64)
-        keep = row_ok[:, None] & (c[None, :] < span[:, None])
-        vals = tl.load(r2t_ptr + slot[:, None] * r2t_stride + c[None, :], mask=keep, other=0)
-        hit = keep & (vals.to(tl.int64) == loc[:, None])
-        found = tl.maximum(found, tl.max(hit.to(tl.int32), 1))
-    tl.store(res + 6, _first(in_m & (found == 0), e, NONE_))
+    col += tl.load(seq_ptr + req, mask=req_ok, other=0).to(tl.int64)
+    ok = req_ok & (slot >= 0) & (slot < pool) & (col >= 0) & (col < L)  # else the write owns nothing
+    want = tl.load(r2t_ptr + tl.where(ok, slot, 0) * r2t_stride + tl.where(ok, col, 0), mask=ok, other=-1)
+    tl.store(res + 6, _first(in_m & ~(ok & (want.to(tl.int64) == loc)), e, NONE_))
+    if HAS_MASK:  # verify: draft row e sees itself (its diagonal entry of the tree mask)
+        r, j, per = e // rows_per_req, e % rows_per_req, rows_per_req
+        in_r = in_n & (r < bs)
+        before = tl.zeros([BLOCK_], dtype=tl.int64)  # sum(seq_lens[:r])
+        for c0 in range(0, bs, CHUNK_):
+            q = c0 + tl.arange(0, CHUNK_).to(tl.int64)
+            s_q = tl.load(seq_ptr + q, mask=q < bs, other=0).to(tl.int64)
+            before += tl.sum(tl.where(q[None, :] < r[:, None], s_q[None, :], 0), 1)
+        s_r = tl.load(seq_ptr + r, mask=in_r, other=0).to(tl.int64)
+        idx = per * before + r * per * per + j * (s_r + per) + s_r + j
+        ok = in_r & (idx >= 0) & (idx < mask_size)  # device lengths the host has not compared yet: stay inside
+        sees = tl.load(mask_ptr + tl.where(ok, idx, 0), mask=ok, other=0).to(tl.int32)
+        tl.store(res + 7, _first(in_r & (sees == 0), e, NONE_))
+    else:
+        tl.store(res + 7, NONE_)
 
 
 @kernel_op("refimpl::batch_check", mutates_args=("out",))
@@ -160,23 +180,25 @@ def batch_check(
     out_cache_loc: torch.Tensor,
     rows_per_req: int,
     extra: int,
-    max_span: int,
     vocab: int,
     num_slots: int,
     accept_length: torch.Tensor | None = None,
     extend_seq_lens: torch.Tensor | None = None,
     row_req: torch.Tensor | None = None,
+    custom_mask: torch.Tensor | None = None,
 ) -> None:
     """Launch the checks into ``out`` (int64, >= ``result_size`` entries). The caller (``refimpl.validate``) has checked
     dtypes, devices (``out``'s) and sizes: ``seq_lens`` / ``req_pool_indices`` / ``accept_length`` / ``extend_seq_lens``
-    hold ``bs`` entries, ``input_ids`` / ``positions`` / ``row_req`` ``n``, ``out_cache_loc`` ``m``."""
+    hold ``bs`` entries, ``input_ids`` / ``positions`` ``n``, ``row_req`` ``[2, n]``, ``out_cache_loc`` ``m``."""
     bs, n, m = seq_lens.numel(), input_ids.numel(), out_cache_loc.numel()
     nprog = num_programs(bs, n, m)
-    flags = (accept_length is not None, extend_seq_lens is not None, row_req is not None)
-    acc, ext, row = (t if t is not None else seq_lens for t in (accept_length, extend_seq_lens, row_req))  # dummies
-    tensors = (out, seq_lens, acc, ext, req_pool_indices, input_ids, positions, out_cache_loc, row, req_to_token)
+    optional = (accept_length, extend_seq_lens, row_req, custom_mask)
+    flags = tuple(t is not None for t in optional)
+    acc, ext, row, mask = (t if t is not None else seq_lens for t in optional)  # dummies
+    tensors = (out, seq_lens, acc, ext, req_pool_indices, input_ids, positions, out_cache_loc, row, req_to_token, mask)
     sizes = (req_to_token.stride(0), *req_to_token.shape, vocab, num_slots, bs, n, m, max(rows_per_req, 1), extra)
-    args = (*tensors, *sizes, max_span, nprog, *flags, BLOCK, CHUNK, NCAT, NONE)
+    sizes += (mask.numel(),)
+    args = (*tensors, *sizes, nprog, *flags, BLOCK, CHUNK, NCAT, NONE)
     _launch(nprog, args, flags, out.device)
 
 
@@ -222,6 +244,7 @@ def batch_check_ref(
     vocab,
     num_slots,
     row_req=None,
+    custom_mask=None,
 ) -> dict:
     """The first bad index per category, straight from the table above, in host Python (the batch's own ``req_to_token``
     rows only)."""
@@ -229,15 +252,30 @@ def batch_check_ref(
     seq, rpi = seq_lens.tolist(), req_pool_indices.tolist()
     r2t = {r: req_to_token[r].tolist() for r in set(rpi) if 0 <= r < pool}
     ids, pos, loc = input_ids.tolist(), positions.tolist(), out_cache_loc.tolist()
-    owner = row_req.tolist() if row_req is not None else None
+    owner, rel = row_req.tolist() if row_req is not None else (None, None)
+    n, per = max(len(ids), 1), max(rows_per_req, 1)
 
     first = lambda values, bad: next((i for i, v in enumerate(values) if bad(i, v)), None)
-    spans = [set(r2t[rpi[r]][: max(min(seq[r] + extra, L), 0)]) if rpi[r] in r2t else set() for r in range(len(rpi))]
 
-    def owned(e, v):
-        row = e % max(len(ids), 1)
-        r = owner[row] if owner is not None else row // max(rows_per_req, 1)
-        return 0 <= r < len(rpi) and v in spans[r]
+    def own_slot(e, v):  # loc[e] is the slot of its row's own new position (the table above)
+        row, steps = e % n, len(loc) // n
+        if owner is not None:
+            r, col = owner[row], extra + rel[row]
+        else:
+            r, col = row // per, extra - per * steps + (row % per) * steps + e // n
+        if not 0 <= r < len(rpi) or rpi[r] not in r2t:
+            return False
+        col += seq[r]
+        return 0 <= col < L and r2t[rpi[r]][col] == v
+
+    per_mask = custom_mask.tolist() if custom_mask is not None else None
+
+    def sees_itself(e, _):  # verify: draft row e's own entry of the tree mask
+        r, j = divmod(e, per)
+        if r >= len(seq):
+            return True
+        idx = per * sum(seq[:r]) + r * per * per + j * (seq[r] + per) + seq[r] + j
+        return 0 <= idx < len(per_mask) and bool(per_mask[idx])
 
     return {
         "req_pool_indices range": first(rpi, lambda i, v: not 1 <= v < pool),
@@ -246,5 +284,6 @@ def batch_check_ref(
         "positions range": first(pos, lambda i, v: not 0 <= v < L),
         "out_cache_loc range": first(loc, lambda i, v: not 1 <= v < num_slots),
         "out_cache_loc duplicate": first(loc, lambda i, v: v in loc[:i]),
-        "out_cache_loc owner": first(loc, lambda e, v: not owned(e, v)),
+        "out_cache_loc slot": first(loc, lambda e, v: not own_slot(e, v)),
+        "custom_mask self": None if per_mask is None else first(ids, lambda e, v: not sees_itself(e, v)),
     }

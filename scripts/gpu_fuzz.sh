@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# On the H200 (device tool): the long fuzz profile (refimpl/fuzz.py) over every backend and shape, MLA family
+# included, as four processes side by side (one per backend group: a fuzz process is host-bound, the GPU idles), each
+# stopped after ${FUZZ_S:-230} s. Every batch: graph == eager == the float64 oracle, no foreign KV slot written, the
+# bounds guard quiet, bit-equal after the static buffers' tails are poisoned; a mismatch prints its reproducer.
+#   FUZZ_S=230 FUZZ_SEED=11 bash scripts/gpu_fuzz.sh     # after scripts/gpu_ci.sh, on the same lease
+# Writes $out/fuzz.log: each group's command, its per-target batch counts and mismatches, then the total.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+. scripts/gpu_env.sh  # wheels, PYTHONPATH, MAX_JOBS=16, $out
+seed=${FUZZ_SEED:-11}
+tmp=$(mktemp -d)
+groups=("torch_native torch_native_mla triton:24" "wave flashinfer:40" "flashinfer_mla cutlass_mla:60" "trtllm_mla:40")
+for g in "${groups[@]}"; do
+  names=${g%%:*}; n=${g##*:}; args=$(printf -- ' --backend %s' $names)
+  ( echo "\$ python -m refimpl check --fuzz $n --seed $seed$args   (stopped after ${FUZZ_S:-230} s)"
+    timeout "${FUZZ_S:-230}" python3 -m refimpl check --fuzz "$n" --seed "$seed" $args 2>&1 | grep -v "it/s"
+    echo "[rc=${PIPESTATUS[0]}]" ) > "$tmp/${names// /_}.log" 2>&1 &
+done
+wait
+cat "$tmp"/*.log > "$out/fuzz.log"
+batches=$(grep -o "^fuzz .*: [0-9]* batches" "$out/fuzz.log" | awk '{s += $(NF-1)} END {print s + 0}')
+mism=$(grep -c "^MISMATCH" "$out/fuzz.log")
+echo "gpu-fuzz: $batches batches (seed $seed, every group stopped after ${FUZZ_S:-230} s at the latest), $mism mismatches" | tee -a "$out/fuzz.log"
