@@ -445,7 +445,7 @@ def d(values, dtype=torch.int64):
 def dense(indices):
     """Two decode requests over a 16-slot cache; kv_indices[5] is a stale tail entry (past kv_indptr[2]: never read)."""
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(n, HEADS, DIM, generator=g).to(DEVICE) for n in (2, SLOTS, SLOTS))
+    q, k, v = (torch.randn(n, HEADS, DIM, generator=g, device="cpu").to(DEVICE) for n in (2, SLOTS, SLOTS))
     return q, k, v, d([0, 3, 5], torch.int32), t(indices + [10**9]), torch.zeros(2, HEADS, DIM, device=DEVICE)
 
 
@@ -485,8 +485,8 @@ def test_guarded_block_table_names_row_and_column():
     """MLA through a block table: request 1's second page (a column it reads) is past the cache's pages."""
     g = torch.Generator().manual_seed(1)
     pages, page, dim = 4, 32, 32  # kv_lora_rank 16 + rope 16
-    kv = torch.randn(pages, page, dim, generator=g).to(DEVICE)
-    q = torch.randn(2, 1, HEADS, dim, generator=g).to(DEVICE)
+    kv = torch.randn(pages, page, dim, generator=g, device="cpu").to(DEVICE)
+    q = torch.randn(2, 1, HEADS, dim, generator=g, device="cpu").to(DEVICE)
     table = d([[1, -1], [2, 77]], torch.int32)  # row 0 reads column 0 only: its -1 is never read
     lens, out = d([20, 40], torch.int32), torch.zeros(2, 1, HEADS, 16, device=DEVICE)
     with bounds.bounds_guard():
