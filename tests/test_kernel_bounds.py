@@ -472,13 +472,15 @@ def test_guarded_attention_names_the_entry_and_reads_slot_0_instead(name, kernel
     assert bounds.take() == []  # the tail entry (past kv_indptr[bs]) is never read, so never reported
 
 
-def test_guarded_indptr_out_of_order_reads_nothing():
+def test_guarded_indptr_out_of_order_is_made_non_decreasing():
+    """kv_indptr [0, 3, 2]: request 1 would span backwards. The guard reads [0, 3, 3] (request 1 empty: zeros)."""
     q, k, v, _, idx, out = dense([1, 2, 3, 4, 5])
     with bounds.bounds_guard():
-        run_dense(q, k, v, d([0, 5, 3], torch.int32), idx, out)
-    assert bounds.take() == ["dense_paged_attention: kv_indptr[2] = 3: outside [0, 6] (kv_indices.numel()) or below "
+        run_dense(q, k, v, d([0, 3, 2], torch.int32), idx, out)
+    assert bounds.take() == ["dense_paged_attention: kv_indptr[2] = 2: outside [0, 6] (kv_indices.numel()) or below "
                              "the entry before it"]  # fmt: skip
-    assert torch.equal(out, torch.zeros_like(out))  # every request empty: no key, zeros
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    assert torch.equal(out, run_dense(q, k, v, d([0, 3, 3], torch.int32), idx, torch.zeros_like(out)))
 
 
 def test_guarded_block_table_names_row_and_column():
