@@ -31,7 +31,7 @@ import torch
 
 from . import layout
 from .config import SpecConfig
-from .kernels.validation import batch_check, batch_check_ref, read_result, result_size
+from .kernels.validation import batch_check, batch_check_ref, read_result, result_size, write_target
 from .spec import DraftDecodeInput, DraftExtendInput, VerifyInput
 
 
@@ -239,12 +239,9 @@ def _report_device_findings(fb, first: dict, seq: list[int], extra: int, per: in
     if first["out_cache_loc duplicate"] is not None:
         raise _refuse("out_cache_loc", "duplicates", "two rows would write the same KV slot")
     if (i := first["out_cache_loc slot"]) is not None:
-        n, v = fb.num_tokens, int(loc[i])
-        row, steps = i % n, loc.numel() // n
-        if row_req is not None:
-            writer, col = int(row_req[0, row]), seq[int(row_req[0, row])] + extra + int(row_req[1, row])
-        else:
-            writer, col = row // per, seq[row // per] + extra - per * steps + (row % per) * steps + i // n
+        v, row = int(loc[i]), i % fb.num_tokens
+        rows = row_req.tolist() if row_req is not None else None
+        writer, col = write_target(i, fb.num_tokens, loc.numel(), per, extra, seq, rows)
         table = world.req_to_token[fb.req_pool_indices].cpu()  # [bs, L]: the batch's rows only
         hits = [(r, c) for r in range(fb.batch_size) for c, s in enumerate(table[r].tolist()) if s == v]
         held = " and ".join(f"request {r}'s position {c}" for r, c in hits) or "no position of this batch's requests"

@@ -116,9 +116,8 @@ def dense_paged_attention(
     rows, device = check_paged_qkvo(q, k_cache, v_cache, out, ("q", "k_cache", "v_cache", "out"))[0], q.device
     check(k_cache.shape[0] >= 1, f"k_cache.shape[0]={k_cache.shape[0]}: must be >= 1")
     _check_window_args(rows, kv_indptr, kv_indices, sm_scale, max_kv_len, q_per_req, custom_mask, mask_indptr, device)
-    csr = guard_csr("dense_paged_attention", kv_indptr, kv_indices, kv_indptr.shape[0] - 1, k_cache.shape[0])
+    kv_indptr, kv_indices = guard_csr("dense_paged_attention", kv_indptr, kv_indices, kv_indptr.shape[0] - 1, k_cache.shape[0])
     args = (out, float(sm_scale), max_kv_len, q_per_req, custom_mask, mask_indptr, bool(causal))
-    kv_indptr, kv_indices = csr
     _dense_paged_attention_op(q, k_cache, v_cache, kv_indptr, kv_indices, *args)
 
 
@@ -174,7 +173,8 @@ def dense_paged_mla_attention(
     want = (rows, num_heads, rank)
     check(tuple(out.shape) == want, f"out.shape={tuple(out.shape)}: must be {want}")
     _check_window_args(rows, kv_indptr, kv_indices, sm_scale, max_kv_len, q_per_req, custom_mask, mask_indptr, device)
-    csr = guard_csr("dense_paged_mla_attention", kv_indptr, kv_indices, kv_indptr.shape[0] - 1, kv_cache.shape[0])
+    kv_indptr, kv_indices = guard_csr(
+        "dense_paged_mla_attention", kv_indptr, kv_indices, kv_indptr.shape[0] - 1, kv_cache.shape[0]
+    )
     args = (out, float(sm_scale), max_kv_len, q_per_req, custom_mask, mask_indptr, bool(causal))
-    kv_indptr, kv_indices = csr
     _dense_paged_mla_attention_op(q_nope, q_rope, kv_cache, kv_indptr, kv_indices, *args)

@@ -7,8 +7,8 @@ device-side assert or an illegal address, which ends the CUDA context and every 
 ``bounds_guard()`` each attention wrapper passes its index tensors through ``guard_csr`` / ``guard_table`` first: device
 ops only, so they are graph-safe (a captured graph re-runs them at every replay). Every entry the kernel would read
 outside its buffer is replaced by a safe one (slot or page 0, the padding slot the pools reserve; an ``indptr`` clamped
-into ``[0, kv_indices.numel()]`` and made non-decreasing), and the first such entry is recorded. ``take()`` reads and clears the records (a
-host read: after a run, never inside a capture). Outside the guard the wrappers launch exactly what they always did.
+into ``[0, kv_indices.numel()]`` and made non-decreasing), and the first such entry is recorded. ``take()`` reads and
+clears the records (a host read: after a run, never inside a capture). Outside the guard the wrappers launch exactly what they always did.
 Entries the kernel never reads (a stale tail past ``kv_indptr[bs]``, table columns past a row's length) are not checked.
 """
 

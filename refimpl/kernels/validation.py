@@ -37,7 +37,7 @@ NCAT = len(CATEGORIES)
 NONE = 1 << 62  # "no bad entry" in a category
 BLOCK = 16  # entries per program
 CHUNK = 256  # compared entries per loop iteration: few, wide iterations
-# the compiled kernel per (device, HAS_ACC, HAS_EXT, HAS_ROW_REQ), launched directly by ``_launch``: Triton's
+# the compiled kernel per (device, HAS_ACC, HAS_EXT, HAS_ROW_REQ, HAS_MASK), launched directly by ``_launch``: Triton's
 # JITFunction.run binds 29 arguments in Python per call (26 µs of host on the H200, 7.5 µs direct)
 _COMPILED: dict = {}
 
@@ -231,6 +231,19 @@ def read_result(out: torch.Tensor, bs: int, num_rows: int, num_writes: int) -> d
     }
 
 
+def write_target(e: int, n: int, m: int, per: int, extra: int, seq: list[int], row_req=None) -> tuple[int, int | None]:
+    """Write ``e``'s request and the ``req_to_token`` column of its row's new position (the table above; ``n`` rows,
+    ``m`` writes, ``row_req``: a ragged batch's ``[requests, j - per_r]`` as lists); the column is None for a request
+    outside the batch. The definition the kernel computes on the device, and what a refusal names."""
+    row = e % n
+    if row_req is not None:
+        r, col = row_req[0][row], extra + row_req[1][row]
+    else:
+        steps = m // n
+        r, col = row // per, extra - per * steps + (row % per) * steps + e // n
+    return r, (seq[r] + col if 0 <= r < len(seq) else None)
+
+
 def batch_check_ref(
     req_to_token,
     seq_lens,
@@ -252,21 +265,14 @@ def batch_check_ref(
     seq, rpi = seq_lens.tolist(), req_pool_indices.tolist()
     r2t = {r: req_to_token[r].tolist() for r in set(rpi) if 0 <= r < pool}
     ids, pos, loc = input_ids.tolist(), positions.tolist(), out_cache_loc.tolist()
-    owner, rel = row_req.tolist() if row_req is not None else (None, None)
+    rows = row_req.tolist() if row_req is not None else None
     n, per = max(len(ids), 1), max(rows_per_req, 1)
 
     first = lambda values, bad: next((i for i, v in enumerate(values) if bad(i, v)), None)
 
-    def own_slot(e, v):  # loc[e] is the slot of its row's own new position (the table above)
-        row, steps = e % n, len(loc) // n
-        if owner is not None:
-            r, col = owner[row], extra + rel[row]
-        else:
-            r, col = row // per, extra - per * steps + (row % per) * steps + e // n
-        if not 0 <= r < len(rpi) or rpi[r] not in r2t:
-            return False
-        col += seq[r]
-        return 0 <= col < L and r2t[rpi[r]][col] == v
+    def own_slot(e, v):  # loc[e] is the slot of its row's own new position
+        r, col = write_target(e, n, len(loc), per, extra, seq, rows)
+        return col is not None and rpi[r] in r2t and 0 <= col < L and r2t[rpi[r]][col] == v
 
     per_mask = custom_mask.tolist() if custom_mask is not None else None
 
