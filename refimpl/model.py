@@ -68,18 +68,23 @@ class MultiStepDraftProgram:
     over ``bs * topk`` rows (one per branch). Step i feeds every branch's draft token i at ``positions + i``, writes KV
     at its slice of ``out_cache_loc``, attends through ``backend.step_backend(i)`` and picks the next token by
     ``argmax`` (graph-safe; real EAGLE re-ranks each branch's top-k children: other tokens, same shapes). Returns
-    ``[rows, S-1, vocab]``."""
+    ``[rows, S-1, vocab]``.
+
+    ``follow``: another run's output ``[rows, S-1, vocab]``, whose picks feed the next step instead of this run's own
+    (teacher forcing). The checker runs its float64 oracle this way: a near tie in the bf16 logits can rank the other way
+    in float64, and one flipped pick changes every later step of that branch (the H200 fuzz met one: a 3.14 logit
+    difference from a single token, every attention value right)."""
 
     def __init__(self, model: TinyDecoder, num_steps: int):
         if num_steps < 2:
             raise ValueError(f"multi-step draft decode needs num_steps >= 2, got {num_steps}")
         self.model, self.num_steps, self.cfg = model, num_steps, model.cfg
 
-    def __call__(self, fb: ForwardBatch, backend) -> torch.Tensor:
+    def __call__(self, fb: ForwardBatch, backend, follow: torch.Tensor | None = None) -> torch.Tensor:
         rows, ids, outs = fb.num_tokens, fb.input_ids, []
         for i in range(self.num_steps - 1):
             loc = fb.out_cache_loc[i * rows : (i + 1) * rows]
             step = fb.replace(input_ids=ids, positions=fb.positions + i, out_cache_loc=loc)
             outs.append(self.model(step, backend.step_backend(i)))  # [rows, vocab]
-            ids = outs[-1].argmax(-1)  # [rows] int64: the next draft token of every branch
+            ids = (outs[-1] if follow is None else follow[:, i]).argmax(-1)  # [rows] int64: each branch's next token
         return torch.stack(outs, 1)  # [rows, S-1, vocab]

@@ -268,5 +268,6 @@ class Rig:
         findings += outside
         graph_ok = close(graph, eager, self.tol, "graph vs eager", findings) and not guard.violations and not outside
         self.oracle.init_forward_metadata(fb)
-        oracle_ok = close(eager, self.program(fb, self.oracle), self.tol, "eager vs oracle", findings)
+        follow = {"follow": eager} if self.kind.multi_step else {}  # the oracle's steps take eager's picks
+        oracle_ok = close(eager, self.program(fb, self.oracle, **follow), self.tol, "eager vs oracle", findings)
         return Verdict(graph, eager, graph_ok, oracle_ok, findings)
