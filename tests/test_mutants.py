@@ -88,7 +88,7 @@ MUTANTS = [
            'graph_ok = close(graph, eager, self.tol, "graph vs eager", findings) and not guard.violations and not outside',
            "graph_ok = True", "test_checker.py::test_fresh_buffer_at_replay_is_caught"),
     Mutant("verdict (c) the oracle always agrees", "refimpl.rig:Rig.run",
-           'oracle_ok = close(eager, self.program(fb, self.oracle), self.tol, "eager vs oracle", findings)',
+           'oracle_ok = close(eager, self.program(fb, self.oracle, **follow), self.tol, "eager vs oracle", findings)',
            "oracle_ok = True", "test_blind_spots.py::test_oracle_rebuilds_the_verify_mask_from_the_trees"),
     Mutant("verdict (d) compares nothing with the reference", "refimpl.check:diff_reference",
            "    return out", "    return []", "test_backend_class.py::test_fresh_tensor_at_replay_is_named"),
