@@ -94,3 +94,9 @@ class CPUEmulatorEngine(GraphEngine):
 
     def new_graph(self) -> EmulatedGraph:
         return EmulatedGraph()
+
+    def warmup(self, fn, n: int) -> None:
+        """One eager run before capture, not SGLang's two: the second is for what a GPU initialises lazily (cuBLAS
+        handles, Triton's compiles, the allocator's pools), which the emulator has none of. On the interpreter a step
+        costs seconds, and every capture in the test suite pays it."""
+        super().warmup(fn, min(n, 1))

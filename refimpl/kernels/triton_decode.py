@@ -32,8 +32,9 @@ _MIN_BLOCK_KV_C = tl.constexpr(MIN_BLOCK_KV)  # globals read inside @triton.jit 
 
 
 @triton.jit
-def _split_range(kv_indptr_ptr, num_kv_splits_ptr, b, s, MAX_KV_SPLITS: tl.constexpr):
-    """(kv_start, split_start, split_end) of split s of row b; empty when start >= end."""
+def _split_size(kv_indptr_ptr, num_kv_splits_ptr, b, MAX_KV_SPLITS: tl.constexpr):
+    """(kv_start, seq_len, per_split) of row b: split s covers keys [s * per_split, min((s + 1) * per_split, seq_len)),
+    empty when that range is. Called once per program (in the interpreter every nested call is costly)."""
     kv_start = tl.load(kv_indptr_ptr + b).to(tl.int64)
     seq_len = tl.load(kv_indptr_ptr + b + 1).to(tl.int64) - kv_start
     # Data, not shape: clamp a bad value instead of reading unwritten splits (stage 1 has only
@@ -41,9 +42,7 @@ def _split_range(kv_indptr_ptr, num_kv_splits_ptr, b, s, MAX_KV_SPLITS: tl.const
     splits = tl.load(num_kv_splits_ptr + b).to(tl.int64)
     splits = tl.minimum(tl.maximum(splits, 1), MAX_KV_SPLITS)
     per_split = tl.cdiv(tl.cdiv(seq_len, splits), _MIN_BLOCK_KV_C) * _MIN_BLOCK_KV_C
-    split_start = s * per_split
-    split_end = tl.minimum(split_start + per_split, seq_len)
-    return kv_start, split_start, split_end
+    return kv_start, seq_len, per_split
 
 
 # stage 1: partial attention per (row, head group, split)
@@ -84,7 +83,9 @@ def _decode_stage1_kernel(
     USE_DOT: tl.constexpr,
 ):
     b, hg, s = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # query row, head group, split
-    kv_start, split_start, split_end = _split_range(kv_indptr_ptr, num_kv_splits_ptr, b, s, MAX_KV_SPLITS)
+    kv_start, seq_len, per_split = _split_size(kv_indptr_ptr, num_kv_splits_ptr, b, MAX_KV_SPLITS)
+    split_start = s * per_split
+    split_end = tl.minimum(split_start + per_split, seq_len)
     if split_end > split_start:  # empty split (incl. s >= splits): touch nothing
         heads = hg * HEADS + tl.arange(0, BLOCK_H)  # [BLOCK_H] query heads
         mask_h = (tl.arange(0, BLOCK_H) < HEADS) & (heads < num_heads)
@@ -185,8 +186,10 @@ def _decode_stage2_kernel(
     m = float("-inf")  # running max of the split LSEs
     total = 0.0  # sum_s exp(lse_s - m)
     acc = tl.zeros([BLOCK_DV], tl.float32)  # sum_s exp(lse_s - m) * partial_s
+    _, seq_len, per_split = _split_size(kv_indptr_ptr, num_kv_splits_ptr, b, MAX_KV_SPLITS)
     for s in range(0, MAX_KV_SPLITS):
-        _, split_start, split_end = _split_range(kv_indptr_ptr, num_kv_splits_ptr, b, s, MAX_KV_SPLITS)
+        split_start = s * per_split
+        split_end = tl.minimum(split_start + per_split, seq_len)
         if split_end > split_start:  # exactly the splits stage 1 wrote
             lse = tl.load(lse_ptr + b * stride_et + h * stride_eh + s)
             part_ptrs = logits_ptr + b * stride_lt + h * stride_lh + s * stride_ls + offs_dv
