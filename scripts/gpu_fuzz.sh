@@ -2,9 +2,10 @@
 # On the H200 (device tool): the long fuzz profile (refimpl/fuzz.py) over every backend and shape, MLA family
 # included, as seven processes side by side (one per backend group: a fuzz process is host-bound, the GPU idles), each
 # stopped after ${FUZZ_S:-300} s, ${FUZZ_N:-31} batches per target. Part 4 (bd5cf46, six groups, 25 per target) ran all
-# 65 targets in 254 s at most; part 5 (nine groups) ran slower per process and finished 53: 65 x 31 = 2,015 batches
-# want this split. Every batch: graph == eager == the float64 oracle, no foreign KV slot written, the bounds guard
-# quiet, bit-equal after the static buffers' tails are poisoned; a mismatch prints its reproducer.
+# 65 targets in 254 s at most after the gate had built FlashInfer's JIT modules; part 5 (nine groups, first on a cold
+# machine) finished 53. Run it after the gate: 65 x 31 = 2,015 batches. Every batch: graph == eager == the float64
+# oracle, no foreign KV slot written, the bounds guard quiet, bit-equal after the static buffers' tails are poisoned; a
+# mismatch prints its reproducer.
 #   FUZZ_S=300 FUZZ_SEED=13 bash scripts/gpu_fuzz.sh     # after scripts/gpu_ci.sh, on the same lease
 # Writes $out/fuzz.log: each group's command, its per-target batch counts and mismatches, then the total.
 set -uo pipefail
