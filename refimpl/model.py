@@ -71,8 +71,8 @@ class MultiStepDraftProgram:
     ``[rows, S-1, vocab]``.
 
     ``follow``: another run's output ``[rows, S-1, vocab]``, whose picks feed the next step instead of this run's own
-    (teacher forcing). The checker runs its float64 oracle this way: a near tie in the bf16 logits can rank the other way
-    in float64, and one flipped pick changes every later step of that branch (the H200 fuzz met one: a 3.14 logit
+    (teacher forcing). The checker runs its float64 oracle this way: a near tie in the bf16 logits can rank the other
+    way in float64, and one flipped pick changes every later step of that branch (the H200 fuzz met one: a 3.14 logit
     difference from a single token, every attention value right)."""
 
     def __init__(self, model: TinyDecoder, num_steps: int):

@@ -37,7 +37,7 @@ import refimpl  # noqa: F401  (switches the Triton interpreter on before any ker
 from refimpl.graphs import GraphCaptureError, GraphEngine
 from refimpl.kernels import build_kv_indices, dense_paged_attention
 
-WARMUP = 2  # eager runs before capture, as SGLang / GraphRunner ask (the CPU emulator runs one of them: nothing to initialise)
+WARMUP = 2  # eager runs before capture, as SGLang / GraphRunner ask (the CPU emulator runs one: nothing to initialise)
 
 
 def _rand(seed: int, *shape: int, device, lo: float = -1.0, hi: float = 1.0) -> torch.Tensor:

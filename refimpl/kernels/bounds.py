@@ -2,13 +2,14 @@
 crash.
 
 An attention kernel reads a backend's metadata as addresses: a CSR ``kv_indptr`` / ``kv_indices`` (token slots of the
-KV cache) or a block table (pages). One wrong entry makes it read outside a buffer: on a CPU an ``IndexError``; on a GPU a
-device-side assert or an illegal address, which ends the CUDA context and every later row with it. Inside
+KV cache) or a block table (pages). One wrong entry makes it read outside a buffer: on a CPU an ``IndexError``; on a
+GPU a device-side assert or an illegal address, which ends the CUDA context and every later row with it. Inside
 ``bounds_guard()`` each attention wrapper passes its index tensors through ``guard_csr`` / ``guard_table`` first: device
 ops only, so they are graph-safe (a captured graph re-runs them at every replay). Every entry the kernel would read
 outside its buffer is replaced by a safe one (slot or page 0, the padding slot the pools reserve; an ``indptr`` clamped
 into ``[0, kv_indices.numel()]`` and made non-decreasing), and the first such entry is recorded. ``take()`` reads and
-clears the records (a host read: after a run, never inside a capture). Outside the guard the wrappers launch exactly what they always did.
+clears the records (a host read: after a run, never inside a capture). Outside the guard the wrappers launch exactly
+what they always did.
 Entries the kernel never reads (a stale tail past ``kv_indptr[bs]``, table columns past a row's length) are not checked.
 """
 
