@@ -86,14 +86,15 @@ def launches(fn: Callable[[], Any]) -> dict[str, int]:
     return counts
 
 
-def host_times(fn, batches, repeats: int, warmup: int, sync, before=None, sync_after: bool = False) -> list[float]:
-    """Host µs of ``fn(fb)``, ``batches`` rotated, ``repeats`` calls after ``warmup``: ``sync()`` and ``before(fb)`` untimed
-    before each call; with ``sync_after``, a synchronisation inside the timer (the wall time of a whole step)."""
+def host_times(fn, batches, repeats: int, warmup: int, sync, before=None, sync_after: bool = False, run: int = 1) -> list[float]:
+    """Host µs of ``fn(fb)``, ``repeats`` calls after ``warmup``, ``batches`` rotated every ``run`` calls: ``before(fb)``
+    untimed when the batch changes, ``sync()`` untimed before each call; with ``sync_after``, a synchronisation inside
+    the timer (the wall time of a whole step)."""
     xs = []
     for it in range(warmup + repeats):
-        fb = batches[it % len(batches)]
+        fb = batches[it // run % len(batches)]
         sync()
-        if before is not None:
+        if before is not None and it % run == 0:
             before(fb)
         t0 = time.perf_counter()
         fn(fb)
@@ -105,12 +106,16 @@ def host_times(fn, batches, repeats: int, warmup: int, sync, before=None, sync_a
     return xs
 
 
+RUN = 8  # hook / launch calls per loaded batch in ``time_replay_path``
+
+
 def time_replay_path(runner: GraphRunner, batches: Sequence[ForwardBatch], repeats: int = 50, warmup: int = 10) -> dict[str, Any]:
     """Host µs of validate / copies / hook / launch and GPU µs of hook / graph of ``runner``'s replay phases, rotating
     ``batches`` (one raw batch size). Each host phase is timed in passes of its own, never right after a wait for a graph
-    (that read 1.1-3x high: ``benchmarks/bench_vs_direct.py``). The hook and the launch run on the batch just loaded
-    (``load_inputs``, untimed): a hook fed one batch's spec input over another's lengths is no replay (FlashInfer's
-    verify hook refuses the mismatched tree mask). GPU µs: CUDA events, in passes of their own."""
+    (that read 1.1-3x high: ``benchmarks/bench_vs_direct.py``). The hook and the launch run on the batch loaded
+    (``load_inputs``, untimed) before a run of ``RUN`` calls: a hook fed one batch's spec input over another's lengths
+    is no replay (FlashInfer's verify hook refuses the mismatched tree mask), and a load before every call read the
+    hook 1.1-1.2x its plain loop on the H200 (cause not isolated). GPU µs: CUDA events, in passes of their own."""
     cuda = runner.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     raw_bs = batches[0].batch_size
@@ -120,8 +125,8 @@ def time_replay_path(runner: GraphRunner, batches: Sequence[ForwardBatch], repea
     phases["launch"] = lambda fb: runner.launch(bs)
     host: dict[str, list[float]] = {}
     for name, phase in phases.items():
-        load(batches[0])
-        host[name] = host_times(phase, batches, repeats, warmup, sync, before=load if name in ("hook", "launch") else None)
+        loaded = name in ("hook", "launch")
+        host[name] = host_times(phase, batches, repeats, warmup, sync, before=load if loaded else None, run=RUN if loaded else 1)
     gpu: dict[str, list[float]] = {"hook": [], "graph": []}
     for it in range(warmup + repeats if cuda else 0):
         fb, events = batches[it % len(batches)], [torch.cuda.Event(True) for _ in range(3)]

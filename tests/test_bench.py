@@ -58,5 +58,15 @@ def test_each_timed_hook_sees_the_batch_it_was_loaded_with():
     rig = Rig.build(find("flashinfer", "unified")[0], KINDS["target_verify"], spec, CPUEmulatorEngine(),
                     capture_bs=(2,), max_context_len=48)  # fmt: skip
     batches = [rig.gen.target_verify(2, seq_lens=lens) for lens in ([5, 9], [20, 30])]
-    out = bench.time_replay_path(rig.runner, batches, repeats=2, warmup=0)
-    assert out["host_us"]["hook"]["n"] == 2
+    out = bench.time_replay_path(rig.runner, batches, repeats=2 * bench.RUN, warmup=0)  # both batches hooked
+    assert out["host_us"]["hook"]["n"] == 2 * bench.RUN
+
+
+def test_host_times_loads_a_batch_once_per_run_of_calls():
+    """Hook and launch are timed in runs on one loaded batch (a load before every call read 1.16x a plain loop on the
+    H200): ``before`` runs once per run, on the batch the run's calls get, and the batches still rotate."""
+    from refimpl import bench
+
+    calls, loads = [], []
+    bench.host_times(calls.append, "ab", repeats=6, warmup=2, sync=lambda: None, before=loads.append, run=4)
+    assert calls == list("aaaabbbb") and loads == list("ab")
