@@ -8,7 +8,7 @@ recorded inside the graph). Host time of the replay path (metadata hook + ``grap
 input copies reported apart) and GPU time (CUDA events), warm-up, medians of ``--repeats``
 repeats with p10-p90, inputs rotated among ``--rotate`` batches (``refimpl.bench``). Writes
 ``results.json`` / ``results.csv`` (with device, driver, versions, git commit) under ``--out``
-and the figure ``figures/trtllm_mla_draft_extend_replay.png``. On CPU (``--smoke``) the numbers
+and the figure ``benchmarks/results/trtllm_mla_draft_extend/replay.png``. On CPU (``--smoke``) the numbers
 are emulator timings, labelled as such.
 """
 
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     p.add_argument("--ctx", type=int, default=256, help="context length L")
     p.add_argument("--pin", type=int, default=None, help="pin the process to this core")
     p.add_argument("--out", default=str(ROOT / "benchmarks/results/trtllm_mla_draft_extend"))
-    p.add_argument("--fig", default=str(ROOT / "figures/trtllm_mla_draft_extend_replay.png"))
+    p.add_argument("--fig", default=str(ROOT / "benchmarks/results/trtllm_mla_draft_extend/replay.png"))
     p.add_argument("--smoke", action="store_true", help="tiny sizes (a CPU sanity run)")
     args = p.parse_args(argv)
     if args.smoke:

@@ -1,15 +1,31 @@
-"""A small out-of-tree attention backend that passes refimpl's checker (decode and idle).
+"""Start here: a template for a new attention backend. It passes refimpl's checker (decode and idle, page size 1,
+Pattern A: capture runs the replay body, then freezes views of the static buffers) and imports refimpl absolutely, so
+it works from any folder.
 
-Check it (README, "Reviewing a new backend")::
+1. Copy this file anywhere, e.g. ``cp examples/paged_decode_backend.py ~/work/my_backend.py``, and rename the class
+   (``MyBackend``) and its ``name`` (the label of the checker's rows).
+2. Review it from the folder that holds the file (``python -m`` puts that folder on the import path)::
 
-    python -m refimpl check --backend-class examples.paged_decode_backend:PagedDecodeBackend
+       python -m refimpl check --backend-class my_backend:MyBackend            # every verdict, every mode: exit 0
+       python -m refimpl check --backend-class my_backend:MyBackend --fuzz 20  # 20 random batches per mode and spec
 
-What the checker needs from a backend is the contract of ``refimpl.backends.base``:
-``init_forward_metadata`` (eager), ``init_cuda_graph_state`` (static buffers, once),
-``init_forward_metadata_capture_cuda_graph`` / ``..._replay_cuda_graph`` (SGLang's two hooks,
-run outside the graph), ``forward`` (inside the graph) and ``graph_state`` (what a captured
-``forward`` reads, so capture and replay can be compared). This one is Pattern A: capture runs
-the replay body, then freezes a metadata object whose tensors are views of static buffers.
+   ``--mode decode --bs 1,3`` narrows a run; ``python -m refimpl check --help`` says what each verdict asks.
+
+What each method must do (the contract is ``refimpl/backends/base.py``, ``AttentionBackend``):
+
+- ``init_forward_metadata(fb)``: eager; build this step's metadata (fresh tensors and host reads are fine).
+- ``init_cuda_graph_state(max_bs, max_num_tokens)``: once; allocate every tensor a captured ``forward`` reads.
+- ``init_forward_metadata_capture_cuda_graph(...)``: once per captured size, outside the graph; point
+  ``forward_metadata`` at views of those buffers and at Python values valid for every later batch.
+- ``init_forward_metadata_replay_cuda_graph(...)``: before every replay, outside the graph; refill those buffers in
+  place for the new batch (never a fresh tensor, never skipped because "nothing changed").
+- ``forward(q, k, v, layer, fb)``: recorded in the graph; write this layer's KV, read only ``forward_metadata``.
+- ``graph_state(bs, mode)``: what ``forward`` reads (live views, frozen scalars); the checker compares it.
+- ``reference_graph_state(fb)``: optional; the same from the batch alone, never through the hooks (verdict (d)).
+
+Class attributes: ``graph_modes`` (the modes it captures; the others print ``skipped``), ``model_kind`` (``"mha"`` or
+``"mla"``), ``page_size``, ``graph_buffer_names`` (the static buffers, which the fuzzer poisons where a batch leaves
+them unread).
 """
 
 from __future__ import annotations

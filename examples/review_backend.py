@@ -1,6 +1,6 @@
 """A pull request under review: a paged attention backend for decode *and* target verify.
 
-Notebook 06 reviews it. ``ReviewBackendBuggy`` is the PR as submitted; ``ReviewBackend`` is the
+Notebook 07 reviews it. ``ReviewBackendBuggy`` is the PR as submitted; ``ReviewBackend`` is the
 same class after review, one line of the replay hook changed::
 
     python -m refimpl check --backend-class examples.review_backend:ReviewBackendBuggy  # exit 1

@@ -10,13 +10,21 @@ import sys
 
 from . import _env  # noqa: F401
 
+VERDICTS = """verdicts (one row per backend x variant x mode x batch size; - = not asked):
+  cap=rep      (a) the capture path fills what the replay path fills (the state the graph reads)
+  graph=eager  (b) the graph's output is eager's, and no other request's KV slot is written
+  oracle       (c) eager matches a dense float64 oracle
+  ref          (d) the replayed state matches the backend's first-principles reference
+  glue         (e) information, not pass/fail: yes, the replay hook may run from a glue graph; no, it may not
+               (it copies a spec input or reads a host value: correct unglued); - refused (e.g. a plan())
+  history      (f) one sequence of replays (A; B the same size; C smaller after larger; with trees A's mask
+               size, other trees; A again), each right (on the largest batch size)
+  status       ok; expected (a legacy / as-upstream shape showing its historical bug); skipped; FAIL
+under a row: "- <buffer>: ..." a finding of (a)-(d) or (f) ("stale from capture": the replay path kept
+the values the capture batch left); "(e) ..." the glue verdict's reason, information"""
 LEGEND = (
-    "legend: cap=rep (a) capture fills what replay fills; graph=eager (b) the graph's output is eager's, no other "
-    "request's KV written; oracle (c) eager matches a float64 oracle; ref (d) the replayed state matches a first-principles "
-    "reference; glue (e) the hook may be replayed from a glue graph (yes/no, not pass/fail); history (f) a sequence of "
-    "replays through the same graphs (same size twice, smaller after larger, another tree, back to the first), each "
-    "right; - not asked; "
-    "expected: a legacy / as-upstream shape showing the historical bug it reproduces"
+    "legend: (a) cap=rep, (b) graph=eager, (c) oracle, (d) ref, (f) history: ok, failed or - (not asked); (e) glue: "
+    "information, yes / no / - (refused); what each asks: python -m refimpl check --help"
 )
 
 
@@ -40,8 +48,16 @@ def _table(rows) -> str:
     line = lambda values: " ".join(f"{x:<{w}}" for x, w in zip(values, width)).rstrip()
     lines = [line(cols), "-" * (sum(width) + len(width) - 1)]
     for r, row in zip(rows, cells):
-        lines += [line(row), *(f"    - {f}" for f in r.findings + r.glue_findings)]
+        lines += [line(row), *(f"    - {f}" for f in r.findings), *map(_glue_line, r.glue_findings)]
     return "\n".join(lines)
+
+
+def _glue_line(finding: str) -> str:
+    """A verdict (e) finding as information: the row's status does not depend on it."""
+    what, _, rest = finding.partition(": ")
+    if what == "not glue-safe":
+        return f"    (e) not glue-safe (information, not a failure): {rest}"
+    return f"    (e) {what} (information): {rest}" if rest else f"    (e) {finding} (information)"
 
 
 def _check_names(parser: argparse.ArgumentParser, args) -> None:
@@ -118,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     p = _Parser(prog="python -m refimpl", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     raw = argparse.RawDescriptionHelpFormatter
-    c = sub.add_parser("check", help="run the capture/replay equivalence checker", epilog=_names(), formatter_class=raw)
+    epilog = f"{VERDICTS}\n{_names()}"
+    c = sub.add_parser("check", help="run the capture/replay equivalence checker", epilog=epilog, formatter_class=raw)
     c.add_argument("--backend", action="append", help="backend name (repeatable); default: all")
     c.add_argument("--mode", action="append", help="graph mode (repeatable); default: all")
     c.add_argument("--variant", action="append", help="variant, e.g. unified, legacy (repeatable)")
@@ -190,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fuzz(args, entries)
     t0 = time.perf_counter()
     try:  # an empty selection is a ValueError
-        rows = run_checks(args.backend, args.mode, args.variant, args.engine, settings, entries, progress=True)
+        rows = run_checks(args.backend, args.mode, args.variant, args.engine, settings, entries, progress=_terminal())
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -213,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
         print("error: nothing was checked: every selected row was skipped (the reasons are above)", file=sys.stderr)
         return 1
     return 0
+
+
+def _terminal() -> bool:
+    """A progress bar on stderr only when a person watches it: never in a log, a pipe or a notebook's captured output."""
+    return sys.stderr.isatty()
 
 
 def _require_cuda(parser, engine: str) -> None:
@@ -270,7 +292,7 @@ def _bench(args, parser) -> int:
             csv.writer(f).writerows([bench.CSV_COLUMNS, *map(bench.csv_row, rows)])
 
     t0 = time.perf_counter()
-    rows = bench.sweep(settings, progress=True, sink=write)
+    rows = bench.sweep(settings, progress=_terminal(), sink=write)
     env["wall_seconds"] = round(time.perf_counter() - t0, 1)
     write(rows)
     print(f"{env['device']}; {pinned}; {len(rows)} points in {env['wall_seconds']} s")

@@ -243,7 +243,7 @@ def sweep(settings: BenchSettings, progress: bool = False, sink: Callable[[list]
     points = [(e, case, ctx, glue) for e, case, glue in plan for ctx in settings.contexts]
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from tqdm import tqdm
 
         bar = tqdm(total=len(points), desc="bench")
     rows: list[dict[str, Any]] = []

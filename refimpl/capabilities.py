@@ -4,7 +4,7 @@ Per registered entry and ``layout.KINDS`` kind (chains): **graph** (``check_grap
 multi-step wrapper's, accepts it), **eager** (not captured, but the eager hook serves a batch) or
 **—**; and **glue**: the captured kinds whose replay hook the checker's verdict (e) proved safe to replay from a
 metadata glue graph (``refimpl.check.glue_verdict``), or why none. ``python -m refimpl matrix`` prints it;
-``tests/test_capabilities.py`` keeps README's copy current.
+``tests/test_capabilities.py`` keeps the copy in docs/reference.md current.
 """
 
 from __future__ import annotations

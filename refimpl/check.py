@@ -1,4 +1,4 @@
-"""The capture/replay equivalence checker: four verdicts per backend x variant x mode x bs.
+"""The capture/replay equivalence checker: six verdicts per backend x variant x mode x bs.
 
 (a) ``capture_equals_replay``: fed the same padded batch, a fresh backend's *capture* hook (P) and another's
     capture-then-*replay* hooks (Q) leave identical graph-read state (buffer views + frozen scalars), by buffer and index.
@@ -8,8 +8,13 @@
     ``reference_graph_state``: a bug in a body both hooks share, invisible to (a).
 (e) ``glue_equals_eager``: the replay hook captured once into a metadata glue graph (``graphs.runner.capture_glue``) and
     replayed for rotated batches in turn leaves, after each, the graph-read state the eager hook leaves: the proof that
-    the shape may be glued (``None``: refused, e.g. a FlashInfer ``plan()``). Not a pass/fail verdict: a hook that reads
-    a spec input or a host value is correct unglued.
+    the shape may be glued (``None``: refused, e.g. a FlashInfer ``plan()``). Information, not a pass/fail verdict: a
+    hook that copies a spec input (the verify mask) or reads a host value is correct unglued, only not glue-safe.
+(f) ``history_ok``: on the largest size, the same graphs replay a sequence (``history_verdict``), each replay held to (b)
+    and (c): a replay that depends on the previous one fails there and nowhere else.
+
+An (a) finding whose replay-side value is what the capture hook fed the runner's capture batch leaves says so: "stale
+from capture" (the replay path kept the capture batch's values, e.g. a buffer the replay hook never refreshed).
 
 The hooks are fed what the runner feeds them (``capture_batch`` / ``padded_batch``, which run the replay's own
 ``load_inputs``) through the runner's ``call_*_hook``: the checker checks a replay.
@@ -24,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from .backends import REGISTRY, BackendEntry, find, must_pass
 from .backends.base import GraphModeNotSupported
@@ -52,7 +57,7 @@ class CheckRecord:
     pattern: str = ""
     replay_matches_reference: bool | None = None
     glue_equals_eager: bool | None = None
-    glue_findings: list[str] = field(default_factory=list)  # why (e) failed or was refused: not a problem unglued
+    glue_findings: list[str] = field(default_factory=list)  # why (e) is "no" or refused: information, fine unglued
     history_ok: bool | None = None  # (f) a sequence of replays through the captured graphs, each right (largest bs row)
 
     expected: bool = False  # a legacy / as-upstream shape: its findings are the historical bugs it reproduces
@@ -117,11 +122,29 @@ def _tensor_diff(key: str, a: torch.Tensor, b: torch.Tensor, what: str, limit: i
     return [f"{key}: {idx.numel()} of {a_.numel()} elements differ ({ex}; {what})"]
 
 
+STALE = "stale from capture: the replay path kept the capture batch's {}"  # values (a tensor's), value (a scalar's)
+
+
+def _kept(b, kept) -> bool:
+    """Whether the replay-side value ``b`` is, wherever it differs from the capture path's, the capture batch's."""
+    if isinstance(b, torch.Tensor) != isinstance(kept, torch.Tensor):
+        return False
+    if not isinstance(b, torch.Tensor):
+        return b == kept
+    return b.shape == kept.shape and bool((b.to("cpu") == kept.to("cpu")).all())
+
+
 def diff_states(
-    capture: dict[str, Any], replay: dict[str, Any], limit: int = 4, paths=("capture", "replay"), rows=None
+    capture: dict[str, Any],
+    replay: dict[str, Any],
+    limit: int = 4,
+    paths=("capture", "replay"),
+    rows=None,
+    stale: dict[str, Any] | None = None,
 ) -> list[str]:
     """Human-readable differences, one line per buffer or scalar (``paths``: what made each state; ``rows``: the live and
-    padded batch sizes, to name padded rows)."""
+    padded batch sizes, to name padded rows; ``stale``: the state the capture hook leaves for the runner's capture batch:
+    a replay-side value equal to it where the two paths differ is named "stale from capture")."""
     out, (p, q) = [], paths
     for key in sorted(set(capture) | set(replay)):
         if key not in capture or key not in replay:
@@ -133,10 +156,21 @@ def diff_states(
             if a.shape != b.shape:
                 out.append(f"{key}: shape {tuple(a.shape)} after {p} vs {tuple(b.shape)} after {q}")
                 continue
-            out += _tensor_diff(key, a, b, f"{p} vs {q}", limit, rows)
+            differ = a.to("cpu") != b.to("cpu")
+            kept = stale is not None and key in stale and _kept(b[differ.to(b.device)], _at(stale[key], b, differ))
+            out += _tensor_diff(key, a, b, f"{p} vs {q}" + ("; " + STALE.format("values") if kept else ""), limit, rows)
         elif a != b:
-            out.append(f"{key}: {a!r} {'frozen at' if p == 'capture' else 'after'} {p} vs {b!r} after {q}")
+            kept = stale is not None and key in stale and _kept(b, stale[key])
+            line = f"{key}: {a!r} {'frozen at' if p == 'capture' else 'after'} {p} vs {b!r} after {q}"
+            out.append(line + (f" ({STALE.format('value')})" if kept else ""))
     return out
+
+
+def _at(kept, like: torch.Tensor, where: torch.Tensor):
+    """``kept``'s entries at ``where`` (a mask over ``like``), or ``None`` when its shape is another."""
+    if not isinstance(kept, torch.Tensor) or kept.shape != like.shape:
+        return None
+    return kept[where.to(kept.device)]
 
 
 def diff_reference(state: dict[str, Any], ref: dict[str, Any], limit: int = 4) -> list[str]:
@@ -172,7 +206,11 @@ def capture_vs_replay(
     ref = q.reference_graph_state(padded)
     live_p, live_q = _batch_defined(state_p, fb.batch_size), _batch_defined(state_q, fb.batch_size)
     rows = (fb.batch_size, padded.batch_size)
-    return diff_states(live_p, live_q, rows=rows), None if ref is None else diff_reference(state_q, ref)
+    diffs = diff_states(live_p, live_q, rows=rows)
+    if diffs:  # which of them the replay path kept from the capture batch (Q's first step, on a fresh backend)
+        kept = _snapshot(state_after(new_backend, runner, runner.capture_batch(padded.batch_size), replay=False)[1])
+        diffs = diff_states(live_p, live_q, rows=rows, stale=kept)
+    return diffs, None if ref is None else diff_reference(state_q, ref)
 
 
 def _batch_defined(state: dict[str, Any], raw_bs: int) -> dict[str, Any]:
@@ -210,7 +248,8 @@ def glue_vs_eager(rig: Rig, batches: list[ForwardBatch]) -> tuple[bool | None, l
     if not failed:
         return True, []
     which = ", ".join(str(i) for i, _ in failed)
-    return False, [f"glue (replays {which} of {len(batches)} differ; the first): {d}" for d in failed[0][1]]
+    what = f"not glue-safe: replays {which} of {len(batches)} left other state than the eager hook; first"
+    return False, [f"{what}: {d}" for d in failed[0][1]]
 
 
 def _glue_per_size(rig: Rig, sizes, replays: int) -> list[tuple[bool | None, list[str]]]:
@@ -252,12 +291,14 @@ def _run(rig: Rig, fb: ForwardBatch) -> Verdict:
 # --- (f) a history of replays -------------------------------------------------------------------
 def history_verdict(rig: Rig, big: int, small: int) -> tuple[bool, list[str]]:
     """Verdict (f): the captured graphs replay a sequence, each replay checked as (b) and (c) are: A; B, the same size
-    with other contents; C, smaller after larger; D, verify with trees: A's lengths (the same mask size) with other
-    trees; A again. A backend whose replay depends on the previous replay (a buffer refreshed only when something
-    changed) passes every per-size row and fails here."""
+    with other contents; C, smaller after larger (given a smaller raw size); D, verify with trees: A's lengths (the
+    same mask size) with other trees; A again. A backend whose replay depends on the previous replay (a buffer
+    refreshed only when something changed) passes every per-size row and fails here."""
     gen, kind = rig.gen, rig.kind
-    a, b, c = gen.for_mode(kind, big), gen.for_mode(kind, big), gen.for_mode(kind, small)
-    steps = [("A", a), ("B, the same size", b), ("C, smaller after larger", c)]
+    a, b = gen.for_mode(kind, big), gen.for_mode(kind, big)
+    steps = [("A", a), ("B, the same size", b)]
+    if small < big:  # one raw size (--bs 3): no smaller batch to follow
+        steps.append(("C, smaller after larger", gen.for_mode(kind, small)))
     if kind.mode.is_target_verify() and rig.spec.topk > 1:
         d = gen.target_verify(big, seq_lens=a.seq_lens_cpu.tolist())  # new random trees, the same mask size
         steps.append(("D, A's mask size with other trees", d))
@@ -277,7 +318,7 @@ def history_verdict(rig: Rig, big: int, small: int) -> tuple[bool, list[str]]:
 def check_entry_mode(
     entry: BackendEntry, case: str | ForwardMode | GraphKind, engine: GraphEngine, settings: CheckSettings
 ) -> list[CheckRecord]:
-    """The four verdicts for one entry and graph kind, one record per raw batch size (one ``skipped`` record when the
+    """The verdicts for one entry and graph kind, one record per raw batch size (one ``skipped`` record when the
     backend does not capture the kind)."""
     kind = GraphKind.parse(case)
     expected = not must_pass(entry.variant) and entry in REGISTRY  # a class under review (--backend-class) must pass

@@ -3,7 +3,7 @@ caller can build through the public API, the exception it must raise, a fragment
 and — for every row — proof that nothing was written: each static buffer of the runner and its
 backend, the KV cache and the request table are bit-for-bit what they were before the call.
 
-README's "Bad input" section lists this table; ``test_readme_lists_the_table`` keeps them in step.
+docs/reference.md's "Bad input" section lists this table; ``test_readme_lists_the_table`` keeps them in step.
 """
 
 from __future__ import annotations
@@ -399,11 +399,11 @@ def test_cli_refuses_with_one_line(argv, fragment, capsys):
 
 
 def test_readme_lists_the_table():
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "reference.md").read_text()
     section = readme.split("## Bad input", 1)[1].split("\n## ", 1)[0]
     missing = [c.id for c in CASES if f"| {c.id} |" not in section]
     missing += [" ".join(a) for a, _ in CLI_CASES if f"`{' '.join(a)}`" not in section]
-    assert not missing, f"README's bad-input table lacks: {missing}"
+    assert not missing, f"docs/reference.md's bad-input table lacks: {missing}"
 
 
 def _no_graph_backend():

@@ -97,7 +97,7 @@ ReplaySkipsTheMask = replay_forgets("cuda_graph_custom_mask")  # the graph reads
 def test_capture_replay_drift_is_caught():
     rows = check_entry_mode(entry(ReplayForgetsMaskIndptr, "bug"), ForwardMode.TARGET_VERIFY, CPUEmulatorEngine(), FAST)
     assert all(r.capture_equals_replay is False for r in rows)
-    assert all(any(f.startswith("mask_indptr:") for f in r.findings) for r in rows)
+    assert all(any(f.startswith("mask_indptr:") and "stale from capture" in f for f in r.findings) for r in rows)
     # request 0's mask starts at 0 either way; with more requests the stale offsets bite
     assert all(r.graph_equals_eager is False for r in rows if r.bs > 1)
 
@@ -106,6 +106,24 @@ def test_replay_that_skips_the_mask_is_named():
     rows = check_entry_mode(entry(ReplaySkipsTheMask, "bug"), ForwardMode.TARGET_VERIFY, CPUEmulatorEngine(), FAST)
     assert all(r.capture_equals_replay is False for r in rows)
     assert all(any(f.startswith("custom_mask:") for f in r.findings) for r in rows), [r.findings for r in rows]
+
+
+def test_stale_from_capture_is_named_where_the_replay_kept_the_capture_batch():
+    """FlashInfer-MLA as-upstream: the replay path fills unbound buffers, so the bound ``kv_indptr`` / ``kv_len_arr`` keep
+    the capture batch's values (SGLang #37975): "stale from capture". Legacy Triton draft extend lays ``qo_indptr`` out
+    another way at capture (not the capture batch's values): no such words."""
+    from refimpl.backends import find
+
+    settings = CheckSettings(capture_bs=(1, 2, 4), raw_bs=(3,), max_context_len=32, glue_replays=0, history=False)
+    (mla,) = check_entry_mode(find("flashinfer_mla", "as-upstream")[0], "decode", CPUEmulatorEngine(), settings)
+    stale = [f.split(": ")[0] for f in mla.findings if "stale from capture" in f]
+    assert stale == ["kv_indptr", "kv_len_arr"], mla.findings
+    (line,) = [f for f in mla.findings if f.startswith("kv_indptr: ")]
+    assert line.endswith("; capture vs replay; stale from capture: the replay path kept the capture batch's values)")
+    assert not any("stale" in f for f in mla.findings if f.startswith("reference: "))
+    (triton,) = check_entry_mode(find("triton", "legacy")[0], "draft_extend", CPUEmulatorEngine(), settings)
+    assert any(f.startswith("qo_indptr: ") for f in triton.findings), triton.findings
+    assert not any("stale from capture" in f for f in triton.findings), triton.findings
 
 
 def test_frozen_scalar_is_caught():
@@ -157,8 +175,9 @@ def test_run_checks_json_keys_and_unknown_backend():
 
 
 def test_cli_reports_like_a_tool(capsys):
-    """Progress on stderr, a status per row (historical shapes' findings are ``expected``, not failures), skipped rows
-    without a batch size, one legend line and a closing summary; exit 0 when nothing that must pass failed."""
+    """A status per row (historical shapes' findings are ``expected``, not failures), skipped rows without a batch size,
+    verdict (e)'s reasons as information, one short legend line and a closing summary; no progress bar off a terminal;
+    exit 0 when nothing that must pass failed."""
     from refimpl.__main__ import LEGEND, main
 
     assert (
@@ -166,7 +185,7 @@ def test_cli_reports_like_a_tool(capsys):
     )
     out, err = capsys.readouterr()
     lines = out.splitlines()
-    assert "check:" in err and "%|" in err  # the bar
+    assert "%|" not in err and "%|" not in out  # stderr is not a terminal here: no progress bar
     rows = [line.split() for line in lines[2:] if line.startswith("flashinfer_mla")]
     mode = lambda r: "draft_decode" if "draft_decode" in r else "decode"  # noqa: E731
     status = {(r[1], mode(r)): r[-1] for r in rows}
@@ -174,7 +193,21 @@ def test_cli_reports_like_a_tool(capsys):
                       ("unified", "draft_decode"): "skipped", ("as-upstream", "draft_decode"): "skipped",
                       ("legacy", "draft_decode"): "skipped"}, rows  # fmt: skip
     assert all(r[r.index(mode(r)) + 1] == ("-" if r[-1] == "skipped" else "1") for r in rows)  # no bs 0 when skipped
-    assert LEGEND in lines
+    assert LEGEND in lines and len(LEGEND) < 200
+    # verdict (e)'s reasons read as information under rows that pass; findings that fail a row keep "    - "
+    glue = [line for line in lines if line.startswith("    (e) ")]
+    assert glue and all(line.startswith("    (e) glue refused (information): ") for line in glue), glue
+    assert not any(line.startswith("    - ") and "glue" in line for line in lines)
     assert lines[-1].startswith("check: 6 rows in ") and lines[-1].endswith(
         "1 ok, 2 expected historical findings (legacy / as-upstream shapes), 3 skipped, 0 unexpected failures"
     )
+
+
+def test_cli_shows_the_progress_bar_on_a_terminal_only(capsys, monkeypatch):
+    """The README's progress bar runs on stderr when a person watches it (a terminal), not in a log or a notebook."""
+    import refimpl.__main__ as cli
+
+    monkeypatch.setattr(cli, "_terminal", lambda: True)
+    assert cli.main(["check", "--backend", "torch_native", "--mode", "idle"]) == 0
+    out, err = capsys.readouterr()
+    assert "check:" in err and "%|" in err and "%|" not in out

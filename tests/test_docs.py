@@ -17,6 +17,7 @@ SOURCES = [
     # the tests too (reviewers read them), except this file, which names the words it bans
     *sorted(p for p in (ROOT / "tests").glob("*.py") if p.name != "test_docs.py"),
     ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
 ]
 
 
@@ -53,8 +54,8 @@ def test_every_registered_shape_carries_one_documented_pattern_label():
 
 
 def test_the_box_lists_every_backend_variant_and_notebook():
-    """README's "What is in the box" keeps step with the registry and the notebooks folder."""
-    readme = (ROOT / "README.md").read_text()
+    """docs/reference.md's "What is in the box" keeps step with the registry and the notebooks folder."""
+    readme = (ROOT / "docs" / "reference.md").read_text()
     box = readme.split("## What is in the box", 1)[1].split("\n## ", 1)[0]
     rows = {line.split("|")[1].strip(): line for line in box.splitlines() if line.startswith("| ")}
     titles = {"torch_native": "torch_native", "torch_native_mla": "torch_native", "triton": "Triton", "wave": "Wave"}
@@ -65,67 +66,4 @@ def test_the_box_lists_every_backend_variant_and_notebook():
     missing += [
         nb.stem for nb in (ROOT / "notebooks").glob("[0-9][0-9]_*.py") if f"`{nb.stem}`" not in rows["notebooks"]
     ]
-    assert not missing, f"README's box lacks {missing}"
-
-
-# --- reading time: one rule for every notebook (README, "Reading path") ------------------------------------------------
-# markdown words (tokens with a letter or digit) at 200 a minute, plus 3 s per non-blank code line, plus 20 s per figure
-# or rendered view (a top-level call of show / show_png / render / display in a code cell); the stated N (the first line
-# under the title: "Reading time: about N minutes") is within 2 minutes of that, and every estimate is under 30
-WORDS_PER_MINUTE, SECONDS_PER_CODE_LINE, SECONDS_PER_FIGURE = 200, 3, 20
-TOLERANCE_MINUTES, LIMIT_MINUTES = 2, 30
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
-FIGURE_CALL = re.compile(r"^(show\w*|render|display)\(")
-
-
-def _cells(path: Path) -> list[tuple[str, list[str]]]:
-    """(kind, lines) per cell of a py:percent source, the jupytext header left out; markdown without its `# `."""
-    cells: list[tuple[str, list[str]]] = []
-    body = path.read_text().split("# ---\n", 2)[2]
-    for line in body.splitlines():
-        if line.startswith("# %%"):
-            cells.append(("markdown" if "[markdown]" in line else "code", []))
-        elif cells:
-            kind, lines = cells[-1]
-            lines.append(re.sub(r"^#\s?", "", line) if kind == "markdown" else line)
-    return cells
-
-
-def reading_minutes(path: Path) -> float:
-    words = code = figures = 0
-    for kind, lines in _cells(path):
-        if kind == "markdown":
-            words += sum(1 for line in lines for token in line.split() if re.search(r"\w", token))
-        else:
-            code += sum(1 for line in lines if line.strip())
-            figures += sum(1 for line in lines if FIGURE_CALL.match(line))
-    return words / WORDS_PER_MINUTE + (code * SECONDS_PER_CODE_LINE + figures * SECONDS_PER_FIGURE) / 60
-
-
-def stated_minutes(path: Path) -> tuple[str, int]:
-    """(title, N) from the first markdown cell: its title line, then "Reading time: about N minutes"."""
-    kind, lines = _cells(path)[0]
-    text = [line for line in lines if line.strip()]
-    assert kind == "markdown" and text[0].startswith("# "), f"{path.name}: the first cell is not the titled markdown"
-    m = re.match(r"Reading time: about (\d+) minutes\b", text[1])
-    assert m, f"{path.name}: the line under the title is {text[1]!r}, not 'Reading time: about N minutes'"
-    return text[0][2:], int(m.group(1))
-
-
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_every_notebook_states_its_reading_time_and_keeps_it_under_half_an_hour(path):
-    title, stated = stated_minutes(path)
-    estimate = reading_minutes(path)
-    assert abs(stated - estimate) <= TOLERANCE_MINUTES, f"{path.name} says {stated} min, the rule gives {estimate:.1f}"
-    assert estimate < LIMIT_MINUTES, f"{path.name}: {estimate:.1f} min of reading; split or trim it"
-    if "10 minutes" in title:  # a title that promises a time keeps it
-        assert estimate <= 12, f"{path.name} is titled {title!r} but takes {estimate:.1f} min"
-
-
-def test_the_reading_path_states_each_notebooks_reading_time():
-    readme = (ROOT / "README.md").read_text()
-    table = readme.split("## Reading path", 1)[1].split("\n## ", 1)[0]
-    for path in NOTEBOOKS:
-        row = next((line for line in table.splitlines() if line.startswith(f"| `{path.stem}` |")), None)
-        assert row is not None, f"README's reading path lacks {path.stem}"
-        assert f"| about {stated_minutes(path)[1]} min |" in row, f"README's reading time for {path.stem}: {row}"
+    assert not missing, f"docs/reference.md's box lacks {missing}"

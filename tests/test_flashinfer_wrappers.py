@@ -378,7 +378,7 @@ def test_mla_matches_oracle(joined, case):
 
 
 # ----------------------------------------------------------------------------------------------
-# binding: plan copies into the bound buffers, run reads only them (+ the partition)
+# binding: plan copies into the bound buffers; run reads them and the partition as flashinfer's kernels do
 
 
 def test_plan_copies_into_bound_buffers():
@@ -465,28 +465,83 @@ def test_mla_graph_replay_after_replan_causal():
     assert close(out, ref)
 
 
-def test_stale_partition_editing_bound_indptr_changes_nothing():
+@pytest.mark.parametrize("kind", ["decode", "decode-tensor-cores", "prefill"])
+def test_a_stale_bound_kv_indptr_with_a_current_plan_gives_a_wrong_answer(kind):
+    """flashinfer's decode and prefill kernels read each request's keys from the bound indptr
+    (``paged_kv_t::get_length``, ``page.cuh``; ``decode.cuh``, ``prefill.cuh``); the plan only lays out the tiles.
+    Re-planned, but with the last batch's indptr left in the bound buffer, a replay reads the old key ranges."""
     g = gen(10)
     k, v = mha_cache(g)
-    w, bufs = bound_decode(2)
-    indptr, indices = decode_plan(w, [3, 4], g)
+    prefill = kind == "prefill"
+    w, bufs = bound_prefill(2, with_mask=False) if prefill else bound_decode(2, use_tensor_cores=kind != "decode")
+    bound = bufs["paged_kv_indptr_buf" if prefill else "paged_kv_indptr_buffer"]
+    q_lens = [2, 2] if prefill else [1, 1]
+
+    def plan(kv_lens):
+        if not prefill:
+            return decode_plan(w, kv_lens, g)
+        indptr, indices = csr(kv_lens, g)
+        w.plan(qo(q_lens), indptr, indices, ones(2), H, HKV, D, 1, causal=True, q_data_type=F32)
+        return indptr, indices
+
+    def ref(indptr, indices):
+        return mha_oracle(q, k, v, qo(q_lens), indptr, indices, 1 / D**0.5, causal=prefill)
+
+    plan([3, 4])
+    q = torch.randn(sum(q_lens), H, D, generator=g)
+    graph, out = capture(lambda: w.run(q, (k, v)))
+    stale = bound.clone()  # [0, 3, 7]
+    indptr, indices = plan([5, 2])  # a current plan, and the bound buffers written ...
+    bound.copy_(stale)  # ... then the last batch's indptr back in the bound buffer
+    graph.replay()
+    assert not close(out, ref(indptr, indices))
+    live = bufs["paged_kv_indices_buf" if prefill else "paged_kv_indices_buffer"]
+    assert close(out, ref(stale, live))  # what it read: the old ranges of the new indices
+    assert [t.tolist() for t in standin.keys_read(w)] == [[0, 3], [3, 4]]
+    bound.copy_(indptr)
+    graph.replay()
+    assert close(out, ref(indptr, indices))
+
+
+def test_a_skipped_plan_is_wrong_once_a_request_outgrows_its_planned_tiles():
+    """The bound buffers current, plan() skipped: the last plan's tiles run, reaching each request's planned kv length
+    rounded up to a kv chunk (``KV_CHUNK``, 128 keys: flashinfer's smallest at page size 1). Within them the answer is
+    right; a request longer than that loses the keys past them."""
+    g, slots = gen(22), 400
+    k, v = torch.randn(slots, HKV, D, generator=g), torch.randn(slots, HKV, D, generator=g)
+    w, bufs = bound_decode(2, indices_len=slots)
+    decode_plan(w, [3, 4], g)
     q = torch.randn(2, H, D, generator=g)
     graph, out = capture(lambda: w.run(q, (k, v)))
-    before = out.clone()
-    bufs["paged_kv_indptr_buffer"].copy_(torch.tensor([0, 1, 2], dtype=I32))  # no re-plan
+    for lens, right in (([100, 20], True), ([150, 20], False)):
+        indptr, indices = csr(lens, g, slots)
+        bufs["paged_kv_indptr_buffer"].copy_(indptr)  # the replay hook's writes, without plan()
+        bufs["paged_kv_indices_buffer"][: len(indices)].copy_(indices)
+        graph.replay()
+        assert read_partition(w)[1].tolist() == [3, 4]  # the stale partition
+        assert close(out, decode_ref(q, k, v, indptr, indices)) is right
+    assert [t.tolist() for t in standin.keys_read(w)] == [[0, 150], [standin.KV_CHUNK, 20]]
+    cut = torch.tensor([0, standin.KV_CHUNK, standin.KV_CHUNK + 20], dtype=I32)  # request 0's first 128 keys
+    assert close(out, decode_ref(q, k, v, cut, torch.cat([indices[:128], indices[150:]])))
+    w.plan(indptr, indices, ones(2), H, HKV, D, 1, q_data_type=F32)  # re-planned: right again
     graph.replay()
-    assert torch.equal(out, before), "run must read the planned partition, not the bound indptr"
-    assert torch.equal(w.run(q, (k, v)), before)
     assert close(out, decode_ref(q, k, v, indptr, indices))
 
+
+def test_mla_reads_key_positions_from_its_plan_not_the_bound_kv_indptr():
+    """flashinfer's MLA run takes q / kv positions and lengths from the plan's work list (``scheduler.cuh`` ``MLAPlan``,
+    ``batch_mla_run.cu``: ``params.kv_indptr`` from the int workspace) and only ``kv_indices`` from the bound buffers:
+    overwriting the bound ``kv_indptr`` / ``kv_len_arr`` changes nothing (the stale buffers of SGLang #37975 hide)."""
+    g = gen(10)
     cache = mla_cache(g)
     mw, mbufs = bound_mla(2)
-    mla_plan(mw, [1, 1], [5, 2], g)
+    indptr, indices = mla_plan(mw, [1, 1], [5, 2], g)
     qn, qp = torch.randn(2, HM, R, generator=g), torch.randn(2, HM, RR, generator=g)
     old = mw.run(qn, qp, cache[..., :R], cache[..., R:])
     mbufs["kv_indptr"].copy_(torch.tensor([0, 1, 2], dtype=I32))
     mbufs["kv_len_arr"].fill_(1)
     assert torch.equal(mw.run(qn, qp, cache[..., :R], cache[..., R:]), old)
+    assert close(old, mla_oracle(qn, qp, cache, qo([1, 1]), indptr, indices, 0.3))
 
 
 def test_kv_window_is_fixed_at_construction_in_graph_mode():

@@ -30,7 +30,8 @@ def test_planted_host_value_passes_four_verdicts_and_fails_the_glue_verdict_nami
         assert r.passed and r.replay_matches_reference and not r.findings, r.findings  # (a)-(d): nothing wrong unglued
         assert r.glue_equals_eager is False
         glue = r.glue_findings
-        assert any(f.split("): ", 1)[1].startswith("kv_indptr:") for f in glue), glue  # kv_indices' view follows it
+        assert all(f.startswith("not glue-safe: replays ") for f in glue), glue
+        assert any(f.split("; first: ", 1)[1].startswith("kv_indptr:") for f in glue), glue  # kv_indices' view follows
 
 
 def test_glued_runner_matches_eager_and_counts_its_replays():

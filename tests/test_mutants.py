@@ -78,7 +78,7 @@ CATCHING = {
 
 MUTANTS = [
     Mutant("verdict (a) compares nothing", "refimpl.check:capture_vs_replay",
-           "return diff_states(live_p, live_q, rows=rows)", "return []",
+           "diffs = diff_states(live_p, live_q, rows=rows)", "diffs = []",
            "test_checker.py::test_capture_replay_drift_is_caught"),
     Mutant("verdict (a) drops the custom mask", "refimpl.check:_batch_defined",
            'return {**state, "custom_mask": state["custom_mask"][:end]}',

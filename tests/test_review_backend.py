@@ -1,4 +1,4 @@
-"""The pull request reviewed in notebook 06 (``examples/review_backend.py``): the checker names
+"""The pull request reviewed in notebook 07 (``examples/review_backend.py``): the checker names
 the submitted version's bug (by verdict, buffer and index) and passes the reviewed version."""
 
 import difflib

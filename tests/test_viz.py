@@ -292,7 +292,7 @@ def test_figure_titles_say_emulator_only_for_emulator_timings():
 
 def test_code_grid_tags_one_line_each_and_renders_both_ways():
     """The notebooks' code views: a tag that matches no line, or two, is an error (a claim about moved code fails)."""
-    from refimpl.viz.code import CodeGrid, SideBySideDiff, hook_code, source_lines
+    from refimpl.viz.code import CodeGrid, hook_code, source_lines
 
     def f(x):
         """doc"""
@@ -310,6 +310,3 @@ def test_code_grid_tags_one_line_each_and_renders_both_ways():
     for needle in ("nowhere", "y"):  # no line, two lines
         with pytest.raises(ValueError, match="lines of cell"):
             CodeGrid(["f"], [""], [[[("f", hook_code(f))]]], [[[(needle, "t")]]])
-    diff = SideBySideDiff([("f vs g", "f", hook_code(f), "g", hook_code(g))])
-    assert diff.only_left(0) == ["    y = x + 1", "    return g(y)"] and diff.only_right(0) == ["    return y"]
-    assert "#ffe0e0" in diff._repr_html_() and "--- f" in str(diff)

@@ -213,7 +213,7 @@ class TritonAttnBackend(AttentionBackend):
             n = self._num_draft_tokens()
             return TritonMetadata(**kv, max_extend_len=n, qo_indptr=qo, custom_mask=mask, mask_indptr=mask_indptr)
         if mode.is_any_draft_extend():
-            # the rows' stride (v2: N, as current upstream; post-#26665 froze S+1, missing rows once N > S+1)
+            # the rows' stride (v2: N; upstream froze S+1 after #26665, still at 0085842: rows missed once N > S+1)
             return TritonMetadata(**kv, max_extend_len=layout.rows_per_request(mode, self.spec), qo_indptr=qo)
         raise ValueError(f"Invalid forward mode {mode} for a CUDA graph")
 

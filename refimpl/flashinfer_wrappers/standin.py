@@ -6,8 +6,15 @@ constructor keeps the buffers under flashinfer's attribute names and fixes ``_fi
 them (else keeps ``x.to(device)``). **Plan** reads the indptrs on the host (the copy ``fast_plan.py`` avoids), validates
 them and selects ``_cached_module`` (a stand-in JIT module taking the real one's positional ``plan`` arguments), which
 writes the *work partition* (int32 ``q_len[bs]`` ++ ``kv_len[bs]`` at byte 0 of ``_int_workspace_buffer``, staged in the
-pinned buffer). **Run** reads only the bound buffers and the partition (so every replay must re-plan): one dense op
-call, one request per query row (:func:`_per_row_csr`), its kv window the bound indices length in cuda-graph mode
+pinned buffer). **Run** (one dense op call, one request per query row: :func:`_per_row_csr`) reads both as flashinfer's
+kernels do. The partition enumerates the work: flashinfer's tiles (``request_indices``, ``kv_tile_indices``,
+``kv_chunk_size``, ``scheduler.cuh``) come from the planned lengths, so a request's keys are read at most up to its
+planned kv length rounded up to a kv chunk (:data:`KV_CHUNK`, 128: flashinfer's smallest; it may pick larger). The bound
+buffers say where the work lies: decode and prefill read each request's keys from the bound ``kv_indptr[b]``,
+``paged_kv_t::get_length(b)`` of them (``page.cuh``: from the bound indptr and ``last_page_len``), prefill its query
+rows from the bound ``qo_indptr``; MLA reads positions from its plan's work list and only the bound ``kv_indices``. So
+for decode and prefill a stale bound indptr and a stale plan each give a wrong answer (MLA: only a stale plan): every
+replay writes the buffers and re-plans. The kv window is the bound indices length in cuda-graph mode
 (:func:`set_kv_window` lowers it), else the planned maximum. **Masks**: ``custom_mask`` wins over ``causal``, in
 cuda-graph mode iff ``custom_mask_buf`` was bound; MLA: causal only. A byte per mask entry and element offsets
 (flashinfer: bits, byte offsets). Page size 1, NHD, kv cache ``(k, v)`` of ``[slots, Hkv, D]``; the full signatures:
@@ -28,6 +35,9 @@ from ..kernels.attention import dense_paged_attention, dense_paged_mla_attention
 INT_WORKSPACE_BYTES = 8 * 1024 * 1024  # what flashinfer's constructors allocate
 PARTITION_OFFSET = 0  # byte offset of the partition in _int_workspace_buffer
 I32 = torch.int32
+# flashinfer's smallest kv chunk at page size 1 in cuda-graph mode (scheduler.cuh: ``128 / page_size`` pages; the binary
+# search may pick a larger one): a plan's tiles cover each request's planned kv length rounded up to it
+KV_CHUNK = 128
 # the prefill module plan's fa2 tail, as flashinfer 0.7.2 passes it: fixed_split_size, disable_split_kv,
 # num_colocated_ctas, uniform_q_len (0.6.0 has no uniform_q_len: see fast_plan.fa2_tail)
 FA2_ARGS = {"fa2": (-1, False, 0, 0), "fa3": ()}
@@ -86,6 +96,17 @@ def read_partition(wrapper: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return part[:bs], part[bs:]
 
 
+def keys_read(wrapper: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per planned request, where a stand-in's ``run`` starts reading its keys in the bound indices and how many it
+    reads (int64 ``start[bs]``, ``count[bs]``): what the bound buffers say, within the plan's tiles (MLA: the
+    plan's)."""
+    if not is_standin(wrapper):
+        raise TypeError("keys_read models the stand-ins' run only")
+    q_len, kv_len = read_partition(wrapper)
+    _, _, start, n, cover = wrapper._spans(q_len, kv_len)
+    return start, torch.minimum(n, cover)
+
+
 class _DecodeModule:
     """flashinfer's CUDA-core decode module (``get_batch_decode_module``): 15-argument plan."""
 
@@ -125,27 +146,55 @@ class _MLAModule:
 
 
 # run helpers (device ops only: nothing reads the host)
-def _per_row_csr(q_len, kv_len, num_rows: int, window: int, causal: bool, indices, mask_indptr):
-    """The batch as ``num_rows`` one-row requests: ``row_indptr [T+1]``, ``row_indices [T*window]``, ``row_mask_indptr
-    [T+1]`` (None without a mask)."""
+def _planned_spans(q_len: torch.Tensor, kv_len: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Per request, ``(q_start, q_len, kv_start, kv_len, kv_cover)`` int64 as the plan laid them out (the MLA kernel's
+    work list: it covers exactly the planned keys)."""
+    ql, kl = q_len.to(torch.int64), kv_len.to(torch.int64)
+    return torch.cumsum(ql, 0) - ql, ql, torch.cumsum(kl, 0) - kl, kl, kl
+
+
+def _bound_spans(kv_len: torch.Tensor, kv_indptr, last_page_len, qo_indptr=None) -> tuple[torch.Tensor, ...]:
+    """Per request, ``(q_start, q_len, kv_start, kv_len, kv_cover)`` int64 as the decode / prefill kernels read them:
+    keys from the bound ``kv_indptr[b]``, as many as ``paged_kv_t::get_length`` gives (page size 1: ``pages - 1 +
+    last_page_len[b]``, 0 without pages); query rows from the bound ``qo_indptr`` (decode: row ``b``); ``kv_cover``, the
+    keys the plan's tiles reach: the planned ``kv_len`` rounded up to :data:`KV_CHUNK`."""
+    bs = kv_len.shape[0]
+    ptr = kv_indptr[: bs + 1].to(torch.int64)
+    pages = ptr[1:] - ptr[:-1]
+    n_kv = torch.where(pages > 0, pages - 1 + last_page_len[:bs].to(torch.int64), 0)
+    cover = (kv_len.to(torch.int64).clamp(min=1) + KV_CHUNK - 1) // KV_CHUNK * KV_CHUNK
+    if qo_indptr is None:
+        q_start = torch.arange(bs, device=ptr.device)
+        return q_start, torch.ones_like(q_start), ptr[:-1], n_kv, cover
+    qo = qo_indptr[: bs + 1].to(torch.int64)
+    return qo[:-1], (qo[1:] - qo[:-1]).clamp(min=0), ptr[:-1], n_kv, cover
+
+
+def _per_row_csr(q_len, spans, num_rows: int, window: int, causal: bool, indices, mask_indptr):
+    """The batch as ``num_rows`` one-row requests. The partition (planned ``q_len``) enumerates the work: output row
+    ``r`` is query row ``j`` of request ``b``. ``spans`` (:func:`_bound_spans` or :func:`_planned_spans`) say where it
+    lies: the query row read, the keys ``indices[kv_start + t]`` for ``t < min(kv_len, kv_cover)``, rows ``j >= q_len``
+    left empty; causal alignment and the mask's row stride use ``spans``' lengths. Returns ``row_indptr [T+1]``,
+    ``row_indices [T*window]``, ``row_mask [T+1]`` (None without a mask), ``q_rows [T]``."""
     dev = indices.device
     indices = indices if indices.numel() else indices.new_zeros(1)  # the op needs >= 1 entry
-    ql, kl = q_len.to(torch.int64), kv_len.to(torch.int64)
-    bs, q_end = ql.shape[0], torch.cumsum(ql, 0)
-    q_start, kv_start = q_end - ql, torch.cumsum(kl, 0) - kl
+    q0, nq, k0, nk, cover = spans
+    plan_ql = q_len.to(torch.int64)
+    bs, q_end = plan_ql.shape[0], torch.cumsum(plan_ql, 0)
     r = torch.arange(num_rows, device=dev)
     req = torch.searchsorted(q_end, r, right=True)  # bs for rows past the batch
     inside, req = req < bs, req.clamp(max=bs - 1)
-    j, n_kv = r - q_start[req], kl[req]
-    row_len = torch.minimum((n_kv - ql[req] + j + 1).clamp(min=0), n_kv) if causal else n_kv  # bottom-right aligned
-    row_len = torch.where(inside, row_len.clamp(max=window), 0)
+    j, n_q, n_kv = r - (q_end - plan_ql)[req], nq[req], nk[req]
+    row_len = torch.minimum((n_kv - n_q + j + 1).clamp(min=0), n_kv) if causal else n_kv  # bottom-right aligned
+    row_len = torch.minimum(row_len, cover[req])  # the planned tiles reach no further
+    row_len = torch.where(inside & (j < n_q), row_len.clamp(max=window), 0)
     row_indptr = F.pad(torch.cumsum(row_len, 0), (1, 0))
     p = torch.arange(num_rows * window, device=dev)
     row_of_p = torch.searchsorted(row_indptr[1:], p, right=True).clamp(max=num_rows - 1)
-    src = kv_start[req[row_of_p]] + (p - row_indptr[row_of_p])
+    src = k0[req[row_of_p]] + (p - row_indptr[row_of_p])
     row_indices = indices[src.clamp(0, indices.shape[0] - 1)]
     row_mask = None if mask_indptr is None else F.pad(mask_indptr[:bs].to(torch.int64)[req] + j * n_kv, (0, 1))
-    return row_indptr, row_indices, row_mask
+    return row_indptr, row_indices, row_mask, (q0[req] + j).clamp(0, num_rows - 1)
 
 
 def _joined_mla_cache(ckv: torch.Tensor, kpe: torch.Tensor) -> torch.Tensor:
@@ -270,7 +319,13 @@ class _Standin:
             return None, window
         q_len, kv_len = read_partition(self)
         indices = getattr(self, self._INDICES)
-        return _per_row_csr(q_len, kv_len, q.shape[0], window, causal, indices, mask_indptr), window
+        csr = _per_row_csr(q_len, self._spans(q_len, kv_len), q.shape[0], window, causal, indices, mask_indptr)
+        return csr, window
+
+    def _spans(self, q_len: torch.Tensor, kv_len: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Decode / prefill: where each request's rows and keys lie, read from the bound buffers (MLA overrides)."""
+        qo = getattr(self, "_qo_indptr_buf", None)  # decode on CUDA cores binds none: query row b
+        return _bound_spans(kv_len, self._paged_kv_indptr_buf, self._paged_kv_last_page_len_buf, qo)
 
     def run(self, q: torch.Tensor, paged_kv_cache: Any) -> torch.Tensor:
         """Decode and prefill (MLA has its own): a custom mask, bound or planned (flashinfer's CUSTOM mode), governs,
@@ -285,7 +340,7 @@ class _Standin:
         if csr is not None:
             sm_scale = float(1 / math.sqrt(q.shape[-1]) if self._sm_scale is None else self._sm_scale)
             kw = dict(sm_scale=sm_scale, max_kv_len=window, q_per_req=1, custom_mask=mask, mask_indptr=csr[2])
-            dense_paged_attention(q, k, v, csr[0], csr[1], out, **kw)
+            dense_paged_attention(q[csr[3]], k, v, csr[0], csr[1], out, **kw)
         return out
 
 
@@ -449,6 +504,10 @@ class BatchMLAPagedAttentionWrapper(_Standin):
         self._setup(float_workspace_buffer, use_cuda_graph, "qo_indptr kv_indptr kv_indices kv_len_arr", bufs)
         self._backend, self._batch_size = "fa2" if backend == "auto" else backend, 0
 
+    def _spans(self, q_len: torch.Tensor, kv_len: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The MLA kernel takes its query and kv positions from the plan's work list, not the bound indptrs."""
+        return _planned_spans(q_len, kv_len)
+
     def plan(
         self,
         qo_indptr,
@@ -484,5 +543,5 @@ class BatchMLAPagedAttentionWrapper(_Standin):
         out, kv_cache = torch.zeros_like(q_nope), _joined_mla_cache(ckv_cache, kpe_cache)
         if csr is not None:
             kw = dict(sm_scale=float(self._sm_scale), max_kv_len=window, q_per_req=1)
-            dense_paged_mla_attention(q_nope, q_pe, kv_cache, csr[0], csr[1], out, **kw)
+            dense_paged_mla_attention(q_nope[csr[3]], q_pe[csr[3]], kv_cache, csr[0], csr[1], out, **kw)
         return out

@@ -187,7 +187,7 @@ class GraphRunner:
         self.backend.check_graph_mode(self.mode)
         order = sorted(self.capture_bs, reverse=True)  # largest first: memory reuse
         if progress:
-            from tqdm.auto import tqdm
+            from tqdm import tqdm
 
             order = tqdm(order, desc=f"capture {self.mode.label}")
         static = self.static_inputs()

@@ -304,10 +304,12 @@ def draw_state_diff(
     title: str = "",
     max_cells: int = 32,
     differs_label: str | None = None,
+    legend: bool = True,
 ) -> Figure:
     """Two states of the same buffers (e.g. the ``graph_state`` the capture path and the replay path left) through
     ``draw_buffers``: every differing cell or scalar (a shape mismatch: every cell) is marked red in both rows, the
-    title counts them. ``keys``: which, in order (default: all, sorted); ``roles``: per key, as in ``draw_buffers``."""
+    title counts them. ``keys``: which, in order (default: all, sorted); ``roles``: per key, as in ``draw_buffers``;
+    ``legend=False``: no colour legend (a notebook that explained the colours before)."""
     keys = list(keys) if keys is not None else sorted(set(first) | set(second))
     state, marks, row_roles, total = {}, {}, {}, 0
     for key in keys:
@@ -329,7 +331,7 @@ def draw_state_diff(
                 row_roles[name] = roles[key]
     summary = f"{total} cell(s) differ" if total else "no cell differs"
     label = differs_label or f"differs: {labels[0]} vs {labels[1]}"
-    style = dict(max_cells=max_cells, roles=row_roles or None, differs=marks, differs_label=label, legend=True)
+    style = dict(max_cells=max_cells, roles=row_roles or None, differs=marks, differs_label=label, legend=legend)
     return draw_buffers(state, f"{title}\n{summary}" if title else summary, **style)
 
 

@@ -2,18 +2,15 @@
 text when a notebook runs as a script.
 
 ``source_lines`` / ``hook_code`` read a function's lines; ``CodeGrid`` sets code blocks in a grid with some lines tagged
-(every tag must match exactly one line, so a notebook's claim about the code fails when the code moves);
-``SideBySideDiff`` sets two versions of a block side by side.
+(every tag must match exactly one line, so a notebook's claim about the code fails when the code moves).
 """
 
 from __future__ import annotations
 
 import ast
-import difflib
 import html
 import inspect
 import io
-import re
 import textwrap
 import tokenize
 
@@ -117,59 +114,4 @@ class CodeGrid:
                 tds.append(f'<td style="{TD}"><pre style="{PRE}">' + "\n".join(body) + "</pre></td>")
             label = f'<th style="{TD};writing-mode:vertical-rl">{html.escape(row_title)}</th>' if labelled else ""
             rows.append(f"<tr>{label}{''.join(tds)}</tr>")
-        return '<table style="border-collapse:collapse;width:100%">' + "".join(rows) + "</table>"
-
-
-class SideBySideDiff:
-    """Line diffs, left against right, one section per (left, right) pair of code blocks.
-
-    ``sections``: ``[(title, left_title, left_lines, right_title, right_lines)]``. Lines matching ``emphasis`` (a regex)
-    are set in bold. Shown: HTML side by side (left only: red, right only: green) in a notebook, a unified diff as text."""
-
-    def __init__(self, sections, emphasis: str | None = None):
-        self.sections, self.emphasis = sections, re.compile(emphasis) if emphasis else None
-        self.ops = [difflib.SequenceMatcher(None, left, right, autojunk=False).get_opcodes() for _, _, left, _, right in sections]
-
-    def only_left(self, k: int) -> list[str]:
-        """Lines of section k's left block that the right block does not have."""
-        left = self.sections[k][2]
-        return [left[i] for op, i1, i2, _, _ in self.ops[k] if op != "equal" for i in range(i1, i2)]
-
-    def only_right(self, k: int) -> list[str]:
-        right = self.sections[k][4]
-        return [right[j] for op, _, _, j1, j2 in self.ops[k] if op != "equal" for j in range(j1, j2)]
-
-    def __str__(self) -> str:
-        out = []
-        for title, lt, left, rt, right in self.sections:
-            out += ["=" * 100, title, "=" * 100]
-            out += difflib.unified_diff(left, right, lt, rt, n=2, lineterm="")
-        return "\n".join(out)
-
-    __repr__ = __str__
-
-    def _cell(self, line: str | None, color: str) -> str:
-        if line is None:
-            return f'<td style="{TD_LINE};background:#f4f4f4"></td>'
-        text = html.escape(line)
-        if self.emphasis and self.emphasis.search(line):
-            text = f"<b>{text}</b>"
-        bg = f";background:{color}" if color else ""
-        return f'<td style="{TD_LINE}{bg}"><pre style="{PRE};background:none">{text}</pre></td>'
-
-    def _repr_html_(self) -> str:
-        rows = []
-        for (title, lt, left, rt, right), ops in zip(self.sections, self.ops):
-            rows.append(
-                f'<tr><th colspan="2" style="{TD};background:#eee">{html.escape(title)}</th></tr>'
-                f'<tr><th style="{TD};width:50%">{html.escape(lt)}</th><th style="{TD};width:50%">{html.escape(rt)}</th></tr>'
-            )
-            for op, i1, i2, j1, j2 in ops:
-                for k in range(max(i2 - i1, j2 - j1)):
-                    a = left[i1 + k] if i1 + k < i2 else None
-                    b = right[j1 + k] if j1 + k < j2 else None
-                    same = op == "equal"
-                    rows.append(
-                        "<tr>" + self._cell(a, "" if same else "#ffe0e0") + self._cell(b, "" if same else "#dcf5dc") + "</tr>"
-                    )
         return '<table style="border-collapse:collapse;width:100%">' + "".join(rows) + "</table>"

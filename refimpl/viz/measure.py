@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 from matplotlib.figure import Figure
 
 from .cells import save, suptitle
@@ -57,113 +58,151 @@ def draw_latency_vs_bs(
 
 
 # --- ``python -m refimpl bench`` results (``refimpl.bench.sweep`` rows) ---
-def draw_replay_breakdown(rows: Sequence[Mapping], env: Mapping, bs: int, context: int) -> Figure:
-    """Stacked host µs of the replay path per backend x variant x mode at one (bs, context): validation (hatched: off with
-    ``validate_inputs=False``), input copies, the replay hook, ``graph.replay()``; the graph's GPU time as a black tick
-    where measured."""
-    mine = [r for r in rows if r["bs"] == bs and r["context"] == context]
-    fig = Figure(figsize=(8.5, 0.32 * len(mine) + 1.4))
+HOST_PARTS = ("copies", "hook", "launch")  # the replay path a timing run measures (validation off)
+GPU_COLOR = "#252525"
+Series = tuple[str, str, str, str]  # (label, backend, variant, color)
+
+
+def _key(r: Mapping) -> tuple[str, str, str]:
+    return r["backend"], r["variant"], r["mode"]
+
+
+def _label_ends(ax, lines: Sequence[tuple[str, float, float, str]], min_gap: float) -> None:
+    """Write each ``(text, x, y, color)`` just right of its line's last point, nudged apart by at least ``min_gap``."""
+    placed: list[float] = []
+    for text, x, y, color in sorted(lines, key=lambda t: t[2]):
+        y = max(y, placed[-1] + min_gap) if placed else y
+        placed.append(y)
+        ax.annotate(text, (x, y), xytext=(6, 0), textcoords="offset points", va="center", fontsize=8, color=color)
+
+
+def draw_replay_breakdown(
+    rows: Sequence[Mapping],
+    env: Mapping,
+    bs: int,
+    context: int,
+    keys: Sequence[tuple[str, str, str]] | None = None,
+    labels: Sequence[str] | None = None,
+    parts: Sequence[str] = (*HOST_PARTS, "validate"),
+) -> Figure:
+    """One row per ``(backend, variant, mode)`` of ``keys`` (default: every row) at one (bs, context): the host µs of
+    ``parts`` stacked (medians; ``validate`` hatched: off in timing runs), its total written at its end, and under it a
+    black bar, the GPU µs of the graph where measured. A host bar longer than its black bar is a host-bound step."""
+    at = {_key(r): r for r in rows if r["bs"] == bs and r["context"] == context}
+    keys = list(keys) if keys is not None else list(at)
+    names = list(labels) if labels is not None else [f"{b}/{v} {m}" for b, v, m in keys]
+    fig = Figure(figsize=(8.5, 0.5 * len(keys) + 1.3))
     ax = fig.add_subplot(1, 1, 1)
-    for y, r in enumerate(mine):
+    for y, k in enumerate(keys):
         left = 0.0
-        for part in ("copies", "hook", "launch", "validate"):
-            w = r["host_us"][part]["median"]
-            style = dict(color=PART_COLORS[part], edgecolor="white", lw=0.5, hatch="//" if part == "validate" else None)
-            ax.barh(y, w, left=left, label=part if y == 0 else None, **style)
+        for part in parts:
+            w = at[k]["host_us"][part]["median"]
+            hatch = "//" if part == "validate" else None
+            ax.barh(y - 0.12, w, left=left, height=0.5, color=PART_COLORS[part], edgecolor="white", lw=0.5, hatch=hatch)
+            if y == 0:  # the parts named once, over the first row
+                ax.text(left + w / 2, y - 0.42, "validation" if part == "validate" else part, ha="center", fontsize=7)
             left += w
-        if "gpu_us" in r:
-            g, label = r["gpu_us"]["graph"]["median"], "GPU time of the graph" if y == 0 else None
-            ax.plot([g, g], [y - 0.4, y + 0.4], color="black", lw=1.5, label=label)
-    ax.set_yticks(range(len(mine)), [_label(r) for r in mine], fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("host µs (medians)")
+        ax.text(left, y - 0.12, f" host {left:.0f}", va="center", fontsize=7)
+        if "gpu_us" in at[k]:
+            g = at[k]["gpu_us"]["graph"]["median"]
+            ax.barh(y + 0.25, g, height=0.18, color=GPU_COLOR)
+            ax.text(g, y + 0.25, f" GPU {g:.0f}", va="center", fontsize=7, color=GPU_COLOR)
+    ax.set_yticks(range(len(keys)), names, fontsize=8)
+    ax.set_ylim(len(keys) - 0.5, -0.75)
+    ax.set_xlabel("µs (host: medians of each part; GPU: the graph, CUDA events)")
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
-    ax.set_title(f"The replay path, part by part: bs {bs}, context {context} — {_where(env)}", fontsize=9)
+    ax.set_title(f"One replay at bs {bs}, context {context}, {_where(env)}: host-bound where the host bar outruns"
+                 " the black GPU bar", fontsize=9)  # fmt: skip
     return fig
 
 
-def draw_host_vs_bs(rows: Sequence[Mapping], env: Mapping, context: int, backend: str = "triton"):
-    """Host µs of copies + hook + launch against bs, one line per variant of ``backend``, one panel per mode (faithful vs
-    fused vs in-graph metadata)."""
-    mine = [r for r in rows if r["backend"] == backend and r["context"] == context]
-    modes = list(dict.fromkeys(r["mode"] for r in mine))
-    fig = Figure(figsize=(5.0 * max(len(modes), 1), 3.5))
-    for k, mode in enumerate(modes):
-        ax = fig.add_subplot(1, len(modes), k + 1)
-        for variant in dict.fromkeys(r["variant"] for r in mine):
-            pts = _by_bs(r for r in mine if r["mode"] == mode and r["variant"] == variant)
-            if not pts:
-                continue
-            color, bs = SHAPE_COLORS.get(variant), [r["bs"] for r in pts]
-            for part, ls, what in (("path", "-", "copies+hook+launch"), ("hook", "--", "hook")):
-                us = _stat(pts, "host_us", part, "median")
-                ax.plot(bs, us, ls=ls, marker="o", ms=3, color=color, label=f"{variant}: {what}")
-            lo, hi = (_stat(pts, "host_us", "path", q) for q in ("p10", "p90"))
-            ax.fill_between(bs, lo, hi, color=color, alpha=0.15)
-        _bs_axis(ax, "host µs (median, p10–p90)")
-        ax.set_ylim(bottom=0)
-        ax.set_title(f"{backend} {mode}", fontsize=9)
-        ax.legend(fontsize=6)
-    fig.suptitle(f"Host cost of a replay vs batch size, context {context} — {_where(env)}", fontsize=10)
+def draw_host_vs_bs(
+    rows: Sequence[Mapping], env: Mapping, context: int, series: Sequence[Series], mode: str = "decode"
+) -> Figure:
+    """The host µs of the replay path (copies + hook + launch, median) against bs, one line per ``(label, backend,
+    variant, color)`` of ``series`` (at most 6 with the GPU line), and the GPU µs of the first series' graph (black);
+    each line labelled at its end. Where a host line lies above the GPU line, the step is host-bound."""
+    if len(series) > 5:
+        raise ValueError(f"draw_host_vs_bs: {len(series)} series; at most 5 (and the GPU line) stay readable")
+    fig = Figure(figsize=(7.0, 3.8))
+    ax, ends = fig.add_subplot(1, 1, 1), []
+    for k, (label, backend, variant, color) in enumerate(series):
+        pts = _by_bs(r for r in rows if _key(r) == (backend, variant, mode) and r["context"] == context)
+        bs, host = [r["bs"] for r in pts], _stat(pts, "host_us", "path", "median")
+        ax.plot(bs, host, marker="o", ms=3, color=color)
+        ends.append((f"{label}: host", bs[-1], host[-1], color))
+        if k == 0 and all("gpu_us" in r for r in pts):
+            gpu = _stat(pts, "gpu_us", "graph", "median")
+            ax.plot(bs, gpu, color=GPU_COLOR, lw=2.2, ls="--")
+            ends.append(("GPU: the graph", bs[-1], gpu[-1], GPU_COLOR))
+    _bs_axis(ax, "µs per replay")
+    ax.set_ylim(bottom=0)
+    _label_ends(ax, ends, min_gap=0.06 * ax.get_ylim()[1])
+    ax.set_xlim(right=ax.get_xlim()[1] * 3)  # room for the labels
+    ax.set_xticks(sorted({r["bs"] for r in rows if r["context"] == context}), minor=False)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    backends = " / ".join(dict.fromkeys(b for _, b, _, _ in series))
+    where = f"{backends} {mode}, context {context}, {_where(env)}"
+    ax.set_title(f"{where}:\nhost-bound where a host line lies above the GPU line", fontsize=9)
     return fig
 
 
-def draw_step_graph_vs_eager(rows: Sequence[Mapping], env: Mapping, context: int) -> Figure:
-    """The whole decoder step (wall µs, synchronised) as a graph and eagerly, against bs; one panel per mode, one colour
-    per backend/variant (solid: graph, dashed: eager)."""
-    mine = [r for r in rows if r["context"] == context]
-    modes = list(dict.fromkeys(r["mode"] for r in mine))
-    fig = Figure(figsize=(5.4 * max(len(modes), 1), 3.8))
-    cmap = matplotlib.colormaps["tab20"]
-    for k, mode in enumerate(modes):
-        ax = fig.add_subplot(1, len(modes), k + 1)
-        labels = list(dict.fromkeys(f"{r['backend']}/{r['variant']}" for r in mine if r["mode"] == mode))
-        for c, lab in enumerate(labels):
-            pts = _by_bs(r for r in mine if r["mode"] == mode and f"{r['backend']}/{r['variant']}" == lab)
-            bs, color = [r["bs"] for r in pts], cmap(c % 20)
-            ax.plot(bs, _stat(pts, "step_us", "graph", "median"), color=color, marker="o", ms=3, label=lab)
-            ax.plot(bs, _stat(pts, "step_us", "eager", "median"), color=color, ls="--")
-        _bs_axis(ax, "step µs (solid: graph, dashed: eager)")
-        ax.set_yscale("log")
-        ax.set_title(mode, fontsize=9)
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=6, ncol=2)
-    fig.suptitle(f"Graph vs eager, whole decoder step, context {context} — {_where(env)}", fontsize=10)
+def _bars(ax, names: Sequence[str], pairs: Sequence[tuple[float, float]], legend: tuple[str, str], fmt: str) -> None:
+    """Two bars per name (upper: ``pairs[i][0]``, lower: ``[1]``), each value written at its end."""
+    for y, (a, b) in enumerate(pairs):
+        for dy, v, color in ((-0.18, a, "#1f77b4"), (0.18, b, "#d62728")):
+            ax.barh(y + dy, v, height=0.34, color=color)
+            ax.text(v, y + dy, " " + fmt.format(v), va="center", fontsize=6)
+    ax.set_yticks(range(len(names)), names, fontsize=7)
+    ax.invert_yaxis()
+    ax.text(0.99, 0.01, f"upper bar: {legend[0]}; lower bar: {legend[1]}", transform=ax.transAxes, ha="right",
+            va="bottom", fontsize=7)  # fmt: skip
+
+
+def draw_step_graph_vs_eager(rows: Sequence[Mapping], env: Mapping, context: int, bs: int | None = None) -> Figure:
+    """The whole decoder step (wall µs, synchronised), as a graph and eagerly, one pair of bars per backend x variant x
+    mode at one bs (default: the smallest), each value written at its bar's end."""
+    bs = bs if bs is not None else min(r["bs"] for r in rows if r["context"] == context)
+    mine = [r for r in rows if r["context"] == context and r["bs"] == bs]
+    fig = Figure(figsize=(8.0, 0.32 * len(mine) + 1.2))
+    ax = fig.add_subplot(1, 1, 1)
+    pairs = [(r["step_us"]["graph"]["median"], r["step_us"]["eager"]["median"]) for r in mine]
+    _bars(ax, [_label(r) for r in mine], pairs, ("graph", "eager"), "{:.0f}")
+    ax.set_xscale("log")
+    ax.set_xlabel("whole step, wall µs (median, synchronised)")
+    ax.set_title(f"Graph vs eager, whole decoder step, bs {bs}, context {context} — {_where(env)}", fontsize=9)
     return fig
 
 
-def draw_capture_cost(rows: Sequence[Mapping], env: Mapping, context: int) -> Figure:
-    """Capture time per bs (first in process and again, warm) and the static-buffer bytes and graph-pool growth per bs, one
-    line per backend/variant/mode."""
-    mine = [r for r in rows if r["context"] == context]
-    fig = Figure(figsize=(11, 3.8))
-    ax_t, ax_m = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-    cmap = matplotlib.colormaps["tab20"]
-    for c, lab in enumerate(dict.fromkeys(_label(r) for r in mine)):
-        pts = _by_bs(r for r in mine if _label(r) == lab)
-        bs, color = [r["bs"] for r in pts], cmap(c % 20)
-        ax_t.plot(bs, [r["capture_s"]["first"] * 1e3 for r in pts], color=color, marker="o", ms=3, label=lab)
-        ax_t.plot(bs, [r["capture_s"]["warm"] * 1e3 for r in pts], color=color, ls="--")
-        if pts[0].get("pool_growth_bytes") is not None:
-            ax_m.plot(bs, [(r["pool_growth_bytes"] or 0) / 2**20 for r in pts], color=color, marker="o", ms=3, label=lab)
-        ax_m.plot(bs, [r["static_bytes"] / 2**20 for r in pts], color=color, ls=":")
-    _bs_axis(ax_t, "capture ms (solid: first, dashed: again)")
-    ax_t.set_yscale("log")
-    _bs_axis(ax_m, "MiB (solid: pool growth, dotted: static buffers)")
-    ax_t.legend(fontsize=5, ncol=2)
-    fig.suptitle(f"Capture cost per batch size, context {context} — {_where(env)}", fontsize=10)
+def draw_capture_cost(rows: Sequence[Mapping], env: Mapping, context: int, bs: int | None = None) -> Figure:
+    """Capture time (warm-up + capture) of one batch size (default: the largest), first in the process and again (warm),
+    one pair of bars per backend x variant x mode. Memory is not drawn: the bench's ``pool_growth_bytes`` is a
+    ``memory_reserved`` difference, which counts every cached block of the process and goes negative when the allocator
+    releases some."""
+    bs = bs if bs is not None else max(r["bs"] for r in rows if r["context"] == context)
+    mine = [r for r in rows if r["context"] == context and r["bs"] == bs]
+    fig = Figure(figsize=(8.0, 0.32 * len(mine) + 1.2))
+    ax = fig.add_subplot(1, 1, 1)
+    pairs = [(r["capture_s"]["first"] * 1e3, r["capture_s"]["warm"] * 1e3) for r in mine]
+    _bars(ax, [_label(r) for r in mine], pairs, ("first capture", "again (warm)"), "{:.1f}")
+    ax.set_xscale("log")
+    ax.set_xlabel("ms (warm-up + capture)")
+    ax.set_title(f"Capture time per batch size, bs {bs}, context {context} — {_where(env)}", fontsize=9)
     return fig
 
 
 def draw_bench_figures(rows: Sequence[Mapping], env: Mapping, out_dir: str | Path) -> list[Path]:
-    """The four bench plots into ``out_dir`` (file names start with ``replay_``)."""
+    """The bench plots into ``out_dir`` (file names start with ``replay_``)."""
     ctx = min(r["context"] for r in rows)
     sizes = sorted({r["bs"] for r in rows if r["context"] == ctx})
     bs = 8 if 8 in sizes else sizes[len(sizes) // 2]
     figs = {"replay_breakdown.png": draw_replay_breakdown(rows, env, bs, ctx)}
     figs["replay_step_graph_vs_eager.png"] = draw_step_graph_vs_eager(rows, env, ctx)
     figs["replay_capture_cost.png"] = draw_capture_cost(rows, env, ctx)
-    if any(r["backend"] == "triton" for r in rows):
-        figs["replay_host_vs_bs_triton.png"] = draw_host_vs_bs(rows, env, ctx, "triton")
+    triton = list(dict.fromkeys(r["variant"] for r in rows if r["backend"] == "triton" and r["mode"] == "decode"))
+    if triton:
+        colors = matplotlib.colormaps["tab10"]
+        series = [(v, "triton", v, colors(i)) for i, v in enumerate(triton[:5])]
+        figs["replay_host_vs_bs_triton.png"] = draw_host_vs_bs(rows, env, ctx, series)
     return [save(f, Path(out_dir) / name) for name, f in figs.items()]

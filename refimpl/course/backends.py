@@ -1,0 +1,222 @@
+"""Notebook 03's helpers (the other backends): notebook 02's set-up, a backend's hooks run as a runner runs them, the
+Wave-vs-Triton size table and the notebook's figures. ``tests/test_course_backends.py`` checks what the figures draw."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from matplotlib.figure import Figure
+
+from .. import viz
+from ..backends.base import GraphModeNotSupported
+from ..backends.triton import TritonAttnBackend
+from ..backends.wave import WaveAttnBackend
+from ..batch import ForwardBatch, World
+from ..batchgen import BatchGenerator
+from ..check import capture_vs_replay
+from ..config import GraphConfig, ModelConfig, SpecConfig
+from ..flashinfer_wrappers import read_partition
+from ..graphs import GraphEngine, make_engine
+from ..graphs.runner import GraphRunner, call_capture_hook, call_replay_hook
+from ..layout import GraphKind
+from ..model import TinyDecoder
+from ..modes import ForwardMode
+from ..rig import state_after
+
+CHAIN = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)  # a chain: N = S + 1
+TREE = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)  # a tree: N = 6 > S + 1
+BS, LIVE, L = 4, 3, 40  # the bs-4 graph replays a raw batch of 3; max_context_len
+
+
+@dataclass
+class Setting:
+    """Notebook 02's set-up: a one-layer GQA world and model, an MLA world, graphs for bs 1 and 4, batch generators."""
+
+    engine: GraphEngine
+    world: World
+    model: TinyDecoder
+    graphs: GraphConfig
+    gen: BatchGenerator  # tree spec: decode, verify
+    gen_chain: BatchGenerator  # chains: draft extend v1
+    world_mla: World
+    gen_mla: BatchGenerator
+
+
+def setting(engine: str = "auto") -> Setting:
+    eng = make_engine(engine)  # the CPU emulator here, CUDA graphs on a GPU
+    cfg = ModelConfig(num_layers=1)  # 4 query heads, 2 KV heads, head dim 16
+    world = World.create(cfg, max_context_len=L, pool_size=32, device=eng.device)
+    world.randomize_kv(0)
+    cfg_mla = ModelConfig(kind="mla", num_layers=1, hidden_size=32, num_heads=4)  # latent 512 + rope 64
+    world_mla = World.create(cfg_mla, max_context_len=L, pool_size=16, device=eng.device)
+    world_mla.randomize_kv(0)
+    graphs = GraphConfig(max_bs=BS, capture_bs=(1, BS), max_context_len=L, speculative=True)
+    gens = (BatchGenerator(world, TREE, seed=1), BatchGenerator(world, CHAIN, seed=2))
+    model = TinyDecoder(cfg, eng.device)
+    return Setting(eng, world, model, graphs, *gens, world_mla, BatchGenerator(world_mla, CHAIN, seed=3))
+
+
+def runner(backend, mode: ForwardMode, s: Setting) -> GraphRunner:
+    """A runner for ``backend``'s hooks only (no model): its capture batches, padding and static buffers."""
+    return GraphRunner(None, backend, s.engine, GraphKind.of(mode), s.graphs, backend.spec)
+
+
+def replay_hooks(backend, mode: ForwardMode, fb: ForwardBatch, s: Setting) -> tuple[dict[str, Any], ForwardBatch]:
+    """The capture hooks as a runner calls them (bs 4, then 1), then the replay hook on ``fb`` padded to 4; returns what
+    the bs-4 graph reads (``graph_state``) and the padded batch."""
+    run = runner(backend, mode, s)
+    frozen = {}
+    for b in sorted(run.capture_bs, reverse=True):
+        call_capture_hook(backend, run.capture_batch(b))
+        frozen[b] = backend.forward_metadata
+    padded = run.padded_batch(fb)
+    call_replay_hook(backend, padded)
+    backend.forward_metadata = frozen[padded.batch_size]  # the graph of this size reads what its capture froze
+    return backend.graph_state(padded.batch_size, mode), padded
+
+
+def both_paths(
+    cls: type, spec: SpecConfig | None, mode: ForwardMode, fb: ForwardBatch, s: Setting, world: World | None = None
+) -> tuple[dict, dict]:
+    """Verdict (a)'s two states for ``fb`` on fresh ``cls`` backends: path P (the capture hook on the padded batch) and
+    path Q (the capture hook on the runner's capture batch, then the replay hook), as ``refimpl.check`` builds them."""
+    new = lambda: cls(world or s.world, spec)  # noqa: E731
+    run = runner(new(), mode, s)
+    padded = run.padded_batch(fb)
+    return tuple(state_after(new, run, padded, replay=r)[1] for r in (False, True))
+
+
+def verdict_a(
+    cls: type, spec: SpecConfig | None, mode: ForwardMode, fb: ForwardBatch, s: Setting, world: World | None = None
+) -> list[str]:
+    """The checker's verdict (a) for ``fb`` on fresh ``cls`` backends (``refimpl.check.capture_vs_replay``'s lines)."""
+    new = lambda: cls(world or s.world, spec)  # noqa: E731
+    return capture_vs_replay(new, runner(new(), mode, s), fb)[0]
+
+
+def refused(backend, mode: ForwardMode) -> str:
+    """Why ``backend`` does not capture ``mode`` (``GraphModeNotSupported``'s message), or that it does."""
+    try:
+        backend.check_graph_mode(mode)
+    except GraphModeNotSupported as e:
+        return f"refused: {e}"
+    return f"{backend.name} captures {mode.label}"
+
+
+class Table:
+    """A small table: markdown in a notebook, aligned text in a script."""
+
+    def __init__(self, header: list[str], rows: list[list[str]]):
+        self.header, self.rows = header, rows
+
+    def _repr_markdown_(self) -> str:
+        lines = [self.header, ["---"] * len(self.header), *self.rows]
+        return "\n".join("| " + " | ".join(r) + " |" for r in lines)
+
+    def __str__(self) -> str:
+        widths = [max(len(r[i]) for r in [self.header, *self.rows]) for i in range(len(self.header))]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [self.header, *self.rows])
+
+    __repr__ = __str__  # a notebook's text/plain copy of the table
+
+
+SIZES = {  # buffer: its shape in Triton, in Wave (splits: max_kv_splits)
+    "cuda_graph_num_kv_splits": ("[T]", "[B]"),
+    "cuda_graph_attn_lse": ("[T, H, splits]", "[B, H, splits]"),
+    "cuda_graph_kv_indices": ("[T*L]", "[B*L]"),
+    "cuda_graph_custom_mask": ("[T*L]", "[T*L]"),
+    "qo_indptr": ("[pool+1]", "[pool+1]"),
+}
+
+
+def graph_buffers(world: World, B: int, N: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """``SIZES``' buffers (Triton's, Wave's) as each allocates them for a target-verify runner: B requests, N rows."""
+    spec = SpecConfig(num_steps=N - 1, topk=1, num_draft_tokens=N)
+    tri, wave = TritonAttnBackend(world, spec), WaveAttnBackend(world, spec)
+    for b in (tri, wave):
+        b.init_cuda_graph_state(B, B * N)
+    return {name: (getattr(tri, name), getattr(wave, name)) for name in SIZES}
+
+
+def sizes_table(world: World, B: int, N: int) -> Table:
+    """``graph_buffers`` as a table: each cell the symbolic shape, its number of entries and its dtype."""
+    cell = lambda sym, t: f"{sym} = {t.numel()} {str(t.dtype).removeprefix('torch.')}"  # noqa: E731
+    rows = [[f"`{n}`", *(cell(sym, t) for sym, t in zip(SIZES[n], ts))] for n, ts in graph_buffers(world, B, N).items()]
+    return Table([f"buffer (B = {B}, T = B*N = {B * N}, L = {world.max_context_len})", "Triton", "Wave"], rows)
+
+
+def _indptr_roles(t: torch.Tensor, live: int = LIVE) -> list:
+    return viz.batch_roles(t.numel(), live, t.numel() - 1, indptr=True)
+
+
+def flashinfer_rows(fi_decode, fi_verify) -> tuple[dict[str, torch.Tensor], dict[str, list]]:
+    """The rows of ``draw_flashinfer_wrappers`` and their colour roles: the decode wrappers' plans (bs 4 and bs 1) and
+    the bs-4 verify wrapper's bound buffers, after ``replay_hooks``."""
+    w4, w1 = (fi_decode.decode_cuda_graph_metadata[b][0] for b in (BS, 1))
+    v4 = fi_verify.prefill_cuda_graph_metadata[BS][0]
+    rows = {
+        "decode, bs-4 wrapper: bound kv_indptr": w4._paged_kv_indptr_buf,
+        "decode, bs-4 wrapper: plan's kv_len": read_partition(w4)[1],
+        "decode, bs-1 wrapper: plan's kv_len": read_partition(w1)[1],
+        "verify, bs-4 wrapper: bound qo_indptr": v4._qo_indptr_buf,
+        "verify, bs-4 wrapper: bound kv_indptr": v4._paged_kv_indptr_buf,
+        "verify, bs-4 wrapper: bound mask_indptr": v4._mask_indptr_buf,
+    }
+    roles = {k: _indptr_roles(t) if "indptr" in k else viz.batch_roles(t.numel(), LIVE, BS) for k, t in rows.items()}
+    roles["decode, bs-1 wrapper: plan's kv_len"] = ["pad"]  # its last plan: the capture batch, one padded row
+    return rows, roles
+
+
+def draw_flashinfer_wrappers(fi_decode, fi_verify) -> Figure:
+    rows, roles = flashinfer_rows(fi_decode, fi_verify)
+    title = "FlashInfer: one wrapper per captured size; the bs-1 wrapper's plan is still the capture batch's"
+    return viz.draw_buffers(rows, title, roles=roles, legend=False)
+
+
+def mla_rows(up, uni, padded: ForwardBatch) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The rows of ``draw_mla_stale`` after ``replay_hooks`` on the as-upstream (``up``) and unified (``uni``) backends,
+    and per row the cells that differ from what ``padded`` needs."""
+    ref = up.reference_graph_state(padded)
+    st_up, st_uni = (b.graph_state(padded.batch_size, ForwardMode.DECODE) for b in (up, uni))
+    rows = {
+        "the batch needs: kv_indptr": ref["kv_indptr"],
+        "as-upstream, bound: kv_indptr": st_up["kv_indptr"],
+        "as-upstream, bound: kv_len_arr": st_up["kv_len_arr"],
+        "as-upstream, plan's kv_len": read_partition(up.decode_cuda_graph_metadata[padded.batch_size])[1],
+        "unified, bound: kv_indptr": st_uni["kv_indptr"],
+        "unified, bound: kv_len_arr": st_uni["kv_len_arr"],
+    }
+    want = lambda k: ref["kv_indptr"] if k.endswith("kv_indptr") else ref["kv_len_arr"]  # noqa: E731
+    return rows, {k: t.cpu().long() != want(k).cpu().long() for k, t in rows.items()}
+
+
+def draw_mla_stale(up, uni, padded: ForwardBatch) -> Figure:
+    rows, differs = mla_rows(up, uni, padded)
+    roles = {}
+    for k, t in rows.items():
+        base = _indptr_roles(t) if k.endswith("kv_indptr") else viz.batch_roles(t.numel(), LIVE, BS)
+        roles[k] = ["stale" if bad else r for r, bad in zip(base, differs[k].tolist())]
+    title = "FlashInfer-MLA decode, 3 requests on the bs-4 graph: as-upstream's bound buffers keep the capture batch's"
+    return viz.draw_buffers(rows, title, roles=roles, differs=differs, legend=False)
+
+
+LEGACY_KEYS = {"Wave decode": ("num_kv_splits",), "Triton draft extend v1": ("qo_indptr", "kv_indptr")}
+
+
+def legacy_states(wave: tuple[dict, dict], triton: tuple[dict, dict]) -> tuple[dict, dict, dict]:
+    """The path-P and path-Q rows of ``draw_legacy_paths`` (``LEGACY_KEYS`` of each pair of states) and their roles."""
+    p, q, roles = {}, {}, {}
+    for (name, keys), (sp, sq) in zip(LEGACY_KEYS.items(), (wave, triton)):
+        for k in keys:
+            p[f"{name}: {k}"], q[f"{name}: {k}"] = sp[k], sq[k]
+            roles[f"{name}: {k}"] = _indptr_roles(sp[k]) if "indptr" in k else viz.batch_roles(sp[k].numel(), LIVE, BS)
+    return p, q, roles
+
+
+def draw_legacy_paths(wave: tuple[dict, dict], triton: tuple[dict, dict]) -> Figure:
+    p, q, roles = legacy_states(wave, triton)
+    title = "legacy Wave decode and legacy Triton draft extend v1: path P vs path Q, cell by cell"
+    labels = ("P (capture hook)", "Q (capture, then replay hook)")
+    return viz.draw_state_diff(p, q, keys=list(p), labels=labels, roles=roles, title=title, legend=False)

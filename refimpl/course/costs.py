@@ -1,0 +1,241 @@
+"""Notebook 06's helpers: the committed H200 measurements it reads (one launch's host cost, the replay sweep, the
+replay table), the launches of the Triton decode hooks counted live, its figures and tables, and the planted glue bug.
+
+Every number comes from a file under ``benchmarks/results/``: ``launch_cost/launch_cost.json``
+(``benchmarks/launch_cost.py``), ``replay_cost/results.json`` (``python -m refimpl bench``) and
+``replay_path/replay_table.json`` (``benchmarks/replay_table.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+import torch
+from matplotlib.figure import Figure
+
+from .. import bench, viz
+from ..backends import BackendEntry, find, load_backend_class
+from ..config import SpecConfig
+from ..graphs import make_engine
+from ..kernels.indices import build_kv_indices
+from ..layout import KINDS
+from ..rig import Rig
+from ..viz.measure import HOST_PARTS
+from . import ROOT
+
+RESULTS = ROOT / "benchmarks" / "results"
+SHAPES = {"faithful": "unified", "fused": "fused", "in-graph": "in_graph", "glued": "unified+glue"}  # Triton decode
+COLORS = {"faithful": "#1f77b4", "fused": "#ff7f0e", "in-graph": "#2ca02c", "glued": "#9467bd"}
+REPLAY = "graph.replay()"  # the glue graph's launch, and the step graph's
+
+
+@cache
+def _json(path: str) -> dict[str, Any]:
+    return json.loads((RESULTS / path).read_text())
+
+
+def sweep() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The environment and the 900 rows of ``replay_cost/results.json`` (H200, 2026-12-01, medians of 30)."""
+    data = _json("replay_cost/results.json")
+    return data["environment"], data["rows"]
+
+
+def launch_costs() -> dict[str, tuple[float, float]]:
+    """Host µs per call of each item of ``launch_cost.json``: (lowest, highest) median over its rounds; the two
+    ``graph.replay()`` rows (1 and 64 kernels) merged as ``REPLAY``, the kernel's GPU time as
+    ``"kernel on the GPU"``."""
+    data = _json("launch_cost/launch_cost.json")
+    out = {item: (min(r[item]["median"] for r in data["rounds"]), max(r[item]["median"] for r in data["rounds"]))
+           for item in data["rounds"][0]}  # fmt: skip
+    graphs = [v for k, v in out.items() if k.startswith("graph.replay()")]
+    out[REPLAY] = (min(lo for lo, _ in graphs), max(hi for _, hi in graphs))
+    out["kernel on the GPU"] = (data["kernel_gpu_us"], data["kernel_gpu_us"])
+    return out
+
+
+def draw_launch_costs() -> Figure:
+    """One bar per item of ``launch_cost.json`` (its highest round median; the range written at its end), the tiny
+    kernel's own GPU time last."""
+    costs, env = launch_costs(), _json("launch_cost/launch_cost.json")["environment"]
+    items = [k for k in costs if k != REPLAY]
+    kinds = {"GPU": "#252525", "graph": "#31a354", "host read": "#bdbdbd", "refimpl": "#fd8d3c"}  # else: a launch
+    color = lambda k: next((c for word, c in kinds.items() if word in k), "#1f77b4")  # noqa: E731
+    fig = Figure(figsize=(7.5, 3.4))
+    ax = fig.add_subplot(1, 1, 1)
+    for y, k in enumerate(items):
+        lo, hi = costs[k]
+        ax.barh(y, hi, color=color(k))
+        ax.text(hi, y, f" {lo:.1f}" + (f"–{hi:.1f}" if hi - lo >= 0.05 else "") + " µs", va="center", fontsize=8)
+    ax.set_yticks(range(len(items)), items, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(right=max(hi for _, hi in costs.values()) * 1.25)
+    ax.set_xlabel("µs per call: host time (two rounds of 200 loops of 50 calls, one core); the last bar: GPU time")
+    lo, hi, gpu = costs["eager op"][0], costs["triton, from Python"][1], costs["kernel on the GPU"][0]
+    ax.set_title(f"One launch costs the host {lo:.1f}–{hi:.1f} µs; the kernel runs {gpu:.1f} µs on the GPU "
+                 f"({env['device']})", fontsize=9)  # fmt: skip
+    return fig
+
+
+def priced_as(op: str) -> str:
+    """The ``launch_costs`` item an op of ``hook_launches`` costs: a refimpl kernel as a hook calls it (argument checks,
+    then the launch), one ``graph.replay()``, or an eager PyTorch op."""
+    return "refimpl kernel, as a hook calls it" if op.startswith("refimpl.") else REPLAY if op == REPLAY else "eager op"
+
+
+def hook_launches(ctx: int = 64) -> dict[str, dict[str, int]]:
+    """Per Triton decode shape, the ops its replay hook launches (``aten.cumsum``, ``refimpl.build_kv_indices``, ...),
+    counted here (CPU emulator) with ``bench.launches`` on a bs-2 graph. The glued hook is one replay of its glue graph
+    (``GraphRunner.replay_hook``): on a GPU it launches nothing else, and the emulator replays a graph by running its
+    ops again, so it is not counted."""
+    engine, spec, out = make_engine("auto"), SpecConfig(3, 1, 4), {}
+    for shape in ("faithful", "fused", "in-graph"):
+        rig = Rig.build(find("triton", SHAPES[shape])[0], KINDS["decode"], spec, engine, capture_bs=(2,),
+                        max_context_len=ctx, pool_size=8)  # fmt: skip
+        fb = rig.gen.decode(2)
+        rig.runner.load_inputs(fb, 2)
+        ops = bench.launches(lambda r=rig.runner, f=fb: r.replay_hook(f, 2))
+        out[shape] = {op.removesuffix(".default"): n for op, n in ops.items()}
+    out["glued"] = {REPLAY: 1}
+    return out
+
+
+def span(low: float, high: float) -> str:
+    """``"82-84"``, or ``"34"`` when both round to the same µs."""
+    return f"{low:.0f}" if round(low) == round(high) else f"{low:.0f}-{high:.0f}"
+
+
+def measured_hooks() -> dict[str, tuple[float, float]]:
+    """Per Triton decode shape, the lowest and highest median host µs of its replay hook at bs 1 / 8 / 64
+    (``replay_path/replay_table.json``: H200, context 4096, medians of 600)."""
+    rows = _json("replay_path/replay_table.json")["rows"]
+    out = {}
+    for shape, variant in SHAPES.items():
+        hooks = [rows[f"triton/{variant}/decode"][bs]["hook"] for bs in ("1", "8", "64")]
+        out[shape] = (min(hooks), max(hooks))
+    return out
+
+
+def host_gpu(variant: str, mode: str = "decode", backend: str = "triton", ctx: int = 512) -> dict[int, dict]:
+    """bs -> host µs of the replay path (copies + hook + launch), GPU µs of the graph and the synchronised graph step,
+    medians from ``results.json``."""
+    _, rows = sweep()
+    pts = [r for r in rows if (r["backend"], r["variant"], r["mode"], r["context"]) == (backend, variant, mode, ctx)]
+    out = {}
+    for r in sorted(pts, key=lambda r: r["bs"]):
+        h, g, s = r["host_us"]["path"], r["gpu_us"]["graph"], r["step_us"]["graph"]
+        out[r["bs"]] = dict(host=h["median"], gpu=g["median"], step=s["median"])
+    return out
+
+
+def host_bound(variant: str, mode: str = "decode", batch_sizes=(1, 8, 64, 256)) -> set[int]:
+    """The batch sizes among ``batch_sizes`` whose host path is longer than the GPU time of the graph."""
+    return {bs for bs, p in host_gpu(variant, mode).items() if bs in batch_sizes and p["host"] > p["gpu"]}
+
+
+def gpu_line(variant: str, mode: str = "decode", batch_sizes=(1, 8, 64, 256)) -> str:
+    """The GPU µs of the graph at each of ``batch_sizes``, one line."""
+    return ", ".join(f"bs {bs}: {p['gpu']:.0f}" for bs, p in host_gpu(variant, mode).items() if bs in batch_sizes)
+
+
+def step_table(variant: str, mode: str = "decode", batch_sizes=(1, 8, 64, 256)) -> str:
+    """One line per bs: host, GPU, their sum against the measured synchronised step, and max(host, GPU): the step a
+    host that runs ahead would reach."""
+    lines = [f"triton/{variant} {mode}, context 512, µs: host + GPU vs the measured step; max(host, GPU)"]
+    for bs, p in host_gpu(variant, mode).items():
+        if bs in batch_sizes:
+            h, g, s = p["host"], p["gpu"], p["step"]
+            bound = "host-bound" if h > g else "GPU-bound"
+            lines.append(f"  bs {bs:>3}: {h:4.0f} + {g:4.0f} = {h + g:5.0f} vs {s:5.0f} measured; max {max(h, g):4.0f}"
+                         f"  {bound}")  # fmt: skip
+    return "\n".join(lines)
+
+
+BREAKDOWN = [  # (label, backend, variant, mode) of the breakdown figure
+    ("Triton decode, faithful", "triton", "unified", "decode"),
+    ("Triton decode, glued", "triton", "unified+glue", "decode"),
+    ("Triton decode, in-graph", "triton", "in_graph", "decode"),
+    ("FlashInfer decode", "flashinfer", "unified", "decode"),
+    ("FlashInfer target verify", "flashinfer", "unified", "target_verify"),
+    ("FlashInfer-MLA decode", "flashinfer_mla", "unified", "decode"),
+    ("TRTLLM-MLA decode", "trtllm_mla", "unified", "decode"),
+]
+
+
+def draw_breakdown(bs: int = 8) -> Figure:
+    """``viz.draw_replay_breakdown`` of the ``BREAKDOWN`` rows at context 512: copies, hook, launch, and the GPU bar."""
+    env, rows = sweep()
+    keys = [k[1:] for k in BREAKDOWN]
+    return viz.draw_replay_breakdown(rows, env, bs, 512, keys, [k[0] for k in BREAKDOWN], parts=HOST_PARTS)
+
+
+def draw_host_vs_gpu() -> Figure:
+    """``viz.draw_host_vs_bs``: the four Triton decode shapes' host paths and the graph's GPU time, context 512."""
+    env, rows = sweep()
+    series = [(shape, "triton", variant, COLORS[shape]) for shape, variant in SHAPES.items()]
+    return viz.draw_host_vs_bs(rows, env, 512, series)
+
+
+def planted_backend() -> BackendEntry:
+    """``tests/broken_backends.py:HostValueInHook`` (it subclasses ``examples/paged_decode_backend.py``)."""
+    for path in (str(ROOT), str(ROOT / "tests")):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    return load_backend_class("broken_backends:HostValueInHook")
+
+
+def glued_rig(entry: BackendEntry) -> Rig:
+    """``entry``'s decode runner on the CPU emulator, graphs of bs 1 / 2 / 4, each replay hook in a glue graph."""
+    spec = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
+    engine = make_engine("cpu-emulator")
+    return Rig.build(entry, KINDS["decode"], spec, engine, capture_bs=(1, 2, 4), max_context_len=32, glue=True)
+
+
+def _per_call(fn: Callable[[], Any], calls: int, repeats: int) -> float:
+    """Median host µs per call over ``repeats`` loops of ``calls`` calls after a warm-up, synchronised between loops
+    (``benchmarks/launch_cost.py``'s method)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    for _ in range(calls):
+        fn()
+    loops = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        loops.append((time.perf_counter() - t0) * 1e6 / calls)
+    sync()
+    return statistics.median(loops)
+
+
+def hook_parts(bs: int = 8, ctx: int = 512, calls: int = 50, repeats: int = 100) -> str:
+    """The faithful Triton decode replay hook and its pieces, host µs each, timed one by one in this process on one
+    batch of ``bs`` (meant for a GPU; on the emulator the numbers say what the Python costs)."""
+    engine = make_engine("auto")
+    rig = Rig.build(find("triton", "unified")[0], KINDS["decode"], SpecConfig(3, 1, 4), engine, validate_inputs=False,
+                    capture_bs=(bs,), max_context_len=ctx, pool_size=bs + 4)  # fmt: skip
+    be, fb = rig.backend, rig.gen.decode(bs, seq_lens=[ctx // 2 + 7 * i for i in range(bs)])
+    rig.runner.load_inputs(fb, bs)
+    view = rig.runner._replay_batch(fb, bs)
+    seq, rpi, indptr = view.seq_lens[:bs], view.req_pool_indices[:bs], be.kv_indptr[: bs + 1]
+    x = torch.zeros(128, device=engine.device)
+
+    def assign() -> None:
+        indptr[1:] = torch.cumsum(seq, 0)  # an int64 result, converted back to int32
+
+    parts = {
+        "the whole replay hook": lambda: rig.runner.replay_hook(fb, bs),
+        "kv_indptr[1:] = cumsum(...)": assign,
+        "build_kv_indices": lambda: build_kv_indices(be.world.req_to_token, rpi, seq, indptr, be.cuda_graph_kv_indices),
+        "split counts (get_num_kv_splits)": lambda: be._splits(be.cuda_graph_num_kv_splits[:bs], seq),
+        "one eager op (add_)": lambda: x.add_(1),
+    }
+    where = torch.cuda.get_device_name() if engine.device.type == "cuda" else "CPU emulator"
+    lines = [f"faithful Triton decode hook, bs {bs}, {where}, host µs (median of {repeats} loops of {calls} calls)"]
+    lines += [f"  {name:<34} {_per_call(fn, calls, repeats):8.1f}" for name, fn in parts.items()]
+    return "\n".join(lines)

@@ -1,0 +1,92 @@
+"""Notebook 00's helpers: two graphs in one CUDA memory pool (what they share, what must stay alive), and the picture
+of whole, piecewise and breakable graphs.
+
+The pool demos need a GPU: the CPU emulator keeps every tensor it recorded alive and has no pool, so neither the
+sharing nor the bug exists there (``refimpl/graphs/emulator.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+from matplotlib.figure import Figure
+
+
+def scratch_addresses(shared_pool: bool, n: int = 1 << 22) -> list[int]:
+    """Capture a bs-8 step, then a bs-4 step, each ``relu(x).sum(1)``; return the address of each capture's scratch
+    (``relu(x)``, freed when the step returns). Largest first into one pool, the bs-4 capture is handed the bs-8
+    capture's freed scratch: only one of them replays at a time, so they may share it."""
+    pool = torch.cuda.graph_pool_handle() if shared_pool else None
+    seen: list[int] = []
+    keep = []  # graphs, inputs and outputs stay alive: they are read at replay
+
+    def step(x):
+        h = torch.relu(x)  # scratch
+        seen.append(h.data_ptr())
+        return h.sum(1)  # the static output
+
+    for bs in (8, 4):
+        x, g = torch.randn(bs, n, device="cuda"), torch.cuda.CUDAGraph()
+        step(x)  # warm-up, outside the pool
+        with torch.cuda.graph(g, pool=pool):
+            y = step(x)
+        keep.append((g, x, y))
+    return seen[1::2]  # the two captures' scratch (the warm-ups' come first)
+
+
+def output_after_other_replay(keep_output: bool, n: int = 1 << 20) -> float:
+    """Graph A writes ``x * 2``, graph B ``x * 3``, both in one pool, A captured first. If nothing keeps A's output
+    alive, B's capture may be handed its memory; replaying A then writes over B's output. Returns B's output after B,
+    then A, replay: 3.0 when intact."""
+    pool, x = torch.cuda.graph_pool_handle(), torch.ones(n, device="cuda")
+    g_a, g_b = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g_a, pool=pool):
+        out_a = x * 2
+    kept = out_a if keep_output else None  # what SGLang's runner does with every graph's output  # noqa: F841
+    del out_a
+    with torch.cuda.graph(g_b, pool=pool):
+        out_b = x * 3
+    g_b.replay()
+    g_a.replay()
+    torch.cuda.synchronize()
+    return out_b[0].item()
+
+
+def draw_graph_kinds() -> Figure:
+    """One two-layer step two ways: a whole graph, its attention metadata refilled by a hook before each replay (SGLang's
+    decode graphs, this course); piecewise graphs with attention run eagerly between them (vLLM's PIECEWISE, SGLang's
+    breakable graphs for prefill)."""
+    fig = Figure(figsize=(8.4, 1.9))
+    ax = fig.add_subplot()
+    ops = ["hook", "qkv", "attn", "mlp", "qkv", "attn", "mlp"]
+    rows = [
+        ("whole graph\n(decode: this course)", ["eager"] + ["graph"] * 6),
+        (
+            "piecewise / breakable\n(vLLM PIECEWISE, SGLang BCG)",
+            ["none"] + ["eager" if op == "attn" else "graph" for op in ops[1:]],
+        ),
+    ]
+    colors = {"graph": "#9ecae1", "eager": "#fdae6b"}
+    for y, (label, kinds) in enumerate(rows):
+        ax.text(-0.2, -y, label, ha="right", va="center", fontsize=8)
+        start = 0
+        for i in range(1, len(ops) + 1):  # a box per run of graph ops, one per eager op
+            if i == len(ops) or kinds[i] != kinds[start] or kinds[start] != "graph":
+                if kinds[start] != "none":
+                    ax.add_patch(_box(start, -y, i - start, colors[kinds[start]]))
+                    words = "one replay" if kinds[start] == "graph" else "Python"
+                    ax.text((start + i) / 2, -y + 0.28, words, ha="center", fontsize=6.5, color="0.3")
+                start = i
+        for i, op in enumerate(ops):
+            if kinds[i] != "none":
+                ax.text(i + 0.5, -y, op, ha="center", va="center", fontsize=7)
+    ax.text(3.5, 0.75, "blue: captured, launched as one / orange: eager Python, every step", ha="center", fontsize=8)
+    ax.set_xlim(-2.6, 7.1)
+    ax.set_ylim(-1.5, 1.0)
+    ax.axis("off")
+    return fig
+
+
+def _box(x: float, y: float, w: float, color: str):
+    from matplotlib.patches import FancyBboxPatch
+
+    return FancyBboxPatch((x + 0.05, y - 0.22), w - 0.1, 0.44, boxstyle="round,pad=0.02", fc=color, ec="0.4", lw=0.8)

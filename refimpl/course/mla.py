@@ -1,0 +1,149 @@
+"""Notebook 05's helpers: the MLA world and batches it builds, the block-table figure, the draft-extend runner whose
+replay hook it counts, one line per checker record, and the committed H200 results of SGLang #29077 (with a live sweep
+on a GPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from .. import viz
+from ..batch import ForwardBatch, World
+from ..batchgen import BatchGenerator
+from ..check import CheckRecord
+from ..config import GraphConfig, ModelConfig, SpecConfig
+from ..graphs import make_engine
+from ..graphs.runner import GraphRunner
+from ..model import TinyDecoder
+from ..modes import ForwardMode
+from ..viz import cells as C
+from . import ROOT
+
+ENGINE = make_engine("auto")  # the CPU emulator here, CUDA graphs on a GPU
+DEVICE = ENGINE.device
+CFG = ModelConfig(kind="mla", num_layers=1, hidden_size=32, num_heads=4)  # latent 512 + rope 64
+CHAIN = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)  # an EAGLE chain: N = S + 1
+L = 160  # max_context_len
+RESULTS = ROOT / "benchmarks" / "results" / "trtllm_mla_draft_extend"
+SHAPES = ("unified", "simplified", "in_graph")
+
+
+def world(page_size: int) -> World:
+    """An MLA world of ``L`` = 160 positions, 12 request rows, random KV."""
+    w = World.create(CFG, max_context_len=L, pool_size=12, page_size=page_size, device=DEVICE)
+    w.randomize_kv(0)
+    return w
+
+
+def three_requests(page_size: int) -> tuple[World, ForwardBatch]:
+    """A decode batch of three requests of lengths P - 1, P and 2P + 1 (at most ``L``): below, at, past a page end."""
+    w, P = world(page_size), page_size
+    return w, BatchGenerator(w, CHAIN, seed=P).decode(3, seq_lens=[P - 1, P, min(2 * P + 1, L)])
+
+
+def draw_block_tables(panels: Sequence[tuple], max_pages: int = 8) -> Figure:
+    """One panel per ``(backend, P, req_to_token, req_pool_indices, seq_lens, table)``, one row per request: the
+    entries it reads (``cdiv(len, P)``) in its colour, the others grey; a read entry that is not
+    ``req_to_token[rpi[i], p * P] // P`` is marked (gid ``"differs"``)."""
+    fig = Figure(figsize=(max_pages * C.CELL_IN * 1.6 + 3.0, len(panels) * 1.25 + 0.8), layout="constrained")
+    for k, (name, P, r2t, rpi, lens, table) in enumerate(panels):
+        r2t, rpi, lens, table = (C.to_numpy(x) for x in (r2t, rpi, lens, table))
+        ax, bs, pages = fig.add_subplot(len(panels), 1, k + 1), len(rpi), min(table.shape[1], max_pages)
+        C.grid_axes(ax, pages, bs)
+        for i in range(bs):
+            read = -(-int(lens[i]) // P)
+            for p in range(pages):
+                color, ink = (C.owner_color(i, False), "black") if p < read else (C.UNUSED_COLOR, "#969696")
+                C.cell(ax, p, i, color, C.fmt(table[i, p]), fontsize=7, text_color=ink)
+                if p < read and int(table[i, p]) != int(r2t[rpi[i], p * P]) // P:
+                    C.differs_mark(ax, p, i)
+        ax.set_yticks(range(bs), [f"req {i}: len {int(n)}, reads {-(-int(n) // P)}" for i, n in enumerate(lens)])
+        ax.tick_params(axis="y", labelsize=7)
+        ax.set_xticks(range(pages), [f"p{p}" for p in range(pages)], fontsize=6)
+        ax.xaxis.tick_top()
+        ax.set_title(f"{name}, page size {P}: table [{bs}, {table.shape[1]}], first {pages} pages shown", fontsize=8)
+    C.suptitle(fig, "Block tables: a request reads cdiv(len, P) entries, each req_to_token[row, p·P] // P;\n"
+                    "grey entries are never read and keep the buffer's initial value")  # fmt: skip
+    return fig
+
+
+def draft_extend_runner(cls: type) -> tuple[GraphRunner, ForwardBatch]:
+    """A runner of ``cls`` (page 64) captured for draft extend v2 at bs 4, and a batch of 3 that it pads to 4."""
+    w = world(64)
+    gcfg = GraphConfig(max_bs=4, capture_bs=(4,), max_context_len=L)
+    runner = GraphRunner(TinyDecoder(CFG, DEVICE), cls(w, CHAIN), ENGINE, ForwardMode.DRAFT_EXTEND_V2, gcfg, CHAIN)
+    runner.capture()
+    return runner, BatchGenerator(w, CHAIN, seed=7).draft_extend(3, 2)
+
+
+def op_names(counts: dict[str, int]) -> str:
+    """``{"aten.copy_.default": 2, ...}`` as ``"2 copy_, ..."``."""
+    short = lambda name: name.split(".")[1]  # noqa: E731
+    return ", ".join(f"{n} {short(k)}" if n > 1 else short(k) for k, n in counts.items()) or "nothing"
+
+
+def verdict_line(rec: CheckRecord) -> str:
+    """A checker record in one line: verdicts (a)-(d) and what its findings are about, each named once."""
+    about = []  # what each finding is about: a buffer (in (a) or (d)), or "graph vs eager"
+    for f in rec.findings:
+        head, _, rest = f.partition(": ")
+        key = rest.split(":")[0] if head == "reference" else head
+        about += [key] if key not in about else []
+    verdicts = (rec.capture_equals_replay, rec.graph_equals_eager, rec.matches_oracle, rec.replay_matches_reference)
+    shown = " ".join(f"({c}) {v}" for c, v in zip("abcd", verdicts))
+    return f"{rec.backend}/{rec.variant} {rec.mode} bs {rec.bs}: {shown}; findings: {', '.join(about) or 'none'}"
+
+
+def h200_results(run: int = 2) -> dict[str, Any]:
+    """The committed H200 results of ``benchmarks/trtllm_mla_draft_extend.py`` (two runs; run 1 has host-noise spikes,
+    ``benchmarks/results/trtllm_mla_draft_extend/README.md``)."""
+    return json.loads((RESULTS / f"run{run}_results.json").read_text())
+
+
+def savings(rows: Sequence[dict]) -> dict[str, tuple[float, float]]:
+    """The least and most median host µs each step saves over the batch sizes: ``"#29077"`` (unified -> simplified),
+    ``"in-graph"`` (simplified -> in_graph)."""
+    host = {(r["shape"], r["bs"]): r["host_us"]["hook+launch"]["median"] for r in rows}
+    out = {}
+    for step, (a, b) in (("#29077", SHAPES[:2]), ("in-graph", SHAPES[1:])):
+        saved = [host[a, bs] - host[b, bs] for s, bs in host if s == a]
+        out[step] = (min(saved), max(saved))
+    return out
+
+
+def draw_h200_replay() -> Figure:
+    """Host µs of the hook + ``graph.replay()`` and GPU µs of the graph against bs, per shape (run 2, p25-p75 shaded)."""
+    res = h200_results()
+    (a, b), (c, d) = savings(res["rows"]).values()
+    panels = [("host_us", "hook+launch", "host µs: replay hook + graph.replay()"), ("gpu_us", "graph", "GPU µs: graph")]
+    title = (f"TRTLLM-MLA draft extend v2 replay, {res['environment']['device']}: #29077 (unified → simplified) saves "
+             f"{a:.0f}-{b:.0f} µs of host time,\nthe in-graph rebuild {c:.0f}-{d:.0f} µs more (left); "
+             "the graph's GPU time does not move (right)")  # fmt: skip
+    return viz.draw_latency_vs_bs(res["rows"], panels, title)
+
+
+def medians(rows: Sequence[dict], batch_sizes: Sequence[int] = (1, 16, 256)) -> str:
+    """Median host µs of the hook + ``graph.replay()``, one line per batch size."""
+    host = {(r["shape"], r["bs"]): r["host_us"]["hook+launch"]["median"] for r in rows}
+    return "\n".join(f"bs {bs:>3}: " + ", ".join(f"{s} {host[s, bs]:.0f} µs" for s in SHAPES) for bs in batch_sizes)
+
+
+def live_sweep(batch_sizes: Sequence[int] = (1, 16, 64)) -> list[dict[str, Any]]:
+    """A short run of the #29077 benchmark's ``sweep`` on this machine (a GPU: the emulator's timings mean little)."""
+    path = ROOT / "benchmarks" / "trtllm_mla_draft_extend.py"
+    spec = importlib.util.spec_from_file_location("trtllm_mla_draft_extend", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench.sweep(batch_sizes=tuple(batch_sizes), repeats=20, warmup=5, rotate=2)
+
+
+def hook_launches(rows: Sequence[dict]) -> dict[str, set[int]]:
+    """Per shape, the launch counts of its replay hook over the sweep's rows (one count: the same at every bs)."""
+    out: dict[str, set[int]] = {}
+    for r in rows:
+        out.setdefault(r["shape"], set()).add(sum(r["hook_launches"].values()))
+    return out
