@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import examples.paged_decode_backend as template
+import refimpl
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,7 +24,10 @@ def test_the_template_copied_outside_the_repository_passes_the_printed_command(t
     source = re.sub(r"\bPagedDecodeBackend\b", "MyBackend", source).replace('"paged_decode_example"', '"my_backend"')
     (tmp_path / "my_backend.py").write_text(source)
     assert not tmp_path.resolve().is_relative_to(ROOT)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing of the repository on the path
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing of the repository on the path ...
+    probe = subprocess.run([sys.executable, "-c", "import refimpl"], cwd=tmp_path, env=env, capture_output=True)
+    if probe.returncode:  # ... unless refimpl is not installed but on PYTHONPATH (the GPU gate): then its folder only
+        env["PYTHONPATH"] = str(Path(refimpl.__file__).resolve().parents[1])
     argv = [sys.executable, *shlex.split(command)[1:], "--mode", "decode", "--bs", "1,3"]
     res = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
