@@ -41,6 +41,13 @@ def test_flashinfer_rows_pass(variant, case, spec):
     assert_all_pass(run("flashinfer", variant, case, spec))
 
 
+def test_multi_step_draft_decode_plans_bs_times_topk_rows_past_the_request_pool():
+    """topk 8 (the CLI's largest): bs 4 x 8 = 32 rows per step against a request pool of 24. Each step's buffers were
+    sized by the pool, so the bs-4 wrapper was bound to 24 last-page lengths and its plan refused 33 indptr entries."""
+    spec = SpecConfig(num_steps=3, topk=8, num_draft_tokens=10)
+    assert_all_pass(run("flashinfer", "unified", "draft_decode", spec, raw_bs=(3,)))
+
+
 @pytest.mark.parametrize("case", ["decode", "target_verify", "draft_extend", "draft_extend_v2"])
 def test_flashinfer_mla_unified_passes(case):
     assert_all_pass(run("flashinfer_mla", "unified", case))

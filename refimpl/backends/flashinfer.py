@@ -10,7 +10,7 @@ every replay must **re-plan** the captured wrapper (real flashinfer on a GPU, el
 batch size; replay finds and re-plans it.
 
 Static buffers (int32; T = max_num_tokens, L = max_context_len), bound as: ``kv_indptr [pool+1]`` (decode
-``paged_kv_indptr_buffer[:T+1]``, prefill ``[:bs+1]``), ``kv_last_page_len [pool]`` (all ones), ``cuda_graph_kv_indices
+``paged_kv_indptr_buffer[:T+1]``, prefill ``[:bs+1]``), ``kv_last_page_len`` (all ones, one per row of ``kv_indptr``), ``cuda_graph_kv_indices
 [T*L]`` (``paged_kv_indices_buffer``), ``cuda_graph_qo_indptr [pool+1]`` (prefill ``qo_indptr_buf[:bs+1]``); only if the
 spec has a mask, prefill ``custom_mask_buf`` = ``cuda_graph_custom_mask [T*L]`` (uint8) and ``mask_indptr_buf`` =
 ``cuda_graph_qk_indptr[:bs+1]``.
@@ -82,9 +82,12 @@ class FlashInferAttnBackend(AttentionBackend):
         self.workspace = make_workspace(dev, real=self.fi.real)
         i32 = dict(dtype=torch.int32, device=dev)
         self.kv_indptr = kv_indptr_buf if kv_indptr_buf is not None else torch.zeros(pool + 1, **i32)
-        self.kv_last_page_len = torch.ones(pool, **i32)
-        self.kv_last_page_len_cpu = torch.ones(pool, dtype=torch.int32, device="cpu")
-        self._host_indptr = torch.zeros(pool + 1, dtype=torch.int32, device="cpu")  # [0] stays 0: cumsums land in [1:]
+        # rows the wrappers may plan: requests, or a multi-step step's bs * topk (its kv_indptr_buf: pool * topk + 1, as
+        # upstream's multi-step wrapper sizes its kv_last_page_len [facts#flashinfer-buffers])
+        rows = self.kv_indptr.numel() - 1
+        self.kv_last_page_len = torch.ones(rows, **i32)
+        self.kv_last_page_len_cpu = torch.ones(rows, dtype=torch.int32, device="cpu")
+        self._host_indptr = torch.zeros(rows + 1, dtype=torch.int32, device="cpu")  # [0] stays 0: cumsums land in [1:]
         self.skip_prefill = skip_prefill
         self.decode_cuda_graph_metadata: dict[int, list] = {}
         self.prefill_cuda_graph_metadata: dict[int, list] = {}
