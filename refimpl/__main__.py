@@ -325,6 +325,9 @@ def _fuzz(args, given) -> int:
     done = f"{len(report.mismatches)} mismatches, seed {args.seed}, {time.perf_counter() - t0:.0f} s"
     where = sys.stderr if args.json else sys.stdout
     print(f"fuzz: {total} batches over {len(report.batches)} targets, {done}", file=where)
+    if not total and not report.mismatches:  # as check: a selection whose every target was skipped fails
+        print("fuzz: nothing fuzzed: every selected target was skipped", file=sys.stderr)
+        return 1
     return 1 if report.mismatches else 0
 
 

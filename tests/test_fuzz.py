@@ -107,3 +107,13 @@ def test_the_multi_step_oracle_takes_the_picks_of_the_run_it_checks():
     alone = own_picks(fb, rig.oracle)  # without them, every branch's later steps differ
     assert not torch.allclose(alone[:, 1:].float(), eager[:, 1:].float(), **rig.tol)
     target.gen.release(fb)
+
+
+def test_fuzz_over_a_selection_with_nothing_to_fuzz_fails_like_check(capsys):
+    """Wave captures no draft extend: every selected target is skipped, 0 batches, exit 1 (not 0) with the reason."""
+    from refimpl.__main__ import main
+
+    assert (
+        main(["check", "--fuzz", "1", "--backend", "wave", "--mode", "draft_extend", "--engine", "cpu-emulator"]) == 1
+    )
+    assert "nothing fuzzed: every selected target was skipped" in capsys.readouterr().err
