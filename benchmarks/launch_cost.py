@@ -29,27 +29,11 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
-
-
-def per_call_us(fn, calls: int, repeats: int, warmup: int = 200) -> dict[str, float]:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    loops = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        loops.append((time.perf_counter() - t0) * 1e6 / calls)
-        torch.cuda.synchronize()
-    q = statistics.quantiles(loops, n=10)
-    return {"median": statistics.median(loops), "p10": q[0], "p90": q[-1]}
 
 
 def items() -> dict:
@@ -128,7 +112,7 @@ def main() -> int:
     from refimpl import bench
 
     fns = items()
-    rounds = [{name: per_call_us(fn, a.calls, a.repeats) for name, fn in fns.items()} for _ in range(a.rounds)]
+    rounds = [{name: bench.per_call_us(fn, a.calls, a.repeats) for name, fn in fns.items()} for _ in range(a.rounds)]
     env = bench.environment()
     result = {"environment": env, "calls": a.calls, "repeats": a.repeats, "kernel_gpu_us": kernel_gpu_us()}
     result["cores"] = sorted(os.sched_getaffinity(0))  # taskset -c N: one core

@@ -106,6 +106,25 @@ def host_times(fn, batches, repeats: int, warmup: int, sync, before=None, sync_a
     return xs
 
 
+def per_call_us(fn: Callable[[], Any], calls: int = 50, repeats: int = 200, warmup: int = 200) -> dict[str, float]:
+    """Host µs per call of ``fn`` launched back to back: ``repeats`` loops of ``calls`` calls after ``warmup`` calls, a
+    synchronisation between loops outside the timer; the median, p10 and p90 of the loops' per-call times (what one
+    launch costs: ``benchmarks/launch_cost.py``)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    sync()
+    loops = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        loops.append((time.perf_counter() - t0) * 1e6 / calls)
+        sync()
+    q = statistics.quantiles(loops, n=10) if len(loops) > 1 else loops  # one loop: its own spread
+    return {"median": statistics.median(loops), "p10": q[0], "p90": q[-1]}
+
+
 RUN = 8  # hook / launch calls per loaded batch in ``time_replay_path``
 
 

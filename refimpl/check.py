@@ -125,13 +125,14 @@ def _tensor_diff(key: str, a: torch.Tensor, b: torch.Tensor, what: str, limit: i
 STALE = "stale from capture: the replay path kept the capture batch's {}"  # values (a tensor's), value (a scalar's)
 
 
-def _kept(b, kept) -> bool:
-    """Whether the replay-side value ``b`` is, wherever it differs from the capture path's, the capture batch's."""
-    if isinstance(b, torch.Tensor) != isinstance(kept, torch.Tensor):
-        return False
+def _stale(b, kept, differ=None) -> bool:
+    """Whether the replay-side ``b`` holds, wherever it differs from the capture path (``differ``), what the capture
+    batch left (``kept``)."""
     if not isinstance(b, torch.Tensor):
-        return b == kept
-    return b.shape == kept.shape and bool((b.to("cpu") == kept.to("cpu")).all())
+        return not isinstance(kept, torch.Tensor) and b == kept
+    if not isinstance(kept, torch.Tensor) or kept.shape != b.shape:
+        return False
+    return bool((b.to("cpu")[differ] == kept.to("cpu")[differ]).all())
 
 
 def diff_states(
@@ -156,21 +157,13 @@ def diff_states(
             if a.shape != b.shape:
                 out.append(f"{key}: shape {tuple(a.shape)} after {p} vs {tuple(b.shape)} after {q}")
                 continue
-            differ = a.to("cpu") != b.to("cpu")
-            kept = stale is not None and key in stale and _kept(b[differ.to(b.device)], _at(stale[key], b, differ))
+            kept = stale is not None and key in stale and _stale(b, stale[key], a.to("cpu") != b.to("cpu"))
             out += _tensor_diff(key, a, b, f"{p} vs {q}" + ("; " + STALE.format("values") if kept else ""), limit, rows)
         elif a != b:
-            kept = stale is not None and key in stale and _kept(b, stale[key])
+            kept = stale is not None and key in stale and _stale(b, stale[key])
             line = f"{key}: {a!r} {'frozen at' if p == 'capture' else 'after'} {p} vs {b!r} after {q}"
             out.append(line + (f" ({STALE.format('value')})" if kept else ""))
     return out
-
-
-def _at(kept, like: torch.Tensor, where: torch.Tensor):
-    """``kept``'s entries at ``where`` (a mask over ``like``), or ``None`` when its shape is another."""
-    if not isinstance(kept, torch.Tensor) or kept.shape != like.shape:
-        return None
-    return kept[where.to(kept.device)]
 
 
 def diff_reference(state: dict[str, Any], ref: dict[str, Any], limit: int = 4) -> list[str]:

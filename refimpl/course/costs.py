@@ -9,10 +9,7 @@ Every number comes from a file under ``benchmarks/results/``: ``launch_cost/laun
 from __future__ import annotations
 
 import json
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -196,23 +193,6 @@ def glued_rig(entry: BackendEntry) -> Rig:
     return Rig.build(entry, KINDS["decode"], spec, engine, capture_bs=(1, 2, 4), max_context_len=32, glue=True)
 
 
-def _per_call(fn: Callable[[], Any], calls: int, repeats: int) -> float:
-    """Median host µs per call over ``repeats`` loops of ``calls`` calls after a warm-up, synchronised between loops
-    (``benchmarks/launch_cost.py``'s method)."""
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    for _ in range(calls):
-        fn()
-    loops = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        loops.append((time.perf_counter() - t0) * 1e6 / calls)
-    sync()
-    return statistics.median(loops)
-
-
 def hook_parts(bs: int = 8, ctx: int = 512, calls: int = 50, repeats: int = 100) -> str:
     """The faithful Triton decode replay hook and its pieces, host µs each, timed one by one in this process on one
     batch of ``bs`` (meant for a GPU; on the emulator the numbers say what the Python costs)."""
@@ -237,5 +217,6 @@ def hook_parts(bs: int = 8, ctx: int = 512, calls: int = 50, repeats: int = 100)
     }
     where = torch.cuda.get_device_name() if engine.device.type == "cuda" else "CPU emulator"
     lines = [f"faithful Triton decode hook, bs {bs}, {where}, host µs (median of {repeats} loops of {calls} calls)"]
-    lines += [f"  {name:<34} {_per_call(fn, calls, repeats):8.1f}" for name, fn in parts.items()]
+    us = {name: bench.per_call_us(fn, calls, repeats, warmup=calls)["median"] for name, fn in parts.items()}
+    lines += [f"  {name:<34} {t:8.1f}" for name, t in us.items()]
     return "\n".join(lines)

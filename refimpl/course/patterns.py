@@ -20,6 +20,7 @@ from ..flashinfer_wrappers.standin import keys_read
 from ..graphs import CPUEmulatorEngine
 from ..viz.code import CodeGrid, hook_code
 from . import ROOT
+from .runner import failing
 
 CAP, REP = "init_forward_metadata_capture_cuda_graph", "init_forward_metadata_replay_cuda_graph"
 PLAN_COST = ROOT / "benchmarks/results/plan_cost/plan_cost.json"
@@ -191,7 +192,4 @@ def failed_verdicts(backend_cls: type, mode: str, max_context_len: int) -> set[s
     kernel reads at most the planned keys rounded up to a 128-key tile (``flashinfer_wrappers/standin.py``)."""
     entry = BackendEntry.from_class(backend_cls, f"{backend_cls.__module__}:{backend_cls.__qualname__}")
     settings = CheckSettings(max_context_len=max_context_len, glue_replays=0, dtype=torch.float32)
-    rows = check_entry_mode(entry, mode, CPUEmulatorEngine(), settings)
-    verdicts = lambda r: (r.capture_equals_replay, r.graph_equals_eager, r.matches_oracle,  # noqa: E731
-                          r.replay_matches_reference, r.history_ok)  # fmt: skip
-    return {letter for r in rows for letter, ok in zip("abcdf", verdicts(r)) if ok is False}
+    return failing(check_entry_mode(entry, mode, CPUEmulatorEngine(), settings))
