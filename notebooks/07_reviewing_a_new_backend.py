@@ -41,17 +41,19 @@ N = review.SETTINGS.spec.num_draft_tokens  # 4: an EAGLE chain of 3 steps verifi
 
 # %%
 buggy = review.cli("--backend-class", review.BUGGY, "--mode", "target_verify", "--bs", "1")
-assert buggy.returncode == 1 and "    - mask_indptr: 1 of 2 elements differ ([1] 24 vs 40;" in buggy.stdout
+assert buggy.returncode == 1 and "    - mask_indptr: 1 of 2 elements differ ([1] " in buggy.stdout
 row = next(r.split() for r in buggy.stdout.splitlines() if r.startswith("review_"))
-assert row[6:12] == ["FAIL", "ok", "ok", "FAIL", "no", "ok"]  # (a) (b) (c) (d) (e) (f)
+assert row[6:12] == ["FAIL", "ok", "ok", "FAIL", "no", "FAIL"]  # (a) (b) (c) (d) (e) (f)
+assert "history replay 4 (C, the bs-4 graph, bs 4): graph vs eager" in buggy.stdout
 assert "kv_indptr:" not in buggy.stdout and "kv_indices:" not in buggy.stdout
 
 # %% [markdown]
 # ### Reading the finding
 #
 # * **Which verdict.** (a) `cap=rep` fails: fed the same batch,
-#   [path P and path Q](../docs/glossary.md#path-p-and-path-q) leave different state. (b) passes: the output is
-#   right, as the author's test said; (c) passes: eager is right; (e) is information.
+#   [path P and path Q](../docs/glossary.md#path-p-and-path-q) leave different state. (b) passes: one request's
+#   output is right, as the author's test said; (c) passes: eager is right; (e) is information. (f) fails: the history
+#   replays every captured graph, and with more requests the output is wrong.
 # * **Which buffer.** `mask_indptr`, where each mask block starts. The `custom_mask` line follows: the mask is
 #   compared up to the live blocks' end, a `mask_indptr` entry. `kv_indptr` is not named: the keys are right.
 # * **Which side is wrong.** (d) `ref` compares path Q with a [reference state](../docs/glossary.md#reference-state)
@@ -110,8 +112,8 @@ assert [r.split()[10] for r in fixed.stdout.splitlines() if r.startswith("review
 # brings, not one of the runner's [static inputs](../docs/glossary.md#static-inputs): a glue graph keeps copying the
 # capture batch's mask. The hook is correct unglued, so the row stays `ok`.
 #
-# **(f) history** asks whether a replay depends on the one before: on the largest size the same graphs replay A; B,
-# the same size; C, smaller; and more (notebook 01), each held to (b) and (c).
+# **(f) history** asks whether a replay depends on the ones before: the same graphs replay A; A's lengths for other
+# requests; B, A's size with other lengths; every other graph; a long run (notebook 01), each held to (b) and (c).
 #
 # ## 4. A reviewer's checklist
 #
@@ -152,10 +154,10 @@ planted = review.check(Planted, ["decode"], glue=False)
 # Solution (expand to read)
 # (f), and only (f). Paths P and Q are fresh backends that run each hook once, and the per-size rows replay each
 # graph once (bs 1, then 3 padded to 4): the shortcut never fires there. In the history, A follows the bs-3 row's
-# batch on the same bs-4 graph, and B follows A: both replay the previous batch's metadata and (b) fails. C, smaller,
-# refreshes, and so does A again after it.
+# batch on the same bs-4 graph, and the next two steps follow A: each keeps the previous batch's metadata and (b)
+# fails. The bs-2 and bs-1 graphs refresh once; the long run, 20 replays of the bs-1 graph, is stale throughout.
 small, big = planted
 assert small.passed and big.capture_equals_replay and big.replay_matches_reference and big.matches_oracle
 assert big.graph_equals_eager and big.history_ok is False
-assert [f.split(":")[0] for f in big.findings] == ["history replay 1 (A, bs 3)",
-                                                   "history replay 2 (B, the same size, bs 3)"]
+assert [f.split(" (")[0] for f in big.findings[:4]] == [f"history replay {i}" for i in (1, 2, 3, 6)]
+assert big.findings[4] == "history long run: also wrong at replays " + ", ".join(map(str, range(2, 21))) + " of 20"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from . import _env  # noqa: F401
@@ -17,8 +18,9 @@ VERDICTS = """verdicts (one row per backend x variant x mode x batch size; - = n
   ref          (d) the replayed state matches the backend's first-principles reference
   glue         (e) information, not pass/fail: yes, the replay hook may run from a glue graph; no, it may not
                (it copies a spec input or reads a host value: correct unglued); - refused (e.g. a plan())
-  history      (f) one sequence of replays (A; B the same size; C smaller after larger; with trees A's mask
-               size, other trees; A again), each right (on the largest batch size)
+  history      (f) one sequence of replays, each right (after the largest batch size's row): A; A's lengths
+               for other requests (with trees, other trees); B, A's size with other lengths; C, every other
+               captured graph; a long run of 20 replays through the smallest graph, no batch twice in a row
   status       ok; expected (a legacy / as-upstream shape showing its historical bug); skipped; FAIL
 under a row: "- <buffer>: ..." a finding of (a)-(d) or (f) ("stale from capture": the replay path kept
 the values the capture batch left); "(e) ..." the glue verdict's reason, information"""
@@ -105,6 +107,13 @@ def _count(text: str) -> int:
 TOPK_RANGE = (1, 8)  # the CLI's spec: N = num_steps + topk + 1 must fit the checker's context
 
 
+def _seed(text: str) -> int:
+    value = int(text) if text.lstrip("-").isdigit() else None
+    if value is None or not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a seed: an integer in [0, 2**63) (torch's generators take 64 bits)")
+    return value
+
+
 def _topk(text: str) -> int:
     (lo, hi), k = TOPK_RANGE, _int(text)
     if not lo <= k <= hi:
@@ -142,13 +151,16 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--engine", default="auto", choices=("auto", "cuda", "cpu-emulator"))
     c.add_argument("--bs", type=_batch_sizes, default=None, help="raw batch sizes to check, e.g. 1,3,4,7")
     c.add_argument("--topk", type=_topk, default=1, help="draft tree branching (1 = chain, <= 8)")
+    c.add_argument("--jobs", type=_count, help="worker processes on the CPU emulator (default: one per core)")
+    c.add_argument("--context", type=_count, help="the world's longest sequence (default 640; >= 64)")
+    c.add_argument("--pool", type=_count, help="the world's KV slots (default 102,400: slot ids past 65,536)")
     example = "examples.paged_decode_backend:PagedDecodeBackend"
     help = f"check an out-of-tree backend class implementing refimpl's backend contract (repeatable), e.g. {example}"
     c.add_argument("--backend-class", action="append", metavar="MODULE:CLASS", help=help)
     c.add_argument("--json", action="store_true", help="print a JSON list of records")
     help = "fuzz instead: N random batches per backend x variant x mode x spec"
     c.add_argument("--fuzz", type=_count, metavar="N", help=help)
-    c.add_argument("--seed", type=int, default=0, help="the fuzz seed (default 0)")
+    c.add_argument("--seed", type=_seed, default=0, help="the fuzz seed (default 0; 0 <= seed < 2**63)")
     epilog = f"{_names()}\n{_bench_defaults()}"
     b = sub.add_parser(
         "bench", help="what a replay costs, part by part (refimpl.bench.sweep)", epilog=epilog, formatter_class=raw
@@ -190,6 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     settings = CheckSettings()
     if args.bs:
         settings.raw_bs = args.bs
+    settings.max_context_len = args.context or settings.max_context_len
+    settings.num_slots = args.pool or settings.num_slots
+    if settings.max_context_len < 64:
+        c.error(f"argument --context: {settings.max_context_len} is below the minimum 64 (room for a tree's draft rows)")
+    if settings.num_slots < (need := settings.slots_needed()):
+        why = f"{settings.num_slots} slots cannot hold the checker's request pool at --context {settings.max_context_len}"
+        c.error(f"argument --pool: {why} (need >= {need})")
     if args.topk != 1:
         s = settings.spec.num_steps
         settings.spec = SpecConfig(num_steps=s, topk=args.topk, num_draft_tokens=s + args.topk + 1)
@@ -199,15 +218,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.fuzz:
-        flags = (("--bs", args.bs), ("--topk", args.topk != 1))
+        flags = (("--bs", args.bs), ("--topk", args.topk != 1), ("--context", args.context), ("--pool", args.pool))
         given = " / ".join(f for f, v in flags if v)
         if given:  # the fuzzer's batch sizes and specs are its own
-            why = "the fuzzer draws batch sizes 1..8 and specs (chains, topk-2 trees) itself"
+            why = "the fuzzer draws batch sizes 1..8 and specs (chains, topk-2 trees) itself, in its own world"
             c.error(f"argument --fuzz: not with {given}: {why}")
         return _fuzz(args, entries)
     t0 = time.perf_counter()
     try:  # an empty selection is a ValueError
-        rows = run_checks(args.backend, args.mode, args.variant, args.engine, settings, entries, progress=_terminal())
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        jobs = args.jobs or cores
+        rows = run_checks(args.backend, args.mode, args.variant, args.engine, settings, entries, _terminal(), jobs)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -97,7 +97,7 @@ class World:
         if dev.type == "cuda" and dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
         pool = twin.req_to_token_pool
-        twin.device, pool.device, pool.req_to_token = dev, dev, pool.req_to_token.to(dev)
+        twin.device, pool.device, pool.req_to_token, pool.live = dev, dev, pool.req_to_token.to(dev), pool.live.to(dev)
         cache = twin.kv_cache
         for name in ("k", "v", "kv"):
             if hasattr(cache, name):

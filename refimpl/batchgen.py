@@ -45,11 +45,19 @@ def draft_decode_step_view(batch: ForwardBatch) -> torch.Tensor:
     return batch.out_cache_loc.view(spec.num_steps, batch.batch_size * spec.topk)
 
 
-class BatchGenerator:
-    """Random batches per mode over ``world``; ``spec`` is needed by the speculative modes."""
+LENGTHS = ("mixed", "one long", "short")  # how a batch's lengths are drawn when not given (``BatchGenerator.lengths``)
 
-    def __init__(self, world: World, spec: SpecConfig | None = None, seed: int = 0):
-        self.world, self.spec = world, spec
+
+class BatchGenerator:
+    """Random batches per mode over ``world``; ``spec`` is needed by the speculative modes. ``lengths``, when a batch's
+    lengths are not given: ``"mixed"`` (every request short, long, near a page boundary or uniform), ``"one long"``
+    (request 0 within 8 of the longest the mode allows, the others short or near a small page boundary: long
+    contexts at the cost of one request, what the checker draws) or ``"short"`` (every request so)."""
+
+    def __init__(self, world: World, spec: SpecConfig | None = None, seed: int = 0, lengths: str = "mixed"):
+        if lengths not in LENGTHS:
+            raise ValueError(f"lengths={lengths!r}: expected one of {LENGTHS}")
+        self.world, self.spec, self.lengths = world, spec, lengths
         self.rng = random.Random(seed)
         self.torch_gen = torch.Generator().manual_seed(seed)
         self._owned: dict[int, int] = {}  # request slot -> tokens allocated in its row
@@ -122,7 +130,7 @@ class BatchGenerator:
         spec_info = make_draft_extend_input(version, acc, spec, self.world.device, ragged)
         rows = spec_info.extend_seq_lens.tolist()
         if seq_lens is None:  # at least one verified token before the new rows
-            seq = [self._sample_len(r + 1, L) for r in rows]
+            seq = [self._sample_len(r + 1, L, i) for i, r in enumerate(rows)]
         else:
             seq = self._listify(seq_lens, bs, "seq_lens")
             for i, (s, r) in enumerate(zip(seq, rows)):
@@ -225,16 +233,21 @@ class BatchGenerator:
         if hi < lo:
             raise ValueError(f"no room: the longest allowed {name} is {hi} ({limit}) but the minimum is {lo}")
         if given is None:
-            return [(sample or self._sample_len)(lo, hi) for _ in range(bs)]
+            return [sample(lo, hi) if sample else self._sample_len(lo, hi, i) for i in range(bs)]
         out = self._listify(given, bs, name)
         for i, v in enumerate(out):
             self._check_range(f"{name}[{i}]", v, lo, hi, limit)
         return out
 
-    def _sample_len(self, lo: int, hi: int) -> int:
-        """A realistic length in ``[lo, hi]``: short, long, near a page boundary, or uniform."""
+    def _sample_len(self, lo: int, hi: int, i: int | None = None) -> int:
+        """A realistic length in ``[lo, hi]`` for request ``i`` of a batch: short, long, near a page boundary, or uniform
+        (``self.lengths`` narrows it; ``i=None``: an eager prefill's draw, always ``"mixed"``)."""
         assert lo <= hi, (lo, hi)
-        r = self.rng
+        r, unit = self.rng, max(self.world.page_size, 16)
+        if i is not None and self.lengths != "mixed":
+            if i == 0 and self.lengths == "one long":
+                return r.randint(max(lo, hi - 7), hi)
+            hi = min(hi, lo + 2 * unit + 1)  # short, or across the first page boundary or two
         kind = r.choices(["short", "long", "boundary", "uniform"], weights=[3, 3, 3, 2])[0]
         if kind == "short":
             return r.randint(lo, min(hi, lo + 7))

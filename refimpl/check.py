@@ -23,8 +23,11 @@ The hooks are fed what the runner feeds them (``capture_batch`` / ``padded_batch
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
+import random
 import sys
 from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,11 +39,11 @@ from .backends.base import GraphModeNotSupported
 from .batch import ForwardBatch
 from .config import SpecConfig
 from .graphs import GraphEngine, make_engine
-from .graphs.runner import INPUTS, GraphRunner, call_capture_hook, call_in_graph_hook, capture_glue
+from .graphs.runner import INPUTS, GraphRunner, call_capture_hook, call_in_graph_hook, call_replay_hook, capture_glue
 from .kernels.bounds import bounds_guard
 from .layout import KINDS, GraphKind
 from .modes import ForwardMode
-from .rig import Rig, Verdict, raised, state_after
+from .rig import KVGuard, Rig, Verdict, close, graph_buffers, live_masks, raised, state_after
 
 
 @dataclass
@@ -88,9 +91,16 @@ class CheckSettings:
     glue_replays: int = 3  # verdict (e): rotated batches replayed in turn through one glue graph (0: no verdict)
     history: bool = True  # verdict (f): after the per-size rows, a sequence of replays through the same graphs
     spec: SpecConfig = field(default_factory=SpecConfig)
-    max_context_len: int = 48
+    max_context_len: int = 640  # L: room for lengths past 512 positions (each batch's first request near L)
+    num_slots: int | None = 102_400  # KV slots (a multiple of every page size), in random page order: ids past 65,536;
+    # None: just enough for the request pool (a small world, for tests)
     dtype: torch.dtype | None = None  # None: float32 on CPU, bfloat16 on CUDA
     seed: int = 0
+
+    def slots_needed(self) -> int:
+        """The fewest KV slots that hold the rig's request pool (``Rig.build``: 4 * max bs + 8 requests, slot 0 too),
+        each at the longest context, in pages of up to 128."""
+        return (4 * max(self.capture_bs) + 9) * -(-self.max_context_len // 128) * 128 + 128
 
 
 # --- (a) comparing graph-read state ----------------------------------------------------------------
@@ -166,8 +176,9 @@ def diff_states(
     return out
 
 
-def diff_reference(state: dict[str, Any], ref: dict[str, Any], limit: int = 4) -> list[str]:
-    """Verdict (d): ``state`` against the reference, key by key, over the reference's region."""
+def diff_reference(state: dict[str, Any], ref: dict[str, Any], limit: int = 4, rows=None) -> list[str]:
+    """Verdict (d): ``state`` against the reference, key by key, over the reference's region, in the reference's shape
+    (``rows``: live and padded batch size, to name padded rows)."""
     out = []
     for key in sorted(ref):
         want, got = ref[key], state.get(key)
@@ -179,8 +190,8 @@ def diff_reference(state: dict[str, Any], ref: dict[str, Any], limit: int = 4) -
             if got.numel() < n:
                 out.append(f"reference: {key}: graph state has {got.numel()} entries, needs {n}")
                 continue
-            got = got[:n].to(want.dtype) if want.dtype != torch.bool else got[:n].bool()
-            out += _tensor_diff(f"reference: {key}", got, want.flatten().to("cpu"), "graph reads vs reference", limit)
+            got = (got[:n].to(want.dtype) if want.dtype != torch.bool else got[:n].bool()).view(want.shape)
+            out += _tensor_diff(f"reference: {key}", got, want.to("cpu"), "graph reads vs reference", limit, rows)
         elif got != want:
             out.append(f"reference: {key}: graph reads {got!r}, reference {want!r}")
     return out
@@ -203,7 +214,7 @@ def capture_vs_replay(
     if diffs:  # which of them the replay path kept from the capture batch (Q's first step, on a fresh backend)
         kept = _snapshot(state_after(new_backend, runner, runner.capture_batch(padded.batch_size), replay=False)[1])
         diffs = diff_states(live_p, live_q, rows=rows, stale=kept)
-    return diffs, None if ref is None else diff_reference(state_q, ref)
+    return diffs, None if ref is None else diff_reference(state_q, ref, rows=rows)
 
 
 def _batch_defined(state: dict[str, Any], raw_bs: int) -> dict[str, Any]:
@@ -220,22 +231,29 @@ def _batch_defined(state: dict[str, Any], raw_bs: int) -> dict[str, Any]:
 def glue_vs_eager(rig: Rig, batches: list[ForwardBatch]) -> tuple[bool | None, list[str]]:
     """Verdict (e) for ``batches`` of one raw size, replayed in turn: a fresh backend's replay hook captured once into a
     glue graph on static inputs at rest (as the runner does), then per batch the replay's ``load_inputs`` and the glue
-    graph, against the eager hook on the padded batch. ``(None, [why])`` when the hook cannot be glued."""
+    graph, against a twin backend with the same history run eagerly: its capture hook and the replay hook on the
+    capture batch (the glue capture's warm-up), then the replay hook on each padded batch in turn. Parts no kernel reads
+    (a block table's columns past a request's pages) keep the same stale values on both sides. ``(None, [why])`` when
+    the hook cannot be glued."""
     runner, raw_bs = rig.runner, batches[0].batch_size
-    bs, glued = runner.pick_bs(raw_bs), rig.new_backend()
-    glued.init_cuda_graph_state(runner.max_bs, runner.max_num_tokens)
+    bs, glued, twin = runner.pick_bs(raw_bs), rig.new_backend(), rig.new_backend()
     static = runner.capture_batch(bs)  # the glue graph's own static inputs, every row padded
-    call_capture_hook(glued, static)
+    for b in (glued, twin):
+        b.init_cuda_graph_state(runner.max_bs, runner.max_num_tokens)
+        call_capture_hook(b, static)
     graph, why = capture_glue(runner.engine, glued, static, runner.graph_cfg.num_warmups)
     if graph is None:
         return None, [f"glue refused: {why}"]
+    call_replay_hook(twin, static)
     inputs, failed = {k: getattr(static, k) for k in INPUTS}, []
     for i, fb in enumerate(batches, 1):
         runner.load_inputs(fb, bs, into=inputs)
         graph.replay()
         call_in_graph_hook(glued, static)
         got = _batch_defined(_snapshot(glued.graph_state(bs, runner.mode)), raw_bs)
-        want = _batch_defined(state_after(rig.new_backend, runner, runner.padded_batch(fb), replay=True)[1], raw_bs)
+        call_replay_hook(twin, padded := runner.padded_batch(fb))
+        call_in_graph_hook(twin, padded)
+        want = _batch_defined(twin.graph_state(bs, runner.mode), raw_bs)
         if diffs := diff_states(want, got, paths=("the eager hook", "the glued hook")):
             failed.append((i, diffs))
     if not failed:
@@ -282,37 +300,124 @@ def _run(rig: Rig, fb: ForwardBatch) -> Verdict:
 
 
 # --- (f) a history of replays -------------------------------------------------------------------
-def history_verdict(rig: Rig, big: int, small: int) -> tuple[bool, list[str]]:
-    """Verdict (f): the captured graphs replay a sequence, each replay checked as (b) and (c) are: A; B, the same size
-    with other contents; C, smaller after larger (given a smaller raw size); D, verify with trees: A's lengths (the
-    same mask size) with other trees; A again. A backend whose replay depends on the previous replay (a buffer
-    refreshed only when something changed) passes every per-size row and fails here."""
+LONG_RUN = 20  # replays through one graph in the history's last step: a bug every k-th call (k <= 20) shows
+
+
+def _short(gen, kind: GraphKind, bs: int) -> ForwardBatch:
+    """A batch whose requests are all short (``BatchGenerator.lengths``): the history's later steps, cheap to run."""
+    kept, gen.lengths = gen.lengths, "short"
+    try:
+        return gen.for_mode(kind, bs)
+    finally:
+        gen.lengths = kept
+
+
+def history_steps(rig: Rig, big: int) -> list[tuple[str, ForwardBatch]]:
+    """Verdict (f)'s sequence before its long run, each step right after the one it varies: A (raw size ``big``, the
+    generator's lengths); A's lengths for other requests (with trees, other trees: the same mask size); B, A's size with
+    other (short) lengths; then one short batch of every other captured graph size, largest first (C: every captured
+    graph replays, smaller after larger)."""
     gen, kind = rig.gen, rig.kind
-    a, b = gen.for_mode(kind, big), gen.for_mode(kind, big)
-    steps = [("A", a), ("B, the same size", b)]
-    if small < big:  # one raw size (--bs 3): no smaller batch to follow
-        steps.append(("C, smaller after larger", gen.for_mode(kind, small)))
-    if kind.mode.is_target_verify() and rig.spec.topk > 1:
-        d = gen.target_verify(big, seq_lens=a.seq_lens_cpu.tolist())  # new random trees, the same mask size
-        steps.append(("D, A's mask size with other trees", d))
-    steps.append(("A again", a))
-    findings = []
+    a = gen.for_mode(kind, big)
+    same = dict(seq_lens=a.seq_lens_cpu.tolist())
+    if kind.mode.is_any_draft_extend():
+        same["accept_length"] = a.meta["accept_length"]
+    trees = ", other trees" if kind.mode.is_target_verify() and rig.spec.topk > 1 else ""
+    steps = [("A", a), (f"A's lengths, other requests{trees}", gen.for_mode(kind, big, **same))]
+    steps.append(("B, A's size, other lengths", _short(gen, kind, big)))
+    others = sorted(set(rig.runner.graph_cfg.batch_sizes()) - {rig.runner.pick_bs(big)}, reverse=True)
+    return steps + [(f"C, the bs-{n} graph", _short(gen, kind, n)) for n in others]
+
+
+def _reads(backend, masks: list[torch.Tensor], batch: ForwardBatch) -> dict[str, Any]:
+    """What a graph replay reads besides the KV cache and frozen scalars: the live elements (``masks``) of each of
+    ``backend``'s graph buffers, and ``batch``'s static inputs."""
+    bufs = {f"{n} (live part)": b.reshape(-1)[m] for (n, b), m in zip(graph_buffers(backend), masks)}
+    return _snapshot({**bufs, **{f"static input {k}": getattr(batch, k) for k in INPUTS}})
+
+
+def long_run(rig: Rig, n: int = LONG_RUN, distinct: int = 3) -> tuple[int, list[tuple[int, list[str]]]]:
+    """``n`` replays through the smallest graph, rotating ``distinct`` short batches in an order where no batch follows
+    itself. A batch's first replay is held to (b) and (c). Every later one runs the replay path up to the launch
+    (inputs, hook, the in-graph metadata) and compares what the graph would read with what a fresh backend's hooks
+    leave for that batch (verdict (a)'s replay path), on the elements those hooks write (a second fresh backend, its
+    buffers poisoned first, tells them apart: a block table's columns past a request's pages are left as they were, and
+    no kernel reads them): a captured graph's output is a function of what it reads, so equal reads are an equal
+    replay, at a hook's cost instead of a forward pass's. Where a read differs the graph runs and is held to (b)
+    against the batch's eager output. ``(graph size, [(replay, findings)])``."""
+    gen, runner, bs = rig.gen, rig.runner, min(rig.runner.graph_cfg.batch_sizes())
+    batches = [_short(gen, rig.kind, bs) for _ in range(distinct)]
+    order, rng, first, out = [0], random.Random(n), {}, []
+    while len(order) < n:
+        order.append(rng.choice([i for i in range(distinct) if i != order[-1]]))
+    for j, i in enumerate(order, 1):
+        fb, findings = batches[i], []
+        try:
+            if i not in first:
+                v = _run(rig, fb)
+                findings = [] if v.graph_ok and v.oracle_ok else v.findings
+                q, state = state_after(rig.new_backend, runner, padded := runner.padded_batch(fb), replay=True)
+                masks = live_masks(q, state)
+                try:  # live, and written by the hooks (a hook that reads what init_cuda_graph_state set raises here)
+                    q2 = state_after(rig.new_backend, runner, padded, replay=True, poisoned=True)[0]
+                    both = zip(masks, graph_buffers(q), graph_buffers(q2))
+                    masks = [m & (a.reshape(-1) == b.reshape(-1)) for m, (_, a), (_, b) in both]
+                except Exception:  # noqa: BLE001, S110 - then every live element counts
+                    pass
+                first[i] = v.eager, masks, _reads(q, masks, padded)
+                continue
+            eager, masks, want = first[i]
+            runner.load_inputs(fb, bs)
+            view = runner.replay_hook(fb, bs)
+            call_in_graph_hook(runner.backend, view)
+            if diff_states(want, _reads(runner.backend, masks, view)):
+                guard = KVGuard(rig.world, fb)
+                try:
+                    graph = runner.launch(bs)[: fb.num_tokens]
+                finally:
+                    findings += guard.check(runner.out_cache_loc, None if rig.kind.multi_step else fb.num_tokens)
+                close(graph, eager, rig.tol, f"graph vs eager (eager at replay {order.index(i) + 1})", findings)
+        except Exception as e:  # noqa: BLE001 - a finding, not a crash
+            findings = [raised(e)]
+        finally:
+            if findings:
+                out.append((j, findings))
+    for fb in batches:
+        gen.release(fb)
+    return bs, out
+
+
+def history_verdict(rig: Rig, big: int) -> tuple[bool, list[str]]:
+    """Verdict (f): the captured graphs replay ``history_steps`` then a ``long_run``, each replay checked as (b) and (c)
+    are. A backend whose replay depends on the previous replays (a buffer refreshed only when something changed, a
+    counter) passes every per-size row and fails here."""
+    steps, findings = history_steps(rig, big), []
     for i, (label, fb) in enumerate(steps, 1):
         v = _run(rig, fb)
         if not (v.graph_ok and v.oracle_ok):
             findings += [f"history replay {i} ({label}, bs {fb.batch_size}): {f}" for f in v.findings]
-    for fb in {id(fb): fb for _, fb in steps}.values():
-        gen.release(fb)
+    bs, runs = long_run(rig)
+    if runs:  # the first wrong replay's findings; the others by number
+        (j, found), more = runs[0], [str(k) for k, _ in runs[1:]]
+        where = f"history replay {len(steps) + j} (long run, replay {j} of {LONG_RUN} through the bs-{bs} graph)"
+        findings += [f"{where}: {f}" for f in found]
+        findings += [f"history long run: also wrong at replays {', '.join(more)} of {LONG_RUN}"] if more else []
+    for _, fb in steps:
+        rig.gen.release(fb)
     return not findings, findings
 
 
 # --- one backend entry x graph kind --------------------------------------------------------------
 @bounds_guard()  # metadata pointing outside a buffer: a finding, not a crash (kernels/bounds.py)
 def check_entry_mode(
-    entry: BackendEntry, case: str | ForwardMode | GraphKind, engine: GraphEngine, settings: CheckSettings
+    entry: BackendEntry,
+    case: str | ForwardMode | GraphKind,
+    engine: GraphEngine,
+    settings: CheckSettings,
+    worlds: dict | None = None,
 ) -> list[CheckRecord]:
     """The verdicts for one entry and graph kind, one record per raw batch size (one ``skipped`` record when the
-    backend does not capture the kind)."""
+    backend does not capture the kind). ``worlds``: a cache of KV caches shared across calls (``Rig.build``)."""
     kind = GraphKind.parse(case)
     expected = not must_pass(entry.variant) and entry in REGISTRY  # a class under review (--backend-class) must pass
 
@@ -321,9 +426,9 @@ def check_entry_mode(
         labels = (entry.name, entry.variant, kind.label, bs, engine.name)
         return CheckRecord(*labels, *verdicts, findings, pattern, ref, expected=expected)
 
-    sizes = dict(capture_bs=settings.capture_bs, max_context_len=settings.max_context_len)
+    sizes = dict(capture_bs=settings.capture_bs, max_context_len=settings.max_context_len, num_slots=settings.num_slots)
     try:
-        rig = Rig.build(entry, kind, settings.spec, engine, **sizes, dtype=settings.dtype, seed=settings.seed)
+        rig = Rig.build(entry, kind, settings.spec, engine, **sizes, dtype=settings.dtype, seed=settings.seed, worlds=worlds)
     except GraphModeNotSupported as e:
         try:
             cls = entry.load(kind.multi_step)
@@ -334,6 +439,7 @@ def check_entry_mode(
         cls = entry.load(kind.multi_step)
         return [record(max(settings.raw_bs), False, None, None, findings=[f"capture: {raised(e)}"], cls=cls)]
     rows: list[CheckRecord] = []
+    rig.gen.lengths = "one long"  # each batch: one request near the context, the others short
     sizes = (0,) if kind.mode.is_idle() else settings.raw_bs
     for raw_bs in sizes:
         fb = rig.gen.for_mode(kind, raw_bs)
@@ -350,9 +456,17 @@ def check_entry_mode(
             row.glue_equals_eager, row.glue_findings = ok, found
     if settings.history and not kind.mode.is_idle():  # (f) last, on the largest size's row
         row = max(rows, key=lambda r: r.bs)
-        row.history_ok, found = history_verdict(rig, max(sizes), min(sizes))
+        row.history_ok, found = history_verdict(rig, max(sizes))
         row.findings += found
     return rows
+
+
+_WORLDS: dict = {}  # a worker process's KV caches, shared by the targets it checks (``Rig.build(worlds=...)``)
+
+
+def _check_one(entry: BackendEntry, kind: GraphKind, engine: str, settings: CheckSettings) -> list[CheckRecord]:
+    torch.set_num_threads(1)  # one core per worker
+    return check_entry_mode(entry, kind, make_engine(engine), settings, _WORLDS)
 
 
 def run_checks(
@@ -363,9 +477,12 @@ def run_checks(
     settings: CheckSettings | None = None,
     entries: Iterable[BackendEntry] | None = None,
     progress: bool = False,
+    jobs: int = 1,
 ) -> list[CheckRecord]:
     """Check the registered backends (``backends`` / ``variants`` filter them) or ``entries``; ``progress``: a bar on
-    stderr, one step per entry x graph kind. A selection with nothing in it raises ``ValueError``."""
+    stderr, one step per entry x graph kind; ``jobs``: worker processes on the CPU emulator, each target checked whole
+    in one (the rows come back in order; a CUDA engine checks in this process). A selection with nothing in it raises
+    ``ValueError``."""
     settings = settings or CheckSettings()
     eng = make_engine(engine)
     if entries is None:
@@ -376,9 +493,15 @@ def run_checks(
             if not entries:
                 raise ValueError(f"nothing to check: no variant {sorted(variants)} of {backends or 'any backend'} (have: {have})")
     case_list = [GraphKind.parse(m) for m in modes] if modes else list(KINDS.values())
-    tasks = tqdm([(e, c) for e in entries for c in case_list], desc="check", unit="target", file=sys.stderr, disable=not progress)
-    rows: list[CheckRecord] = []
+    todo = [(e, c) for e in entries for c in case_list]
+    bar = dict(desc="check", unit="target", file=sys.stderr, disable=not progress)
+    if jobs > 1 and eng.device.type == "cpu" and len(todo) > 1:
+        fork = multiprocessing.get_context("fork")  # workers inherit what is imported (and classes defined) here
+        with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=fork) as pool:
+            futures = [pool.submit(_check_one, e, c, eng.name, settings) for e, c in todo]
+            return [r for f in tqdm(futures, **bar) for r in f.result()]
+    tasks, rows, worlds = tqdm(todo, **bar), [], {}  # worlds: one random KV cache per world shape, for every target
     for entry, case in tasks:
         tasks.set_postfix_str(f"{entry.name}/{entry.variant} {case.label}")
-        rows.extend(check_entry_mode(entry, case, eng, settings))
+        rows.extend(check_entry_mode(entry, case, eng, settings, worlds))
     return rows

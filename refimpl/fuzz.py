@@ -14,7 +14,6 @@ import random
 import shlex
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import torch
 
@@ -23,10 +22,11 @@ from .config import SpecConfig
 from .graphs import GraphEngine, make_engine
 from .kernels.bounds import bounds_guard
 from .layout import KINDS, GraphKind
-from .rig import SHARED_NAMES, Rig, entries, graph_buffers, raised, state_after
+from .rig import SHARED_NAMES, Rig, entries, graph_buffers, live_masks, poison_value, raised, state_after
 from .spec import DraftTree
 
 CAPTURE_BS = (1, 2, 4, 8)
+CONTEXT, SLOTS = 640, 102_400  # the default world: lengths past 512, slot ids past 65,536 (random page order)
 CHAIN = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
 TREE = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
 
@@ -49,33 +49,6 @@ class FuzzReport:
     skipped: list[str] = field(default_factory=list)
 
 
-def _poison_value(t: torch.Tensor, high: bool = False):
-    """NaN for floats, 1 for masks, -1 (or, ``high``, the dtype's largest value) for indices."""
-    if t.dtype in (torch.bool, torch.uint8):
-        return 1
-    if t.is_floating_point():
-        return float("nan")
-    return torch.iinfo(t.dtype).max if high else -1
-
-
-def live_masks(backend, state: dict[str, Any]) -> list[torch.Tensor]:
-    """For each of the backend's graph buffers, which elements ``state``'s live views cover (the views share the buffers'
-    storage, as ``graph_state`` returns them)."""
-    views = [v for v in state.values() if isinstance(v, torch.Tensor) and v.numel()]
-    masks = []
-    for _, buf in graph_buffers(backend):
-        keep = torch.zeros(buf.numel(), dtype=torch.bool, device=buf.device)
-        lo, hi = buf.storage_offset(), buf.storage_offset() + buf.numel()
-        ptr, flat = buf.untyped_storage().data_ptr(), torch.arange(buf.numel(), device=buf.device)
-        for v in views:
-            end = v.storage_offset() + sum((n - 1) * st for n, st in zip(v.shape, v.stride())) + 1
-            inside = v.untyped_storage().data_ptr() == ptr and lo <= v.storage_offset() and end <= hi
-            if inside and v.dtype == buf.dtype:  # a view inside this buffer
-                keep[torch.as_strided(flat, v.shape, v.stride(), v.storage_offset() - lo)] = True
-        masks.append(keep)
-    return masks
-
-
 def poison_tails(backend, masks: list[torch.Tensor], high: bool = False) -> int:
     """Poison the elements of the backend's graph buffers that ``masks`` leave out. An eager buffer (``SHARED_NAMES``) that
     no live view covers is the eager path's alone: left as is."""
@@ -84,7 +57,7 @@ def poison_tails(backend, masks: list[torch.Tensor], high: bool = False) -> int:
         if name.rsplit(".", 1)[-1] in SHARED_NAMES and not bool(keep.any()):
             continue
         if buf.is_contiguous():
-            buf.view(-1)[~keep] = _poison_value(buf, high)
+            buf.view(-1)[~keep] = poison_value(buf, high)
             poisoned += int((~keep).sum())
     return poisoned
 
@@ -102,16 +75,20 @@ class FuzzTarget:
         seed=0,
         capture_bs: tuple[int, ...] = CAPTURE_BS,
         num_layers: int | None = None,
+        max_context_len: int = CONTEXT,
+        num_slots: int | None = SLOTS,
+        worlds: dict | None = None,
     ):
-        """``capture_bs`` / ``num_layers``: smaller for the CI profile (the Triton interpreter)."""
+        """``capture_bs`` / ``num_layers`` / ``max_context_len`` / ``num_slots``: smaller for the CI profile (the Triton
+        interpreter); ``worlds``: a KV-cache cache shared across targets (``Rig.build``)."""
         self.entry, self.spec = entry, spec
         self.kind = GraphKind.parse(case)
         self.case, self.mode, self.multi = self.kind.label, self.kind.mode, self.kind.multi_step
         self.capture_bs = tuple(capture_bs)
-        self.L = 160 if entry.page_size > 1 else 72  # room for page boundaries
+        self.L = max_context_len
         # GraphModeNotSupported (the backend does not capture this kind): the caller skips
-        sizes = dict(capture_bs=self.capture_bs, max_context_len=self.L, num_layers=num_layers)
-        self.rig = Rig.build(entry, self.kind, spec, engine, dtype=dtype, seed=seed, **sizes)
+        sizes = dict(capture_bs=self.capture_bs, max_context_len=self.L, num_layers=num_layers, num_slots=num_slots)
+        self.rig = Rig.build(entry, self.kind, spec, engine, dtype=dtype, seed=seed, worlds=worlds, **sizes)
         self.world, self.runner, self.gen = self.rig.world, self.rig.runner, self.rig.gen
 
     @property
@@ -229,11 +206,11 @@ def fuzz(
     given: Iterable[BackendEntry] | None = None,
 ) -> FuzzReport:
     """``n`` random batches per (backend, shape, mode, spec) target (``targets``; ``given``: backends under review)."""
-    eng = make_engine(engine)
+    eng, worlds = make_engine(engine), {}
     report = FuzzReport()
     for entry, case, spec in targets(backends, modes, variants, given):
         try:
-            target = FuzzTarget(entry, case, spec, eng, seed=seed)
+            target = FuzzTarget(entry, case, spec, eng, seed=seed, worlds=worlds)
         except GraphModeNotSupported as e:
             report.skipped.append(f"{entry.name}/{entry.variant}/{case}: {e}")
             continue

@@ -20,13 +20,15 @@ RESERVED_TOKEN_SLOT = 0
 
 
 class ReqToTokenPool:
-    """``req_to_token[size, max_context_len]`` int32 with request slot 0 reserved."""
+    """``req_to_token[size, max_context_len]`` int32 with request slot 0 reserved; ``live[size]`` bool (device): the rows
+    allocated now (validation reads it: a new slot no other live request holds). A freed row is zeroed."""
 
     def __init__(self, size: int, max_context_len: int, device: str | torch.device = "cpu"):
         if size < 2:
             raise ValueError(f"ReqToTokenPool size={size}: need >= 2 (slot 0 is reserved)")
         self.size, self.max_context_len, self.device = size, max_context_len, torch.device(device)
         self.req_to_token = torch.zeros(size, max_context_len, dtype=torch.int32, device=device)
+        self.live = torch.zeros(size, dtype=torch.bool, device=device)
         self._free = list(range(1, size))  # slot 0 never handed out
 
     @property
@@ -38,6 +40,7 @@ class ReqToTokenPool:
             why = f"only {free} free (pool size {self.size}, slot 0 reserved)"
             raise RuntimeError(f"ReqToTokenPool: asked for {n} request slots, {why}")
         out, self._free = self._free[:n], self._free[n:]
+        self.live[out] = True
         return out
 
     def free(self, slots: list[int]) -> None:
@@ -45,6 +48,7 @@ class ReqToTokenPool:
             if s == RESERVED_REQ_SLOT:
                 raise ValueError("request slot 0 is reserved and cannot be freed")
             self.req_to_token[s].zero_()  # a freed row must not leak stale slot ids
+        self.live[slots] = False
         self._free.extend(slots)
 
 

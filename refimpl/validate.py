@@ -6,24 +6,26 @@ field, the value and the limit. The rules:
 
 | field | rule |
 |---|---|
-| every tensor | dtype, device, size for the mode (``refimpl.layout``) |
+| every field | its type (``batch_size``, ``seq_lens_sum`` and the spec input's scalars Python ints); every tensor: dtype, device, size for the mode (``refimpl.layout``); a strided one is served as a contiguous copy (the returned batch) |
 | ``world`` | the runner's own ``World`` (a batch built against another one would index and write another pool) |
 | ``seq_lens_sum`` | an int equal to ``sum(seq_lens_cpu)`` (kernels size their index buffers from it) |
 | ``seq_lens`` / ``seq_lens_cpu`` | the device copy equals the host copy; ``1 <= seq_len`` and the request's span (verify: ``+ N``; multi-step draft: ``+ topk*S``) ``<= max_context_len``; draft extend: ``seq_len >= rows`` |
 | ``req_pool_indices`` | in ``[1, pool)`` (row 0 is the padded rows' reserved row), no duplicates |
-| ``out_cache_loc`` | in ``[1, num_slots)`` (slot 0 is reserved), distinct, and **exactly the row's own new position**: the slot ``req_to_token`` holds at that row's column of its own request (decode ``seq - 1``, verify ``seq + j``, extend ``seq - rows + j``, multi-step ``seq + k*S + step``; ``refimpl.kernels.validation``), never an earlier position of the request, never another request's |
+| ``out_cache_loc`` | in ``[1, num_slots)`` (slot 0 is reserved), distinct, and **exactly the row's own new position**: the slot ``req_to_token`` holds at that row's column of its own request (decode ``seq - 1``, verify ``seq + j``, extend ``seq - rows + j``, multi-step ``seq + k*S + step``; ``refimpl.kernels.validation``), never an earlier position of the request, never another request's; and held by no other position of a live request (the pool's ``live`` rows: a prefix slot of another request would be overwritten) |
 | ``input_ids`` / ``positions`` | in ``[0, vocab)`` / ``[0, max_context_len)`` |
-| spec inputs | the mode's type; verify: N as captured, a **bool** mask of ``sum N*(seq+N)`` entries (a graph replay needs one) in which every draft row sees itself (an all-False or self-blind mask is refused unless ``VerifyInput.allow_blind_rows``); draft extend: accept lengths int32 in ``[0, S]`` agreeing with their host copy, the mode's version, rows per request as the graph lays them out; multi-step: topk and steps as captured |
+| spec inputs | the mode's type (a plain decode / extend batch: none; multi-step draft decode: a ``DraftDecodeInput``); verify: N as captured, a 1-D **bool** mask of ``sum N*(seq+N)`` entries (a graph replay needs one) in which every draft row sees itself (an all-False or self-blind mask is refused unless ``VerifyInput.allow_blind_rows``); draft extend: accept lengths int32 in ``[0, S]`` agreeing with their host copy, the mode's version, rows per request as the graph lays them out; multi-step: topk and steps as captured, and its own ``kv_indptr`` / ``kv_indices``, when given, name only slots its rows' requests hold (``_check_draft_indices``) |
 
 Cost (``refimpl.kernels.validation``): host rules in Python on the host copies, overlapping one kernel launch for the
-device rules over the batch's own entries, whose small result is read once (one sync per replay, work proportional to
-the batch, never to the KV pool; an eager ragged batch reads its row counts first).
+device rules over the batch's own entries (the held rule: the request table's live rows), whose small result is read
+once (one sync per replay, work proportional to the batch and the request table, never to the KV pool; an eager ragged
+batch reads its row counts first).
 ``GraphRunner(validate_inputs=False)`` switches validation off; the capture configuration is checked once, up front
 (``check_capture_config``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from typing import Any
 
@@ -32,6 +34,7 @@ import torch
 from . import layout
 from .config import SpecConfig
 from .kernels.validation import batch_check, batch_check_ref, read_result, result_size, write_target
+from .modes import ForwardMode
 from .spec import DraftDecodeInput, DraftExtendInput, VerifyInput
 
 
@@ -41,6 +44,13 @@ class BatchRefused(ValueError):
 
 def _refuse(field: str, value: Any, limit: str) -> BatchRefused:
     return BatchRefused(f"{field}={value}: {limit}")
+
+
+def _int(field: str, value: Any) -> int:
+    """``value`` if it is a Python int (not a bool), else a refusal naming its type."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _refuse(field, f"{type(value).__name__} {value}", "must be a Python int")
+    return value
 
 
 def _first(values: list, bad) -> int | None:
@@ -55,7 +65,7 @@ def _structure(fb, locs_per_row: int) -> None:
     for name, (dtype, n) in zip(names, rules):
         t = getattr(fb, name)
         if not isinstance(t, torch.Tensor):
-            raise BatchRefused(f"ForwardBatch.{name} must be a tensor, got {type(t).__name__}")
+            raise _refuse(f"ForwardBatch.{name}", type(t).__name__, f"expected a {dtype} tensor")
         if t.dtype != dtype:
             raise _refuse(f"ForwardBatch.{name}.dtype", t.dtype, f"expected {dtype}")
         if t.device != dev:
@@ -64,7 +74,8 @@ def _structure(fb, locs_per_row: int) -> None:
             raise _refuse(f"ForwardBatch.{name} entries", t.numel(), f"expected {n}")
     s = fb.seq_lens_cpu
     if not isinstance(s, torch.Tensor) or s.device.type != "cpu" or s.dtype != torch.int32:
-        raise BatchRefused("ForwardBatch.seq_lens_cpu must be an int32 host (cpu) tensor")
+        got = f"{s.dtype} on {s.device}" if isinstance(s, torch.Tensor) else type(s).__name__
+        raise _refuse("ForwardBatch.seq_lens_cpu", got, "expected an int32 host (cpu) tensor")
     if s.numel() != fb.batch_size:
         raise _refuse("ForwardBatch.seq_lens_cpu entries", s.numel(), f"expected {fb.batch_size}")
 
@@ -75,12 +86,14 @@ def _check_spec(fb, mode, cfg: SpecConfig | None, multi_step: bool, for_graph: b
     if mode.is_target_verify():
         if not isinstance(spec, VerifyInput):
             raise _refuse("spec_info", type(spec).__name__, "TARGET_VERIFY needs a VerifyInput")
-        n = int(spec.draft_token_num)
+        n = _int("spec_info.draft_token_num", spec.draft_token_num)
         if cfg is not None and n != cfg.num_draft_tokens:
             raise _refuse("spec_info.draft_token_num", n, f"captured N is {cfg.num_draft_tokens}")
         if fb.num_tokens != bs * n:
             raise _refuse("num_tokens", fb.num_tokens, f"expected bs * N = {bs} * {n}")
         if (mask := spec.custom_mask) is not None:
+            if not isinstance(mask, torch.Tensor):
+                raise _refuse("spec_info.custom_mask", type(mask).__name__, "expected a 1-D torch.bool tensor")
             if mask.dtype != torch.bool:
                 raise _refuse("spec_info.custom_mask.dtype", mask.dtype, "must be torch.bool")
             if mask.device != fb.world.device:
@@ -90,7 +103,7 @@ def _check_spec(fb, mode, cfg: SpecConfig | None, multi_step: bool, for_graph: b
         if not isinstance(spec, DraftExtendInput):
             raise _refuse("spec_info", type(spec).__name__, f"{mode.name} needs a DraftExtendInput")
         version = 2 if mode.is_draft_extend_v2() else 1
-        if spec.version != version:
+        if _int("spec_info.version", spec.version) != version:
             raise _refuse("spec_info.version", spec.version, f"{mode.name} is version {version}")
         for name in ("accept_length", "extend_seq_lens"):
             t = getattr(spec, name)
@@ -100,15 +113,19 @@ def _check_spec(fb, mode, cfg: SpecConfig | None, multi_step: bool, for_graph: b
             if t.device != fb.world.device:
                 raise _refuse(f"spec_info.{name}.device", t.device, f"expected {fb.world.device}")
         if cfg is not None and for_graph:
-            if (got := spec.num_tokens_per_req) != (rows := layout.rows_per_request(mode, cfg)):
+            if (got := _int("spec_info.num_tokens_per_req", spec.num_tokens_per_req)) != (
+                rows := layout.rows_per_request(mode, cfg)
+            ):
                 raise _refuse("spec_info.num_tokens_per_req", got, f"the graph lays out {rows} rows per request")
         return 0
-    if multi_step:
-        if not isinstance(spec, DraftDecodeInput):
-            raise _refuse("spec_info", type(spec).__name__, "draft decode needs a DraftDecodeInput")
-        if cfg is not None and (got := (spec.topk, spec.num_steps)) != (cfg.topk, cfg.num_steps):
+    if multi_step:  # its type and num_steps: validate_batch, first
+        got = (_int("spec_info.topk", spec.topk), spec.num_steps)
+        if cfg is not None and got != (cfg.topk, cfg.num_steps):
             raise _refuse("spec_info (topk, num_steps)", got, f"captured for ({cfg.topk}, {cfg.num_steps})")
         return layout.request_span(mode, spec, True)  # topk * S (duck-typed: the batch's own topk / S)
+    if spec is not None:  # a step backend would read a DraftDecodeInput's own kv indices
+        why = f"{mode.name} on a single-step runner takes no spec input (a DraftDecodeInput: a multi-step runner)"
+        raise _refuse("spec_info", type(spec).__name__, why)
     return 0
 
 
@@ -130,6 +147,7 @@ def _launch_device_checks(fb, seq: list[int], per: int, extra: int, row_req, dra
     world, spec = fb.world, fb.spec_info
     tensors = (world.req_to_token, fb.seq_lens, fb.req_pool_indices, fb.input_ids, fb.positions, fb.out_cache_loc)
     kw = dict(rows_per_req=per, extra=extra, vocab=world.cfg.vocab_size, num_slots=world.kv_cache.num_slots)
+    kw["live_rows"] = getattr(world.req_to_token_pool, "live", None)  # the held rule's live rows (None: all but 0)
     acc, ext = (spec.accept_length, spec.extend_seq_lens) if draft_extend else (None, None)
     if world.device.type == "cpu":
         first = batch_check_ref(*tensors, **kw, row_req=row_req, custom_mask=mask)
@@ -145,24 +163,29 @@ def _launch_device_checks(fb, seq: list[int], per: int, extra: int, row_req, dra
 def validate_batch(fb, spec: SpecConfig | None = None, multi_step_draft: bool | None = None, for_graph=False, world=None) -> None:
     """Refuse a malformed batch before anything is written (rules and cost: the module docstring). ``spec``: the
     configuration the batch must match (N, topk, steps); ``for_graph``: also the graph's uniform row layout (an eager
-    batch may be ragged); ``world``: the ``World`` the batch must belong to (the runner's)."""
+    batch may be ragged); ``world``: the ``World`` the batch must belong to (the runner's). Returns ``fb``, or a copy of it
+    with its strided tensors made contiguous."""
     if world is not None and fb.world is not world:
         why = "the runner writes its own world's KV pool and reads its own request table"
         raise BatchRefused(f"ForwardBatch.world is another World (id {id(fb.world):#x}) than the runner's: {why}")
     mode, world, spec_info = fb.forward_mode, fb.world, fb.spec_info
+    if not isinstance(mode, ForwardMode):
+        raise _refuse("ForwardBatch.forward_mode", f"{type(mode).__name__} {mode}", "must be a ForwardMode")
     multi = isinstance(spec_info, DraftDecodeInput) if multi_step_draft is None else multi_step_draft
-    _structure(fb, spec_info.num_steps if multi else 1)
-    bs, n, L, seq = fb.batch_size, fb.num_tokens, world.max_context_len, fb.seq_lens_cpu.tolist()
-    total = fb.seq_lens_sum
-    if not isinstance(total, int) or isinstance(total, bool):
-        raise _refuse("ForwardBatch.seq_lens_sum", f"{type(total).__name__} {total}", "must be a Python int")
+    if multi and not isinstance(spec_info, DraftDecodeInput):
+        raise _refuse("spec_info", type(spec_info).__name__, "draft decode needs a DraftDecodeInput")
+    _int("ForwardBatch.batch_size", fb.batch_size)
+    _structure(fb, _int("spec_info.num_steps", spec_info.num_steps) if multi else 1)
+    fb = _contiguous(fb)
+    spec_info, bs, n, L, seq = fb.spec_info, fb.batch_size, fb.num_tokens, world.max_context_len, fb.seq_lens_cpu.tolist()
+    total = _int("ForwardBatch.seq_lens_sum", fb.seq_lens_sum)
     if total != sum(seq):
         raise _refuse("ForwardBatch.seq_lens_sum", total, f"expected sum(seq_lens_cpu) = {sum(seq)}")
     # an eager batch may carry another N / topk than the graphs were captured for
     cfg = spec if for_graph else None
     extra = _check_spec(fb, mode, cfg, multi, for_graph)
     if bs == 0:
-        return
+        return fb
     draft_extend = mode.is_any_draft_extend()
     # rows per request: uniform in a graph and in decode / verify; an eager extend may be ragged
     # (its lengths are read first: one more device read, on the eager path only)
@@ -182,7 +205,7 @@ def validate_batch(fb, spec: SpecConfig | None = None, multi_step_draft: bool | 
     if row_req is None and per * bs != n:
         raise _refuse("num_tokens", n, f"expected {per * bs} rows for the batch's {bs} requests in {mode.name}")
     mask = getattr(spec_info, "custom_mask", None) if mode.is_target_verify() else None
-    usable = isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.device == world.device
+    usable = isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.device == world.device and mask.dim() == 1
     read = _launch_device_checks(fb, seq, per, extra, row_req, draft_extend, mask if usable else None)
     # host rules, in order, while the kernel runs; then the device results
     lo, hi = min(seq), max(seq)  # builtins over host ints: the usual case costs no Python loop
@@ -196,6 +219,9 @@ def validate_batch(fb, spec: SpecConfig | None = None, multi_step_draft: bool | 
         why = "a verify graph reads its mask buffer, which still holds the last batch's mask: give this batch's"
         raise _refuse("spec_info.custom_mask", None, why + " (a chain's is causal)")
     if mask is not None:  # its size depends on seq_lens, checked above
+        if mask.dim() != 1:
+            want = f"1-D [{layout.tree_mask_total(seq, extra)}]: sum over requests of N*(seq_len+N) entries"
+            raise _refuse("spec_info.custom_mask.shape", list(mask.shape), f"expected {want}")
         if (got := mask.numel()) != (want := layout.tree_mask_total(seq, extra)):
             raise _refuse("spec_info.custom_mask entries", got, f"expected sum over requests of N*(seq_len+N) = {want}")
     res = read()
@@ -216,6 +242,50 @@ def validate_batch(fb, spec: SpecConfig | None = None, multi_step_draft: bool | 
         i = _first(range(bs), lambda r: seq[r] < rows[r])
         raise _refuse(f"seq_lens[{i}]", seq[i], f"counts the request's {rows[i]} new rows")
     _report_device_findings(fb, res["first"], seq, extra, per, row_req)
+    if multi and (spec_info.kv_indptr is not None or spec_info.kv_indices is not None):
+        _check_draft_indices(fb, seq, extra)
+    return fb
+
+
+def _contiguous(fb):
+    """``fb`` with contiguous copies of its tensors (and its spec input's) that are not: the device checks, kernels and
+    ``load_inputs`` read raw memory. ``fb`` itself when every one is (the usual case: no copy)."""
+    fix = lambda o: {k: v.contiguous() for k, v in vars(o).items() if isinstance(v, torch.Tensor) and not v.is_contiguous()}
+    own, spec = fix(fb), fb.spec_info
+    if dataclasses.is_dataclass(spec) and (moved := fix(spec)):
+        own["spec_info"] = dataclasses.replace(spec, **moved)
+    return fb.replace(**own) if own else fb
+
+
+def _check_draft_indices(fb, seq: list[int], span: int) -> None:
+    """A DraftDecodeInput's own ``kv_indptr`` / ``kv_indices`` (a step backend attends to the slots they name; the
+    multi-step backend makes its own): an int32 indptr of ``bs*topk + 1`` entries from 0, never decreasing, within
+    ``kv_indices``, no row longer than its request; every entry a slot its row's own request holds
+    (``req_to_token[rpi[r], :seq_r + topk*S]``): never past the cache, never another request's KV. Vectorised; two reads,
+    only when a batch carries them."""
+    spec, world, bs, dev = fb.spec_info, fb.world, fb.batch_size, fb.world.device
+    for name, dtypes in (("kv_indptr", (torch.int32,)), ("kv_indices", (torch.int32, torch.int64))):
+        t = getattr(spec, name)
+        if not isinstance(t, torch.Tensor) or t.dtype not in dtypes or t.dim() != 1 or t.device != dev:
+            got = f"{t.dtype}{list(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise _refuse(f"spec_info.{name}", got, f"expected a 1-D {' or '.join(map(str, dtypes))} tensor on {dev}")
+    ptr, idx, topk, rows = spec.kv_indptr.tolist(), spec.kv_indices, spec.topk, bs * spec.topk
+    if len(ptr) != rows + 1:
+        raise _refuse("spec_info.kv_indptr entries", len(ptr), f"expected bs * topk + 1 = {rows + 1}")
+    lens, held = [b - a for a, b in zip(ptr, ptr[1:])], [s + span for s in seq]  # held: the columns a request holds
+    if ptr[0] != 0 or min(lens) < 0 or ptr[-1] > idx.numel():
+        raise _refuse("spec_info.kv_indptr", ptr, f"must start at 0, never decrease, end within kv_indices ({idx.numel()})")
+    if (i := _first(range(rows), lambda j: lens[j] > held[j // topk])) is not None:
+        raise _refuse(f"spec_info.kv_indptr row {i} length", lens[i], f"exceeds its request's {held[i // topk]} positions")
+    S, used = world.kv_cache.num_slots, idx[: ptr[-1]].to(torch.int64)
+    req = torch.arange(rows, device=dev).div(topk, rounding_mode="floor").repeat_interleave(torch.tensor(lens, device=dev))
+    table = world.req_to_token[fb.req_pool_indices].to(torch.int64)  # [bs, L]: the batch's rows, held columns only
+    table = table.masked_fill(torch.arange(table.shape[1], device=dev) >= torch.tensor(held, device=dev)[:, None], 0)
+    owned = torch.isin(req * S + used, (torch.arange(bs, device=dev)[:, None] * S + table).flatten())
+    if bad := torch.nonzero((used < 1) | (used >= S) | ~owned)[:1].flatten().tolist():
+        j, r = bad[0], int(req[bad[0]])
+        v, why = int(used[j]), f"not a slot of request {r}'s {held[r]} positions: a draft row reads its own request's KV"
+        raise _refuse(f"spec_info.kv_indices[{j}]", v, f"outside [1, {S})" if not 1 <= v < S else why)
 
 
 def _report_device_findings(fb, first: dict, seq: list[int], extra: int, per: int, row_req):
@@ -238,10 +308,11 @@ def _report_device_findings(fb, first: dict, seq: list[int], extra: int, per: in
         raise _refuse(f"out_cache_loc[{i}]", v, limit)
     if first["out_cache_loc duplicate"] is not None:
         raise _refuse("out_cache_loc", "duplicates", "two rows would write the same KV slot")
+    rows = row_req.tolist() if row_req is not None else None
+    target = lambda i: write_target(i, fb.num_tokens, loc.numel(), per, extra, seq, rows)
     if (i := first["out_cache_loc slot"]) is not None:
         v, row = int(loc[i]), i % fb.num_tokens
-        rows = row_req.tolist() if row_req is not None else None
-        writer, col = write_target(i, fb.num_tokens, loc.numel(), per, extra, seq, rows)
+        writer, col = target(i)
         table = world.req_to_token[fb.req_pool_indices].cpu()  # [bs, L]: the batch's rows only
         hits = [(r, c) for r in range(fb.batch_size) for c, s in enumerate(table[r].tolist()) if s == v]
         held = " and ".join(f"request {r}'s position {c}" for r, c in hits) or "no position of this batch's requests"
@@ -252,6 +323,16 @@ def _report_device_findings(fb, first: dict, seq: list[int], extra: int, per: in
         r, j = divmod(e, per)
         why = "does not see itself: an all-False or self-blind tree mask (VerifyInput.allow_blind_rows=True passes one)"
         raise _refuse("spec_info.custom_mask", f"row {e} (request {r}, draft {j})", why)
+    if (i := first["out_cache_loc held"]) is not None:  # (its own position holds it: the slot rule passed)
+        v, (writer, col) = int(loc[i]), target(i)
+        hits, live = world.req_to_token == v, getattr(world.req_to_token_pool, "live", None)
+        hits &= live[:, None] if live is not None else True
+        hits[0] = False  # the reserved row
+        own, batch = [int(fb.req_pool_indices[writer]), col], fb.req_pool_indices.tolist()
+        p, c = next(pc for pc in torch.nonzero(hits).tolist() if pc != own)
+        who = f"request {batch.index(p)}" if p in batch else f"the live request in pool row {p}, outside the batch,"
+        why = f"is also held by {who} at position {c}: row {i % fb.num_tokens} would overwrite that KV"
+        raise _refuse(f"out_cache_loc[{i}]", v, why + " (a new slot belongs to its own position only)")
 
 
 def check_capture_config(runner) -> None:

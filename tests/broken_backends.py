@@ -132,3 +132,60 @@ class SlotPastTheCache(PagedDecodeBackend):
     def init_forward_metadata_replay_cuda_graph(self, bs, *args, **kwargs):
         super().init_forward_metadata_replay_cuda_graph(bs, *args, **kwargs)
         self.cuda_graph_kv_indices[0] = 10**9
+
+
+class RefreshOnlyWhenLengthsChange(PagedDecodeBackend):
+    """The replay hook skips its rebuild when the lengths equal the previous replay's (a "nothing changed" shortcut
+    keyed on ``seq_lens``): a batch of the same lengths for other requests reads the last one's keys. The history's
+    second step (A's lengths, other requests) is there for it."""
+
+    name = "bug_refresh_on_lengths_change"
+
+    def init_forward_metadata_capture_cuda_graph(self, *args, **kwargs):
+        super().init_forward_metadata_capture_cuda_graph(*args, **kwargs)
+        self._last_lens = None  # a capture is not a replay: the next replay refreshes
+
+    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, *rest):
+        lens = tuple(seq_lens[:bs].tolist())
+        if getattr(self, "_last_lens", None) == lens:
+            return
+        self._last_lens = lens
+        super().init_forward_metadata_replay_cuda_graph(bs, req_pool_indices, seq_lens, *rest)
+
+
+class IndptrOnlyWhenSizeChanges(PagedDecodeBackend):
+    """The replay hook rebuilds ``kv_indptr`` only when the batch size changes, ``kv_indices`` every time (laid out by
+    that ``kv_indptr``): right for a batch of the previous one's lengths, wrong for the same size with other lengths.
+    The history's third step (B, A's size, other lengths) is there for it."""
+
+    name = "bug_indptr_on_size_change"
+
+    def init_forward_metadata_capture_cuda_graph(self, *args, **kwargs):
+        super().init_forward_metadata_capture_cuda_graph(*args, **kwargs)
+        self._indptr_bs = None
+
+    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, *rest):
+        indptr = self.cuda_graph_kv_indptr[: bs + 1]
+        if getattr(self, "_indptr_bs", None) != bs:
+            self._indptr_bs = bs
+            indptr[1:] = torch.cumsum(seq_lens[:bs], 0)
+        build_kv_indices(self.world.req_to_token, req_pool_indices[:bs], seq_lens[:bs], indptr,
+                         self.cuda_graph_kv_indices)  # fmt: skip
+
+
+class EveryKthReplaySkips(PagedDecodeBackend):
+    """Every 8th replay since the capture skips the refresh (a counter, a periodic cache flush gone wrong): whether a
+    check sees it depends on how many replays it makes. The history's long run (20 replays, no batch twice in a row)
+    is there for it."""
+
+    name = "bug_every_8th_replay"
+    K = 8
+
+    def init_forward_metadata_capture_cuda_graph(self, *args, **kwargs):
+        super().init_forward_metadata_capture_cuda_graph(*args, **kwargs)
+        self._replays = 0
+
+    def init_forward_metadata_replay_cuda_graph(self, *args, **kwargs):
+        self._replays = getattr(self, "_replays", 0) + 1
+        if self._replays % self.K:
+            super().init_forward_metadata_replay_cuda_graph(*args, **kwargs)

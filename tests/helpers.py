@@ -32,3 +32,12 @@ class RecordOps(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.names.append(str(func))
         return func(*args, **(kwargs or {}))
+
+
+def per_size_settings(spec, raw_bs=(1, 3)):
+    """The checker's per-size verdicts only, in a small world: (e) and (f) have their own tests (test_glue.py,
+    test_history.py) and the capability matrix; CI time."""
+    from refimpl.check import CheckSettings
+
+    small = dict(max_context_len=40, num_slots=None, glue_replays=0, history=False)
+    return CheckSettings(capture_bs=(1, 2, 4), raw_bs=raw_bs, spec=spec, **small)

@@ -20,7 +20,7 @@ from refimpl.flashinfer_wrappers import flashinfer_available
 from refimpl.fuzz import CHAIN, TREE, FuzzParams, FuzzTarget
 from refimpl.graphs import make_engine
 
-SETTINGS = CheckSettings(capture_bs=(4,), raw_bs=(3,), max_context_len=40, history=False)
+SETTINGS = CheckSettings(capture_bs=(4,), raw_bs=(3,), max_context_len=40, num_slots=None, history=False)
 ENTRIES = [e for e in REGISTRY if must_pass(e.variant) and e.variant in ("unified", "in_graph")]
 
 
@@ -42,15 +42,16 @@ def test_checker_under_a_meta_default_device(entry):
         assert r.passed and not r.findings, (r.mode, r.bs, r.findings)
 
 
+SMALL = dict(capture_bs=(3,), num_layers=1, max_context_len=72, num_slots=None)
+
+
 def test_fuzz_and_matrix_under_a_meta_default_device():
     entry = next(e for e in REGISTRY if (e.name, e.variant) == ("triton", "unified"))
     with torch.device("meta"):
-        target = FuzzTarget(entry, "target_verify", TREE, make_engine("auto"), capture_bs=(3,),
-                            num_layers=1)  # fmt: skip
+        target = FuzzTarget(entry, "target_verify", TREE, make_engine("auto"), **SMALL)
         params = target.draw(random.Random(0))
         assert target.check(params) == []
-        target = FuzzTarget(entry, "draft_decode", CHAIN, make_engine("auto"), capture_bs=(3,),
-                            num_layers=1)  # fmt: skip
+        target = FuzzTarget(entry, "draft_decode", CHAIN, make_engine("auto"), **SMALL)
         assert target.check(FuzzParams(raw_bs=2, seq_lens=[5, 17])) == []
         rows = capabilities.matrix([e for e in REGISTRY if e.name == MATRIX_BACKEND])
     assert rows == capabilities.matrix([e for e in REGISTRY if e.name == MATRIX_BACKEND])

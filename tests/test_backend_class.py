@@ -14,7 +14,7 @@ from refimpl.__main__ import main
 from refimpl.backends import REGISTRY, BackendLoadError, load_backend_class
 from refimpl.check import CheckSettings, run_checks
 
-FAST = CheckSettings(capture_bs=(1, 2, 4), raw_bs=(1, 3), max_context_len=32)
+FAST = CheckSettings(capture_bs=(1, 2, 4), raw_bs=(1, 3), max_context_len=32, num_slots=None)
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -58,16 +58,11 @@ def test_foreign_kv_write_is_caught_by_the_guard():
     """The checker's KV guard is the only verdict that sees a write into another request's
     slots (the graph and eager write the same wrong slot, so their outputs agree)."""
     rows = {r.bs: r for r in check("broken_backends:ForeignKVWrite", modes=["decode"])}
-    # bs 3: each row writes the first slot of the next request in the batch (a slot that
-    # request reads), so the guard names it and the graph no longer agrees with eager
+    # bs 3: each row also writes the slot after its own (pages are handed out in random order: another request's,
+    # a free one, or an earlier one of this batch's), so the guard names it and the graph no longer agrees with eager
     assert rows[3].graph_equals_eager is False
-    assert any(
-        re.match(
-            r"the replay overwrote [1-9]\d* earlier KV slot\(s\) of requests in this batch: slot \d+ \(request-table row \d+, position \d+",
-            f,
-        )
-        for f in rows[3].findings
-    ), rows[3].findings
+    guard = r"(padded or live rows wrote|the replay overwrote) [1-9]\d* \D*KV slot\(s\) .*: slot \d+ \((request-table row \d+, position \d+|a free slot)"
+    assert any(re.match(guard, f) for f in rows[3].findings), rows[3].findings
 
 
 @pytest.mark.parametrize(
@@ -118,9 +113,7 @@ def test_a_bug_that_depends_on_the_previous_replay_is_caught_by_the_history():
     assert all(v == (True, True, True) for v in per_size), per_size
     (last,) = [r for r in rows if r.history_ok is not None]
     assert last.history_ok is False and last.status == "FAIL"
-    assert any(f.startswith("history replay 2 (B, the same size, bs 3): graph vs eager") for f in last.findings), (
-        last.findings
-    )
+    assert last.findings[0].startswith("history replay 1 (A, bs 3): graph vs eager"), last.findings  # after row bs 3
     quiet = run_checks(modes=("decode",), engine="cpu-emulator", settings=dataclasses.replace(FAST, history=False),
                        entries=[load_backend_class("broken_backends:RefreshOnlyWhenSizeChanges")])  # fmt: skip
     assert all(r.passed for r in quiet)

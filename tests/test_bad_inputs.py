@@ -8,10 +8,11 @@ docs/reference.md's "Bad input" section lists this table; ``test_readme_lists_th
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ from refimpl.graphs.runner import GraphRunner
 from refimpl.layout import GraphKind
 from refimpl.model import MultiStepDraftProgram, TinyDecoder
 from refimpl.modes import ForwardMode
-from refimpl.spec import DraftDecodeInput, make_draft_extend_input
+from refimpl.spec import DraftDecodeInput, VerifyInput, make_draft_extend_input
 from refimpl.validate import BatchRefused
 
 L, POOL = 40, 24
@@ -39,6 +40,7 @@ class Setup:
     runner: GraphRunner
     gen: BatchGenerator
     world: World
+    undo: list[Callable[[], object]] = field(default_factory=list)  # a case's edits of the world, put back after it
 
 
 def _setup(case: str, backend: str = "torch_native") -> Setup:
@@ -161,6 +163,44 @@ def _accept(fb: ForwardBatch, acc: list[int], host: list[int] | None = None) -> 
     return _verify_with(fb, accept_length=dev, accept_length_cpu=host if host else acc)
 
 
+def _edit_table(s: Setup, row: int, col: int, value: int) -> None:
+    """One request-table entry set (the test puts it back)."""
+    old = int(s.world.req_to_token[row, col])
+    s.world.req_to_token[row, col] = value
+    s.undo.append(lambda: s.world.req_to_token[row, col].fill_(old))
+
+
+def _held_outside(s: Setup, fb: ForwardBatch) -> ForwardBatch:
+    """A live request outside the batch holds row 0's new slot too, as its position 3."""
+    _edit_table(s, int(s.gen.decode(1).req_pool_indices[0]), 3, int(fb.out_cache_loc[0]))
+    return fb
+
+
+def _rebind(s: Setup, fb: ForwardBatch, obj, name: str) -> ForwardBatch:
+    """``obj.name`` replaced by a copy after capture (the test binds the original back)."""
+    old = getattr(obj, name)
+    setattr(obj, name, old.clone() if isinstance(old, torch.Tensor) else copy.deepcopy(old))
+    s.undo.append(lambda: setattr(obj, name, old))
+    return fb
+
+
+def _draft_indices(s: Setup, fb: ForwardBatch, slots: list[int], per_row: int = 3, **kw) -> ForwardBatch:
+    """The batch's DraftDecodeInput carrying its own kv indices: ``per_row`` entries a row."""
+    spec, dev = fb.spec_info or DraftDecodeInput(TREE.topk, TREE.num_steps), fb.device
+    ptr = torch.arange(len(slots) // per_row + 1, dtype=torch.int32, device=dev) * per_row
+    idx = torch.tensor(slots, dtype=torch.int64, device=dev)
+    return fb.replace(spec_info=dataclasses.replace(spec, **{"kv_indptr": ptr, "kv_indices": idx, **kw}))
+
+
+def _own_slots(s: Setup, fb: ForwardBatch, r: int) -> list[int]:
+    return s.world.req_to_token[int(fb.req_pool_indices[r]), :3].tolist()
+
+
+def _runner_on(s: Setup, backend, spec) -> Callable[[], GraphRunner]:
+    r = s.runner
+    return lambda: GraphRunner(r.model, backend, CPUEmulatorEngine(), r.kind, r.graph_cfg, spec)
+
+
 def _last_step_out_of_range(s: Setup, fb: ForwardBatch) -> ForwardBatch:
     loc = fb.out_cache_loc.clone()
     loc[-1] = s.world.kv_cache.num_slots + 3  # the last step's last row: found before step 0
@@ -171,14 +211,15 @@ def _last_step_out_of_range(s: Setup, fb: ForwardBatch) -> ForwardBatch:
 class Case:
     id: str
     setup: str  # decode | verify | draft_extend | draft_decode
-    bad: Callable[[Setup, ForwardBatch], ForwardBatch]
+    bad: Callable[[Setup, ForwardBatch], ForwardBatch]  # build: a call that builds a runner
     fragment: str  # a regex the message must contain
-    call: str = "replay"  # replay | eager
+    call: str = "replay"  # replay | eager | build
     exc: type[Exception] = BatchRefused
+    on: str = ""  # the backend, when not the setup's own
 
     @property
     def backend(self) -> str:  # torch_native has no draft-extend graph nor multi-step backend
-        return "triton" if self.setup in ("draft_extend", "draft_decode") else "torch_native"
+        return self.on or ("triton" if self.setup in ("draft_extend", "draft_decode") else "torch_native")
 
 
 CASES = [
@@ -289,6 +330,59 @@ CASES = [
     Case("multi-step: topk other than captured", "draft_decode",
          lambda s, fb: fb.replace(spec_info=DraftDecodeInput(topk=1, num_steps=2)),
          r"\(topk, num_steps\)=\(1, 2\): captured for \(2, 2\)"),
+    Case("multi-step: the spec input's kv_indices past the cache (a SIGSEGV on a GPU)", "draft_decode",
+         lambda s, fb: _draft_indices(s, fb, [10**7] * 12), r"spec_info.kv_indices\[0\]=10000000: outside \[1, \d+\)"),
+    Case("same, eager multi-step", "draft_decode", lambda s, fb: _draft_indices(s, fb, [10**7] * 12),
+         r"spec_info.kv_indices\[0\]=10000000: outside \[1, \d+\)", call="eager"),
+    Case("multi-step: the spec input's kv_indices name another request's slots (its KV read)", "draft_decode",
+         lambda s, fb: _draft_indices(s, fb, _own_slots(s, fb, 0) * 4),  # rows 2, 3: request 1's
+         r"spec_info.kv_indices\[6\]=\d+: not a slot of request 1's \d+ positions", call="eager"),
+    Case("multi-step: the spec input's kv_indptr past its kv_indices", "draft_decode",
+         lambda s, fb: _draft_indices(s, fb, _own_slots(s, fb, 0) * 3,
+                                      kv_indptr=torch.arange(5, dtype=torch.int32, device=fb.device) * 3),
+         r"spec_info.kv_indptr=\[0, 3, 6, 9, 12\]: must start at 0, never decrease, end within kv_indices \(9\)"),
+    Case("multi-step: the spec input's kv_indptr of dtype float32", "draft_decode",
+         lambda s, fb: _draft_indices(s, fb, [1] * 12, kv_indptr=torch.zeros(5, device=fb.device)),
+         r"spec_info.kv_indptr=torch.float32\[5\] on cpu: expected a 1-D torch.int32 tensor"),
+    Case("a runner whose SpecConfig differs from its backend's (NaN before)", "verify",
+         lambda s, fb: _runner_on(s, type(s.runner.backend)(s.world, TREE), SPEC),
+         r"runner spec_cfg=SpecConfig\(num_steps=3, topk=1, num_draft_tokens=4\) differs from the backend's "
+         r"spec=SpecConfig\(num_steps=2, topk=2, num_draft_tokens=5\)", call="build"),
+    Case("world.kv_cache rebound after capture (the step's KV would go to the orphaned cache)", "decode",
+         lambda s, fb: _rebind(s, fb, s.world, "kv_cache"), r"world.kv_cache, .* rebound after capture"),
+    Case("the request table rebound after capture", "decode",
+         lambda s, fb: _rebind(s, fb, s.world.req_to_token_pool, "req_to_token"),
+         r"^world.req_to_token_pool.req_to_token rebound after capture"),
+    Case("a second runner on a live runner's backend (its buffers rebound)", "decode",
+         lambda s, fb: _runner_on(s, s.runner.backend, None),
+         r"backend TorchNativeBackend is owned by a live decode GraphRunner", call="build"),
+    Case("out_cache_loc held by a live request outside the batch too (its KV overwritten)", "decode", _held_outside,
+         r"out_cache_loc\[0\]=\d+: is also held by the live request in pool row \d+, outside the batch, at position 3"),
+    Case("out_cache_loc held by another request of the batch too (as a prefix slot)", "verify",
+         lambda s, fb: _edit_table(s, int(fb.req_pool_indices[1]), 2, int(fb.out_cache_loc[0])) or fb,
+         r"out_cache_loc\[0\]=\d+: is also held by request 1 at position 2: row 0 would overwrite that KV"),
+    Case("batch_size a float", "decode", lambda s, fb: fb.replace(batch_size=2.0),
+         r"ForwardBatch.batch_size=float 2.0: must be a Python int"),
+    Case("req_pool_indices a list", "decode", lambda s, fb: fb.replace(req_pool_indices=[1, 2]),
+         r"ForwardBatch.req_pool_indices=list: expected a torch.int64 tensor"),
+    Case("verify: draft_token_num a float", "verify", lambda s, fb: _verify_with(fb, draft_token_num=4.0),
+         r"spec_info.draft_token_num=float 4.0: must be a Python int"),
+    Case("verify: custom mask a list", "verify",
+         lambda s, fb: _verify_with(fb, custom_mask=fb.spec_info.custom_mask.tolist()),
+         r"spec_info.custom_mask=list: expected a 1-D torch.bool tensor"),
+    Case("plain decode: a DraftDecodeInput on the Triton decode runner (33 tensors written before)", "decode",
+         lambda s, fb: fb.replace(spec_info=DraftDecodeInput(TREE.topk, TREE.num_steps)),
+         r"spec_info=DraftDecodeInput: DECODE on a single-step runner takes no spec input", on="triton"),
+    Case("same, eager, its kv indices past the cache (a SIGSEGV on a GPU)", "decode",
+         lambda s, fb: _draft_indices(s, fb, [10**7] * 6, per_row=3, topk=1),
+         r"spec_info=DraftDecodeInput: DECODE on a single-step runner", call="eager", on="triton"),
+    Case("plain decode: a VerifyInput", "decode", lambda s, fb: fb.replace(spec_info=VerifyInput(1, None)),
+         r"spec_info=VerifyInput: DECODE on a single-step runner takes no spec input"),
+    Case("multi-step: a plain decode batch (no spec input)", "draft_decode", lambda s, fb: fb.replace(spec_info=None),
+         r"spec_info=NoneType: draft decode needs a DraftDecodeInput"),
+    Case("verify: a 2-D custom mask", "verify",
+         lambda s, fb: _verify_with(fb, custom_mask=fb.spec_info.custom_mask.view(1, -1)),
+         r"spec_info.custom_mask.shape=\[1, (\d+)\]: expected 1-D \[\1\]: sum over requests of N\*\(seq_len\+N\)"),
 ]  # fmt: skip
 
 
@@ -309,12 +403,49 @@ def test_bad_input_is_refused_before_any_write(case: Case):
     s.runner.replay(good)  # the buffers hold a real batch, not just the capture's
     bad = case.bad(s, good)
     snap = snapshot(s)
-    call = s.runner.replay if case.call == "replay" else s.runner.eager
-    with pytest.raises(case.exc, match=case.fragment):
-        call(bad)
-    changed = unchanged(snap)
-    assert not changed, f"a refused batch changed {len(changed)} tensor(s)"
+    call = bad if case.call == "build" else lambda: getattr(s.runner, case.call)(bad)
+    try:
+        with pytest.raises(case.exc, match=case.fragment):
+            call()
+        changed = unchanged(snap)
+        assert not changed, f"a refused batch changed {len(changed)} tensor(s)"
+    finally:
+        while s.undo:
+            s.undo.pop()()
+        s.gen.release_all()
+
+
+@pytest.mark.parametrize("case", ["verify", "draft_decode"])
+def test_non_contiguous_tensors_are_copied_not_refused(case: str):
+    """Strided index tensors (and a strided tree mask) are served as their contiguous copies: the same output, graph and
+    eager (``load_inputs`` viewed them as bytes: a view error before)."""
+    s = setup_for(case, "triton" if case == "draft_decode" else "torch_native")
+    fb = _batch(s, case)
+    strided = lambda t: torch.stack([t, t], -1)[..., 0]  # the same values, stride 2
+    names = ("input_ids", "positions", "req_pool_indices", "seq_lens", "out_cache_loc")
+    odd = fb.replace(**{k: strided(getattr(fb, k)) for k in names})
+    if case == "verify":
+        odd = _verify_with(odd, custom_mask=strided(fb.spec_info.custom_mask))
+    assert not odd.out_cache_loc.is_contiguous()
+    want = s.runner.replay(fb).clone(), s.runner.eager(fb).clone()
+    assert torch.equal(s.runner.replay(odd), want[0]) and torch.equal(s.runner.eager(odd), want[1])
     s.gen.release_all()
+
+
+def test_the_held_rule_reads_the_pools_allocation_state():
+    """A stale entry in a free request row holds nothing; once that row is allocated, it holds the slot."""
+    s = setup_for("decode")
+    fb, pool = _batch(s, "decode"), s.world.req_to_token_pool
+    row = pool._free[0]  # the next row alloc hands out
+    s.world.req_to_token[row, 0] = fb.out_cache_loc[0]
+    s.runner.replay(fb)
+    assert pool.alloc(1) == [row]
+    try:
+        with pytest.raises(BatchRefused, match=rf"is also held by the live request in pool row {row}, outside"):
+            s.runner.replay(fb)
+    finally:
+        pool.free([row])  # zeroes the row
+        s.gen.release_all()
 
 
 def test_the_snapshot_sees_a_write():

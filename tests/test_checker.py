@@ -9,7 +9,7 @@ from refimpl.check import CheckSettings, check_entry_mode, diff_states, run_chec
 from refimpl.graphs import CPUEmulatorEngine
 from refimpl.modes import ForwardMode
 
-FAST = CheckSettings(capture_bs=(1, 2, 4), raw_bs=(1, 3), max_context_len=32)
+FAST = CheckSettings(capture_bs=(1, 2, 4), raw_bs=(1, 3), max_context_len=32, num_slots=None)
 
 
 class FreshBufferAtReplay(TorchNativeBackend):
@@ -114,7 +114,9 @@ def test_stale_from_capture_is_named_where_the_replay_kept_the_capture_batch():
     another way at capture (not the capture batch's values): no such words."""
     from refimpl.backends import find
 
-    settings = CheckSettings(capture_bs=(1, 2, 4), raw_bs=(3,), max_context_len=32, glue_replays=0, history=False)
+    settings = CheckSettings(
+        capture_bs=(1, 2, 4), raw_bs=(3,), max_context_len=32, num_slots=None, glue_replays=0, history=False
+    )
     (mla,) = check_entry_mode(find("flashinfer_mla", "as-upstream")[0], "decode", CPUEmulatorEngine(), settings)
     stale = [f.split(": ")[0] for f in mla.findings if "stale from capture" in f]
     assert stale == ["kv_indptr", "kv_len_arr"], mla.findings

@@ -1,12 +1,13 @@
 """FlashInfer and FlashInfer-MLA backends on the CPU stand-ins, through the checker."""
 
 import pytest
+from helpers import per_size_settings
 
 from refimpl.backends import find
 from refimpl.backends.flashinfer import FlashInferAttnBackend
 from refimpl.batch import World
 from refimpl.batchgen import BatchGenerator
-from refimpl.check import CheckSettings, check_entry_mode
+from refimpl.check import check_entry_mode
 from refimpl.config import ModelConfig, SpecConfig
 from refimpl.graphs import CPUEmulatorEngine
 from refimpl.spec import VerifyInput
@@ -17,11 +18,7 @@ TREE = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
 
 def run(name, variant, case, spec=CHAIN, raw_bs=(1, 3)):
     (entry,) = find(name, variant)
-    # verdict (e) off: it has its own tests (test_glue.py) and the capability matrix; CI time
-    settings = CheckSettings(
-        capture_bs=(1, 2, 4), raw_bs=raw_bs, spec=spec, max_context_len=40, glue_replays=0, history=False
-    )
-    return check_entry_mode(entry, case, CPUEmulatorEngine(), settings)
+    return check_entry_mode(entry, case, CPUEmulatorEngine(), per_size_settings(spec, raw_bs))
 
 
 def assert_all_pass(rows):

@@ -22,7 +22,13 @@ from refimpl.fuzz import FuzzTarget, targets
 from refimpl.graphs import make_engine
 
 EXAMPLES = int(os.environ.get("REFIMPL_FUZZ_EXAMPLES", "2"))
-CI_PROFILE = dict(capture_bs=(3,), num_layers=1)
+
+
+def ci_profile(entry) -> dict:
+    """One graph size, one layer, a small world (the default world, 640 positions and 100,000 slots: its own test)."""
+    return dict(capture_bs=(3,), num_layers=1, max_context_len=160 if entry.page_size > 1 else 72, num_slots=None)
+
+
 TARGETS = targets()
 
 
@@ -34,7 +40,7 @@ def _id(t) -> str:
 @pytest.mark.parametrize("entry, case, spec", TARGETS, ids=[_id(t) for t in TARGETS])
 def test_fuzz(entry, case, spec):
     try:
-        target = FuzzTarget(entry, case, spec, make_engine("auto"), **CI_PROFILE)
+        target = FuzzTarget(entry, case, spec, make_engine("auto"), **ci_profile(entry))
     except GraphModeNotSupported as e:
         pytest.skip(str(e))
 
@@ -65,7 +71,7 @@ def test_poisoning_catches_a_read_past_the_live_region(monkeypatch):
         return real(q, k, v, kv_indptr + end, kv_indices, out, **kw)
 
     entry = next(e for e in find("torch_native") if e.variant == "unified")
-    target = FuzzTarget(entry, "decode", CHAIN, make_engine("auto"), **CI_PROFILE)
+    target = FuzzTarget(entry, "decode", CHAIN, make_engine("auto"), **ci_profile(entry))
     fb = target.batch(FuzzParams(raw_bs=3, seq_lens=[20, 31, 9]))  # no padded row: all read
     monkeypatch.setattr(torch_native, "dense_paged_attention", one_past)
     target.runner.capture()  # re-capture with the planted kernel
@@ -94,7 +100,7 @@ def test_the_multi_step_oracle_takes_the_picks_of_the_run_it_checks():
             return super().__call__(fb, backend, follow)
 
     entry = next(e for e in find("flashinfer") if e.variant == "unified")
-    target = FuzzTarget(entry, "draft_decode", TREE, make_engine("auto"), **CI_PROFILE)
+    target = FuzzTarget(entry, "draft_decode", TREE, make_engine("auto"), **ci_profile(entry))
     rig = target.rig
     params = FuzzParams(raw_bs=2, seq_lens=[9, 30])
     assert target.check(params) == []
@@ -117,3 +123,32 @@ def test_fuzz_over_a_selection_with_nothing_to_fuzz_fails_like_check(capsys):
         main(["check", "--fuzz", "1", "--backend", "wave", "--mode", "draft_extend", "--engine", "cpu-emulator"]) == 1
     )
     assert "nothing fuzzed: every selected target was skipped" in capsys.readouterr().err
+
+
+def test_the_fuzzers_draws_cover_every_dimension_of_its_diversity():
+    """What ``check --fuzz N`` draws (its own seeds, its default world): padded batches and every captured size, lengths
+    past 512 positions, KV slots past 65,535, and (a tree spec) trees that are not chains. A fuzzer that drew less (raw
+    bs 1 only, short contexts, a small pool, chains only) fails here."""
+    import random
+
+    from refimpl.backends import find, load_backend_class
+    from refimpl.fuzz import CAPTURE_BS, CHAIN, TREE
+    from refimpl.spec import DraftTree
+
+    target = FuzzTarget(load_backend_class("examples.paged_decode_backend:PagedDecodeBackend"), "decode", CHAIN,
+                        make_engine("auto"))  # fmt: skip
+    draws = [target.draw(random.Random(f"0:{target.label}:{i}")) for i in range(32)]  # fuzz()'s seeds
+    sizes = {p.raw_bs for p in draws}
+    assert set(CAPTURE_BS) <= sizes and sizes - set(CAPTURE_BS), sizes  # every graph, and padded batches
+    assert max(max(p.seq_lens) for p in draws) > 512
+    slots = []
+    for p in draws[:8]:
+        fb = target.batch(p)
+        slots.append(int(fb.world.req_to_token[fb.req_pool_indices].max()))
+        target.gen.release(fb)
+    assert max(slots) > 65_535, slots
+    tree = FuzzTarget(find("flashinfer", "unified")[0], "target_verify", TREE, make_engine("auto"), capture_bs=(3,),
+                      num_layers=1, max_context_len=72, num_slots=None)  # fmt: skip
+    chain = DraftTree.chain(TREE.num_draft_tokens).parents
+    parents = [t for i in range(8) for t in tree.draw(random.Random(f"0:{tree.label}:{i}")).trees]
+    assert any(t != chain for t in parents), parents

@@ -12,7 +12,9 @@ from refimpl.layout import KINDS
 from refimpl.rig import Rig
 
 SPEC = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
-FAST = CheckSettings(capture_bs=(1, 2, 4), raw_bs=(1, 3), max_context_len=32, history=False)  # (f): its own tests
+FAST = CheckSettings(
+    capture_bs=(1, 2, 4), raw_bs=(1, 3), max_context_len=32, num_slots=None, history=False
+)  # (f): its own tests
 
 
 def glued_rig(entry, case="decode", **kw):

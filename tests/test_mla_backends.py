@@ -26,7 +26,9 @@ from refimpl.modes import ForwardMode
 from refimpl.spec import DraftDecodeInput, make_draft_extend_input
 
 # verdict (e) off: it has its own tests (test_glue.py) and the capability matrix; CI time
-FAST = CheckSettings(capture_bs=(1, 2, 4), raw_bs=(1, 3), max_context_len=40, glue_replays=0, history=False)
+FAST = CheckSettings(
+    capture_bs=(1, 2, 4), raw_bs=(1, 3), max_context_len=40, num_slots=None, glue_replays=0, history=False
+)
 MODES = ("decode", "idle", "target_verify", "draft_extend_v2", "draft_decode")
 CHAIN = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
 CFG = ModelConfig(kind="mla", num_layers=1, hidden_size=32, num_heads=4)

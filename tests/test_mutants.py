@@ -19,6 +19,7 @@ import test_bad_inputs
 import test_blind_spots
 import test_checker
 import test_emulator
+import test_history
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,6 +75,17 @@ CATCHING = {
     "test_backend_class.py::test_a_bug_that_depends_on_the_previous_replay_is_caught_by_the_history": (
         test_backend_class.test_a_bug_that_depends_on_the_previous_replay_is_caught_by_the_history
     ),
+    "test_history.py::test_the_default_check_replays_every_captured_graph_in_a_large_world": (
+        test_history.test_the_default_check_replays_every_captured_graph_in_a_large_world
+    ),
+    **{
+        f"test_history.py::test_each_history_step_is_the_first_to_catch_the_bug_it_exists_for[{bug}]": (
+            lambda bug=bug, step=step: test_history.test_each_history_step_is_the_first_to_catch_the_bug_it_exists_for(
+                bug, step
+            )
+        )
+        for bug, step in test_history.STEP_BUGS
+    },
 }
 
 MUTANTS = [
@@ -93,8 +105,21 @@ MUTANTS = [
     Mutant("verdict (d) compares nothing with the reference", "refimpl.check:diff_reference",
            "    return out", "    return []", "test_backend_class.py::test_fresh_tensor_at_replay_is_named"),
     Mutant("verdict (f) the history replays nothing", "refimpl.check:history_verdict",
-           "    for i, (label, fb) in enumerate(steps, 1):", "    for i, (label, fb) in enumerate([], 1):",
+           "    steps, findings = history_steps(rig, big), []", "    steps, findings, long_run = [], [], lambda r: (1, [])",
            "test_backend_class.py::test_a_bug_that_depends_on_the_previous_replay_is_caught_by_the_history"),
+    Mutant("(f) without A's lengths for other requests", "refimpl.check:history_steps",
+           'steps = [("A", a), (f"A\'s lengths, other requests{trees}", gen.for_mode(kind, big, **same))]',
+           'steps = [("A", a)]',
+           "test_history.py::test_each_history_step_is_the_first_to_catch_the_bug_it_exists_for[RefreshOnlyWhenLengthsChange]"),
+    Mutant("(f) without B, A's size with other lengths", "refimpl.check:history_steps",
+           "    steps.append((\"B, A's size, other lengths\", _short(gen, kind, big)))", "    pass",
+           "test_history.py::test_each_history_step_is_the_first_to_catch_the_bug_it_exists_for[IndptrOnlyWhenSizeChanges]"),
+    Mutant("(f) without the other captured graphs", "refimpl.check:history_steps",
+           '    return steps + [(f"C, the bs-{n} graph", _short(gen, kind, n)) for n in others]', "    return steps",
+           "test_history.py::test_the_default_check_replays_every_captured_graph_in_a_large_world"),
+    Mutant("(f) without the long run", "refimpl.check:history_verdict",
+           "    bs, runs = long_run(rig)", "    bs, runs = 1, []",
+           "test_history.py::test_each_history_step_is_the_first_to_catch_the_bug_it_exists_for[EveryKthReplaySkips]"),
     Mutant("the KV guard reports nothing", "refimpl.rig:KVGuard.check", "    return problems", "    return []",
            "test_backend_class.py::test_foreign_kv_write_is_caught_by_the_guard"),
     Mutant("the bounds guard passes every index through", "refimpl.kernels.bounds:guard_csr",

@@ -1,5 +1,8 @@
 """The graph runner: padding, fallbacks, bad input, and padded rows never touching live KV."""
 
+import copy
+import re
+
 import pytest
 import torch
 
@@ -155,3 +158,51 @@ def test_mla_runner_matches_eager():
     runner, gen = make(kind="mla")
     fb = gen.decode(3)
     assert torch.allclose(runner.replay(fb), runner.eager(fb), atol=1e-4, rtol=1e-4)
+
+
+def test_runner_and_backend_must_share_one_spec_config():
+    """A runner sized for one SpecConfig over a backend built for another gave NaN: refused at construction."""
+    cfg, tree, chain = ModelConfig(), SpecConfig(num_steps=2, topk=2, num_draft_tokens=5), SpecConfig()
+    world = World.create(cfg, max_context_len=L, pool_size=24)
+    gcfg = GraphConfig(max_bs=2, capture_bs=(1, 2), max_context_len=L)
+    for built, asked in ((tree, chain), (None, chain), (chain, None)):
+        mode = ForwardMode.TARGET_VERIFY if asked else ForwardMode.DECODE
+        why = rf"runner spec_cfg={re.escape(str(asked))} differs from the backend's spec={re.escape(str(built))}"
+        with pytest.raises(ValueError, match=why):
+            GraphRunner(TinyDecoder(cfg), TorchNativeBackend(world, built), CPUEmulatorEngine(), mode, gcfg, asked)
+
+
+def test_world_objects_rebound_after_capture_are_refused_at_replay():
+    """The graphs write the KV cache and read the request table bound at capture: a replay after either was rebound
+    (its KV would go to the orphaned cache) is refused, naming what moved; eager reads the world as it is."""
+    runner, gen = make()
+    fb = gen.decode(2)
+    world, pool = runner.world, runner.world.req_to_token_pool
+    for obj, name, moved in (
+        (world, "kv_cache", "world.kv_cache, world.kv_cache.buffers()[0]"),
+        (pool, "req_to_token", "world.req_to_token_pool.req_to_token"),
+        (world, "req_to_token_pool", "world.req_to_token_pool, world.req_to_token_pool.req_to_token"),
+    ):
+        old = getattr(obj, name)
+        setattr(obj, name, copy.deepcopy(old))
+        with pytest.raises(ValueError, match=rf"^{re.escape(moved)}[, ].*rebound after capture"):
+            runner.replay(fb)
+        runner.eager(fb)
+        setattr(obj, name, old)
+        runner.replay(fb)  # bound back: served
+
+
+def test_a_backend_serves_one_live_runner():
+    """A second runner's init_cuda_graph_state would rebind the buffers the first one's graphs read: refused while the
+    first lives; once it is gone, the backend may serve a new runner."""
+    runner, gen = make()
+    backend, model, gcfg = runner.backend, runner.model, runner.graph_cfg
+    again = lambda: GraphRunner(model, backend, CPUEmulatorEngine(), ForwardMode.DECODE, gcfg)
+    buffers = dict(backend.graph_buffers())
+    with pytest.raises(ValueError, match="backend TorchNativeBackend is owned by a live decode GraphRunner"):
+        again()
+    assert all(t is buffers[k] for k, t in backend.graph_buffers().items())  # nothing rebound
+    fb = gen.decode(3)
+    assert torch.allclose(runner.replay(fb), runner.eager(fb), atol=1e-5, rtol=1e-5)
+    del runner
+    again().capture()

@@ -242,7 +242,7 @@ def test_one_op_per_launch_and_argument_errors():
 
 def test_checker_passes_every_verdict():
     settings = CheckSettings(
-        capture_bs=(1, 4), max_context_len=40, glue_replays=0, history=False
+        capture_bs=(1, 4), max_context_len=40, num_slots=None, glue_replays=0, history=False
     )  # (e): test_glue.py, the matrix
     rows = run_checks(["triton"], ["decode", "idle", "target_verify"], ["fused", "in_graph"], "cpu-emulator", settings)
     assert {(r.variant, r.mode) for r in rows} == {

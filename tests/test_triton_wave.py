@@ -4,9 +4,10 @@ CPU cost: every kernel runs in the Triton interpreter, so the batches are tiny.
 """
 
 import pytest
+from helpers import per_size_settings
 
 from refimpl.backends import find
-from refimpl.check import CheckSettings, check_entry_mode
+from refimpl.check import check_entry_mode
 from refimpl.config import SpecConfig
 from refimpl.graphs import CPUEmulatorEngine
 
@@ -15,10 +16,7 @@ TREE = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
 
 
 def settings(spec=CHAIN, raw_bs=(1, 3)):
-    # verdict (e) off: it has its own tests (test_glue.py) and the capability matrix; CI time
-    return CheckSettings(
-        capture_bs=(1, 2, 4), raw_bs=raw_bs, spec=spec, max_context_len=40, glue_replays=0, history=False
-    )
+    return per_size_settings(spec, raw_bs)
 
 
 def run(name, variant, case, spec=CHAIN, raw_bs=(1, 3)):

@@ -6,7 +6,8 @@ because the ownership rule built a slot -> request map the size of the whole poo
 rules run as one kernel over the batch's own entries (``refimpl.kernels.validation``); what
 that kernel touches follows from its arguments, which hold no pool size but the request
 table's shape. On the CPU the same rules run as their Python definition (``batch_check_ref``),
-which reads the batch's own ``req_to_token`` rows only. Counted, not timed."""
+which reads the batch's own ``req_to_token`` rows and, for the rule that no other live request holds a new slot, the
+live rows of the request table (pool x context entries, never the KV pool). Counted, not timed."""
 
 import pytest
 import torch
@@ -68,5 +69,5 @@ def test_validation_work_does_not_follow_the_pool(mode, multi):
     if DEVICE.type == "cuda":  # one launch, the view of its result, and the read's copy
         names = [name for name, _ in small.ops]
         assert names == ["refimpl.batch_check.default", "aten.slice.Tensor", "aten._to_copy.default"]
-    else:  # the rules' Python definition reads the batch's own request rows, nothing else
+    else:  # the rules' Python definition reads request-table rows (the batch's, the live ones), nothing else
         assert {name for name, _ in small.ops} <= {"aten.select.int"}

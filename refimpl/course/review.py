@@ -25,7 +25,7 @@ from . import ROOT
 
 BUGGY = "examples.review_backend:ReviewBackendBuggy"  # the pull request as submitted
 FIXED = "examples.review_backend:ReviewBackend"  # the same class after review
-SETTINGS = CheckSettings()  # the CLI's: graphs for bs 1, 2, 4; batches of 1 and 3 (padded to 4); context 48
+SETTINGS = CheckSettings()  # the CLI's: graphs for bs 1, 2, 4; batches of 1 and 3 (padded to 4); context 640
 
 
 def entry(backend: str | type) -> BackendEntry:

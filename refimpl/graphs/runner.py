@@ -5,7 +5,9 @@ Follows SGLang's ``CudaGraphRunner`` (``python/sglang/srt/model_executor/cuda_gr
 row, ``refimpl.layout``); the backend allocates its graph buffers in ``init_cuda_graph_state``. Capture runs largest
 batch first: the capture hook outside the graph, warm-up, then the step. Replay runs four phases (``validate``,
 ``load_inputs``, ``replay_hook``, ``launch``) on the smallest captured ``bs >= raw_bs``; a batch no graph can serve runs
-eagerly. The checker reads ``capture_batch(bs)`` and ``padded_batch(fb)``: what each hook was fed.
+eagerly. The checker reads ``capture_batch(bs)`` and ``padded_batch(fb)``: what each hook was fed. A backend serves one
+live runner, built with the runner's ``SpecConfig``; a replay after the world's KV cache or request table was rebound
+is refused (``validate``).
 
 ``glue=True``: SGLang 0.5.23's metadata glue graph (``SGLANG_ENABLE_METADATA_GLUE_GRAPH``, [facts#metadata-glue-graph]).
 After each step graph, the replay hook fed the static inputs is captured into a small graph of its own
@@ -18,8 +20,11 @@ stays eager for that size (``glue_refused``); ``replays`` counts glued and eager
 from __future__ import annotations
 
 import bisect
+import gc
+import operator
 import time
 import warnings
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,7 +37,7 @@ from ..batch import ForwardBatch
 from ..config import GraphConfig, SpecConfig
 from ..modes import ForwardMode
 from ..spec import dummy_spec_input
-from ..validate import check_capture_config, validate_batch
+from ..validate import BatchRefused, check_capture_config, validate_batch
 from .engine import GraphCaptureError, GraphEngine, GraphReplayError
 
 
@@ -119,6 +124,11 @@ class GraphRunner:
         self.mode, self.graph_cfg, self.spec_cfg = mode, graph_cfg, spec_cfg
         multi = self.kind.multi_step
         self.world = backend.world
+        if (built := getattr(backend, "spec", None)) != spec_cfg:  # its buffers are sized by its own spec
+            raise BatchRefused(f"runner spec_cfg={spec_cfg} differs from the backend's spec={built}: build both with one")
+        if (owner := self._owner(backend)) is not None:  # init_cuda_graph_state would rebind that runner's buffers
+            why = "a second init_cuda_graph_state would rebind the buffers its graphs read: build a backend per runner"
+            raise BatchRefused(f"backend {type(backend).__name__} is owned by a live {owner.kind.label} GraphRunner: {why}")
         self.device = self.world.device
         self.tokens_per_req = self.kind.rows(spec_cfg)
         self.locs_per_req = self.tokens_per_req * layout.cache_writes_per_row(spec_cfg, multi)
@@ -135,6 +145,7 @@ class GraphRunner:
         check_capture_config(self)  # before any allocation
         # the static inputs: self.input_ids, .positions, .req_pool_indices, .seq_lens, .seq_lens_cpu, .out_cache_loc
         self.__dict__.update(self._rest_inputs(self.max_bs))
+        backend._graph_runner = weakref.ref(self)
         backend.init_cuda_graph_state(self.max_bs, self.max_num_tokens)
         # replay-path caches: padded-row values, copy plans, static batch views per bs
         self._pad = self._rest_inputs(self.max_bs)
@@ -145,6 +156,20 @@ class GraphRunner:
         self.replays: Counter = Counter()  # "glue" / "hook": how each replay's metadata was made
         self.outputs: dict[int, torch.Tensor] = {}
         self.capture_records: list[CaptureRecord] = []
+        self._captured_with: tuple = ()  # the world objects the graphs write and read (``_bound``), set by capture
+
+    @staticmethod
+    def _owner(backend) -> GraphRunner | None:
+        """The live runner ``backend`` serves, if any (one unreachable but not yet collected does not count)."""
+        ref = getattr(backend, "_graph_runner", None)
+        if ref is not None and ref() is not None:
+            gc.collect()  # a dropped runner in a reference cycle (its graphs' closures) is not live
+        return ref() if ref is not None else None
+
+    def _bound(self) -> tuple:
+        """What the graphs write and read in the world: its KV cache (and its layers' tensors), request pool and table."""
+        w = self.world
+        return (w.kv_cache, w.req_to_token_pool, w.req_to_token, *w.kv_cache.buffers())
 
     # --- inputs -------------------------------------------------------------------------------
     def _rest_inputs(self, bs: int) -> dict[str, torch.Tensor]:
@@ -191,6 +216,7 @@ class GraphRunner:
 
             order = tqdm(order, desc=f"capture {self.mode.label}")
         static = self.static_inputs()
+        self._captured_with = self._bound()
         for bs in order:
             t0, mem0 = time.perf_counter(), self.engine.memory_in_use()
             layout.reset_padded_rows(self.req_pool_indices, self.seq_lens, self.seq_lens_cpu, self.out_cache_loc, self.fill_value)
@@ -303,9 +329,16 @@ class GraphRunner:
         return view
 
     # --- the replay's phases: replay() runs them in order, the bench times each -------------------
-    def validate(self, fb: ForwardBatch, for_graph: bool = True) -> None:
-        """Phase 1: refuse ``fb`` before anything is written (``refimpl.validate``)."""
-        validate_batch(fb, self.spec_cfg, self.kind.multi_step, for_graph, world=self.world)
+    def validate(self, fb: ForwardBatch, for_graph: bool = True) -> ForwardBatch:
+        """Phase 1: refuse ``fb`` before anything is written (``refimpl.validate``), and a graph replay after the world's
+        KV cache or request table was rebound (identity checks); returns ``fb`` with any non-contiguous tensor copied."""
+        if for_graph and self._captured_with and any(map(operator.is_not, self._bound(), self._captured_with)):
+            names = ("world.kv_cache", "world.req_to_token_pool", "world.req_to_token_pool.req_to_token")
+            names += tuple(f"world.kv_cache.buffers()[{i}]" for i in range(len(self._captured_with) - 3))
+            moved = [k for k, a, b in zip(names, self._bound(), self._captured_with) if a is not b]
+            why = "the graphs write and read the objects bound at capture: restore them or build and capture a new runner"
+            raise BatchRefused(f"{', '.join(moved)} rebound after capture: {why}")
+        return validate_batch(fb, self.spec_cfg, self.kind.multi_step, for_graph, world=self.world)
 
     def replay_hook(self, fb: ForwardBatch, bs: int) -> ForwardBatch:
         """Phase 3: the backend's replay hook on the static batch (after ``load_inputs``), or its glue graph."""
@@ -327,7 +360,7 @@ class GraphRunner:
     def _replay(self, fb: ForwardBatch) -> torch.Tensor:
         """The replay path proper (``can_run`` already said yes): the four phases."""
         if self.validate_inputs:
-            self.validate(fb)
+            fb = self.validate(fb)
         bs = self.pick_bs(fb.batch_size)
         self.load_inputs(fb, bs)
         self.replay_hook(fb, bs)
@@ -336,7 +369,7 @@ class GraphRunner:
 
     def eager(self, fb: ForwardBatch) -> torch.Tensor:
         if self.validate_inputs:
-            self.validate(fb, for_graph=False)
+            fb = self.validate(fb, for_graph=False)
         self.backend.init_forward_metadata(fb)
         return self.model(fb, self.backend)
 

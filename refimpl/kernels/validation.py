@@ -1,7 +1,8 @@
 """The device half of batch validation (``refimpl.validate``): one launch, one small result.
 
 One sync per index tensor, and a pool-sized slot -> request map per call (127 ms per replay, 197k-slot pool, H200), were
-the old cost. This kernel checks every device-side rule over the batch's own entries and writes a few int64s:
+the old cost. This kernel checks every device-side rule over the batch's own entries (the held rule: against the request
+table) and writes a few int64s:
 
 | category (``CATEGORIES[k]``) | an entry is bad when |
 |---|---|
@@ -12,12 +13,16 @@ the old cost. This kernel checks every device-side rule over the batch's own ent
 | ``out_cache_loc duplicate`` | ``loc[e] == loc[f]`` for some ``f < e`` |
 | ``out_cache_loc slot`` | ``loc[e] != req_to_token[rpi[r], col(e)]``: the write is not its row's own new position |
 | ``custom_mask self`` | verify (a mask given): draft row ``e`` (request ``r = e // N``, draft ``j = e % N``) does not see itself: its entry ``N * sum(seq_lens[:r]) + r*N*N + j*(seq_r + N) + seq_r + j`` of the tree mask is False (an all-False mask, too) |
+| ``out_cache_loc held`` | a live row ``p`` (``live_rows``: the pool's allocation state; default every row but 0) holds ``loc[e]`` at a position ``(p, c)`` other than ``e``'s own ``(rpi[r], col(e))``: that KV would be overwritten (a freed row is zeroed; 0 holds nothing) |
 
 Write ``e`` is row ``e % n`` of step ``e // n`` (S = m / n steps: multi-step draft decode; else 1), row ``j`` of its
 request ``r``'s ``per`` rows, and fills column ``col(e) = seq_lens[r] + extra - per*S + j*S + e // n`` of the request's
 ``req_to_token`` row: decode ``seq - 1``; verify (extra N) ``seq + j``; extend and draft extend ``seq - per + j``;
 multi-step (extra topk*S) ``seq + k*S + step`` for branch k. A ragged batch passes ``row_req [2, n]``: each row's
 request and ``j - per_r`` (its column is ``seq_lens[r] + extra + j - per_r``). A write outside ``[0, L)`` owns nothing.
+
+The held rule scans the request table (``pool * L`` entries), never the KV pool: program ``(b, q)`` checks entry block
+``b`` against table part ``q`` of ``TABLE_SPLIT`` (``TABLE_CHUNK`` entries an iteration), so the parts run in parallel.
 
 ``out`` (int64): ``[nprog, len(CATEGORIES)]`` per-program smallest bad index (``NONE``: none; the host takes the
 minimum), then copies of ``seq_lens``, ``accept_length``, ``extend_seq_lens`` (``bs`` each).
@@ -33,17 +38,21 @@ from ._op import kernel_op
 
 CATEGORIES = ("req_pool_indices range", "req_pool_indices duplicate", "input_ids range", "positions range")
 CATEGORIES += ("out_cache_loc range", "out_cache_loc duplicate", "out_cache_loc slot", "custom_mask self")
+CATEGORIES += ("out_cache_loc held",)
 NCAT = len(CATEGORIES)
+assert NCAT <= 17 and CATEGORIES[-1] == "out_cache_loc held"  # the kernel's table parts fill the first 16, then held
 NONE = 1 << 62  # "no bad entry" in a category
 BLOCK = 16  # entries per program
 CHUNK = 256  # compared entries per loop iteration: few, wide iterations
-# the compiled kernel per (device, HAS_ACC, HAS_EXT, HAS_ROW_REQ, HAS_MASK), launched directly by ``_launch``: Triton's
+TABLE_CHUNK, TABLE_SPLIT = 1024, 4  # the held rule's scan: table entries per iteration; programs per entry block
+# the compiled kernel per (device, HAS_ACC, HAS_EXT, HAS_ROW_REQ, HAS_MASK, HAS_LIVE), launched directly by ``_launch``: Triton's
 # JITFunction.run binds 29 arguments in Python per call (26 µs of host on the H200, 7.5 µs direct)
 _COMPILED: dict = {}
 
 
 def num_programs(bs: int, num_rows: int, num_writes: int) -> int:
-    return triton.cdiv(max(bs, num_rows, num_writes, 1), BLOCK)
+    """Programs (entry block, table part): rows of ``out``."""
+    return triton.cdiv(max(bs, num_rows, num_writes, 1), BLOCK) * TABLE_SPLIT
 
 
 def result_size(bs: int, num_rows: int, num_writes: int) -> int:
@@ -71,11 +80,11 @@ def _has_earlier_equal(x, e, src_ptr, count, CHUNK_: tl.constexpr):
 # sizes, counts and pointer alignments vary per batch: one compiled kernel serves them all (else
 # Triton specialises on ints equal to 1 or divisible by 16 and on 16-byte pointer alignment, and
 # compiles a new variant as batches vary: minutes of compiles in a GPU test run)
-_ARGS = "out_ptr seq_ptr acc_ptr ext_ptr rpi_ptr ids_ptr pos_ptr loc_ptr row_req_ptr r2t_ptr mask_ptr".split()
+_ARGS = "out_ptr seq_ptr acc_ptr ext_ptr rpi_ptr ids_ptr pos_ptr loc_ptr row_req_ptr r2t_ptr mask_ptr live_ptr".split()
 _ARGS += "r2t_stride pool L vocab slots bs n m rows_per_req extra mask_size nprog".split()
 _NO_SPECIALISATION = {"do_not_specialize": _ARGS}
 if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
-    _NO_SPECIALISATION["do_not_specialize_on_alignment"] = _ARGS[:11]  # the pointers
+    _NO_SPECIALISATION["do_not_specialize_on_alignment"] = _ARGS[:12]  # the pointers
 
 
 @triton.jit(**_NO_SPECIALISATION)
@@ -91,6 +100,7 @@ def _batch_check_kernel(
     row_req_ptr,  # [2, n] each row's request, then j - per_r (read when HAS_ROW_REQ)
     r2t_ptr,  # [pool, L] int32 req_to_token
     mask_ptr,  # [mask_size] bool tree mask (read when HAS_MASK)
+    live_ptr,  # [pool] bool: the live request rows (read when HAS_LIVE)
     r2t_stride,
     pool,
     L,
@@ -107,36 +117,20 @@ def _batch_check_kernel(
     HAS_EXT: tl.constexpr,
     HAS_ROW_REQ: tl.constexpr,
     HAS_MASK: tl.constexpr,
+    HAS_LIVE: tl.constexpr,
     BLOCK_: tl.constexpr,
     CHUNK_: tl.constexpr,
+    TABLE_CHUNK_: tl.constexpr,
+    TABLE_SPLIT_: tl.constexpr,
     NCAT_: tl.constexpr,
     NONE_: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    e = pid * BLOCK_ + tl.arange(0, BLOCK_).to(tl.int64)  # [BLOCK] entry indices
-    res = out_ptr + pid * NCAT_
-    copies = out_ptr + nprog * NCAT_
-    # per request: the host's copies, req_pool_indices in range and distinct
-    in_b = e < bs
-    tl.store(copies + e, tl.load(seq_ptr + e, mask=in_b, other=0).to(tl.int64), mask=in_b)
-    if HAS_ACC:
-        tl.store(copies + bs + e, tl.load(acc_ptr + e, mask=in_b, other=0).to(tl.int64), mask=in_b)
-    if HAS_EXT:
-        tl.store(copies + 2 * bs + e, tl.load(ext_ptr + e, mask=in_b, other=0).to(tl.int64), mask=in_b)
-    rpi = tl.load(rpi_ptr + e, mask=in_b, other=1).to(tl.int64)
-    tl.store(res + 0, _first(in_b & ((rpi < 1) | (rpi >= pool)), e, NONE_))
-    tl.store(res + 1, _first(in_b & _has_earlier_equal(rpi, e, rpi_ptr, bs, CHUNK_), e, NONE_))
-    # per row: token ids and positions in range
-    in_n = e < n
-    ids = tl.load(ids_ptr + e, mask=in_n, other=0).to(tl.int64)
-    tl.store(res + 2, _first(in_n & ((ids < 0) | (ids >= vocab)), e, NONE_))
-    pos = tl.load(pos_ptr + e, mask=in_n, other=0).to(tl.int64)
-    tl.store(res + 3, _first(in_n & ((pos < 0) | (pos >= L)), e, NONE_))
-    # per cache write: in range, distinct, and exactly its row's own new position in req_to_token
+    blk, part = tl.program_id(0), tl.program_id(1)  # entry block; table part (part 0 also checks every other rule)
+    e = blk * BLOCK_ + tl.arange(0, BLOCK_).to(tl.int64)  # [BLOCK] entry indices
+    res = out_ptr + (blk * TABLE_SPLIT_ + part) * NCAT_
+    # per cache write: the row's own new position in req_to_token (its request's row, column)
     in_m = e < m
     loc = tl.load(loc_ptr + e, mask=in_m, other=1).to(tl.int64)
-    tl.store(res + 4, _first(in_m & ((loc < 1) | (loc >= slots)), e, NONE_))
-    tl.store(res + 5, _first(in_m & _has_earlier_equal(loc, e, loc_ptr, m, CHUNK_), e, NONE_))
     n1 = tl.maximum(n, 1)
     row = e % n1
     if HAS_ROW_REQ:
@@ -150,23 +144,61 @@ def _batch_check_kernel(
     slot = tl.load(rpi_ptr + req, mask=req_ok, other=-1).to(tl.int64)
     col += tl.load(seq_ptr + req, mask=req_ok, other=0).to(tl.int64)
     ok = req_ok & (slot >= 0) & (slot < pool) & (col >= 0) & (col < L)  # else the write owns nothing
-    want = tl.load(r2t_ptr + tl.where(ok, slot, 0) * r2t_stride + tl.where(ok, col, 0), mask=ok, other=-1)
-    tl.store(res + 6, _first(in_m & ~(ok & (want.to(tl.int64) == loc)), e, NONE_))
-    if HAS_MASK:  # verify: draft row e sees itself (its diagonal entry of the tree mask)
-        r, j, per = e // rows_per_req, e % rows_per_req, rows_per_req
-        in_r = in_n & (r < bs)
-        before = tl.zeros([BLOCK_], dtype=tl.int64)  # sum(seq_lens[:r])
-        for c0 in range(0, bs, CHUNK_):
-            q = c0 + tl.arange(0, CHUNK_).to(tl.int64)
-            s_q = tl.load(seq_ptr + q, mask=q < bs, other=0).to(tl.int64)
-            before += tl.sum(tl.where(q[None, :] < r[:, None], s_q[None, :], 0), 1)
-        s_r = tl.load(seq_ptr + r, mask=in_r, other=0).to(tl.int64)
-        idx = per * before + r * per * per + j * (s_r + per) + s_r + j
-        ok = in_r & (idx >= 0) & (idx < mask_size)  # device lengths the host has not compared yet: stay inside
-        sees = tl.load(mask_ptr + tl.where(ok, idx, 0), mask=ok, other=0).to(tl.int32)
-        tl.store(res + 7, _first(in_r & (sees == 0), e, NONE_))
-    else:
-        tl.store(res + 7, NONE_)
+    if part == 0:
+        copies = out_ptr + nprog * NCAT_
+        # per request: the host's copies, req_pool_indices in range and distinct
+        in_b = e < bs
+        tl.store(copies + e, tl.load(seq_ptr + e, mask=in_b, other=0).to(tl.int64), mask=in_b)
+        if HAS_ACC:
+            tl.store(copies + bs + e, tl.load(acc_ptr + e, mask=in_b, other=0).to(tl.int64), mask=in_b)
+        if HAS_EXT:
+            tl.store(copies + 2 * bs + e, tl.load(ext_ptr + e, mask=in_b, other=0).to(tl.int64), mask=in_b)
+        rpi = tl.load(rpi_ptr + e, mask=in_b, other=1).to(tl.int64)
+        tl.store(res + 0, _first(in_b & ((rpi < 1) | (rpi >= pool)), e, NONE_))
+        tl.store(res + 1, _first(in_b & _has_earlier_equal(rpi, e, rpi_ptr, bs, CHUNK_), e, NONE_))
+        # per row: token ids and positions in range
+        in_n = e < n
+        ids = tl.load(ids_ptr + e, mask=in_n, other=0).to(tl.int64)
+        tl.store(res + 2, _first(in_n & ((ids < 0) | (ids >= vocab)), e, NONE_))
+        pos = tl.load(pos_ptr + e, mask=in_n, other=0).to(tl.int64)
+        tl.store(res + 3, _first(in_n & ((pos < 0) | (pos >= L)), e, NONE_))
+        # per cache write: in range, distinct, and exactly its row's own new position
+        tl.store(res + 4, _first(in_m & ((loc < 1) | (loc >= slots)), e, NONE_))
+        tl.store(res + 5, _first(in_m & _has_earlier_equal(loc, e, loc_ptr, m, CHUNK_), e, NONE_))
+        want = tl.load(r2t_ptr + tl.where(ok, slot, 0) * r2t_stride + tl.where(ok, col, 0), mask=ok, other=-1)
+        tl.store(res + 6, _first(in_m & ~(ok & (want.to(tl.int64) == loc)), e, NONE_))
+        if HAS_MASK:  # verify: draft row e sees itself (its diagonal entry of the tree mask)
+            r, j, per = e // rows_per_req, e % rows_per_req, rows_per_req
+            in_r = in_n & (r < bs)
+            before = tl.zeros([BLOCK_], dtype=tl.int64)  # sum(seq_lens[:r])
+            for c0 in range(0, bs, CHUNK_):
+                q = c0 + tl.arange(0, CHUNK_).to(tl.int64)
+                s_q = tl.load(seq_ptr + q, mask=q < bs, other=0).to(tl.int64)
+                before += tl.sum(tl.where(q[None, :] < r[:, None], s_q[None, :], 0), 1)
+            s_r = tl.load(seq_ptr + r, mask=in_r, other=0).to(tl.int64)
+            idx = per * before + r * per * per + j * (s_r + per) + s_r + j
+            inside = in_r & (idx >= 0) & (idx < mask_size)  # device lengths the host has not compared yet: stay inside
+            sees = tl.load(mask_ptr + tl.where(inside, idx, 0), mask=inside, other=0).to(tl.int32)
+            tl.store(res + 7, _first(in_r & (sees == 0), e, NONE_))
+        else:
+            tl.store(res + 7, NONE_)
+    else:  # the other parts: only the held rule
+        k = tl.arange(0, 16)
+        tl.store(res + k, tl.full([16], NONE_, tl.int64), mask=k < NCAT_ - 1)
+    # ... and no other position of a live request holds the slot (the last category): this part of the request table
+    own_p, own_c = tl.where(ok, slot, -1), tl.where(ok, col, -1)
+    held = tl.zeros([BLOCK_], dtype=tl.int32)
+    for t0 in range(part * TABLE_CHUNK_, pool * L, TABLE_SPLIT_ * TABLE_CHUNK_):
+        t = t0 + tl.arange(0, TABLE_CHUNK_).to(tl.int64)
+        p, c = t // L, t % L
+        in_t = (t < pool * L) & (p >= 1)
+        if HAS_LIVE:
+            in_t = in_t & (tl.load(live_ptr + p, mask=in_t, other=0).to(tl.int32) != 0)
+        v = tl.load(r2t_ptr + p * r2t_stride + c, mask=in_t, other=0).to(tl.int64)
+        other = (p[None, :] != own_p[:, None]) | (c[None, :] != own_c[:, None])
+        hit = (v[None, :] == loc[:, None]) & (v[None, :] != 0) & other
+        held = tl.maximum(held, tl.max(hit.to(tl.int32), 1))
+    tl.store(res + NCAT_ - 1, _first(in_m & (held > 0), e, NONE_))
 
 
 @kernel_op("refimpl::batch_check", mutates_args=("out",))
@@ -186,35 +218,38 @@ def batch_check(
     extend_seq_lens: torch.Tensor | None = None,
     row_req: torch.Tensor | None = None,
     custom_mask: torch.Tensor | None = None,
+    live_rows: torch.Tensor | None = None,
 ) -> None:
     """Launch the checks into ``out`` (int64, >= ``result_size`` entries). The caller (``refimpl.validate``) has checked
     dtypes, devices (``out``'s) and sizes: ``seq_lens`` / ``req_pool_indices`` / ``accept_length`` / ``extend_seq_lens``
-    hold ``bs`` entries, ``input_ids`` / ``positions`` ``n``, ``row_req`` ``[2, n]``, ``out_cache_loc`` ``m``."""
+    hold ``bs`` entries, ``input_ids`` / ``positions`` ``n``, ``row_req`` ``[2, n]``, ``out_cache_loc`` ``m``,
+    ``live_rows`` (bool) ``pool``."""
     bs, n, m = seq_lens.numel(), input_ids.numel(), out_cache_loc.numel()
     nprog = num_programs(bs, n, m)
-    optional = (accept_length, extend_seq_lens, row_req, custom_mask)
+    optional = (accept_length, extend_seq_lens, row_req, custom_mask, live_rows)
     flags = tuple(t is not None for t in optional)
-    acc, ext, row, mask = (t if t is not None else seq_lens for t in optional)  # dummies
+    acc, ext, row, mask, live = (t if t is not None else seq_lens for t in optional)  # dummies
     tensors = (out, seq_lens, acc, ext, req_pool_indices, input_ids, positions, out_cache_loc, row, req_to_token, mask)
+    tensors += (live,)
     sizes = (req_to_token.stride(0), *req_to_token.shape, vocab, num_slots, bs, n, m, max(rows_per_req, 1), extra)
     sizes += (mask.numel(),)
-    args = (*tensors, *sizes, nprog, *flags, BLOCK, CHUNK, NCAT, NONE)
-    _launch(nprog, args, flags, out.device)
+    args = (*tensors, *sizes, nprog, *flags, BLOCK, CHUNK, TABLE_CHUNK, TABLE_SPLIT, NCAT, NONE)
+    _launch((nprog // TABLE_SPLIT, TABLE_SPLIT), args, flags, out.device)
 
 
-def _launch(nprog: int, args: tuple, flags: tuple, device: torch.device) -> None:
+def _launch(grid: tuple[int, int], args: tuple, flags: tuple, device: torch.device) -> None:
     key = (device, *flags)
     kernel = _COMPILED.get(key)
     # Triton's launch hooks (a profiler's) are None or a chain of ``.calls`` (Triton >= 3.4)
     rt = getattr(getattr(triton, "knobs", None), "runtime", None)
     hooks = (getattr(rt, "launch_enter_hook", None), getattr(rt, "launch_exit_hook", None))
     if kernel is None or any(h is not None and getattr(h, "calls", True) for h in hooks):  # first launch or hooked
-        kernel = _batch_check_kernel[(nprog,)](*args)  # compiles once (nothing specialised)
+        kernel = _batch_check_kernel[grid](*args)  # compiles once (nothing specialised)
         if device.type == "cuda" and all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata")):
             _COMPILED[key] = kernel
         return
     stream = torch.cuda.current_stream(device).cuda_stream
-    kernel.run(nprog, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None, *args)
+    kernel.run(*grid, 1, stream, kernel.function, kernel.packed_metadata, None, None, None, *args)
 
 
 def read_result(out: torch.Tensor, bs: int, num_rows: int, num_writes: int) -> dict:
@@ -258,11 +293,14 @@ def batch_check_ref(
     num_slots,
     row_req=None,
     custom_mask=None,
+    live_rows=None,
 ) -> dict:
-    """The first bad index per category, straight from the table above, in host Python (the batch's own ``req_to_token``
-    rows only)."""
+    """The first bad index per category, straight from the table above, in host Python over the batch's own
+    ``req_to_token`` rows; the held rule reads every live row too (set intersections in C, no Python loop over slots: the
+    request table's ``pool * L`` entries, never the KV pool)."""
     pool, L = req_to_token.shape
     seq, rpi = seq_lens.tolist(), req_pool_indices.tolist()
+    live = set(range(1, pool)) if live_rows is None else {p for p, a in enumerate(live_rows.tolist()) if a and p}
     r2t = {r: req_to_token[r].tolist() for r in set(rpi) if 0 <= r < pool}
     ids, pos, loc = input_ids.tolist(), positions.tolist(), out_cache_loc.tolist()
     rows = row_req.tolist() if row_req is not None else None
@@ -273,6 +311,17 @@ def batch_check_ref(
     def own_slot(e, v):  # loc[e] is the slot of its row's own new position
         r, col = write_target(e, n, len(loc), per, extra, seq, rows)
         return col is not None and rpi[r] in r2t and 0 <= col < L and r2t[rpi[r]][col] == v
+
+    held, want = {}, set(loc) - {0}  # written slot -> live positions holding it (0 holds nothing)
+    for p in live:
+        row = r2t[p] if p in r2t else req_to_token[p].tolist()
+        for v in want.intersection(row):
+            held[v] = held.get(v, 0) + row.count(v)
+
+    def held_elsewhere(e, v):  # a live position other than its own target holds loc[e]
+        r, col = write_target(e, n, len(loc), per, extra, seq, rows)
+        own = col is not None and rpi[r] in live and 0 <= col < L and r2t[rpi[r]][col] == v
+        return held.get(v, 0) > own
 
     per_mask = custom_mask.tolist() if custom_mask is not None else None
 
@@ -292,4 +341,5 @@ def batch_check_ref(
         "out_cache_loc duplicate": first(loc, lambda i, v: v in loc[:i]),
         "out_cache_loc slot": first(loc, lambda e, v: not own_slot(e, v)),
         "custom_mask self": None if per_mask is None else first(ids, lambda e, v: not sees_itself(e, v)),
+        "out_cache_loc held": first(loc, held_elsewhere),
     }
