@@ -59,12 +59,12 @@ assert "kv_indptr:" not in buggy.stdout and "kv_indices:" not in buggy.stdout
 # * **Which side is wrong.** (d) `ref` compares path Q with a [reference state](../docs/glossary.md#reference-state)
 #   built from the batch alone and finds the capture path's values: the [replay hook](../docs/glossary.md#replay-hook)
 #   is wrong.
-# * **By how much.** Entry 1 is off by 16 = N·N. On the checker's batch of 3 requests
+# * **By how much.** Entry 1 is off by 16 = N·N. On a batch of 3 requests
 #   ([padded](../docs/glossary.md#padding) to the bs-4 graph), entry i is off by i·N·N; that batch through both paths
 #   (`refimpl.rig.state_after`, as `refimpl.check.capture_vs_replay` runs them):
 
 # %%
-s = review.paths(review.BUGGY)  # the checker's bs-3 batch, padded to 4
+s = review.paths(review.BUGGY)  # a bs-3 batch, padded to 4, in a 48-position world (a mask you can read)
 cap, rep = s.capture["mask_indptr"], s.replay["mask_indptr"]
 assert (rep - cap).tolist() == [i * N * N for i in range(len(cap))]
 assert torch.equal(cap, s.reference["mask_indptr"]) and torch.equal(s.capture["kv_indptr"], s.replay["kv_indptr"])

@@ -74,8 +74,12 @@ def _host(state: dict[str, Any]) -> dict[str, Any]:
     return {k: v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
 
 
-def paths(backend: str | type, raw_bs: int = 3, mode: str = "target_verify", settings: CheckSettings = SETTINGS) -> Paths:
-    """The checker's batch of ``raw_bs`` requests (the same world, seed and draws as its row) through paths P and Q."""
+SMALL = dataclasses.replace(SETTINGS, max_context_len=48, num_slots=None)  # the figures' world: a mask one can read
+
+
+def paths(backend: str | type, raw_bs: int = 3, mode: str = "target_verify", settings: CheckSettings = SMALL) -> Paths:
+    """A batch of ``raw_bs`` requests drawn as the checker draws its row's (``settings``' world, seed and earlier draws;
+    by default a 48-position world, so the figures stay readable) through paths P and Q."""
     rig = Rig.build(entry(backend), GraphKind.parse(mode), settings.spec, CPUEmulatorEngine(), seed=settings.seed,
                     capture_bs=settings.capture_bs, max_context_len=settings.max_context_len, capture=False)  # fmt: skip
     for earlier in settings.raw_bs[: settings.raw_bs.index(raw_bs)]:  # the checker's earlier rows drew first
