@@ -343,7 +343,7 @@ CASES = [
          r"spec_info.kv_indptr=\[0, 3, 6, 9, 12\]: must start at 0, never decrease, end within kv_indices \(9\)"),
     Case("multi-step: the spec input's kv_indptr of dtype float32", "draft_decode",
          lambda s, fb: _draft_indices(s, fb, [1] * 12, kv_indptr=torch.zeros(5, device=fb.device)),
-         r"spec_info.kv_indptr=torch.float32\[5\] on cpu: expected a 1-D torch.int32 tensor"),
+         r"spec_info.kv_indptr=torch.float32\[5\] on \S+: expected a 1-D torch.int32 tensor"),
     Case("a runner whose SpecConfig differs from its backend's (NaN before)", "verify",
          lambda s, fb: _runner_on(s, type(s.runner.backend)(s.world, TREE), SPEC),
          r"runner spec_cfg=SpecConfig\(num_steps=3, topk=1, num_draft_tokens=4\) differs from the backend's "

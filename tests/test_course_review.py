@@ -22,7 +22,7 @@ N = review.SETTINGS.spec.num_draft_tokens
 def test_paths_are_the_checkers_batch_and_states():
     s = review.paths(review.BUGGY)
     assert (s.batch.batch_size, s.padded.batch_size) == (3, 4)
-    settings = review.SETTINGS
+    settings = review.SMALL  # the world paths() draws in
     rig = Rig.build(review.entry(review.BUGGY), GraphKind.parse("target_verify"), settings.spec, CPUEmulatorEngine(),
                     capture_bs=settings.capture_bs, max_context_len=settings.max_context_len, capture=False)  # fmt: skip
     rig.gen.release(rig.gen.for_mode(rig.kind, 1))
