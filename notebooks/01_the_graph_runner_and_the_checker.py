@@ -125,7 +125,7 @@ print(f"{guarded.numel()} live KV slots untouched; the padded row wrote slot 0")
 # | **(c)** eager = oracle | eager against a dense float64 [oracle](../docs/glossary.md#oracle) | wrong kernel math or eager metadata |
 # | **(d)** replay = reference | Q's state against the backend's [reference state](../docs/glossary.md#reference-state), built from the batch alone | a bug in a body both paths share (Pattern A: notebook 04) |
 # | **(e)** glue | the replay hook captured into a [glue graph](../docs/glossary.md#glue-graph) and replayed for new batches, against the eager hook | *informational*: whether the hook may be replayed from a graph (notebook 06) |
-# | **(f)** history | after the largest size: A; A's lengths, other requests (and trees); B, A's size, other lengths; C, every other graph; 20 replays through one graph. Each held to (b) and (c) | a replay that depends on the ones before (a refresh skipped when "nothing changed": notebook 07) |
+# | **(f)** history | A, the largest size's replay, then: A's lengths, other requests (and trees); B, A's size, other lengths; C, the other graphs; 20 replays through the smallest. Each held to (b) and (c) | a replay that depends on the ones before (a refresh skipped when "nothing changed": notebook 07) |
 #
 # On the hello-world backend, in decode and speculative target verify:
 

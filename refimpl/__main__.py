@@ -18,9 +18,9 @@ VERDICTS = """verdicts (one row per backend x variant x mode x batch size; - = n
   ref          (d) the replayed state matches the backend's first-principles reference
   glue         (e) information, not pass/fail: yes, the replay hook may run from a glue graph; no, it may not
                (it copies a spec input or reads a host value: correct unglued); - refused (e.g. a plan())
-  history      (f) one sequence of replays, each right (after the largest batch size's row): A; A's lengths
-               for other requests (with trees, other trees); B, A's size with other lengths; C, every other
-               captured graph; a long run of 20 replays through the smallest graph, no batch twice in a row
+  history      (f) one sequence of replays, each right (on the largest batch size's row): A, that row's replay;
+               A's lengths for other requests (with trees, other trees); B, A's size with other lengths; C, the
+               other captured graphs but the smallest; a long run of 20 replays through the smallest, two batches in turn
   status       ok; expected (a legacy / as-upstream shape showing its historical bug); skipped; FAIL
 under a row: "- <buffer>: ..." a finding of (a)-(d) or (f) ("stale from capture": the replay path kept
 the values the capture batch left); "(e) ..." the glue verdict's reason, information"""
@@ -149,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--mode", action="append", help="graph mode (repeatable); default: all")
     c.add_argument("--variant", action="append", help="variant, e.g. unified, legacy (repeatable)")
     c.add_argument("--engine", default="auto", choices=("auto", "cuda", "cpu-emulator"))
-    c.add_argument("--bs", type=_batch_sizes, default=None, help="raw batch sizes to check, e.g. 1,3,4,7")
+    c.add_argument("--bs", type=_batch_sizes, default=None, help="raw batch sizes to check, e.g. 1,3,4,7 (default 3)")
+    help = "a row per raw batch size 1..4 (each captured size, and 3 padded to 4) instead of the default 3"
+    c.add_argument("--all", action="store_true", help=help)
     c.add_argument("--topk", type=_topk, default=1, help="draft tree branching (1 = chain, <= 8)")
     c.add_argument("--jobs", type=_count, help="worker processes on the CPU emulator (default: one per core)")
     c.add_argument("--context", type=_count, help="the world's longest sequence (default 640; >= 64)")
@@ -191,8 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     import time
 
     from .backends import load_backend_class
-    from .check import CheckSettings, run_checks
+    from .check import CPU_SECONDS_PER_TARGET, CheckSettings, run_checks, targets
     from .config import SpecConfig
+    from .graphs import make_engine
 
     _check_names(c, args)
     _require_cuda(c, args.engine)
@@ -200,8 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         given = " / ".join(f for f, v in (("--backend", args.backend), ("--variant", args.variant)) if v)
         c.error(f"argument --backend-class: not with {given}: it checks the given classes, not registered backends")
     settings = CheckSettings()
-    if args.bs:
-        settings.raw_bs = args.bs
+    if args.bs and args.all:
+        c.error("argument --all: not with --bs (--all checks raw sizes 1, 2, 3 and 4)")
+    if args.bs or args.all:
+        settings.raw_bs = args.bs or tuple(range(1, max(settings.capture_bs) + 1))
     settings.max_context_len = args.context or settings.max_context_len
     settings.num_slots = args.pool or settings.num_slots
     if settings.max_context_len < 64:
@@ -218,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.fuzz:
-        flags = (("--bs", args.bs), ("--topk", args.topk != 1), ("--context", args.context), ("--pool", args.pool))
+        flags = (("--bs", args.bs), ("--all", args.all), ("--topk", args.topk != 1), ("--context", args.context))
+        flags += (("--pool", args.pool),)
         given = " / ".join(f for f, v in flags if v)
         if given:  # the fuzzer's batch sizes and specs are its own
             why = "the fuzzer draws batch sizes 1..8 and specs (chains, topk-2 trees) itself, in its own world"
@@ -227,7 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:  # an empty selection is a ValueError
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        jobs = args.jobs or cores
+        jobs, n = args.jobs or cores, len(targets(args.backend, args.mode, args.variant, entries))
+        if make_engine(args.engine).device.type == "cpu":  # the expected time, stated as the run starts
+            eta, workers = n * CPU_SECONDS_PER_TARGET / min(jobs, cores, n), min(jobs, n)
+            print(
+                f"check: {n} targets on {workers} worker(s): about {eta / 60:.1f} min on idle cores (default sizes)",
+                file=sys.stderr,
+            )
         rows = run_checks(args.backend, args.mode, args.variant, args.engine, settings, entries, _terminal(), jobs)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

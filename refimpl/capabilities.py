@@ -2,9 +2,10 @@
 
 Per registered entry and ``layout.KINDS`` kind (chains): **graph** (``check_graph_mode``, or the
 multi-step wrapper's, accepts it), **eager** (not captured, but the eager hook serves a batch) or
-**—**; and **glue**: the captured kinds whose replay hook the checker's verdict (e) proved safe to replay from a
-metadata glue graph (``refimpl.check.glue_verdict``), or why none. ``python -m refimpl matrix`` prints it;
-``tests/test_capabilities.py`` keeps the copy in docs/reference.md current.
+**—**; and **glue**: the captured kinds whose replay hook the backend declares safe to replay from a metadata glue graph
+(``glue_refusal`` is ``None``), or why none (``tests/test_glue.py`` holds each declaration to the checker's verdict
+(e)). ``python -m refimpl matrix`` prints it; ``tests/test_capabilities.py`` keeps the copy in docs/reference.md
+current.
 """
 
 from __future__ import annotations
@@ -40,42 +41,39 @@ def _eager_serves(backend, world: World, kind: GraphKind) -> bool:
         gen.release_all()
 
 
-def capability(entry: BackendEntry, case: str) -> str:
-    """``"graph"``, ``"eager"`` or ``"—"`` for one entry and one ``layout.KINDS`` kind."""
+def capability(entry: BackendEntry, case: str) -> tuple[str, str | None]:
+    """``"graph"``, ``"eager"`` or ``"—"`` for one entry and one ``layout.KINDS`` kind, and for a captured kind the
+    backend's ``glue_refusal`` (``None``: it may be glued)."""
     kind = KINDS[case]
     # this machine's device (Triton compiled for a GPU takes no host tensors), a float32 model
     world = Rig.world_for(entry, default_device(), torch.float32, max_context_len=L, pool_size=4)
     try:
         backend = entry.load(kind.multi_step)(world, SPEC)
         backend.check_graph_mode(kind.mode)
-        return "graph"
+        return "graph", backend.glue_refusal(kind.mode)
     except GraphModeNotSupported:
         pass
     single = entry.load(False)(world, SPEC)
-    return "eager" if _eager_serves(single, world, kind) else "—"
+    return ("eager" if _eager_serves(single, world, kind) else "—"), None
 
 
-def glue(entry: BackendEntry, cases: list[str]) -> str:
-    """The kinds of ``cases`` (captured ones) the glue verdict passed, ``none``, or the refusal's reason."""
-    from .check import CheckSettings, glue_verdict
-    from .graphs import CPUEmulatorEngine
-
-    settings, engine = CheckSettings(spec=SPEC, raw_bs=(1, 3), glue_replays=2), CPUEmulatorEngine()
-    verdicts = {case: glue_verdict(entry, case, engine, settings) for case in cases}
-    refused = [f for ok, found in verdicts.values() if ok is None for f in found]
-    if any("plan()" in f for f in refused):
-        return "refused: plan()"
-    safe = [KINDS[c].label.replace("_", " ") for c, (ok, _) in verdicts.items() if ok]
-    return ", ".join(safe) or ("refused: host read" if refused else "none")
+def glue(refusals: dict[str, str | None]) -> str:
+    """The captured kinds whose hook may be glued, or why none: ``refused: plan()``, ``refused: host read``, ``none``."""
+    safe = [KINDS[c].label.replace("_", " ") for c, why in refusals.items() if why is None]
+    why = " ".join(w for w in refusals.values() if w)
+    return ", ".join(safe) or ("refused: plan()" if "plan()" in why else "refused: host read" if "host" in why else "none")
 
 
 def matrix(entries: list[BackendEntry] | None = None) -> list[dict[str, Any]]:
     rows = []
     for entry in entries or REGISTRY:
         pattern = getattr(entry.load(), "pattern", "")
-        row = {"backend": entry.name, "variant": entry.variant, "pattern": pattern}
-        row.update({case: capability(entry, case) for case in MODES})
-        rows.append({**row, "glue": glue(entry, [c for c in MODES if row[c] == "graph"])})
+        row, refusals = {"backend": entry.name, "variant": entry.variant, "pattern": pattern}, {}
+        for case in MODES:
+            row[case], why = capability(entry, case)
+            if row[case] == "graph":
+                refusals[case] = why
+        rows.append({**row, "glue": glue(refusals)})
     return rows
 
 

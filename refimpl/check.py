@@ -35,7 +35,7 @@ import torch
 from tqdm import tqdm
 
 from .backends import REGISTRY, BackendEntry, find, must_pass
-from .backends.base import GraphModeNotSupported
+from .backends.base import PLANS, GraphModeNotSupported
 from .batch import ForwardBatch
 from .config import SpecConfig
 from .graphs import GraphEngine, make_engine
@@ -86,8 +86,8 @@ class CheckRecord:
 
 @dataclass
 class CheckSettings:
-    capture_bs: tuple[int, ...] = (1, 2, 4)
-    raw_bs: tuple[int, ...] = (1, 3)  # 3 is padded to the bs-4 graph; 1 is a captured size
+    capture_bs: tuple[int, ...] = (1, 4)  # every captured graph replays: the row (3 padded to 4), the long run (1)
+    raw_bs: tuple[int, ...] = (3,)  # padded to the bs-4 graph (the history replays every other); --all: (1, 2, 3, 4)
     glue_replays: int = 3  # verdict (e): rotated batches replayed in turn through one glue graph (0: no verdict)
     history: bool = True  # verdict (f): after the per-size rows, a sequence of replays through the same graphs
     spec: SpecConfig = field(default_factory=SpecConfig)
@@ -235,13 +235,16 @@ def glue_vs_eager(rig: Rig, batches: list[ForwardBatch]) -> tuple[bool | None, l
     capture batch (the glue capture's warm-up), then the replay hook on each padded batch in turn. Parts no kernel reads
     (a block table's columns past a request's pages) keep the same stale values on both sides. ``(None, [why])`` when
     the hook cannot be glued."""
+    from .flashinfer_wrappers import count_plans
+
     runner, raw_bs = rig.runner, batches[0].batch_size
     bs, glued, twin = runner.pick_bs(raw_bs), rig.new_backend(), rig.new_backend()
     static = runner.capture_batch(bs)  # the glue graph's own static inputs, every row padded
     for b in (glued, twin):
         b.init_cuda_graph_state(runner.max_bs, runner.max_num_tokens)
         call_capture_hook(b, static)
-    graph, why = capture_glue(runner.engine, glued, static, runner.graph_cfg.num_warmups)
+    with count_plans(glued) as plans:  # what the hook does, not what the backend declares (its glue_refusal)
+        graph, why = capture_glue(runner.engine, glued, static, runner.graph_cfg.num_warmups, lambda: plans[0] and PLANS)
     if graph is None:
         return None, [f"glue refused: {why}"]
     call_replay_hook(twin, static)
@@ -312,20 +315,23 @@ def _short(gen, kind: GraphKind, bs: int) -> ForwardBatch:
         gen.lengths = kept
 
 
-def history_steps(rig: Rig, big: int) -> list[tuple[str, ForwardBatch]]:
-    """Verdict (f)'s sequence before its long run, each step right after the one it varies: A (raw size ``big``, the
-    generator's lengths); A's lengths for other requests (with trees, other trees: the same mask size); B, A's size with
-    other (short) lengths; then one short batch of every other captured graph size, largest first (C: every captured
-    graph replays, smaller after larger)."""
+def history_steps(rig: Rig, big: int, a: ForwardBatch | None = None) -> list[tuple[str, ForwardBatch]]:
+    """Verdict (f)'s sequence before its long run, each step right after the one it varies: A (``a``, or a batch of raw
+    size ``big`` with the generator's lengths); A's lengths for other requests (with trees, other trees: the same mask
+    size); B, A's size with other (short) lengths; then one short batch of every other captured graph size but the
+    smallest, largest first (C: with the long run through the smallest, every captured graph replays, smaller after
+    larger)."""
     gen, kind = rig.gen, rig.kind
-    a = gen.for_mode(kind, big)
+    a = a or gen.for_mode(kind, big)
+    big = a.batch_size
     same = dict(seq_lens=a.seq_lens_cpu.tolist())
     if kind.mode.is_any_draft_extend():
         same["accept_length"] = a.meta["accept_length"]
     trees = ", other trees" if kind.mode.is_target_verify() and rig.spec.topk > 1 else ""
     steps = [("A", a), (f"A's lengths, other requests{trees}", gen.for_mode(kind, big, **same))]
     steps.append(("B, A's size, other lengths", _short(gen, kind, big)))
-    others = sorted(set(rig.runner.graph_cfg.batch_sizes()) - {rig.runner.pick_bs(big)}, reverse=True)
+    sizes = rig.runner.graph_cfg.batch_sizes()
+    others = sorted(set(sizes) - {rig.runner.pick_bs(big), min(sizes)}, reverse=True)
     return steps + [(f"C, the bs-{n} graph", _short(gen, kind, n)) for n in others]
 
 
@@ -336,9 +342,9 @@ def _reads(backend, masks: list[torch.Tensor], batch: ForwardBatch) -> dict[str,
     return _snapshot({**bufs, **{f"static input {k}": getattr(batch, k) for k in INPUTS}})
 
 
-def long_run(rig: Rig, n: int = LONG_RUN, distinct: int = 3) -> tuple[int, list[tuple[int, list[str]]]]:
+def long_run(rig: Rig, n: int = LONG_RUN, distinct: int = 2) -> tuple[int, list[tuple[int, list[str]]]]:
     """``n`` replays through the smallest graph, rotating ``distinct`` short batches in an order where no batch follows
-    itself. A batch's first replay is held to (b) and (c). Every later one runs the replay path up to the launch
+    itself (two: they alternate). A batch's first replay is held to (b) and (c). Every later one runs the replay path up to the launch
     (inputs, hook, the in-graph metadata) and compares what the graph would read with what a fresh backend's hooks
     leave for that batch (verdict (a)'s replay path), on the elements those hooks write (a second fresh backend, its
     buffers poisoned first, tells them apart: a block table's columns past a request's pages are left as they were, and
@@ -387,12 +393,15 @@ def long_run(rig: Rig, n: int = LONG_RUN, distinct: int = 3) -> tuple[int, list[
     return bs, out
 
 
-def history_verdict(rig: Rig, big: int) -> tuple[bool, list[str]]:
+def history_verdict(rig: Rig, big: int, a: ForwardBatch | None = None) -> tuple[bool, list[str]]:
     """Verdict (f): the captured graphs replay ``history_steps`` then a ``long_run``, each replay checked as (b) and (c)
     are. A backend whose replay depends on the previous replays (a buffer refreshed only when something changed, a
-    counter) passes every per-size row and fails here."""
-    steps, findings = history_steps(rig, big), []
+    counter) passes every per-size row and fails here. ``a``: step A, a batch the graphs have just replayed (its row's,
+    held to (b) and (c) there; the caller releases it)."""
+    steps, findings = history_steps(rig, big, a), []
     for i, (label, fb) in enumerate(steps, 1):
+        if i == 1 and a is not None:
+            continue
         v = _run(rig, fb)
         if not (v.graph_ok and v.oracle_ok):
             findings += [f"history replay {i} ({label}, bs {fb.batch_size}): {f}" for f in v.findings]
@@ -402,12 +411,19 @@ def history_verdict(rig: Rig, big: int) -> tuple[bool, list[str]]:
         where = f"history replay {len(steps) + j} (long run, replay {j} of {LONG_RUN} through the bs-{bs} graph)"
         findings += [f"{where}: {f}" for f in found]
         findings += [f"history long run: also wrong at replays {', '.join(more)} of {LONG_RUN}"] if more else []
-    for _, fb in steps:
+    for _, fb in steps[1:] if a is not None else steps:
         rig.gen.release(fb)
     return not findings, findings
 
 
 # --- one backend entry x graph kind --------------------------------------------------------------
+def row_lengths(raw_bs: int) -> str:
+    """How a row's batch draws its lengths (``BatchGenerator.lengths``): one request near the context and the others
+    short; a lone request short (a lone long one saturates the split heuristic at its maximum, the value a buffer that
+    was never refreshed may hold)."""
+    return "one long" if raw_bs > 1 else "short"
+
+
 @bounds_guard()  # metadata pointing outside a buffer: a finding, not a crash (kernels/bounds.py)
 def check_entry_mode(
     entry: BackendEntry,
@@ -439,9 +455,9 @@ def check_entry_mode(
         cls = entry.load(kind.multi_step)
         return [record(max(settings.raw_bs), False, None, None, findings=[f"capture: {raised(e)}"], cls=cls)]
     rows: list[CheckRecord] = []
-    rig.gen.lengths = "one long"  # each batch: one request near the context, the others short
     sizes = (0,) if kind.mode.is_idle() else settings.raw_bs
     for raw_bs in sizes:
+        rig.gen.lengths = row_lengths(raw_bs)
         fb = rig.gen.for_mode(kind, raw_bs)
         # (a) capture path vs replay path, (d) replay state vs the first-principles reference
         diffs, ref_diffs = capture_vs_replay(rig.new_backend, rig.runner, fb)
@@ -450,14 +466,13 @@ def check_entry_mode(
         ref = None if ref_diffs is None else not ref_diffs
         findings = diffs + (ref_diffs or []) + v.findings
         rows.append(record(raw_bs, not diffs, v.graph_ok, v.oracle_ok, findings=findings, ref=ref, cls=rig.backend_cls))
+        if settings.history and not kind.mode.is_idle() and raw_bs == max(sizes):  # (f): this replay is its step A
+            rows[-1].history_ok, found = history_verdict(rig, raw_bs, a=fb)
+            rows[-1].findings += found
         rig.gen.release(fb)
-    if settings.glue_replays:  # (e) after the others: their batches are the ones they always were
+    if settings.glue_replays:  # (e) last: the other verdicts' batches do not depend on it
         for row, (ok, found) in zip(rows, _glue_per_size(rig, sizes, settings.glue_replays)):
             row.glue_equals_eager, row.glue_findings = ok, found
-    if settings.history and not kind.mode.is_idle():  # (f) last, on the largest size's row
-        row = max(rows, key=lambda r: r.bs)
-        row.history_ok, found = history_verdict(rig, max(sizes))
-        row.findings += found
     return rows
 
 
@@ -467,6 +482,23 @@ _WORLDS: dict = {}  # a worker process's KV caches, shared by the targets it che
 def _check_one(entry: BackendEntry, kind: GraphKind, engine: str, settings: CheckSettings) -> list[CheckRecord]:
     torch.set_num_threads(1)  # one core per worker
     return check_entry_mode(entry, kind, make_engine(engine), settings, _WORLDS)
+
+
+CPU_SECONDS_PER_TARGET = 3.0  # the default run: 337 s of CPU for 114 targets on an idle 2-core CPU machine
+
+
+def targets(backends=None, modes=None, variants=None, entries=None) -> list[tuple[BackendEntry, GraphKind]]:
+    """The (entry, graph kind) pairs ``run_checks`` checks: the registered backends (``backends`` / ``variants`` filter
+    them) or ``entries``, each with every kind or ``modes``. A selection with nothing in it raises ``ValueError``."""
+    if entries is None:
+        entries = [e for n in (backends or [None]) for e in find(n)]
+        if variants:
+            have = sorted({e.variant for e in entries})
+            entries = [e for e in entries if e.variant in set(variants)]
+            if not entries:
+                raise ValueError(f"nothing to check: no variant {sorted(variants)} of {backends or 'any backend'} (have: {have})")
+    kinds = [GraphKind.parse(m) for m in modes] if modes else list(KINDS.values())
+    return [(e, k) for e in entries for k in kinds]
 
 
 def run_checks(
@@ -483,23 +515,17 @@ def run_checks(
     stderr, one step per entry x graph kind; ``jobs``: worker processes on the CPU emulator, each target checked whole
     in one (the rows come back in order; a CUDA engine checks in this process). A selection with nothing in it raises
     ``ValueError``."""
-    settings = settings or CheckSettings()
-    eng = make_engine(engine)
-    if entries is None:
-        entries = [e for n in (backends or [None]) for e in find(n)]
-        if variants:
-            have = sorted({e.variant for e in entries})
-            entries = [e for e in entries if e.variant in set(variants)]
-            if not entries:
-                raise ValueError(f"nothing to check: no variant {sorted(variants)} of {backends or 'any backend'} (have: {have})")
-    case_list = [GraphKind.parse(m) for m in modes] if modes else list(KINDS.values())
-    todo = [(e, c) for e in entries for c in case_list]
+    settings, eng, todo = settings or CheckSettings(), make_engine(engine), targets(backends, modes, variants, entries)
     bar = dict(desc="check", unit="target", file=sys.stderr, disable=not progress)
     if jobs > 1 and eng.device.type == "cpu" and len(todo) > 1:
         fork = multiprocessing.get_context("fork")  # workers inherit what is imported (and classes defined) here
+        # the longest targets first (a multi-step kind runs the model once per step; idle, no request), so no worker
+        # is left with a long one at the end; the rows come back in ``todo``'s order
+        cost = lambda e, c: 3 if c.multi_step else 0 if c.mode.is_idle() else 1 if c.mode.is_decode() else 2
         with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=fork) as pool:
-            futures = [pool.submit(_check_one, e, c, eng.name, settings) for e, c in todo]
-            return [r for f in tqdm(futures, **bar) for r in f.result()]
+            order = sorted(range(len(todo)), key=lambda i: -cost(*todo[i]))
+            futures = dict(zip(order, (pool.submit(_check_one, *todo[i], eng.name, settings) for i in order)))
+            return [r for i in tqdm(range(len(todo)), **bar) for r in futures[i].result()]
     tasks, rows, worlds = tqdm(todo, **bar), [], {}  # worlds: one random KV cache per world shape, for every target
     for entry, case in tasks:
         tasks.set_postfix_str(f"{entry.name}/{entry.variant} {case.label}")

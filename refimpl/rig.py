@@ -162,11 +162,11 @@ def state_after(new_backend: Callable[[], Any], runner: GraphRunner, padded: For
     (``replay=False``), or through the capture hook on the runner's capture batch and then the replay hook
     (``replay=True``, what a replay does). Backends that rebuild metadata inside the graph get their in-graph hook after
     the last out-of-graph one. ``poisoned``: every graph buffer poisoned first (``poison_value``): what still holds the
-    poison the hooks never wrote."""
+    poison the hooks never wrote (an index buffer gets its dtype's largest value, not the -1 a block table starts at)."""
     b, bs = new_backend(), padded.batch_size
     b.init_cuda_graph_state(runner.max_bs, runner.max_num_tokens)
     for _, buf in graph_buffers(b) if poisoned else ():
-        buf.fill_(poison_value(buf))
+        buf.fill_(poison_value(buf, high=True))  # not -1: a block table starts at -1
     if replay:
         call_capture_hook(b, runner.capture_batch(bs))
         call_replay_hook(b, padded)

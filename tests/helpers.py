@@ -1,5 +1,7 @@
 """Shared test helpers (pytest puts this folder on sys.path)."""
 
+import os
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -7,6 +9,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from refimpl._env import default_device  # refimpl first: sets TRITON_INTERPRET on CPU
 
 DEVICE = default_device()  # cpu (Triton interpreter) here; cuda on a GPU machine
+FULL = DEVICE.type == "cuda" or os.environ.get("REFIMPL_FULL") == "1"  # as conftest.py: the gate's larger cases too
+RAW_BS = (1, 3) if FULL else (3,)  # the per-size rows: CPU CI checks the padded size, the gate a captured one too
+
+
+def gate(*values, id=None):
+    """A larger case of a parametrized test: the GPU gate runs it, CPU CI skips it (``gate`` marker, conftest.py)."""
+    return pytest.param(*values, marks=pytest.mark.gate, id=id)
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +43,7 @@ class RecordOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def per_size_settings(spec, raw_bs=(1, 3)):
+def per_size_settings(spec, raw_bs=RAW_BS):
     """The checker's per-size verdicts only, in a small world: (e) and (f) have their own tests (test_glue.py,
     test_history.py) and the capability matrix; CI time."""
     from refimpl.check import CheckSettings

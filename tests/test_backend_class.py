@@ -113,7 +113,9 @@ def test_a_bug_that_depends_on_the_previous_replay_is_caught_by_the_history():
     assert all(v == (True, True, True) for v in per_size), per_size
     (last,) = [r for r in rows if r.history_ok is not None]
     assert last.history_ok is False and last.status == "FAIL"
-    assert last.findings[0].startswith("history replay 1 (A, bs 3): graph vs eager"), last.findings  # after row bs 3
+    assert last.findings[0].startswith("history replay 2 (A's lengths, other requests, bs 3): graph vs eager"), (
+        last.findings
+    )
     quiet = run_checks(modes=("decode",), engine="cpu-emulator", settings=dataclasses.replace(FAST, history=False),
                        entries=[load_backend_class("broken_backends:RefreshOnlyWhenSizeChanges")])  # fmt: skip
     assert all(r.passed for r in quiet)

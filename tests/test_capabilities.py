@@ -11,7 +11,7 @@ README = Path(__file__).resolve().parent.parent / "docs" / "reference.md"
 
 @pytest.fixture(scope="module")
 def rows():
-    return matrix()  # about 30 s on a CPU (every backend x mode, the glue verdict included): built once
+    return matrix()  # a few seconds: read from the code, built once
 
 
 def test_readme_matrix_is_current(rows):

@@ -25,7 +25,8 @@ def test_paths_are_the_checkers_batch_and_states():
     settings = review.SMALL  # the world paths() draws in
     rig = Rig.build(review.entry(review.BUGGY), GraphKind.parse("target_verify"), settings.spec, CPUEmulatorEngine(),
                     capture_bs=settings.capture_bs, max_context_len=settings.max_context_len, capture=False)  # fmt: skip
-    rig.gen.release(rig.gen.for_mode(rig.kind, 1))
+    assert settings.raw_bs == (3,)  # the checker's only row: nothing drawn before it
+    rig.gen.lengths = "one long"  # as the checker draws a row of 3 (check.row_lengths)
     fb = rig.gen.for_mode(rig.kind, 3)
     assert torch.equal(fb.seq_lens_cpu, s.batch.seq_lens_cpu)
     diffs, ref = capture_vs_replay(rig.new_backend, rig.runner, fb)

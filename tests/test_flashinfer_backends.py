@@ -1,7 +1,9 @@
 """FlashInfer and FlashInfer-MLA backends on the CPU stand-ins, through the checker."""
 
+import dataclasses
+
 import pytest
-from helpers import per_size_settings
+from helpers import RAW_BS, per_size_settings
 
 from refimpl.backends import find
 from refimpl.backends.flashinfer import FlashInferAttnBackend
@@ -16,9 +18,10 @@ CHAIN = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
 TREE = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
 
 
-def run(name, variant, case, spec=CHAIN, raw_bs=(1, 3)):
+def run(name, variant, case, spec=CHAIN, raw_bs=RAW_BS, capture_bs=(1, 2, 4)):
     (entry,) = find(name, variant)
-    return check_entry_mode(entry, case, CPUEmulatorEngine(), per_size_settings(spec, raw_bs))
+    settings = dataclasses.replace(per_size_settings(spec, raw_bs), capture_bs=capture_bs)
+    return check_entry_mode(entry, case, CPUEmulatorEngine(), settings)
 
 
 def assert_all_pass(rows):
@@ -29,10 +32,16 @@ def assert_all_pass(rows):
 @pytest.mark.parametrize("variant", ["unified", "legacy"])
 @pytest.mark.parametrize(
     "case,spec",
-    [("decode", CHAIN), ("idle", CHAIN), ("target_verify", TREE), ("draft_extend", CHAIN),
-     ("draft_extend_v2", TREE), ("draft_decode", TREE)],
+    [
+        ("decode", CHAIN),
+        ("idle", CHAIN),
+        ("target_verify", TREE),
+        ("draft_extend", CHAIN),
+        ("draft_extend_v2", TREE),
+        ("draft_decode", TREE),
+    ],
     ids=["decode", "idle", "verify-tree", "de-v1", "de-v2", "dd-tree"],
-)  # fmt: skip
+)
 def test_flashinfer_rows_pass(variant, case, spec):
     # legacy FlashInfer duplicates the dispatch but does not diverge: no finding either way
     assert_all_pass(run("flashinfer", variant, case, spec))
@@ -42,7 +51,7 @@ def test_multi_step_draft_decode_plans_bs_times_topk_rows_past_the_request_pool(
     """topk 8 (the CLI's largest): bs 4 x 8 = 32 rows per step against a request pool of 24. Each step's buffers were
     sized by the pool, so the bs-4 wrapper was bound to 24 last-page lengths and its plan refused 33 indptr entries."""
     spec = SpecConfig(num_steps=3, topk=8, num_draft_tokens=10)
-    assert_all_pass(run("flashinfer", "unified", "draft_decode", spec, raw_bs=(3,)))
+    assert_all_pass(run("flashinfer", "unified", "draft_decode", spec, raw_bs=(3,), capture_bs=(4,)))
 
 
 @pytest.mark.parametrize("case", ["decode", "target_verify", "draft_extend", "draft_extend_v2"])

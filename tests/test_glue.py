@@ -3,11 +3,13 @@ checker's verdict (e) proves which shapes may be glued, naming the frozen buffer
 
 import pytest
 import torch
+from helpers import gate
 
-from refimpl.backends import find, load_backend_class
+from refimpl.backends import REGISTRY, find, load_backend_class
+from refimpl.capabilities import capability
 from refimpl.check import CheckSettings, glue_verdict, run_checks
 from refimpl.config import SpecConfig
-from refimpl.graphs import CPUEmulatorEngine
+from refimpl.graphs import CPUEmulatorEngine, make_engine
 from refimpl.layout import KINDS
 from refimpl.rig import Rig
 
@@ -111,3 +113,21 @@ def test_plan_counting_finds_the_wrappers_and_never_walks_the_world():
     bare = type("Bare", (), {})()
     bare.world, rig.world.planted = rig.world, found[0]  # a wrapper reachable only through the world
     assert list(_wrappers(bare, set())) == []
+
+
+SMALL = CheckSettings(spec=SPEC, raw_bs=(3,), glue_replays=2, max_context_len=64, num_slots=None)
+INTERPRETED = ("triton", "wave", "trtllm_mla")  # Triton kernels: interpreted on a CPU, so the GPU gate runs these
+
+
+@pytest.mark.parametrize(
+    "entry", [(gate if e.name in INTERPRETED else pytest.param)(e, id=f"{e.name}-{e.variant}") for e in REGISTRY]
+)
+def test_each_backend_declares_what_the_glue_verdict_finds(entry):
+    """``glue_refusal`` (what the runner and the capability matrix read) says a kind may be glued exactly when verdict
+    (e), which captures the hook and replays it, finds it glue-safe."""
+    for case in KINDS:
+        seen = capability(entry, case)
+        if seen[0] != "graph":
+            continue
+        ok, findings = glue_verdict(entry, case, make_engine("auto"), SMALL)
+        assert (ok is True) == (seen[1] is None), (case, seen[1], findings)

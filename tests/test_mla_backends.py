@@ -5,6 +5,7 @@ import dataclasses
 
 import pytest
 import torch
+from helpers import RAW_BS, gate
 
 from refimpl.backends import GraphModeNotSupported, find
 from refimpl.backends.cutlass_mla import CutlassMLAAttnBackend, CutlassMLAAttnBackendLegacy
@@ -27,7 +28,7 @@ from refimpl.spec import DraftDecodeInput, make_draft_extend_input
 
 # verdict (e) off: it has its own tests (test_glue.py) and the capability matrix; CI time
 FAST = CheckSettings(
-    capture_bs=(1, 2, 4), raw_bs=(1, 3), max_context_len=40, num_slots=None, glue_replays=0, history=False
+    capture_bs=(1, 2, 4), raw_bs=RAW_BS, max_context_len=40, num_slots=None, glue_replays=0, history=False
 )
 MODES = ("decode", "idle", "target_verify", "draft_extend_v2", "draft_decode")
 CHAIN = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
@@ -58,10 +59,15 @@ def captured(cls, mode, page_size=64, spec=CHAIN, bs=(1, 2, 4)):
 
 @pytest.mark.parametrize(
     "name, variant, page_size",
-    [("cutlass_mla", "unified", None), ("trtllm_mla", "unified", None),
-     ("trtllm_mla", "simplified", None), ("trtllm_mla", "in_graph", None),
-     ("trtllm_mla", "unified", 32), ("trtllm_mla", "in_graph", 32)],
-)  # fmt: skip
+    [
+        ("cutlass_mla", "unified", None),
+        ("trtllm_mla", "unified", None),
+        gate("trtllm_mla", "simplified", None),
+        gate("trtllm_mla", "in_graph", None),
+        gate("trtllm_mla", "unified", 32),
+        gate("trtllm_mla", "in_graph", 32),
+    ],
+)
 def test_correct_shapes_pass_every_mode_they_capture(name, variant, page_size):
     got = rows(name, variant, page_size=page_size)
     ran = [r for r in got if not any(f.startswith("skipped") for f in r.findings)]
@@ -77,7 +83,7 @@ def test_cutlass_refuses_the_graph_modes_it_does_not_serve():
 
 
 def test_trtllm_legacy_findings():
-    dec, de = rows("trtllm_mla", "legacy", ("decode", "draft_extend_v2"))[1::2]  # raw bs 3
+    dec, de = [r for r in rows("trtllm_mla", "legacy", ("decode", "draft_extend_v2")) if r.bs == 3]
     # (1) the frozen max_seq_len: capture's maximum, and a longer replay is truncated
     assert any(f.startswith("max_seq_len_k:") and "frozen at capture" in f for f in dec.findings)
     assert dec.graph_equals_eager is False and dec.matches_oracle is True

@@ -21,6 +21,7 @@ import test_checker
 import test_emulator
 import test_history
 import torch
+from helpers import gate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -75,8 +76,8 @@ CATCHING = {
     "test_backend_class.py::test_a_bug_that_depends_on_the_previous_replay_is_caught_by_the_history": (
         test_backend_class.test_a_bug_that_depends_on_the_previous_replay_is_caught_by_the_history
     ),
-    "test_history.py::test_the_default_check_replays_every_captured_graph_in_a_large_world": (
-        test_history.test_the_default_check_replays_every_captured_graph_in_a_large_world
+    "test_history.py::test_the_history_replays_every_captured_graph": (
+        test_history.test_the_history_replays_every_captured_graph
     ),
     **{
         f"test_history.py::test_each_history_step_is_the_first_to_catch_the_bug_it_exists_for[{bug}]": (
@@ -105,7 +106,7 @@ MUTANTS = [
     Mutant("verdict (d) compares nothing with the reference", "refimpl.check:diff_reference",
            "    return out", "    return []", "test_backend_class.py::test_fresh_tensor_at_replay_is_named"),
     Mutant("verdict (f) the history replays nothing", "refimpl.check:history_verdict",
-           "    steps, findings = history_steps(rig, big), []", "    steps, findings, long_run = [], [], lambda r: (1, [])",
+           "    steps, findings = history_steps(rig, big, a), []", "    steps, findings, long_run = [], [], lambda r: (1, [])",
            "test_backend_class.py::test_a_bug_that_depends_on_the_previous_replay_is_caught_by_the_history"),
     Mutant("(f) without A's lengths for other requests", "refimpl.check:history_steps",
            'steps = [("A", a), (f"A\'s lengths, other requests{trees}", gen.for_mode(kind, big, **same))]',
@@ -116,7 +117,7 @@ MUTANTS = [
            "test_history.py::test_each_history_step_is_the_first_to_catch_the_bug_it_exists_for[IndptrOnlyWhenSizeChanges]"),
     Mutant("(f) without the other captured graphs", "refimpl.check:history_steps",
            '    return steps + [(f"C, the bs-{n} graph", _short(gen, kind, n)) for n in others]', "    return steps",
-           "test_history.py::test_the_default_check_replays_every_captured_graph_in_a_large_world"),
+           "test_history.py::test_the_history_replays_every_captured_graph"),
     Mutant("(f) without the long run", "refimpl.check:history_verdict",
            "    bs, runs = long_run(rig)", "    bs, runs = 1, []",
            "test_history.py::test_each_history_step_is_the_first_to_catch_the_bug_it_exists_for[EveryKthReplaySkips]"),
@@ -175,7 +176,9 @@ def test_docs_lists_every_mutant():
     assert not missing, f"docs/mutants.md lacks: {missing}"
 
 
-@pytest.mark.parametrize("mutant", MUTANTS, ids=[m.id for m in MUTANTS])
+@pytest.mark.parametrize(  # CPU CI: the first (each catching test also runs in its own file); the GPU gate: every one
+    "mutant", [(pytest.param if i == 0 else gate)(m, id=m.id) for i, m in enumerate(MUTANTS)]
+)
 def test_the_harness_alone_breaks_nothing(mutant: Mutant, monkeypatch):
     """Recompiling and patching the same function with an edit that changes nothing leaves the catching test passing:
     each failure above comes from its edit, not from the harness or a broken test."""

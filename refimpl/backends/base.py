@@ -36,6 +36,11 @@ PATTERNS = {
 }
 
 
+# why a replay hook stays eager (``AttentionBackend.glue_refusal``): what a metadata glue graph would freeze
+COPIES_MASK = "the verify hook copies spec_info.custom_mask, a tensor each batch brings: a glue graph keeps the first's"
+PLANS = "the replay hook calls FlashInfer's plan(): a work partition made on the host, which a graph would freeze"
+
+
 class GraphModeNotSupported(ValueError):
     """A backend was asked to capture a mode it does not support under graphs."""
 
@@ -103,6 +108,12 @@ class AttentionBackend(ABC):
         """Metadata rebuilt *inside* the captured step (SGLang #29843 for TRTLLM-MLA; refimpl's Triton ``in_graph`` shape):
         the runner calls it first thing in the step, so capture records its kernels and every replay reruns them. Most
         backends have none (the default)."""
+        return None
+
+    def glue_refusal(self, mode: ForwardMode) -> str | None:
+        """Why the replay hook of ``mode`` must run eagerly, not from a metadata glue graph (``GraphRunner(glue=True)``,
+        [facts#metadata-glue-graph]): a graph freezes a host-side plan, a host read, or a spec input the hook copies.
+        ``None``: it may be glued. The checker's verdict (e) tests the claim (``tests/test_glue.py``)."""
         return None
 
     def graph_buffers(self) -> dict[str, torch.Tensor]:
@@ -186,6 +197,9 @@ class MultiStepBackend(AttentionBackend):
 
     def graph_buffers(self) -> dict[str, torch.Tensor]:
         return {**super().graph_buffers(), **self.per_step(b.graph_buffers() for b in self.step_backends)}
+
+    def glue_refusal(self, mode: ForwardMode) -> str | None:
+        return self.step_backends[0].glue_refusal(mode)  # the wrapper's hook fills its steps' metadata
 
     def init_forward_metadata_in_graph(self, fb: ForwardBatch) -> None:
         for b in self.step_backends:

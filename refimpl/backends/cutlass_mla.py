@@ -44,6 +44,9 @@ class CutlassMLAAttnBackend(FlashInferMLAAttnBackend):
     graph_buffer_names = ("kv_indptr", "cuda_graph_kv_indices", "cuda_graph_mla_workspace")
     graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE})
 
+    def glue_refusal(self, mode: ForwardMode) -> str | None:
+        return None  # no plan(): the workspace and block table are device buffers
+
     def check_graph_mode(self, mode: ForwardMode) -> None:
         if mode not in self.graph_modes:
             raise GraphModeNotSupported(

@@ -37,7 +37,7 @@ from ..flashinfer_wrappers.ops import fi_run
 from ..kernels import build_kv_indices, csr_ref
 from ..modes import GRAPH_MODES, ForwardMode
 from ..spec import DraftDecodeInput, DraftExtendInput, VerifyInput, require_spec
-from .base import AttentionBackend, GraphModeNotSupported
+from .base import PLANS, AttentionBackend, GraphModeNotSupported
 from .multistep import MultiStepDraftBackend
 
 
@@ -72,6 +72,9 @@ class FlashInferAttnBackend(AttentionBackend):
     graph_modes = frozenset(GRAPH_MODES)  # every one: decode, idle, target verify, draft extend v1 / v2
     kv_indices_dtype = torch.int32
     fast_prefill_replan = True  # graph prefill wrappers re-plan from host indptrs after their first plan (SGLang: fully)
+
+    def glue_refusal(self, mode: ForwardMode) -> str | None:
+        return PLANS
 
     def __init__(self, world: World, spec: SpecConfig | None = None, *, kv_indptr_buf=None, skip_prefill=False, prefer_real=True):
         super().__init__(world, spec)

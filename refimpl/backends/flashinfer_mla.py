@@ -37,7 +37,7 @@ from ..flashinfer_wrappers.ops import fi_mla_run
 from ..kernels import build_kv_indices, csr_ref
 from ..modes import GRAPH_MODES, ForwardMode
 from ..spec import DraftExtendInput, VerifyInput, require_spec
-from .base import AttentionBackend, GraphModeNotSupported
+from .base import PLANS, AttentionBackend, GraphModeNotSupported
 
 
 @dataclass
@@ -74,6 +74,9 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         self.decode_cuda_graph_metadata: dict[int, Any] = {}
         self.prefill_cuda_graph_metadata: dict[int, Any] = {}
         self._eager = self.fi.BatchMLAPagedAttentionWrapper(self.workspace, backend="auto")
+
+    def glue_refusal(self, mode: ForwardMode) -> str | None:
+        return PLANS  # Cutlass-MLA and TRTLLM-MLA, built on this class, plan nothing
 
     def check_graph_mode(self, mode: ForwardMode) -> None:
         super().check_graph_mode(mode)

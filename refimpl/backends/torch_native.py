@@ -27,7 +27,7 @@ from ..batch import ForwardBatch
 from ..kernels import build_kv_indices, build_kv_indices_ref, dense_paged_attention, dense_paged_mla_attention
 from ..modes import ForwardMode
 from ..spec import DraftTree, VerifyInput, build_custom_mask, require_spec
-from .base import AttentionBackend
+from .base import COPIES_MASK, AttentionBackend
 
 
 @dataclass
@@ -50,6 +50,9 @@ class TorchNativeBackend(AttentionBackend):
     pattern = "A"
     graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY})
     graph_buffer_names = tuple(f"cuda_graph_{b}" for b in ("kv_indptr", "kv_indices", "custom_mask", "mask_indptr"))
+
+    def glue_refusal(self, mode: ForwardMode) -> str | None:
+        return COPIES_MASK if mode.is_target_verify() else None
 
     def _graph_num_draft_tokens(self, spec_info: Any) -> int:
         """N as captured (from the SpecConfig); a verify batch must carry the same N."""

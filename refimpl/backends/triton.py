@@ -23,7 +23,7 @@ from ..config import SpecConfig
 from ..kernels import build_kv_indices, csr_ref, decode_attention, extend_attention, get_num_kv_splits, get_num_kv_splits_ref
 from ..modes import GRAPH_MODES, ForwardMode
 from ..spec import DraftDecodeInput, DraftExtendInput, VerifyInput, require_spec
-from .base import AttentionBackend, GraphModeNotSupported
+from .base import COPIES_MASK, AttentionBackend, GraphModeNotSupported
 from .multistep import MultiStepDraftBackend
 
 
@@ -59,6 +59,9 @@ class TritonAttnBackend(AttentionBackend):
     kv_indices_dtype = torch.int64
     qo_indptr_dtype = torch.int64
     decode_rows_by_bs = False  # Wave: split-KV buffers and kv_indices sized by max_bs, not max_num_tokens
+
+    def glue_refusal(self, mode: ForwardMode) -> str | None:
+        return COPIES_MASK if mode.is_target_verify() else None
 
     def __init__(self, world: World, spec: SpecConfig | None = None, *, max_kv_splits=8, kv_indptr_buf=None, skip_prefill=False):
         super().__init__(world, spec)
@@ -313,6 +316,11 @@ class TritonAttnBackendLegacy(TritonAttnBackend):
 
     variant = "legacy"
     pattern = "C"
+
+    def glue_refusal(self, mode: ForwardMode) -> str | None:
+        if mode.is_any_draft_extend():  # (2)
+            return "the draft-extend hook lays qo_indptr out by spec_info.accept_length: a glue graph keeps the first's"
+        return super().glue_refusal(mode)
 
     def init_forward_metadata_capture_cuda_graph(
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info

@@ -65,6 +65,9 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
     )
     graph_modes = frozenset(GRAPH_MODES) - {ForwardMode.DRAFT_EXTEND}  # draft extend v1 is not captured
 
+    def glue_refusal(self, mode: ForwardMode) -> str | None:
+        return None  # no plan(): every replay writes device buffers from static inputs
+
     def __init__(self, world: World, spec: SpecConfig | None = None, *, draft_step: int | None = None, **kw):
         super().__init__(world, spec, **kw)
         self.page_size = world.page_size
@@ -237,6 +240,9 @@ class TRTLLMMLAAttnBackendLegacy(TRTLLMMLAAttnBackend):
 
     variant = "legacy"
     pattern = "C"
+
+    def glue_refusal(self, mode: ForwardMode) -> str | None:
+        return "(1): the replay hook sets max_seq_len_k from a host value, and a glue graph runs no Python"
 
     def init_forward_metadata_capture_cuda_graph(
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info

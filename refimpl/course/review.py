@@ -16,7 +16,7 @@ from .. import viz
 from ..__main__ import _table
 from ..backends import BackendEntry, load_backend_class
 from ..batch import ForwardBatch
-from ..check import CheckRecord, CheckSettings, run_checks
+from ..check import CheckRecord, CheckSettings, row_lengths, run_checks
 from ..graphs import CPUEmulatorEngine
 from ..layout import GraphKind
 from ..rig import Rig, state_after
@@ -25,7 +25,7 @@ from . import ROOT
 
 BUGGY = "examples.review_backend:ReviewBackendBuggy"  # the pull request as submitted
 FIXED = "examples.review_backend:ReviewBackend"  # the same class after review
-SETTINGS = CheckSettings()  # the CLI's: graphs for bs 1, 2, 4; batches of 1 and 3 (padded to 4); context 640
+SETTINGS = CheckSettings()  # the CLI's: graphs for bs 1 and 4; a batch of 3 (padded to 4); context 640
 
 
 def entry(backend: str | type) -> BackendEntry:
@@ -83,7 +83,9 @@ def paths(backend: str | type, raw_bs: int = 3, mode: str = "target_verify", set
     rig = Rig.build(entry(backend), GraphKind.parse(mode), settings.spec, CPUEmulatorEngine(), seed=settings.seed,
                     capture_bs=settings.capture_bs, max_context_len=settings.max_context_len, capture=False)  # fmt: skip
     for earlier in settings.raw_bs[: settings.raw_bs.index(raw_bs)]:  # the checker's earlier rows drew first
+        rig.gen.lengths = row_lengths(earlier)
         rig.gen.release(rig.gen.for_mode(rig.kind, earlier))
+    rig.gen.lengths = row_lengths(raw_bs)
     fb = rig.gen.for_mode(rig.kind, raw_bs)
     padded = rig.runner.padded_batch(fb)
     p, cap = state_after(rig.new_backend, rig.runner, padded, replay=False)

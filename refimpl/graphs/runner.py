@@ -12,9 +12,9 @@ is refused (``validate``).
 ``glue=True``: SGLang 0.5.23's metadata glue graph (``SGLANG_ENABLE_METADATA_GLUE_GRAPH``, [facts#metadata-glue-graph]).
 After each step graph, the replay hook fed the static inputs is captured into a small graph of its own
 (``capture_glue``), which ``replay_hook`` replays instead of running the hook's Python. Whatever the hook computed on the
-host (a Python scalar, a spec input's tensor) is frozen at that capture: only shapes the checker's glue verdict passed
-(``refimpl.check.glue_vs_eager``) may be glued. A hook that calls FlashInfer's ``plan()`` or that a graph cannot record
-stays eager for that size (``glue_refused``); ``replays`` counts glued and eager hook replays.
+host (a Python scalar, a spec input's tensor) is frozen at that capture, so the backend says which modes may be glued
+(``glue_refusal``; the checker's verdict (e) tests each claim). A hook it refuses (FlashInfer's ``plan()``) or that a
+graph cannot record stays eager for that size (``glue_refused``); ``replays`` counts glued and eager hook replays.
 """
 
 from __future__ import annotations
@@ -78,17 +78,15 @@ def call_in_graph_hook(backend, fb: ForwardBatch) -> None:
     backend.init_forward_metadata_in_graph(fb)
 
 
-def capture_glue(engine: GraphEngine, backend, fb: ForwardBatch, warmups: int) -> tuple[Any, str | None]:
+def capture_glue(engine: GraphEngine, backend, fb: ForwardBatch, warmups: int, refusal=None) -> tuple[Any, str | None]:
     """The replay hook fed ``fb`` (views of static inputs) captured into a graph of its own, after ``warmups`` eager
-    calls: ``(graph, None)``, or ``(None, why)`` when it cannot be. A ``plan()`` seen in the warm-ups refuses it (the
-    work partition is computed on the host every replay; a graph would freeze it); a failed capture is contained."""
-    from ..flashinfer_wrappers import count_plans
-
-    with count_plans(backend) as plans:
-        for _ in range(max(warmups, 1)):
-            call_replay_hook(backend, fb)
-    if plans[0]:
-        return None, "the replay hook calls FlashInfer's plan(): a work partition made on the host, which a graph would freeze"
+    calls: ``(graph, None)``, or ``(None, why)`` when it may not be (``refusal()`` after the warm-ups; default: the
+    backend's own ``glue_refusal``, which the checker's verdict (e) tests by passing what it saw instead) or cannot be
+    (a failed capture, contained)."""
+    for _ in range(warmups):
+        call_replay_hook(backend, fb)
+    if why := refusal() if refusal else backend.glue_refusal(fb.forward_mode):
+        return None, why
     graph = engine.new_graph()
     try:
         with warnings.catch_warnings():  # a hook that launches nothing (in-graph shapes) makes an empty graph: fine

@@ -29,20 +29,8 @@ BLOCK_N = 32  # keys per inner-loop iteration of stage 1 (divides MIN_BLOCK_KV)
 MAX_HEADS_PER_PROGRAM = 16  # grouped stage 1: query heads sharing one kv load (BLOCK_H)
 DOT_MIN = 16  # tl.dot needs every dim >= 16
 _MIN_BLOCK_KV_C = tl.constexpr(MIN_BLOCK_KV)  # globals read inside @triton.jit must be constexpr
-
-
-@triton.jit
-def _split_size(kv_indptr_ptr, num_kv_splits_ptr, b, MAX_KV_SPLITS: tl.constexpr):
-    """(kv_start, seq_len, per_split) of row b: split s covers keys [s * per_split, min((s + 1) * per_split, seq_len)),
-    empty when that range is. Called once per program (in the interpreter every nested call is costly)."""
-    kv_start = tl.load(kv_indptr_ptr + b).to(tl.int64)
-    seq_len = tl.load(kv_indptr_ptr + b + 1).to(tl.int64) - kv_start
-    # Data, not shape: clamp a bad value instead of reading unwritten splits (stage 1 has only
-    # MAX_KV_SPLITS programs per row, so a larger count would leave keys uncovered).
-    splits = tl.load(num_kv_splits_ptr + b).to(tl.int64)
-    splits = tl.minimum(tl.maximum(splits, 1), MAX_KV_SPLITS)
-    per_split = tl.cdiv(tl.cdiv(seq_len, splits), _MIN_BLOCK_KV_C) * _MIN_BLOCK_KV_C
-    return kv_start, seq_len, per_split
+# Both stages compute a row's split size inline, not in a shared @triton.jit helper: the interpreter re-patches
+# triton.language on every nested call, which made the helper a fifth of a CPU check's time.
 
 
 # stage 1: partial attention per (row, head group, split)
@@ -83,7 +71,11 @@ def _decode_stage1_kernel(
     USE_DOT: tl.constexpr,
 ):
     b, hg, s = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # query row, head group, split
-    kv_start, seq_len, per_split = _split_size(kv_indptr_ptr, num_kv_splits_ptr, b, MAX_KV_SPLITS)
+    kv_start = tl.load(kv_indptr_ptr + b).to(tl.int64)
+    seq_len = tl.load(kv_indptr_ptr + b + 1).to(tl.int64) - kv_start
+    # data, not shape: a count outside [1, MAX_KV_SPLITS] is clamped (more would leave keys no program covers)
+    splits = tl.minimum(tl.maximum(tl.load(num_kv_splits_ptr + b).to(tl.int64), 1), MAX_KV_SPLITS)
+    per_split = (((seq_len + splits - 1) // splits + _MIN_BLOCK_KV_C - 1) // _MIN_BLOCK_KV_C) * _MIN_BLOCK_KV_C
     split_start = s * per_split
     split_end = tl.minimum(split_start + per_split, seq_len)
     if split_end > split_start:  # empty split (incl. s >= splits): touch nothing
@@ -186,7 +178,9 @@ def _decode_stage2_kernel(
     m = float("-inf")  # running max of the split LSEs
     total = 0.0  # sum_s exp(lse_s - m)
     acc = tl.zeros([BLOCK_DV], tl.float32)  # sum_s exp(lse_s - m) * partial_s
-    _, seq_len, per_split = _split_size(kv_indptr_ptr, num_kv_splits_ptr, b, MAX_KV_SPLITS)
+    seq_len = tl.load(kv_indptr_ptr + b + 1).to(tl.int64) - tl.load(kv_indptr_ptr + b).to(tl.int64)
+    splits = tl.minimum(tl.maximum(tl.load(num_kv_splits_ptr + b).to(tl.int64), 1), MAX_KV_SPLITS)  # as stage 1
+    per_split = (((seq_len + splits - 1) // splits + _MIN_BLOCK_KV_C - 1) // _MIN_BLOCK_KV_C) * _MIN_BLOCK_KV_C
     for s in range(0, MAX_KV_SPLITS):
         split_start = s * per_split
         split_end = tl.minimum(split_start + per_split, seq_len)

@@ -24,23 +24,6 @@ BLOCK_N = 32  # keys per loop iteration
 
 
 @triton.jit
-def _key_block(q, m_i, l_i, acc, k_ptrs, k_ok, v_ptrs, v_ok, visible, sm_scale, logit_cap, USE_CAP: tl.constexpr):
-    """One block of keys, one online-softmax step: keys ``k_ptrs`` [D, N] and values ``v_ptrs`` [N, DV] (loaded where
-    ``k_ok`` / ``v_ok``), ``visible`` [M, N]. Returns ``(m_i, l_i, acc)``."""
-    k = tl.load(k_ptrs, mask=k_ok, other=0.0).to(tl.float32)  # [D, N]
-    qk = tl.dot(q, k, input_precision="ieee") * sm_scale  # [M, N]
-    if USE_CAP:  # logit_cap * tanh(s / logit_cap), tanh(x) = 2 * sigmoid(2x) - 1 (no libdevice)
-        qk = logit_cap * (2.0 * tl.sigmoid(2.0 * qk / logit_cap) - 1.0)
-    v = tl.load(v_ptrs, mask=v_ok, other=0.0).to(tl.float32)  # [N, DV]
-    qk = tl.where(visible, qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1))  # [M]
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-    alpha = tl.exp(m_i - m_safe)  # m_i = -inf -> 0
-    p = tl.where(visible, tl.exp(qk - m_safe[:, None]), 0.0)  # [M, N]
-    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-
-
-@triton.jit
 def _extend_attention_kernel(
     q_ptr,  # [Tq, H, D]
     k_ext_ptr,  # [Tq, Hkv, D]
@@ -96,31 +79,42 @@ def _extend_attention_kernel(
     mask_row = tl.load(mask_indptr_ptr + i).to(tl.int64) + m * (p_len + q_len)  # [M]
     m_i, l_i = tl.full([BLOCK_M], float("-inf"), tl.float32), tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    for nb in range(tl.cdiv(p_len, BLOCK_N)):  # stage 1: prefix keys from the paged cache
-        n = nb * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)  # [N] prefix key position
-        key_ok = n < p_len
-        slot = tl.load(kv_indices_ptr + kv_start + n, mask=key_ok, other=0).to(tl.int64)
-        k_ptrs = k_buf_ptr + slot[None, :] * stride_kb0 + kvh * stride_kb1 + d[:, None]
-        v_ptrs = v_buf_ptr + slot[:, None] * stride_vb0 + kvh * stride_vb1 + dv[None, :]
-        visible = row_ok[:, None] & key_ok[None, :]
-        if USE_MASK:
-            bits = tl.load(mask_ptr + mask_row[:, None] + n[None, :], mask=visible, other=0)
-            visible = visible & (bits != 0)
-        k_ok, v_ok = key_ok[None, :] & d_ok[:, None], key_ok[:, None] & dv_ok[None, :]
-        m_i, l_i, acc = _key_block(q, m_i, l_i, acc, k_ptrs, k_ok, v_ptrs, v_ok, visible, sm_scale, logit_cap, USE_CAP)
-    for nb in range(tl.cdiv(q_len, BLOCK_N)):  # stage 2: the request's own new keys, passed directly
-        n = nb * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)  # [N] extend key position
-        key_ok = n < q_len
-        k_ptrs = k_ext_ptr + (q_start + n)[None, :] * stride_ke0 + kvh * stride_ke1 + d[:, None]
-        v_ptrs = v_ext_ptr + (q_start + n)[:, None] * stride_ve0 + kvh * stride_ve1 + dv[None, :]
-        visible = row_ok[:, None] & key_ok[None, :]
-        if USE_MASK:
-            bits = tl.load(mask_ptr + mask_row[:, None] + p_len + n[None, :], mask=visible, other=0)
-            visible = visible & (bits != 0)
-        elif IS_CAUSAL:
-            visible = visible & (n[None, :] <= m[:, None])
-        k_ok, v_ok = key_ok[None, :] & d_ok[:, None], key_ok[:, None] & dv_ok[None, :]
-        m_i, l_i, acc = _key_block(q, m_i, l_i, acc, k_ptrs, k_ok, v_ptrs, v_ok, visible, sm_scale, logit_cap, USE_CAP)
+    num_prefix_blocks = (p_len + BLOCK_N - 1) // BLOCK_N
+    for nb in range(num_prefix_blocks + (q_len + BLOCK_N - 1) // BLOCK_N):  # one online-softmax step per key block
+        if nb < num_prefix_blocks:  # stage 1: prefix keys from the paged cache
+            n = nb * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)  # [N] prefix key position
+            key_ok = n < p_len
+            slot = tl.load(kv_indices_ptr + kv_start + n, mask=key_ok, other=0).to(tl.int64)
+            k_ptrs = k_buf_ptr + slot[None, :] * stride_kb0 + kvh * stride_kb1 + d[:, None]  # [D, N]
+            v_ptrs = v_buf_ptr + slot[:, None] * stride_vb0 + kvh * stride_vb1 + dv[None, :]  # [N, DV]
+            visible = row_ok[:, None] & key_ok[None, :]
+            if USE_MASK:
+                bits = tl.load(mask_ptr + mask_row[:, None] + n[None, :], mask=visible, other=0)
+                visible = visible & (bits != 0)
+        else:  # stage 2: the request's own new keys, passed directly
+            n = (nb - num_prefix_blocks) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)  # [N] extend key position
+            key_ok = n < q_len
+            k_ptrs = k_ext_ptr + (q_start + n)[None, :] * stride_ke0 + kvh * stride_ke1 + d[:, None]
+            v_ptrs = v_ext_ptr + (q_start + n)[:, None] * stride_ve0 + kvh * stride_ve1 + dv[None, :]
+            visible = row_ok[:, None] & key_ok[None, :]
+            if USE_MASK:
+                bits = tl.load(mask_ptr + mask_row[:, None] + p_len + n[None, :], mask=visible, other=0)
+                visible = visible & (bits != 0)
+            elif IS_CAUSAL:
+                visible = visible & (n[None, :] <= m[:, None])
+        k = tl.load(k_ptrs, mask=key_ok[None, :] & d_ok[:, None], other=0.0).to(tl.float32)  # [D, N]
+        qk = tl.dot(q, k, input_precision="ieee") * sm_scale  # [M, N]
+        if USE_CAP:  # logit_cap * tanh(s / logit_cap), tanh(x) = 2 * sigmoid(2x) - 1 (no libdevice)
+            qk = logit_cap * (2.0 * tl.sigmoid(2.0 * qk / logit_cap) - 1.0)
+        v = tl.load(v_ptrs, mask=key_ok[:, None] & dv_ok[None, :], other=0.0).to(tl.float32)  # [N, DV]
+        qk = tl.where(visible, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))  # [M]
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+        alpha = tl.exp(m_i - m_safe)  # m_i = -inf -> 0
+        p = tl.where(visible, tl.exp(qk - m_safe[:, None]), 0.0)  # [M, N]
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        m_i = m_new
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # empty rows: acc = 0 -> zeros
     o_rows = o_ptr + (q_start + m)[:, None] * stride_o0 + h * stride_o1 + dv[None, :]
     tl.store(o_rows, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
