@@ -88,8 +88,17 @@ def _recorded_plans(runner, batches, bs):
 def measure(row: str, sizes, repeats: int, warmup: int, ctx: int, rotate: int = 4) -> dict:
     name, variant, mode = row.split("/")
     entry, engine = find(name, variant)[0], make_engine("auto")
-    rig = Rig.build(entry, KINDS[mode], SPEC, engine, capture_bs=sizes, max_context_len=ctx,
-                    pool_size=(rotate + 1) * max(sizes) + 2, gen_seed=1, validate_inputs=False)  # fmt: skip
+    rig = Rig.build(
+        entry,
+        KINDS[mode],
+        SPEC,
+        engine,
+        capture_bs=sizes,
+        max_context_len=ctx,
+        pool_size=(rotate + 1) * max(sizes) + 2,
+        gen_seed=1,
+        validate_inputs=False,
+    )
     runner, backend, out = rig.runner, rig.backend, {}
     for bs in sizes:
         lens = [ctx - KINDS[mode].span(SPEC) - i % 7 for i in range(bs)]
@@ -148,8 +157,10 @@ def main(argv=None) -> int:
     for row, r in res.items():
         each = lambda k, f=".1f": " / ".join(format(r[b][k], f) for b in sizes)  # noqa: E731
         first = r[sizes[0]]
-        print(f"| {row} | {each('hook')} | {each('plan')} | {each('fills')} | {each('hook_over_parts', '.2f')} | "
-              f"{first['eager_over_graph']:.2f}x |")  # fmt: skip
+        print(
+            f"| {row} | {each('hook')} | {each('plan')} | {each('fills')} | {each('hook_over_parts', '.2f')} | "
+            f"{first['eager_over_graph']:.2f}x |"
+        )
     return 0
 
 

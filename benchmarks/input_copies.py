@@ -108,7 +108,9 @@ def main(argv=None) -> int:
                 sync = torch.cuda.synchronize if cuda else (lambda: None)
                 us = statistics.median(bench.host_times(fn, batches, args.repeats, args.warmup, sync))
                 res.setdefault(case, {}).setdefault(name, {})[bs] = {
-                    "host_us": us, "launches": kernel_launches(fn, batches[0], cuda)}  # fmt: skip
+                    "host_us": us,
+                    "launches": kernel_launches(fn, batches[0], cuda),
+                }
             rig.gen.release_all()
     env = {**bench.environment(), "pinning": pinned, "repeats": args.repeats, "warmup": args.warmup}
     print(f"{env.get('device')}; {pinned}; medians of {args.repeats}, host µs (kernel launches)")

@@ -75,10 +75,14 @@ def decode_sweep(fi, dev, sizes, ctx, reps, dtype):
         indices_buf = torch.zeros(bs * ctx, dtype=torch.int32, device=dev)
         last = torch.ones(bs, dtype=torch.int32, device=dev)
         w = fi.BatchDecodeWithPagedKVCacheWrapper(
-            ws, "NHD", use_cuda_graph=True, use_tensor_cores=False,
-            paged_kv_indptr_buffer=indptr_buf, paged_kv_indices_buffer=indices_buf,
+            ws,
+            "NHD",
+            use_cuda_graph=True,
+            use_tensor_cores=False,
+            paged_kv_indptr_buffer=indptr_buf,
+            paged_kv_indices_buffer=indices_buf,
             paged_kv_last_page_len_buffer=last,
-        )  # fmt: skip
+        )
         inputs = batches(bs, ctx, dev)
         common = dict(data_type=dtype, q_data_type=dtype, non_blocking=True)
         last_cpu = torch.ones(bs, dtype=torch.int32)
@@ -94,8 +98,14 @@ def decode_sweep(fi, dev, sizes, ctx, reps, dtype):
         for _ in range(3):  # warm-up: JIT / first plan sets _cached_module
             full(inputs[0])
             fast(inputs[0])
-        rows.append(dict(kind="decode", bs=bs, full_plan_us=time_calls(full, inputs, reps, dev),
-                         fast_plan_us=time_calls(fast, inputs, reps, dev)))  # fmt: skip
+        rows.append(
+            dict(
+                kind="decode",
+                bs=bs,
+                full_plan_us=time_calls(full, inputs, reps, dev),
+                fast_plan_us=time_calls(fast, inputs, reps, dev),
+            )
+        )
         print(rows[-1], flush=True)
     return rows
 
@@ -109,9 +119,14 @@ def mla_sweep(fi, dev, sizes, ctx, reps, dtype):
         kv_indices = torch.zeros(bs * ctx, dtype=torch.int32, device=dev)
         kv_lens = torch.ones(bs, dtype=torch.int32, device=dev)
         w = fi.BatchMLAPagedAttentionWrapper(
-            ws, use_cuda_graph=True, qo_indptr=qo, kv_indptr=kv_indptr, kv_indices=kv_indices,
-            kv_len_arr=kv_lens, backend="auto",
-        )  # fmt: skip
+            ws,
+            use_cuda_graph=True,
+            qo_indptr=qo,
+            kv_indptr=kv_indptr,
+            kv_indices=kv_indices,
+            kv_len_arr=kv_lens,
+            backend="auto",
+        )
         inputs = batches(bs, ctx, dev)
         qo_cpu = torch.arange(bs + 1, dtype=torch.int32)
         scale = 192**-0.5
@@ -122,14 +137,19 @@ def mla_sweep(fi, dev, sizes, ctx, reps, dtype):
 
         def fast(x):
             lens, indptr_cpu, _, _ = x
-            fast_mla_decode_plan(w, qo_cpu, indptr_cpu, lens, MLA_H, CKV, KPE, 1, False, scale,
-                                 dtype, dtype)  # fmt: skip
+            fast_mla_decode_plan(w, qo_cpu, indptr_cpu, lens, MLA_H, CKV, KPE, 1, False, scale, dtype, dtype)
 
         for _ in range(3):
             full(inputs[0])
             fast(inputs[0])
-        rows.append(dict(kind="mla_decode", bs=bs, full_plan_us=time_calls(full, inputs, reps, dev),
-                         fast_plan_us=time_calls(fast, inputs, reps, dev)))  # fmt: skip
+        rows.append(
+            dict(
+                kind="mla_decode",
+                bs=bs,
+                full_plan_us=time_calls(full, inputs, reps, dev),
+                fast_plan_us=time_calls(fast, inputs, reps, dev),
+            )
+        )
         print(rows[-1], flush=True)
     return rows
 
@@ -147,8 +167,9 @@ def versions(dev) -> dict:
 
         info["gpu"] = torch.cuda.get_device_name(dev)
         info["cuda"] = torch.version.cuda
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True)  # fmt: skip
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
+        )
         info["driver"] = smi.stdout.strip()
         import flashinfer
 
@@ -169,10 +190,20 @@ def plot(result: dict, path: str) -> None:
             rows = [r for r in run if r["kind"] == kind]
             bs = [r["bs"] for r in rows]
             style = "-" if run_i == 0 else "--"
-            ax.plot(bs, [r["full_plan_us"] for r in rows], "o" + style, color="C3",
-                    label="plan() (device indptr)" if run_i == 0 else None)  # fmt: skip
-            ax.plot(bs, [r["fast_plan_us"] for r in rows], "s" + style, color="C0",
-                    label="fast plan (host indptr)" if run_i == 0 else None)  # fmt: skip
+            ax.plot(
+                bs,
+                [r["full_plan_us"] for r in rows],
+                "o" + style,
+                color="C3",
+                label="plan() (device indptr)" if run_i == 0 else None,
+            )
+            ax.plot(
+                bs,
+                [r["fast_plan_us"] for r in rows],
+                "s" + style,
+                color="C0",
+                label="fast plan (host indptr)" if run_i == 0 else None,
+            )
         ax.axhspan(75, 110, color="0.85", label="published plan(): 75-110 us")
         ax.set_xscale("log", base=2)
         ax.set_title(kind)
@@ -181,8 +212,11 @@ def plot(result: dict, path: str) -> None:
     axes[0].set_ylabel("host time per call, median (us)")
     axes[0].legend(fontsize=8)
     v = result["versions"]
-    fig.suptitle(f"{v.get('gpu', v['device'])}, flashinfer {v.get('flashinfer', 'stand-in')}, "
-                 f"torch {v['torch']} (solid: run 1, dashed: run 2)", fontsize=9)  # fmt: skip
+    fig.suptitle(
+        f"{v.get('gpu', v['device'])}, flashinfer {v.get('flashinfer', 'stand-in')}, "
+        f"torch {v['torch']} (solid: run 1, dashed: run 2)",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120, metadata={"Software": None})
 
@@ -208,10 +242,17 @@ def main() -> None:
             torch.bfloat16,
         )
     fi = wrapper_classes(prefer_real=dev.type == "cuda")
-    runs = [decode_sweep(fi, dev, sizes, ctx, reps, dtype) + mla_sweep(fi, dev, sizes, ctx, reps, dtype)
-            for _ in range(2)]  # fmt: skip
-    result = {"versions": versions(dev), "ctx": ctx, "reps": reps, "heads": [H, HKV, D],
-              "mla": [MLA_H, CKV, KPE], "runs": runs}  # fmt: skip
+    runs = [
+        decode_sweep(fi, dev, sizes, ctx, reps, dtype) + mla_sweep(fi, dev, sizes, ctx, reps, dtype) for _ in range(2)
+    ]
+    result = {
+        "versions": versions(dev),
+        "ctx": ctx,
+        "reps": reps,
+        "heads": [H, HKV, D],
+        "mla": [MLA_H, CKV, KPE],
+        "runs": runs,
+    }
     if args.smoke:
         print(json.dumps(result)[:400])
         return

@@ -41,9 +41,17 @@ def measure(row: str, sizes, repeats: int, warmup: int, ctx: int, rotate: int = 
     entry, engine = find(name, variant)[0], make_engine("auto")
     if glue and not (verdict := glue_verdict(entry, mode, engine))[0]:
         return {"not_glued": verdict[1][0]}
-    rig = Rig.build(entry, KINDS[mode], SpecConfig(num_steps=3, topk=1, num_draft_tokens=4), engine,
-                    capture_bs=sizes, max_context_len=ctx, pool_size=(rotate + 1) * max(sizes) + 2, gen_seed=1,
-                    glue=glue)  # fmt: skip
+    rig = Rig.build(
+        entry,
+        KINDS[mode],
+        SpecConfig(num_steps=3, topk=1, num_draft_tokens=4),
+        engine,
+        capture_bs=sizes,
+        max_context_len=ctx,
+        pool_size=(rotate + 1) * max(sizes) + 2,
+        gen_seed=1,
+        glue=glue,
+    )
     out = {}
     for bs in sizes:
         lens = [ctx - KINDS[mode].span(rig.spec) - i % 7 for i in range(bs)]
@@ -79,8 +87,10 @@ def main(argv=None) -> int:
             Path(args.out).write_text(json.dumps({"environment": env, "rows": res}, indent=1))
     print(f"{env.get('device')}; {pinned}; context {args.ctx}; medians of {args.repeats}, host µs")
     per_bs = " / ".join(map(str, sizes))
-    print(f"| backend / variant / mode | replay hook, bs {per_bs} | input copies | graph launch | "
-          f"whole path, bs {per_bs} | graph GPU time, bs {per_bs} |")  # fmt: skip
+    print(
+        f"| backend / variant / mode | replay hook, bs {per_bs} | input copies | graph launch | "
+        f"whole path, bs {per_bs} | graph GPU time, bs {per_bs} |"
+    )
     print("|---|---|---|---|---|---|")
     for row, r in res.items():
         if "not_glued" in r:

@@ -80,28 +80,61 @@ def main(argv=None) -> int:
         args.bs, args.repeats, args.warmup, args.rotate, args.ctx = "1,2", 3, 1, 2, 64
     pinned = bench.pin_to_core(args.pin)
     rows = sweep(
-        args.shapes.split(","), [int(x) for x in args.bs.split(",")], context_len=args.ctx,
-        repeats=args.repeats, warmup=args.warmup, rotate=args.rotate, progress=True,
-    )  # fmt: skip
-    env = {**bench.environment(), "pinning": pinned, "repeats": args.repeats,
-           "warmup": args.warmup, "rotate": args.rotate, "context_len": args.ctx,
-           "mode": "draft_extend_v2", "N": 4, "page_size": 64}  # fmt: skip
+        args.shapes.split(","),
+        [int(x) for x in args.bs.split(",")],
+        context_len=args.ctx,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        rotate=args.rotate,
+        progress=True,
+    )
+    env = {
+        **bench.environment(),
+        "pinning": pinned,
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "rotate": args.rotate,
+        "context_len": args.ctx,
+        "mode": "draft_extend_v2",
+        "N": 4,
+        "page_size": 64,
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["shape", "bs", "host_hook_launch_us", "p25", "p75", "host_hook_us",
-                    "host_launch_us", "host_copies_us", "gpu_graph_us", "gpu_hook_us",
-                    "hook_launches", "graph_kernels"])  # fmt: skip
+        w.writerow(
+            [
+                "shape",
+                "bs",
+                "host_hook_launch_us",
+                "p25",
+                "p75",
+                "host_hook_us",
+                "host_launch_us",
+                "host_copies_us",
+                "gpu_graph_us",
+                "gpu_hook_us",
+                "hook_launches",
+                "graph_kernels",
+            ]
+        )
         for r in rows:
             h, g = r["host_us"], r.get("gpu_us", {})
-            w.writerow([r["shape"], r["bs"], *(round(h["hook+launch"][k], 2)
-                        for k in ("median", "p25", "p75")),
-                        round(h["hook"]["median"], 2), round(h["launch"]["median"], 2),
-                        round(h["copies"]["median"], 2),
-                        *(round(g[k]["median"], 2) if k in g else "" for k in ("graph", "hook")),
-                        sum(r["hook_launches"].values()), sum(r["graph_kernels"].values())])  # fmt: skip
+            w.writerow(
+                [
+                    r["shape"],
+                    r["bs"],
+                    *(round(h["hook+launch"][k], 2) for k in ("median", "p25", "p75")),
+                    round(h["hook"]["median"], 2),
+                    round(h["launch"]["median"], 2),
+                    round(h["copies"]["median"], 2),
+                    *(round(g[k]["median"], 2) if k in g else "" for k in ("graph", "hook")),
+                    sum(r["hook_launches"].values()),
+                    sum(r["graph_kernels"].values()),
+                ]
+            )
     where = env["device"] + ("" if "gpu_us" in rows[0] else " (emulator timings)")
     panels = [("host_us", "hook+launch", "host µs: replay hook + graph.replay()")]
     if "gpu_us" in rows[0]:
@@ -110,9 +143,11 @@ def main(argv=None) -> int:
     viz.save(fig, args.fig)
     print(f"{pinned}; wrote {out}/results.json, results.csv and {args.fig}")
     for r in rows:
-        print(f"{r['shape']:<11} bs {r['bs']:>4}: host hook+launch "
-              f"{r['host_us']['hook+launch']['median']:9.1f} us, hook launches "
-              f"{sum(r['hook_launches'].values())}")  # fmt: skip
+        print(
+            f"{r['shape']:<11} bs {r['bs']:>4}: host hook+launch "
+            f"{r['host_us']['hook+launch']['median']:9.1f} us, hook launches "
+            f"{sum(r['hook_launches'].values())}"
+        )
     return 0
 
 

@@ -38,9 +38,8 @@ SLOTS = 1 << 20
 # (label, model kind, page size, context, modes)
 LAYOUTS = [
     ("triton (MHA, page 1)", "mha", 1, 512, (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY)),
-    ("trtllm_mla (MLA, page 64)", "mla", 64, 256,
-     (ForwardMode.DECODE, ForwardMode.DRAFT_EXTEND_V2)),
-]  # fmt: skip
+    ("trtllm_mla (MLA, page 64)", "mla", 64, 256, (ForwardMode.DECODE, ForwardMode.DRAFT_EXTEND_V2)),
+]
 
 
 class Reads(TorchDispatchMode):
@@ -72,8 +71,9 @@ def main() -> None:
     rows = []
     for label, kind, page, ctx, modes in LAYOUTS:
         cfg = tiny_model_config(kind, default_dtype(dev), dev.type)
-        world = World.create(cfg, max_context_len=ctx, pool_size=4 * max(sizes) + 8,
-                             num_slots=SLOTS, page_size=page, device=dev, seed=0)  # fmt: skip
+        world = World.create(
+            cfg, max_context_len=ctx, pool_size=4 * max(sizes) + 8, num_slots=SLOTS, page_size=page, device=dev, seed=0
+        )
         gen = BatchGenerator(world, SPEC, seed=1)
         for mode in modes:
             for bs in sizes:
@@ -89,21 +89,33 @@ def main() -> None:
                     validate_batch(fb, SPEC, False, for_graph=True)
                     times.append((time.perf_counter_ns() - t0) / 1e3)
                 q = statistics.quantiles(times, n=10)
-                rows.append({"layout": label, "mode": mode.label, "bs": bs, "ctx": ctx,
-                             "slots": world.kv_cache.num_slots, "device_reads": reads.n,
-                             "median_us": statistics.median(times), "p10_us": q[0],
-                             "p90_us": q[-1], "repeats": args.repeats})  # fmt: skip
+                rows.append(
+                    {
+                        "layout": label,
+                        "mode": mode.label,
+                        "bs": bs,
+                        "ctx": ctx,
+                        "slots": world.kv_cache.num_slots,
+                        "device_reads": reads.n,
+                        "median_us": statistics.median(times),
+                        "p10_us": q[0],
+                        "p90_us": q[-1],
+                        "repeats": args.repeats,
+                    }
+                )
                 r = rows[-1]
-                print(f"{label:<26} {mode.label:<16} bs {bs:>3}: {r['median_us']:7.1f} µs "
-                      f"(p10 {r['p10_us']:.1f}, p90 {r['p90_us']:.1f}), "
-                      f"{r['device_reads']} device read(s)", flush=True)  # fmt: skip
+                print(
+                    f"{label:<26} {mode.label:<16} bs {bs:>3}: {r['median_us']:7.1f} µs "
+                    f"(p10 {r['p10_us']:.1f}, p90 {r['p90_us']:.1f}), "
+                    f"{r['device_reads']} device read(s)",
+                    flush=True,
+                )
                 gen.release_all()
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         env = {**environment(), "pinning": pinned}
-        (out / "validate_cost.json").write_text(json.dumps({"environment": env, "rows": rows},
-                                                           indent=1))  # fmt: skip
+        (out / "validate_cost.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
         print("wrote", out / "validate_cost.json")
 
 

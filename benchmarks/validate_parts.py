@@ -49,43 +49,49 @@ def main() -> None:
     args = ap.parse_args()
     print(pin_to_core(args.pin))
     dev = torch.device("cuda")
-    for kind, page, ctx, mode in (("mha", 1, 512, ForwardMode.DECODE),
-                                  ("mla", 64, 256, ForwardMode.DRAFT_EXTEND_V2)):  # fmt: skip
+    for kind, page, ctx, mode in (("mha", 1, 512, ForwardMode.DECODE), ("mla", 64, 256, ForwardMode.DRAFT_EXTEND_V2)):
         cfg = tiny_model_config(kind, default_dtype(dev), dev.type)
-        world = World.create(cfg, max_context_len=ctx, pool_size=300, num_slots=1 << 20,
-                             page_size=page, device=dev, seed=0)  # fmt: skip
+        world = World.create(
+            cfg, max_context_len=ctx, pool_size=300, num_slots=1 << 20, page_size=page, device=dev, seed=0
+        )
         gen = BatchGenerator(world, SPEC, seed=1)
         for bs in (1, 64):
             batches = [gen.for_mode(mode, bs) for _ in range(4)]
-            full = med(lambda fb: V.validate_batch(fb, SPEC, False, for_graph=True), batches,
-                       args.repeats)  # fmt: skip
+            full = med(lambda fb: V.validate_batch(fb, SPEC, False, for_graph=True), batches, args.repeats)
             # host rules only: the device half answered from a table (no launch, no read)
             real = V._launch_device_checks
-            answers = {id(fb): real(fb, fb.seq_lens_cpu.tolist(), fb.num_tokens // bs,
-                                    0, None, mode.is_any_draft_extend())() for fb in batches}  # fmt: skip
+            answers = {
+                id(fb): real(fb, fb.seq_lens_cpu.tolist(), fb.num_tokens // bs, 0, None, mode.is_any_draft_extend())()
+                for fb in batches
+            }
             V._launch_device_checks = lambda fb, *a: lambda: answers[id(fb)]
-            host = med(lambda fb: V.validate_batch(fb, SPEC, False, for_graph=True), batches,
-                       args.repeats)  # fmt: skip
+            host = med(lambda fb: V.validate_batch(fb, SPEC, False, for_graph=True), batches, args.repeats)
             V._launch_device_checks = real
             # the device half alone, and its launch alone
             fb0 = batches[0]
             per = fb0.num_tokens // bs
             extra = 0
             seq = fb0.seq_lens_cpu.tolist()
-            devhalf = med(lambda fb: real(fb, seq, per, extra, None,
-                                          mode.is_any_draft_extend())(), batches, args.repeats)  # fmt: skip
+            devhalf = med(
+                lambda fb: real(fb, seq, per, extra, None, mode.is_any_draft_extend())(), batches, args.repeats
+            )
             w = fb0.world
             out = V._scratch(dev, K.result_size(bs, fb0.num_tokens, fb0.out_cache_loc.numel()))
-            tensors = (w.req_to_token, fb0.seq_lens, fb0.req_pool_indices, fb0.input_ids,
-                       fb0.positions, fb0.out_cache_loc)  # fmt: skip
-            kw = dict(rows_per_req=per, extra=0, max_span=ctx, vocab=w.cfg.vocab_size,
-                      num_slots=w.kv_cache.num_slots)  # fmt: skip
-            launch = med(lambda fb: K.batch_check(out, *tensors, **kw), batches, args.repeats,
-                         sync_after=True)  # fmt: skip
+            tensors = (
+                w.req_to_token,
+                fb0.seq_lens,
+                fb0.req_pool_indices,
+                fb0.input_ids,
+                fb0.positions,
+                fb0.out_cache_loc,
+            )
+            kw = dict(rows_per_req=per, extra=0, max_span=ctx, vocab=w.cfg.vocab_size, num_slots=w.kv_cache.num_slots)
+            launch = med(lambda fb: K.batch_check(out, *tensors, **kw), batches, args.repeats, sync_after=True)
             K.batch_check(out, *tensors, **kw)
             torch.cuda.synchronize()
-            read = med(lambda fb: K.read_result(out, bs, fb0.num_tokens,
-                                                fb0.out_cache_loc.numel()), batches, args.repeats)  # fmt: skip
+            read = med(
+                lambda fb: K.read_result(out, bs, fb0.num_tokens, fb0.out_cache_loc.numel()), batches, args.repeats
+            )
 
             def launch_read(fb):
                 K.batch_check(out, *tensors, **kw)
@@ -100,23 +106,47 @@ def main() -> None:
                 n_, m_ = fb0.num_tokens, fb0.out_cache_loc.numel()
                 nprog = K.num_programs(bs, n_, m_)
                 r2t = w.req_to_token
-                allargs = [out, fb0.seq_lens, fb0.seq_lens, fb0.seq_lens, fb0.req_pool_indices,
-                           fb0.input_ids, fb0.positions, fb0.out_cache_loc, fb0.seq_lens, r2t,
-                           r2t.stride(0), r2t.shape[0], r2t.shape[1], w.cfg.vocab_size,
-                           w.kv_cache.num_slots, bs, n_, m_, per, 0, ctx, nprog, False, False,
-                           False, K.BLOCK, K.CHUNK, K.NCAT, K.NONE]  # fmt: skip
+                allargs = [
+                    out,
+                    fb0.seq_lens,
+                    fb0.seq_lens,
+                    fb0.seq_lens,
+                    fb0.req_pool_indices,
+                    fb0.input_ids,
+                    fb0.positions,
+                    fb0.out_cache_loc,
+                    fb0.seq_lens,
+                    r2t,
+                    r2t.stride(0),
+                    r2t.shape[0],
+                    r2t.shape[1],
+                    w.cfg.vocab_size,
+                    w.kv_cache.num_slots,
+                    bs,
+                    n_,
+                    m_,
+                    per,
+                    0,
+                    ctx,
+                    nprog,
+                    False,
+                    False,
+                    False,
+                    K.BLOCK,
+                    K.CHUNK,
+                    K.NCAT,
+                    K.NONE,
+                ]
                 ck = K._batch_check_kernel[(nprog,)](*allargs)
                 stream = torch.cuda.current_stream().cuda_stream
 
                 def go(fb):
-                    ck.run(nprog, 1, 1, stream, ck.function, ck.packed_metadata, None, None,
-                           None, *allargs)  # fmt: skip
+                    ck.run(nprog, 1, 1, stream, ck.function, ck.packed_metadata, None, None, None, *allargs)
 
                 direct = med(go, batches, args.repeats, sync_after=True)
 
                 def go_read(fb):
-                    ck.run(nprog, 1, 1, stream, ck.function, ck.packed_metadata, None, None,
-                           None, *allargs)  # fmt: skip
+                    ck.run(nprog, 1, 1, stream, ck.function, ck.packed_metadata, None, None, None, *allargs)
                     K.read_result(out, bs, n_, m_)
 
                 direct_read = med(go_read, batches, args.repeats)
@@ -132,10 +162,12 @@ def main() -> None:
             e1.record()
             torch.cuda.synchronize()
             gpu = e0.elapsed_time(e1) * 10
-            print(f"{kind} {mode.label} bs {bs}: full {full:.1f} | host rules {host:.1f} | "
-                  f"device half {devhalf:.1f} | launch {launch:.1f} | read {read:.1f} | "
-                  f"launch+read {lr:.1f} | 8-int tolist {tiny:.1f} | kernel GPU {gpu:.1f} µs",
-                  flush=True)  # fmt: skip
+            print(
+                f"{kind} {mode.label} bs {bs}: full {full:.1f} | host rules {host:.1f} | "
+                f"device half {devhalf:.1f} | launch {launch:.1f} | read {read:.1f} | "
+                f"launch+read {lr:.1f} | 8-int tolist {tiny:.1f} | kernel GPU {gpu:.1f} µs",
+                flush=True,
+            )
             if bs == 64:
                 import cProfile
                 import pstats

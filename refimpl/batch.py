@@ -41,7 +41,12 @@ class World:
         page_size: int = 1,
         device: str | torch.device | None = None,
         seed: int = 0,
+        kv_caches: dict | None = None,
     ) -> "World":
+        """A world of ``pool_size`` request slots and ``num_slots`` KV slots (default: room for every request at the
+        longest context), handed out in a random page order from ``seed``. ``kv_caches``: a cache of KV caches by
+        model config, device, slot count and seed: the first world of each draws random KV from ``seed``, the others
+        share it (a 100,000-slot MLA cache is 0.5 GB and takes seconds to draw on a CPU)."""
         if num_slots is None:
             per_req = -(-max_context_len // page_size) * page_size
             num_slots = (pool_size + 1) * per_req + page_size
@@ -49,13 +54,19 @@ class World:
         dev = torch.device(device) if device is not None else default_device()
         if dev.type == "cuda" and dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
-        return cls(
+        key = (cfg, dev, num_slots, seed)  # not the page size: a cache is per slot
+        shared = None if kv_caches is None else kv_caches.get(key)
+        world = cls(
             cfg=cfg,
             req_to_token_pool=ReqToTokenPool(pool_size, max_context_len, dev),
             allocator=TokenSlotAllocator(num_slots, page_size, seed=seed),
-            kv_cache=make_kv_cache(cfg, num_slots, dev),
+            kv_cache=shared or make_kv_cache(cfg, num_slots, dev),
             device=dev,
         )
+        if kv_caches is not None and shared is None:
+            world.randomize_kv(seed)
+            kv_caches[key] = world.kv_cache
+        return world
 
     @property
     def req_to_token(self) -> torch.Tensor:

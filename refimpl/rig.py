@@ -267,14 +267,8 @@ class Rig:
         ``kind``."""
         if world is None:
             pools = dict(pool_size=pool_size or 4 * max(capture_bs) + 8, num_slots=num_slots, seed=seed)
-            world = cls.world_for(entry, engine.device, dtype, num_layers, max_context_len=max_context_len, **pools)
-            key = (world.cfg, world.device, world.kv_cache.num_slots, seed)  # not the page size: a cache is per slot
-            if worlds is not None and key in worlds:
-                world.kv_cache = worlds[key].kv_cache
-            else:
-                world.randomize_kv(seed)
-                if worlds is not None:
-                    worlds[key] = world
+            kw = dict(max_context_len=max_context_len, kv_caches={} if worlds is None else worlds, **pools)
+            world = cls.world_for(entry, engine.device, dtype, num_layers, **kw)
         backend_cls = entry.load(kind.multi_step)
         backend = backend_cls(world, spec)
         backend.check_graph_mode(kind.mode)

@@ -176,6 +176,9 @@ def test_run_checks_json_keys_and_unknown_backend():
         run_checks(["nope"], None, None, "cpu-emulator", FAST)
 
 
+SMALL_WORLD = ["--context", "64", "--pool", "4096"]  # the CLI's smallest world: the output's form is the point
+
+
 def test_cli_reports_like_a_tool(capsys):
     """A status per row (historical shapes' findings are ``expected``, not failures), skipped rows without a batch size,
     verdict (e)'s reasons as information, one short legend line and a closing summary; no progress bar off a terminal;
@@ -183,7 +186,21 @@ def test_cli_reports_like_a_tool(capsys):
     from refimpl.__main__ import LEGEND, main
 
     assert (
-        main(["check", "--backend", "flashinfer_mla", "--mode", "decode", "--mode", "draft_decode", "--bs", "1"]) == 0
+        main(
+            [
+                "check",
+                "--backend",
+                "flashinfer_mla",
+                "--mode",
+                "decode",
+                "--mode",
+                "draft_decode",
+                "--bs",
+                "1",
+                *SMALL_WORLD,
+            ]
+        )
+        == 0
     )
     out, err = capsys.readouterr()
     lines = out.splitlines()

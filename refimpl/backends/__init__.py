@@ -51,7 +51,7 @@ class BackendEntry:
 CONTRACT = tuple(  # what --backend-class requires (refimpl.backends.base.AttentionBackend)
     "init_forward_metadata init_cuda_graph_state init_forward_metadata_capture_cuda_graph "
     "init_forward_metadata_replay_cuda_graph get_cuda_graph_seq_len_fill_value forward "
-    "init_forward_metadata_in_graph graph_state graph_buffers check_graph_mode".split()
+    "init_forward_metadata_in_graph graph_state graph_buffers check_graph_mode glue_refusal".split()
 )
 
 
