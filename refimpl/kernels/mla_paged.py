@@ -84,19 +84,23 @@ def _mla_paged_kernel(
     e_max = tl.full([BLOCK_H], float("-inf"), tl.float32)  # running max of logits
     e_sum = tl.zeros([BLOCK_H], tl.float32)  # running sum of exp(logit - e_max)
     acc = tl.zeros([BLOCK_H, R], tl.float32)  # running sum of exp(...) * v
+    arange_n, cols_r, cols_rr = tl.arange(0, BLOCK_N), offs_r[None, :], R + offs_rr[None, :]  # hoisted: loop invariants
+    if FP32_DOTS:  # cast once, not every block
+        q_nope, q_pe = q_nope.to(tl.float32), q_pe.to(tl.float32)
     for start in range(0, end, BLOCK_N):  # end <= 0: no iteration, zeros
         # BLOCK_N divides PAGE_SIZE: the whole block lies in page start // P (start < end, so
         # the entry is below cdiv(end, P) <= width: never a stale or out-of-range entry)
         page = tl.load(bt_row + start // PAGE_SIZE).to(tl.int64)
-        offs_n = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] int64 positions
+        offs_n = start + arange_n  # [BLOCK_N] int64 positions
         mask_n = offs_n < end
         kv_rows = kv_ptr + page * stride_kvp + (offs_n % PAGE_SIZE)[:, None] * stride_kvs
-        kv = tl.load(kv_rows + offs_r[None, :], mask=mask_n[:, None], other=0.0)  # [BLOCK_N, R]: key latent, value
-        k_pe = tl.load(kv_rows + R + offs_rr[None, :], mask=mask_n[:, None], other=0.0)
+        rows_ok = mask_n[:, None]
+        kv = tl.load(kv_rows + cols_r, mask=rows_ok, other=0.0)  # [BLOCK_N, R]: key latent, value
+        k_pe = tl.load(kv_rows + cols_rr, mask=rows_ok, other=0.0)
         if FP32_DOTS:  # [BLOCK_H, BLOCK_N], fp32 accumulation either way
             kv = kv.to(tl.float32)
-            qk = tl.dot(q_nope.to(tl.float32), tl.trans(kv), input_precision="ieee")
-            qk += tl.dot(q_pe.to(tl.float32), tl.trans(k_pe.to(tl.float32)), input_precision="ieee")
+            qk = tl.dot(q_nope, tl.trans(kv), input_precision="ieee")
+            qk += tl.dot(q_pe, tl.trans(k_pe.to(tl.float32)), input_precision="ieee")
         else:
             qk = tl.dot(q_nope, tl.trans(kv))
             qk += tl.dot(q_pe, tl.trans(k_pe))

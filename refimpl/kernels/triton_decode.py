@@ -89,12 +89,15 @@ def _decode_stage1_kernel(
         e_max = tl.full([BLOCK_H], float("-inf"), tl.float32)  # running max of logits
         e_sum = tl.zeros([BLOCK_H], tl.float32)  # running sum of exp(logit - e_max)
         acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)  # running sum of exp(...) * v
+        # loop invariants, hoisted (the interpreter pays for every operation, every iteration)
+        arange_n, mask_d2, mask_dv2 = tl.arange(0, BLOCK_N), mask_d[:, None], mask_dv[None, :]
+        k_cols, v_cols = kv_head * stride_kh + offs_d[:, None], kv_head * stride_vh + offs_dv[None, :]  # [D, 1], [1, DV]
         for start in range(split_start, split_end, BLOCK_N):
-            offs_n = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions in the row
+            offs_n = start + arange_n  # [BLOCK_N] key positions in the row
             mask_n = offs_n < split_end
             slot = tl.load(kv_indices_ptr + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)  # cache rows
-            k_ptrs = k_ptr + slot[None, :] * stride_ks + kv_head * stride_kh + offs_d[:, None]
-            k_t = tl.load(k_ptrs, mask=mask_d[:, None] & mask_n[None, :], other=0.0).to(tl.float32)  # [D, N]
+            k_ptrs = k_ptr + slot[None, :] * stride_ks + k_cols
+            k_t = tl.load(k_ptrs, mask=mask_d2 & mask_n[None, :], other=0.0).to(tl.float32)  # [D, N]
             if USE_DOT:
                 qk = tl.dot(q, k_t, input_precision="ieee")  # [BLOCK_H, BLOCK_N]
             else:
@@ -103,8 +106,8 @@ def _decode_stage1_kernel(
             if USE_CAP:  # logit_cap * tanh(qk / logit_cap), tanh(x) = 2*sigmoid(2x) - 1
                 qk = logit_cap * (2.0 * tl.sigmoid(2.0 * qk / logit_cap) - 1.0)
             qk = tl.where(mask_n[None, :], qk, float("-inf"))
-            v_ptrs = v_ptr + slot[:, None] * stride_vs + kv_head * stride_vh + offs_dv[None, :]
-            v = tl.load(v_ptrs, mask=mask_n[:, None] & mask_dv[None, :], other=0.0).to(tl.float32)  # [N, DV]
+            v_ptrs = v_ptr + slot[:, None] * stride_vs + v_cols
+            v = tl.load(v_ptrs, mask=mask_n[:, None] & mask_dv2, other=0.0).to(tl.float32)  # [N, DV]
             new_max = tl.maximum(e_max, tl.max(qk, axis=1))  # [BLOCK_H], finite: every block has a live key
             rescale = tl.exp(e_max - new_max)  # 0 on the first block (exp(-inf))
             p = tl.exp(qk - new_max[:, None])  # [BLOCK_H, BLOCK_N], 0 at masked keys

@@ -79,34 +79,39 @@ def _extend_attention_kernel(
     mask_row = tl.load(mask_indptr_ptr + i).to(tl.int64) + m * (p_len + q_len)  # [M]
     m_i, l_i = tl.full([BLOCK_M], float("-inf"), tl.float32), tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    # loop invariants, hoisted (the interpreter pays for every operation, every iteration)
+    offs_n, rows, mask_rows = tl.arange(0, BLOCK_N).to(tl.int64), row_ok[:, None], mask_row[:, None]
+    k_cols, v_cols = kvh * stride_kb1 + d[:, None], kvh * stride_vb1 + dv[None, :]  # [D, 1], [1, DV] in the cache
+    ke_cols, ve_cols = kvh * stride_ke1 + d[:, None], kvh * stride_ve1 + dv[None, :]  # in k_extend / v_extend
+    d_ok2, dv_ok2 = d_ok[:, None], dv_ok[None, :]
     num_prefix_blocks = (p_len + BLOCK_N - 1) // BLOCK_N
     for nb in range(num_prefix_blocks + (q_len + BLOCK_N - 1) // BLOCK_N):  # one online-softmax step per key block
         if nb < num_prefix_blocks:  # stage 1: prefix keys from the paged cache
-            n = nb * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)  # [N] prefix key position
+            n = nb * BLOCK_N + offs_n  # [N] prefix key position
             key_ok = n < p_len
             slot = tl.load(kv_indices_ptr + kv_start + n, mask=key_ok, other=0).to(tl.int64)
-            k_ptrs = k_buf_ptr + slot[None, :] * stride_kb0 + kvh * stride_kb1 + d[:, None]  # [D, N]
-            v_ptrs = v_buf_ptr + slot[:, None] * stride_vb0 + kvh * stride_vb1 + dv[None, :]  # [N, DV]
-            visible = row_ok[:, None] & key_ok[None, :]
+            k_ptrs = k_buf_ptr + slot[None, :] * stride_kb0 + k_cols  # [D, N]
+            v_ptrs = v_buf_ptr + slot[:, None] * stride_vb0 + v_cols  # [N, DV]
+            visible = rows & key_ok[None, :]
             if USE_MASK:
-                bits = tl.load(mask_ptr + mask_row[:, None] + n[None, :], mask=visible, other=0)
+                bits = tl.load(mask_ptr + mask_rows + n[None, :], mask=visible, other=0)
                 visible = visible & (bits != 0)
         else:  # stage 2: the request's own new keys, passed directly
-            n = (nb - num_prefix_blocks) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)  # [N] extend key position
+            n = (nb - num_prefix_blocks) * BLOCK_N + offs_n  # [N] extend key position
             key_ok = n < q_len
-            k_ptrs = k_ext_ptr + (q_start + n)[None, :] * stride_ke0 + kvh * stride_ke1 + d[:, None]
-            v_ptrs = v_ext_ptr + (q_start + n)[:, None] * stride_ve0 + kvh * stride_ve1 + dv[None, :]
-            visible = row_ok[:, None] & key_ok[None, :]
+            k_ptrs = k_ext_ptr + (q_start + n)[None, :] * stride_ke0 + ke_cols
+            v_ptrs = v_ext_ptr + (q_start + n)[:, None] * stride_ve0 + ve_cols
+            visible = rows & key_ok[None, :]
             if USE_MASK:
-                bits = tl.load(mask_ptr + mask_row[:, None] + p_len + n[None, :], mask=visible, other=0)
+                bits = tl.load(mask_ptr + mask_rows + p_len + n[None, :], mask=visible, other=0)
                 visible = visible & (bits != 0)
             elif IS_CAUSAL:
                 visible = visible & (n[None, :] <= m[:, None])
-        k = tl.load(k_ptrs, mask=key_ok[None, :] & d_ok[:, None], other=0.0).to(tl.float32)  # [D, N]
+        k = tl.load(k_ptrs, mask=key_ok[None, :] & d_ok2, other=0.0).to(tl.float32)  # [D, N]
         qk = tl.dot(q, k, input_precision="ieee") * sm_scale  # [M, N]
         if USE_CAP:  # logit_cap * tanh(s / logit_cap), tanh(x) = 2 * sigmoid(2x) - 1 (no libdevice)
             qk = logit_cap * (2.0 * tl.sigmoid(2.0 * qk / logit_cap) - 1.0)
-        v = tl.load(v_ptrs, mask=key_ok[:, None] & dv_ok[None, :], other=0.0).to(tl.float32)  # [N, DV]
+        v = tl.load(v_ptrs, mask=key_ok[:, None] & dv_ok2, other=0.0).to(tl.float32)  # [N, DV]
         qk = tl.where(visible, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))  # [M]
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
