@@ -25,16 +25,14 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-
-from refimpl import bench  # noqa: E402
-from refimpl.backends import find  # noqa: E402
-from refimpl.config import SpecConfig  # noqa: E402
-from refimpl.graphs import make_engine  # noqa: E402
-from refimpl.layout import KINDS  # noqa: E402
-from refimpl.rig import Rig  # noqa: E402
+from refimpl import bench
+from refimpl.backends import find
+from refimpl.config import CHAIN
+from refimpl.graphs import make_engine
+from refimpl.layout import KINDS
+from refimpl.rig import Rig
 
 ROWS = ("triton/unified/decode", "trtllm_mla/unified/draft_extend_v2", "trtllm_mla/in_graph/draft_extend_v2")
 SIZES = (1, 16)
@@ -85,7 +83,7 @@ def measure(row: str, repeats: int, warmup: int, ctx: int = 256, rotate: int = 4
     import random
 
     name, variant, mode = row.split("/")
-    spec, kind, entry = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4), KINDS[mode], find(name, variant)[0]
+    spec, kind, entry = CHAIN, KINDS[mode], find(name, variant)[0]
     kw = dict(capture_bs=SIZES, max_context_len=ctx, pool_size=(rotate + 1) * max(SIZES) + 2, gen_seed=1)
     if sweep_setup:
         sizes = tuple(b for b in bench.BATCH_SIZES if b * ctx <= 1 << 21)
@@ -124,10 +122,7 @@ def main(argv=None) -> int:
     p.add_argument("--sweep-setup", action="store_true", help="build rig and batches as bench.sweep does")
     args = p.parse_args(argv)
     pinned = bench.pin_to_core(args.pin)
-    res = {
-        row: measure(row, args.repeats, args.warmup, args.ctx, sweep_setup=args.sweep_setup)
-        for row in args.rows.split(",")
-    }
+    res = {row: measure(row, args.repeats, args.warmup, args.ctx, sweep_setup=args.sweep_setup) for row in args.rows.split(",")}
     cols = ("direct", "direct_sync", "rotate", "after_copies", "after_validate", "interleaved", "bench")
     print(f"{bench.environment()['device']}; {pinned}; host µs medians of the replay hook")
     print(f"{'row':<38} {'bs':>3} " + " ".join(f"{c:>14}" for c in cols))
@@ -135,9 +130,7 @@ def main(argv=None) -> int:
         for bs, r in by_bs.items():
             print(f"{row:<38} {bs:>3} " + " ".join(f"{r[c]:14.1f}" for c in cols))
     if args.out:
-        Path(args.out).write_text(
-            json.dumps({"environment": bench.environment(), "pinning": pinned, "rows": res}, indent=1)
-        )
+        Path(args.out).write_text(json.dumps({"environment": bench.environment(), "pinning": pinned, "rows": res}, indent=1))
     return 0
 
 

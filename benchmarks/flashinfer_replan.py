@@ -24,22 +24,20 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-
-import refimpl.backends.flashinfer as fi_backend  # noqa: E402
-from refimpl import bench, layout  # noqa: E402
-from refimpl.backends import find  # noqa: E402
-from refimpl.config import SpecConfig  # noqa: E402
-from refimpl.graphs import make_engine  # noqa: E402
-from refimpl.kernels import build_kv_indices  # noqa: E402
-from refimpl.layout import KINDS  # noqa: E402
-from refimpl.rig import Rig  # noqa: E402
+import refimpl.backends.flashinfer as fi_backend
+from refimpl import bench, layout
+from refimpl.backends import find
+from refimpl.config import CHAIN
+from refimpl.graphs import make_engine
+from refimpl.kernels import build_kv_indices
+from refimpl.layout import KINDS
+from refimpl.rig import Rig
 
 ROWS = tuple(f"flashinfer/{v}/{m}" for m in ("decode", "target_verify", "draft_extend") for v in ("unified", "legacy"))
 ROWS += ("flashinfer_mla/unified/target_verify", "flashinfer_mla/legacy/target_verify")
-SPEC = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
+SPEC = CHAIN
 
 
 def _median(fn, batches, repeats, warmup, before=None) -> float:
@@ -150,9 +148,7 @@ def main(argv=None) -> int:
             Path(args.out).write_text(json.dumps({"environment": env, "rows": res}, indent=1))
     per_bs = " / ".join(map(str, sizes))
     print(f"{env.get('device')}; {pinned}; context {args.ctx}; medians of {args.repeats}, host µs")
-    print(
-        f"| row | hook, bs {per_bs} | plan alone | fills alone | hook / (plan + fills) | step eager / graph, bs {sizes[0]} |"
-    )
+    print(f"| row | hook, bs {per_bs} | plan alone | fills alone | hook / (plan + fills) | step eager / graph, bs {sizes[0]} |")
     print("|---|---|---|---|---|---|")
     for row, r in res.items():
         each = lambda k, f=".1f": " / ".join(format(r[b][k], f) for b in sizes)  # noqa: E731

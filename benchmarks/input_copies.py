@@ -23,16 +23,14 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-
-from refimpl import bench  # noqa: E402
-from refimpl.backends import find  # noqa: E402
-from refimpl.config import SpecConfig  # noqa: E402
-from refimpl.graphs import make_engine  # noqa: E402
-from refimpl.layout import KINDS  # noqa: E402
-from refimpl.rig import Rig  # noqa: E402
+from refimpl import bench
+from refimpl.backends import find
+from refimpl.config import CHAIN
+from refimpl.graphs import make_engine
+from refimpl.layout import KINDS
+from refimpl.rig import Rig
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -47,7 +45,7 @@ def _sources(runner, fb) -> list[torch.Tensor]:
 def ways(runner, bs: int, fb0):
     """``{name: fn(fb)}``: the three loaders of a batch the size of ``fb0`` into the ``bs`` graph's inputs. The old
     ways' destinations are the runner's plan viewed back in their own dtypes, made once (as the old plan was)."""
-    dst, pads, host_live, host_pad = runner._copy_plan(fb0.batch_size, bs, fb0.num_tokens)
+    dst, pads, host_live, host_pad = runner.inputs._plan(fb0.batch_size, bs, fb0.num_tokens)
     live = _sources(runner, fb0)
     dtypes = [t.dtype for t in live] + ([fb0.req_pool_indices.dtype, fb0.seq_lens.dtype] if pads else [])
     dtypes += [fb0.out_cache_loc.dtype] * (len(dst) - len(dtypes))
@@ -95,7 +93,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     pinned = bench.pin_to_core(args.pin)
     sizes = tuple(int(x) for x in args.sizes.split(","))
-    engine, spec = make_engine("auto"), SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
+    engine, spec = make_engine("auto"), CHAIN
     cuda = engine.device.type == "cuda"
     res = {}
     for case in ("decode", "draft_decode"):
@@ -117,10 +115,7 @@ def main(argv=None) -> int:
     for case, by_way in res.items():
         print(f"\n{case}: | way | " + " | ".join(f"bs {b}" for b in sizes) + " |")
         for name, by_bs in by_way.items():
-            cells = [
-                f"{v['host_us']:.1f}" + (f" ({v['launches']})" if v["launches"] is not None else "")
-                for v in by_bs.values()
-            ]
+            cells = [f"{v['host_us']:.1f}" + (f" ({v['launches']})" if v["launches"] is not None else "") for v in by_bs.values()]
             print(f"| {name} | " + " | ".join(cells) + " |")
     if args.out:
         Path(args.out).write_text(json.dumps({"environment": env, "results": res}, indent=1))

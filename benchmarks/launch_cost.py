@@ -28,12 +28,9 @@ import argparse
 import json
 import os
 import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import torch  # noqa: E402
+import torch
 
 
 def items() -> dict:

@@ -23,16 +23,12 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
 
-import torch  # noqa: E402
-
-import refimpl  # noqa: E402,F401
-from refimpl.flashinfer_wrappers import flashinfer_available, make_workspace, wrapper_classes  # noqa: E402
-from refimpl.flashinfer_wrappers.fast_plan import fast_decode_plan, fast_mla_decode_plan  # noqa: E402
+from refimpl.flashinfer_wrappers import flashinfer_available, make_workspace, wrapper_classes
+from refimpl.flashinfer_wrappers.fast_plan import fast_decode_plan, fast_mla_decode_plan
 
 H, HKV, D = 32, 8, 128  # a Llama-3-8B-like decode shape (per TP rank)
 MLA_H, CKV, KPE = 16, 512, 64  # DeepSeek-like MLA (per TP rank)
@@ -119,13 +115,7 @@ def mla_sweep(fi, dev, sizes, ctx, reps, dtype):
         kv_indices = torch.zeros(bs * ctx, dtype=torch.int32, device=dev)
         kv_lens = torch.ones(bs, dtype=torch.int32, device=dev)
         w = fi.BatchMLAPagedAttentionWrapper(
-            ws,
-            use_cuda_graph=True,
-            qo_indptr=qo,
-            kv_indptr=kv_indptr,
-            kv_indices=kv_indices,
-            kv_len_arr=kv_lens,
-            backend="auto",
+            ws, use_cuda_graph=True, qo_indptr=qo, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_len_arr=kv_lens, backend="auto"
         )
         inputs = batches(bs, ctx, dev)
         qo_cpu = torch.arange(bs + 1, dtype=torch.int32)
@@ -242,17 +232,8 @@ def main() -> None:
             torch.bfloat16,
         )
     fi = wrapper_classes(prefer_real=dev.type == "cuda")
-    runs = [
-        decode_sweep(fi, dev, sizes, ctx, reps, dtype) + mla_sweep(fi, dev, sizes, ctx, reps, dtype) for _ in range(2)
-    ]
-    result = {
-        "versions": versions(dev),
-        "ctx": ctx,
-        "reps": reps,
-        "heads": [H, HKV, D],
-        "mla": [MLA_H, CKV, KPE],
-        "runs": runs,
-    }
+    runs = [decode_sweep(fi, dev, sizes, ctx, reps, dtype) + mla_sweep(fi, dev, sizes, ctx, reps, dtype) for _ in range(2)]
+    result = {"versions": versions(dev), "ctx": ctx, "reps": reps, "heads": [H, HKV, D], "mla": [MLA_H, CKV, KPE], "runs": runs}
     if args.smoke:
         print(json.dumps(result)[:400])
         return

@@ -19,23 +19,16 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
+from refimpl import bench
+from refimpl.backends import find
+from refimpl.config import CHAIN
+from refimpl.graphs import make_engine
+from refimpl.layout import KINDS
+from refimpl.rig import Rig
 
-from refimpl import bench  # noqa: E402
-from refimpl.backends import find  # noqa: E402
-from refimpl.config import SpecConfig  # noqa: E402
-from refimpl.graphs import make_engine  # noqa: E402
-from refimpl.layout import KINDS  # noqa: E402
-from refimpl.rig import Rig  # noqa: E402
-
-ROWS = (
-    "triton/unified/decode",
-    "triton/in_graph/decode",
-    "flashinfer/unified/decode",
-    "trtllm_mla/unified/draft_extend_v2",
-)
+ROWS = ("triton/unified/decode", "triton/in_graph/decode", "flashinfer/unified/decode", "trtllm_mla/unified/draft_extend_v2")
 SIZES = (1, 16, 64)
 
 
@@ -133,7 +126,7 @@ def main(argv=None) -> int:
     pinned = bench.pin_to_core(args.pin)
     keep_graphs()
     res = {"synthetic": {n: synthetic(n, args.repeats) for n in (1, 4, 16, 64, 256)}, "steps": {}}
-    spec = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
+    spec = CHAIN
     for row in ROWS:
         name, variant, mode = row.split("/")
         kw = dict(capture_bs=SIZES, max_context_len=512, pool_size=2 * max(SIZES) + 2, gen_seed=1)

@@ -19,14 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from refimpl import bench  # noqa: E402
-from refimpl.backends import find  # noqa: E402
-from refimpl.config import SpecConfig  # noqa: E402
-from refimpl.graphs import make_engine  # noqa: E402
-from refimpl.layout import KINDS  # noqa: E402
-from refimpl.rig import Rig  # noqa: E402
+from refimpl import bench
+from refimpl.backends import find
+from refimpl.config import CHAIN
+from refimpl.graphs import make_engine
+from refimpl.layout import KINDS
+from refimpl.rig import Rig
 
 ROWS = tuple(f"triton/{v}/{m}" for m in ("decode", "target_verify") for v in ("unified", "fused", "in_graph"))
 ROWS += ("triton/unified+glue/decode", "triton/in_graph+glue/decode", "triton/unified+glue/target_verify")
@@ -44,7 +42,7 @@ def measure(row: str, sizes, repeats: int, warmup: int, ctx: int, rotate: int = 
     rig = Rig.build(
         entry,
         KINDS[mode],
-        SpecConfig(num_steps=3, topk=1, num_draft_tokens=4),
+        CHAIN,
         engine,
         capture_bs=sizes,
         max_context_len=ctx,

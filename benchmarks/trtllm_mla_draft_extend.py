@@ -22,15 +22,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from refimpl import bench, viz
+from refimpl.backends import find
+from refimpl.config import CHAIN
+from refimpl.graphs import make_engine
+from refimpl.layout import KINDS
+from refimpl.rig import Rig
 
-from refimpl import bench, viz  # noqa: E402
-from refimpl.backends import find  # noqa: E402
-from refimpl.config import SpecConfig  # noqa: E402
-from refimpl.graphs import make_engine  # noqa: E402
-from refimpl.layout import KINDS  # noqa: E402
-from refimpl.rig import Rig  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def sweep(
@@ -45,7 +44,7 @@ def sweep(
 ) -> list[dict[str, Any]]:
     """Replay-path cost of TRTLLM-MLA draft extend v2 per shape and batch size (graph engine of this machine: CUDA graphs
     on a GPU, the emulator on CPU). One row per (shape, bs)."""
-    engine, spec = make_engine("auto"), SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
+    engine, spec = make_engine("auto"), CHAIN
     runners, world, gen = {}, None, None
     for shape in shapes:  # one world: every shape replays the same batches
         kw = dict(max_context_len=context_len, pool_size=(rotate + 1) * max(batch_sizes) + 1, speculative=False)

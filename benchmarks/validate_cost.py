@@ -16,24 +16,21 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from refimpl import default_dtype
+from refimpl.batch import World
+from refimpl.batchgen import BatchGenerator
+from refimpl.bench import environment, pin_to_core
+from refimpl.config import CHAIN, tiny_model_config
+from refimpl.modes import ForwardMode
+from refimpl.validate import validate_batch
 
-from refimpl import default_dtype  # noqa: E402
-from refimpl.batch import World  # noqa: E402
-from refimpl.batchgen import BatchGenerator  # noqa: E402
-from refimpl.bench import environment, pin_to_core  # noqa: E402
-from refimpl.config import SpecConfig, tiny_model_config  # noqa: E402
-from refimpl.modes import ForwardMode  # noqa: E402
-from refimpl.validate import validate_batch  # noqa: E402
-
-SPEC = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
+SPEC = CHAIN
 SLOTS = 1 << 20
 # (label, model kind, page size, context, modes)
 LAYOUTS = [
@@ -79,14 +76,14 @@ def main() -> None:
             for bs in sizes:
                 batches = [gen.for_mode(mode, bs) for _ in range(4)]
                 for fb in batches * 5:  # warm-up: the kernel compiled, the result buffer grown
-                    validate_batch(fb, SPEC, False, for_graph=True)
+                    validate_batch(fb, SPEC, for_graph=True)
                 with Reads() as reads:
-                    validate_batch(batches[0], SPEC, False, for_graph=True)
+                    validate_batch(batches[0], SPEC, for_graph=True)
                 times = []
                 for i in range(args.repeats):
                     fb = batches[i % len(batches)]
                     t0 = time.perf_counter_ns()
-                    validate_batch(fb, SPEC, False, for_graph=True)
+                    validate_batch(fb, SPEC, for_graph=True)
                     times.append((time.perf_counter_ns() - t0) / 1e3)
                 q = statistics.quantiles(times, n=10)
                 rows.append(

@@ -7,24 +7,20 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
+import refimpl.validate as V
+from refimpl import default_dtype
+from refimpl.batch import World
+from refimpl.batchgen import BatchGenerator
+from refimpl.bench import pin_to_core
+from refimpl.config import CHAIN, tiny_model_config
+from refimpl.kernels import validation as K
+from refimpl.modes import ForwardMode
 
-import refimpl.validate as V  # noqa: E402
-from refimpl import default_dtype  # noqa: E402
-from refimpl.batch import World  # noqa: E402
-from refimpl.batchgen import BatchGenerator  # noqa: E402
-from refimpl.bench import pin_to_core  # noqa: E402
-from refimpl.config import SpecConfig, tiny_model_config  # noqa: E402
-from refimpl.kernels import validation as K  # noqa: E402
-from refimpl.modes import ForwardMode  # noqa: E402
-
-SPEC = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
+SPEC = CHAIN
 
 
 def med(fn, batches, repeats, sync_after=False):
@@ -51,13 +47,11 @@ def main() -> None:
     dev = torch.device("cuda")
     for kind, page, ctx, mode in (("mha", 1, 512, ForwardMode.DECODE), ("mla", 64, 256, ForwardMode.DRAFT_EXTEND_V2)):
         cfg = tiny_model_config(kind, default_dtype(dev), dev.type)
-        world = World.create(
-            cfg, max_context_len=ctx, pool_size=300, num_slots=1 << 20, page_size=page, device=dev, seed=0
-        )
+        world = World.create(cfg, max_context_len=ctx, pool_size=300, num_slots=1 << 20, page_size=page, device=dev, seed=0)
         gen = BatchGenerator(world, SPEC, seed=1)
         for bs in (1, 64):
             batches = [gen.for_mode(mode, bs) for _ in range(4)]
-            full = med(lambda fb: V.validate_batch(fb, SPEC, False, for_graph=True), batches, args.repeats)
+            full = med(lambda fb: V.validate_batch(fb, SPEC, for_graph=True), batches, args.repeats)
             # host rules only: the device half answered from a table (no launch, no read)
             real = V._launch_device_checks
             answers = {
@@ -65,33 +59,22 @@ def main() -> None:
                 for fb in batches
             }
             V._launch_device_checks = lambda fb, *a: lambda: answers[id(fb)]
-            host = med(lambda fb: V.validate_batch(fb, SPEC, False, for_graph=True), batches, args.repeats)
+            host = med(lambda fb: V.validate_batch(fb, SPEC, for_graph=True), batches, args.repeats)
             V._launch_device_checks = real
             # the device half alone, and its launch alone
             fb0 = batches[0]
             per = fb0.num_tokens // bs
             extra = 0
             seq = fb0.seq_lens_cpu.tolist()
-            devhalf = med(
-                lambda fb: real(fb, seq, per, extra, None, mode.is_any_draft_extend())(), batches, args.repeats
-            )
+            devhalf = med(lambda fb: real(fb, seq, per, extra, None, mode.is_any_draft_extend())(), batches, args.repeats)
             w = fb0.world
             out = V._scratch(dev, K.result_size(bs, fb0.num_tokens, fb0.out_cache_loc.numel()))
-            tensors = (
-                w.req_to_token,
-                fb0.seq_lens,
-                fb0.req_pool_indices,
-                fb0.input_ids,
-                fb0.positions,
-                fb0.out_cache_loc,
-            )
+            tensors = (w.req_to_token, fb0.seq_lens, fb0.req_pool_indices, fb0.input_ids, fb0.positions, fb0.out_cache_loc)
             kw = dict(rows_per_req=per, extra=0, max_span=ctx, vocab=w.cfg.vocab_size, num_slots=w.kv_cache.num_slots)
             launch = med(lambda fb: K.batch_check(out, *tensors, **kw), batches, args.repeats, sync_after=True)
             K.batch_check(out, *tensors, **kw)
             torch.cuda.synchronize()
-            read = med(
-                lambda fb: K.read_result(out, bs, fb0.num_tokens, fb0.out_cache_loc.numel()), batches, args.repeats
-            )
+            read = med(lambda fb: K.read_result(out, bs, fb0.num_tokens, fb0.out_cache_loc.numel()), batches, args.repeats)
 
             def launch_read(fb):
                 K.batch_check(out, *tensors, **kw)
@@ -175,7 +158,7 @@ def main() -> None:
                 pr = cProfile.Profile()
                 pr.enable()
                 for i in range(300):
-                    V.validate_batch(batches[i % 4], SPEC, False, for_graph=True)
+                    V.validate_batch(batches[i % 4], SPEC, for_graph=True)
                 pr.disable()
                 pstats.Stats(pr).sort_stats("tottime").print_stats(18)
             gen.release_all()

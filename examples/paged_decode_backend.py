@@ -87,9 +87,7 @@ class PagedDecodeBackend(AttentionBackend):
     ):
         indptr = self.cuda_graph_kv_indptr[: bs + 1]
         indptr[1:] = torch.cumsum(seq_lens[:bs], 0)  # in place: the graph reads this buffer
-        build_kv_indices(
-            self.world.req_to_token, req_pool_indices[:bs], seq_lens[:bs], indptr, self.cuda_graph_kv_indices
-        )
+        build_kv_indices(self.world.req_to_token, req_pool_indices[:bs], seq_lens[:bs], indptr, self.cuda_graph_kv_indices)
 
     def graph_state(self, bs, mode):
         md = self.forward_metadata

@@ -53,12 +53,7 @@ class ReviewBackend(AttentionBackend):
     pattern = "C"
     graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY})
     model_kind = "mha"
-    graph_buffer_names = (
-        "cuda_graph_kv_indptr",
-        "cuda_graph_kv_indices",
-        "cuda_graph_custom_mask",
-        "cuda_graph_mask_indptr",
-    )
+    graph_buffer_names = ("cuda_graph_kv_indptr", "cuda_graph_kv_indices", "cuda_graph_custom_mask", "cuda_graph_mask_indptr")
 
     def _rows(self, mode: ForwardMode) -> int:
         """Query rows per request: N in target verify, else 1."""
@@ -169,9 +164,7 @@ class ReviewBackend(AttentionBackend):
             return out
         kv = (cache.k[layer], cache.v[layer], md.kv_indptr, md.kv_indices)  # the window through the CSR
         mask = dict(custom_mask=md.custom_mask, mask_indptr=md.mask_indptr)  # verify only (None otherwise)
-        dense_paged_attention(
-            q, *kv, out, sm_scale=cfg.sm_scale, max_kv_len=md.max_kv_len, q_per_req=md.q_per_req, **mask
-        )
+        dense_paged_attention(q, *kv, out, sm_scale=cfg.sm_scale, max_kv_len=md.max_kv_len, q_per_req=md.q_per_req, **mask)
         return out
 
 

@@ -31,9 +31,10 @@
 #   larger ones' scratch in the one pool (notebook 00): the backend's
 #   [capture hook](../docs/glossary.md#capture-hook) outside the graph, the [warm-up](../docs/glossary.md#warm-up)
 #   (on a side stream, on CUDA), then the step recorded. `self.outputs[bs]` keeps each graph's output alive.
-# * **Replay**: validate the batch, pick the smallest captured size that fits, copy the batch into the static inputs
-#   and [pad](../docs/glossary.md#padding) the rest, run the backend's [replay hook](../docs/glossary.md#replay-hook)
-#   (it refills the [metadata](../docs/glossary.md#metadata) buffers the graph reads), launch.
+# * **Replay**: validate the batch, pick the smallest captured size that fits, copy the batch into the
+#   [static inputs](../docs/glossary.md#static-inputs) (`runner.inputs`) and [pad](../docs/glossary.md#padding) the
+#   rest, run the backend's [replay hook](../docs/glossary.md#replay-hook) (it refills the
+#   [metadata](../docs/glossary.md#metadata) buffers the graph reads), launch.
 
 # %%
 import torch
@@ -93,7 +94,8 @@ print(f"used_graph={res.used_graph}, graph_bs={res.graph_bs}, seq_lens {fb.seq_l
 assert res.used_graph and res.graph_bs == 4
 assert res.logits.data_ptr() == runner.outputs[4].data_ptr(), "the logits view the static output"
 assert torch.allclose(res.logits, runner.eager(fb), atol=1e-4)
-assert runner.seq_lens[3] == 1 and runner.req_pool_indices[3] == 0 and runner.out_cache_loc[3] == 0
+static = runner.inputs  # row 3 is the padded row: seq_len 1 (the fill value), request slot 0, cache slot 0
+assert static.seq_lens[3] == 1 and static.req_pool_indices[3] == 0 and static.out_cache_loc[3] == 0
 course.show(padding_figure(runner, 3), "01_runner_padding")
 
 # %% [markdown]
@@ -159,8 +161,9 @@ prediction = {"b"}  # <- change this
 
 # %% jupyter={"source_hidden": true}
 # Solution (expand to read)
-found = run_checks(modes=["decode"], entries=[BackendEntry.from_class(Rebinds, "__main__:Rebinds")],
-                   settings=CheckSettings(glue_replays=0))
+found = run_checks(
+    modes=["decode"], entries=[BackendEntry.from_class(Rebinds, "__main__:Rebinds")], settings=CheckSettings(glue_replays=0)
+)
 for r in found:
     print(verdicts(r), *[f for f in r.findings if f.startswith("kv_indptr:")][:1], sep="\n    ")
 print("failing:", sorted(failing(found)), "| your prediction:", sorted(prediction))

@@ -81,13 +81,23 @@ print(lab.engine.name, "|", cfg.num_heads, "query heads,", cfg.num_kv_heads, "KV
 # %%
 dec = lab.replay(ForwardMode.DECODE, TritonAttnBackend(world))
 assert torch.allclose(dec.graph, dec.eager, atol=1e-4)  # (b) graph == eager
-assert dict(dec.runner.graphs[4].custom_kernels()) == {"refimpl.decode_attention_stage1.default": 1,
-                                                       "refimpl.decode_attention_stage2.default": 1}
+assert dict(dec.runner.graphs[4].custom_kernels()) == {
+    "refimpl.decode_attention_stage1.default": 1,
+    "refimpl.decode_attention_stage2.default": 1,
+}
 tri, bs = dec.runner.backend, dec.bs
-rpi, seq = dec.runner.req_pool_indices[:bs].clone(), dec.runner.seq_lens[:bs].clone()
-show(viz.draw_csr(world.req_to_token, rpi, seq, tri.kv_indptr[: bs + 1], tri.cuda_graph_kv_indices,
-                  title="decode: kv_indices packs each request's req_to_token prefix; the padded row reads slot 0"),
-     "02_decode_csr")
+rpi, seq = dec.runner.inputs.req_pool_indices[:bs].clone(), dec.runner.inputs.seq_lens[:bs].clone()
+show(
+    viz.draw_csr(
+        world.req_to_token,
+        rpi,
+        seq,
+        tri.kv_indptr[: bs + 1],
+        tri.cuda_graph_kv_indices,
+        title="decode: kv_indices packs each request's req_to_token prefix; the padded row reads slot 0",
+    ),
+    "02_decode_csr",
+)
 
 # %% [markdown]
 # **Split counts: data beside a frozen grid.** Stage 1's grid has `max_kv_splits` programs per (row, head group) and
@@ -100,9 +110,8 @@ show(viz.draw_csr(world.req_to_token, rpi, seq, tri.kv_indptr[: bs + 1], tri.cud
 splits = tri.cuda_graph_num_kv_splits[:bs].tolist()
 dec2 = lab.gen(None).decode(3, seq_lens=[40, 36, 30])
 assert torch.allclose(dec.runner.replay(dec2), dec.runner.eager(dec2), atol=1e-4)  # the same graph
-seq2, splits2 = dec.runner.seq_lens[:bs].tolist(), tri.cuda_graph_num_kv_splits[:bs].tolist()
-kw = dict(num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, max_kv_splits=tri.max_kv_splits,
-          core_count=tri.core_count)
+seq2, splits2 = dec.runner.inputs.seq_lens[:bs].tolist(), tri.cuda_graph_num_kv_splits[:bs].tolist()
+kw = dict(num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, max_kv_splits=tri.max_kv_splits, core_count=tri.core_count)
 assert splits == get_num_kv_splits_ref(seq.tolist(), **kw) and splits2 == get_num_kv_splits_ref(seq2, **kw)
 print(f"seq_lens {seq.tolist()} -> num_kv_splits {splits};  seq_lens {seq2} -> {splits2}")
 
@@ -120,15 +129,23 @@ assert idle.shape[0] == 0 and tri.kv_indptr[:2].tolist() == [0, 1] and tri.cuda_
 # %%
 tv = lab.replay(ForwardMode.TARGET_VERIFY, TritonAttnBackend(world, TREE), TREE, seq_lens=[6, 17, 30])
 assert torch.allclose(tv.graph, tv.eager, atol=1e-4)
-tri, seq = tv.runner.backend, tv.runner.seq_lens[:bs]
+tri, seq = tv.runner.backend, tv.runner.inputs.seq_lens[:bs]
 assert tv.frozen.max_extend_len == N and tri.qo_indptr[: bs + 1].tolist() == [0, 6, 12, 18, 24]
 assert tri.kv_indptr[: bs + 1].tolist() == [0] + seq.cumsum(0).tolist()  # the prefix: no "+ N"
 parents = tv.batch.spec_info.parents[0]
 block = tri.cuda_graph_custom_mask[: N * (6 + N)].view(N, 6 + N)  # request 0, prefix 6
 assert block[:, :6].all() and torch.equal(block[:, 6:].bool().cpu(), DraftTree(parents).ancestry_mask())
-show(viz.draw_tree_mask(tri.cuda_graph_custom_mask, tri.mask_indptr[: bs + 1], N, 0, parents=parents,
-                        title="target verify: draft q sees the whole prefix and its own ancestors"),
-     "02_verify_tree_mask")
+show(
+    viz.draw_tree_mask(
+        tri.cuda_graph_custom_mask,
+        tri.mask_indptr[: bs + 1],
+        N,
+        0,
+        parents=parents,
+        title="target verify: draft q sees the whole prefix and its own ancestors",
+    ),
+    "02_verify_tree_mask",
+)
 
 # %% [markdown]
 # ## 3. Draft extend, v1 and v2
@@ -142,13 +159,16 @@ show(viz.draw_tree_mask(tri.cuda_graph_custom_mask, tri.mask_indptr[: bs + 1], N
 v1 = lab.replay(ForwardMode.DRAFT_EXTEND, TritonAttnBackend(world, CHAIN), CHAIN, accept_length=[2, 0, 3])
 v2 = lab.replay(ForwardMode.DRAFT_EXTEND_V2, TritonAttnBackend(world, TREE), TREE)
 for r, rows in ((v1, S + 1), (v2, N)):
-    tri, seq = r.runner.backend, r.runner.seq_lens[:bs]
+    tri, seq = r.runner.backend, r.runner.inputs.seq_lens[:bs]
     assert torch.allclose(r.graph, r.eager, atol=1e-4) and r.frozen.max_extend_len == rows
     assert tri.qo_indptr[: bs + 1].tolist() == list(range(0, bs * rows + 1, rows))
     assert tri.kv_indptr[: bs + 1].tolist() == [0] + (seq - rows).clamp(min=0).cumsum(0).tolist()
-show(triton_modes.draw_draft_extend_strides(
-    v1, v2, "draft extend: v1 strides S + 1, v2 strides N; the stride before #27545 (red) split v2's requests"),
-    "02_draft_extend_buffers")
+show(
+    triton_modes.draw_draft_extend_strides(
+        v1, v2, "draft extend: v1 strides S + 1, v2 strides N; the stride before #27545 (red) split v2's requests"
+    ),
+    "02_draft_extend_buffers",
+)
 
 # %% [markdown]
 # **The stride is the layout.** Before [#27545](https://github.com/sgl-project/sglang/pull/27545), v2 also used stride
@@ -171,21 +191,28 @@ show(triton_modes.draw_draft_extend_strides(
 
 # %%
 ms = TritonMultiStepDraftBackend(world, TREE)
-dd = lab.replay(ForwardMode.DECODE, ms, TREE, multi_step=True, seq_lens=[2, 9, 5])
+dd = lab.replay("draft_decode", ms, TREE, seq_lens=[2, 9, 5])
 assert torch.allclose(dd.graph, dd.eager, atol=1e-4)
-assert dict(dd.runner.graphs[4].custom_kernels()) == {"refimpl.decode_attention_stage1.default": S - 1,
-                                                      "refimpl.decode_attention_stage2.default": S - 1}
-seq = dd.runner.seq_lens[:bs]
-ref_indptr, ref_indices = draft_decode_kv_indices_ref(dd.runner.req_pool_indices[:bs], world.req_to_token, seq,
-                                                      topk=TREE.topk, num_steps=S)
+assert dict(dd.runner.graphs[4].custom_kernels()) == {
+    "refimpl.decode_attention_stage1.default": S - 1,
+    "refimpl.decode_attention_stage2.default": S - 1,
+}
+seq = dd.runner.inputs.seq_lens[:bs]
+ref_indptr, ref_indices = draft_decode_kv_indices_ref(
+    dd.runner.inputs.req_pool_indices[:bs], world.req_to_token, seq, topk=TREE.topk, num_steps=S
+)
 for i, b in enumerate(ms.step_backends):  # step i reads row i of the wrapper's buffers
     assert b.kv_indptr.data_ptr() == ms.kv_indptr[i].data_ptr()
     assert b.cuda_graph_num_kv_splits is ms.cuda_graph_num_kv_splits
     assert ms.kv_indptr[i, : bs * TREE.topk + 1].tolist() == ref_indptr[i].tolist()
     assert torch.equal(ms.cuda_graph_kv_indices[i, : ref_indices[i].numel()], ref_indices[i])
 title = "multi-step draft decode: at step i, each branch's row is its prefix + i + 1 draft slots"
-show(viz.draw_draft_decode_indices(ms.kv_indptr, ms.cuda_graph_kv_indices, seq, TREE.topk, S, used_steps=S - 1,
-                                   live_seqs=3, title=title), "02_draft_decode_indices")
+show(
+    viz.draw_draft_decode_indices(
+        ms.kv_indptr, ms.cuda_graph_kv_indices, seq, TREE.topk, S, used_steps=S - 1, live_seqs=3, title=title
+    ),
+    "02_draft_decode_indices",
+)
 
 # %% [markdown]
 # ### Exercise (about 6 minutes): plant the stride #27545 removed

@@ -96,10 +96,18 @@ fi_state, _ = nb.replay_hooks(fi_tv, ForwardMode.TARGET_VERIFY, fb_tv, s)
 prefix = padded_tv.seq_lens
 assert torch.diff(fi_state["paged_kv_indptr"]).tolist() == (prefix + N).tolist()  # FlashInfer: prefix + N
 assert torch.diff(tri_tv["kv_indptr"]).tolist() == prefix.tolist()  # Triton: the prefix
-show(draw_csr(s.world.req_to_token, padded_tv.req_pool_indices, prefix + N, fi_state["paged_kv_indptr"],
-              fi_state["paged_kv_indices"], legend=False,
-              title="target verify (FlashInfer): each kv range is the prefix + N = 6 drafts (Triton: the prefix)"),
-     "03_flashinfer_verify_csr")
+show(
+    draw_csr(
+        s.world.req_to_token,
+        padded_tv.req_pool_indices,
+        prefix + N,
+        fi_state["paged_kv_indptr"],
+        fi_state["paged_kv_indices"],
+        legend=False,
+        title="target verify (FlashInfer): each kv range is the prefix + N = 6 drafts (Triton: the prefix)",
+    ),
+    "03_flashinfer_verify_csr",
+)
 
 # %% [markdown]
 # The bs-4 and bs-1 decode wrappers share one `kv_indptr` buffer. The bs-4 plan holds this batch; the bs-1 plan still
@@ -185,8 +193,10 @@ verdict_b = {}
 for name, mode in (("wave", "decode"), ("triton", "draft_extend")):
     (rec,) = check_entry_mode(find(name, "legacy")[0], mode, s.engine, settings)
     verdict_b[f"{name} {mode}"] = rec.graph_equals_eager
-    print(f"{name} legacy {mode}: (a) {rec.capture_equals_replay}, (b) {rec.graph_equals_eager}, "
-          f"(c) {rec.matches_oracle}\n   {rec.findings[0]}")
+    print(
+        f"{name} legacy {mode}: (a) {rec.capture_equals_replay}, (b) {rec.graph_equals_eager}, "
+        f"(c) {rec.matches_oracle}\n   {rec.findings[0]}"
+    )
 assert verdict_b == {"wave decode": True, "triton draft_extend": False}
 assert all(p is None or p == verdict_b[k] for k, p in predict.items()), f"the checker says {verdict_b}"
 

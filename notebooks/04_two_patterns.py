@@ -136,8 +136,13 @@ for lens in ([100, 5, 17], [150, 5, 17]):
     fb2 = gen.decode(3, seq_lens=lens)
     right = torch.allclose(runner.replay(fb2), runner.eager(fb2), atol=1e-4)
     print(f"seq_lens {lens}, planned kv_len {read_partition(w4)[1].tolist()}: graph == eager {right}")
-    panels.append((f"{len(panels) + 1}. plan() skipped, seq_lens {lens}: " + ("right, by luck" if right else
-                   "request 0's keys past the 128-key tile are not read"), *patterns.key_spans(w4, fb2)))  # fmt: skip
+    panels.append(
+        (
+            f"{len(panels) + 1}. plan() skipped, seq_lens {lens}: "
+            + ("right, by luck" if right else "request 0's keys past the 128-key tile are not read"),
+            *patterns.key_spans(w4, fb2),
+        )
+    )
 w4.plan = fast_plan
 assert torch.allclose(runner.replay(fb2), runner.eager(fb2), atol=1e-4)  # re-planned: right again
 show(patterns.draw_plan_state(panels), "04_plan_state")
@@ -166,8 +171,17 @@ show(patterns.draw_plan_state(panels), "04_plan_state")
 # %%
 host_indptr = torch.tensor([0, 150, 155, 172, 173], dtype=torch.int32)  # the last batch, as the hook built it
 try:
-    fast_decode_plan(w4, host_indptr, torch.ones(4, dtype=torch.int32), cfg.num_heads, cfg.num_kv_heads,
-                     cfg.head_dim, 1, q_data_type=cfg.dtype, indptr=fi.kv_indptr[:5].clone())  # fmt: skip
+    fast_decode_plan(
+        w4,
+        host_indptr,
+        torch.ones(4, dtype=torch.int32),
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+        1,
+        q_data_type=cfg.dtype,
+        indptr=fi.kv_indptr[:5].clone(),
+    )
 except ValueError as e:
     print(re.sub(r" \(data_ptr[^)]*\)", "", str(e)))  # addresses change run to run
 
@@ -189,6 +203,7 @@ show(patterns.draw_plan_cost(bench), "04_plan_cost_h200")
 #
 # `PlansOnce` is unified FlashInfer whose wrappers stop planning after capture; its replay hook still writes the
 # bound buffers. Predict the failing verdicts with contexts up to 48 keys (the default) and up to 200.
+
 
 # %%
 class PlansOnce(FlashInferAttnBackend):

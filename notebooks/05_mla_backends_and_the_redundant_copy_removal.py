@@ -37,11 +37,7 @@ import torch
 from refimpl import ForwardMode
 from refimpl.backends import find
 from refimpl.backends.cutlass_mla import CutlassMLAAttnBackend, CutlassMLAAttnBackendLegacy
-from refimpl.backends.trtllm_mla import (
-    TRTLLMMLAAttnBackend,
-    TRTLLMMLAAttnBackendInGraph,
-    TRTLLMMLAAttnBackendSimplified,
-)
+from refimpl.backends.trtllm_mla import TRTLLMMLAAttnBackend, TRTLLMMLAAttnBackendInGraph, TRTLLMMLAAttnBackendSimplified
 from refimpl.bench import launches
 from refimpl.check import CheckSettings, check_entry_mode
 from refimpl.course import mla, show, show_code
@@ -194,6 +190,7 @@ if torch.cuda.is_available():
 #
 # The class below drops only the identity arithmetic from the unified draft-extend body, keeping the re-writes
 # of `cu_seqlens_q` and `seq_lens_q`. How many launches does its replay hook make?
+
 
 # %%
 class IdentityRemoved(TRTLLMMLAAttnBackend):

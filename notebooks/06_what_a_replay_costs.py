@@ -136,8 +136,9 @@ assert torch.allclose(out, rig.runner.eager(fb), atol=1e-4, rtol=1e-4)  # output
 read = rig.backend.cuda_graph_kv_indptr[:5].tolist()
 print(f"the graph reads kv_indptr {read}; the eager hook writes [0, 5, 14, 21, 22]")
 assert read == [0, 5, 14, 21, 4]  # state wrong: the capture's sum, frozen
-records = run_checks(modes=["decode"], engine="cpu-emulator", entries=[planted],
-                     settings=CheckSettings(max_context_len=32, history=False))  # fmt: skip
+records = run_checks(
+    modes=["decode"], engine="cpu-emulator", entries=[planted], settings=CheckSettings(max_context_len=32, history=False)
+)
 assert all(r.passed and r.glue_equals_eager is False for r in records)  # (a)-(d) pass, (e) refuses glue
 print(next(f for f in records[-1].glue_findings if "kv_indptr:" in f))
 

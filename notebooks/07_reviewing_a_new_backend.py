@@ -140,6 +140,7 @@ assert [r.split()[10] for r in fixed.stdout.splitlines() if r.startswith("review
 # The cell plants a bug in the reviewed backend: its replay hook returns early when the graph size is the one it
 # refreshed last. Predict which verdict catches it, then run it.
 
+
 # %%
 class Planted(ReviewBackend):
     def init_forward_metadata_replay_cuda_graph(self, bs, *args):

@@ -16,6 +16,7 @@ import torch
 
 from ._env import default_device
 from .config import ModelConfig
+from .layout import GraphKind
 from .memory import MHAKVCache, MLAKVCache, ReqToTokenPool, TokenSlotAllocator, make_kv_cache
 from .modes import ForwardMode
 
@@ -137,6 +138,18 @@ class ForwardBatch:
     extend_seq_lens: torch.Tensor | None = None  # [bs] int32, EXTEND only
     extend_prefix_lens: torch.Tensor | None = None  # [bs] int32, EXTEND only
     meta: dict = field(default_factory=dict)  # free-form notes from generators (for drawing)
+
+    @property
+    def kind(self) -> GraphKind:
+        """What graph serves it: its mode's, or multi-step draft decode (SGLang's rule: a decode batch that carries a
+        spec input is a draft model's step)."""
+        multi = self.spec_info is not None and self.forward_mode.is_decode_or_idle()
+        return GraphKind.parse("draft_decode" if multi else self.forward_mode)
+
+    def cache_loc_steps(self) -> torch.Tensor:
+        """``out_cache_loc`` as ``[steps, rows]`` (``GraphKind.cache_loc_steps``): a draft decode's step ``i`` writes
+        ``[i]``."""
+        return self.kind.cache_loc_steps(self.out_cache_loc, self.spec_info)
 
     @property
     def num_tokens(self) -> int:

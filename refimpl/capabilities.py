@@ -18,11 +18,11 @@ from ._env import default_device
 from .backends import REGISTRY, BackendEntry, GraphModeNotSupported
 from .batch import World
 from .batchgen import BatchGenerator
-from .config import SpecConfig
+from .config import CHAIN
 from .layout import KINDS, GraphKind
-from .rig import Rig
+from .rig.core import Rig
 
-SPEC = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
+SPEC = CHAIN
 MODES = tuple(KINDS)  # decode, idle, target_verify, draft_extend, draft_extend_v2, draft_decode
 L = 160  # room for a 128-token page
 
@@ -41,10 +41,10 @@ def _eager_serves(backend, world: World, kind: GraphKind) -> bool:
         gen.release_all()
 
 
-def capability(entry: BackendEntry, case: str) -> tuple[str, str | None]:
+def capability(entry: BackendEntry, kind: str | GraphKind) -> tuple[str, str | None]:
     """``"graph"``, ``"eager"`` or ``"—"`` for one entry and one ``layout.KINDS`` kind, and for a captured kind the
     backend's ``glue_refusal`` (``None``: it may be glued)."""
-    kind = KINDS[case]
+    kind = GraphKind.parse(kind)
     # this machine's device (Triton compiled for a GPU takes no host tensors), a float32 model
     world = Rig.world_for(entry, default_device(), torch.float32, max_context_len=L, pool_size=4)
     try:
@@ -53,13 +53,12 @@ def capability(entry: BackendEntry, case: str) -> tuple[str, str | None]:
         return "graph", backend.glue_refusal(kind.mode)
     except GraphModeNotSupported:
         pass
-    single = entry.load(False)(world, SPEC)
-    return ("eager" if _eager_serves(single, world, kind) else "—"), None
+    return ("eager" if _eager_serves(entry.load(False)(world, SPEC), world, kind) else "—"), None
 
 
 def glue(refusals: dict[str, str | None]) -> str:
     """The captured kinds whose hook may be glued, or why none: ``refused: plan()``, ``refused: host read``, ``none``."""
-    safe = [KINDS[c].label.replace("_", " ") for c, why in refusals.items() if why is None]
+    safe = [kind.replace("_", " ") for kind, why in refusals.items() if why is None]
     why = " ".join(w for w in refusals.values() if w)
     return ", ".join(safe) or ("refused: plan()" if "plan()" in why else "refused: host read" if "host" in why else "none")
 
@@ -67,20 +66,19 @@ def glue(refusals: dict[str, str | None]) -> str:
 def matrix(entries: list[BackendEntry] | None = None) -> list[dict[str, Any]]:
     rows = []
     for entry in entries or REGISTRY:
-        pattern = getattr(entry.load(), "pattern", "")
-        row, refusals = {"backend": entry.name, "variant": entry.variant, "pattern": pattern}, {}
-        for case in MODES:
-            row[case], why = capability(entry, case)
-            if row[case] == "graph":
-                refusals[case] = why
-        rows.append({**row, "glue": glue(refusals)})
+        row = {"backend": entry.name, "variant": entry.variant, "pattern": getattr(entry.load(), "pattern", "")}
+        refusals = {}  # the captured kinds' glue_refusal
+        for kind in MODES:
+            row[kind], why = capability(entry, kind)
+            if row[kind] == "graph":
+                refusals[kind] = why
+        rows.append(row | {"glue": glue(refusals)})
     return rows
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    head = "| backend | variant | pattern | " + " | ".join(m.replace("_", " ") for m in MODES) + " | glue |"
-    lines = [head, "|" + "---|" * (4 + len(MODES))]
+    lines = [f"| backend | variant | pattern | {' | '.join(MODES).replace('_', ' ')} | glue |", "|" + "---|" * (4 + len(MODES))]
     for r in rows:
-        cells = [r["backend"], r["variant"], r["pattern"], *(r[m] for m in MODES), r["glue"]]
-        lines.append("| " + " | ".join(f"`{c}`" if i < 2 else c for i, c in enumerate(cells)) + " |")
+        cells = [f"`{r['backend']}`", f"`{r['variant']}`", r["pattern"], *(r[m] for m in MODES), r["glue"]]
+        lines.append(f"| {' | '.join(cells)} |")
     return "\n".join(lines)

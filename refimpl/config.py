@@ -9,6 +9,10 @@ from typing import Literal
 
 import torch
 
+# the request slot and KV slot the pools never hand out (refimpl.memory): every padded row points at them (refimpl.layout)
+RESERVED_REQ_SLOT = 0
+RESERVED_TOKEN_SLOT = 0
+
 
 def sglang_default_capture_bs(max_bs: int, speculative: bool) -> list[int]:
     """SGLang's default batch-size ladder (mid-2025 runner, [facts#capture-batch-sizes]) capped at ``max_bs``; with
@@ -86,6 +90,10 @@ class SpecConfig:
             raise ValueError(f"a chain (topk=1) verifies num_steps+1={S + 1} tokens, got num_draft_tokens={n}")
         if n > (m := eagle_max_tree_nodes(k, S)) and k > 1:
             raise ValueError(f"num_draft_tokens={n} exceeds what {S} steps of topk={k} can draft ({m} incl. the root)")
+
+
+CHAIN = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)  # an EAGLE chain: N = S + 1 (the defaults)
+TREE = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)  # a tree of two branches: N = 6 > S + 1
 
 
 @dataclass(frozen=True)

@@ -17,18 +17,16 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .backends import REGISTRY, BackendEntry, GraphModeNotSupported, find
-from .config import SpecConfig
+from .backends import REGISTRY, BackendEntry, GraphModeNotSupported, find, load_backend_class
+from .config import CHAIN, TREE, SpecConfig
 from .graphs import GraphEngine, make_engine
 from .kernels.bounds import bounds_guard
 from .layout import KINDS, GraphKind
-from .rig import SHARED_NAMES, Rig, entries, graph_buffers, live_masks, poison_value, raised, state_after
+from .rig.core import Rig, entries, graph_buffers, live_masks, poison_value, raised, state_after
 from .spec import DraftTree
 
 CAPTURE_BS = (1, 2, 4, 8)
 CONTEXT, SLOTS = 640, 102_400  # the default world: lengths past 512, slot ids past 65,536 (random page order)
-CHAIN = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
-TREE = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
 
 
 @dataclass
@@ -50,16 +48,21 @@ class FuzzReport:
 
 
 def poison_tails(backend, masks: list[torch.Tensor], high: bool = False) -> int:
-    """Poison the elements of the backend's graph buffers that ``masks`` leave out. An eager buffer (``SHARED_NAMES``) that
-    no live view covers is the eager path's alone: left as is."""
+    """Poison the elements of the backend's graph buffers that ``masks`` leave out. An eager buffer
+    (``eager_buffer_names``) that no live view covers is the eager path's alone: left as is."""
     poisoned = 0
     for (name, buf), keep in zip(graph_buffers(backend), masks, strict=True):
-        if name.rsplit(".", 1)[-1] in SHARED_NAMES and not bool(keep.any()):
+        if name.rsplit(".", 1)[-1] in backend.eager_buffer_names and not bool(keep.any()):
             continue
         if buf.is_contiguous():
             buf.view(-1)[~keep] = poison_value(buf, high)
             poisoned += int((~keep).sum())
     return poisoned
+
+
+def _label(entry: BackendEntry, kind: str, spec: SpecConfig) -> str:
+    """``backend/variant/mode/chain`` or ``.../tree``: a target's name in reports and reproducers."""
+    return f"{entry.name}/{entry.variant}/{kind}/{'tree' if spec.topk > 1 else 'chain'}"
 
 
 class FuzzTarget:
@@ -68,7 +71,7 @@ class FuzzTarget:
     def __init__(
         self,
         entry: BackendEntry,
-        case: str,
+        kind: str,
         spec: SpecConfig,
         engine: GraphEngine,
         dtype=None,
@@ -81,32 +84,38 @@ class FuzzTarget:
     ):
         """``capture_bs`` / ``num_layers`` / ``max_context_len`` / ``num_slots``: smaller for the CI profile (the Triton
         interpreter); ``worlds``: a KV-cache cache shared across targets (``Rig.build``)."""
-        self.entry, self.spec = entry, spec
-        self.kind = GraphKind.parse(case)
-        self.case, self.mode, self.multi = self.kind.label, self.kind.mode, self.kind.multi_step
-        self.capture_bs = tuple(capture_bs)
-        self.L = max_context_len
+        self.entry, self.spec, self.kind = entry, spec, GraphKind.parse(kind)
+        self.mode, self.capture_bs, self.L = self.kind.mode, tuple(capture_bs), max_context_len
         # GraphModeNotSupported (the backend does not capture this kind): the caller skips
-        sizes = dict(capture_bs=self.capture_bs, max_context_len=self.L, num_layers=num_layers, num_slots=num_slots)
-        self.rig = Rig.build(entry, self.kind, spec, engine, dtype=dtype, seed=seed, worlds=worlds, **sizes)
+        self.rig = Rig.build(
+            entry,
+            self.kind,
+            spec,
+            engine,
+            dtype=dtype,
+            seed=seed,
+            worlds=worlds,
+            capture_bs=self.capture_bs,
+            max_context_len=self.L,
+            num_layers=num_layers,
+            num_slots=num_slots,
+        )
         self.world, self.runner, self.gen = self.rig.world, self.rig.runner, self.rig.gen
 
     @property
     def label(self) -> str:
-        spec = "tree" if self.spec.topk > 1 else "chain"
-        return f"{self.entry.name}/{self.entry.variant}/{self.case}/{spec}"
+        return _label(self.entry, self.kind.label, self.spec)
 
     def draw(self, rng: random.Random) -> FuzzParams:
         """Random batch parameters within what this target's mode allows."""
-        mode, s, L, P = self.mode, self.spec, self.L, max(self.world.page_size, 16)
+        mode, s, P = self.mode, self.spec, max(self.world.page_size, 16)
         raw_bs = 0 if mode.is_idle() else rng.randint(1, max(self.capture_bs))
-        extra = self.kind.span(s)
         # draft extend: seq_lens count the request's new rows and at least one verified token
         lo = self.kind.rows(s) + 1 if mode.is_any_draft_extend() else 1
-        hi = L - extra
+        hi = self.L - self.kind.span(s)
 
         def length() -> int:
-            kind = rng.choice(["short", "boundary", "boundary", "uniform", "max"])
+            kind = rng.choice("short boundary boundary uniform max".split())
             if kind == "short":
                 return rng.randint(lo, min(hi, lo + 4))
             if kind == "boundary":
@@ -114,14 +123,16 @@ class FuzzTarget:
                 return min(max(v, lo), hi)
             return hi if kind == "max" else rng.randint(lo, hi)
 
-        params = FuzzParams(raw_bs, [length() for _ in range(raw_bs)])
-        params.poison_high = rng.random() < 0.5
-        if mode.is_target_verify():
-            tree = lambda: DraftTree.random(s.num_draft_tokens, s.topk, s.num_steps, rng)
-            params.trees = [(DraftTree.chain(s.num_draft_tokens) if s.topk == 1 else tree()).parents for _ in range(raw_bs)]
-        if mode.is_any_draft_extend():
-            params.accept_length = [rng.randint(0, s.num_steps) for _ in range(raw_bs)]
-        return params
+        tree = lambda: (
+            DraftTree.chain(s.num_draft_tokens) if s.topk == 1 else DraftTree.random(s.num_draft_tokens, s.topk, s.num_steps, rng)
+        )
+        return FuzzParams(  # drawn in this order: lengths, poison, trees (verify) or accept lengths (draft extend)
+            raw_bs,
+            [length() for _ in range(raw_bs)],
+            poison_high=rng.random() < 0.5,
+            trees=[tree().parents for _ in range(raw_bs)] if mode.is_target_verify() else None,
+            accept_length=[rng.randint(0, s.num_steps) for _ in range(raw_bs)] if mode.is_any_draft_extend() else None,
+        )
 
     def batch(self, p: FuzzParams):
         if self.mode.is_idle():
@@ -144,8 +155,7 @@ class FuzzTarget:
         poisoning) bit for bit."""
         n = poison_tails(self.runner.backend, self._live(fb), high)
         again = self.runner.replay(fb)
-        same = (again == graph) | (again.isnan() & graph.isnan())
-        if bool(same.all()):
+        if torch.allclose(again, graph, rtol=0, atol=0, equal_nan=True):  # bit for bit, NaN where NaN
             return []
         err = (again.float() - graph.float()).abs().nan_to_num(float("inf")).max().item()
         return [f"poisoned tails ({n} elements) changed the replay by {err:.3g}"]
@@ -160,9 +170,9 @@ class FuzzTarget:
             self.gen.release(fb)
 
 
-def specs_for(case: str) -> tuple[SpecConfig, ...]:
+def specs_for(kind: str) -> tuple[SpecConfig, ...]:
     """Chains everywhere; topk > 1 trees where the mode has them."""
-    return (CHAIN, TREE) if case in ("target_verify", "draft_decode", "draft_extend_v2") else (CHAIN,)
+    return (CHAIN, TREE) if kind in ("target_verify", "draft_decode", "draft_extend_v2") else (CHAIN,)
 
 
 def targets(
@@ -174,23 +184,18 @@ def targets(
     """Every (entry, mode, spec) to fuzz: the ``given`` entries (``--backend-class``), else the registered ones, whose
     shapes default to every one that must pass (not the historical ``legacy`` / ``as-upstream``). Entries that cannot run
     here, or modes a backend does not capture, are left to ``FuzzTarget`` to refuse."""
-    cases = [GraphKind.parse(m).label for m in modes] if modes else list(KINDS)
+    kinds = [GraphKind.parse(m).label for m in modes] if modes else list(KINDS)
     chosen = list(given) if given is not None else entries(backends, variants)
-    return [(e, case, spec) for e in chosen for case in cases for spec in specs_for(case)]
+    return [(e, kind, spec) for e in chosen for kind in kinds for spec in specs_for(kind)]
 
 
 @bounds_guard()  # metadata pointing outside a buffer: a finding, not a crash (kernels/bounds.py)
 def reproduce(label: str, params: dict, seed: int = 0, engine: str = "auto", backend_class: str | None = None) -> list[str]:
     """Re-run one reported batch: ``label`` and ``params`` as a mismatch line prints them (``backend_class``: the
     ``module:Class`` of a backend under review)."""
-    name, variant, case, kind = label.split("/")
-    if backend_class is not None:
-        from .backends import load_backend_class
-
-        entry = load_backend_class(backend_class)
-    else:
-        entry = next(e for e in find(name) if e.variant == variant)
-    target = FuzzTarget(entry, case, TREE if kind == "tree" else CHAIN, make_engine(engine), seed=seed)
+    name, variant, kind, shape = label.split("/")
+    entry = load_backend_class(backend_class) if backend_class is not None else find(name, variant)[0]
+    target = FuzzTarget(entry, kind, TREE if shape == "tree" else CHAIN, make_engine(engine), seed=seed)
     return target.check(FuzzParams(**params))
 
 
@@ -206,21 +211,23 @@ def fuzz(
     given: Iterable[BackendEntry] | None = None,
 ) -> FuzzReport:
     """``n`` random batches per (backend, shape, mode, spec) target (``targets``; ``given``: backends under review)."""
-    eng, worlds = make_engine(engine), {}
-    report = FuzzReport()
-    for entry, case, spec in targets(backends, modes, variants, given):
+    eng, worlds, report = make_engine(engine), {}, FuzzReport()
+
+    def mismatch(line: str) -> None:
+        report.mismatches.append(line)
+        if progress:
+            print(f"MISMATCH {line}", flush=True)
+
+    for entry, kind, spec in targets(backends, modes, variants, given):
+        label = _label(entry, kind, spec)
         try:
-            target = FuzzTarget(entry, case, spec, eng, seed=seed, worlds=worlds)
+            target = FuzzTarget(entry, kind, spec, eng, seed=seed, worlds=worlds)
         except GraphModeNotSupported as e:
-            report.skipped.append(f"{entry.name}/{entry.variant}/{case}: {e}")
+            report.skipped.append(f"{entry.name}/{entry.variant}/{kind}: {e}")
             continue
         except Exception as e:  # noqa: BLE001 - the capture raised: a mismatch, and on to the next target
-            shape = "tree" if spec.topk > 1 else "chain"
-            report.mismatches.append(f"{entry.name}/{entry.variant}/{case}/{shape} capture: {raised(e)}")
-            if progress:
-                print(f"MISMATCH {report.mismatches[-1]}", flush=True)
+            mismatch(f"{label} capture: {raised(e)}")
             continue
-        label = target.label
         for i in range(n):
             params = target.draw(random.Random(f"{seed}:{label}:{i}"))
             try:
@@ -232,9 +239,7 @@ def fuzz(
                 cls = "" if entry in REGISTRY else f', backend_class="{entry.target}"'
                 call = f'reproduce("{label}", {asdict(params)}, seed={seed}{cls})'
                 how = "python -c " + shlex.quote(f"from refimpl.fuzz import reproduce; print({call})")  # a shell line
-                report.mismatches.append(f"{label} batch {i}: {'; '.join(problems)}\n    reproduce: {how}")
-                if progress:
-                    print(f"MISMATCH {report.mismatches[-1]}", flush=True)
+                mismatch(f"{label} batch {i}: {'; '.join(problems)}\n    reproduce: {how}")
         if progress:
             print(f"fuzz {label}: {report.batches.get(label, 0)} batches", flush=True)
     return report

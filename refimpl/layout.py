@@ -33,8 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import SpecConfig
-from .memory import RESERVED_REQ_SLOT, RESERVED_TOKEN_SLOT
+from .config import RESERVED_REQ_SLOT, RESERVED_TOKEN_SLOT, SpecConfig
 from .modes import ForwardMode
 
 PAD_REQ_SLOT = RESERVED_REQ_SLOT  # request slot of every padded row
@@ -45,31 +44,41 @@ PAD_CACHE_SLOT = RESERVED_TOKEN_SLOT  # KV slot every padded row writes
 @dataclass(frozen=True)
 class GraphKind:
     """What a runner captures: a forward mode, or multi-step draft decode (``S`` DECODE steps of the draft model in one
-    graph, ``topk`` rows per request)."""
+    graph, ``topk`` rows per request). A batch knows its own (``ForwardBatch.kind``)."""
 
     label: str
     mode: ForwardMode
     multi_step: bool = False
 
     def rows(self, spec: SpecConfig | None) -> int:
-        return rows_per_request(self.mode, spec, self.multi_step)
+        """Query rows every request occupies in a captured graph (the table above)."""
+        return _need_spec(self.mode, spec).topk if self.multi_step else rows_per_request(self.mode, spec)
 
     def span(self, spec: SpecConfig | None) -> int:
-        return request_span(self.mode, spec, self.multi_step)
+        """Columns of ``req_to_token`` a request spans past ``seq_lens``: verify ``N`` (its drafts), multi-step draft
+        decode ``topk * S`` (each branch's S steps), every other mode 0."""
+        if self.multi_step:
+            return _need_spec(self.mode, spec).topk * spec.num_steps
+        return _need_spec(self.mode, spec).num_draft_tokens if self.mode.is_target_verify() else 0
 
-    @staticmethod
-    def of(mode: ForwardMode | GraphKind, multi_step: bool = False) -> GraphKind:
-        """The kind of ``mode`` (a DECODE ``mode`` with ``multi_step``: multi-step draft decode)."""
-        if isinstance(mode, GraphKind):
-            return mode
-        return KINDS["draft_decode"] if multi_step and mode.is_decode() else GraphKind(mode.label, mode)
+    def cache_writes(self, spec: SpecConfig | None) -> int:
+        """KV slots each query row writes: S in multi-step draft decode (one per step), else 1."""
+        return _need_spec(self.mode, spec).num_steps if self.multi_step else 1
+
+    def cache_loc_steps(self, out_cache_loc: torch.Tensor, spec: SpecConfig | None) -> torch.Tensor:
+        """``out_cache_loc`` as ``[steps, rows]``: one block per step in multi-step draft decode (``[step][seq][branch]``),
+        else one block. Step ``i`` of a draft decode writes ``[i]``."""
+        return out_cache_loc.view(self.cache_writes(spec), -1)
 
     @staticmethod
     def parse(name: str | ForwardMode | GraphKind) -> GraphKind:
-        """A kind from its label (``"draft-decode"`` works too) or from a forward mode."""
+        """The one constructor: a kind from its label (``"draft-decode"`` works too), a forward mode, or a kind. EXTEND's
+        (an eager batch's, never captured) is not in ``KINDS``."""
         if isinstance(name, GraphKind):
             return name
         key = (name.label if isinstance(name, ForwardMode) else name).strip().lower().replace("-", "_")
+        if key == "extend":
+            return EXTEND
         if key not in KINDS:
             raise ValueError(f"unknown graph mode {name!r}; valid: {', '.join(KINDS)}")
         return KINDS[key]
@@ -88,22 +97,14 @@ KINDS: dict[str, GraphKind] = {
 }
 
 
-def request_span(mode: ForwardMode, spec: SpecConfig | None, multi_step_draft: bool = False) -> int:
-    """Columns of ``req_to_token`` a request spans past ``seq_lens``: verify ``N`` (its drafts), multi-step draft decode
-    ``topk * S`` (each branch's S steps), every other mode 0."""
-    if multi_step_draft:
-        spec = _need_spec(mode, spec)
-        return spec.topk * spec.num_steps
-    return _need_spec(mode, spec).num_draft_tokens if mode.is_target_verify() else 0
+EXTEND = GraphKind("extend", ForwardMode.EXTEND)
 
 
 # --- rows per request --------------------------------------------------------------------------
-def rows_per_request(mode: ForwardMode, spec: SpecConfig | None = None, multi_step_draft: bool = False) -> int:
-    """Query rows every request occupies in a captured graph of ``mode`` (the table above)."""
+def rows_per_request(mode: ForwardMode, spec: SpecConfig | None = None) -> int:
+    """Query rows every request of a single-step ``mode`` occupies in a captured graph (the table above)."""
     if mode.is_decode_or_idle():
-        if not multi_step_draft:
-            return 1
-        return _need_spec(mode, spec).topk
+        return 1
     if mode.is_target_verify() or mode.is_draft_extend_v2():
         return _need_spec(mode, spec).num_draft_tokens
     if mode.is_draft_extend_v1():
@@ -115,13 +116,6 @@ def draft_column(seq_len, branch, step, spec: SpecConfig):
     """Multi-step draft decode: ``req_to_token`` column of branch ``k``'s step-``j`` token, ``seq_len + k*S + j``
     (branch-major; ints or broadcasting tensors)."""
     return seq_len + branch * spec.num_steps + step
-
-
-def cache_writes_per_row(spec: SpecConfig | None = None, multi_step_draft: bool = False) -> int:
-    """KV slots each query row writes: S in multi-step draft decode (one per step), else 1."""
-    if not multi_step_draft:
-        return 1
-    return _need_spec(ForwardMode.DECODE, spec).num_steps
 
 
 def _need_spec(mode: ForwardMode, spec: SpecConfig | None) -> SpecConfig:
@@ -179,11 +173,3 @@ def check_mask_fits(mask: torch.Tensor, buffer: torch.Tensor) -> None:
 def padded_seq_lens_sum(raw_sum: int, raw_bs: int, bs: int, fill_value: int) -> int:
     """``seq_lens_sum`` of a padded batch: the live sum + one fill value per padded row."""
     return raw_sum + (bs - raw_bs) * fill_value
-
-
-def reset_padded_rows(req_pool_indices, seq_lens, seq_lens_cpu, out_cache_loc, fill_value: int) -> None:
-    """In place (the runner's static inputs): every row becomes a padded row."""
-    req_pool_indices.fill_(PAD_REQ_SLOT)
-    seq_lens.fill_(fill_value)
-    seq_lens_cpu.fill_(fill_value)
-    out_cache_loc.fill_(PAD_CACHE_SLOT)

@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .config import ModelConfig
-
-RESERVED_REQ_SLOT = 0
-RESERVED_TOKEN_SLOT = 0
+from .config import RESERVED_REQ_SLOT, ModelConfig
 
 
 class ReqToTokenPool:
@@ -44,10 +41,9 @@ class ReqToTokenPool:
         return out
 
     def free(self, slots: list[int]) -> None:
-        for s in slots:
-            if s == RESERVED_REQ_SLOT:
-                raise ValueError("request slot 0 is reserved and cannot be freed")
-            self.req_to_token[s].zero_()  # a freed row must not leak stale slot ids
+        if RESERVED_REQ_SLOT in slots:
+            raise ValueError("request slot 0 is reserved and cannot be freed")
+        self.req_to_token[slots] = 0  # a freed row must not leak stale slot ids
         self.live[slots] = False
         self._free.extend(slots)
 
@@ -92,9 +88,8 @@ class TokenSlotAllocator:
         p = self.page_size
         if num_tokens > len(pages) * p:
             raise ValueError(f"{num_tokens} tokens do not fit in {len(pages)} pages of {p}")
-        page_ids = torch.tensor(pages, dtype=torch.int64, device="cpu")
-        pos = torch.arange(num_tokens, dtype=torch.int64, device="cpu")
-        return page_ids[pos // p] * p + pos % p
+        slots = torch.tensor(pages, dtype=torch.int64, device="cpu")[:, None] * p + torch.arange(p, device="cpu")  # [pages, p]
+        return slots.flatten()[:num_tokens]
 
 
 class MHAKVCache:
@@ -102,8 +97,9 @@ class MHAKVCache:
 
     def __init__(self, cfg: ModelConfig, num_slots: int, device: str | torch.device = "cpu"):
         self.cfg, self.num_slots = cfg, num_slots
-        zeros = lambda d: torch.zeros(num_slots, cfg.num_kv_heads, d, dtype=cfg.dtype, device=device)
-        per_layer = lambda d: [zeros(d) for _ in range(cfg.num_layers)]
+        per_layer = lambda d: [
+            torch.zeros(num_slots, cfg.num_kv_heads, d, dtype=cfg.dtype, device=device) for _ in range(cfg.num_layers)
+        ]
         self.k, self.v = per_layer(cfg.head_dim), per_layer(cfg.v_head_dim)
 
     def set_kv(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -133,4 +129,4 @@ class MLAKVCache:
 
 
 def make_kv_cache(cfg: ModelConfig, num_slots: int, device: str | torch.device = "cpu"):
-    return MLAKVCache(cfg, num_slots, device) if cfg.is_mla else MHAKVCache(cfg, num_slots, device)
+    return (MLAKVCache if cfg.is_mla else MHAKVCache)(cfg, num_slots, device)

@@ -34,10 +34,11 @@ class TinyDecoder:
         self.embed = w(cfg.vocab_size, hd) * math.sqrt(cfg.vocab_size)
         self.inv_freq = (1.0 / (10000 ** (torch.arange(0, hd, 2, dtype=torch.float32, device="cpu") / hd))).to(device)
         H, D, Dv, Hkv, R = cfg.num_heads, cfg.head_dim, cfg.v_head_dim, cfg.num_kv_heads, cfg.kv_row_width
-        # MLA: wq -> q_nope|q_rope per head, wkv -> latent|rope (one shared row)
-        mla = lambda: dict(wq=w(hd, H * R), wkv=w(hd, R), wo=w(H * cfg.kv_lora_rank, hd))
-        mha = lambda: dict(wq=w(hd, H * D), wk=w(hd, Hkv * D), wv=w(hd, Hkv * Dv), wo=w(H * Dv, hd))
-        self.layers = [(mla if cfg.is_mla else mha)() for _ in range(cfg.num_layers)]
+        # per layer: the q, k (, v) projections as (weight, heads, head width), then wo. MLA: q -> q_nope|q_rope per
+        # head, k -> latent|rope (one shared row), v = k's latent
+        mla = lambda: [(w(hd, H * R), H, R), (w(hd, R), 1, R)]
+        mha = lambda: [(w(hd, H * D), H, D), (w(hd, Hkv * D), Hkv, D), (w(hd, Hkv * Dv), Hkv, Dv)]
+        self.layers = [((mla if cfg.is_mla else mha)(), w(H * cfg.out_head_dim, hd)) for _ in range(cfg.num_layers)]
         self.lm_head = w(hd, cfg.vocab_size)
 
     def _pos_embedding(self, positions: torch.Tensor) -> torch.Tensor:
@@ -45,21 +46,14 @@ class TinyDecoder:
         return torch.cat([ang.sin(), ang.cos()], dim=-1).to(self.cfg.dtype)  # [T, hd]
 
     def __call__(self, fb: ForwardBatch, backend) -> torch.Tensor:
-        cfg = self.cfg
-        T, H = fb.input_ids.shape[0], cfg.num_heads
+        T = fb.input_ids.shape[0]
         x = self.embed[fb.input_ids] + self._pos_embedding(fb.positions)  # [T, hidden]
-        for i, p in enumerate(self.layers):
+        for i, (proj, wo) in enumerate(self.layers):
             h = _rms_norm(x)
-            if cfg.is_mla:
-                q = (h @ p["wq"]).view(T, H, cfg.kv_row_width)  # [T, H, 576]
-                k = (h @ p["wkv"]).view(T, 1, cfg.kv_row_width)  # [T, 1, 576]
-                v = k[..., : cfg.kv_lora_rank]  # [T, 1, 512]
-            else:
-                q = (h @ p["wq"]).view(T, H, cfg.head_dim)  # [T, H, D]
-                k = (h @ p["wk"]).view(T, cfg.num_kv_heads, cfg.head_dim)  # [T, Hkv, D]
-                v = (h @ p["wv"]).view(T, cfg.num_kv_heads, cfg.v_head_dim)  # [T, Hkv, Dv]
-            o = backend.forward(q, k, v, i, fb)  # [T, H, Dv]
-            x = x + o.reshape(T, H * cfg.out_head_dim) @ p["wo"]
+            # q [T, H, D], k [T, Hkv, D], v [T, Hkv, Dv]; MLA: q [T, H, 576], k [T, 1, 576], v [T, 1, 512]
+            q, k, *v = ((h @ p).view(T, heads, width) for p, heads, width in proj)
+            o = backend.forward(q, k, v[0] if v else k[..., : self.cfg.kv_lora_rank], i, fb)  # [T, H, Dv]
+            x = x + o.reshape(T, wo.shape[0]) @ wo
         return _rms_norm(x) @ self.lm_head  # [T, vocab]
 
 
@@ -81,10 +75,9 @@ class MultiStepDraftProgram:
         self.model, self.num_steps, self.cfg = model, num_steps, model.cfg
 
     def __call__(self, fb: ForwardBatch, backend, follow: torch.Tensor | None = None) -> torch.Tensor:
-        rows, ids, outs = fb.num_tokens, fb.input_ids, []
+        ids, outs, locs = fb.input_ids, [], fb.cache_loc_steps()  # locs: [S, rows]
         for i in range(self.num_steps - 1):
-            loc = fb.out_cache_loc[i * rows : (i + 1) * rows]
-            step = fb.replace(input_ids=ids, positions=fb.positions + i, out_cache_loc=loc)
+            step = fb.replace(input_ids=ids, positions=fb.positions + i, out_cache_loc=locs[i])
             outs.append(self.model(step, backend.step_backend(i)))  # [rows, vocab]
             ids = (outs[-1] if follow is None else follow[:, i]).argmax(-1)  # [rows] int64: each branch's next token
         return torch.stack(outs, 1)  # [rows, S-1, vocab]

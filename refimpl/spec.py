@@ -104,21 +104,17 @@ class DraftTree:
         room_after = lambda d, n_d: 0 if d >= num_steps else cap(n_d) + (num_steps - d - 1) * cap(cap(n_d))
         counts, remaining = [1], n - 1  # 1) nodes per depth (level 0 is the root)
         for d in range(1, num_steps + 1):
-            hi = min(cap(counts[-1]) if d > 1 else topk, remaining)
+            hi = min(cap(counts[-1]), remaining)  # level 1: cap(1) = topk children of the root
             lo = next(k for k in range(hi + 1) if remaining - k <= room_after(d, k))
             counts.append(rng.randint(lo, hi))
             remaining -= counts[-1]
         assert remaining == 0, (counts, n)
         parents, level = [-1], [0]  # 2) each level picks <= topk beams of the last, <= topk kids each
-        for k in counts[1:]:
-            if k == 0:
-                break
+        for k in filter(None, counts[1:]):  # the levels drawn (only the last ones can be empty)
             beams = rng.sample(level, rng.randint(-(-k // topk), min(topk, len(level))))
             seats = sorted(rng.sample([b for b in beams for _ in range(topk)], k))
             level, parents = list(range(len(parents), len(parents) + k)), parents + seats
-        tree = cls(parents)
-        assert tree.num_nodes == n and max(tree.depths()) <= num_steps and max(tree.num_children()) <= topk
-        return tree
+        return cls(parents)
 
 
 def tree_positions(tree: DraftTree, device: str | torch.device = "cpu") -> torch.Tensor:
@@ -129,7 +125,7 @@ def tree_positions(tree: DraftTree, device: str | torch.device = "cpu") -> torch
 # --- custom mask (target verify, [facts#target-verify-custom-mask]) ----------------------------
 def _check_trees(seq_lens: _Lens, trees: Sequence[DraftTree]) -> tuple[list[int], int]:
     """``seq_lens`` as host ints, and the trees' uniform node count N."""
-    lens = [int(x) for x in (seq_lens.tolist() if isinstance(seq_lens, torch.Tensor) else seq_lens)]
+    lens = [int(x) for x in seq_lens]
     if len(trees) != len(lens):
         raise ValueError(f"got {len(trees)} trees for {len(lens)} requests (seq_lens)")
     if not trees:
@@ -148,9 +144,7 @@ def build_custom_mask(seq_lens: _Lens, trees: Sequence[DraftTree], device: _Devi
     N*(seq_lens[i]+N)] bool, device``."""
     lens, n = _check_trees(seq_lens, trees)
     ones = lambda s: torch.ones(n, s, dtype=torch.bool, device="cpu")  # [N, s]: the prefix columns
-    mask = torch.cat([torch.cat([ones(s), t.ancestry_mask()], 1).flatten() for s, t in zip(lens, trees)]).to(device)
-    assert mask.numel() == sum(layout.tree_mask_sizes(lens, n))
-    return mask
+    return torch.cat([torch.cat([ones(s), t.ancestry_mask()], 1).flatten() for s, t in zip(lens, trees)]).to(device)
 
 
 # --- per-mode spec inputs -----------------------------------------------------------------------
@@ -199,9 +193,7 @@ def make_draft_extend_input(
 ) -> DraftExtendInput:
     """DraftExtendInput for accepted lengths in ``[0, S]``: ``layout.rows_per_request`` rows per request, or
     (``ragged=True``, v1 only) accept+1, the old eager layout."""
-    if version not in (1, 2):
-        raise ValueError(f"draft extend version must be 1 or 2, got {version!r}")
-    acc = [int(a) for a in accept_length]
+    acc = [int(a) for a in accept_length]  # (a version other than 1 or 2: refused by DraftExtendInput)
     for i, a in enumerate(acc):
         if not 0 <= a <= spec.num_steps:
             raise ValueError(f"accept_length[{i}]={a} outside [0, num_steps={spec.num_steps}]")
@@ -226,21 +218,27 @@ class DraftDecodeInput:
 
 
 def dummy_spec_input(
-    mode: ForwardMode, bs: int, spec: SpecConfig | None, fill_value: int, device: _Device, multi_step_draft=False
+    kind: layout.GraphKind, bs: int, spec: SpecConfig | None, fill_value: int, device: _Device
 ) -> VerifyInput | DraftExtendInput | DraftDecodeInput | None:
-    """The spec input of a capture batch (every row padded, ``seq_len = fill_value``): verify, a chain mask per request
-    (SGLang captures with a dummy mask too); draft extend, nothing accepted, uniform rows; multi-step draft decode, the
-    step shape only."""
+    """The spec input of a capture batch of ``kind`` (every row padded, ``seq_len = fill_value``): verify, a chain mask per
+    request (SGLang captures with a dummy mask too); draft extend, nothing accepted, uniform rows; multi-step draft
+    decode, the step shape only."""
+    mode = kind.mode
     if mode.is_target_verify():
-        n = spec.num_draft_tokens  # block [N, seq + N]: prefix all ones, then a causal chain
-        block = torch.ones(n, fill_value + n, dtype=torch.bool, device="cpu")
-        block[:, fill_value:] = block[:, fill_value:].tril()
-        return VerifyInput(n, block.flatten().repeat(bs).to(device), topk=spec.topk)
+        n = spec.num_draft_tokens  # blocks [N, seq + N]: prefix all ones, then a causal chain
+        return VerifyInput(n, build_custom_mask([fill_value] * bs, [DraftTree.chain(n)] * bs, device), topk=spec.topk)
     if mode.is_any_draft_extend():
         return make_draft_extend_input(2 if mode.is_draft_extend_v2() else 1, [0] * bs, spec, device)
-    if mode.is_decode_or_idle() and multi_step_draft:
-        return DraftDecodeInput(topk=spec.topk, num_steps=spec.num_steps)
-    return None
+    return DraftDecodeInput(topk=spec.topk, num_steps=spec.num_steps) if kind.multi_step else None
+
+
+def verify_n(spec_info: VerifyInput, cfg: SpecConfig | None, error: type[ValueError] = ValueError) -> int:
+    """N of a verify batch, which must be the N its graph was captured for (``cfg``): the one home of this rule."""
+    if cfg is None:
+        raise error("target verify under graphs needs a SpecConfig (its N)")
+    if (got := spec_info.draft_token_num) != (n := cfg.num_draft_tokens):
+        raise error(f"spec_info.draft_token_num={got}: captured N is {n} (num_draft_tokens={n})")
+    return n
 
 
 _S = TypeVar("_S", VerifyInput, DraftExtendInput, DraftDecodeInput)

@@ -35,7 +35,7 @@ from . import layout
 from .config import SpecConfig
 from .kernels.validation import batch_check, batch_check_ref, read_result, result_size, write_target
 from .modes import ForwardMode
-from .spec import DraftDecodeInput, DraftExtendInput, VerifyInput
+from .spec import DraftDecodeInput, DraftExtendInput, VerifyInput, verify_n
 
 
 class BatchRefused(ValueError):
@@ -48,7 +48,7 @@ def _refuse(field: str, value: Any, limit: str) -> BatchRefused:
 
 def _int(field: str, value: Any) -> int:
     """``value`` if it is a Python int (not a bool), else a refusal naming its type."""
-    if not isinstance(value, int) or isinstance(value, bool):
+    if type(value) is not int:
         raise _refuse(field, f"{type(value).__name__} {value}", "must be a Python int")
     return value
 
@@ -58,37 +58,40 @@ def _first(values: list, bad) -> int | None:
     return next((i for i, v in enumerate(values) if bad(v)), None)
 
 
+def _tensor(field: str, t: Any, dtype: torch.dtype, n: int | None, device: torch.device) -> None:
+    """Refuse ``t`` unless it is a ``dtype`` tensor on ``device`` of ``n`` entries (None: any)."""
+    if not isinstance(t, torch.Tensor):
+        raise _refuse(field, type(t).__name__, f"expected a {dtype} tensor")
+    if t.dtype != dtype:
+        raise _refuse(f"{field}.dtype", t.dtype, f"expected {dtype}")
+    if t.device != device:
+        raise _refuse(f"{field}.device", t.device, f"expected {device}")
+    if n is not None and t.numel() != n:
+        raise _refuse(f"{field} entries", t.numel(), f"expected {n}")
+
+
 def _structure(fb, locs_per_row: int) -> None:
-    dev, i64, T, B = fb.world.device, torch.int64, fb.num_tokens, fb.batch_size
-    names = ("input_ids", "positions", "req_pool_indices", "seq_lens", "out_cache_loc")
-    rules = ((i64, None), (i64, T), (i64, B), (torch.int32, B), (i64, T * locs_per_row))  # dtype, entries
-    for name, (dtype, n) in zip(names, rules):
-        t = getattr(fb, name)
-        if not isinstance(t, torch.Tensor):
-            raise _refuse(f"ForwardBatch.{name}", type(t).__name__, f"expected a {dtype} tensor")
-        if t.dtype != dtype:
-            raise _refuse(f"ForwardBatch.{name}.dtype", t.dtype, f"expected {dtype}")
-        if t.device != dev:
-            raise _refuse(f"ForwardBatch.{name}.device", t.device, f"expected {dev}")
-        if n is not None and t.numel() != n:
-            raise _refuse(f"ForwardBatch.{name} entries", t.numel(), f"expected {n}")
-    s = fb.seq_lens_cpu
-    if not isinstance(s, torch.Tensor) or s.device.type != "cpu" or s.dtype != torch.int32:
-        got = f"{s.dtype} on {s.device}" if isinstance(s, torch.Tensor) else type(s).__name__
-        raise _refuse("ForwardBatch.seq_lens_cpu", got, "expected an int32 host (cpu) tensor")
-    if s.numel() != fb.batch_size:
-        raise _refuse("ForwardBatch.seq_lens_cpu entries", s.numel(), f"expected {fb.batch_size}")
+    dev, i64, i32, T, B = fb.world.device, torch.int64, torch.int32, fb.num_tokens, fb.batch_size
+    for name, dtype, n, device in (  # seq_lens_cpu: the host copy
+        ("input_ids", i64, None, dev),
+        ("positions", i64, T, dev),
+        ("req_pool_indices", i64, B, dev),
+        ("seq_lens", i32, B, dev),
+        ("seq_lens_cpu", i32, B, torch.device("cpu")),
+        ("out_cache_loc", i64, T * locs_per_row, dev),
+    ):
+        _tensor(f"ForwardBatch.{name}", getattr(fb, name), dtype, n, device)
 
 
-def _check_spec(fb, mode, cfg: SpecConfig | None, multi_step: bool, for_graph: bool) -> int:
+def _check_spec(fb, mode, cfg: SpecConfig | None, multi_step: bool) -> int:
     """The mode's spec input (host side); returns the r2t columns a request spans past ``seq_lens``."""
-    spec, bs = fb.spec_info, fb.batch_size
+    spec, bs, dev = fb.spec_info, fb.batch_size, fb.world.device
     if mode.is_target_verify():
         if not isinstance(spec, VerifyInput):
             raise _refuse("spec_info", type(spec).__name__, "TARGET_VERIFY needs a VerifyInput")
         n = _int("spec_info.draft_token_num", spec.draft_token_num)
-        if cfg is not None and n != cfg.num_draft_tokens:
-            raise _refuse("spec_info.draft_token_num", n, f"captured N is {cfg.num_draft_tokens}")
+        if cfg is not None:
+            verify_n(spec, cfg, BatchRefused)
         if fb.num_tokens != bs * n:
             raise _refuse("num_tokens", fb.num_tokens, f"expected bs * N = {bs} * {n}")
         if (mask := spec.custom_mask) is not None:
@@ -96,8 +99,7 @@ def _check_spec(fb, mode, cfg: SpecConfig | None, multi_step: bool, for_graph: b
                 raise _refuse("spec_info.custom_mask", type(mask).__name__, "expected a 1-D torch.bool tensor")
             if mask.dtype != torch.bool:
                 raise _refuse("spec_info.custom_mask.dtype", mask.dtype, "must be torch.bool")
-            if mask.device != fb.world.device:
-                raise _refuse("spec_info.custom_mask.device", mask.device, f"expected {fb.world.device}")
+            _tensor("spec_info.custom_mask", mask, torch.bool, None, dev)  # its device
         return n
     if mode.is_any_draft_extend():
         if not isinstance(spec, DraftExtendInput):
@@ -106,23 +108,17 @@ def _check_spec(fb, mode, cfg: SpecConfig | None, multi_step: bool, for_graph: b
         if _int("spec_info.version", spec.version) != version:
             raise _refuse("spec_info.version", spec.version, f"{mode.name} is version {version}")
         for name in ("accept_length", "extend_seq_lens"):
-            t = getattr(spec, name)
-            if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.numel() != bs:
-                got = f"{t.dtype}[{t.numel()}]" if isinstance(t, torch.Tensor) else type(t).__name__
-                raise _refuse(f"spec_info.{name}", got, f"int32[{bs}]")
-            if t.device != fb.world.device:
-                raise _refuse(f"spec_info.{name}.device", t.device, f"expected {fb.world.device}")
-        if cfg is not None and for_graph:
-            if (got := _int("spec_info.num_tokens_per_req", spec.num_tokens_per_req)) != (
-                rows := layout.rows_per_request(mode, cfg)
-            ):
+            _tensor(f"spec_info.{name}", getattr(spec, name), torch.int32, bs, dev)
+        if cfg is not None:
+            rows, got = layout.rows_per_request(mode, cfg), _int("spec_info.num_tokens_per_req", spec.num_tokens_per_req)
+            if got != rows:
                 raise _refuse("spec_info.num_tokens_per_req", got, f"the graph lays out {rows} rows per request")
         return 0
     if multi_step:  # its type and num_steps: validate_batch, first
         got = (_int("spec_info.topk", spec.topk), spec.num_steps)
         if cfg is not None and got != (cfg.topk, cfg.num_steps):
             raise _refuse("spec_info (topk, num_steps)", got, f"captured for ({cfg.topk}, {cfg.num_steps})")
-        return layout.request_span(mode, spec, True)  # topk * S (duck-typed: the batch's own topk / S)
+        return spec.topk * spec.num_steps  # the draft columns: the batch's own topk * S
     if spec is not None:  # a step backend would read a DraftDecodeInput's own kv indices
         why = f"{mode.name} on a single-step runner takes no spec input (a DraftDecodeInput: a multi-step runner)"
         raise _refuse("spec_info", type(spec).__name__, why)
@@ -134,8 +130,7 @@ _SCRATCH: dict[torch.device, torch.Tensor] = {}
 
 def _scratch(device: torch.device, size: int) -> torch.Tensor:
     """The device checks' int64 result buffer, one per device, grown when a batch needs more."""
-    buf = _SCRATCH.get(device)
-    if buf is None or buf.numel() < size:
+    if (buf := _SCRATCH.get(device)) is None or buf.numel() < size:
         buf = _SCRATCH[device] = torch.empty(max(size, 1024), dtype=torch.int64, device=device)
     return buf
 
@@ -143,26 +138,27 @@ def _scratch(device: torch.device, size: int) -> torch.Tensor:
 def _launch_device_checks(fb, seq: list[int], per: int, extra: int, row_req, draft_extend: bool, mask):
     """The device rules: one ``batch_check`` launch now; the returned callable reads its result (the one device read), so
     the host rules run meanwhile. On the CPU: ``batch_check_ref`` (the interpreted kernel costs ms per batch;
-    ``tests/test_batch_check.py`` holds the two to the same answers)."""
+    ``tests/test_batch_check.py`` holds the two to the same answers). The held rule reads the pool's live rows."""
     world, spec = fb.world, fb.spec_info
     tensors = (world.req_to_token, fb.seq_lens, fb.req_pool_indices, fb.input_ids, fb.positions, fb.out_cache_loc)
     kw = dict(rows_per_req=per, extra=extra, vocab=world.cfg.vocab_size, num_slots=world.kv_cache.num_slots)
-    kw["live_rows"] = getattr(world.req_to_token_pool, "live", None)  # the held rule's live rows (None: all but 0)
+    kw.update(row_req=row_req, custom_mask=mask, live_rows=world.req_to_token_pool.live)
     acc, ext = (spec.accept_length, spec.extend_seq_lens) if draft_extend else (None, None)
     if world.device.type == "cpu":
-        first = batch_check_ref(*tensors, **kw, row_req=row_req, custom_mask=mask)
-        lst = lambda t: t.tolist() if t is not None else []
-        res = {"first": first, "seq_lens": fb.seq_lens.tolist(), "accept_length": lst(acc), "extend_seq_lens": lst(ext)}
+        res = {"first": batch_check_ref(*tensors, **kw), "seq_lens": fb.seq_lens.tolist()}
+        if draft_extend:
+            res.update(accept_length=acc.tolist(), extend_seq_lens=ext.tolist())
         return lambda: res
     bs, n, m = fb.batch_size, fb.num_tokens, fb.out_cache_loc.numel()
     out = _scratch(world.device, result_size(bs, n, m))
-    batch_check(out, *tensors, **kw, accept_length=acc, extend_seq_lens=ext, row_req=row_req, custom_mask=mask)
+    batch_check(out, *tensors, **kw, accept_length=acc, extend_seq_lens=ext)
     return lambda: read_result(out, bs, n, m)
 
 
-def validate_batch(fb, spec: SpecConfig | None = None, multi_step_draft: bool | None = None, for_graph=False, world=None) -> None:
+def validate_batch(fb, spec: SpecConfig | None = None, kind: layout.GraphKind | None = None, for_graph=False, world=None):
     """Refuse a malformed batch before anything is written (rules and cost: the module docstring). ``spec``: the
-    configuration the batch must match (N, topk, steps); ``for_graph``: also the graph's uniform row layout (an eager
+    configuration the batch must match (N, topk, steps); ``kind``: the runner's graph kind (default: the batch's own,
+    ``ForwardBatch.kind``); ``for_graph``: also the graph's uniform row layout (an eager
     batch may be ragged); ``world``: the ``World`` the batch must belong to (the runner's). Returns ``fb``, or a copy of it
     with its strided tensors made contiguous."""
     if world is not None and fb.world is not world:
@@ -171,7 +167,7 @@ def validate_batch(fb, spec: SpecConfig | None = None, multi_step_draft: bool | 
     mode, world, spec_info = fb.forward_mode, fb.world, fb.spec_info
     if not isinstance(mode, ForwardMode):
         raise _refuse("ForwardBatch.forward_mode", f"{type(mode).__name__} {mode}", "must be a ForwardMode")
-    multi = isinstance(spec_info, DraftDecodeInput) if multi_step_draft is None else multi_step_draft
+    multi = (kind or fb.kind).multi_step
     if multi and not isinstance(spec_info, DraftDecodeInput):
         raise _refuse("spec_info", type(spec_info).__name__, "draft decode needs a DraftDecodeInput")
     _int("ForwardBatch.batch_size", fb.batch_size)
@@ -183,30 +179,24 @@ def validate_batch(fb, spec: SpecConfig | None = None, multi_step_draft: bool | 
         raise _refuse("ForwardBatch.seq_lens_sum", total, f"expected sum(seq_lens_cpu) = {sum(seq)}")
     # an eager batch may carry another N / topk than the graphs were captured for
     cfg = spec if for_graph else None
-    extra = _check_spec(fb, mode, cfg, multi, for_graph)
+    extra = _check_spec(fb, mode, cfg, multi)
     if bs == 0:
         return fb
     draft_extend = mode.is_any_draft_extend()
     # rows per request: uniform in a graph and in decode / verify; an eager extend may be ragged
     # (its lengths are read first: one more device read, on the eager path only)
-    row_req, rows = None, None
+    row_req, rows, per = None, None, n // bs
     if mode.is_extend() or (draft_extend and not for_graph):
         ext = fb.extend_seq_lens if mode.is_extend() else spec_info.extend_seq_lens
-        if not isinstance(ext, torch.Tensor) or ext.numel() != bs or ext.is_floating_point():
-            got = f"{ext.dtype}[{ext.numel()}]" if isinstance(ext, torch.Tensor) else ext
-            raise _refuse("extend_seq_lens", got, f"an integer tensor of {bs} row counts")
+        _tensor("extend_seq_lens", ext, torch.int32, bs, world.device)  # the row counts
         rows = ext.tolist()
-        if sum(rows) != n:
-            raise _refuse("num_tokens", n, f"expected {sum(rows)} rows for the batch's {bs} requests in {mode.name}")
         if len(set(rows)) > 1:  # each row's request, then its column past seq_lens + extra: j - rows[r]
             owner = [(r, j - k) for r, k in enumerate(rows) for j in range(k)]
             row_req = torch.tensor(owner, dtype=torch.int32, device="cpu").T.contiguous().to(world.device)
-    per = rows[0] if rows and row_req is None else n // bs
-    if row_req is None and per * bs != n:
-        raise _refuse("num_tokens", n, f"expected {per * bs} rows for the batch's {bs} requests in {mode.name}")
-    mask = getattr(spec_info, "custom_mask", None) if mode.is_target_verify() else None
-    usable = isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.device == world.device and mask.dim() == 1
-    read = _launch_device_checks(fb, seq, per, extra, row_req, draft_extend, mask if usable else None)
+    if (want := per * bs if rows is None else sum(rows)) != n:
+        raise _refuse("num_tokens", n, f"expected {want} rows for the batch's {bs} requests in {mode.name}")
+    mask = spec_info.custom_mask if mode.is_target_verify() else None
+    read = _launch_device_checks(fb, seq, per, extra, row_req, draft_extend, mask if mask is None or mask.dim() == 1 else None)
     # host rules, in order, while the kernel runs; then the device results
     lo, hi = min(seq), max(seq)  # builtins over host ints: the usual case costs no Python loop
     if lo < 1:
@@ -219,11 +209,11 @@ def validate_batch(fb, spec: SpecConfig | None = None, multi_step_draft: bool | 
         why = "a verify graph reads its mask buffer, which still holds the last batch's mask: give this batch's"
         raise _refuse("spec_info.custom_mask", None, why + " (a chain's is causal)")
     if mask is not None:  # its size depends on seq_lens, checked above
-        if mask.dim() != 1:
-            want = f"1-D [{layout.tree_mask_total(seq, extra)}]: sum over requests of N*(seq_len+N) entries"
-            raise _refuse("spec_info.custom_mask.shape", list(mask.shape), f"expected {want}")
         if (got := mask.numel()) != (want := layout.tree_mask_total(seq, extra)):
             raise _refuse("spec_info.custom_mask entries", got, f"expected sum over requests of N*(seq_len+N) = {want}")
+        if mask.dim() != 1:
+            why = f"expected 1-D [{want}]: sum over requests of N*(seq_len+N) entries"
+            raise _refuse("spec_info.custom_mask.shape", list(mask.shape), why)
     res = read()
     if res["seq_lens"] != seq:
         raise _refuse("seq_lens (device)", res["seq_lens"], f"disagrees with seq_lens_cpu={seq}")
@@ -232,7 +222,7 @@ def validate_batch(fb, spec: SpecConfig | None = None, multi_step_draft: bool | 
         if acc != cpu:
             raise _refuse("spec_info.accept_length", acc, f"disagrees with accept_length_cpu={cpu}")
         steps = cfg.num_steps if cfg is not None else None  # without a SpecConfig: >= 0 only
-        if acc and (min(acc) < 0 or (steps is not None and max(acc) > steps)):
+        if min(acc) < 0 or (steps is not None and max(acc) > steps):
             i = _first(acc, lambda a: a < 0 or (steps is not None and a > steps))
             raise _refuse(f"spec_info.accept_length[{i}]", acc[i], f"outside [0, num_steps={steps}]")
         rows = res["extend_seq_lens"]
@@ -278,10 +268,10 @@ def _check_draft_indices(fb, seq: list[int], span: int) -> None:
     if (i := _first(range(rows), lambda j: lens[j] > held[j // topk])) is not None:
         raise _refuse(f"spec_info.kv_indptr row {i} length", lens[i], f"exceeds its request's {held[i // topk]} positions")
     S, used = world.kv_cache.num_slots, idx[: ptr[-1]].to(torch.int64)
-    req = torch.arange(rows, device=dev).div(topk, rounding_mode="floor").repeat_interleave(torch.tensor(lens, device=dev))
+    req = (torch.arange(rows, device=dev) // topk).repeat_interleave(torch.tensor(lens, device=dev))  # each entry's request
     table = world.req_to_token[fb.req_pool_indices].to(torch.int64)  # [bs, L]: the batch's rows, held columns only
     table = table.masked_fill(torch.arange(table.shape[1], device=dev) >= torch.tensor(held, device=dev)[:, None], 0)
-    owned = torch.isin(req * S + used, (torch.arange(bs, device=dev)[:, None] * S + table).flatten())
+    owned = torch.isin(req * S + used, torch.arange(bs, device=dev)[:, None] * S + table)  # keys: request * S + slot
     if bad := torch.nonzero((used < 1) | (used >= S) | ~owned)[:1].flatten().tolist():
         j, r = bad[0], int(req[bad[0]])
         v, why = int(used[j]), f"not a slot of request {r}'s {held[r]} positions: a draft row reads its own request's KV"
@@ -290,34 +280,28 @@ def _check_draft_indices(fb, seq: list[int], span: int) -> None:
 
 def _report_device_findings(fb, first: dict, seq: list[int], extra: int, per: int, row_req):
     """The first bad entry of each device rule, in order, as its refusal (values read back only here)."""
-    world = fb.world
-    pool, slots, L = world.req_to_token_pool.size, world.kv_cache.num_slots, world.max_context_len
-    if (i := first["req_pool_indices range"]) is not None:
-        v = int(fb.req_pool_indices[i])
-        limit = "row 0 is reserved for padded rows" if v == 0 else f"outside [1, pool={pool})"
-        raise _refuse(f"req_pool_indices[{i}]", v, limit)
-    if first["req_pool_indices duplicate"] is not None:
-        raise _refuse("req_pool_indices", fb.req_pool_indices.tolist(), "a request appears twice in the batch")
-    for name, t, hi in (("input_ids", fb.input_ids, world.cfg.vocab_size), ("positions", fb.positions, L)):
+    world, rpi, loc, n = fb.world, fb.req_pool_indices, fb.out_cache_loc, fb.num_tokens
+    L, pool = world.max_context_len, world.req_to_token_pool.size
+    for name, t, lo, hi, twice in (  # a range [lo, hi) (0 is reserved: a padded row's), what a duplicate means
+        ("req_pool_indices", rpi, 1, f"pool={pool}", "a request appears twice in the batch"),
+        ("input_ids", fb.input_ids, 0, world.cfg.vocab_size, None),
+        ("positions", fb.positions, 0, L, None),
+        ("out_cache_loc", loc, 1, world.kv_cache.num_slots, "two rows would write the same KV slot"),
+    ):
         if (i := first[f"{name} range"]) is not None:
-            raise _refuse(f"{name}[{i}]", int(t[i]), f"outside [0, {hi})")
-    loc = fb.out_cache_loc
-    if (i := first["out_cache_loc range"]) is not None:
-        v = int(loc[i])
-        limit = "slot 0 is reserved for padded rows" if v == 0 else f"outside [1, {slots})"
-        raise _refuse(f"out_cache_loc[{i}]", v, limit)
-    if first["out_cache_loc duplicate"] is not None:
-        raise _refuse("out_cache_loc", "duplicates", "two rows would write the same KV slot")
+            v, zero = int(t[i]), "row" if t is rpi else "slot"
+            raise _refuse(f"{name}[{i}]", v, f"{zero} 0 is reserved for padded rows" if v == 0 else f"outside [{lo}, {hi})")
+        if twice and (i := first[f"{name} duplicate"]) is not None:
+            raise _refuse(f"{name}[{i}]", int(t[i]), twice)
     rows = row_req.tolist() if row_req is not None else None
-    target = lambda i: write_target(i, fb.num_tokens, loc.numel(), per, extra, seq, rows)
+    target = lambda i: write_target(i, n, loc.numel(), per, extra, seq, rows)
     if (i := first["out_cache_loc slot"]) is not None:
-        v, row = int(loc[i]), i % fb.num_tokens
-        writer, col = target(i)
-        table = world.req_to_token[fb.req_pool_indices].cpu()  # [bs, L]: the batch's rows only
-        hits = [(r, c) for r in range(fb.batch_size) for c, s in enumerate(table[r].tolist()) if s == v]
+        v, (writer, col) = int(loc[i]), target(i)
+        table = world.req_to_token[rpi].cpu()  # [bs, L]: the batch's rows only
+        hits = torch.nonzero(table == v).tolist()
         held = " and ".join(f"request {r}'s position {c}" for r, c in hits) or "no position of this batch's requests"
-        want = f"(slot {int(table[writer, col])})" if 0 <= col < L else f"(outside [0, {L}): no slot)"
-        why = f"is the slot of {held}; row {row} must write request {writer}'s new position {col} {want}"
+        own = int(table[writer, col])  # (the host rules put every new position in [0, L))
+        why = f"is the slot of {held}; row {i % n} must write request {writer}'s new position {col} (slot {own})"
         raise _refuse(f"out_cache_loc[{i}]", v, why)
     if (e := first["custom_mask self"]) is not None and not getattr(fb.spec_info, "allow_blind_rows", False):
         r, j = divmod(e, per)
@@ -325,13 +309,11 @@ def _report_device_findings(fb, first: dict, seq: list[int], extra: int, per: in
         raise _refuse("spec_info.custom_mask", f"row {e} (request {r}, draft {j})", why)
     if (i := first["out_cache_loc held"]) is not None:  # (its own position holds it: the slot rule passed)
         v, (writer, col) = int(loc[i]), target(i)
-        hits, live = world.req_to_token == v, getattr(world.req_to_token_pool, "live", None)
-        hits &= live[:, None] if live is not None else True
-        hits[0] = False  # the reserved row
-        own, batch = [int(fb.req_pool_indices[writer]), col], fb.req_pool_indices.tolist()
-        p, c = next(pc for pc in torch.nonzero(hits).tolist() if pc != own)
+        hits = (world.req_to_token == v) & world.req_to_token_pool.live[:, None]  # live rows (never the reserved row 0)
+        hits[int(rpi[writer]), col] = False  # its own position
+        (p, c), batch = torch.nonzero(hits)[0].tolist(), rpi.tolist()
         who = f"request {batch.index(p)}" if p in batch else f"the live request in pool row {p}, outside the batch,"
-        why = f"is also held by {who} at position {c}: row {i % fb.num_tokens} would overwrite that KV"
+        why = f"is also held by {who} at position {c}: row {i % n} would overwrite that KV"
         raise _refuse(f"out_cache_loc[{i}]", v, why + " (a new slot belongs to its own position only)")
 
 

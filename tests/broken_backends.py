@@ -46,13 +46,11 @@ class FreshTensorAtReplay(PagedDecodeBackend):
     name = "bug_fresh_tensor"
 
     def init_forward_metadata_replay_cuda_graph(
-        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
-        seq_lens_cpu,
-    ):  # fmt: skip
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
+    ):
         indptr = torch.zeros(bs + 1, dtype=torch.int32, device=self.device)  # not the buffer
         indptr[1:] = torch.cumsum(seq_lens[:bs], 0)
-        build_kv_indices(self.world.req_to_token, req_pool_indices[:bs], seq_lens[:bs], indptr,
-                         self.cuda_graph_kv_indices)  # fmt: skip
+        build_kv_indices(self.world.req_to_token, req_pool_indices[:bs], seq_lens[:bs], indptr, self.cuda_graph_kv_indices)
         self.replay_kv_indptr = indptr  # where a metadata object built now would point
 
 
@@ -169,8 +167,7 @@ class IndptrOnlyWhenSizeChanges(PagedDecodeBackend):
         if getattr(self, "_indptr_bs", None) != bs:
             self._indptr_bs = bs
             indptr[1:] = torch.cumsum(seq_lens[:bs], 0)
-        build_kv_indices(self.world.req_to_token, req_pool_indices[:bs], seq_lens[:bs], indptr,
-                         self.cuda_graph_kv_indices)  # fmt: skip
+        build_kv_indices(self.world.req_to_token, req_pool_indices[:bs], seq_lens[:bs], indptr, self.cuda_graph_kv_indices)
 
 
 class EveryKthReplaySkips(PagedDecodeBackend):

@@ -118,9 +118,14 @@ class BatchDecodeWithPagedKVCacheWrapper(lean.BatchDecodeWithPagedKVCacheWrapper
         _refuse(jit_args is not None, "jit_args (custom JIT attention variants)")
         _refuse(backend not in ("auto", "fa2", "fa3"), f"backend={backend!r}")
         super().__init__(
-            float_workspace_buffer, kv_layout, use_cuda_graph, use_tensor_cores,
-            paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer,
-        )  # fmt: skip
+            float_workspace_buffer,
+            kv_layout,
+            use_cuda_graph,
+            use_tensor_cores,
+            paged_kv_indptr_buffer,
+            paged_kv_indices_buffer,
+            paged_kv_last_page_len_buffer,
+        )
         self._backend = backend
 
     def plan(
@@ -184,10 +189,19 @@ class BatchDecodeWithPagedKVCacheWrapper(lean.BatchDecodeWithPagedKVCacheWrapper
         if fixed_split_size is not None and not self.use_tensor_cores:  # as flashinfer
             raise ValueError("fixed_split_size is only supported by tensor core decode for now.")
         super().plan(
-            indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
-            q_data_type=q_data_type, kv_data_type=kv_data_type, data_type=data_type,
-            sm_scale=sm_scale, non_blocking=non_blocking,
-        )  # fmt: skip
+            indptr,
+            indices,
+            last_page_len,
+            num_qo_heads,
+            num_kv_heads,
+            head_dim,
+            page_size,
+            q_data_type=q_data_type,
+            kv_data_type=kv_data_type,
+            data_type=data_type,
+            sm_scale=sm_scale,
+            non_blocking=non_blocking,
+        )
         if o_data_type is not None:
             self._cached_o_data_type = lean._dtype(o_data_type)
 
@@ -232,8 +246,7 @@ class BatchDecodeWithPagedKVCacheWrapper(lean.BatchDecodeWithPagedKVCacheWrapper
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         _refuse_run_extras(args, lse, return_lse, sinks, window_left)
         _refuse(q_len_per_req not in (None, 1), f"q_len_per_req={q_len_per_req} (trtllm-gen)")
-        _refuse_new_run_extras(skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor,
-                               kv_cache_sf=kv_cache_sf)  # fmt: skip
+        _refuse_new_run_extras(skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor, kv_cache_sf=kv_cache_sf)
         lean_run = super().run
         return _run_scaled(self, lean_run, q, paged_kv_cache, q_scale, k_scale, v_scale, out)
 
@@ -263,9 +276,16 @@ class BatchPrefillWithPagedKVCacheWrapper(lean.BatchPrefillWithPagedKVCacheWrapp
         _refuse(jit, "jit_args / jit_kwargs (custom JIT attention variants)")
         _refuse(backend not in ("auto", "fa2", "fa3"), f"backend={backend!r}")
         super().__init__(
-            float_workspace_buffer, kv_layout, use_cuda_graph, qo_indptr_buf, paged_kv_indptr_buf,
-            paged_kv_indices_buf, paged_kv_last_page_len_buf, custom_mask_buf, mask_indptr_buf,
-        )  # fmt: skip
+            float_workspace_buffer,
+            kv_layout,
+            use_cuda_graph,
+            qo_indptr_buf,
+            paged_kv_indptr_buf,
+            paged_kv_indices_buf,
+            paged_kv_last_page_len_buf,
+            custom_mask_buf,
+            mask_indptr_buf,
+        )
         self._backend = backend
 
     def plan(
@@ -311,18 +331,33 @@ class BatchPrefillWithPagedKVCacheWrapper(lean.BatchPrefillWithPagedKVCacheWrapp
         _refuse(packed_custom_mask is not None, "packed_custom_mask (the stand-in stores bytes)")
         _refuse(use_fp16_qk_reduction, "use_fp16_qk_reduction=True")
         multi_item = (prefix_len_ptr, token_pos_in_items_ptr, max_item_len_ptr)
-        _refuse(any(x is not None for x in multi_item) or token_pos_in_items_len != 0,
-                "multi-item scoring (prefix_len_ptr / token_pos_in_items_*)")  # fmt: skip
-        _refuse(any(x is not None for x in (seq_lens, seq_lens_q, block_tables)),
-                "seq_lens / seq_lens_q / block_tables (cudnn / trtllm-gen)")  # fmt: skip
-        _refuse(max_token_per_sequence is not None or max_sequence_kv is not None,
-                "max_token_per_sequence / max_sequence_kv (cudnn)")  # fmt: skip
+        _refuse(
+            any(x is not None for x in multi_item) or token_pos_in_items_len != 0,
+            "multi-item scoring (prefix_len_ptr / token_pos_in_items_*)",
+        )
+        _refuse(
+            any(x is not None for x in (seq_lens, seq_lens_q, block_tables)),
+            "seq_lens / seq_lens_q / block_tables (cudnn / trtllm-gen)",
+        )
+        _refuse(
+            max_token_per_sequence is not None or max_sequence_kv is not None, "max_token_per_sequence / max_sequence_kv (cudnn)"
+        )
         super().plan(
-            qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
-            num_kv_heads, head_dim_qk, page_size, custom_mask=custom_mask, causal=causal,
-            sm_scale=sm_scale, q_data_type=q_data_type, kv_data_type=kv_data_type,
+            qo_indptr,
+            paged_kv_indptr,
+            paged_kv_indices,
+            paged_kv_last_page_len,
+            num_qo_heads,
+            num_kv_heads,
+            head_dim_qk,
+            page_size,
+            custom_mask=custom_mask,
+            causal=causal,
+            sm_scale=sm_scale,
+            q_data_type=q_data_type,
+            kv_data_type=kv_data_type,
             non_blocking=non_blocking,
-        )  # fmt: skip
+        )
         if o_data_type is not None:
             self._cached_o_data_type = lean._dtype(o_data_type)
 
@@ -372,8 +407,12 @@ class BatchPrefillWithPagedKVCacheWrapper(lean.BatchPrefillWithPagedKVCacheWrapp
         uses_spcompress: bool | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         _refuse_run_extras(args, lse, return_lse, sinks, window_left)
-        _refuse_new_run_extras(kv_cache_sf=kv_cache_sf, use_fp16_softmax=use_fp16_softmax, uses_spcompress=uses_spcompress,
-                               skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor)  # fmt: skip
+        _refuse_new_run_extras(
+            kv_cache_sf=kv_cache_sf,
+            use_fp16_softmax=use_fp16_softmax,
+            uses_spcompress=uses_spcompress,
+            skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor,
+        )
         lean_run = super().run
         return _run_scaled(self, lean_run, q, paged_kv_cache, q_scale, k_scale, v_scale, out)
 
@@ -418,12 +457,8 @@ class BatchMLAPagedAttentionWrapper(lean.BatchMLAPagedAttentionWrapper):
         _refuse(use_profiler, "use_profiler=True")
         canonical = (metadata, cum_seq_lens_q, block_tables, seq_lens, max_q_len)
         _refuse(any(x is not None for x in canonical), "metadata= / block tables (0.7.2's canonical plan forms)")
-        _refuse(
-            query_layout not in (None, "split") or kv_cache_layout not in (None, "split"), "packed query / kv layouts"
-        )
-        _refuse(
-            lse_mode != "none" or output_scale != "none" or scale_mode != "default", "lse / output / kv scale modes"
-        )
+        _refuse(query_layout not in (None, "split") or kv_cache_layout not in (None, "split"), "packed query / kv layouts")
+        _refuse(lse_mode != "none" or output_scale != "none" or scale_mode != "default", "lse / output / kv scale modes")
         _refuse(skip_softmax or use_sinks, "skip_softmax / use_sinks")
         _refuse(output_dtype not in (None, q_data_type), f"output_dtype={output_dtype}")
         csr = (qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe, page_size, causal)
@@ -460,10 +495,18 @@ class BatchMLAPagedAttentionWrapper(lean.BatchMLAPagedAttentionWrapper):
         _refuse(return_lse or lse is not None, "return_lse / lse (no log-sum-exp)")
         _refuse(profiler_buffer is not None, "profiler_buffer")
         _refuse(query is not None or kv_cache is not None, "query= / kv_cache= (packed inputs)")
-        _refuse_new_run_extras(o_scale=o_scale, ckv_scale=ckv_scale, ckv_scale_arr=ckv_scale_arr, kpe_scale=kpe_scale,
-                               sinks=sinks, bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale,
-                               skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor)  # fmt: skip
-        if missing := [n for n, x in zip(("q_nope", "q_pe", "ckv_cache", "kpe_cache"), (q_nope, q_pe, ckv_cache, kpe_cache))
-                       if x is None]:  # fmt: skip
+        _refuse_new_run_extras(
+            o_scale=o_scale,
+            ckv_scale=ckv_scale,
+            ckv_scale_arr=ckv_scale_arr,
+            kpe_scale=kpe_scale,
+            sinks=sinks,
+            bmm1_scale=bmm1_scale,
+            bmm2_scale=bmm2_scale,
+            skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor,
+        )
+        if missing := [
+            n for n, x in zip(("q_nope", "q_pe", "ckv_cache", "kpe_cache"), (q_nope, q_pe, ckv_cache, kpe_cache)) if x is None
+        ]:
             raise TypeError(f"run() needs {', '.join(missing)}")
         return _into(out, super().run(q_nope, q_pe, ckv_cache, kpe_cache))

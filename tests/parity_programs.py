@@ -204,12 +204,7 @@ class HostSync(Program):
     """A host read inside the step: capture raises GraphCaptureError on every engine."""
 
     capture_error = GraphCaptureError
-    KINDS: dict[str, Callable] = {
-        "item": _sync_item,
-        "branch": _sync_branch,
-        "tolist": _sync_tolist,
-        "nonzero": _sync_nonzero,
-    }
+    KINDS: dict[str, Callable] = {"item": _sync_item, "branch": _sync_branch, "tolist": _sync_tolist, "nonzero": _sync_nonzero}
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
@@ -236,9 +231,7 @@ class FrozenScalar(Program):
 
     def setup(self, device):
         s = SimpleNamespace(
-            x=_rand(30, 8, device=device),
-            scale_t=torch.tensor([1.5], device=device),
-            n_t=torch.tensor([3], device=device),
+            x=_rand(30, 8, device=device), scale_t=torch.tensor([1.5], device=device), n_t=torch.tensor([3], device=device)
         )
         s.scale, s.n = float(s.scale_t), int(s.n_t)  # host reads, outside capture: allowed
         s.scale0, s.n0 = s.scale, s.n  # what the graph freezes

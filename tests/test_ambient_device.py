@@ -30,10 +30,12 @@ ENTRIES = [(gate if e.name in LARGER else pytest.param)(e, id=f"{e.name}-{e.vari
 @pytest.mark.parametrize("entry", ENTRIES)
 def test_checker_under_a_meta_default_device(entry):
     if entry.name in ("flashinfer", "flashinfer_mla") and flashinfer_available() is None:
-        pytest.skip("the real flashinfer wrappers serve this backend here, and flashinfer's own "
-                    "plan() makes host tensors without naming a device (0.7.2: MLA's staged workspace "
-                    "copy too): not refimpl's code (the stand-in path runs this test where flashinfer's "
-                    "kernels do not)")  # fmt: skip
+        pytest.skip(
+            "the real flashinfer wrappers serve this backend here, and flashinfer's own "
+            "plan() makes host tensors without naming a device (0.7.2: MLA's staged workspace "
+            "copy too): not refimpl's code (the stand-in path runs this test where flashinfer's "
+            "kernels do not)"
+        )
     modes = ["idle", "target_verify", "draft_extend_v2", "draft_decode"]
     if entry.name in ("wave", "triton"):  # Triton kernels run interpreted on CPU: keep it short
         modes = modes[:2] if entry.name == "wave" else modes[:3]  # (draft decode: the others)

@@ -19,8 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def check(target: str, modes=("decode",)):
-    return run_checks(modes=modes, engine="cpu-emulator", settings=FAST,
-                      entries=[load_backend_class(target)])  # fmt: skip
+    return run_checks(modes=modes, engine="cpu-emulator", settings=FAST, entries=[load_backend_class(target)])
 
 
 def test_example_backend_passes_every_mode_it_captures():
@@ -83,8 +82,16 @@ def test_bad_backend_class_is_a_clear_error(target, fragment, capsys):
 
 
 def test_cli_runs_the_example_from_the_repository_root():
-    cmd = [sys.executable, "-m", "refimpl", "check", "--mode", "decode", "--backend-class",
-           "examples.paged_decode_backend:PagedDecodeBackend"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "refimpl",
+        "check",
+        "--mode",
+        "decode",
+        "--backend-class",
+        "examples.paged_decode_backend:PagedDecodeBackend",
+    ]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert "paged_decode_example" in res.stdout and "FAIL" not in res.stdout
@@ -113,11 +120,13 @@ def test_a_bug_that_depends_on_the_previous_replay_is_caught_by_the_history():
     assert all(v == (True, True, True) for v in per_size), per_size
     (last,) = [r for r in rows if r.history_ok is not None]
     assert last.history_ok is False and last.status == "FAIL"
-    assert last.findings[0].startswith("history replay 2 (A's lengths, other requests, bs 3): graph vs eager"), (
-        last.findings
+    assert last.findings[0].startswith("history replay 2 (A's lengths, other requests, bs 3): graph vs eager"), last.findings
+    quiet = run_checks(
+        modes=("decode",),
+        engine="cpu-emulator",
+        settings=dataclasses.replace(FAST, history=False),
+        entries=[load_backend_class("broken_backends:RefreshOnlyWhenSizeChanges")],
     )
-    quiet = run_checks(modes=("decode",), engine="cpu-emulator", settings=dataclasses.replace(FAST, history=False),
-                       entries=[load_backend_class("broken_backends:RefreshOnlyWhenSizeChanges")])  # fmt: skip
     assert all(r.passed for r in quiet)
 
 

@@ -21,7 +21,7 @@ import torch
 from refimpl.backends import find
 from refimpl.batch import ForwardBatch, World
 from refimpl.batchgen import BatchGenerator
-from refimpl.config import GraphConfig, ModelConfig, SpecConfig
+from refimpl.config import CHAIN, GraphConfig, ModelConfig, SpecConfig
 from refimpl.graphs import CPUEmulatorEngine
 from refimpl.graphs.runner import GraphRunner
 from refimpl.layout import GraphKind
@@ -31,7 +31,7 @@ from refimpl.spec import DraftDecodeInput, VerifyInput, make_draft_extend_input
 from refimpl.validate import BatchRefused
 
 L, POOL = 40, 24
-SPEC = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
+SPEC = CHAIN
 TREE = SpecConfig(num_steps=2, topk=2, num_draft_tokens=5)
 
 
@@ -57,7 +57,7 @@ def _setup(case: str, backend: str = "torch_native") -> Setup:
     model = TinyDecoder(cfg)
     program = MultiStepDraftProgram(model, spec.num_steps) if multi else model
     gcfg = GraphConfig(max_bs=4, capture_bs=(1, 2, 4), max_context_len=L, speculative=True)
-    kind = GraphKind.of(mode, multi)
+    kind = GraphKind.parse("draft_decode" if multi else mode)
     runner = GraphRunner(program, entry.load(multi)(world, spec), CPUEmulatorEngine(), kind, gcfg, spec)
     runner.capture()
     return Setup(runner, BatchGenerator(world, spec, seed=7), world)
@@ -223,167 +223,375 @@ class Case:
 
 
 CASES = [
-    Case("device seq_lens past the context, host copy fine", "decode",
-         lambda s, fb: _with_seq(fb, fb.seq_lens_cpu.tolist(), [L + 50, 3]),
-         r"seq_lens \(device\)=\[90, 3\]: disagrees with seq_lens_cpu"),
-    Case("same, eager path", "decode",
-         lambda s, fb: _with_seq(fb, fb.seq_lens_cpu.tolist(), [L + 50, 3]),
-         r"disagrees with seq_lens_cpu", call="eager"),
-    Case("seq_len past the context", "decode", lambda s, fb: _with_seq(fb, [L + 1, 3]),
-         rf"seq_lens\[0\]={L + 1}: exceeds max_context_len={L}"),
-    Case("seq_len 0", "decode", lambda s, fb: _with_seq(fb, [0, 3]),
-         r"seq_lens\[0\]=0: must be >= 1"),
-    Case("seq_lens_sum understates the lengths (a kernel would read past its index buffer)", "decode",
-         lambda s, fb: fb.replace(seq_lens_sum=fb.seq_lens_sum - 5),
-         r"seq_lens_sum=21: expected sum\(seq_lens_cpu\) = 26"),
-    Case("same, eager Triton draft extend", "draft_extend",
-         lambda s, fb: fb.replace(seq_lens_sum=1), r"seq_lens_sum=1: expected sum\(seq_lens_cpu\) = 26",
-         call="eager"),
-    Case("seq_lens_sum absurdly large (would allocate terabytes)", "decode",
-         lambda s, fb: fb.replace(seq_lens_sum=10**13), r"seq_lens_sum=10000000000000: expected"),
-    Case("seq_lens_sum not an int", "decode",
-         lambda s, fb: fb.replace(seq_lens_sum=torch.tensor(26)), r"seq_lens_sum=Tensor 26: must be a Python int"),
-    Case("a batch built against another World of the same sizes", "decode", _other_world,
-         r"ForwardBatch.world is another World \(id 0x[0-9a-f]+\) than the runner's"),
+    Case(
+        "device seq_lens past the context, host copy fine",
+        "decode",
+        lambda s, fb: _with_seq(fb, fb.seq_lens_cpu.tolist(), [L + 50, 3]),
+        r"seq_lens \(device\)=\[90, 3\]: disagrees with seq_lens_cpu",
+    ),
+    Case(
+        "same, eager path",
+        "decode",
+        lambda s, fb: _with_seq(fb, fb.seq_lens_cpu.tolist(), [L + 50, 3]),
+        r"disagrees with seq_lens_cpu",
+        call="eager",
+    ),
+    Case(
+        "seq_len past the context",
+        "decode",
+        lambda s, fb: _with_seq(fb, [L + 1, 3]),
+        rf"seq_lens\[0\]={L + 1}: exceeds max_context_len={L}",
+    ),
+    Case("seq_len 0", "decode", lambda s, fb: _with_seq(fb, [0, 3]), r"seq_lens\[0\]=0: must be >= 1"),
+    Case(
+        "seq_lens_sum understates the lengths (a kernel would read past its index buffer)",
+        "decode",
+        lambda s, fb: fb.replace(seq_lens_sum=fb.seq_lens_sum - 5),
+        r"seq_lens_sum=21: expected sum\(seq_lens_cpu\) = 26",
+    ),
+    Case(
+        "same, eager Triton draft extend",
+        "draft_extend",
+        lambda s, fb: fb.replace(seq_lens_sum=1),
+        r"seq_lens_sum=1: expected sum\(seq_lens_cpu\) = 26",
+        call="eager",
+    ),
+    Case(
+        "seq_lens_sum absurdly large (would allocate terabytes)",
+        "decode",
+        lambda s, fb: fb.replace(seq_lens_sum=10**13),
+        r"seq_lens_sum=10000000000000: expected",
+    ),
+    Case(
+        "seq_lens_sum not an int",
+        "decode",
+        lambda s, fb: fb.replace(seq_lens_sum=torch.tensor(26)),
+        r"seq_lens_sum=Tensor 26: must be a Python int",
+    ),
+    Case(
+        "a batch built against another World of the same sizes",
+        "decode",
+        _other_world,
+        r"ForwardBatch.world is another World \(id 0x[0-9a-f]+\) than the runner's",
+    ),
     Case("same, eager path", "decode", _other_world, r"another World", call="eager"),
-    Case("verify: prefix + N past the context", "verify",
-         lambda s, fb: _with_seq(fb, [L - 2, 3]),
-         rf"seq_lens\[0\] \+ 4={L + 2}: exceeds max_context_len={L}"),
-    Case("out_cache_loc of a request outside the batch", "decode", _foreign_slot,
-         r"out_cache_loc\[0\]=\d+: is the slot of no position of this batch's requests; row 0 must write request 0's"),
-    Case("out_cache_loc of another request in the batch", "decode",
-         lambda s, fb: _swap_slots(fb),
-         r"out_cache_loc\[0\]=\d+: is the slot of request 1's position \d+; row 0 must write request 0's new position"),
-    Case("out_cache_loc of an earlier position of the row's own request (its KV would be destroyed)", "verify",
-         lambda s, fb: fb.replace(out_cache_loc=_set(fb.out_cache_loc, 0, int(s.world.req_to_token[
-             int(fb.req_pool_indices[0]), int(fb.seq_lens_cpu[0]) - 1]))),
-         r"out_cache_loc\[0\]=\d+: is the slot of request 0's position (\d+); row 0 must write request 0's new "
-         r"position \d+ \(slot \d+\)"),
-    Case("out_cache_loc of another row's position of the same request", "verify",
-         lambda s, fb: fb.replace(out_cache_loc=torch.cat([fb.out_cache_loc[:2].flip(0), fb.out_cache_loc[2:]])),
-         r"out_cache_loc\[0\]=\d+: is the slot of request 0's position (\d+); row 0 must write request 0's new "
-         r"position \d+"),
-    Case("out_cache_loc at the reserved slot 0", "decode",
-         lambda s, fb: fb.replace(out_cache_loc=_set(fb.out_cache_loc, 1, 0)),
-         r"out_cache_loc\[1\]=0: slot 0 is reserved for padded rows"),
-    Case("out_cache_loc past the cache", "decode",
-         lambda s, fb: fb.replace(out_cache_loc=_set(fb.out_cache_loc, 1, 10**6)),
-         r"out_cache_loc\[1\]=1000000: outside \[1, \d+\)"),
-    Case("two rows write one slot", "decode",
-         lambda s, fb: fb.replace(out_cache_loc=fb.out_cache_loc[:1].repeat(2)),
-         r"two rows would write the same KV slot"),
-    Case("multi-step: last step's slot past the cache (no step half-replayed)", "draft_decode",
-         _last_step_out_of_range, r"out_cache_loc\[\d+\]=\d+: outside \[1, \d+\)"),
-    Case("req_pool_indices past the request table", "decode",
-         lambda s, fb: fb.replace(req_pool_indices=_set(fb.req_pool_indices, 1, POOL + 3)),
-         rf"req_pool_indices\[1\]={POOL + 3}: outside \[1, pool={POOL}\)"),
-    Case("req_pool_indices at the reserved row 0", "decode",
-         lambda s, fb: fb.replace(req_pool_indices=_set(fb.req_pool_indices, 0, 0)),
-         r"req_pool_indices\[0\]=0: row 0 is reserved for padded rows"),
-    Case("a request twice in the batch", "decode",
-         lambda s, fb: fb.replace(req_pool_indices=fb.req_pool_indices[:1].repeat(2)),
-         r"a request appears twice in the batch"),
-    Case("input_ids past the vocabulary", "decode",
-         lambda s, fb: fb.replace(input_ids=_set(fb.input_ids, 0, 10**6)),
-         r"input_ids\[0\]=1000000: outside \[0, \d+\)"),
-    Case("negative position", "decode",
-         lambda s, fb: fb.replace(positions=_set(fb.positions, 1, -1)),
-         rf"positions\[1\]=-1: outside \[0, {L}\)"),
-    Case("out_cache_loc of dtype int32", "decode",
-         lambda s, fb: fb.replace(out_cache_loc=fb.out_cache_loc.to(torch.int32)),
-         r"out_cache_loc.dtype=torch.int32: expected torch.int64"),
-    Case("input_ids on another device", "decode",
-         lambda s, fb: fb.replace(input_ids=fb.input_ids.to("meta")),
-         r"input_ids.device=meta: expected"),
-    Case("verify: custom mask of dtype uint8", "verify",
-         lambda s, fb: _verify_with(fb, custom_mask=fb.spec_info.custom_mask.to(torch.uint8)),
-         r"custom_mask.dtype=torch.uint8: must be torch.bool"),
-    Case("verify: custom mask of the wrong size", "verify",
-         lambda s, fb: _verify_with(fb, custom_mask=fb.spec_info.custom_mask[:-1]),
-         r"custom_mask entries=\d+: expected sum over requests of N\*\(seq_len\+N\)"),
-    Case("verify: an all-False mask (every draft row attends to nothing)", "verify",
-         lambda s, fb: _verify_with(fb, custom_mask=torch.zeros_like(fb.spec_info.custom_mask)),
-         r"spec_info.custom_mask=row 0 \(request 0, draft 0\): does not see itself: an all-False or self-blind"),
-    Case("verify: a draft row that does not see itself", "verify", lambda s, fb: _blind_draft_1(fb),
-         r"spec_info.custom_mask=row 1 \(request 0, draft 1\): does not see itself"),
-    Case("verify: no mask after a masked batch (the graph would read the last batch's)", "verify",
-         lambda s, fb: _verify_with(fb, custom_mask=None), r"spec_info.custom_mask=None: a verify graph reads its mask"),
-    Case("verify: N other than captured", "verify",
-         lambda s, fb: _verify_with(fb, draft_token_num=5),
-         r"draft_token_num=5: captured N is 4"),
-    Case("verify: no spec input", "verify", lambda s, fb: fb.replace(spec_info=None),
-         r"spec_info=NoneType: TARGET_VERIFY needs a VerifyInput"),
-    Case("draft extend: accept length past num_steps (built by hand)", "draft_extend",
-         lambda s, fb: _accept(fb, [7, 0]), r"accept_length\[0\]=7: outside \[0, num_steps=3\]"),
-    Case("draft extend: accept length S+1 (one past the bound)", "draft_extend",
-         lambda s, fb: _accept(fb, [4, 0]), r"accept_length\[0\]=4: outside \[0, num_steps=3\]"),
-    Case("draft extend: negative accept length", "draft_extend",
-         lambda s, fb: _accept(fb, [1, -1]), r"accept_length\[1\]=-1: outside"),
-    Case("draft extend: host and device accept lengths disagree", "draft_extend",
-         lambda s, fb: _accept(fb, [1, 2], host=[2, 2]), r"disagrees with accept_length_cpu"),
-    Case("draft extend: v2 input into the v1 graph", "draft_extend",
-         lambda s, fb: fb.replace(spec_info=make_draft_extend_input(2, [1, 1], SPEC, fb.device)),
-         r"spec_info.version=2: DRAFT_EXTEND is version 1"),
-    Case("Triton draft extend: graph replay with no spec input", "draft_extend",
-         lambda s, fb: fb.replace(spec_info=None),
-         r"spec_info=NoneType: DRAFT_EXTEND needs a DraftExtendInput"),
-    Case("multi-step: topk other than captured", "draft_decode",
-         lambda s, fb: fb.replace(spec_info=DraftDecodeInput(topk=1, num_steps=2)),
-         r"\(topk, num_steps\)=\(1, 2\): captured for \(2, 2\)"),
-    Case("multi-step: the spec input's kv_indices past the cache (a SIGSEGV on a GPU)", "draft_decode",
-         lambda s, fb: _draft_indices(s, fb, [10**7] * 12), r"spec_info.kv_indices\[0\]=10000000: outside \[1, \d+\)"),
-    Case("same, eager multi-step", "draft_decode", lambda s, fb: _draft_indices(s, fb, [10**7] * 12),
-         r"spec_info.kv_indices\[0\]=10000000: outside \[1, \d+\)", call="eager"),
-    Case("multi-step: the spec input's kv_indices name another request's slots (its KV read)", "draft_decode",
-         lambda s, fb: _draft_indices(s, fb, _own_slots(s, fb, 0) * 4),  # rows 2, 3: request 1's
-         r"spec_info.kv_indices\[6\]=\d+: not a slot of request 1's \d+ positions", call="eager"),
-    Case("multi-step: the spec input's kv_indptr past its kv_indices", "draft_decode",
-         lambda s, fb: _draft_indices(s, fb, _own_slots(s, fb, 0) * 3,
-                                      kv_indptr=torch.arange(5, dtype=torch.int32, device=fb.device) * 3),
-         r"spec_info.kv_indptr=\[0, 3, 6, 9, 12\]: must start at 0, never decrease, end within kv_indices \(9\)"),
-    Case("multi-step: the spec input's kv_indptr of dtype float32", "draft_decode",
-         lambda s, fb: _draft_indices(s, fb, [1] * 12, kv_indptr=torch.zeros(5, device=fb.device)),
-         r"spec_info.kv_indptr=torch.float32\[5\] on \S+: expected a 1-D torch.int32 tensor"),
-    Case("a runner whose SpecConfig differs from its backend's (NaN before)", "verify",
-         lambda s, fb: _runner_on(s, type(s.runner.backend)(s.world, TREE), SPEC),
-         r"runner spec_cfg=SpecConfig\(num_steps=3, topk=1, num_draft_tokens=4\) differs from the backend's "
-         r"spec=SpecConfig\(num_steps=2, topk=2, num_draft_tokens=5\)", call="build"),
-    Case("world.kv_cache rebound after capture (the step's KV would go to the orphaned cache)", "decode",
-         lambda s, fb: _rebind(s, fb, s.world, "kv_cache"), r"world.kv_cache, .* rebound after capture"),
-    Case("the request table rebound after capture", "decode",
-         lambda s, fb: _rebind(s, fb, s.world.req_to_token_pool, "req_to_token"),
-         r"^world.req_to_token_pool.req_to_token rebound after capture"),
-    Case("a second runner on a live runner's backend (its buffers rebound)", "decode",
-         lambda s, fb: _runner_on(s, s.runner.backend, None),
-         r"backend TorchNativeBackend is owned by a live decode GraphRunner", call="build"),
-    Case("out_cache_loc held by a live request outside the batch too (its KV overwritten)", "decode", _held_outside,
-         r"out_cache_loc\[0\]=\d+: is also held by the live request in pool row \d+, outside the batch, at position 3"),
-    Case("out_cache_loc held by another request of the batch too (as a prefix slot)", "verify",
-         lambda s, fb: _edit_table(s, int(fb.req_pool_indices[1]), 2, int(fb.out_cache_loc[0])) or fb,
-         r"out_cache_loc\[0\]=\d+: is also held by request 1 at position 2: row 0 would overwrite that KV"),
-    Case("batch_size a float", "decode", lambda s, fb: fb.replace(batch_size=2.0),
-         r"ForwardBatch.batch_size=float 2.0: must be a Python int"),
-    Case("req_pool_indices a list", "decode", lambda s, fb: fb.replace(req_pool_indices=[1, 2]),
-         r"ForwardBatch.req_pool_indices=list: expected a torch.int64 tensor"),
-    Case("verify: draft_token_num a float", "verify", lambda s, fb: _verify_with(fb, draft_token_num=4.0),
-         r"spec_info.draft_token_num=float 4.0: must be a Python int"),
-    Case("verify: custom mask a list", "verify",
-         lambda s, fb: _verify_with(fb, custom_mask=fb.spec_info.custom_mask.tolist()),
-         r"spec_info.custom_mask=list: expected a 1-D torch.bool tensor"),
-    Case("plain decode: a DraftDecodeInput on the Triton decode runner (33 tensors written before)", "decode",
-         lambda s, fb: fb.replace(spec_info=DraftDecodeInput(TREE.topk, TREE.num_steps)),
-         r"spec_info=DraftDecodeInput: DECODE on a single-step runner takes no spec input", on="triton"),
-    Case("same, eager, its kv indices past the cache (a SIGSEGV on a GPU)", "decode",
-         lambda s, fb: _draft_indices(s, fb, [10**7] * 6, per_row=3, topk=1),
-         r"spec_info=DraftDecodeInput: DECODE on a single-step runner", call="eager", on="triton"),
-    Case("plain decode: a VerifyInput", "decode", lambda s, fb: fb.replace(spec_info=VerifyInput(1, None)),
-         r"spec_info=VerifyInput: DECODE on a single-step runner takes no spec input"),
-    Case("multi-step: a plain decode batch (no spec input)", "draft_decode", lambda s, fb: fb.replace(spec_info=None),
-         r"spec_info=NoneType: draft decode needs a DraftDecodeInput"),
-    Case("verify: a 2-D custom mask", "verify",
-         lambda s, fb: _verify_with(fb, custom_mask=fb.spec_info.custom_mask.view(1, -1)),
-         r"spec_info.custom_mask.shape=\[1, (\d+)\]: expected 1-D \[\1\]: sum over requests of N\*\(seq_len\+N\)"),
-]  # fmt: skip
+    Case(
+        "verify: prefix + N past the context",
+        "verify",
+        lambda s, fb: _with_seq(fb, [L - 2, 3]),
+        rf"seq_lens\[0\] \+ 4={L + 2}: exceeds max_context_len={L}",
+    ),
+    Case(
+        "out_cache_loc of a request outside the batch",
+        "decode",
+        _foreign_slot,
+        r"out_cache_loc\[0\]=\d+: is the slot of no position of this batch's requests; row 0 must write request 0's",
+    ),
+    Case(
+        "out_cache_loc of another request in the batch",
+        "decode",
+        lambda s, fb: _swap_slots(fb),
+        r"out_cache_loc\[0\]=\d+: is the slot of request 1's position \d+; row 0 must write request 0's new position",
+    ),
+    Case(
+        "out_cache_loc of an earlier position of the row's own request (its KV would be destroyed)",
+        "verify",
+        lambda s, fb: fb.replace(
+            out_cache_loc=_set(
+                fb.out_cache_loc, 0, int(s.world.req_to_token[int(fb.req_pool_indices[0]), int(fb.seq_lens_cpu[0]) - 1])
+            )
+        ),
+        r"out_cache_loc\[0\]=\d+: is the slot of request 0's position (\d+); row 0 must write request 0's new "
+        r"position \d+ \(slot \d+\)",
+    ),
+    Case(
+        "out_cache_loc of another row's position of the same request",
+        "verify",
+        lambda s, fb: fb.replace(out_cache_loc=torch.cat([fb.out_cache_loc[:2].flip(0), fb.out_cache_loc[2:]])),
+        r"out_cache_loc\[0\]=\d+: is the slot of request 0's position (\d+); row 0 must write request 0's new "
+        r"position \d+",
+    ),
+    Case(
+        "out_cache_loc at the reserved slot 0",
+        "decode",
+        lambda s, fb: fb.replace(out_cache_loc=_set(fb.out_cache_loc, 1, 0)),
+        r"out_cache_loc\[1\]=0: slot 0 is reserved for padded rows",
+    ),
+    Case(
+        "out_cache_loc past the cache",
+        "decode",
+        lambda s, fb: fb.replace(out_cache_loc=_set(fb.out_cache_loc, 1, 10**6)),
+        r"out_cache_loc\[1\]=1000000: outside \[1, \d+\)",
+    ),
+    Case(
+        "two rows write one slot",
+        "decode",
+        lambda s, fb: fb.replace(out_cache_loc=fb.out_cache_loc[:1].repeat(2)),
+        r"two rows would write the same KV slot",
+    ),
+    Case(
+        "multi-step: last step's slot past the cache (no step half-replayed)",
+        "draft_decode",
+        _last_step_out_of_range,
+        r"out_cache_loc\[\d+\]=\d+: outside \[1, \d+\)",
+    ),
+    Case(
+        "req_pool_indices past the request table",
+        "decode",
+        lambda s, fb: fb.replace(req_pool_indices=_set(fb.req_pool_indices, 1, POOL + 3)),
+        rf"req_pool_indices\[1\]={POOL + 3}: outside \[1, pool={POOL}\)",
+    ),
+    Case(
+        "req_pool_indices at the reserved row 0",
+        "decode",
+        lambda s, fb: fb.replace(req_pool_indices=_set(fb.req_pool_indices, 0, 0)),
+        r"req_pool_indices\[0\]=0: row 0 is reserved for padded rows",
+    ),
+    Case(
+        "a request twice in the batch",
+        "decode",
+        lambda s, fb: fb.replace(req_pool_indices=fb.req_pool_indices[:1].repeat(2)),
+        r"a request appears twice in the batch",
+    ),
+    Case(
+        "input_ids past the vocabulary",
+        "decode",
+        lambda s, fb: fb.replace(input_ids=_set(fb.input_ids, 0, 10**6)),
+        r"input_ids\[0\]=1000000: outside \[0, \d+\)",
+    ),
+    Case(
+        "negative position",
+        "decode",
+        lambda s, fb: fb.replace(positions=_set(fb.positions, 1, -1)),
+        rf"positions\[1\]=-1: outside \[0, {L}\)",
+    ),
+    Case(
+        "out_cache_loc of dtype int32",
+        "decode",
+        lambda s, fb: fb.replace(out_cache_loc=fb.out_cache_loc.to(torch.int32)),
+        r"out_cache_loc.dtype=torch.int32: expected torch.int64",
+    ),
+    Case(
+        "input_ids on another device",
+        "decode",
+        lambda s, fb: fb.replace(input_ids=fb.input_ids.to("meta")),
+        r"input_ids.device=meta: expected",
+    ),
+    Case(
+        "verify: custom mask of dtype uint8",
+        "verify",
+        lambda s, fb: _verify_with(fb, custom_mask=fb.spec_info.custom_mask.to(torch.uint8)),
+        r"custom_mask.dtype=torch.uint8: must be torch.bool",
+    ),
+    Case(
+        "verify: custom mask of the wrong size",
+        "verify",
+        lambda s, fb: _verify_with(fb, custom_mask=fb.spec_info.custom_mask[:-1]),
+        r"custom_mask entries=\d+: expected sum over requests of N\*\(seq_len\+N\)",
+    ),
+    Case(
+        "verify: an all-False mask (every draft row attends to nothing)",
+        "verify",
+        lambda s, fb: _verify_with(fb, custom_mask=torch.zeros_like(fb.spec_info.custom_mask)),
+        r"spec_info.custom_mask=row 0 \(request 0, draft 0\): does not see itself: an all-False or self-blind",
+    ),
+    Case(
+        "verify: a draft row that does not see itself",
+        "verify",
+        lambda s, fb: _blind_draft_1(fb),
+        r"spec_info.custom_mask=row 1 \(request 0, draft 1\): does not see itself",
+    ),
+    Case(
+        "verify: no mask after a masked batch (the graph would read the last batch's)",
+        "verify",
+        lambda s, fb: _verify_with(fb, custom_mask=None),
+        r"spec_info.custom_mask=None: a verify graph reads its mask",
+    ),
+    Case(
+        "verify: N other than captured",
+        "verify",
+        lambda s, fb: _verify_with(fb, draft_token_num=5),
+        r"draft_token_num=5: captured N is 4",
+    ),
+    Case(
+        "verify: no spec input",
+        "verify",
+        lambda s, fb: fb.replace(spec_info=None),
+        r"spec_info=NoneType: TARGET_VERIFY needs a VerifyInput",
+    ),
+    Case(
+        "draft extend: accept length past num_steps (built by hand)",
+        "draft_extend",
+        lambda s, fb: _accept(fb, [7, 0]),
+        r"accept_length\[0\]=7: outside \[0, num_steps=3\]",
+    ),
+    Case(
+        "draft extend: accept length S+1 (one past the bound)",
+        "draft_extend",
+        lambda s, fb: _accept(fb, [4, 0]),
+        r"accept_length\[0\]=4: outside \[0, num_steps=3\]",
+    ),
+    Case(
+        "draft extend: negative accept length",
+        "draft_extend",
+        lambda s, fb: _accept(fb, [1, -1]),
+        r"accept_length\[1\]=-1: outside",
+    ),
+    Case(
+        "draft extend: host and device accept lengths disagree",
+        "draft_extend",
+        lambda s, fb: _accept(fb, [1, 2], host=[2, 2]),
+        r"disagrees with accept_length_cpu",
+    ),
+    Case(
+        "draft extend: v2 input into the v1 graph",
+        "draft_extend",
+        lambda s, fb: fb.replace(spec_info=make_draft_extend_input(2, [1, 1], SPEC, fb.device)),
+        r"spec_info.version=2: DRAFT_EXTEND is version 1",
+    ),
+    Case(
+        "Triton draft extend: graph replay with no spec input",
+        "draft_extend",
+        lambda s, fb: fb.replace(spec_info=None),
+        r"spec_info=NoneType: DRAFT_EXTEND needs a DraftExtendInput",
+    ),
+    Case(
+        "multi-step: topk other than captured",
+        "draft_decode",
+        lambda s, fb: fb.replace(spec_info=DraftDecodeInput(topk=1, num_steps=2)),
+        r"\(topk, num_steps\)=\(1, 2\): captured for \(2, 2\)",
+    ),
+    Case(
+        "multi-step: the spec input's kv_indices past the cache (a SIGSEGV on a GPU)",
+        "draft_decode",
+        lambda s, fb: _draft_indices(s, fb, [10**7] * 12),
+        r"spec_info.kv_indices\[0\]=10000000: outside \[1, \d+\)",
+    ),
+    Case(
+        "same, eager multi-step",
+        "draft_decode",
+        lambda s, fb: _draft_indices(s, fb, [10**7] * 12),
+        r"spec_info.kv_indices\[0\]=10000000: outside \[1, \d+\)",
+        call="eager",
+    ),
+    Case(
+        "multi-step: the spec input's kv_indices name another request's slots (its KV read)",
+        "draft_decode",
+        lambda s, fb: _draft_indices(s, fb, _own_slots(s, fb, 0) * 4),  # rows 2, 3: request 1's
+        r"spec_info.kv_indices\[6\]=\d+: not a slot of request 1's \d+ positions",
+        call="eager",
+    ),
+    Case(
+        "multi-step: the spec input's kv_indptr past its kv_indices",
+        "draft_decode",
+        lambda s, fb: _draft_indices(
+            s, fb, _own_slots(s, fb, 0) * 3, kv_indptr=torch.arange(5, dtype=torch.int32, device=fb.device) * 3
+        ),
+        r"spec_info.kv_indptr=\[0, 3, 6, 9, 12\]: must start at 0, never decrease, end within kv_indices \(9\)",
+    ),
+    Case(
+        "multi-step: the spec input's kv_indptr of dtype float32",
+        "draft_decode",
+        lambda s, fb: _draft_indices(s, fb, [1] * 12, kv_indptr=torch.zeros(5, device=fb.device)),
+        r"spec_info.kv_indptr=torch.float32\[5\] on \S+: expected a 1-D torch.int32 tensor",
+    ),
+    Case(
+        "a runner whose SpecConfig differs from its backend's (NaN before)",
+        "verify",
+        lambda s, fb: _runner_on(s, type(s.runner.backend)(s.world, TREE), SPEC),
+        r"runner spec_cfg=SpecConfig\(num_steps=3, topk=1, num_draft_tokens=4\) differs from the backend's "
+        r"spec=SpecConfig\(num_steps=2, topk=2, num_draft_tokens=5\)",
+        call="build",
+    ),
+    Case(
+        "world.kv_cache rebound after capture (the step's KV would go to the orphaned cache)",
+        "decode",
+        lambda s, fb: _rebind(s, fb, s.world, "kv_cache"),
+        r"world.kv_cache, .* rebound after capture",
+    ),
+    Case(
+        "the request table rebound after capture",
+        "decode",
+        lambda s, fb: _rebind(s, fb, s.world.req_to_token_pool, "req_to_token"),
+        r"^world.req_to_token_pool.req_to_token rebound after capture",
+    ),
+    Case(
+        "a second runner on a live runner's backend (its buffers rebound)",
+        "decode",
+        lambda s, fb: _runner_on(s, s.runner.backend, None),
+        r"backend TorchNativeBackend is owned by a live decode GraphRunner",
+        call="build",
+    ),
+    Case(
+        "out_cache_loc held by a live request outside the batch too (its KV overwritten)",
+        "decode",
+        _held_outside,
+        r"out_cache_loc\[0\]=\d+: is also held by the live request in pool row \d+, outside the batch, at position 3",
+    ),
+    Case(
+        "out_cache_loc held by another request of the batch too (as a prefix slot)",
+        "verify",
+        lambda s, fb: _edit_table(s, int(fb.req_pool_indices[1]), 2, int(fb.out_cache_loc[0])) or fb,
+        r"out_cache_loc\[0\]=\d+: is also held by request 1 at position 2: row 0 would overwrite that KV",
+    ),
+    Case(
+        "batch_size a float",
+        "decode",
+        lambda s, fb: fb.replace(batch_size=2.0),
+        r"ForwardBatch.batch_size=float 2.0: must be a Python int",
+    ),
+    Case(
+        "req_pool_indices a list",
+        "decode",
+        lambda s, fb: fb.replace(req_pool_indices=[1, 2]),
+        r"ForwardBatch.req_pool_indices=list: expected a torch.int64 tensor",
+    ),
+    Case(
+        "verify: draft_token_num a float",
+        "verify",
+        lambda s, fb: _verify_with(fb, draft_token_num=4.0),
+        r"spec_info.draft_token_num=float 4.0: must be a Python int",
+    ),
+    Case(
+        "verify: custom mask a list",
+        "verify",
+        lambda s, fb: _verify_with(fb, custom_mask=fb.spec_info.custom_mask.tolist()),
+        r"spec_info.custom_mask=list: expected a 1-D torch.bool tensor",
+    ),
+    Case(
+        "plain decode: a DraftDecodeInput on the Triton decode runner (33 tensors written before)",
+        "decode",
+        lambda s, fb: fb.replace(spec_info=DraftDecodeInput(TREE.topk, TREE.num_steps)),
+        r"spec_info=DraftDecodeInput: DECODE on a single-step runner takes no spec input",
+        on="triton",
+    ),
+    Case(
+        "same, eager, its kv indices past the cache (a SIGSEGV on a GPU)",
+        "decode",
+        lambda s, fb: _draft_indices(s, fb, [10**7] * 6, per_row=3, topk=1),
+        r"spec_info=DraftDecodeInput: DECODE on a single-step runner",
+        call="eager",
+        on="triton",
+    ),
+    Case(
+        "plain decode: a VerifyInput",
+        "decode",
+        lambda s, fb: fb.replace(spec_info=VerifyInput(1, None)),
+        r"spec_info=VerifyInput: DECODE on a single-step runner takes no spec input",
+    ),
+    Case(
+        "multi-step: a plain decode batch (no spec input)",
+        "draft_decode",
+        lambda s, fb: fb.replace(spec_info=None),
+        r"spec_info=NoneType: draft decode needs a DraftDecodeInput",
+    ),
+    Case(
+        "verify: a 2-D custom mask",
+        "verify",
+        lambda s, fb: _verify_with(fb, custom_mask=fb.spec_info.custom_mask.view(1, -1)),
+        r"spec_info.custom_mask.shape=\[1, (\d+)\]: expected 1-D \[\1\]: sum over requests of N\*\(seq_len\+N\)",
+    ),
+]
 
 
 def _batch(s: Setup, case: str) -> ForwardBatch:
@@ -463,10 +671,7 @@ def test_the_snapshot_sees_a_write():
 
 @pytest.mark.parametrize(
     "kwargs, fragment",
-    [
-        (dict(topk=44), r"capture batch span 49 .* exceeds max_context_len=48"),
-        (dict(topk=10**6), r"exceeds max_context_len=48"),
-    ],
+    [(dict(topk=44), r"capture batch span 49 .* exceeds max_context_len=48"), (dict(topk=10**6), r"exceeds max_context_len=48")],
     ids=["topk 44", "topk 10^6"],
 )
 def test_capture_config_refused_up_front(kwargs, fragment):
@@ -477,8 +682,7 @@ def test_capture_config_refused_up_front(kwargs, fragment):
     backend = next(e for e in find("torch_native") if e.variant == "unified").load(False)(world, spec)
     gcfg = GraphConfig(max_bs=4, capture_bs=(1, 4), max_context_len=48, speculative=True)
     with pytest.raises(BatchRefused, match=fragment):
-        GraphRunner(TinyDecoder(cfg), backend, CPUEmulatorEngine(), ForwardMode.TARGET_VERIFY,
-                    gcfg, spec)  # fmt: skip
+        GraphRunner(TinyDecoder(cfg), backend, CPUEmulatorEngine(), ForwardMode.TARGET_VERIFY, gcfg, spec)
 
 
 CLI_CASES = [  # (argv, fragment of the one error line); every case fails before anything is measured or checked
@@ -556,10 +760,7 @@ def test_review_of_a_backend_with_no_graph_mode_fails(capsys):
     code = main(["check", "--backend-class", f"{__name__}:NoGraphModes", "--mode", "decode", "--bs", "1"])
     out, err = capsys.readouterr()
     assert code == 1 and "skipped" in out
-    assert (
-        err.strip().splitlines()[-1]
-        == "error: nothing was checked: every selected row was skipped (the reasons are above)"
-    )
+    assert err.strip().splitlines()[-1] == "error: nothing was checked: every selected row was skipped (the reasons are above)"
 
 
 def test_a_blind_mask_passes_when_the_batch_opts_in():

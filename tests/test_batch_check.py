@@ -60,23 +60,23 @@ def test_kernel_matches_its_definition(case):
     gen = BatchGenerator(world, SPEC, seed=3)
     out = torch.full((result_size(6, 6 * per, 6 * per * 2),), -9, dtype=torch.int64, device=DEVICE)
     for trial in range(12):
-        fb = gen.for_mode(mode, rnd.randint(1, 4), multi_step_draft=multi)
+        fb = gen.for_mode("draft_decode" if multi else mode, rnd.randint(1, 4))
         if trial:
             corrupt(fb, rnd, world)
-        args = (world.req_to_token, fb.seq_lens, fb.req_pool_indices, fb.input_ids,
-                fb.positions, fb.out_cache_loc)  # fmt: skip
-        kw = dict(rows_per_req=per, extra=extra, vocab=world.cfg.vocab_size,
-                  num_slots=world.kv_cache.num_slots)  # fmt: skip
+        args = (world.req_to_token, fb.seq_lens, fb.req_pool_indices, fb.input_ids, fb.positions, fb.out_cache_loc)
+        kw = dict(rows_per_req=per, extra=extra, vocab=world.cfg.vocab_size, num_slots=world.kv_cache.num_slots)
         spec = fb.spec_info if mode.is_any_draft_extend() else None
         mask = fb.spec_info.custom_mask.clone() if mode.is_target_verify() else None
         if mask is not None and trial:  # a few entries switched off: a diagonal one makes a self-blind row
-            mask[torch.tensor([rnd.randrange(mask.numel()) for _ in range(rnd.randint(0, 6))], dtype=torch.long)] = (
-                False
-            )
+            mask[torch.tensor([rnd.randrange(mask.numel()) for _ in range(rnd.randint(0, 6))], dtype=torch.long)] = False
         kw["custom_mask"] = mask
-        batch_check(out, *args, **kw,
-                    accept_length=getattr(spec, "accept_length", None),
-                    extend_seq_lens=getattr(spec, "extend_seq_lens", None))  # fmt: skip
+        batch_check(
+            out,
+            *args,
+            **kw,
+            accept_length=getattr(spec, "accept_length", None),
+            extend_seq_lens=getattr(spec, "extend_seq_lens", None),
+        )
         got = read_result(out, fb.batch_size, fb.num_tokens, fb.out_cache_loc.numel())
         assert got["first"] == batch_check_ref(*args, **kw), (case, trial)
         assert got["seq_lens"] == fb.seq_lens.tolist()
@@ -93,9 +93,14 @@ def test_a_ragged_batch_maps_rows_by_row_req():
     a, b = world.new_request(9), world.new_request(5)
     r2t = world.req_to_token
     # request a writes its positions 7, 8 (two rows), request b its position 4 (one row)
-    args = lambda loc: (r2t, torch.tensor([9, 5], dtype=torch.int32, device=DEVICE),
-                        torch.tensor([a, b], device=DEVICE), torch.zeros(3, dtype=torch.int64, device=DEVICE),
-                        torch.tensor([7, 8, 4], device=DEVICE), torch.stack(loc).long())  # fmt: skip
+    args = lambda loc: (
+        r2t,
+        torch.tensor([9, 5], dtype=torch.int32, device=DEVICE),
+        torch.tensor([a, b], device=DEVICE),
+        torch.zeros(3, dtype=torch.int64, device=DEVICE),
+        torch.tensor([7, 8, 4], device=DEVICE),
+        torch.stack(loc).long(),
+    )
     kw = dict(rows_per_req=1, extra=0, vocab=96, num_slots=world.kv_cache.num_slots)
     out = torch.empty(result_size(2, 3, 3), dtype=torch.int64, device=DEVICE)
     right = [r2t[a, 7], r2t[a, 8], r2t[b, 4]]

@@ -8,12 +8,37 @@ import torch
 
 from refimpl.__main__ import main
 from refimpl.bench import CSV_COLUMNS
+from refimpl.config import CHAIN
 
 
 def test_bench_writes_json_csv_and_figures(tmp_path, capsys):
-    rc = main(["bench", "--backend", "triton", "--variant", "unified", "--variant", "in_graph",
-               "--mode", "decode", "--ctx", "32", "--bs", "1", "--repeats", "2", "--warmup",
-               "1", "--rotate", "2", "--out", str(tmp_path), "--figures", str(tmp_path)])  # fmt: skip
+    rc = main(
+        [
+            "bench",
+            "--backend",
+            "triton",
+            "--variant",
+            "unified",
+            "--variant",
+            "in_graph",
+            "--mode",
+            "decode",
+            "--ctx",
+            "32",
+            "--bs",
+            "1",
+            "--repeats",
+            "2",
+            "--warmup",
+            "1",
+            "--rotate",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--figures",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     data = json.loads((tmp_path / "results.json").read_text())
     # the engine the timings come from: the emulator on CPU, real CUDA graphs on a GPU
@@ -32,11 +57,14 @@ def test_bench_writes_json_csv_and_figures(tmp_path, capsys):
     assert (tmp_path / "replay_breakdown.png").stat().st_size > 0
 
 
-@pytest.mark.parametrize("argv, fragment", [
-    (["--variant", "nosuch"], "argument --variant: unknown ['nosuch']"),
-    (["--ctx", "0"], "argument --ctx: context lengths must be >= 1"),
-    (["--repeats", "x"], "argument --repeats: 'x' is not an integer"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--variant", "nosuch"], "argument --variant: unknown ['nosuch']"),
+        (["--ctx", "0"], "argument --ctx: context lengths must be >= 1"),
+        (["--repeats", "x"], "argument --repeats: 'x' is not an integer"),
+    ],
+)
 def test_bench_refuses_bad_flags(argv, fragment, capsys):
     with pytest.raises(SystemExit) as e:
         main(["bench", *argv])
@@ -48,14 +76,14 @@ def test_each_timed_hook_sees_the_batch_it_was_loaded_with():
     (FlashInfer's verify hook checks the tree mask against the loaded lengths; an H200 sweep died on it)."""
     from refimpl import bench
     from refimpl.backends import find
-    from refimpl.config import SpecConfig
     from refimpl.graphs import CPUEmulatorEngine
     from refimpl.layout import KINDS
     from refimpl.rig import Rig
 
-    spec = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
-    rig = Rig.build(find("flashinfer", "unified")[0], KINDS["target_verify"], spec, CPUEmulatorEngine(),
-                    capture_bs=(2,), max_context_len=48)  # fmt: skip
+    spec = CHAIN
+    rig = Rig.build(
+        find("flashinfer", "unified")[0], KINDS["target_verify"], spec, CPUEmulatorEngine(), capture_bs=(2,), max_context_len=48
+    )
     batches = [rig.gen.target_verify(2, seq_lens=lens) for lens in ([5, 9], [20, 30])]
     out = bench.time_replay_path(rig.runner, batches, repeats=2 * bench.RUN, warmup=0)  # both batches hooked
     assert out["host_us"]["hook"]["n"] == 2 * bench.RUN

@@ -18,15 +18,15 @@ from refimpl import layout
 from refimpl.backends import find
 from refimpl.batch import World
 from refimpl.batchgen import BatchGenerator
-from refimpl.check import diff_reference
 from refimpl.config import GraphConfig, ModelConfig, SpecConfig
 from refimpl.graphs import CPUEmulatorEngine
+from refimpl.graphs.inputs import StaticInputs
 from refimpl.graphs.runner import GraphRunner
 from refimpl.kernels.triton_decode import get_num_kv_splits, get_num_kv_splits_ref
 from refimpl.layout import GraphKind
 from refimpl.model import MultiStepDraftProgram, TinyDecoder
 from refimpl.modes import ForwardMode
-from refimpl.rig import KVGuard
+from refimpl.rig import KVGuard, diff_reference
 
 L = 96
 SPEC = SpecConfig(num_steps=2, topk=2, num_draft_tokens=5)
@@ -48,7 +48,7 @@ def make_runner(name, variant, mode=ForwardMode.DECODE, multi=False, seed=0, cap
     # stand-in wrappers there (as on CPU)
     kwargs = {"prefer_real": False} if name == "flashinfer" and not multi else {}
     backend = entry.load(multi)(world, spec, **kwargs)
-    runner = GraphRunner(program, backend, CPUEmulatorEngine(), GraphKind.of(mode, multi), gcfg, spec)
+    runner = GraphRunner(program, backend, CPUEmulatorEngine(), GraphKind.parse("draft_decode" if multi else mode), gcfg, spec)
     runner.capture()
     return runner, BatchGenerator(world, spec, seed=seed + 1)
 
@@ -71,9 +71,14 @@ def split_count_problems(runner, gen) -> list[str]:
     runner.replay(fb)
     problems = []
     for label, b, buf, group in _split_buffers(runner):
-        want = get_num_kv_splits_ref(LENS, num_group=group, num_heads=b.cfg.num_heads,
-                                     num_kv_heads=b.cfg.num_kv_heads,
-                                     max_kv_splits=b.max_kv_splits, core_count=b.core_count)  # fmt: skip
+        want = get_num_kv_splits_ref(
+            LENS,
+            num_group=group,
+            num_heads=b.cfg.num_heads,
+            num_kv_heads=b.cfg.num_kv_heads,
+            max_kv_splits=b.max_kv_splits,
+            core_count=b.core_count,
+        )
         got = buf[: len(want)].tolist()
         if got != want:
             problems.append(f"{label}: num_kv_splits {got} != reference {want}")
@@ -95,8 +100,9 @@ def test_split_counts_match_the_reference(name, variant, multi):
     assert split_count_problems(runner, gen) == []
     # the batch is one where halving max_kv_splits changes the counts (the test can see it)
     b = _split_buffers(runner)[0][1]
-    want = get_num_kv_splits_ref(LENS, num_heads=b.cfg.num_heads, num_kv_heads=b.cfg.num_kv_heads,
-                                 max_kv_splits=b.max_kv_splits, core_count=b.core_count)  # fmt: skip
+    want = get_num_kv_splits_ref(
+        LENS, num_heads=b.cfg.num_heads, num_kv_heads=b.cfg.num_kv_heads, max_kv_splits=b.max_kv_splits, core_count=b.core_count
+    )
     assert max(want) > b.max_kv_splits // 2, want
 
 
@@ -106,12 +112,17 @@ def test_planted_half_max_kv_splits_is_caught(monkeypatch):
     from refimpl.backends.wave import WaveAttnBackend
 
     def half(self, num_kv_splits, seq_lens):
-        get_num_kv_splits(num_kv_splits, seq_lens,
-                          num_group=num_kv_splits.numel() // max(seq_lens.numel(), 1),
-                          num_heads=self.cfg.num_heads, num_kv_heads=self.cfg.num_kv_heads,
-                          max_kv_splits=self.max_kv_splits // 2, core_count=self.core_count)  # fmt: skip
+        get_num_kv_splits(
+            num_kv_splits,
+            seq_lens,
+            num_group=num_kv_splits.numel() // max(seq_lens.numel(), 1),
+            num_heads=self.cfg.num_heads,
+            num_kv_heads=self.cfg.num_kv_heads,
+            max_kv_splits=self.max_kv_splits // 2,
+            core_count=self.core_count,
+        )
 
-    monkeypatch.setattr(WaveAttnBackend, "_splits", half)
+    monkeypatch.setattr(WaveAttnBackend, "get_num_kv_splits", half)
     runner, gen = make_runner("wave", "unified", capture_bs=(4,))
     assert split_count_problems(runner, gen)
 
@@ -130,8 +141,7 @@ def padding_after_full_problems(runner, gen) -> list[str]:
     out = runner.replay(fb).clone()
     problems += guard.check()
     bs, fill = 4, runner.fill_value
-    static = (runner.seq_lens[3].item(), runner.req_pool_indices[3].item(),
-              runner.out_cache_loc[3].item())  # fmt: skip
+    static = (runner.inputs.seq_lens[3].item(), runner.inputs.req_pool_indices[3].item(), runner.inputs.out_cache_loc[3].item())
     if static != (fill, layout.PAD_REQ_SLOT, layout.PAD_CACHE_SLOT):
         problems.append(f"padded row 3 holds (seq_len, request, slot) = {static}")
     ref = runner.backend.reference_graph_state(runner.padded_batch(fb))
@@ -144,8 +154,7 @@ def padding_after_full_problems(runner, gen) -> list[str]:
     return problems
 
 
-PAD_TARGETS = [("torch_native", "unified"), ("triton", "unified"), ("wave", "unified"),
-               ("flashinfer", "unified")]  # fmt: skip
+PAD_TARGETS = [("torch_native", "unified"), ("triton", "unified"), ("wave", "unified"), ("flashinfer", "unified")]
 
 
 @pytest.mark.parametrize("name, variant", PAD_TARGETS, ids=[n for n, _ in PAD_TARGETS])
@@ -159,13 +168,13 @@ def test_planted_no_padded_row_reset_is_caught(monkeypatch):
     the full batch's last request stays in row 3, so the padded row writes that request's KV
     slot and reads its keys."""
     runner, gen = make_runner("triton", "unified", capture_bs=(4,))
-    real = GraphRunner._copy_plan
+    real = StaticInputs._plan
 
-    def no_padding(self, raw_bs, bs, n, into=None):
-        dst, pads, host_live, _ = real(self, raw_bs, bs, n, into)
+    def no_padding(self, raw_bs, bs, n):
+        dst, pads, host_live, _ = real(self, raw_bs, bs, n)
         return dst[: len(dst) - len(pads)], [], host_live, None
 
-    monkeypatch.setattr(GraphRunner, "_copy_plan", no_padding)
+    monkeypatch.setattr(StaticInputs, "_plan", no_padding)
     problems = padding_after_full_problems(runner, gen)
     assert any("padded row 3 holds" in p for p in problems), problems
     assert any("KV slot(s) outside the batch" in p for p in problems), problems
@@ -212,8 +221,9 @@ def test_oracle_rebuilds_the_verify_mask_from_the_trees():
     from refimpl.layout import KINDS
     from refimpl.rig import Rig
 
-    rig = Rig.build(find("triton", "unified")[0], KINDS["target_verify"], SPEC, CPUEmulatorEngine(),
-                    capture_bs=(2,), max_context_len=40)  # fmt: skip
+    rig = Rig.build(
+        find("triton", "unified")[0], KINDS["target_verify"], SPEC, CPUEmulatorEngine(), capture_bs=(2,), max_context_len=40
+    )
     fb = rig.gen.for_mode(rig.kind, 2)
     assert (v := rig.run(fb)).graph_ok and v.oracle_ok
     everyone = dataclasses.replace(fb.spec_info, custom_mask=torch.ones_like(fb.spec_info.custom_mask))
@@ -230,9 +240,16 @@ def test_no_verify_mask_means_chains_on_every_backend(name):
     from refimpl.layout import KINDS
     from refimpl.rig import Rig
 
-    chain = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
-    rig = Rig.build(find(name, "unified")[0], KINDS["target_verify"], chain, CPUEmulatorEngine(), capture_bs=(2,),
-                    max_context_len=40, capture=False)  # fmt: skip
+    chain = CHAIN
+    rig = Rig.build(
+        find(name, "unified")[0],
+        KINDS["target_verify"],
+        chain,
+        CPUEmulatorEngine(),
+        capture_bs=(2,),
+        max_context_len=40,
+        capture=False,
+    )
     fb = rig.gen.for_mode(rig.kind, 2)
     with_mask = rig.runner.eager(fb).clone()
     without = rig.runner.eager(fb.replace(spec_info=dataclasses.replace(fb.spec_info, custom_mask=None)))
@@ -242,8 +259,7 @@ def test_no_verify_mask_means_chains_on_every_backend(name):
 def test_findings_name_rows_columns_padded_rows_and_nan_rows():
     """A reviewer reads a finding without decoding flat indices: row and column of a 2-D buffer (the raw index kept),
     whether the row is a padded request's, and which output rows differ or hold NaN."""
-    from refimpl.check import diff_states
-    from refimpl.rig import close
+    from refimpl.rig import close, diff_states
 
     table = torch.zeros(4, 64, dtype=torch.int32)
     other = table.clone()

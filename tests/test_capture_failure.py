@@ -45,6 +45,10 @@ def test_a_failed_capture_leaves_the_process_usable(how):
         assert not torch.cuda.is_current_stream_capturing()
     torch.testing.assert_close(x @ x, (x.double() @ x.double()).to(x.dtype), rtol=1e-2, atol=1e-2)
     # a whole capture / replay / eager / oracle round, same process, on the same engine kind
-    rows = run_checks(["torch_native"], ["decode"], engine="auto",
-                      settings=CheckSettings(capture_bs=(1, 4), raw_bs=(3,), max_context_len=24, num_slots=None))  # fmt: skip
+    rows = run_checks(
+        ["torch_native"],
+        ["decode"],
+        engine="auto",
+        settings=CheckSettings(capture_bs=(1, 4), raw_bs=(3,), max_context_len=24, num_slots=None),
+    )
     assert rows and all(r.passed and not r.findings for r in rows), [r.findings for r in rows]

@@ -5,9 +5,10 @@ import torch
 
 from refimpl.backends import BackendEntry
 from refimpl.backends.torch_native import TorchNativeBackend, TorchNativeMetadata
-from refimpl.check import CheckSettings, check_entry_mode, diff_states, run_checks
+from refimpl.check import CheckSettings, check_entry_mode, run_checks
 from refimpl.graphs import CPUEmulatorEngine
 from refimpl.modes import ForwardMode
+from refimpl.rig import diff_states
 
 FAST = CheckSettings(capture_bs=(1, 2, 4), raw_bs=(1, 3), max_context_len=32, num_slots=None)
 
@@ -114,9 +115,7 @@ def test_stale_from_capture_is_named_where_the_replay_kept_the_capture_batch():
     another way at capture (not the capture batch's values): no such words."""
     from refimpl.backends import find
 
-    settings = CheckSettings(
-        capture_bs=(1, 2, 4), raw_bs=(3,), max_context_len=32, num_slots=None, glue_replays=0, history=False
-    )
+    settings = CheckSettings(capture_bs=(1, 2, 4), raw_bs=(3,), max_context_len=32, num_slots=None, glue_replays=0, history=False)
     (mla,) = check_entry_mode(find("flashinfer_mla", "as-upstream")[0], "decode", CPUEmulatorEngine(), settings)
     stale = [f.split(": ")[0] for f in mla.findings if "stale from capture" in f]
     assert stale == ["kv_indptr", "kv_len_arr"], mla.findings
@@ -186,20 +185,7 @@ def test_cli_reports_like_a_tool(capsys):
     from refimpl.__main__ import LEGEND, main
 
     assert (
-        main(
-            [
-                "check",
-                "--backend",
-                "flashinfer_mla",
-                "--mode",
-                "decode",
-                "--mode",
-                "draft_decode",
-                "--bs",
-                "1",
-                *SMALL_WORLD,
-            ]
-        )
+        main(["check", "--backend", "flashinfer_mla", "--mode", "decode", "--mode", "draft_decode", "--bs", "1", *SMALL_WORLD])
         == 0
     )
     out, err = capsys.readouterr()
@@ -208,9 +194,14 @@ def test_cli_reports_like_a_tool(capsys):
     rows = [line.split() for line in lines[2:] if line.startswith("flashinfer_mla")]
     mode = lambda r: "draft_decode" if "draft_decode" in r else "decode"  # noqa: E731
     status = {(r[1], mode(r)): r[-1] for r in rows}
-    assert status == {("unified", "decode"): "ok", ("as-upstream", "decode"): "expected", ("legacy", "decode"): "expected",
-                      ("unified", "draft_decode"): "skipped", ("as-upstream", "draft_decode"): "skipped",
-                      ("legacy", "draft_decode"): "skipped"}, rows  # fmt: skip
+    assert status == {
+        ("unified", "decode"): "ok",
+        ("as-upstream", "decode"): "expected",
+        ("legacy", "decode"): "expected",
+        ("unified", "draft_decode"): "skipped",
+        ("as-upstream", "draft_decode"): "skipped",
+        ("legacy", "draft_decode"): "skipped",
+    }, rows
     assert all(r[r.index(mode(r)) + 1] == ("-" if r[-1] == "skipped" else "1") for r in rows)  # no bs 0 when skipped
     assert LEGEND in lines and len(LEGEND) < 200
     # verdict (e)'s reasons read as information under rows that pass; findings that fail a row keep "    - "

@@ -5,7 +5,7 @@ import torch
 
 from refimpl import layout
 from refimpl.batch import World
-from refimpl.config import GraphConfig, ModelConfig, SpecConfig, sglang_default_capture_bs
+from refimpl.config import TREE, GraphConfig, ModelConfig, SpecConfig, sglang_default_capture_bs
 from refimpl.memory import ReqToTokenPool, TokenSlotAllocator
 from refimpl.modes import GRAPH_MODES, ForwardMode
 from refimpl.validate import validate_batch
@@ -36,10 +36,10 @@ def test_mode_parse_errors_name_the_value():
 
 
 def test_tokens_per_request_per_mode():
-    spec = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
+    spec = TREE
     rows = layout.rows_per_request
     assert rows(ForwardMode.DECODE, spec) == 1
-    assert rows(ForwardMode.DECODE, spec, multi_step_draft=True) == 2
+    assert layout.KINDS["draft_decode"].rows(spec) == 2
     assert rows(ForwardMode.TARGET_VERIFY, spec) == 6
     assert rows(ForwardMode.DRAFT_EXTEND, spec) == 4  # S + 1
     assert rows(ForwardMode.DRAFT_EXTEND_V2, spec) == 6  # N

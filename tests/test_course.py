@@ -100,10 +100,6 @@ def test_the_reading_path_states_each_notebooks_reading_time():
 def test_every_glossary_link_names_a_term():
     headings = re.findall(r"^#+ (.*)$", (ROOT / "docs/glossary.md").read_text(), re.M)
     anchors = {re.sub(r"[^a-z0-9 _\-]", "", h.strip().lower()).replace(" ", "-") for h in headings}
-    links = {
-        (p.name, a)
-        for p in NOTEBOOKS + [ROOT / "README.md"]
-        for a in re.findall(r"glossary\.md#([\w-]+)", p.read_text())
-    }
+    links = {(p.name, a) for p in NOTEBOOKS + [ROOT / "README.md"] for a in re.findall(r"glossary\.md#([\w-]+)", p.read_text())}
     assert links, "no notebook links the glossary"
     assert not sorted((f, a) for f, a in links if a not in anchors), "links to missing glossary terms"

@@ -10,8 +10,8 @@ from refimpl.backends.flashinfer import FlashInferAttnBackend
 from refimpl.backends.flashinfer_mla import FlashInferMLAAttnBackend, FlashInferMLAAttnBackendAsUpstream
 from refimpl.backends.triton import TritonAttnBackendLegacy
 from refimpl.backends.wave import WaveAttnBackendLegacy, WaveMultiStepDraftBackend
-from refimpl.check import diff_states
 from refimpl.course import backends as nb
+from refimpl.rig import diff_states
 
 N = nb.TREE.num_draft_tokens
 

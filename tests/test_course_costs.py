@@ -89,8 +89,10 @@ def test_bench_figures_are_bars_or_few_lines(tmp_path):
     paths = viz.draw_bench_figures(mine, env, tmp_path)
     names = {"breakdown", "step_graph_vs_eager", "capture_cost", "host_vs_bs_triton"}
     assert {p.name for p in paths} == {f"replay_{n}.png" for n in names}
-    assert all(len(ax.lines) <= 6 for ax in viz.draw_host_vs_bs(mine, env, 512, [
-        (v, "triton", v, "k") for v in ("unified", "fused", "in_graph")]).axes)  # fmt: skip
+    assert all(
+        len(ax.lines) <= 6
+        for ax in viz.draw_host_vs_bs(mine, env, 512, [(v, "triton", v, "k") for v in ("unified", "fused", "in_graph")]).axes
+    )
 
 
 def test_hook_parts_runs_here():

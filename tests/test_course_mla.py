@@ -27,14 +27,7 @@ def panel(P, cls):
     backend = cls(world, mla.CHAIN)
     backend.init_cuda_graph_state(4, 4)
     call_capture_hook(backend, fb)
-    return (
-        cls.name,
-        P,
-        world.req_to_token,
-        fb.req_pool_indices,
-        fb.seq_lens,
-        backend.forward_metadata.block_kv_indices,
-    )
+    return (cls.name, P, world.req_to_token, fb.req_pool_indices, fb.seq_lens, backend.forward_metadata.block_kv_indices)
 
 
 def marks(fig):
@@ -93,8 +86,7 @@ def test_verdict_line_names_each_finding_once():
     rec = CheckRecord("trtllm_mla", "legacy", "decode", 3, "cpu", False, False, True, findings, "C", False)
     line = mla.verdict_line(rec)
     assert (
-        line
-        == "trtllm_mla/legacy decode bs 3: (a) False (b) False (c) True (d) False; findings: max_seq_len_k, graph vs eager"
+        line == "trtllm_mla/legacy decode bs 3: (a) False (b) False (c) True (d) False; findings: max_seq_len_k, graph vs eager"
     )
 
 
@@ -105,9 +97,7 @@ def test_op_names():
 
 def test_h200_results_figure_and_medians():
     rows = mla.h200_results()["rows"]
-    assert (
-        mla.medians(rows).splitlines()[0] == "bs   1: unified 220 µs, simplified 160 µs, in_graph 79 µs"
-    )  # the README's
+    assert mla.medians(rows).splitlines()[0] == "bs   1: unified 220 µs, simplified 160 µs, in_graph 79 µs"  # the README's
     (lo, hi), (lo2, hi2) = mla.savings(rows).values()
     assert 55 < lo < hi < 100 and 80 < lo2 < hi2 < 180
     assert mla.hook_launches(rows) == {"unified": {7}, "simplified": {2}, "in_graph": {0}}

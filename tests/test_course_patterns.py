@@ -18,7 +18,9 @@ def test_side_by_side_tags_each_shape_in_order():
         assert calls(getattr(cls, CAP), f"self.{REP}") == 1
     C = TritonAttnBackendLegacy
     assert calls(getattr(C, CAP), f"self.{REP}") == 0  # C: two bodies ...
-    assert calls(getattr(C, CAP), "self._splits") == 0 and calls(getattr(C, REP), "self._splits") == 1  # ... drifted
+    assert (
+        calls(getattr(C, CAP), "self.get_num_kv_splits") == 0 and calls(getattr(C, REP), "self.get_num_kv_splits") == 1
+    )  # ... drifted
     assert getattr(WaveAttnBackend, CAP) is getattr(TritonAttnBackend, CAP)  # unified Wave inherits A's capture hook
     prep = FlashInferAttnBackend._prepare_cuda_graph_metadata
     assert calls(prep, "self._create_decode_wrappers") == calls(prep, "self._create_prefill_wrappers") == 1
@@ -64,8 +66,11 @@ def test_flashinfer_dispatch_counts():
 
 def test_plan_state_figure_marks_every_wrong_read_red():
     needed = [(0, 30), (30, 5), (35, 17)]
-    panels = [("right", needed, needed), ("stale", needed, [(0, 1), (1, 1), (2, 1)]),
-              ("cut", needed, [(0, 28), (30, 5), (35, 17)])]  # fmt: skip
+    panels = [
+        ("right", needed, needed),
+        ("stale", needed, [(0, 1), (1, 1), (2, 1)]),
+        ("cut", needed, [(0, 28), (30, 5), (35, 17)]),
+    ]
     fig = patterns.draw_plan_state(panels)
     axes = fig.axes
     assert [ax.get_title(loc="left") for ax in axes] == ["right", "stale", "cut"]

@@ -23,8 +23,15 @@ def test_paths_are_the_checkers_batch_and_states():
     s = review.paths(review.BUGGY)
     assert (s.batch.batch_size, s.padded.batch_size) == (3, 4)
     settings = review.SMALL  # the world paths() draws in
-    rig = Rig.build(review.entry(review.BUGGY), GraphKind.parse("target_verify"), settings.spec, CPUEmulatorEngine(),
-                    capture_bs=settings.capture_bs, max_context_len=settings.max_context_len, capture=False)  # fmt: skip
+    rig = Rig.build(
+        review.entry(review.BUGGY),
+        GraphKind.parse("target_verify"),
+        settings.spec,
+        CPUEmulatorEngine(),
+        capture_bs=settings.capture_bs,
+        max_context_len=settings.max_context_len,
+        capture=False,
+    )
     assert settings.raw_bs == (3,)  # the checker's only row: nothing drawn before it
     rig.gen.lengths = "one long"  # as the checker draws a row of 3 (check.row_lengths)
     fb = rig.gen.for_mode(rig.kind, 3)

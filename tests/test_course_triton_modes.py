@@ -6,12 +6,9 @@ import torch
 
 from refimpl import ForwardMode, layout, viz
 from refimpl.backends.triton import TritonAttnBackend
-from refimpl.config import SpecConfig
+from refimpl.config import CHAIN, TREE
 from refimpl.course import triton_modes
 from refimpl.graphs import make_engine
-
-CHAIN = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
-TREE = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
 
 
 def test_the_eagle_iteration_states_the_runners_rows_per_request():
@@ -23,7 +20,7 @@ def test_the_eagle_iteration_states_the_runners_rows_per_request():
         ("v1: S + 1 = {} rows per request", ForwardMode.DRAFT_EXTEND, False),
         ("v2: N = {} rows per request", ForwardMode.DRAFT_EXTEND_V2, False),
     ):
-        rows = layout.rows_per_request(mode, TREE, multi_step_draft=multi)
+        rows = layout.GraphKind.parse("draft_decode" if multi else mode).rows(TREE)
         assert any(claim.format(rows) in t for t in texts), (claim, rows)
     badges = " ".join(t.get_text() for t in fig.axes[0].texts if t.get_gid() == "mode")
     for mode in ("DECODE", "TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_EXTEND_V2", "IDLE"):

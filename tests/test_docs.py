@@ -29,9 +29,7 @@ def test_every_facts_citation_names_a_section_of_the_docs_page():
     headings = re.findall(r"^#+ (.*)$", FACTS.read_text(), re.M)
     anchors = {_anchor(h) for h in headings}
     cited = {
-        (path.name, a)
-        for path in SOURCES
-        for a in re.findall(r"(?:\[facts#|sglang_facts\.md#)([a-z0-9-]+)", path.read_text())
+        (path.name, a) for path in SOURCES for a in re.findall(r"(?:\[facts#|sglang_facts\.md#)([a-z0-9-]+)", path.read_text())
     }
     assert cited, "expected the sources to cite docs/sglang_facts.md"
     dangling = sorted((f, a) for f, a in cited if a not in anchors)
@@ -63,7 +61,5 @@ def test_the_box_lists_every_backend_variant_and_notebook():
     titles |= {"trtllm_mla": "TRTLLM-MLA"}
     missing = [e.name for e in REGISTRY if titles.get(e.name, "?") not in rows["backends"]]
     missing += [f"{e.name}/{e.variant}" for e in REGISTRY if e.variant not in rows["backends"]]
-    missing += [
-        nb.stem for nb in (ROOT / "notebooks").glob("[0-9][0-9]_*.py") if f"`{nb.stem}`" not in rows["notebooks"]
-    ]
+    missing += [nb.stem for nb in (ROOT / "notebooks").glob("[0-9][0-9]_*.py") if f"`{nb.stem}`" not in rows["notebooks"]]
     assert not missing, f"docs/reference.md's box lacks {missing}"

@@ -10,12 +10,9 @@ from refimpl.backends.flashinfer import FlashInferAttnBackend
 from refimpl.batch import World
 from refimpl.batchgen import BatchGenerator
 from refimpl.check import check_entry_mode
-from refimpl.config import ModelConfig, SpecConfig
+from refimpl.config import CHAIN, TREE, ModelConfig, SpecConfig
 from refimpl.graphs import CPUEmulatorEngine
 from refimpl.spec import VerifyInput
-
-CHAIN = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
-TREE = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
 
 
 def run(name, variant, case, spec=CHAIN, raw_bs=RAW_BS, capture_bs=(1, 2, 4)):
@@ -89,13 +86,10 @@ def test_flashinfer_batch_larger_than_bound_is_refused():
     b.init_cuda_graph_state(2, 2)
     gen = BatchGenerator(world, CHAIN, seed=0)
     small = gen.decode(2)
-    b.init_forward_metadata_capture_cuda_graph(
-        2, 2, small.req_pool_indices, small.seq_lens, None, small.forward_mode, None
-    )
+    b.init_forward_metadata_capture_cuda_graph(2, 2, small.req_pool_indices, small.seq_lens, None, small.forward_mode, None)
     big = gen.decode(3)
     with pytest.raises(ValueError, match="3"):
-        b._update_decode(3, big.req_pool_indices, big.seq_lens, big.seq_lens_cpu,
-                         b.decode_cuda_graph_metadata[2], None)  # fmt: skip
+        b._update_decode(3, big.req_pool_indices, big.seq_lens, big.seq_lens_cpu, b.decode_cuda_graph_metadata[2], None)
 
 
 def test_decode_kernel_choice_follows_sglang():
@@ -124,8 +118,9 @@ def test_an_empty_idle_batch_plans_nothing(name):
     from refimpl.layout import KINDS
     from refimpl.rig import Rig
 
-    rig = Rig.build(find(name, "unified")[0], KINDS["idle"], CHAIN, CPUEmulatorEngine(), capture_bs=(1,),
-                    max_context_len=40, capture=False)  # fmt: skip
+    rig = Rig.build(
+        find(name, "unified")[0], KINDS["idle"], CHAIN, CPUEmulatorEngine(), capture_bs=(1,), max_context_len=40, capture=False
+    )
     with count_plans(rig.runner.backend) as calls:
         out = rig.runner.eager(rig.gen.idle())
     assert calls[0] == 0 and out.shape[0] == 0

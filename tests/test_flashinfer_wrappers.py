@@ -40,11 +40,7 @@ from refimpl.kernels import mha_oracle, mla_oracle, relative_error
 Decode = standin.BatchDecodeWithPagedKVCacheWrapper
 Prefill = standin.BatchPrefillWithPagedKVCacheWrapper
 MLA = standin.BatchMLAPagedAttentionWrapper
-WRAPPER_NAMES = [
-    "BatchDecodeWithPagedKVCacheWrapper",
-    "BatchPrefillWithPagedKVCacheWrapper",
-    "BatchMLAPagedAttentionWrapper",
-]
+WRAPPER_NAMES = ["BatchDecodeWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper", "BatchMLAPagedAttentionWrapper"]
 
 F32 = torch.float32
 I32 = torch.int32
@@ -150,8 +146,7 @@ def bound_mla(bs, indices_len=64):
 
 def mla_plan(w, q_lens, kv_lens, g, causal=False, sm_scale=0.3):
     indptr, indices = csr(kv_lens, g)
-    w.plan(qo(q_lens), indptr, indices, torch.tensor(kv_lens, dtype=I32), HM, R, RR, 1, causal,
-           sm_scale, F32, F32)  # fmt: skip
+    w.plan(qo(q_lens), indptr, indices, torch.tensor(kv_lens, dtype=I32), HM, R, RR, 1, causal, sm_scale, F32, F32)
     return indptr, indices
 
 
@@ -333,8 +328,7 @@ def test_prefill_matches_oracle(mode):
     q = torch.randn(sum(q_lens), H, D, generator=g)
     mask = rand_mask(q_lens, kv_lens, g) if mode == "mask" else None
     w = Prefill(ws(), "NHD")
-    w.plan(qo(q_lens), indptr, indices, ones(4), H, HKV, D, 1, custom_mask=mask,
-           causal=mode == "causal", q_data_type=F32)  # fmt: skip
+    w.plan(qo(q_lens), indptr, indices, ones(4), H, HKV, D, 1, custom_mask=mask, causal=mode == "causal", q_data_type=F32)
     mi = mask_indptr_of(q_lens, kv_lens) if mask is not None else None
     ref = mha_oracle(q, k, v, qo(q_lens), indptr, indices, 1 / D**0.5, mask, mi, mode == "causal")
     assert close(w.run(q, (k, v)), ref)
@@ -351,11 +345,9 @@ def test_prefill_mask_wins_over_causal_and_padding_rows_are_zero():
     q = torch.randn(6, H, D, generator=g)  # two rows past qo_indptr[-1] = 4
     mask = rand_mask(q_lens, kv_lens, g)
     w = Prefill(ws())
-    w.plan(qo(q_lens), indptr, indices, ones(2), H, HKV, D, 1, custom_mask=mask, causal=True,
-           q_data_type=F32)  # fmt: skip
+    w.plan(qo(q_lens), indptr, indices, ones(2), H, HKV, D, 1, custom_mask=mask, causal=True, q_data_type=F32)
     out = w.run(q, (k, v))
-    ref = mha_oracle(q[:4], k, v, qo(q_lens), indptr, indices, 1 / D**0.5, mask,
-                     mask_indptr_of(q_lens, kv_lens))  # fmt: skip
+    ref = mha_oracle(q[:4], k, v, qo(q_lens), indptr, indices, 1 / D**0.5, mask, mask_indptr_of(q_lens, kv_lens))
     assert close(out[:4], ref) and not out[4:].any()
 
 
@@ -436,8 +428,7 @@ def test_prefill_graph_replay_after_replan_with_new_mask():
     def plan(q_lens, kv_lens):
         indptr, indices = csr(kv_lens, g)
         mask = rand_mask(q_lens, kv_lens, g)
-        w.plan(qo(q_lens), indptr, indices, ones(2), H, HKV, D, 1, custom_mask=mask,
-               q_data_type=F32)  # fmt: skip
+        w.plan(qo(q_lens), indptr, indices, ones(2), H, HKV, D, 1, custom_mask=mask, q_data_type=F32)
         return indptr, indices, mask
 
     plan([3, 3], [4, 6])
@@ -446,8 +437,7 @@ def test_prefill_graph_replay_after_replan_with_new_mask():
     q_lens, kv_lens = [2, 4], [9, 5]  # ragged this time
     indptr, indices, mask = plan(q_lens, kv_lens)
     graph.replay()
-    ref = mha_oracle(q, k, v, qo(q_lens), indptr, indices, 1 / D**0.5, mask,
-                     mask_indptr_of(q_lens, kv_lens))  # fmt: skip
+    ref = mha_oracle(q, k, v, qo(q_lens), indptr, indices, 1 / D**0.5, mask, mask_indptr_of(q_lens, kv_lens))
     assert close(out, ref)
 
 
@@ -594,17 +584,35 @@ def test_install_fast_decode_plan_routes_plan_and_begin_forward():
     indptr, indices = csr([5, 8], g)
     bufs["paged_kv_indptr_buffer"].copy_(indptr)
     bufs["paged_kv_indices_buffer"][:13].copy_(indices)
-    w.plan(bufs["paged_kv_indptr_buffer"], bufs["paged_kv_indices_buffer"],
-           bufs["paged_kv_last_page_len_buffer"], H, HKV, D, 1, data_type=F32, q_data_type=F32,
-           non_blocking=True, global_override_indptr_cpu=indptr)  # fmt: skip
+    w.plan(
+        bufs["paged_kv_indptr_buffer"],
+        bufs["paged_kv_indices_buffer"],
+        bufs["paged_kv_last_page_len_buffer"],
+        H,
+        HKV,
+        D,
+        1,
+        data_type=F32,
+        q_data_type=F32,
+        non_blocking=True,
+        global_override_indptr_cpu=indptr,
+    )
     q = torch.randn(2, H, D, generator=g)
     assert close(w.run(q, (k, v)), decode_ref(q, k, v, indptr, indices))
     with pytest.raises(ValueError, match="indices is not the wrapper's bound buffer"):
-        w.plan(bufs["paged_kv_indptr_buffer"], indices, ones(2), H, HKV, D, 1, q_data_type=F32,
-               global_override_indptr_cpu=indptr)  # fmt: skip
+        w.plan(bufs["paged_kv_indptr_buffer"], indices, ones(2), H, HKV, D, 1, q_data_type=F32, global_override_indptr_cpu=indptr)
     with pytest.raises(ValueError, match="indptr is not the wrapper's bound buffer"):
-        w.plan(indptr.clone(), bufs["paged_kv_indices_buffer"], ones(2), H, HKV, D, 1,
-               q_data_type=F32, global_override_indptr_cpu=indptr)  # fmt: skip
+        w.plan(
+            indptr.clone(),
+            bufs["paged_kv_indices_buffer"],
+            ones(2),
+            H,
+            HKV,
+            D,
+            1,
+            q_data_type=F32,
+            global_override_indptr_cpu=indptr,
+        )
 
 
 class Recording:
@@ -646,8 +654,7 @@ def test_fast_decode_plan_refusals():
     g = gen(15)
     w, _ = bound_decode(2)
     with pytest.raises(RuntimeError, match="planned once with its full plan"):
-        fast_decode_plan(w, torch.tensor([0, 1, 2], dtype=I32), ones(2), H, HKV, D, 1,
-                         q_data_type=F32)  # fmt: skip
+        fast_decode_plan(w, torch.tensor([0, 1, 2], dtype=I32), ones(2), H, HKV, D, 1, q_data_type=F32)
     with pytest.raises(RuntimeError, match="planned once"):
         install_fast_decode_plan(w)
     decode_plan(w, [1, 2], g)
@@ -659,8 +666,7 @@ def test_fast_decode_plan_refusals():
         fast_decode_plan(w, torch.tensor([0, 1, 2]), ones(2), H, HKV, D, 1, q_data_type="float16")
     install_fast_decode_plan(w)
     with pytest.raises(ValueError, match="needs the host indptr"):
-        w.plan(torch.empty(3, device="meta"), torch.zeros(4, dtype=I32), ones(2), H, HKV, D, 1,
-               q_data_type=F32)  # fmt: skip
+        w.plan(torch.empty(3, device="meta"), torch.zeros(4, dtype=I32), ones(2), H, HKV, D, 1, q_data_type=F32)
 
 
 def test_fast_mla_decode_plan_on_flashinfer_072s_planned_backend():
@@ -682,20 +688,27 @@ def test_fast_mla_decode_plan_on_flashinfer_072s_planned_backend():
             return ["info", len(staged)], 24
 
     ws = (w._float_workspace_buffer, w._int_workspace_buffer, w._pin_memory_int_workspace_buffer)
-    backend = SimpleNamespace(_float_workspace_buffer=ws[0], _int_workspace_buffer=ws[1],
-                              _pin_memory_int_workspace_buffer=ws[2], _q_data_type=F32, _kv_data_type=F32)  # fmt: skip
+    backend = SimpleNamespace(
+        _float_workspace_buffer=ws[0],
+        _int_workspace_buffer=ws[1],
+        _pin_memory_int_workspace_buffer=ws[2],
+        _q_data_type=F32,
+        _kv_data_type=F32,
+    )
     w._planned_backend, w._cached_module, before = backend, Module072(), w._plan_info
     with count_plans(SimpleNamespace(wrappers=[w])) as calls:
-        fast_mla_decode_plan(w, qo([1, 1, 1]), qo([3, 1, 2]), torch.tensor([3, 1, 2], dtype=I32), HM, R, RR, 1,
-                             True, 0.5, F32, F32)  # fmt: skip
+        fast_mla_decode_plan(
+            w, qo([1, 1, 1]), qo([3, 1, 2]), torch.tensor([3, 1, 2], dtype=I32), HM, R, RR, 1, True, 0.5, F32, F32
+        )
     assert calls[0] == 1 and len(staged) == 1 and staged[0][:3] == ws and staged[0][5].tolist() == [3, 1, 2]
     assert backend._plan_info == ["info", 1] and backend._staged_int_workspace_bytes == 24
     assert (backend._causal, backend._sm_scale, w._causal) == (True, 0.5, True)
     assert w._plan_info is before, "the wrapper's own plan is not where 0.7.2's run reads it"
     backend._q_data_type = torch.float16
     with pytest.raises(ValueError, match="q_data_type=torch.float32 differs from the full plan's torch.float16"):
-        fast_mla_decode_plan(w, qo([1, 1, 1]), qo([3, 1, 2]), torch.tensor([3, 1, 2], dtype=I32), HM, R, RR, 1,
-                             True, 0.5, F32, F32)  # fmt: skip
+        fast_mla_decode_plan(
+            w, qo([1, 1, 1]), qo([3, 1, 2]), torch.tensor([3, 1, 2], dtype=I32), HM, R, RR, 1, True, 0.5, F32, F32
+        )
 
 
 def test_fast_mla_decode_plan_matches_full_plan():
@@ -704,8 +717,7 @@ def test_fast_mla_decode_plan_matches_full_plan():
     ckv, kpe = cache[..., :R], cache[..., R:]
     w, bufs = bound_mla(3)
     with pytest.raises(RuntimeError, match="planned once"):
-        fast_mla_decode_plan(w, qo([1, 1, 1]), qo([1, 1, 1]), ones(3), HM, R, RR, 1, False, 0.3,
-                             F32, F32)  # fmt: skip
+        fast_mla_decode_plan(w, qo([1, 1, 1]), qo([1, 1, 1]), ones(3), HM, R, RR, 1, False, 0.3, F32, F32)
     mla_plan(w, [1, 1, 1], [2, 2, 2], g)
     qn, qp = torch.randn(3, HM, R, generator=g), torch.randn(3, HM, RR, generator=g)
     graph, out = capture(lambda: w.run(qn, qp, ckv, kpe))
@@ -716,23 +728,19 @@ def test_fast_mla_decode_plan_matches_full_plan():
     indptr, indices = csr(kv_lens, g)
     stale_indptr = bufs["kv_indptr"].clone()
     bufs["kv_indices"][:15].copy_(indices)  # the caller writes the bound indices in place
-    w.plan(qo([1, 1, 1]), indptr, bufs["kv_indices"], torch.tensor(kv_lens, dtype=I32),
-           HM, R, RR, 1, False, 0.3, F32, F32)  # fmt: skip
+    w.plan(qo([1, 1, 1]), indptr, bufs["kv_indices"], torch.tensor(kv_lens, dtype=I32), HM, R, RR, 1, False, 0.3, F32, F32)
     assert torch.equal(bufs["kv_indptr"], stale_indptr), "the fast plan copies nothing"
     graph.replay()
     ref = mla_oracle(qn, qp, cache, qo([1, 1, 1]), indptr, indices, 0.3)
     assert close(out, ref)
     full, _ = bound_mla(3)
     mla_plan(full, [1, 1, 1], [2, 2, 2], g)
-    full.plan(qo([1, 1, 1]), indptr, indices, torch.tensor(kv_lens, dtype=I32), HM, R, RR, 1,
-              False, 0.3, F32, F32)  # fmt: skip
+    full.plan(qo([1, 1, 1]), indptr, indices, torch.tensor(kv_lens, dtype=I32), HM, R, RR, 1, False, 0.3, F32, F32)
     assert torch.equal(out, full.run(qn, qp, ckv, kpe))
     with pytest.raises(ValueError, match="must be a CPU tensor"):
-        fast_mla_decode_plan(w, torch.empty(4, device="meta"), indptr, ones(3), HM, R, RR, 1,
-                             False, 0.3, F32, F32)  # fmt: skip
+        fast_mla_decode_plan(w, torch.empty(4, device="meta"), indptr, ones(3), HM, R, RR, 1, False, 0.3, F32, F32)
     with pytest.raises(ValueError, match="not the wrapper's bound buffer"):
-        w.plan(qo([1, 1, 1]), indptr, indices, torch.tensor(kv_lens, dtype=I32), HM, R, RR, 1,
-               False, 0.3, F32, F32)  # fmt: skip
+        w.plan(qo([1, 1, 1]), indptr, indices, torch.tensor(kv_lens, dtype=I32), HM, R, RR, 1, False, 0.3, F32, F32)
 
 
 @pytest.mark.parametrize("with_mask", [True, False], ids=["tree mask", "causal"])
@@ -756,8 +764,19 @@ def test_fast_prefill_plan_fills_what_the_full_plan_fills(with_mask):
     fbufs["paged_kv_indices_buf"][:11].copy_(indices)
     extra = kw([3, 3], kv_lens)
     fast_w._cached_module = Recording(fast_w._cached_module)
-    fast_prefill_plan(fast_w, qo([3, 3]), indptr.long(), torch.tensor(kv_lens), H, HKV, D, 1, q_data_type=F32,
-                      causal=not with_mask, custom_mask=extra.get("custom_mask"))  # fmt: skip
+    fast_prefill_plan(
+        fast_w,
+        qo([3, 3]),
+        indptr.long(),
+        torch.tensor(kv_lens),
+        H,
+        HKV,
+        D,
+        1,
+        q_data_type=F32,
+        causal=not with_mask,
+        custom_mask=extra.get("custom_mask"),
+    )
     full_w.plan(qo([3, 3]), indptr, indices, ones(2), H, HKV, D, 1, q_data_type=F32, **extra)
     (args,) = fast_w._cached_module.calls
     assert all(t.dtype == I32 and t.device.type == "cpu" for t in args[3:6]) and args[14] is (not with_mask)
@@ -810,34 +829,45 @@ def test_plan_validation_errors_name_values():
     bw, _ = bound_decode(2, indices_len=8)
     with pytest.raises(ValueError, match="batch_size=3 differs from the batch size 2"):
         bw.plan(qo([1, 1, 1]), idx[:3], ones(3), H, HKV, D, 1, q_data_type=F32)
-    with pytest.raises(
-        ValueError, match=r"indices has 20 entries, more than the bound paged_kv_indices_buffer holds \(8\)"
-    ):
+    with pytest.raises(ValueError, match=r"indices has 20 entries, more than the bound paged_kv_indices_buffer holds \(8\)"):
         bw.plan(qo([2, 2]), idx, ones(2), H, HKV, D, 1, q_data_type=F32)
 
     pw = Prefill(ws())
     indptr, indices = csr([3, 4], g)
     with pytest.raises(ValueError, match=r"custom_mask has 13 entries, expected sum\(q_len_i \* kv_len_i\) = 14"):
-        pw.plan(qo([2, 2]), indptr, indices, ones(2), H, HKV, D, 1,
-                custom_mask=torch.ones(13, dtype=torch.bool), q_data_type=F32)  # fmt: skip
+        pw.plan(qo([2, 2]), indptr, indices, ones(2), H, HKV, D, 1, custom_mask=torch.ones(13, dtype=torch.bool), q_data_type=F32)
     bp, _ = bound_prefill(2, with_mask=True, mask_len=10)
-    with pytest.raises(
-        ValueError, match=r"custom_mask has 14 entries, more than the bound custom_mask_buf holds \(10\)"
-    ):
-        bp.plan(qo([2, 2]), indptr, indices, ones(2), H, HKV, D, 1,
-                custom_mask=torch.ones(14, dtype=torch.bool), q_data_type=F32)  # fmt: skip
+    with pytest.raises(ValueError, match=r"custom_mask has 14 entries, more than the bound custom_mask_buf holds \(10\)"):
+        bp.plan(qo([2, 2]), indptr, indices, ones(2), H, HKV, D, 1, custom_mask=torch.ones(14, dtype=torch.bool), q_data_type=F32)
     bm, _ = bound_mla(2)
     with pytest.raises(ValueError, match="batch_size=3 differs from the batch size 2"):
         mla_plan(bm, [1, 1, 1], [1, 1, 1], g)
     with pytest.raises(ValueError, match=r"kv_len_arr \[3, 3\] disagrees"):
-        bm.plan(qo([1, 1]), qo([2, 4]), torch.arange(6, dtype=I32), torch.tensor([3, 3], dtype=I32),
-                HM, R, RR, 1, False, 0.3, F32, F32)  # fmt: skip
+        bm.plan(
+            qo([1, 1]),
+            qo([2, 4]),
+            torch.arange(6, dtype=I32),
+            torch.tensor([3, 3], dtype=I32),
+            HM,
+            R,
+            RR,
+            1,
+            False,
+            0.3,
+            F32,
+            F32,
+        )
 
 
 def test_constructor_and_run_errors():
     with pytest.raises(ValueError, match="paged_kv_indices_buffer should be a torch.Tensor"):
-        Decode(ws(), "NHD", use_cuda_graph=True, paged_kv_indptr_buffer=torch.zeros(3, dtype=I32),
-               paged_kv_last_page_len_buffer=ones(2))  # fmt: skip
+        Decode(
+            ws(),
+            "NHD",
+            use_cuda_graph=True,
+            paged_kv_indptr_buffer=torch.zeros(3, dtype=I32),
+            paged_kv_last_page_len_buffer=ones(2),
+        )
     with pytest.raises(ValueError, match="qo_indptr_buf should be a torch.Tensor"):
         Prefill(ws(), use_cuda_graph=True)
     with pytest.raises(ValueError, match="kv_indices should be a torch.Tensor"):
@@ -868,8 +898,7 @@ def test_full_api_refuses_unmodelled_plan_features(kw, feature):
     page_size = kw.pop("page_size", 1)
     with pytest.raises(NotImplementedError, match=feature):
         w = full_api.BatchDecodeWithPagedKVCacheWrapper(ws())
-        w.plan(qo([2]), torch.arange(2, dtype=I32), ones(1), H, HKV, D, page_size,
-               q_data_type=F32, **kw)  # fmt: skip
+        w.plan(qo([2]), torch.arange(2, dtype=I32), ones(1), H, HKV, D, page_size, q_data_type=F32, **kw)
 
 
 def test_full_api_refuses_unmodelled_constructor_and_run_features():
@@ -883,8 +912,9 @@ def test_full_api_refuses_unmodelled_constructor_and_run_features():
     pw = FPrefill(ws())
     indptr, indices = csr([2], g)
     with pytest.raises(NotImplementedError, match="packed_custom_mask"):
-        pw.plan(qo([1]), indptr, indices, ones(1), H, HKV, D, 1,
-                packed_custom_mask=torch.ones(1, dtype=torch.uint8), q_data_type=F32)  # fmt: skip
+        pw.plan(
+            qo([1]), indptr, indices, ones(1), H, HKV, D, 1, packed_custom_mask=torch.ones(1, dtype=torch.uint8), q_data_type=F32
+        )
     w = FDecode(ws())
     decode_plan(w, [2], g)
     k, v = mha_cache(g)

@@ -46,8 +46,7 @@ def test_fuzz(entry, case, spec):
     except GraphModeNotSupported as e:
         pytest.skip(str(e))
 
-    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
     @given(st.randoms(use_true_random=False))
     def one_batch(rng):
         params = target.draw(rng)
@@ -121,9 +120,7 @@ def test_fuzz_over_a_selection_with_nothing_to_fuzz_fails_like_check(capsys):
     """Wave captures no draft extend: every selected target is skipped, 0 batches, exit 1 (not 0) with the reason."""
     from refimpl.__main__ import main
 
-    assert (
-        main(["check", "--fuzz", "1", "--backend", "wave", "--mode", "draft_extend", "--engine", "cpu-emulator"]) == 1
-    )
+    assert main(["check", "--fuzz", "1", "--backend", "wave", "--mode", "draft_extend", "--engine", "cpu-emulator"]) == 1
     assert "nothing fuzzed: every selected target was skipped" in capsys.readouterr().err
 
 
@@ -137,8 +134,9 @@ def test_the_fuzzers_draws_cover_every_dimension_of_its_diversity():
     from refimpl.fuzz import CAPTURE_BS, CHAIN, TREE
     from refimpl.spec import DraftTree
 
-    target = FuzzTarget(load_backend_class("examples.paged_decode_backend:PagedDecodeBackend"), "decode", CHAIN,
-                        make_engine("auto"))  # fmt: skip
+    target = FuzzTarget(
+        load_backend_class("examples.paged_decode_backend:PagedDecodeBackend"), "decode", CHAIN, make_engine("auto")
+    )
     draws = [target.draw(random.Random(f"0:{target.label}:{i}")) for i in range(32)]  # fuzz()'s seeds
     sizes = {p.raw_bs for p in draws}
     assert set(CAPTURE_BS) <= sizes and sizes - set(CAPTURE_BS), sizes  # every graph, and padded batches
@@ -149,8 +147,16 @@ def test_the_fuzzers_draws_cover_every_dimension_of_its_diversity():
         slots.append(int(fb.world.req_to_token[fb.req_pool_indices].max()))
         target.gen.release(fb)
     assert max(slots) > 65_535, slots
-    tree = FuzzTarget(find("flashinfer", "unified")[0], "target_verify", TREE, make_engine("auto"), capture_bs=(3,),
-                      num_layers=1, max_context_len=72, num_slots=None)  # fmt: skip
+    tree = FuzzTarget(
+        find("flashinfer", "unified")[0],
+        "target_verify",
+        TREE,
+        make_engine("auto"),
+        capture_bs=(3,),
+        num_layers=1,
+        max_context_len=72,
+        num_slots=None,
+    )
     chain = DraftTree.chain(TREE.num_draft_tokens).parents
     parents = [t for i in range(8) for t in tree.draw(random.Random(f"0:{tree.label}:{i}")).trees]
     assert any(t != chain for t in parents), parents

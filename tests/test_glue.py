@@ -8,27 +8,24 @@ from helpers import gate
 from refimpl.backends import REGISTRY, find, load_backend_class
 from refimpl.capabilities import capability
 from refimpl.check import CheckSettings, glue_verdict, run_checks
-from refimpl.config import SpecConfig
+from refimpl.config import CHAIN
 from refimpl.graphs import CPUEmulatorEngine, make_engine
 from refimpl.layout import KINDS
 from refimpl.rig import Rig
 
-SPEC = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
-FAST = CheckSettings(
-    capture_bs=(1, 2, 4), raw_bs=(1, 3), max_context_len=32, num_slots=None, history=False
-)  # (f): its own tests
+SPEC = CHAIN
+FAST = CheckSettings(capture_bs=(1, 2, 4), raw_bs=(1, 3), max_context_len=32, num_slots=None, history=False)  # (f): its own tests
 
 
 def glued_rig(entry, case="decode", **kw):
-    return Rig.build(
-        entry, KINDS[case], SPEC, CPUEmulatorEngine(), capture_bs=(1, 2, 4), max_context_len=32, glue=True, **kw
-    )
+    return Rig.build(entry, KINDS[case], SPEC, CPUEmulatorEngine(), capture_bs=(1, 2, 4), max_context_len=32, glue=True, **kw)
 
 
 def test_planted_host_value_passes_four_verdicts_and_fails_the_glue_verdict_naming_the_buffer():
     """SGLang's failure mode: a hook reading a value the host wrote is right eagerly and frozen once glued."""
-    rows = run_checks(modes=["decode"], engine="cpu-emulator", settings=FAST,
-                      entries=[load_backend_class("broken_backends:HostValueInHook")])  # fmt: skip
+    rows = run_checks(
+        modes=["decode"], engine="cpu-emulator", settings=FAST, entries=[load_backend_class("broken_backends:HostValueInHook")]
+    )
     assert [r.bs for r in rows] == [1, 3]
     for r in rows:
         assert r.passed and r.replay_matches_reference and not r.findings, r.findings  # (a)-(d): nothing wrong unglued
@@ -72,12 +69,7 @@ def test_a_hook_that_cannot_be_captured_stays_eager_and_says_why():
 
 @pytest.mark.parametrize(
     "name, case",
-    [
-        ("flashinfer", "decode"),
-        ("flashinfer_mla", "decode"),
-        ("flashinfer", "draft_extend"),
-        ("flashinfer", "draft_decode"),
-    ],
+    [("flashinfer", "decode"), ("flashinfer_mla", "decode"), ("flashinfer", "draft_extend"), ("flashinfer", "draft_decode")],
 )
 def test_flashinfer_plan_in_the_hook_is_refused_with_the_reason(name, case):
     """Every FlashInfer re-plan, fast ones included (draft extend's calls only the kernel module's scheduling), and the
@@ -89,9 +81,13 @@ def test_flashinfer_plan_in_the_hook_is_refused_with_the_reason(name, case):
 
 @pytest.mark.parametrize(
     "entry, case, safe",
-    [(("triton", "unified"), "draft_extend", True), (("triton", "unified"), "target_verify", False),
-     (("triton", "legacy"), "draft_extend_v2", False), (("trtllm_mla", "unified"), "target_verify", True)],
-)  # fmt: skip
+    [
+        (("triton", "unified"), "draft_extend", True),
+        (("triton", "unified"), "target_verify", False),
+        (("triton", "legacy"), "draft_extend_v2", False),
+        (("trtllm_mla", "unified"), "target_verify", True),
+    ],
+)
 def test_glue_verdict_follows_what_the_hook_reads(entry, case, safe):
     """Triton's verify hook copies the batch's custom mask (a spec input the glue graph froze); its legacy draft extend
     lays qo_indptr out by accept lengths; TRTLLM-MLA's verify hook reads only static inputs."""
@@ -106,8 +102,9 @@ def test_plan_counting_finds_the_wrappers_and_never_walks_the_world():
     context: walking them made every glue capture take seconds on the H200)."""
     from refimpl.flashinfer_wrappers import _wrappers
 
-    rig = Rig.build(find("flashinfer", "unified")[0], KINDS["decode"], SPEC, CPUEmulatorEngine(), capture_bs=(1, 2),
-                    max_context_len=32)  # fmt: skip
+    rig = Rig.build(
+        find("flashinfer", "unified")[0], KINDS["decode"], SPEC, CPUEmulatorEngine(), capture_bs=(1, 2), max_context_len=32
+    )
     found = list(_wrappers(rig.backend, set()))
     assert found and all(hasattr(w, "plan") for w in found)
     bare = type("Bare", (), {})()

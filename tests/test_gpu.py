@@ -7,7 +7,7 @@ from refimpl.backends.torch_native import TorchNativeBackend
 from refimpl.batch import World
 from refimpl.batchgen import BatchGenerator
 from refimpl.check import CheckSettings, run_checks
-from refimpl.config import GraphConfig, ModelConfig, SpecConfig
+from refimpl.config import CHAIN, TREE, GraphConfig, ModelConfig
 from refimpl.graphs import CPUEmulatorEngine, make_engine
 from refimpl.graphs.runner import GraphRunner
 from refimpl.model import TinyDecoder
@@ -61,7 +61,7 @@ def test_dropped_graphs_leave_the_engines_live_graphs_intact():
 @pytest.mark.parametrize("kind", ["mha", "mla"])
 @pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY])
 def test_same_program_same_output_on_cuda_and_emulator(kind, mode):
-    spec = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
+    spec = TREE
     cfg = ModelConfig(kind=kind, num_heads=2 if kind == "mla" else 4, dtype=torch.float32)
     L = 48
     # On a CUDA machine the emulator runs on CUDA tensors (Triton cannot run on CPU tensors
@@ -85,11 +85,7 @@ def test_same_program_same_output_on_cuda_and_emulator(kind, mode):
 
 def test_checker_passes_unified_rows_on_cuda():
     rows = run_checks(
-        ["torch_native", "torch_native_mla"],
-        ["decode", "target_verify", "idle"],
-        None,
-        "cuda",
-        CheckSettings(raw_bs=(1, 3, 4)),
+        ["torch_native", "torch_native_mla"], ["decode", "target_verify", "idle"], None, "cuda", CheckSettings(raw_bs=(1, 3, 4))
     )
     assert rows and all(r.engine == "cuda" for r in rows)
     assert all(r.passed for r in rows), [(r.backend, r.mode, r.bs, r.findings) for r in rows]
@@ -112,9 +108,18 @@ def test_bench_hook_agrees_with_a_plain_loop(row):
     from refimpl.rig import Rig
 
     name, variant, mode = row.split("/")
-    spec, ctx, bs = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4), 4096, 16
-    rig = Rig.build(find(name, variant)[0], KINDS[mode], spec, make_engine("cuda"), capture_bs=(1, bs),
-                    max_context_len=ctx, pool_size=6 * bs, gen_seed=1, validate_inputs=False)  # fmt: skip
+    spec, ctx, bs = CHAIN, 4096, 16
+    rig = Rig.build(
+        find(name, variant)[0],
+        KINDS[mode],
+        spec,
+        make_engine("cuda"),
+        capture_bs=(1, bs),
+        max_context_len=ctx,
+        pool_size=6 * bs,
+        gen_seed=1,
+        validate_inputs=False,
+    )
     batches = bench.rotated_batches(rig.gen, mode, bs, ctx, spec, 4, random.Random(0))
     runner = rig.runner
 
@@ -145,9 +150,7 @@ def test_bench_hook_agrees_with_a_plain_loop(row):
     assert 1 / 1.15 <= statistics.median(ratios) <= 1.15, (row, ratios)
 
 
-@pytest.mark.parametrize(
-    "row", ["triton/unified/decode", "trtllm_mla/in_graph/draft_extend_v2", "flashinfer/unified/decode"]
-)
+@pytest.mark.parametrize("row", ["triton/unified/decode", "trtllm_mla/in_graph/draft_extend_v2", "flashinfer/unified/decode"])
 def test_glue_graph_on_cuda(row):
     """On real CUDA graphs: a glue-safe hook replayed from its glue graph gives the eager output on fresh batches, one
     glue replay each; a FlashInfer hook (real wrappers: bf16) is refused for its plan() and stays eager."""
@@ -156,9 +159,10 @@ def test_glue_graph_on_cuda(row):
     from refimpl.rig import Rig
 
     name, variant, mode = row.split("/")
-    spec = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
-    rig = Rig.build(find(name, variant)[0], KINDS[mode], spec, make_engine("cuda"), capture_bs=(1, 2, 4),
-                    max_context_len=64, glue=True)  # fmt: skip
+    spec = CHAIN
+    rig = Rig.build(
+        find(name, variant)[0], KINDS[mode], spec, make_engine("cuda"), capture_bs=(1, 2, 4), max_context_len=64, glue=True
+    )
     runner, planned = rig.runner, name == "flashinfer"
     assert bool(runner.glue_refused) == planned, runner.glue_refused
     assert all("plan()" in why for why in runner.glue_refused.values())

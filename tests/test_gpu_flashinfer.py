@@ -8,19 +8,13 @@ from refimpl.backends.flashinfer_mla import FlashInferMLAAttnBackend
 from refimpl.batch import World
 from refimpl.batchgen import BatchGenerator
 from refimpl.check import CheckSettings, run_checks
-from refimpl.config import ModelConfig, SpecConfig
+from refimpl.config import CHAIN, TREE, ModelConfig
 from refimpl.flashinfer_wrappers import flashinfer_available
 from refimpl.model import TinyDecoder
 from refimpl.modes import ForwardMode
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(flashinfer_available() is not None, reason=f"{flashinfer_available()}"),
-]
-CHAIN = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
-TREE = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
-MODES = [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND,
-         ForwardMode.DRAFT_EXTEND_V2]  # fmt: skip
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(flashinfer_available() is not None, reason=f"{flashinfer_available()}")]
+MODES = [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND, ForwardMode.DRAFT_EXTEND_V2]
 
 
 def _outputs(backend_cls, cfg, spec, mode, seed):
@@ -55,9 +49,7 @@ def test_standin_matches_real_flashinfer_mla(mode):
 def test_checker_with_real_flashinfer_on_cuda():
     rows = run_checks(["flashinfer", "flashinfer_mla"], None, None, "cuda", CheckSettings())
     unified = [r for r in rows if r.variant == "unified"]
-    assert unified and all(r.passed for r in unified), [
-        (r.backend, r.mode, r.bs, r.findings) for r in unified if not r.passed
-    ]
+    assert unified and all(r.passed for r in unified), [(r.backend, r.mode, r.bs, r.findings) for r in unified if not r.passed]
     stale = [r for r in rows if r.backend == "flashinfer_mla" and r.variant == "as-upstream" and r.mode == "decode"]
     assert stale and all(any(f.startswith("kv_indptr:") for f in r.findings) for r in stale)
 
@@ -76,15 +68,15 @@ def test_fast_prefill_plan_fills_what_the_real_full_plan_fills(with_mask):
 
     def bound():
         i32 = dict(dtype=torch.int32, device=dev)
-        bufs = dict(qo_indptr_buf=torch.zeros(4, **i32), paged_kv_indptr_buf=torch.zeros(4, **i32),
-                    paged_kv_indices_buf=torch.zeros(512, **i32), paged_kv_last_page_len_buf=torch.ones(3, **i32))  # fmt: skip
-        if with_mask:
-            bufs.update(
-                custom_mask_buf=torch.zeros(4096, dtype=torch.uint8, device=dev), mask_indptr_buf=torch.zeros(4, **i32)
-            )
-        return flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            make_workspace(dev, real=True), "NHD", use_cuda_graph=True, **bufs
+        bufs = dict(
+            qo_indptr_buf=torch.zeros(4, **i32),
+            paged_kv_indptr_buf=torch.zeros(4, **i32),
+            paged_kv_indices_buf=torch.zeros(512, **i32),
+            paged_kv_last_page_len_buf=torch.ones(3, **i32),
         )
+        if with_mask:
+            bufs.update(custom_mask_buf=torch.zeros(4096, dtype=torch.uint8, device=dev), mask_indptr_buf=torch.zeros(4, **i32))
+        return flashinfer.BatchPrefillWithPagedKVCacheWrapper(make_workspace(dev, real=True), "NHD", use_cuda_graph=True, **bufs)
 
     def batch(kv_lens):
         kv_lens = torch.tensor(kv_lens, dtype=torch.int32)
@@ -99,14 +91,36 @@ def test_fast_prefill_plan_fills_what_the_real_full_plan_fills(with_mask):
     fast, full = bound(), bound()
     first = batch([40, 9, 70])
     for w in (fast, full):
-        w.plan(qo.to(dev), first[1].to(dev), first[2], torch.ones(3, dtype=torch.int32, device=dev), H, HKV, D, 1,
-               custom_mask=first[3], causal=not with_mask, **kw)  # fmt: skip
+        w.plan(
+            qo.to(dev),
+            first[1].to(dev),
+            first[2],
+            torch.ones(3, dtype=torch.int32, device=dev),
+            H,
+            HKV,
+            D,
+            1,
+            custom_mask=first[3],
+            causal=not with_mask,
+            **kw,
+        )
     kv_lens, indptr, indices, mask = batch([33, 101, 5])
     fast._paged_kv_indptr_buf.copy_(indptr)  # the caller's part: the bound kv buffers, written in place
     fast._paged_kv_indices_buf[: len(indices)].copy_(indices)
     fast_prefill_plan(fast, qo, indptr, kv_lens, H, HKV, D, 1, causal=not with_mask, custom_mask=mask, **kw)
-    full.plan(qo.to(dev), indptr.to(dev), indices, torch.ones(3, dtype=torch.int32, device=dev), H, HKV, D, 1,
-              custom_mask=mask, causal=not with_mask, **kw)  # fmt: skip
+    full.plan(
+        qo.to(dev),
+        indptr.to(dev),
+        indices,
+        torch.ones(3, dtype=torch.int32, device=dev),
+        H,
+        HKV,
+        D,
+        1,
+        custom_mask=mask,
+        causal=not with_mask,
+        **kw,
+    )
     if with_mask:
         used = int(full._mask_indptr_buf[-1])
         assert torch.equal(fast._mask_indptr_buf, full._mask_indptr_buf)

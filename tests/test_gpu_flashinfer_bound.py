@@ -14,18 +14,14 @@ from refimpl.backends.flashinfer import FlashInferAttnBackend
 from refimpl.backends.flashinfer_mla import FlashInferMLAAttnBackend
 from refimpl.batch import World
 from refimpl.batchgen import BatchGenerator
-from refimpl.config import GraphConfig, ModelConfig, SpecConfig
+from refimpl.config import CHAIN, GraphConfig, ModelConfig
 from refimpl.flashinfer_wrappers import flashinfer_available
 from refimpl.graphs import make_engine
 from refimpl.graphs.runner import GraphRunner
 from refimpl.model import TinyDecoder
 from refimpl.modes import ForwardMode
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(flashinfer_available() is not None, reason=f"{flashinfer_available()}"),
-]
-CHAIN = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(flashinfer_available() is not None, reason=f"{flashinfer_available()}")]
 MHA = ModelConfig(num_heads=8, num_kv_heads=2, head_dim=64, v_head_dim=64, dtype=torch.bfloat16)
 MLA = ModelConfig(kind="mla", num_heads=16, dtype=torch.bfloat16)
 CASES = {  # backend, model, mode, the bound indptr's key in graph_state, whether the kernel reads it

@@ -11,15 +11,14 @@ import torch
 from helpers import gate
 
 from refimpl.backends import find, load_backend_class
-from refimpl.check import LONG_RUN, CheckSettings, check_entry_mode, history_steps, history_verdict, long_run
-from refimpl.config import SpecConfig
+from refimpl.check import CheckSettings, check_entry_mode
+from refimpl.config import CHAIN, TREE
 from refimpl.graphs import CPUEmulatorEngine
 from refimpl.graphs.runner import GraphRunner
 from refimpl.layout import KINDS
-from refimpl.rig import Rig
+from refimpl.rig import LONG_RUN, Rig, history_steps, history_verdict, long_run
 
 EXAMPLE = "examples.paged_decode_backend:PagedDecodeBackend"
-CHAIN, TREE = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4), SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
 
 
 def rig_for(entry, kind="decode", spec=CHAIN, **kw) -> Rig:
@@ -119,15 +118,9 @@ def test_the_default_check_replays_every_captured_graph_in_a_large_world():
 def test_the_history_replays_every_captured_graph():
     """Captured for bs 1, 2 and 4, a history from a bs-3 batch replays all three: A and B the bs-4 graph, C the bs-2,
     the long run the bs-1."""
-    rig, replayed, real = (
-        rig_for(load_backend_class(EXAMPLE), max_context_len=64, num_slots=None),
-        [],
-        GraphRunner.replay,
-    )
+    rig, replayed, real = (rig_for(load_backend_class(EXAMPLE), max_context_len=64, num_slots=None), [], GraphRunner.replay)
     with pytest.MonkeyPatch.context() as mp:  # no fixture: tests/test_mutants.py calls this test directly
-        mp.setattr(
-            GraphRunner, "replay", lambda self, fb: replayed.append(self.pick_bs(fb.batch_size)) or real(self, fb)
-        )
+        mp.setattr(GraphRunner, "replay", lambda self, fb: replayed.append(self.pick_bs(fb.batch_size)) or real(self, fb))
         ok, findings = history_verdict(rig, 3)
     assert ok, findings
     assert sorted(set(replayed)) == [1, 2, 4] and replayed.index(2) < replayed.index(1)
@@ -137,11 +130,29 @@ def test_the_checker_shares_one_kv_cache_per_world_shape():
     """``run_checks`` draws each world's random KV once (a 100,000-slot MLA cache takes seconds on a CPU); every target
     gets fresh request and slot tables over it."""
     worlds, entry = {}, find("flashinfer", "unified")[0]
-    r1 = Rig.build(entry, KINDS["decode"], CHAIN, CPUEmulatorEngine(), capture_bs=(1,), max_context_len=64,
-                   num_slots=4096, worlds=worlds, capture=False)  # fmt: skip
+    r1 = Rig.build(
+        entry,
+        KINDS["decode"],
+        CHAIN,
+        CPUEmulatorEngine(),
+        capture_bs=(1,),
+        max_context_len=64,
+        num_slots=4096,
+        worlds=worlds,
+        capture=False,
+    )
     r1.gen.for_mode(r1.kind, 2)
-    r2 = Rig.build(entry, KINDS["target_verify"], CHAIN, CPUEmulatorEngine(), capture_bs=(1,), max_context_len=64,
-                   num_slots=4096, worlds=worlds, capture=False)  # fmt: skip
+    r2 = Rig.build(
+        entry,
+        KINDS["target_verify"],
+        CHAIN,
+        CPUEmulatorEngine(),
+        capture_bs=(1,),
+        max_context_len=64,
+        num_slots=4096,
+        worlds=worlds,
+        capture=False,
+    )
     assert len(worlds) == 1 and r2.world.kv_cache is r1.world.kv_cache
     assert r2.world.allocator is not r1.world.allocator and not bool(r2.world.req_to_token.any())
     assert torch.equal(r2.world.kv_cache.k[0][1:9], r1.world.kv_cache.k[0][1:9])
@@ -151,10 +162,7 @@ def test_the_checker_shares_one_kv_cache_per_world_shape():
     "flags, message",
     [
         (["--context", "32"], "argument --context: 32 is below the minimum 64"),
-        (
-            ["--pool", "5000"],
-            "argument --pool: 5000 slots cannot hold the checker's request pool at --context 640 (need",
-        ),
+        (["--pool", "5000"], "argument --pool: 5000 slots cannot hold the checker's request pool at --context 640 (need"),
         (["--fuzz", "2", "--context", "900"], "argument --fuzz: not with --context"),
     ],
 )
@@ -195,19 +203,15 @@ def test_only_an_index_error_gets_the_bounds_hint_and_a_refusal_after_the_draw_n
     assert hint not in raised(RuntimeError("Overflow when unpacking long"))
     assert hint not in raised(ValueError("bad shape"))
     refused = raised(BatchRefused("seq_lens[0]=9: disagrees with seq_lens_cpu"))
-    assert refused.startswith(
-        "the runner refused a batch that was valid when drawn (did the backend change its input?)"
-    )
+    assert refused.startswith("the runner refused a batch that was valid when drawn (did the backend change its input?)")
 
 
 def test_a_reference_finding_names_a_padded_row():
-    from refimpl.check import diff_reference
+    from refimpl.rig import diff_reference
 
     lens = torch.tensor([5, 7, 1, 1])  # 2 live requests, padded to 4
     found = diff_reference({"seq_lens": lens}, {"seq_lens": torch.tensor([5, 7, 1, 2])}, rows=(2, 4))
-    assert found == [
-        "reference: seq_lens: 1 of 4 elements differ ([3] (padded row 3) 1 vs 2; graph reads vs reference)"
-    ]
+    assert found == ["reference: seq_lens: 1 of 4 elements differ ([3] (padded row 3) 1 vs 2; graph reads vs reference)"]
 
 
 def test_worker_processes_give_the_rows_one_process_gives():

@@ -152,16 +152,13 @@ def cumsum_indptr(lens, dtype=torch.int64):
 CSR_CASES = {
     # the `check --topk 44` crash: 4 requests of 49 > L = 48 tokens, kv_indices sized 4 * L
     "lens-past-row-and-output": dict(pool=24, L=48, rpi=[0, 1, 2, 3], lens=[49] * 4, numel=192),
-    "request-index-past-pool": dict(pool=4, L=16, rpi=[4, -1, 2, 1000], lens=[5, 6, 7, 3],
-                                    numel=21),
+    "request-index-past-pool": dict(pool=4, L=16, rpi=[4, -1, 2, 1000], lens=[5, 6, 7, 3], numel=21),
     "negative-lens": dict(pool=4, L=16, rpi=[1, 2, 3], lens=[-5, 4, -1], numel=6),
-    "starts-outside-row": dict(pool=4, L=16, rpi=[0, 1, 2, 3], lens=[6, 6, 6, 6],
-                               starts=[-3, 13, 16, 40], numel=24),
+    "starts-outside-row": dict(pool=4, L=16, rpi=[0, 1, 2, 3], lens=[6, 6, 6, 6], starts=[-3, 13, 16, 40], numel=24),
     "huge-lens": dict(pool=3, L=20, rpi=[2, 0], lens=[2**40, 5], numel=30),
     # kv_indptr itself out of range: before the output, straddling its end, past it
-    "indptr-outside-output": dict(pool=4, L=16, rpi=[1, 2, 3], lens=[4, 4, 4], numel=10,
-                                  indptr=[-2, 8, 2**35, 2**35 + 4]),
-}  # fmt: skip
+    "indptr-outside-output": dict(pool=4, L=16, rpi=[1, 2, 3], lens=[4, 4, 4], numel=10, indptr=[-2, 8, 2**35, 2**35 + 4]),
+}
 
 
 @pytest.mark.parametrize("name", list(CSR_CASES))
@@ -246,15 +243,12 @@ def expected_table(req_to_token, rpi, lens, before, P, starts):
 
 TABLE_CASES = {
     # lens past the row (L = 2.5 pages) and past the table width (4 pages > the row's 3)
-    "lens-past-row-and-width": dict(P=16, pool=4, L=40, width=4, rpi=[0, 1, 3],
-                                    lens=[41, 200, 16 * 4 + 1]),
-    "request-index-past-pool": dict(P=8, pool=3, L=32, width=4, rpi=[3, -1, 1, 99],
-                                    lens=[9, 9, 9, 9]),
+    "lens-past-row-and-width": dict(P=16, pool=4, L=40, width=4, rpi=[0, 1, 3], lens=[41, 200, 16 * 4 + 1]),
+    "request-index-past-pool": dict(P=8, pool=3, L=32, width=4, rpi=[3, -1, 1, 99], lens=[9, 9, 9, 9]),
     "negative-lens": dict(P=8, pool=3, L=32, width=4, rpi=[0, 1], lens=[-9, -1]),
-    "starts-outside-row": dict(P=8, pool=4, L=32, width=5, rpi=[0, 1, 2, 3], lens=[20] * 4,
-                               starts=[-10, 24, 32, 1000]),
+    "starts-outside-row": dict(P=8, pool=4, L=32, width=5, rpi=[0, 1, 2, 3], lens=[20] * 4, starts=[-10, 24, 32, 1000]),
     "huge-lens": dict(P=1, pool=2, L=12, width=16, rpi=[1, 0], lens=[2**40, 3]),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", list(TABLE_CASES))
@@ -300,12 +294,10 @@ def padded_pool(req_to_token, rpi, seq_lens, topk, num_steps):
 DRAFT_CASES = {
     # drafts (and prefix) past the row: seq_len + topk*S > L
     "drafts-past-row": dict(pool=3, L=24, rpi=[0, 2], seq_lens=[20, 26], topk=2, S=3, W=120),
-    "request-index-past-pool": dict(pool=3, L=24, rpi=[3, -2, 1], seq_lens=[4, 5, 6], topk=2,
-                                    S=2, W=60),
-    "negative-seq-lens": dict(pool=3, L=24, rpi=[0, 1, 2], seq_lens=[-5, 7, -1], topk=3, S=2,
-                              W=60),
+    "request-index-past-pool": dict(pool=3, L=24, rpi=[3, -2, 1], seq_lens=[4, 5, 6], topk=2, S=2, W=60),
+    "negative-seq-lens": dict(pool=3, L=24, rpi=[0, 1, 2], seq_lens=[-5, 7, -1], topk=3, S=2, W=60),
     "width-too-small": dict(pool=3, L=24, rpi=[1, 0], seq_lens=[10, 12], topk=2, S=2, W=30),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", list(DRAFT_CASES))
@@ -319,15 +311,13 @@ def test_draft_decode_kv_indices_stays_in_bounds(name):
     kv_indices, idx_block, idx_inside = guarded_out((S, W), torch.int64)
     kv_indptr, ptr_block, ptr_inside = guarded_out((S, rows + 1), torch.int32)
 
-    draft_decode_kv_indices(rpi, req_to_token, seq_lens, kv_indices, kv_indptr, topk=topk,
-                            num_steps=S)  # fmt: skip
+    draft_decode_kv_indices(rpi, req_to_token, seq_lens, kv_indices, kv_indptr, topk=topk, num_steps=S)
 
     assert_guard_intact(idx_block, idx_inside, f"{name} kv_indices")
     assert_guard_intact(ptr_block, ptr_inside, f"{name} kv_indptr")
     assert_pool_intact(pool_block, pool_before)
     table, ref_rows, ref_lens = padded_pool(req_to_token, rpi, seq_lens, topk, S)
-    want_indptr, want_indices = draft_decode_kv_indices_ref(ref_rows, table, ref_lens, topk=topk,
-                                                            num_steps=S)  # fmt: skip
+    want_indptr, want_indices = draft_decode_kv_indices_ref(ref_rows, table, ref_lens, topk=topk, num_steps=S)
     for i in range(S):
         assert torch.equal(kv_indptr[i].long(), want_indptr[i]), f"step {i} indptr"
         used = want_indices[i].numel()
@@ -344,8 +334,7 @@ def test_draft_decode_huge_seq_len_is_bounded():
     rpi, seq_lens = t([1, 0]), t([2**40, 3])
     kv_indices, block, inside = guarded_out((S, W), torch.int64)
     kv_indptr, ptr_block, ptr_inside = guarded_out((S, 2 * topk + 1), torch.int64)
-    draft_decode_kv_indices(rpi, req_to_token, seq_lens, kv_indices, kv_indptr, topk=topk,
-                            num_steps=S)  # fmt: skip
+    draft_decode_kv_indices(rpi, req_to_token, seq_lens, kv_indices, kv_indptr, topk=topk, num_steps=S)
     assert_guard_intact(block, inside, "kv_indices")
     assert_guard_intact(ptr_block, ptr_inside, "kv_indptr")
     for i in range(S):
@@ -371,8 +360,7 @@ def run_metadata(c, offset=0, dtype=torch.int64):
     table, block, inside = guarded_out((bs + 1, c["width"]), torch.int32)
     lens_k, k_block, k_inside = guarded_out((bs,), dtype)
     before = table.clone()
-    trtllm_mla_graph_metadata(rpi, seq_lens, req_to_token, table, lens_k, seqlen_offset=offset,
-                              page_size=P)  # fmt: skip
+    trtllm_mla_graph_metadata(rpi, seq_lens, req_to_token, table, lens_k, seqlen_offset=offset, page_size=P)
     assert_guard_intact(block, inside, "block_table")
     assert_guard_intact(k_block, k_inside, "seq_lens_k")
     assert_pool_intact(pool_block, pool_before)
@@ -392,12 +380,10 @@ def run_metadata(c, offset=0, dtype=torch.int64):
 
 
 METADATA_CASES = {
-    "lens-past-row-and-width": dict(P=32, pool=3, L=3 * 32 + 5, width=3, rpi=[0, 2, 1],
-                                    seq_lens=[4 * 32, 3 * 32 + 6, 2**40]),
-    "lens-past-row-within-width": dict(P=32, pool=2, L=40, width=4, rpi=[1, 0],
-                                       seq_lens=[200, 41]),
+    "lens-past-row-and-width": dict(P=32, pool=3, L=3 * 32 + 5, width=3, rpi=[0, 2, 1], seq_lens=[4 * 32, 3 * 32 + 6, 2**40]),
+    "lens-past-row-within-width": dict(P=32, pool=2, L=40, width=4, rpi=[1, 0], seq_lens=[200, 41]),
     "negative-lens": dict(P=64, pool=2, L=128, width=2, rpi=[0, 1], seq_lens=[-100, -1]),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", list(METADATA_CASES))
@@ -425,8 +411,7 @@ def test_bounded_kernels_are_still_one_op_each():
     with RecordOps() as rec:
         build_kv_indices(req_to_token, rpi, lens, kv_indptr, kv_indices)
         build_block_table(req_to_token, rpi, lens, table, 4)
-        draft_decode_kv_indices(rpi, req_to_token, lens, draft_idx, draft_ptr, topk=2,
-                                num_steps=2)  # fmt: skip
+        draft_decode_kv_indices(rpi, req_to_token, lens, draft_idx, draft_ptr, topk=2, num_steps=2)
     assert rec.names == [
         "refimpl.build_kv_indices.default",
         "refimpl.build_block_table.default",
@@ -477,8 +462,9 @@ def test_guarded_indptr_out_of_order_is_made_non_decreasing():
     q, k, v, _, idx, out = dense([1, 2, 3, 4, 5])
     with bounds.bounds_guard():
         run_dense(q, k, v, d([0, 3, 2], torch.int32), idx, out)
-    assert bounds.take() == ["dense_paged_attention: kv_indptr[2] = 2: outside [0, 6] (kv_indices.numel()) or below "
-                             "the entry before it"]  # fmt: skip
+    assert bounds.take() == [
+        "dense_paged_attention: kv_indptr[2] = 2: outside [0, 6] (kv_indices.numel()) or below the entry before it"
+    ]
     assert torch.equal(out[1], torch.zeros_like(out[1]))
     assert torch.equal(out, run_dense(q, k, v, d([0, 3, 3], torch.int32), idx, torch.zeros_like(out)))
 
@@ -493,8 +479,9 @@ def test_guarded_block_table_names_row_and_column():
     lens, out = d([20, 40], torch.int32), torch.zeros(2, 1, HEADS, 16, device=DEVICE)
     with bounds.bounds_guard():
         mla_paged_attention(q, kv, table, lens, out, 64, 0.25, 16)
-    assert bounds.take() == ["mla_paged_attention: block_table[1, 1] (row, col) = 77: a read entry outside the "
-                             f"cache's pages [0, {pages})"]  # fmt: skip
+    assert bounds.take() == [
+        f"mla_paged_attention: block_table[1, 1] (row, col) = 77: a read entry outside the cache's pages [0, {pages})"
+    ]
     want = mla_paged_attention(q, kv, d([[1, -1], [2, 0]], torch.int32), lens, torch.zeros_like(out), 64, 0.25, 16)
     assert torch.equal(out, want)
 
@@ -519,9 +506,7 @@ def test_a_guarded_graph_checks_every_replay():
     bounds.take()
     idx[4] = -2
     graph.replay()
-    assert bounds.take() == [
-        f"dense_paged_attention: kv_indices[4] = -2: a live entry outside the cache's slots [0, {SLOTS})"
-    ]
+    assert bounds.take() == [f"dense_paged_attention: kv_indices[4] = -2: a live entry outside the cache's slots [0, {SLOTS})"]
     idx[4] = 5
     graph.replay()
     assert bounds.take() == []

@@ -116,8 +116,7 @@ def test_build_kv_indices_bs1_and_gaps_untouched():
 def test_build_kv_indices_property(lens, data):
     pool, L = 8, 40
     req_to_token = torch.arange(pool * L, dtype=torch.int32).view(pool, L) + 1
-    rpi = torch.tensor(data.draw(st.lists(st.integers(0, pool - 1), min_size=len(lens),
-                                          max_size=len(lens))))  # fmt: skip
+    rpi = torch.tensor(data.draw(st.lists(st.integers(0, pool - 1), min_size=len(lens), max_size=len(lens))))
     lens_t = torch.tensor(lens)
     out = torch.full((sum(lens) + 3,), POISON, dtype=torch.int64)
     build_kv_indices(req_to_token, rpi, lens_t, csr_indptr(lens_t), out)
@@ -162,8 +161,7 @@ def test_build_block_table_with_start_and_row_stride():
     wide = torch.full((3, 12), -1, dtype=torch.int32)
     table = wide[:, :4]  # row stride 12 > max_blocks 4; request 2 needs 5 pages > max_blocks
     build_block_table(req_to_token, rpi, lens, table, P, kv_start_idx=start)
-    expected = build_block_table_ref(req_to_token, rpi, lens, torch.full((3, 4), -1,
-                                     dtype=torch.int32), P, kv_start_idx=start)  # fmt: skip
+    expected = build_block_table_ref(req_to_token, rpi, lens, torch.full((3, 4), -1, dtype=torch.int32), P, kv_start_idx=start)
     torch.testing.assert_close(table, expected, rtol=0, atol=0)
     assert table[0, 0] == req_to_token[4, 16] // P
     assert (wide[:, 4:] == -1).all(), "kernel wrote past max_blocks"
@@ -237,18 +235,35 @@ def run_dense(case, q_per_req, max_kv_len, causal=False, mask_dtype=None, sm_sca
     if mask is not None and mask_dtype is not None:
         mask = mask.to(mask_dtype)
     dense_paged_attention(
-        q, case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"], out,
-        sm_scale=sm_scale, max_kv_len=max_kv_len, q_per_req=q_per_req, custom_mask=mask,
-        mask_indptr=case.get("mask_indptr"), causal=causal,
-    )  # fmt: skip
+        q,
+        case["k_cache"],
+        case["v_cache"],
+        case["kv_indptr"],
+        case["kv_indices"],
+        out,
+        sm_scale=sm_scale,
+        max_kv_len=max_kv_len,
+        q_per_req=q_per_req,
+        custom_mask=mask,
+        mask_indptr=case.get("mask_indptr"),
+        causal=causal,
+    )
     return out
 
 
 def oracle_dense(case, causal=False):
     return mha_oracle(
-        case["q"], case["k_cache"], case["v_cache"], case["qo_indptr"], case["kv_indptr"],
-        case["kv_indices"], SM_SCALE, case.get("custom_mask"), case.get("mask_indptr"), causal,
-    )  # fmt: skip
+        case["q"],
+        case["k_cache"],
+        case["v_cache"],
+        case["qo_indptr"],
+        case["kv_indptr"],
+        case["kv_indices"],
+        SM_SCALE,
+        case.get("custom_mask"),
+        case.get("mask_indptr"),
+        causal,
+    )
 
 
 HEADS = [pytest.param(4, 2, id="gqa"), pytest.param(4, 4, id="mha")]
@@ -341,14 +356,31 @@ def run_mla(case, q_per_req, mode, sm_scale=MLA_SM_SCALE):
     causal = mode == "causal"
     out = torch.zeros(case["q_nope"].shape, dtype=dtype)
     dense_paged_mla_attention(
-        case["q_nope"], case["q_rope"], case["kv_cache"], case["kv_indptr"], case["kv_indices"],
-        out, sm_scale=sm_scale, max_kv_len=12, q_per_req=q_per_req, custom_mask=mask,
-        mask_indptr=mask_indptr, causal=causal,
-    )  # fmt: skip
+        case["q_nope"],
+        case["q_rope"],
+        case["kv_cache"],
+        case["kv_indptr"],
+        case["kv_indices"],
+        out,
+        sm_scale=sm_scale,
+        max_kv_len=12,
+        q_per_req=q_per_req,
+        custom_mask=mask,
+        mask_indptr=mask_indptr,
+        causal=causal,
+    )
     ref = mla_oracle(
-        case["q_nope"], case["q_rope"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
-        case["kv_indices"], MLA_SM_SCALE, mask, mask_indptr, causal,
-    )  # fmt: skip
+        case["q_nope"],
+        case["q_rope"],
+        case["kv_cache"],
+        case["qo_indptr"],
+        case["kv_indptr"],
+        case["kv_indices"],
+        MLA_SM_SCALE,
+        mask,
+        mask_indptr,
+        causal,
+    )
     return out, ref
 
 
@@ -429,8 +461,7 @@ def test_attention_rejects_bad_inputs():
     with pytest.raises(ValueError, match=r"q\.dtype=torch\.int64"):
         dense_paged_attention(q.long(), k, v, *args, out, **ok)
     with pytest.raises(ValueError, match=r"custom_mask\.dtype=torch\.float32"):
-        dense_paged_attention(q, k, v, *args, out, **ok, custom_mask=case["custom_mask"].float(),
-                              mask_indptr=case["mask_indptr"])  # fmt: skip
+        dense_paged_attention(q, k, v, *args, out, **ok, custom_mask=case["custom_mask"].float(), mask_indptr=case["mask_indptr"])
     with pytest.raises(ValueError, match=r"mask_indptr is None"):
         dense_paged_attention(q, k, v, *args, out, **ok, custom_mask=case["custom_mask"])
     with pytest.raises(ValueError, match=r"max_kv_len=0"):
@@ -438,11 +469,9 @@ def test_attention_rejects_bad_inputs():
     mla = make_mla_case(0, [3, 4], 2, rank=16, rope=4)
     mla_out = torch.zeros(4, 4, 16)
     with pytest.raises(ValueError, match=r"kv_cache\.shape=\(\d+, 1, 19\): must be"):
-        dense_paged_mla_attention(mla["q_nope"], mla["q_rope"], mla["kv_cache"][..., :19],
-                                  *args, mla_out, **ok)  # fmt: skip
+        dense_paged_mla_attention(mla["q_nope"], mla["q_rope"], mla["kv_cache"][..., :19], *args, mla_out, **ok)
     with pytest.raises(ValueError, match=r"out\.shape=\(4, 4, 20\)"):
-        dense_paged_mla_attention(mla["q_nope"], mla["q_rope"], mla["kv_cache"], *args,
-                                  torch.zeros(4, 4, 20), **ok)  # fmt: skip
+        dense_paged_mla_attention(mla["q_nope"], mla["q_rope"], mla["kv_cache"], *args, torch.zeros(4, 4, 20), **ok)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -472,9 +501,17 @@ def test_each_kernel_is_one_dispatched_op():
             max_kv_len=4,
             q_per_req=1,
         )
-        dense_paged_mla_attention(mla["q_nope"], mla["q_rope"], mla["kv_cache"], mla["kv_indptr"],
-                                  mla["kv_indices"], mla_out, sm_scale=1.0, max_kv_len=4,
-                                  q_per_req=1)  # fmt: skip
+        dense_paged_mla_attention(
+            mla["q_nope"],
+            mla["q_rope"],
+            mla["kv_cache"],
+            mla["kv_indptr"],
+            mla["kv_indices"],
+            mla_out,
+            sm_scale=1.0,
+            max_kv_len=4,
+            q_per_req=1,
+        )
     expected = [name.replace("::", ".") + ".default" for name in KERNEL_OPS[:4]]  # the 4 above
     assert rec.names == expected, rec.names
     assert kv_indices.tolist() == build_kv_indices_ref(r2t, rpi, lens).tolist()  # it really ran
@@ -490,9 +527,8 @@ def test_attention_body_has_no_host_sync(causal):
     case = make_attention_case(0, 2, 2, 4, 2, 8, 8, torch.float32, [3, 4], tree_mask=True)
     with RecordOps() as rec:
         slots, key_ok, allowed = attention_mod._gather_window(
-            case["kv_indptr"], case["kv_indices"], 6, 2, case["custom_mask"],
-            case["mask_indptr"], causal,
-        )  # fmt: skip
+            case["kv_indptr"], case["kv_indices"], 6, 2, case["custom_mask"], case["mask_indptr"], causal
+        )
         q5 = case["q"].view(2, 2, 2, 2, 8)
         attention_mod._masked_attention(q5, case["k_cache"][slots], case["v_cache"][slots], key_ok, allowed, 1.0)
     assert rec.names, "recorder saw nothing: test cannot fail"

@@ -19,7 +19,7 @@ from refimpl.batch import World
 from refimpl.batchgen import BatchGenerator
 from refimpl.bench import launches
 from refimpl.check import CheckSettings, check_entry_mode
-from refimpl.config import GraphConfig, ModelConfig, SpecConfig
+from refimpl.config import CHAIN, TREE, GraphConfig, ModelConfig, SpecConfig
 from refimpl.graphs import CPUEmulatorEngine
 from refimpl.graphs.runner import GraphRunner, call_capture_hook, call_replay_hook
 from refimpl.model import TinyDecoder
@@ -27,11 +27,8 @@ from refimpl.modes import ForwardMode
 from refimpl.spec import DraftDecodeInput, make_draft_extend_input
 
 # verdict (e) off: it has its own tests (test_glue.py) and the capability matrix; CI time
-FAST = CheckSettings(
-    capture_bs=(1, 2, 4), raw_bs=RAW_BS, max_context_len=40, num_slots=None, glue_replays=0, history=False
-)
+FAST = CheckSettings(capture_bs=(1, 2, 4), raw_bs=RAW_BS, max_context_len=40, num_slots=None, glue_replays=0, history=False)
 MODES = ("decode", "idle", "target_verify", "draft_extend_v2", "draft_decode")
-CHAIN = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
 CFG = ModelConfig(kind="mla", num_layers=1, hidden_size=32, num_heads=4)
 
 
@@ -145,17 +142,13 @@ def test_cutlass_legacy_details_live():
     seq = torch.ones(4, dtype=torch.int32, device=b.device)
     # (1) a Pattern-A capture delegating to the legacy replay passes seq_lens_cpu=None
     with pytest.raises(AssertionError):
-        b.init_forward_metadata_replay_cuda_graph(4, rpi, seq, None, None, ForwardMode.DECODE,
-                                                  None, None)  # fmt: skip
+        b.init_forward_metadata_replay_cuda_graph(4, rpi, seq, None, None, ForwardMode.DECODE, None, None)
     # (2) decode *with* a spec input: the legacy capture leaves the metadata unset
-    b.init_forward_metadata_capture_cuda_graph(4, 4, rpi, seq, None, ForwardMode.DECODE,
-                                               DraftDecodeInput(1, 3))  # fmt: skip
+    b.init_forward_metadata_capture_cuda_graph(4, 4, rpi, seq, None, ForwardMode.DECODE, DraftDecodeInput(1, 3))
     assert b.forward_metadata is None
     unified = CutlassMLAAttnBackend(world(128), CHAIN)
     unified.init_cuda_graph_state(4, 4)
-    unified.init_forward_metadata_replay_cuda_graph(
-        4, rpi, seq, None, None, ForwardMode.DECODE, None, None
-    )  # fmt: skip  (no assert)
+    unified.init_forward_metadata_replay_cuda_graph(4, rpi, seq, None, None, ForwardMode.DECODE, None, None)  #  (no assert)
 
 
 def test_block_tables_are_upstreams_shape():
@@ -171,8 +164,7 @@ def test_block_tables_are_upstreams_shape():
     assert table.data_ptr() == c.cuda_graph_kv_indices.data_ptr()  # the graph's table, in place
     for i, (r, n) in enumerate(zip(fb.req_pool_indices.tolist(), fb.seq_lens.tolist())):
         pages = -(-n // 128)
-        assert table[i, :pages].tolist() == [int(w.req_to_token[r, p * 128]) // 128
-                                             for p in range(pages)]  # fmt: skip
+        assert table[i, :pages].tolist() == [int(w.req_to_token[r, p * 128]) // 128 for p in range(pages)]
         assert (table[i, pages:] == 1).all()  # never written: graph tables start at 1 (eager: -1)
 
 
@@ -185,20 +177,19 @@ def test_bad_input_is_named():
     narrow = torch.full((4, 0), -1, dtype=torch.int32)
     with pytest.raises(ValueError, match=r"width 0 pages of 64 covers 0 positions < max_context_len=40"):
         b.init_cuda_graph_state(4, 16, narrow)
-    tree = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
+    tree = TREE
     with pytest.raises(GraphModeNotSupported, match="chains only.*topk=2"):
         TRTLLMMLAAttnBackend(world(64), tree).check_graph_mode(ForwardMode.TARGET_VERIFY)
     runner, gen = captured(TRTLLMMLAAttnBackendSimplified, ForwardMode.DRAFT_EXTEND_V2)
     fb = runner.padded_batch(gen.draft_extend(2, 2))
-    fb.spec_info = make_draft_extend_input(2, [0, 0, 0, 0], SpecConfig(num_steps=2, topk=1,
-                                           num_draft_tokens=3))  # fmt: skip
+    fb.spec_info = make_draft_extend_input(2, [0, 0, 0, 0], SpecConfig(num_steps=2, topk=1, num_draft_tokens=3))
     with pytest.raises(ValueError, match="3 tokens per request, the graph was captured for 4"):
         call_replay_hook(runner.backend, fb)
 
 
 def test_multi_step_trtllm_takes_chains_only():
     (entry,) = find("trtllm_mla", "unified")
-    tree = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
+    tree = TREE
     wrapper = entry.load(multi_step=True)(world(64), tree)
     with pytest.raises(GraphModeNotSupported, match="topk=2"):
         wrapper.check_graph_mode(ForwardMode.DECODE)

@@ -45,8 +45,22 @@ class Case:
     in range; GARBAGE_PAGE: out of range), and so do the TAIL_ROWS padded rows.
     """
 
-    def __init__(self, seed, lens, *, page_size, q_len=1, heads=4, dtype=torch.float32,
-                 rank=R, rope=RR, width=None, num_pages=None, stale=1, sm_scale=None):  # fmt: skip
+    def __init__(
+        self,
+        seed,
+        lens,
+        *,
+        page_size,
+        q_len=1,
+        heads=4,
+        dtype=torch.float32,
+        rank=R,
+        rope=RR,
+        width=None,
+        num_pages=None,
+        stale=1,
+        sm_scale=None,
+    ):
         g = rng(seed)
         p, bs, dim = page_size, len(lens), rank + rope
         need = [cdiv(n, p) for n in lens]
@@ -74,16 +88,13 @@ class Case:
     def run(self, max_seq_len, sm_scale=None, out_scale=1.0):
         scale = self.sm_scale if sm_scale is None else sm_scale
         return mla_paged_attention(
-            self.q, self.kv, self.block_table, self.seq_lens, self.out, max_seq_len, scale,
-            self.rank, out_scale,
-        )  # fmt: skip
+            self.q, self.kv, self.block_table, self.seq_lens, self.out, max_seq_len, scale, self.rank, out_scale
+        )
 
     def ref(self, max_seq_len, sm_scale=None):
         scale = self.sm_scale if sm_scale is None else sm_scale
         bs = len(self.lens)
-        return mla_paged_attention_ref(
-            self.q, self.kv, self.block_table, self.seq_lens[:bs], max_seq_len, scale, self.rank
-        )
+        return mla_paged_attention_ref(self.q, self.kv, self.block_table, self.seq_lens[:bs], max_seq_len, scale, self.rank)
 
     def copy_into(self, other: "Case") -> None:
         """Overwrite other's tensors in place with this case's contents (same shapes)."""
@@ -103,8 +114,7 @@ def boundary_lens(p):
 @pytest.mark.parametrize("q_len", [1, 4])
 @pytest.mark.parametrize("page_size", [32, 64, 128])
 def test_matches_reference(page_size, q_len, dtype):
-    case = Case(page_size + q_len, boundary_lens(page_size), page_size=page_size, q_len=q_len,
-                dtype=dtype)  # fmt: skip
+    case = Case(page_size + q_len, boundary_lens(page_size), page_size=page_size, q_len=q_len, dtype=dtype)
     max_seq_len = case.width * page_size
     out = case.run(max_seq_len)
     assert out is case.out
@@ -168,8 +178,7 @@ def test_width_bounds_the_table_read():
     guard[:, :2] = case.block_table[:, :2]
     table = guard[:, :2]  # [bs + tail, 2], row stride 7: keys 0..63 only
     torch.ops.refimpl.mla_paged_attention(case.q, case.kv, table, case.seq_lens, case.out, 10**6, case.sm_scale, R)
-    want = mla_paged_attention_ref(case.q, case.kv, table, case.seq_lens[:2], 10**6,
-                                   case.sm_scale, R)  # fmt: skip
+    want = mla_paged_attention_ref(case.q, case.kv, table, case.seq_lens[:2], 10**6, case.sm_scale, R)
     assert relative_error(case.out, want) < TOL[torch.float32]
     # the same as truncating at 64 with the full table
     assert relative_error(case.out, case.ref(64)) < TOL[torch.float32]
@@ -238,8 +247,7 @@ def trtllm_call(case, max_seq_len, out=None, **kw):
 @pytest.mark.parametrize("page_size,q_len", [(32, 1), (64, 4)])
 def test_trtllm_interface(page_size, q_len):
     width = 128 // page_size * 2  # width * P a multiple of 128
-    case = Case(21, [page_size + 1, 2 * page_size - 1], page_size=page_size, q_len=q_len,
-                heads=8, width=width)  # fmt: skip
+    case = Case(21, [page_size + 1, 2 * page_size - 1], page_size=page_size, q_len=q_len, heads=8, width=width)
     out = trtllm_call(case, width * page_size)  # out allocated
     assert out.shape == (2, q_len, 8, R) and out.dtype == case.q.dtype
     assert relative_error(out, case.ref(width * page_size)) < TOL[torch.float32]
@@ -285,14 +293,12 @@ def test_trtllm_interface_errors():
         trtllm_call(case, 128, sparse_mla_top_k=2048)
     with pytest.raises(ValueError, match=r"block_tables.shape\[0\]=3: must equal bs=1"):
         trtllm_batch_decode_with_kv_cache_mla(
-            case.q, case.kv.unsqueeze(1), torch.zeros(1), 128, R, RR, case.block_table,
-            case.seq_lens[:1], 128, bmm1_scale=0.1,
-        )  # fmt: skip
+            case.q, case.kv.unsqueeze(1), torch.zeros(1), 128, R, RR, case.block_table, case.seq_lens[:1], 128, bmm1_scale=0.1
+        )
     with pytest.raises(ValueError, match=r"kv_cache.shape=\(.*\): must be \[num_pages, 1,"):
         trtllm_batch_decode_with_kv_cache_mla(
-            case.q, case.kv, torch.zeros(1), 128, R, RR, case.block_table[:1],
-            case.seq_lens[:1], 128, bmm1_scale=0.1,
-        )  # fmt: skip
+            case.q, case.kv, torch.zeros(1), 128, R, RR, case.block_table[:1], case.seq_lens[:1], 128, bmm1_scale=0.1
+        )
 
 
 @pytest.mark.skipif(not INTERPRET, reason="bf16 is refused only on the Triton interpreter")
@@ -415,8 +421,7 @@ def test_replay_fused_metadata_then_verify_attention():
     scale = (R + RR) ** -0.5
 
     def step():
-        trtllm_mla_graph_metadata(rpi, seq_lens, req_to_token, table, seq_lens_k[:bs],
-                                  seqlen_offset=n, page_size=p)  # fmt: skip
+        trtllm_mla_graph_metadata(rpi, seq_lens, req_to_token, table, seq_lens_k[:bs], seqlen_offset=n, page_size=p)
         return trtllm_batch_decode_with_kv_cache_mla(
             q, kv, ws, 128, R, RR, table[:bs], seq_lens_k[:bs], max_seq_len, bmm1_scale=scale
         )
@@ -433,9 +438,7 @@ def test_replay_fused_metadata_then_verify_attention():
     want_table, want_k, attn = expected()
     assert torch.equal(table, want_table) and torch.equal(seq_lens_k[:bs], want_k)
     assert relative_error(out, attn) < TOL[torch.float32]
-    assert g.kernels() == {"refimpl.trtllm_mla_graph_metadata.default": 1, "refimpl.mla_paged_attention.default": 1}, (
-        g.ops()
-    )
+    assert g.kernels() == {"refimpl.trtllm_mla_graph_metadata.default": 1, "refimpl.mla_paged_attention.default": 1}, g.ops()
 
     rpi.copy_(torch.tensor([5, 3]))
     seq_lens.copy_(torch.tensor([context, 7], dtype=torch.int32))
@@ -489,8 +492,7 @@ def test_metadata_bit_exact_and_bounded(bs, page_size, offset):
     want_table, want_k = trtllm_mla_graph_metadata_ref(
         rpi, seq_lens, req_to_token, table, seq_lens_k, seqlen_offset=offset, page_size=page_size
     )
-    trtllm_mla_graph_metadata(rpi, seq_lens, req_to_token, table, seq_lens_k,
-                              seqlen_offset=offset, page_size=page_size)  # fmt: skip
+    trtllm_mla_graph_metadata(rpi, seq_lens, req_to_token, table, seq_lens_k, seqlen_offset=offset, page_size=page_size)
     assert torch.equal(table, want_table)
     assert torch.equal(seq_lens_k, want_k)
     # untouched: entries past each request's pages, the padded row, the guard columns / rows
@@ -509,8 +511,7 @@ def test_metadata_one_op_and_validation():
     req_to_token, rpi, seq_lens, _, table, lens_guard = metadata_case(0, 2, 32, 0)
     seq_lens_k = lens_guard[:2]
     with RecordOps() as rec:
-        trtllm_mla_graph_metadata(rpi, seq_lens, req_to_token, table, seq_lens_k,
-                                  seqlen_offset=0, page_size=32)  # fmt: skip
+        trtllm_mla_graph_metadata(rpi, seq_lens, req_to_token, table, seq_lens_k, seqlen_offset=0, page_size=32)
     assert rec.names == ["refimpl.trtllm_mla_graph_metadata.default"]
     assert _op_name(rec.names[0]) in KERNEL_OPS
     kw = dict(seqlen_offset=0, page_size=32)
@@ -521,11 +522,9 @@ def test_metadata_one_op_and_validation():
     with pytest.raises(ValueError, match=r"req_pool_indices.shape\[0\]=2: must be >= bs=3"):
         trtllm_mla_graph_metadata(rpi, seq_lens, req_to_token, table, lens_guard[:3], **kw)
     with pytest.raises(ValueError, match="page_size=0"):
-        trtllm_mla_graph_metadata(rpi, seq_lens, req_to_token, table, lens_guard[:2],
-                                  seqlen_offset=0, page_size=0)  # fmt: skip
+        trtllm_mla_graph_metadata(rpi, seq_lens, req_to_token, table, lens_guard[:2], seqlen_offset=0, page_size=0)
     with pytest.raises(ValueError, match="seqlen_offset=True"):
-        trtllm_mla_graph_metadata(rpi, seq_lens, req_to_token, table, lens_guard[:2],
-                                  seqlen_offset=True, page_size=32)  # fmt: skip
+        trtllm_mla_graph_metadata(rpi, seq_lens, req_to_token, table, lens_guard[:2], seqlen_offset=True, page_size=32)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -551,16 +550,16 @@ def test_gpu_bf16_attention_metadata_and_cuda_graph():
             err = relative_error(case.run(bound), case.ref(bound))
             assert err < tol, ("truncated", p, q_len, heads, err)
     # stale entries out of range are never read
-    case = Case(1, [31, 65, 96], page_size=32, q_len=4, heads=16, width=6, stale=GARBAGE_PAGE,
-                **big)  # fmt: skip
+    case = Case(1, [31, 65, 96], page_size=32, q_len=4, heads=16, width=6, stale=GARBAGE_PAGE, **big)
     assert relative_error(case.run(6 * 32), case.ref(6 * 32)) < tol
     # the two interfaces
     case = Case(2, [100, 200], page_size=64, q_len=2, heads=128, width=4, **big)
     assert relative_error(trtllm_call(case, 256), case.ref(256)) < tol
     case = Case(3, [127, 129], page_size=128, heads=128, width=2, **big)
     q_nope, q_pe = case.q[:, 0, :, :512].contiguous(), case.q[:, 0, :, 512:].contiguous()
-    out = cutlass_mla_decode(q_nope, q_pe, case.kv, case.seq_lens[:2], case.block_table[:2],
-                             torch.zeros(8, dtype=torch.uint8), case.sm_scale)  # fmt: skip
+    out = cutlass_mla_decode(
+        q_nope, q_pe, case.kv, case.seq_lens[:2], case.block_table[:2], torch.zeros(8, dtype=torch.uint8), case.sm_scale
+    )
     assert relative_error(out, case.ref(256)[:, 0]) < tol
     # metadata: bit-exact on CUDA
     for bs, p, offset in ((1, 32, 0), (3, 64, 4), (8, 32, 4)):
@@ -569,8 +568,7 @@ def test_gpu_bf16_attention_metadata_and_cuda_graph():
         want_table, want_k = trtllm_mla_graph_metadata_ref(
             rpi, seq_lens, req_to_token, table, lens_guard[:bs], seqlen_offset=offset, page_size=p
         )
-        trtllm_mla_graph_metadata(rpi, seq_lens, req_to_token, table, lens_guard[:bs],
-                                  seqlen_offset=offset, page_size=p)  # fmt: skip
+        trtllm_mla_graph_metadata(rpi, seq_lens, req_to_token, table, lens_guard[:bs], seqlen_offset=offset, page_size=p)
         assert torch.equal(table, want_table) and torch.equal(lens_guard[:bs], want_k)
         assert torch.equal(guard[:, table.shape[1] :], guard_before[:, table.shape[1] :])
     # a real CUDA graph: capture with max_seq_len = L, replay with new lengths and cache

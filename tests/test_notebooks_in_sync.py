@@ -13,8 +13,7 @@ PAIRS = sorted(NOTEBOOKS.glob("*.py"))
 
 
 def _cells(nb) -> list[tuple[str, str, tuple]]:
-    return [(c.cell_type, c.source.strip(), tuple(c.metadata.get("tags", ())))
-            for c in nb.cells]  # fmt: skip
+    return [(c.cell_type, c.source.strip(), tuple(c.metadata.get("tags", ()))) for c in nb.cells]
 
 
 @pytest.mark.parametrize("py", PAIRS, ids=[p.stem for p in PAIRS])

@@ -11,15 +11,14 @@ from refimpl.backends import load_backend_class
 from refimpl.check import CheckSettings, run_checks
 
 # verdict (e) off: it has its own tests (test_glue.py) and the capability matrix; CI time
-FAST = CheckSettings(
-    capture_bs=(1, 2, 4), raw_bs=(1, 3), max_context_len=32, num_slots=None, glue_replays=0, history=False
-)
+FAST = CheckSettings(capture_bs=(1, 2, 4), raw_bs=(1, 3), max_context_len=32, num_slots=None, glue_replays=0, history=False)
 N = FAST.spec.num_draft_tokens
 
 
 def check(cls_name, modes):
-    return run_checks(modes=modes, engine="cpu-emulator", settings=FAST,
-                      entries=[load_backend_class(f"examples.review_backend:{cls_name}")])  # fmt: skip
+    return run_checks(
+        modes=modes, engine="cpu-emulator", settings=FAST, entries=[load_backend_class(f"examples.review_backend:{cls_name}")]
+    )
 
 
 def diffs(finding):
@@ -52,11 +51,15 @@ def test_submitted_version_gets_mask_indptr_named_in_verify_only():
 def test_reviewed_version_passes_every_mode_it_captures():
     rows = check("ReviewBackend", None)
     ran = [r for r in rows if not any(f.startswith("skipped") for f in r.findings)]
-    assert [(r.mode, r.bs) for r in ran] == [("decode", 1), ("decode", 3), ("idle", 0),
-                                             ("target_verify", 1), ("target_verify", 3)]  # fmt: skip
+    assert [(r.mode, r.bs) for r in ran] == [
+        ("decode", 1),
+        ("decode", 3),
+        ("idle", 0),
+        ("target_verify", 1),
+        ("target_verify", 3),
+    ]
     assert all(r.passed and not r.findings for r in ran), [r.findings for r in ran]
-    assert all(r.capture_equals_replay and r.graph_equals_eager and r.matches_oracle
-               and r.replay_matches_reference for r in ran)  # fmt: skip
+    assert all(r.capture_equals_replay and r.graph_equals_eager and r.matches_oracle and r.replay_matches_reference for r in ran)
 
 
 def test_the_fix_is_one_call_in_the_replay_hook():
@@ -64,8 +67,7 @@ def test_the_fix_is_one_call_in_the_replay_hook():
         fn = cls.init_forward_metadata_replay_cuda_graph
         return textwrap.dedent(inspect.getsource(fn)).splitlines()
 
-    changed = [d for d in difflib.ndiff(src(ReviewBackendBuggy), src(ReviewBackend))
-               if d[:2] in ("- ", "+ ")]  # fmt: skip
+    changed = [d for d in difflib.ndiff(src(ReviewBackendBuggy), src(ReviewBackend)) if d[:2] in ("- ", "+ ")]
     code = [d for d in changed if not d[2:].lstrip().startswith("#")]
     assert [d[:2] + d[2:].strip() for d in code] == [
         "- layout.mask_indptr(kv_lens, n, out=self.cuda_graph_mask_indptr)",

@@ -9,7 +9,7 @@ import torch
 from refimpl.backends.torch_native import TorchNativeBackend
 from refimpl.batch import World
 from refimpl.batchgen import BatchGenerator
-from refimpl.config import GraphConfig, ModelConfig, SpecConfig
+from refimpl.config import TREE, GraphConfig, ModelConfig, SpecConfig
 from refimpl.graphs import CPUEmulatorEngine, GraphReplayError
 from refimpl.graphs.runner import GraphRunner
 from refimpl.model import TinyDecoder
@@ -43,8 +43,8 @@ def test_padding_uses_fill_value_slot_zero_and_matches_eager():
     fb = gen.decode(3)
     res = runner.run(fb)
     assert res.used_graph and res.graph_bs == 4
-    assert runner.seq_lens[3].item() == 1 and runner.req_pool_indices[3].item() == 0
-    assert runner.out_cache_loc[3].item() == 0
+    assert runner.inputs.seq_lens[3].item() == 1 and runner.inputs.req_pool_indices[3].item() == 0
+    assert runner.inputs.out_cache_loc[3].item() == 0
     assert torch.allclose(res.logits, runner.eager(fb), atol=1e-5, rtol=1e-5)
 
 
@@ -76,7 +76,7 @@ def test_fresh_batches_after_capture_match_eager():
 
 
 def test_target_verify_graph_matches_eager_with_tree_masks():
-    spec = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
+    spec = TREE
     runner, gen = make(ForwardMode.TARGET_VERIFY, spec)
     fb = gen.target_verify(3)
     assert torch.allclose(runner.replay(fb), runner.eager(fb), atol=1e-5, rtol=1e-5)
@@ -99,9 +99,7 @@ def test_no_padding_mode_runs_only_captured_sizes():
     cfg = ModelConfig()
     world = World.create(cfg, max_context_len=L, pool_size=16)
     gcfg = GraphConfig(max_bs=4, capture_bs=(2, 4), max_context_len=L, disable_padding=True)
-    runner = GraphRunner(
-        TinyDecoder(cfg), TorchNativeBackend(world, spec), CPUEmulatorEngine(), ForwardMode.DECODE, gcfg
-    )
+    runner = GraphRunner(TinyDecoder(cfg), TorchNativeBackend(world, spec), CPUEmulatorEngine(), ForwardMode.DECODE, gcfg)
     runner.capture()
     res = runner.run(BatchGenerator(world, None).decode(3))
     assert not res.used_graph and "padding is disabled" in res.fallback_reason

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from refimpl import layout
 from refimpl.batch import ForwardBatch, World
-from refimpl.batchgen import BatchGenerator, draft_decode_step_view
-from refimpl.config import ModelConfig, SpecConfig
+from refimpl.batchgen import BatchGenerator
+from refimpl.config import CHAIN, TREE, ModelConfig, SpecConfig
 from refimpl.modes import ForwardMode
 from refimpl.spec import (
     DraftDecodeInput,
@@ -28,8 +28,6 @@ from refimpl.spec import (
 from refimpl.validate import validate_batch
 
 L = 64
-CHAIN = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
-TREE = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
 
 
 def make_world(page_size: int = 1, pool_size: int = 16, max_context_len: int = L) -> World:
@@ -203,7 +201,7 @@ def check_batch(b: ForwardBatch, spec: SpecConfig | None) -> None:
         assert (b.spec_info.topk, b.spec_info.num_steps) == (k, S)
         assert b.num_tokens == bs * k and loc.numel() == bs * k * S
         assert b.positions.tolist() == [s for s in seq for _ in range(k)]
-        steps = draft_decode_step_view(b)  # [S, bs*topk]
+        steps = b.cache_loc_steps()  # [S, bs*topk]
         for j in range(S):
             for r in range(bs):
                 for br in range(k):
@@ -266,7 +264,7 @@ ALL_MODES = [
     (ForwardMode.TARGET_VERIFY, {}),
     (ForwardMode.DRAFT_EXTEND, {}),
     (ForwardMode.DRAFT_EXTEND_V2, {}),
-    (ForwardMode.DECODE, {"multi_step_draft": True}),
+    ("draft_decode", {}),
 ]
 
 
@@ -278,8 +276,8 @@ def test_every_mode_generates_valid_batches(page_size, spec, mode, kw):
     gen = BatchGenerator(world, spec, seed=page_size)
     for bs in (1, 3, 8):
         b = gen.for_mode(mode, bs, **kw)
-        assert b.forward_mode is mode and b.device == world.device
-        assert b.batch_size == (0 if mode.is_idle() else bs)
+        assert b.kind.label == getattr(mode, "label", mode) and b.device == world.device
+        assert b.batch_size == (0 if b.forward_mode.is_idle() else bs)
         check_batch(b, spec)
         gen.release(b)
     assert gen.live_requests == {}
@@ -307,8 +305,8 @@ def test_explicit_lengths_and_layouts():
     row0, row1 = world.req_to_token[r0], world.req_to_token[r1]
     step0 = [row0[5], row0[8], row1[3], row1[6]]  # [seq][branch], branch k at col s + k*S
     step2 = [row0[7], row0[10], row1[5], row1[8]]
-    assert draft_decode_step_view(dd)[0].tolist() == [int(x) for x in step0]
-    assert draft_decode_step_view(dd)[2].tolist() == [int(x) for x in step2]
+    assert dd.cache_loc_steps()[0].tolist() == [int(x) for x in step0]
+    assert dd.cache_loc_steps()[2].tolist() == [int(x) for x in step2]
     assert dd.positions.tolist() == [5, 5, 3, 3]
     for b in (d, e, t, v1, v1r, v2, dd):
         check_batch(b, TREE)
@@ -358,7 +356,7 @@ def test_release_returns_capacity(page_size):
     pool, alloc = world.req_to_token_pool, world.allocator
     free_reqs, free_pages = pool.available, alloc.free_pages
     gen = BatchGenerator(world, TREE, seed=1)
-    modes = [m for m in ALL_MODES if not m[0].is_idle()]
+    modes = [m for m in ALL_MODES if m[0] is not ForwardMode.IDLE]
     for it in range(60):  # 60 * up to 5 requests would exhaust a 5-slot pool without release
         mode, kw = modes[it % len(modes)]
         b = gen.for_mode(mode, 5, **kw)
@@ -408,8 +406,8 @@ def test_bad_requests_raise_value_errors():
         gen.target_verify(1, trees=[DraftTree.chain(4)])
     with pytest.raises(ValueError, match="TARGET_VERIFY batches need a SpecConfig"):
         BatchGenerator(world, None).target_verify(1)
-    with pytest.raises(ValueError, match="multi_step_draft=True only applies to DECODE"):
-        gen.for_mode(ForwardMode.TARGET_VERIFY, 1, multi_step_draft=True)
+    with pytest.raises(ValueError, match="unknown graph mode 'verify'"):
+        gen.for_mode("verify", 1)
     # nothing leaked from the failed calls
     assert world.req_to_token_pool.available == 7 and gen.live_requests == {}
 

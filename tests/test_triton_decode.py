@@ -45,8 +45,9 @@ def split_ranges(seq_len, splits):
     return ranges
 
 
-def make_case(seed, lens, num_kv_heads, head_dim, dtype, idx_dtype=torch.int64,
-              indptr_dtype=torch.int32, v_head_dim=None, extra_slots=20):  # fmt: skip
+def make_case(
+    seed, lens, num_kv_heads, head_dim, dtype, idx_dtype=torch.int64, indptr_dtype=torch.int32, v_head_dim=None, extra_slots=20
+):
     """A decode batch of T = len(lens) rows plus TAIL_ROWS padded rows past T.
 
     Live rows use distinct random cache slots; ``unused`` lists every other slot (slot 0
@@ -94,16 +95,27 @@ def run(case, splits, max_kv_splits, sm_scale=0.5, logit_cap=0.0, fill=0.0):
     num_kv_splits = torch.tensor(list(splits) + [max_kv_splits] * TAIL_ROWS, dtype=torch.int32)
     logits, lse = scratch(case, max_kv_splits, fill)
     o = torch.full((num_rows, H, case["v"].shape[-1]), 7.0, dtype=case["q"].dtype)
-    decode_attention(case["q"], case["k"], case["v"], o, case["kv_indptr"], case["kv_indices"],
-                     logits, lse, num_kv_splits, max_kv_splits, sm_scale, logit_cap)  # fmt: skip
+    decode_attention(
+        case["q"],
+        case["k"],
+        case["v"],
+        o,
+        case["kv_indptr"],
+        case["kv_indices"],
+        logits,
+        lse,
+        num_kv_splits,
+        max_kv_splits,
+        sm_scale,
+        logit_cap,
+    )
     return o, logits, lse
 
 
 def oracle(case, sm_scale=0.5):
     num_rows = case["q"].shape[0]
     qo_indptr = torch.arange(num_rows + 1)
-    return mha_oracle(case["q"], case["k"], case["v"], qo_indptr, case["kv_indptr"],
-                      case["kv_indices"], sm_scale)  # fmt: skip
+    return mha_oracle(case["q"], case["k"], case["v"], qo_indptr, case["kv_indptr"], case["kv_indices"], sm_scale)
 
 
 def random_splits(gen, num_rows, max_kv_splits):
@@ -133,9 +145,18 @@ def test_stage1_writes_exactly_the_live_splits(num_kv_heads, head_dim):
     num_kv_splits = torch.tensor(splits + [8, 8], dtype=torch.int32)
     logits, lse = scratch(case, max_kv_splits, fill=float("nan"))
     torch.ops.refimpl.decode_attention_stage1(
-        case["q"], case["k"], case["v"], case["kv_indptr"], case["kv_indices"], num_kv_splits,
-        logits, lse, max_kv_splits, sm_scale, 0.0,
-    )  # fmt: skip
+        case["q"],
+        case["k"],
+        case["v"],
+        case["kv_indptr"],
+        case["kv_indices"],
+        num_kv_splits,
+        logits,
+        lse,
+        max_kv_splits,
+        sm_scale,
+        0.0,
+    )
     group = H // num_kv_heads
     indptr = case["kv_indptr"].tolist()
     checked = 0
@@ -180,8 +201,7 @@ CASES = [  # (num_kv_heads, head_dim, dtype, kv_indices dtype, kv_indptr dtype, 
 
 
 @pytest.mark.parametrize("num_kv_heads,head_dim,dtype,idx_dtype,indptr_dtype,max_kv_splits", CASES)
-def test_decode_matches_oracle(num_kv_heads, head_dim, dtype, idx_dtype, indptr_dtype,
-                               max_kv_splits):  # fmt: skip
+def test_decode_matches_oracle(num_kv_heads, head_dim, dtype, idx_dtype, indptr_dtype, max_kv_splits):
     seed = num_kv_heads * 100 + head_dim + max_kv_splits
     gen = rng(seed)
     lens = [1, 32, 33] + torch.randint(2, 100, (3,), generator=gen).tolist()
@@ -297,11 +317,16 @@ HEADS = [(4, 4), (32, 32), (8, 2), (32, 4), (64, 2), (48, 2)]  # (num_heads, num
     static=st.booleans(),
     lens_dtype=st.sampled_from([torch.int32, torch.int64]),
 )
-def test_num_kv_splits_matches_ref(lens, num_group, heads, max_kv_splits, core_count, static,
-                                   lens_dtype):  # fmt: skip
+def test_num_kv_splits_matches_ref(lens, num_group, heads, max_kv_splits, core_count, static, lens_dtype):
     num_heads, num_kv_heads = heads
-    kwargs = dict(num_group=num_group, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                  max_kv_splits=max_kv_splits, core_count=core_count, static=static)  # fmt: skip
+    kwargs = dict(
+        num_group=num_group,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        max_kv_splits=max_kv_splits,
+        core_count=core_count,
+        static=static,
+    )
     num_tokens = len(lens) * num_group
     with torch.device(DEVICE):
         out = torch.full((num_tokens + 3,), -1, dtype=torch.int32)  # 3 tail entries untouched
@@ -334,8 +359,7 @@ def test_num_kv_splits_matches_ref(lens, num_group, heads, max_kv_splits, core_c
 )
 def test_num_kv_splits_hand_computed(lens, num_group, heads, core_count, want):
     """Hand-computed values (max_kv_splits = 8) that pin both the kernel and the reference."""
-    kwargs = dict(num_group=num_group, num_heads=heads[0], num_kv_heads=heads[1],
-                  max_kv_splits=8, core_count=core_count)  # fmt: skip
+    kwargs = dict(num_group=num_group, num_heads=heads[0], num_kv_heads=heads[1], max_kv_splits=8, core_count=core_count)
     assert get_num_kv_splits_ref(lens, **kwargs) == want
     out = torch.zeros(len(want), dtype=torch.int32)
     get_num_kv_splits(out, torch.tensor(lens), **kwargs)
@@ -347,8 +371,7 @@ def test_heuristic_counts_feed_the_kernel():
     lens = [3, 90, 100, 41]
     case = make_case(41, lens, 2, 16, torch.float32)
     counts = torch.zeros(len(lens) + TAIL_ROWS, dtype=torch.int32)
-    get_num_kv_splits(counts, torch.tensor(lens), num_heads=H, num_kv_heads=2, max_kv_splits=8,
-                      core_count=132)  # fmt: skip
+    get_num_kv_splits(counts, torch.tensor(lens), num_heads=H, num_kv_heads=2, max_kv_splits=8, core_count=132)
     assert counts[: len(lens)].max() > 1  # several splits really happen
     o, _, _ = run(case, counts[: len(lens)].tolist(), 8)
     assert relative_error(o, oracle(case)) < TOL[torch.float32]
@@ -362,12 +385,18 @@ def _valid_args(max_kv_splits=4):
     case = make_case(51, [5, 40], 2, 16, torch.float32)
     logits, lse = scratch(case, max_kv_splits)
     return {
-        "q": case["q"], "k_buffer": case["k"], "v_buffer": case["v"],
-        "o": torch.zeros(2, H, 16), "kv_indptr": case["kv_indptr"],
-        "kv_indices": case["kv_indices"], "attn_logits": logits, "attn_lse": lse,
-        "num_kv_splits": torch.ones(2, dtype=torch.int32), "max_kv_splits": max_kv_splits,
+        "q": case["q"],
+        "k_buffer": case["k"],
+        "v_buffer": case["v"],
+        "o": torch.zeros(2, H, 16),
+        "kv_indptr": case["kv_indptr"],
+        "kv_indices": case["kv_indices"],
+        "attn_logits": logits,
+        "attn_lse": lse,
+        "num_kv_splits": torch.ones(2, dtype=torch.int32),
+        "max_kv_splits": max_kv_splits,
         "sm_scale": 0.5,
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize(
@@ -387,7 +416,7 @@ def _valid_args(max_kv_splits=4):
         ({"k_buffer": torch.zeros(70, 3, 16)}, r"k_buffer\.shape\[1\]=3: must divide q\.shape\[1\]=4"),
         ({"logit_cap": -1.0}, r"logit_cap=-1\.0"),
     ],
-)  # fmt: skip
+)
 def test_decode_wrapper_errors_name_the_value(change, match):
     args = _valid_args()
     # parametrize values are built at collection time, on the CPU: move them to DEVICE
@@ -417,8 +446,7 @@ def test_each_launch_is_one_dispatched_op():
     args = _valid_args()
     counts, lens = torch.zeros(2, dtype=torch.int32), torch.tensor([5, 40])
     with RecordOps() as rec:
-        get_num_kv_splits(counts, lens, num_heads=H, num_kv_heads=2, max_kv_splits=4,
-                          core_count=8)  # fmt: skip
+        get_num_kv_splits(counts, lens, num_heads=H, num_kv_heads=2, max_kv_splits=4, core_count=8)
         decode_attention(**{**args, "num_kv_splits": counts})
     assert rec.names == [
         "refimpl.num_kv_splits.default",

@@ -15,7 +15,7 @@ import torch
 from helpers import DEVICE, RecordOps, on_device, rng  # noqa: F401  (on_device: autouse)
 
 from refimpl.batch import World
-from refimpl.batchgen import BatchGenerator, draft_decode_step_view
+from refimpl.batchgen import BatchGenerator
 from refimpl.config import ModelConfig, SpecConfig
 from refimpl.kernels.draft_indices import draft_decode_kv_indices, draft_decode_kv_indices_ref, draft_decode_used_len
 from refimpl.kernels.oracle import mha_oracle, relative_error
@@ -67,9 +67,19 @@ def make_masks(gen, mode, prefix_lens, q_lens):
 
 
 def make_case(
-    seed, prefix_lens, q_lens, *, num_heads=4, num_kv_heads=2, head_dim=16, v_head_dim=16,
-    dtype=torch.float32, idx_dtype=torch.int64, mode="none", num_slots=160,
-):  # fmt: skip
+    seed,
+    prefix_lens,
+    q_lens,
+    *,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    v_head_dim=16,
+    dtype=torch.float32,
+    idx_dtype=torch.int64,
+    mode="none",
+    num_slots=160,
+):
     gen = rng(seed)
     tokens = sum(q_lens)
 
@@ -118,9 +128,17 @@ def oracle_view(case, prefix_lens, q_lens):
         rows.append(torch.arange(base + qo[i], base + qo[i + 1]))
     lens = [p + q for p, q in zip(prefix_lens, q_lens)]
     return mha_oracle(
-        case["q_extend"], k_cache, v_cache, case["qo_indptr"], indptr_of(lens), torch.cat(rows),
-        case["sm_scale"], case["custom_mask"], case["mask_indptr"], causal=case["is_causal"],
-    )  # fmt: skip
+        case["q_extend"],
+        k_cache,
+        v_cache,
+        case["qo_indptr"],
+        indptr_of(lens),
+        torch.cat(rows),
+        case["sm_scale"],
+        case["custom_mask"],
+        case["mask_indptr"],
+        causal=case["is_causal"],
+    )
 
 
 RAGGED = ([0, 17, 40, 3], [3, 6, 1, 5])
@@ -136,10 +154,7 @@ UNIFORM = ([12, 0, 33], [4, 4, 4])  # target-verify style: N rows per request
 )
 def test_extend_attention_matches_oracle(mode, dtype, layout, idx_dtype, num_kv_heads):
     prefix_lens, q_lens = layout
-    case = make_case(
-        7, prefix_lens, q_lens, num_kv_heads=num_kv_heads, dtype=dtype, idx_dtype=idx_dtype,
-        mode=mode,
-    )  # fmt: skip
+    case = make_case(7, prefix_lens, q_lens, num_kv_heads=num_kv_heads, dtype=dtype, idx_dtype=idx_dtype, mode=mode)
     ref = oracle_view(case, prefix_lens, q_lens)
     extend_attention(**case)
     out = case["o_extend"]
@@ -319,8 +334,7 @@ def test_extend_attention_errors_name_the_value():
 # draft-decode kv indices ([facts#multi-step-draft-decode-indices])
 
 
-def run_draft(rpi, r2t, seq_lens, topk, num_steps, width, idx_dtype=torch.int64,
-              indptr_dtype=torch.int32, extra_steps=0):  # fmt: skip
+def run_draft(rpi, r2t, seq_lens, topk, num_steps, width, idx_dtype=torch.int64, indptr_dtype=torch.int32, extra_steps=0):
     rows = seq_lens.numel() * topk
     kv_indices = torch.full((num_steps + extra_steps, width), POISON, dtype=idx_dtype)
     kv_indptr = torch.full((num_steps + extra_steps, rows + 3), POISON, dtype=indptr_dtype)
@@ -355,7 +369,7 @@ def test_draft_decode_kv_indices_on_generated_batch(topk, num_steps):
     check_draft(kv_indptr, kv_indices, rpi, r2t, seq_lens, topk, num_steps)
     # independent of the ref: the last slot of row (r, k) at step i is where that row's draft
     # token of step i is written (batchgen's out_cache_loc)
-    loc = draft_decode_step_view(batch)  # [S, rows]
+    loc = batch.cache_loc_steps()  # [S, rows]
     for i in range(num_steps):
         ends = kv_indptr[i, 1 : 3 * topk + 1].long() - 1
         assert torch.equal(kv_indices[i, ends].long(), loc[i].long()), f"step {i}"
@@ -373,9 +387,8 @@ def test_draft_decode_kv_indices_hand_built(idx_dtype, indptr_dtype, lens_dtype)
     seq_lens = torch.tensor([7, 1, 0, 30, 13], dtype=lens_dtype)  # a 0-length prefix too
     topk, num_steps = 2, 3
     kv_indptr, kv_indices = run_draft(
-        rpi, r2t, seq_lens, topk, num_steps, width=5 * topk * 40, idx_dtype=idx_dtype,
-        indptr_dtype=indptr_dtype, extra_steps=1,
-    )  # fmt: skip
+        rpi, r2t, seq_lens, topk, num_steps, width=5 * topk * 40, idx_dtype=idx_dtype, indptr_dtype=indptr_dtype, extra_steps=1
+    )
     check_draft(kv_indptr, kv_indices, rpi, r2t, seq_lens, topk, num_steps)
 
 
@@ -409,14 +422,11 @@ def test_draft_decode_errors_name_the_value():
     with pytest.raises(ValueError, match=r"kv_indices\.shape\[0\]"):
         draft_decode_kv_indices(*args, topk=2, num_steps=3)
     with pytest.raises(ValueError, match=r"kv_indices\.dtype"):
-        draft_decode_kv_indices(rpi, r2t, seq_lens, kv_indices.float(), kv_indptr, topk=2,
-                                num_steps=2)  # fmt: skip
+        draft_decode_kv_indices(rpi, r2t, seq_lens, kv_indices.float(), kv_indptr, topk=2, num_steps=2)
     with pytest.raises(ValueError, match=r"kv_indices\.shape"):
-        draft_decode_kv_indices(rpi, r2t, seq_lens, kv_indices[0], kv_indptr, topk=2,
-                                num_steps=2)  # fmt: skip
+        draft_decode_kv_indices(rpi, r2t, seq_lens, kv_indices[0], kv_indptr, topk=2, num_steps=2)
     with pytest.raises(ValueError, match=r"req_pool_indices\.shape\[0\]"):
-        draft_decode_kv_indices(rpi[:1], r2t, seq_lens, kv_indices, kv_indptr, topk=2,
-                                num_steps=2)  # fmt: skip
+        draft_decode_kv_indices(rpi[:1], r2t, seq_lens, kv_indices, kv_indptr, topk=2, num_steps=2)
     with pytest.raises(ValueError, match="topk"):
         draft_decode_kv_indices(*args, topk=0, num_steps=2)
     with pytest.raises(ValueError, match="num_steps"):

@@ -61,8 +61,7 @@ def pool_table(pool, L, dtype=torch.int32, seed=0):
 def lengths(bs, L, rnd):
     """Lengths in [1, L], page boundaries (1, 31..33, 63..64) among them."""
     edges = [1, 31, 32, 33, L - 1, L]
-    return [edges[i] if i < len(edges) and rnd.random() < 0.5 else rnd.randint(1, L)
-            for i in range(bs)]  # fmt: skip
+    return [edges[i] if i < len(edges) and rnd.random() < 0.5 else rnd.randint(1, L) for i in range(bs)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -97,15 +96,24 @@ def test_verify_matches_reference(bs, topk, idx):
     pool, L, n, rnd = 12, 64, 4, random.Random(10 * bs + topk)
     r2t = pool_table(pool, L, idx, seed=1)
     lens = lengths(bs, L - n, rnd)
-    trees = [DraftTree.chain(n) if topk == 1 else DraftTree.random(n, topk, 3, rnd.randint(0, 99))
-             for _ in range(bs)]  # fmt: skip
+    trees = [DraftTree.chain(n) if topk == 1 else DraftTree.random(n, topk, 3, rnd.randint(0, 99)) for _ in range(bs)]
     mask_src = build_custom_mask(lens, trees, DEVICE)  # [sum N*(len+N)] bool
     seq, rpi = torch.tensor(lens, dtype=idx), torch.tensor(rnd.sample(range(pool), bs), dtype=idx)
     kv_indptr, kv_indices = torch.zeros(bs + 1, dtype=idx), torch.zeros(bs * L, dtype=idx)
     qo, mask_indptr = torch.full((bs + 1,), -1, dtype=idx), torch.full((bs + 1,), -1)
     buf = torch.full((bs * n * L + 5,), 9, dtype=torch.uint8)  # 9: never a mask value
-    fused_graph_metadata(r2t, rpi, seq, kv_indptr, kv_indices, num_draft_tokens=n, qo_indptr=qo,
-                         mask_indptr=mask_indptr, custom_mask_src=mask_src, custom_mask=buf)  # fmt: skip
+    fused_graph_metadata(
+        r2t,
+        rpi,
+        seq,
+        kv_indptr,
+        kv_indices,
+        num_draft_tokens=n,
+        qo_indptr=qo,
+        mask_indptr=mask_indptr,
+        custom_mask_src=mask_src,
+        custom_mask=buf,
+    )
     ref = fused_graph_metadata_ref(r2t, rpi, seq, num_draft_tokens=n, custom_mask_src=mask_src)
     total, mask_total = int(ref["kv_indptr"][-1]), mask_src.numel()
     assert kv_indptr.tolist() == ref["kv_indptr"].tolist()
@@ -117,8 +125,7 @@ def test_verify_matches_reference(bs, topk, idx):
     assert (buf[mask_total:] == 9).all()
     # without a source mask: the offsets only, the buffer untouched
     buf2 = torch.full_like(buf, 9)
-    fused_graph_metadata(r2t, rpi, seq, kv_indptr, kv_indices, num_draft_tokens=n, qo_indptr=qo,
-                         mask_indptr=mask_indptr)  # fmt: skip
+    fused_graph_metadata(r2t, rpi, seq, kv_indptr, kv_indices, num_draft_tokens=n, qo_indptr=qo, mask_indptr=mask_indptr)
     assert (buf2 == 9).all() and mask_indptr.tolist() == ref["mask_indptr"].tolist()
 
 
@@ -131,14 +138,25 @@ def test_split_counts_are_get_num_kv_splits():
         bs = rnd.choice([1, 2, 3, 5, 8, 17])
         lens = torch.tensor([rnd.choice([0, 1, 64, rnd.randint(1, L)]) for _ in range(bs)])
         heads, kv_heads = rnd.choice([(4, 4), (4, 1), (32, 2), (8, 2)])
-        kw = dict(num_heads=heads, num_kv_heads=kv_heads, max_kv_splits=rnd.choice([1, 4, 16]),
-                  core_count=rnd.choice([0, 8, 132]), static=trial % 7 == 0)  # fmt: skip
+        kw = dict(
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            max_kv_splits=rnd.choice([1, 4, 16]),
+            core_count=rnd.choice([0, 8, 132]),
+            static=trial % 7 == 0,
+        )
         want = torch.full((bs,), -1, dtype=torch.int32)
         get_num_kv_splits(want, lens, **kw)
         got = torch.full((bs,), -1, dtype=torch.int32)
-        fused_graph_metadata(r2t, torch.zeros(bs, dtype=torch.int64), lens,
-                             torch.zeros(bs + 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int64),
-                             num_kv_splits=got, **kw)  # fmt: skip
+        fused_graph_metadata(
+            r2t,
+            torch.zeros(bs, dtype=torch.int64),
+            lens,
+            torch.zeros(bs + 1, dtype=torch.int32),
+            torch.zeros(1, dtype=torch.int64),
+            num_kv_splits=got,
+            **kw,
+        )
         assert got.tolist() == want.tolist(), (lens.tolist(), kw)
 
 
@@ -194,8 +212,9 @@ def test_bad_device_data_stays_in_bounds_and_matches_the_unified_launches():
     buf, buf_b = guarded((33,), 9, 77, torch.uint8)
     qo, qo_b = guarded((bs + 1,), -1, OUT_GUARD, torch.int64)
     mi, mi_b = guarded((bs + 1,), -1, OUT_GUARD, torch.int64)
-    fused_graph_metadata(r2t, rpi, seq, ind, idx, num_draft_tokens=n, qo_indptr=qo,
-                         mask_indptr=mi, custom_mask_src=src, custom_mask=buf)  # fmt: skip
+    fused_graph_metadata(
+        r2t, rpi, seq, ind, idx, num_draft_tokens=n, qo_indptr=qo, mask_indptr=mi, custom_mask_src=src, custom_mask=buf
+    )
     mi_u = torch.zeros(bs + 1, dtype=torch.int64)
     mi_u[1:] = torch.cumsum(n * (seq.long() + n), 0)
     assert mi.tolist() == mi_u.tolist() and qo.tolist() == [i * n for i in range(bs + 1)]
@@ -206,8 +225,12 @@ def test_bad_device_data_stays_in_bounds_and_matches_the_unified_launches():
         if hi > lo >= 0:
             want[lo:hi] = src[lo:hi]
     assert buf.tolist() == want.tolist()
-    for block, shape, guard in ((buf_b, (33,), 77), (qo_b, (bs + 1,), OUT_GUARD),
-                                (mi_b, (bs + 1,), OUT_GUARD), (src_b, (40,), 5)):  # fmt: skip
+    for block, shape, guard in (
+        (buf_b, (33,), 77),
+        (qo_b, (bs + 1,), OUT_GUARD),
+        (mi_b, (bs + 1,), OUT_GUARD),
+        (src_b, (40,), 5),
+    ):
         assert guard_intact(block, shape, guard)
 
 
@@ -220,15 +243,23 @@ def test_one_op_per_launch_and_argument_errors():
     assert rec.names == [FUSED_OP]
     assert "refimpl::fused_graph_metadata" in KERNEL_OPS
     with pytest.raises(ValueError, match="not both"):
-        fused_graph_metadata(r2t, rpi, seq, ind, idx64, num_kv_splits=spl,
-                             num_draft_tokens=2, **SPLITS)  # fmt: skip
+        fused_graph_metadata(r2t, rpi, seq, ind, idx64, num_kv_splits=spl, num_draft_tokens=2, **SPLITS)
     with pytest.raises(ValueError, match="kv_indptr.shape"):
         fused_graph_metadata(r2t, rpi, seq, ind[:2], idx64, num_kv_splits=spl, **SPLITS)
     with pytest.raises(ValueError, match="qo_indptr and mask_indptr"):
         fused_graph_metadata(r2t, rpi, seq, ind, idx64, num_draft_tokens=2)
     with pytest.raises(ValueError, match="custom_mask_src"):
-        fused_graph_metadata(r2t, rpi, seq, ind, idx64, num_draft_tokens=2, qo_indptr=ind,
-                             mask_indptr=ind, custom_mask=torch.zeros(4, dtype=torch.uint8))  # fmt: skip
+        fused_graph_metadata(
+            r2t,
+            rpi,
+            seq,
+            ind,
+            idx64,
+            num_draft_tokens=2,
+            qo_indptr=ind,
+            mask_indptr=ind,
+            custom_mask=torch.zeros(4, dtype=torch.uint8),
+        )
     with pytest.raises(ValueError, match="dtype"):  # float kv_indices
         fused_graph_metadata(r2t, rpi, seq, ind, idx, num_kv_splits=spl, **SPLITS)
     args = fused_graph_metadata_args(r2t, rpi, seq, ind, idx64, num_kv_splits=spl, **SPLITS)
@@ -262,10 +293,8 @@ def captured(cls, mode):
     """A CPU-emulator runner of ``cls`` with one graph (bs 4), and a batch generator."""
     w = World.create(SMALL, max_context_len=32, pool_size=12, page_size=1, device=DEVICE, seed=0)
     w.randomize_kv(0)
-    gcfg = GraphConfig(max_bs=4, capture_bs=(4,), max_context_len=32, speculative=True,
-                       num_warmups=1)  # fmt: skip
-    runner = GraphRunner(TinyDecoder(SMALL, w.device), cls(w, VERIFY_SPEC), CPUEmulatorEngine(),
-                         mode, gcfg, VERIFY_SPEC)  # fmt: skip
+    gcfg = GraphConfig(max_bs=4, capture_bs=(4,), max_context_len=32, speculative=True, num_warmups=1)
+    runner = GraphRunner(TinyDecoder(SMALL, w.device), cls(w, VERIFY_SPEC), CPUEmulatorEngine(), mode, gcfg, VERIFY_SPEC)
     runner.capture()
     return runner, BatchGenerator(w, VERIFY_SPEC, seed=5)
 
@@ -334,6 +363,7 @@ def _draft_batch(w):
 
 @pytest.mark.gpu
 def test_checker_passes_under_cuda_graphs():
-    rows = run_checks(["triton"], ["decode", "idle", "target_verify"], ["fused", "in_graph"],
-                      "cuda", CheckSettings(capture_bs=(1, 4)))  # fmt: skip
+    rows = run_checks(
+        ["triton"], ["decode", "idle", "target_verify"], ["fused", "in_graph"], "cuda", CheckSettings(capture_bs=(1, 4))
+    )
     assert rows and all(r.passed and not r.findings for r in rows), [r.findings for r in rows]

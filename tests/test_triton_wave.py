@@ -8,11 +8,8 @@ from helpers import RAW_BS, gate, per_size_settings
 
 from refimpl.backends import find
 from refimpl.check import CheckSettings, check_entry_mode
-from refimpl.config import SpecConfig
+from refimpl.config import CHAIN, TREE, SpecConfig
 from refimpl.graphs import CPUEmulatorEngine
-
-CHAIN = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
-TREE = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
 
 
 def settings(spec=CHAIN, raw_bs=RAW_BS):
@@ -112,7 +109,9 @@ def triton_runner(mode, spec=CHAIN, multi_step=False):
     else:
         backend, program = TritonAttnBackend(world, spec), model
     gcfg = GraphConfig(max_bs=4, capture_bs=(1, 2, 4), max_context_len=L)
-    runner = GraphRunner(program, backend, CPUEmulatorEngine(), GraphKind.of(mode, multi_step), gcfg, spec)
+    runner = GraphRunner(
+        program, backend, CPUEmulatorEngine(), GraphKind.parse("draft_decode" if multi_step else mode), gcfg, spec
+    )
     runner.capture()
     return runner, BatchGenerator(world, spec, seed=11)
 
@@ -125,18 +124,15 @@ def test_verify_with_another_draft_count_is_refused():
     assert not res.used_graph and "4 per request" in res.fallback_reason
     with pytest.raises(ValueError, match="draft_token_num=5.*num_draft_tokens=4"):
         runner.backend.init_forward_metadata_replay_cuda_graph(
-            2, fb.req_pool_indices, fb.seq_lens, None, None, ForwardMode.TARGET_VERIFY,
-            fb.spec_info, None,
-        )  # fmt: skip
+            2, fb.req_pool_indices, fb.seq_lens, None, None, ForwardMode.TARGET_VERIFY, fb.spec_info, None
+        )
 
 
 def test_tree_mask_of_the_wrong_size_is_refused():
     runner, gen = triton_runner(ForwardMode.TARGET_VERIFY)
     fb = gen.target_verify(2)
     short = VerifyInput(4, fb.spec_info.custom_mask[:-3])
-    with pytest.raises(
-        ValueError, match=r"custom_mask entries=\d+: expected sum over requests of N\*\(seq_len\+N\) = \d+"
-    ):
+    with pytest.raises(ValueError, match=r"custom_mask entries=\d+: expected sum over requests of N\*\(seq_len\+N\) = \d+"):
         runner.replay(fb.replace(spec_info=short))
 
 

@@ -16,12 +16,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from refimpl._env import default_device
 from refimpl.batch import World
 from refimpl.batchgen import BatchGenerator
-from refimpl.config import ModelConfig, SpecConfig
+from refimpl.config import TREE, ModelConfig
 from refimpl.modes import ForwardMode
 from refimpl.validate import validate_batch
 
 DEVICE = default_device()
-SPEC = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
+SPEC = TREE
 CFG = ModelConfig(num_layers=1, num_heads=1, num_kv_heads=1, head_dim=4, v_head_dim=4)
 
 
@@ -46,20 +46,25 @@ class OpLog(TorchDispatchMode):
 
 
 def validation_ops(num_slots: int, mode: ForwardMode, multi: bool):
-    world = World.create(CFG, max_context_len=64, pool_size=24, num_slots=num_slots,
-                         device=DEVICE, seed=0)  # fmt: skip
+    world = World.create(CFG, max_context_len=64, pool_size=24, num_slots=num_slots, device=DEVICE, seed=0)
     gen = BatchGenerator(world, SPEC, seed=1)
-    fb = gen.for_mode(mode, 8, multi_step_draft=multi)
-    validate_batch(fb, SPEC, multi, for_graph=True)  # warm: the result buffer exists
+    fb = gen.for_mode("draft_decode" if multi else mode, 8)
+    validate_batch(fb, SPEC, fb.kind, for_graph=True)  # warm: the result buffer exists
     with OpLog() as log:
-        validate_batch(fb, SPEC, multi, for_graph=True)
+        validate_batch(fb, SPEC, fb.kind, for_graph=True)
     return log
 
 
-@pytest.mark.parametrize("mode, multi", [
-    (ForwardMode.DECODE, False), (ForwardMode.TARGET_VERIFY, False),
-    (ForwardMode.DRAFT_EXTEND_V2, False), (ForwardMode.DECODE, True),
-], ids=["decode", "target_verify", "draft_extend_v2", "draft_decode"])  # fmt: skip
+@pytest.mark.parametrize(
+    "mode, multi",
+    [
+        (ForwardMode.DECODE, False),
+        (ForwardMode.TARGET_VERIFY, False),
+        (ForwardMode.DRAFT_EXTEND_V2, False),
+        (ForwardMode.DECODE, True),
+    ],
+    ids=["decode", "target_verify", "draft_extend_v2", "draft_decode"],
+)
 def test_validation_work_does_not_follow_the_pool(mode, multi):
     small = validation_ops(1_000 + 7, mode, multi)
     large = validation_ops(1_000_000 + 7, mode, multi)

@@ -116,12 +116,7 @@ def test_draw_buffers_rows_cells_and_scalars():
     assert len(texts) == 3 + 10 + 2 * 3 + 2
     assert "+3" in texts and "max_extend_len = 4" in texts and "ratio = 0.5" in texts
     labels = [t.get_text() for t in ax.get_yticklabels()]
-    assert labels == [
-        "qo_indptr  [3] int64",
-        "kv_indptr  [12] int32",
-        "steps[0]  [2, 3] int32",
-        "steps[1]  [2, 3] int32",
-    ]
+    assert labels == ["qo_indptr  [3] int64", "kv_indptr  [12] int32", "steps[0]  [2, 3] int32", "steps[1]  [2, 3] int32"]
     assert ax.get_title() == "buffers"
     with pytest.raises(ValueError, match="1-D or 2-D"):
         viz.draw_buffers({"x": torch.zeros(1, 1, 1)})
@@ -219,8 +214,7 @@ def test_draw_state_diff_marks_every_differing_cell_in_both_rows():
     assert len(_differs(ax)) == 2 * 3  # entries 0, 2, 3 of splits, in both rows
     assert ax.get_title() == "t\n4 cell(s) differ"  # 3 cells + the scalar
     labels = [t.get_text() for t in ax.get_yticklabels()]
-    assert labels[:2] == ["qo: after the capture path  [3] int64",
-                          "qo: after the replay path  [3] int64"]  # fmt: skip
+    assert labels[:2] == ["qo: after the capture path  [3] int64", "qo: after the replay path  [3] int64"]
     assert "differs: after the capture path vs after the replay path" in _legend_texts(fig)
     same = viz.draw_state_diff(cap, cap)
     assert not _differs(same.axes[0]) and same.axes[0].get_title() == "no cell differs"
@@ -240,8 +234,7 @@ def test_draw_buffer_sizes_flags_short_buffers():
     short = [t.get_text() for ax in fig.axes for t in ax.texts if t.get_gid() == "too_small"]
     assert short == [" [B]  too small"]
     assert [t.get_text() for t in fig.axes[0].texts if t.get_gid() == "need"] == [" draft rows: 8"]
-    assert _legend_texts(fig) == ["Triton", "Wave", "entries a batch needs",
-                                  "too small for that batch"]  # fmt: skip
+    assert _legend_texts(fig) == ["Triton", "Wave", "entries a batch needs", "too small for that batch"]
 
 
 def test_draw_eagle_iteration_names_every_graph_mode():
@@ -272,11 +265,15 @@ def test_grid_builders_have_legends():
     S, topk = 2, 2
     r2t = torch.arange(3 * 8, dtype=torch.int32).view(3, 8)
     seq = torch.tensor([2, 1], dtype=torch.int32)
-    indptrs, indices = draft_decode_kv_indices_ref(torch.tensor([1, 2]), r2t, seq, topk=topk,
-                                                   num_steps=S)  # fmt: skip
-    dd = viz.draw_draft_decode_indices(torch.stack(indptrs), torch.stack(
-        [torch.nn.functional.pad(x, (0, 20 - x.numel())) for x in indices]), seq, topk, S,
-        live_seqs=1)  # fmt: skip
+    indptrs, indices = draft_decode_kv_indices_ref(torch.tensor([1, 2]), r2t, seq, topk=topk, num_steps=S)
+    dd = viz.draw_draft_decode_indices(
+        torch.stack(indptrs),
+        torch.stack([torch.nn.functional.pad(x, (0, 20 - x.numel())) for x in indices]),
+        seq,
+        topk,
+        S,
+        live_seqs=1,
+    )
     assert _legend_texts(dd)[:2] == ["seq 0: prefix slots", "padded seq: prefix slot 0"]
 
 

@@ -45,14 +45,11 @@ class BackendEntry:
         class (``AttentionBackend``'s defaults: MHA, page size 1), its multi-step draft wrapper from ``multi_step_class
         = "module:Class"`` (default: none)."""
         name, variant = getattr(backend_cls, "name", backend_cls.__name__), getattr(backend_cls, "variant", "unified")
-        return cls(name, variant, target, getattr(backend_cls, "multi_step_class", None))
+        return cls(name, variant, target, getattr(backend_cls, "multi_step_class", None))  # a duck-typed class may lack it
 
 
-CONTRACT = tuple(  # what --backend-class requires (refimpl.backends.base.AttentionBackend)
-    "init_forward_metadata init_cuda_graph_state init_forward_metadata_capture_cuda_graph "
-    "init_forward_metadata_replay_cuda_graph get_cuda_graph_seq_len_fill_value forward "
-    "init_forward_metadata_in_graph graph_state graph_buffers check_graph_mode glue_refusal".split()
-)
+# what --backend-class requires: AttentionBackend's public methods (its abstract hooks and those it defaults)
+CONTRACT = tuple(n for n, v in vars(AttentionBackend).items() if callable(v) and not n.startswith("_"))
 
 
 class BackendLoadError(ValueError):
@@ -84,31 +81,40 @@ def load_backend_class(spec: str) -> BackendEntry:
 
 
 # (name, variant, backend class, multi-step draft wrapper); model kind and page size: on the class
-# fmt: off
-REGISTRY: list[BackendEntry] = [BackendEntry(*row) for row in (
-    ("torch_native", "unified", ".torch_native:TorchNativeBackend"),
-    ("torch_native_mla", "unified", ".torch_native:TorchNativeMLABackend"),
-    ("triton", "unified", ".triton:TritonAttnBackend", ".triton:TritonMultiStepDraftBackend"),
-    ("triton", "legacy", ".triton:TritonAttnBackendLegacy", ".triton:TritonMultiStepDraftBackendLegacy"),
-    ("triton", "fused", ".triton_fused:TritonAttnBackendFused"),
-    ("triton", "in_graph", ".triton_fused:TritonAttnBackendInGraph"),
-    ("wave", "unified", ".wave:WaveAttnBackend", ".wave:WaveMultiStepDraftBackend"),
-    ("wave", "legacy", ".wave:WaveAttnBackendLegacy", ".wave:WaveMultiStepDraftBackendLegacy"),
-    ("flashinfer", "unified", ".flashinfer:FlashInferAttnBackend", ".flashinfer:FlashInferMultiStepDraftBackend"),
-    ("flashinfer", "legacy", ".flashinfer:FlashInferAttnBackendLegacy",
-     ".flashinfer:FlashInferMultiStepDraftBackendLegacy"),
-    ("flashinfer_mla", "unified", ".flashinfer_mla:FlashInferMLAAttnBackend"),
-    ("flashinfer_mla", "as-upstream", ".flashinfer_mla:FlashInferMLAAttnBackendAsUpstream"),
-    ("flashinfer_mla", "legacy", ".flashinfer_mla:FlashInferMLAAttnBackendLegacy"),
-    ("cutlass_mla", "unified", ".cutlass_mla:CutlassMLAAttnBackend"),
-    ("cutlass_mla", "legacy", ".cutlass_mla:CutlassMLAAttnBackendLegacy"),
-    ("trtllm_mla", "legacy", ".trtllm_mla:TRTLLMMLAAttnBackendLegacy", ".trtllm_mla:TRTLLMMLAMultiStepDraftBackendLegacy"),
-    ("trtllm_mla", "unified", ".trtllm_mla:TRTLLMMLAAttnBackend", ".trtllm_mla:TRTLLMMLAMultiStepDraftBackend"),
-    ("trtllm_mla", "simplified", ".trtllm_mla:TRTLLMMLAAttnBackendSimplified",
-     ".trtllm_mla:TRTLLMMLAMultiStepDraftBackendSimplified"),
-    ("trtllm_mla", "in_graph", ".trtllm_mla:TRTLLMMLAAttnBackendInGraph", ".trtllm_mla:TRTLLMMLAMultiStepDraftBackendInGraph"),
-)]
-# fmt: on
+REGISTRY: list[BackendEntry] = [
+    BackendEntry(*row)
+    for row in (
+        ("torch_native", "unified", ".torch_native:TorchNativeBackend"),
+        ("torch_native_mla", "unified", ".torch_native:TorchNativeMLABackend"),
+        ("triton", "unified", ".triton:TritonAttnBackend", ".triton:TritonMultiStepDraftBackend"),
+        ("triton", "legacy", ".triton:TritonAttnBackendLegacy", ".triton:TritonMultiStepDraftBackendLegacy"),
+        ("triton", "fused", ".triton_fused:TritonAttnBackendFused"),
+        ("triton", "in_graph", ".triton_fused:TritonAttnBackendInGraph"),
+        ("wave", "unified", ".wave:WaveAttnBackend", ".wave:WaveMultiStepDraftBackend"),
+        ("wave", "legacy", ".wave:WaveAttnBackendLegacy", ".wave:WaveMultiStepDraftBackendLegacy"),
+        ("flashinfer", "unified", ".flashinfer:FlashInferAttnBackend", ".flashinfer:FlashInferMultiStepDraftBackend"),
+        ("flashinfer", "legacy", ".flashinfer:FlashInferAttnBackendLegacy", ".flashinfer:FlashInferMultiStepDraftBackendLegacy"),
+        ("flashinfer_mla", "unified", ".flashinfer_mla:FlashInferMLAAttnBackend"),
+        ("flashinfer_mla", "as-upstream", ".flashinfer_mla:FlashInferMLAAttnBackendAsUpstream"),
+        ("flashinfer_mla", "legacy", ".flashinfer_mla:FlashInferMLAAttnBackendLegacy"),
+        ("cutlass_mla", "unified", ".cutlass_mla:CutlassMLAAttnBackend"),
+        ("cutlass_mla", "legacy", ".cutlass_mla:CutlassMLAAttnBackendLegacy"),
+        ("trtllm_mla", "legacy", ".trtllm_mla:TRTLLMMLAAttnBackendLegacy", ".trtllm_mla:TRTLLMMLAMultiStepDraftBackendLegacy"),
+        ("trtllm_mla", "unified", ".trtllm_mla:TRTLLMMLAAttnBackend", ".trtllm_mla:TRTLLMMLAMultiStepDraftBackend"),
+        (
+            "trtllm_mla",
+            "simplified",
+            ".trtllm_mla:TRTLLMMLAAttnBackendSimplified",
+            ".trtllm_mla:TRTLLMMLAMultiStepDraftBackendSimplified",
+        ),
+        (
+            "trtllm_mla",
+            "in_graph",
+            ".trtllm_mla:TRTLLMMLAAttnBackendInGraph",
+            ".trtllm_mla:TRTLLMMLAMultiStepDraftBackendInGraph",
+        ),
+    )
+]
 
 
 HISTORICAL_VARIANTS = frozenset({"legacy", "as-upstream"})  # expected to show their findings

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -54,10 +54,18 @@ class AttentionBackend(ABC):
     pattern: str = "A"  # a key of PATTERNS
     graph_modes: frozenset[ForwardMode] = frozenset()
     model_kind: str = "mha"  # the model it serves: "mha" or "mla" (the registry reads it)
-    page_size: int = 1  # the KV page size its kernels take (the registry reads it)
+    page_sizes: tuple[int, ...] | None = None  # the KV page sizes its kernels take (None: any); __init__ refuses others
+    page_size: int = 1  # the one the registry builds its world with
     graph_buffer_names: tuple[str, ...] = ()  # what init_cuda_graph_state allocates for forward
+    # graph buffers SGLang's backends allocate in __init__ for the eager path, which some graphs read too (Triton's): where
+    # no live view covers one, the eager path owns it (the fuzzer leaves it unpoisoned)
+    eager_buffer_names: tuple[str, ...] = ("kv_indptr", "qo_indptr", "mask_indptr")
+    multi_step_class: str | None = None  # "module:Class" of its multi-step draft wrapper (--backend-class reads it)
 
     def __init__(self, world: World, spec: SpecConfig | None = None):
+        if self.page_sizes is not None and world.page_size not in self.page_sizes:
+            supported = ", ".join(map(str, self.page_sizes))
+            raise ValueError(f"{self.name}: page_size={world.page_size} is not supported (supported: {supported})")
         self.world = world
         self.cfg = world.cfg
         self.spec = spec
@@ -158,6 +166,22 @@ class AttentionBackend(ABC):
         return f"{type(self).__name__}(variant={self.variant!r}, pattern={self.pattern!r})"
 
 
+class DraftStep(Protocol):
+    """What the multi-step wrapper (``backends.multistep.MultiStepDraftBackend``) asks of its step class (Triton, Wave,
+    FlashInfer), besides ``AttentionBackend``: built as ``step_cls(world, spec, kv_indptr_buf=<its row of the wrapper's
+    [S, pool*topk + 1] indptr>, skip_prefill=True)``; its graph state over lent buffers; the split counts it computes;
+    its reference for the rows the wrapper lends it."""
+
+    kv_indices_dtype: torch.dtype
+    max_kv_splits: int  # the split buffer's fill value (Triton / Wave; FlashInfer: none read)
+
+    def init_cuda_graph_state(self, max_bs, max_num_tokens, kv_indices_buf=None, num_kv_splits_buf=None) -> None: ...
+
+    def get_num_kv_splits(self, num_kv_splits: torch.Tensor, seq_lens: torch.Tensor) -> None: ...
+
+    def draft_step_reference(self, indptr: torch.Tensor, indices: torch.Tensor, fb: ForwardBatch) -> dict: ...
+
+
 class MultiStepBackend(AttentionBackend):
     """Multi-step draft decode's wrapper: ``S - 1`` step backends of ``step_cls`` in ``step_backends`` (step i drafts every
     branch's token i + 2). The step contract: ``MultiStepDraftProgram`` calls ``step_backend(i).forward`` (never the
@@ -165,7 +189,7 @@ class MultiStepBackend(AttentionBackend):
     step by step, TRTLLM-MLA); its graph state and buffers are its steps' (``step{i}.`` names) beside its own; it
     captures decode only."""
 
-    step_cls: type = AttentionBackend
+    step_cls: type[AttentionBackend] = AttentionBackend  # a DraftStep for the one-launch wrapper (backends.multistep)
     graph_modes = frozenset({ForwardMode.DECODE})
     step_backends: list
 
@@ -173,7 +197,7 @@ class MultiStepBackend(AttentionBackend):
         super().__init_subclass__(**kw)
         step = cls.step_cls
         cls.name, cls.variant, cls.pattern = step.name, step.variant, step.pattern
-        cls.model_kind, cls.page_size = step.model_kind, step.page_size
+        cls.model_kind, cls.page_sizes, cls.page_size = step.model_kind, step.page_sizes, step.page_size
 
     def __init__(self, world: World, spec: SpecConfig | None = None):
         if spec is None or spec.num_steps < 2:

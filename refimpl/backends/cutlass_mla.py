@@ -62,8 +62,7 @@ class CutlassMLAAttnBackend(FlashInferMLAAttnBackend):
         width = -(-int(fb.seq_lens_cpu.max()) // PAGE_SIZE) if bs else 1  # eager: host max
         table = torch.full((bs, width), -1, dtype=torch.int32, device=dev)
         build_block_table(self.world.req_to_token, fb.req_pool_indices, fb.seq_lens, table, PAGE_SIZE)
-        workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
-        self.forward_metadata = CutlassMLADecodeMetadata(workspace, table)
+        self.forward_metadata = CutlassMLADecodeMetadata(torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev), table)
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, block_kv_indices=None) -> None:
         # no super().init_cuda_graph_state(): FlashInfer-MLA's graph buffers are not made
@@ -88,8 +87,7 @@ class CutlassMLAAttnBackend(FlashInferMLAAttnBackend):
             self.init_forward_metadata_replay_cuda_graph(
                 bs, req_pool_indices, seq_lens, None, encoder_lens, forward_mode, spec_info, None
             )
-            workspace, table = self.cuda_graph_mla_workspace, self.cuda_graph_kv_indices[:bs]
-            self.forward_metadata = CutlassMLADecodeMetadata(workspace, table)
+            self.forward_metadata = CutlassMLADecodeMetadata(self.cuda_graph_mla_workspace, self.cuda_graph_kv_indices[:bs])
         else:
             super().init_forward_metadata_capture_cuda_graph(
                 bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
@@ -99,8 +97,9 @@ class CutlassMLAAttnBackend(FlashInferMLAAttnBackend):
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
     ) -> None:
         if forward_mode.is_decode_or_idle():
-            rpi, seq = req_pool_indices[:bs], seq_lens[:bs]
-            build_block_table(self.world.req_to_token, rpi, seq, self.cuda_graph_kv_indices, PAGE_SIZE)
+            build_block_table(
+                self.world.req_to_token, req_pool_indices[:bs], seq_lens[:bs], self.cuda_graph_kv_indices, PAGE_SIZE
+            )
         else:
             super().init_forward_metadata_replay_cuda_graph(
                 bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
@@ -118,8 +117,7 @@ class CutlassMLAAttnBackend(FlashInferMLAAttnBackend):
             return None
         bs, width = fb.batch_size, (self.world.max_context_len + PAGE_SIZE) // PAGE_SIZE
         fresh = torch.full((bs, width), 1, dtype=torch.int32, device="cpu")  # the graph table's init value
-        r2t, rpi = self.world.req_to_token.cpu(), fb.req_pool_indices.cpu()
-        table = build_block_table_ref(r2t, rpi, fb.seq_lens_cpu, fresh, PAGE_SIZE)
+        table = build_block_table_ref(self.world.req_to_token.cpu(), fb.req_pool_indices.cpu(), fb.seq_lens_cpu, fresh, PAGE_SIZE)
         return {"block_kv_indices": table, "max_seq_len": width * PAGE_SIZE}
 
     def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:

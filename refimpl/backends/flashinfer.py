@@ -36,19 +36,19 @@ from ..flashinfer_wrappers.fast_plan import fast_prefill_plan, install_fast_deco
 from ..flashinfer_wrappers.ops import fi_run
 from ..kernels import build_kv_indices, csr_ref
 from ..modes import GRAPH_MODES, ForwardMode
-from ..spec import DraftDecodeInput, DraftExtendInput, VerifyInput, require_spec
+from ..spec import DraftExtendInput, VerifyInput, require_spec, verify_n
 from .base import PLANS, AttentionBackend, GraphModeNotSupported
 from .multistep import MultiStepDraftBackend
 
 
 @dataclass
 class DecodeMetadata:
-    decode_wrappers: list  # [BatchDecodeWithPagedKVCacheWrapper], bound per bs in a graph
+    wrappers: list  # upstream's decode_wrappers: [BatchDecodeWithPagedKVCacheWrapper], bound per bs in a graph
 
 
 @dataclass
 class PrefillMetadata:
-    prefill_wrappers: list  # [BatchPrefillWithPagedKVCacheWrapper]
+    wrappers: list  # upstream's prefill_wrappers: [BatchPrefillWithPagedKVCacheWrapper]
     causal: bool  # draft extend / extend: causal; target verify: the tree mask governs
 
 
@@ -56,9 +56,8 @@ def should_use_tensor_core(kv_dtype: torch.dtype, num_heads: int, num_kv_heads: 
     """SGLang's choice of decode kernel (``flashinfer_backend.py:should_use_tensor_core``, without its environment
     override): the tensor-core decode (flashinfer plans it with the prefill module) for an fp8 KV cache, or for fp16 /
     bf16 with 4 or more query heads per KV head; else the CUDA-core decode kernel."""
-    if kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        return True
-    return kv_dtype in (torch.float16, torch.bfloat16) and num_heads // num_kv_heads >= 4
+    fp8 = kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    return fp8 or kv_dtype in (torch.float16, torch.bfloat16) and num_heads // num_kv_heads >= 4
 
 
 class FlashInferAttnBackend(AttentionBackend):
@@ -70,6 +69,7 @@ class FlashInferAttnBackend(AttentionBackend):
     graph_buffer_names = ("kv_indptr", "cuda_graph_kv_indices", "cuda_graph_custom_mask")
     graph_buffer_names += ("cuda_graph_qk_indptr", "cuda_graph_qo_indptr")
     graph_modes = frozenset(GRAPH_MODES)  # every one: decode, idle, target verify, draft extend v1 / v2
+    page_sizes = (1,)
     kv_indices_dtype = torch.int32
     fast_prefill_replan = True  # graph prefill wrappers re-plan from host indptrs after their first plan (SGLang: fully)
 
@@ -78,24 +78,22 @@ class FlashInferAttnBackend(AttentionBackend):
 
     def __init__(self, world: World, spec: SpecConfig | None = None, *, kv_indptr_buf=None, skip_prefill=False, prefer_real=True):
         super().__init__(world, spec)
-        if world.page_size != 1:
-            raise ValueError(f"{self.name} runs with page size 1, got {world.page_size}")
-        pool, dev = world.req_to_token_pool.size, self.device
+        dev = self.device
         self.fi = wrapper_classes(prefer_real and dev.type == "cuda", self.cfg.dtype)
         self.workspace = make_workspace(dev, real=self.fi.real)
-        i32 = dict(dtype=torch.int32, device=dev)
-        self.kv_indptr = kv_indptr_buf if kv_indptr_buf is not None else torch.zeros(pool + 1, **i32)
+        if kv_indptr_buf is None:
+            kv_indptr_buf = torch.zeros(world.req_to_token_pool.size + 1, dtype=torch.int32, device=dev)
+        self.kv_indptr = kv_indptr_buf
         # rows the wrappers may plan: requests, or a multi-step step's bs * topk (its kv_indptr_buf: pool * topk + 1, as
         # upstream's multi-step wrapper sizes its kv_last_page_len [facts#flashinfer-buffers])
         rows = self.kv_indptr.numel() - 1
-        self.kv_last_page_len = torch.ones(rows, **i32)
-        self.kv_last_page_len_cpu = torch.ones(rows, dtype=torch.int32, device="cpu")
+        self.kv_last_page_len = torch.ones(rows, dtype=torch.int32, device=dev)
+        self.kv_last_page_len_cpu = self.kv_last_page_len.to("cpu", copy=True)
         self._host_indptr = torch.zeros(rows + 1, dtype=torch.int32, device="cpu")  # [0] stays 0: cumsums land in [1:]
         self.skip_prefill = skip_prefill
-        self.decode_cuda_graph_metadata: dict[int, list] = {}
-        self.prefill_cuda_graph_metadata: dict[int, list] = {}
-        self.decode_use_tensor_cores = should_use_tensor_core(self.cfg.dtype, self.cfg.num_heads, self.cfg.num_kv_heads)
-        tc = self.decode_use_tensor_cores
+        self.decode_cuda_graph_metadata = {}  # bs -> [wrapper]
+        self.prefill_cuda_graph_metadata = {}
+        self.decode_use_tensor_cores = tc = should_use_tensor_core(self.cfg.dtype, self.cfg.num_heads, self.cfg.num_kv_heads)
         self._eager_decode = self.fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=tc)
         self._eager_prefill = self.fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
 
@@ -103,49 +101,35 @@ class FlashInferAttnBackend(AttentionBackend):
     def _heads(self) -> tuple[int, int, int]:
         return self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim
 
-    def _kv_len_for(self, mode: ForwardMode, seq_lens: torch.Tensor) -> torch.Tensor:
-        n = self.spec.num_draft_tokens if self.spec is not None else 0
-        return layout.attended_kv_lens(mode, seq_lens, n)  # verify: prefix + the N drafts
-
-    def _rows_per_req(self, mode: ForwardMode, spec_info: Any) -> int:
-        spec = require_spec(mode, spec_info, VerifyInput if mode.is_target_verify() else DraftExtendInput)
-        if mode.is_target_verify() and spec.draft_token_num != self.spec.num_draft_tokens:
-            built = f"the backend was built for num_draft_tokens={self.spec.num_draft_tokens}"
-            raise ValueError(f"verify batch has draft_token_num={spec.draft_token_num}, {built}")
-        return layout.rows_per_request(mode, self.spec)
-
     def _host_indptr_of(self, lens: torch.Tensor, reuse: bool = True) -> torch.Tensor:
         """``[0, cumsum(lens)]`` int32 on the host. ``reuse``: in one buffer shared by every fast plan (each reads it
         before returning); a full plan may keep what it is given (``x.to(device)`` on a CPU run), so it gets its own."""
         n = len(lens)
-        if not reuse or n >= len(self._host_indptr):  # multi-step rows: bs * topk may pass the pool
+        if reuse and n < len(self._host_indptr):
+            out = self._host_indptr[: n + 1]
+        else:  # multi-step rows: bs * topk may pass the pool
             out = torch.zeros(n + 1, dtype=torch.int32, device="cpu")
-            out[1:] = torch.cumsum(lens, 0)
-            return out
-        torch.cumsum(lens, 0, dtype=torch.int32, out=self._host_indptr[1 : n + 1])
-        return self._host_indptr[: n + 1]
+        torch.cumsum(lens, 0, dtype=torch.int32, out=out[1:])
+        return out
 
     # --- the update paths (eager, capture and replay all use them) -----------------------------
     def _update_decode(self, bs, rpi, seq_lens, seq_lens_cpu, wrappers, spec_info) -> None:
         wrapper = wrappers[0]
-        if isinstance(spec_info, DraftDecodeInput) and spec_info.kv_indptr is not None:
-            kv_indptr, kv_indices = spec_info.kv_indptr, spec_info.kv_indices  # multi-step rows
-            rows = kv_indptr.numel() - 1
+        if spec_info is not None and spec_info.kv_indptr is not None:
+            kv_indptr, kv_indices = spec_info.kv_indptr, spec_info.kv_indices  # multi-step rows: bs * topk
             host_lens = (seq_lens_cpu[:bs] + spec_info.extra["step"] + 1).repeat_interleave(spec_info.topk)
         else:
-            rows, kv_indptr, lens = bs, self.kv_indptr[: bs + 1], seq_lens[:bs]
-            kv_indptr[1:] = torch.cumsum(lens, 0)
+            kv_indptr, host_lens = self.kv_indptr[: bs + 1], seq_lens_cpu[:bs]
+            kv_indptr[1:] = torch.cumsum(seq_lens[:bs], 0)
             if wrapper.is_cuda_graph_enabled:  # the Triton kernel writes the bound buffer itself
                 kv_indices = wrapper._paged_kv_indices_buf
             else:
-                kv_indices = torch.empty(max(int(seq_lens_cpu[:bs].sum()), 1), dtype=torch.int32, device=self.device)
-            build_kv_indices(self.world.req_to_token, rpi[:bs], lens, kv_indptr, kv_indices)
-            host_lens = seq_lens_cpu[:bs]
-        indptr_cpu = self._host_indptr_of(host_lens)  # host: no device-to-host copy
+                kv_indices = torch.empty(max(int(host_lens.sum()), 1), dtype=torch.int32, device=self.device)
+            build_kv_indices(self.world.req_to_token, rpi[:bs], seq_lens[:bs], kv_indptr, kv_indices)
         kw = dict(data_type=self.cfg.dtype, q_data_type=self.cfg.dtype, sm_scale=self.cfg.sm_scale, non_blocking=True)
-        if is_fast_plan_installed(wrapper):  # the fast plan takes the host indptr; a full plan reads the device one
-            kw["global_override_indptr_cpu"] = indptr_cpu
-        wrapper.plan(kv_indptr, kv_indices, self.kv_last_page_len[:rows], *self._heads(), 1, **kw)
+        if is_fast_plan_installed(wrapper):  # the fast plan takes the host indptr (no device-to-host copy); a full plan
+            kw["global_override_indptr_cpu"] = self._host_indptr_of(host_lens)  # reads the device one
+        wrapper.plan(kv_indptr, kv_indices, self.kv_last_page_len[: len(host_lens)], *self._heads(), 1, **kw)
 
     def _update_prefill(self, bs, rpi, seq_lens, seq_lens_cpu, wrappers, mode, spec_info) -> None:
         """Verify and draft extend (one merged branch). Indices go into the bound buffer. A graph wrapper planned once
@@ -153,47 +137,44 @@ class FlashInferAttnBackend(AttentionBackend):
         Otherwise a full ``plan``: without a mask it gets host indptrs (SGLang passes device ones, a sync each:
         [facts#where-refimpl-deliberately-differs-from-upstream]); with one they stay on the device, where it packs the
         mask."""
-        wrapper, dev = wrappers[0], self.device
-        n = self._rows_per_req(mode, spec_info)
-        kv_lens_cpu = self._kv_len_for(mode, seq_lens_cpu[:bs])  # host
+        wrapper, spec = wrappers[0], require_spec(mode, spec_info, VerifyInput if mode.is_target_verify() else DraftExtendInput)
+        if mode.is_target_verify():
+            verify_n(spec, self.spec)
+        n = layout.rows_per_request(mode, self.spec)  # verify: N, the kv lengths' prefix + N drafts
+        kv_lens_cpu = layout.attended_kv_lens(mode, seq_lens_cpu[:bs], n)  # host
         fast = self.fast_prefill_replan and wrapper.is_cuda_graph_enabled and wrapper._cached_module is not None
         kv_indptr_cpu = self._host_indptr_of(kv_lens_cpu, reuse=fast)
-        kv_lens = self._kv_len_for(mode, seq_lens[:bs])  # device, what the kernel reads
+        kv_lens = layout.attended_kv_lens(mode, seq_lens[:bs], n)  # device, what the kernel reads
+        total = max(int(kv_indptr_cpu[-1]), 1)
         if wrapper.is_cuda_graph_enabled:  # the Triton kernel writes the bound buffers itself
-            kv_indptr = wrapper._paged_kv_indptr_buf[: bs + 1]
-            kv_indices = wrapper._paged_kv_indices_buf
+            kv_indptr, kv_indices = wrapper._paged_kv_indptr_buf[: bs + 1], wrapper._paged_kv_indices_buf
         else:
-            kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
-            kv_indices = torch.empty(max(int(kv_indptr_cpu[-1]), 1), dtype=torch.int32, device=dev)
+            kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=self.device)
+            kv_indices = torch.empty(total, dtype=torch.int32, device=self.device)
         kv_indptr[1:] = torch.cumsum(kv_lens, 0)
         build_kv_indices(self.world.req_to_token, rpi[:bs], kv_lens, kv_indptr, kv_indices)
         mask = None
-        if mode.is_target_verify() and spec_info.custom_mask is not None:
-            mask = self._pad_mask(spec_info.custom_mask, n, kv_lens_cpu)
-        if fast:
-            qo_indptr_cpu = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device="cpu")  # kv buffers written
-            kw = dict(causal=mask is None, q_data_type=self.cfg.dtype, custom_mask=mask)
-            fast_prefill_plan(wrapper, qo_indptr_cpu, kv_indptr_cpu, kv_lens_cpu, *self._heads(), 1, **kw)
-            return
-        kv_indices = kv_indices[: max(int(kv_indptr_cpu[-1]), 1)]  # plan copies only the live part
-        host = mask is None  # host indptrs: plan reads nothing back from the device
-        qo_indptr = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device="cpu" if host else dev)
-        kv_indptr = kv_indptr_cpu if host else kv_indptr
-        last_page_len = (self.kv_last_page_len_cpu if host else self.kv_last_page_len)[:bs]
-        kw = dict(custom_mask=mask, causal=mask is None, sm_scale=self.cfg.sm_scale, q_data_type=self.cfg.dtype)
-        kw.update(kv_data_type=self.cfg.dtype, non_blocking=True)
-        wrapper.plan(qo_indptr, kv_indptr, kv_indices, last_page_len, *self._heads(), 1, **kw)
+        if mode.is_target_verify() and spec.custom_mask is not None:
+            mask = self._pad_mask(spec.custom_mask, n, kv_lens_cpu)
+        host = mask is None or fast  # host indptrs: plan reads nothing back from the device
+        qo_indptr = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device="cpu" if host else self.device)
+        kw = dict(custom_mask=mask, causal=mask is None, q_data_type=self.cfg.dtype)
+        if fast:  # the kv buffers are written
+            fast_prefill_plan(wrapper, qo_indptr, kv_indptr_cpu, kv_lens_cpu, *self._heads(), 1, **kw)
+        else:  # plan copies only the live part of kv_indices
+            last_page_len = self.kv_last_page_len_cpu if host else self.kv_last_page_len
+            kw.update(sm_scale=self.cfg.sm_scale, kv_data_type=self.cfg.dtype, non_blocking=True)
+            kv_indptr = kv_indptr_cpu if host else kv_indptr
+            wrapper.plan(qo_indptr, kv_indptr, kv_indices[:total], last_page_len[:bs], *self._heads(), 1, **kw)
 
     def _pad_mask(self, mask: torch.Tensor, n: int, kv_lens_cpu: torch.Tensor) -> torch.Tensor:
         """The spec mask covers the live requests; padded ones get allow-all blocks (host math)."""
-        ends = torch.cumsum(n * kv_lens_cpu.to(torch.int64), 0)  # host values
-        if mask.numel() and not bool((ends == mask.numel()).any()):
-            why = f"N*(seq_len+N) summed over the first k requests gives one of {[0] + ends.tolist()}"
+        ends = [0] + torch.cumsum(n * kv_lens_cpu.to(torch.int64), 0).tolist()  # host values
+        if mask.numel() not in ends:
+            why = f"N*(seq_len+N) summed over the first k requests gives one of {ends}"
             raise ValueError(f"tree mask has {mask.numel()} entries; {why}")
-        missing = int(ends[-1]) - mask.numel() if len(ends) else 0
-        if missing:
-            mask = torch.cat([mask, torch.ones(missing, dtype=mask.dtype, device=mask.device)])
-        return mask
+        missing = ends[-1] - mask.numel()
+        return torch.cat([mask, mask.new_ones(missing)]) if missing else mask
 
     # --- eager --------------------------------------------------------------------------------
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
@@ -210,30 +191,42 @@ class FlashInferAttnBackend(AttentionBackend):
 
     # --- graphs -------------------------------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, kv_indices_buf=None, num_kv_splits_buf=None):
-        T, L, dev = max_num_tokens, self.world.max_context_len, self.device
+        n, dev = max_num_tokens * self.world.max_context_len, self.device  # T * L
         self.max_bs, self.max_num_tokens = max_bs, max_num_tokens
         if kv_indices_buf is None:
-            kv_indices_buf = torch.zeros(T * L, dtype=torch.int32, device=dev)
+            kv_indices_buf = torch.zeros(n, dtype=torch.int32, device=dev)
         self.cuda_graph_kv_indices = kv_indices_buf
         if not self.skip_prefill:
-            self.cuda_graph_custom_mask = torch.zeros(T * L, dtype=torch.uint8, device=dev)
+            self.cuda_graph_custom_mask = torch.zeros(n, dtype=torch.uint8, device=dev)
             self.cuda_graph_qk_indptr = torch.zeros_like(self.kv_indptr)
             self.cuda_graph_qo_indptr = torch.zeros_like(self.kv_indptr)
 
     def _create_decode_wrappers(self, bs: int, num_tokens: int) -> list:
-        n, Decode = num_tokens, self.fi.BatchDecodeWithPagedKVCacheWrapper
-        bufs = dict(paged_kv_indptr_buffer=self.kv_indptr[: n + 1], paged_kv_indices_buffer=self.cuda_graph_kv_indices)
-        bufs.update(paged_kv_last_page_len_buffer=self.kv_last_page_len[:n])
-        return [Decode(self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.decode_use_tensor_cores, **bufs)]
+        wrapper = self.fi.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace,
+            "NHD",
+            use_cuda_graph=True,
+            use_tensor_cores=self.decode_use_tensor_cores,
+            paged_kv_indptr_buffer=self.kv_indptr[: num_tokens + 1],
+            paged_kv_indices_buffer=self.cuda_graph_kv_indices,
+            paged_kv_last_page_len_buffer=self.kv_last_page_len[:num_tokens],
+        )
+        return [wrapper]
 
     def _create_prefill_wrappers(self, bs: int, use_custom_mask: bool) -> list:
-        qo, kv = self.cuda_graph_qo_indptr[: bs + 1], self.kv_indptr[: bs + 1]
-        bufs = dict(qo_indptr_buf=qo, paged_kv_indptr_buf=kv, paged_kv_indices_buf=self.cuda_graph_kv_indices)
-        bufs.update(paged_kv_last_page_len_buf=self.kv_last_page_len[:bs])
-        if use_custom_mask:  # a zero mask buffer would block all attention: bind it only for a mask
-            mask_buf, mask_indptr = self.cuda_graph_custom_mask, self.cuda_graph_qk_indptr[: bs + 1]
-            bufs.update(custom_mask_buf=mask_buf, mask_indptr_buf=mask_indptr)
-        return [self.fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", use_cuda_graph=True, **bufs)]
+        wrapper = self.fi.BatchPrefillWithPagedKVCacheWrapper(
+            self.workspace,
+            "NHD",
+            use_cuda_graph=True,
+            qo_indptr_buf=self.cuda_graph_qo_indptr[: bs + 1],
+            paged_kv_indptr_buf=self.kv_indptr[: bs + 1],
+            paged_kv_indices_buf=self.cuda_graph_kv_indices,
+            paged_kv_last_page_len_buf=self.kv_last_page_len[:bs],
+            # a zero mask buffer would block all attention: bind it only for a mask
+            custom_mask_buf=self.cuda_graph_custom_mask if use_custom_mask else None,
+            mask_indptr_buf=self.cuda_graph_qk_indptr[: bs + 1] if use_custom_mask else None,
+        )
+        return [wrapper]
 
     def _prepare_cuda_graph_metadata(self, bs, num_tokens, mode, spec_info) -> None:
         """Create, bind and register the wrappers this graph will capture (the 'B' in Pattern B)."""
@@ -241,23 +234,20 @@ class FlashInferAttnBackend(AttentionBackend):
             wrappers = self._create_decode_wrappers(bs, num_tokens)
             self.decode_cuda_graph_metadata[bs] = wrappers
             self.forward_metadata = DecodeMetadata(wrappers)
-        elif mode.is_target_verify() or mode.is_any_draft_extend():
+        else:  # target verify, draft extend (check_graph_mode let nothing else in)
             use_mask = mode.is_target_verify() and getattr(spec_info, "custom_mask", None) is not None
             wrappers = self._create_prefill_wrappers(bs, use_mask)
             self.prefill_cuda_graph_metadata[bs] = wrappers
             self.forward_metadata = PrefillMetadata(wrappers, not mode.is_target_verify())
-        else:
-            raise GraphModeNotSupported(f"{self.name}: {mode.label} is not captured")
 
     def init_forward_metadata_capture_cuda_graph(
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
     ) -> None:
         self.check_graph_mode(forward_mode)
-        seq_lens_sum = int(seq_lens[:bs].sum())  # capture may sync; steady state may not
-        seq_lens_cpu = seq_lens[:bs].cpu()
+        seq_lens_cpu = seq_lens[:bs].cpu()  # capture may sync; steady state may not
         self._prepare_cuda_graph_metadata(bs, num_tokens, forward_mode, spec_info)
         self.init_forward_metadata_replay_cuda_graph(
-            bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
+            bs, req_pool_indices, seq_lens, None, encoder_lens, forward_mode, spec_info, seq_lens_cpu
         )
         if forward_mode.is_decode_or_idle():  # the first full plan set _cached_module: go fast now
             for w in self.decode_cuda_graph_metadata[bs]:
@@ -279,10 +269,9 @@ class FlashInferAttnBackend(AttentionBackend):
     def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
         """The bound buffers' live parts (what ``run`` reads), per wrapper kind."""
         md = self.forward_metadata
-        w = (md.decode_wrappers if isinstance(md, DecodeMetadata) else md.prefill_wrappers)[0]
+        w = md.wrappers[0]
         indptr = w._paged_kv_indptr_buf
-        live = w._paged_kv_indices_buf[: int(indptr[-1])]
-        state: dict[str, Any] = {"paged_kv_indptr": indptr, "paged_kv_indices": live}
+        state = {"paged_kv_indptr": indptr, "paged_kv_indices": w._paged_kv_indices_buf[: int(indptr[-1])]}
         if isinstance(md, PrefillMetadata):
             state.update(qo_indptr=w._qo_indptr_buf, causal=md.causal)
             if getattr(w, "_custom_mask_buf", None) is not None:
@@ -293,22 +282,20 @@ class FlashInferAttnBackend(AttentionBackend):
     def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any] | None:
         """What the bound buffers must hold, from the batch alone (host lengths, ``csr_ref``); the mask only for the
         stand-ins (the real library packs it into bits)."""
-        mode, bs, spec = fb.forward_mode, fb.batch_size, fb.spec_info
-        if isinstance(spec, DraftDecodeInput):
+        if fb.kind.multi_step:
             return None  # the multi-step wrapper gives the per-step reference
-        seq = fb.seq_lens_cpu.to(torch.int64)
-        S, n = (self.spec.num_steps, self.spec.num_draft_tokens) if self.spec else (0, 0)
-        kv = seq + n if mode.is_target_verify() else seq  # verify: prefix + the N drafts
+        mode, bs = fb.forward_mode, fb.batch_size
+        rows = layout.rows_per_request(mode, self.spec)  # verify: N
+        kv = layout.attended_kv_lens(mode, fb.seq_lens_cpu, rows)  # verify: prefix + the N drafts
         csr = csr_ref(self.world.req_to_token, fb.req_pool_indices, kv)
         ref = {"paged_kv_indptr": csr["kv_indptr"], "paged_kv_indices": csr["kv_indices"]}
         if mode.is_decode_or_idle():
             return ref
-        rows = S + 1 if mode.is_draft_extend_v1() else n
         ref.update(qo_indptr=torch.arange(0, bs * rows + 1, rows, device="cpu"), causal=not mode.is_target_verify())
-        w = self.forward_metadata.prefill_wrappers[0]
+        w = self.forward_metadata.wrappers[0]
         if getattr(w, "_custom_mask_buf", None) is not None and is_standin(w):
-            ref["mask_indptr"] = torch.tensor([0] + [n * k for k in kv.tolist()], device="cpu").cumsum(0)
-            ref["custom_mask"] = spec.custom_mask.to(torch.uint8)  # the live requests' blocks
+            ref["mask_indptr"] = layout.mask_indptr(fb.seq_lens_cpu, rows)
+            ref["custom_mask"] = fb.spec_info.custom_mask.to(torch.uint8)  # the live requests' blocks
         return ref
 
     def draft_step_reference(self, indptr: torch.Tensor, indices: torch.Tensor, fb) -> dict:
@@ -316,12 +303,11 @@ class FlashInferAttnBackend(AttentionBackend):
 
     # --- the captured step --------------------------------------------------------------------
     def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
-        cache, md = self.world.kv_cache, self.forward_metadata
+        cache = self.world.kv_cache
         cache.set_kv(layer, fb.out_cache_loc[: q.shape[0]], k, v)
         if q.shape[0] == 0:
             return q.new_empty(0, self.cfg.num_heads, self.cfg.v_head_dim)
-        wrapper = md.decode_wrappers[0] if isinstance(md, DecodeMetadata) else md.prefill_wrappers[0]
-        return fi_run(wrapper, q, cache.k[layer], cache.v[layer])  # one refimpl op per run
+        return fi_run(self.forward_metadata.wrappers[0], q, cache.k[layer], cache.v[layer])  # one refimpl op per run
 
 
 class FlashInferAttnBackendLegacy(FlashInferAttnBackend):

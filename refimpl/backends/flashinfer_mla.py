@@ -57,22 +57,20 @@ class FlashInferMLAAttnBackend(AttentionBackend):
     graph_buffer_names += ("cuda_graph_kv_lens",)
     writes_bound_kv_indptr = True  # False: the #37975 behaviour
     graph_modes = frozenset(GRAPH_MODES)  # every one: decode, idle, target verify, draft extend v1 / v2
-    page_sizes: tuple[int, ...] = (1,)  # the KV page sizes this backend's kernels index
+    page_sizes = (1,)
+    tree_refusal = "verify plans causal=True without a tree mask (upstream TODO: custom mask when topk > 1)"
 
     def __init__(self, world: World, spec: SpecConfig | None = None, *, prefer_real: bool = True):
         super().__init__(world, spec)
         if not self.cfg.is_mla:
             raise ValueError(f"{self.name} needs an MLA model, got kind={self.cfg.kind!r}")
-        if world.page_size not in self.page_sizes:
-            supported = ", ".join(map(str, self.page_sizes))
-            raise ValueError(f"{self.name}: page_size={world.page_size} is not supported (supported: {supported})")
         pool, dev = world.req_to_token_pool.size, self.device
         self.fi = wrapper_classes(prefer_real and dev.type == "cuda", self.cfg.dtype)
         self.workspace = make_workspace(dev, real=self.fi.real)
         self.kv_indptr = torch.zeros(pool + 1, dtype=torch.int32, device=dev)  # the eager buffer
         self.q_indptr_decode = torch.arange(pool + 1, dtype=torch.int32, device=dev)
-        self.decode_cuda_graph_metadata: dict[int, Any] = {}
-        self.prefill_cuda_graph_metadata: dict[int, Any] = {}
+        self.decode_cuda_graph_metadata = {}  # bs -> wrapper
+        self.prefill_cuda_graph_metadata = {}
         self._eager = self.fi.BatchMLAPagedAttentionWrapper(self.workspace, backend="auto")
 
     def glue_refusal(self, mode: ForwardMode) -> str | None:
@@ -81,41 +79,50 @@ class FlashInferMLAAttnBackend(AttentionBackend):
     def check_graph_mode(self, mode: ForwardMode) -> None:
         super().check_graph_mode(mode)
         if mode.is_target_verify() and self.spec is not None and self.spec.topk > 1:
-            why = "verify plans causal=True without a tree mask (upstream TODO: custom mask when topk > 1)"
-            raise GraphModeNotSupported(f"{self.name}: {why}; topk={self.spec.topk}")
+            raise GraphModeNotSupported(f"{self.name}: {self.tree_refusal}; topk={self.spec.topk}")
 
     # --- plans --------------------------------------------------------------------------------
-    def _plan_kw(self, causal: bool) -> dict:
-        """``plan``'s scalar arguments, by keyword (flashinfer 0.7.2 deprecates positional MLA plan arguments)."""
+    def _write_kv(self, rpi, kv_lens, kv_indptr, kv_indices) -> None:
+        """``kv_indptr[1:] = cumsum(kv_lens)``, then the kv indices of ``rpi``'s rows (device data)."""
+        kv_indptr[1:] = torch.cumsum(kv_lens, 0)
+        build_kv_indices(self.world.req_to_token, rpi[: len(kv_lens)], kv_lens, kv_indptr, kv_indices)
+
+    def _plan(self, wrapper, qo_indptr, kv_indptr, kv_indices, kv_len_arr, causal: bool) -> None:
+        """``plan``, every argument by keyword (flashinfer 0.7.2 deprecates positional MLA plan arguments)."""
         c = self.cfg
-        heads = dict(num_heads=c.num_heads, head_dim_ckv=c.kv_lora_rank, head_dim_kpe=c.qk_rope_head_dim, page_size=1)
-        return heads | dict(causal=causal, sm_scale=c.sm_scale, q_data_type=c.dtype, kv_data_type=c.dtype)
+        wrapper.plan(
+            qo_indptr=qo_indptr,
+            kv_indptr=kv_indptr,
+            kv_indices=kv_indices,
+            kv_len_arr=kv_len_arr,
+            num_heads=c.num_heads,
+            head_dim_ckv=c.kv_lora_rank,
+            head_dim_kpe=c.qk_rope_head_dim,
+            page_size=1,
+            causal=causal,
+            sm_scale=c.sm_scale,
+            q_data_type=c.dtype,
+            kv_data_type=c.dtype,
+        )
 
     def _full_decode_plan(self, bs, rpi, seq_lens, seq_lens_cpu, wrapper) -> None:
-        """indices_updater_decode.update(init_metadata_replay=False): fresh indices, full plan."""
-        kv_indptr = self.kv_indptr[: bs + 1]
-        kv_indptr[1:] = torch.cumsum(seq_lens[:bs], 0)
+        """indices_updater_decode.update(init_metadata_replay=False): fresh indices, full plan (device indptrs)."""
+        kv_indptr, seq = self.kv_indptr[: bs + 1], seq_lens[:bs]
         kv_indices = torch.empty(max(int(seq_lens_cpu[:bs].sum()), 1), dtype=torch.int32, device=self.device)
-        build_kv_indices(self.world.req_to_token, rpi[:bs], seq_lens[:bs], kv_indptr, kv_indices)
-        q_indptr, kv_lens = self.q_indptr_decode[: bs + 1], seq_lens[:bs].to(torch.int32)
-        wrapper.plan(qo_indptr=q_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_len_arr=kv_lens, **self._plan_kw(False))
+        self._write_kv(rpi, seq, kv_indptr, kv_indices)
+        self._plan(wrapper, self.q_indptr_decode[: bs + 1], kv_indptr, kv_indices, seq.to(torch.int32), False)
 
     def _fast_decode_replay(self, bs, rpi, seq_lens, seq_lens_cpu) -> None:
         """Decode replay: indices into the bound buffer, host indptrs into the fast plan."""
-        wrapper = self.decode_cuda_graph_metadata[bs]
-        kv_len_cpu = seq_lens_cpu[:bs].to(torch.int32)
-        self.cuda_graph_kv_indptr_cpu[1 : bs + 1] = torch.cumsum(kv_len_cpu, 0)  # host
-        target = self.cuda_graph_kv_indptr if self.writes_bound_kv_indptr else self.kv_indptr
-        kv_indptr = target[: bs + 1]
-        kv_indptr[1:] = torch.cumsum(seq_lens[:bs], 0)
+        kv_len_cpu, seq = seq_lens_cpu[:bs].to(torch.int32), seq_lens[:bs]
+        kv_indptr_cpu = self.cuda_graph_kv_indptr_cpu[: bs + 1]
+        kv_indptr_cpu[1:] = torch.cumsum(kv_len_cpu, 0)  # host
+        kv_indptr = (self.cuda_graph_kv_indptr if self.writes_bound_kv_indptr else self.kv_indptr)[: bs + 1]
         if self.writes_bound_kv_indptr:
-            self.cuda_graph_kv_lens[:bs].copy_(seq_lens[:bs])
-        build_kv_indices(self.world.req_to_token, rpi[:bs], seq_lens[:bs], kv_indptr, self.cuda_graph_kv_indices)
-        qo_indptr_cpu, kv_indptr_cpu = self.cuda_graph_qo_indptr_cpu[: bs + 1], self.cuda_graph_kv_indptr_cpu[: bs + 1]
-        kw = self._plan_kw(False)
-        wrapper.plan(
-            qo_indptr=qo_indptr_cpu, kv_indptr=kv_indptr_cpu, kv_indices=self.cuda_graph_kv_indices, kv_len_arr=kv_len_cpu, **kw
-        )
+            self.cuda_graph_kv_lens[:bs].copy_(seq)
+        self._write_kv(rpi, seq, kv_indptr, self.cuda_graph_kv_indices)
+        wrapper, qo_indptr_cpu = self.decode_cuda_graph_metadata[bs], self.cuda_graph_qo_indptr_cpu[: bs + 1]
+        self._plan(wrapper, qo_indptr_cpu, kv_indptr_cpu, self.cuda_graph_kv_indices, kv_len_cpu, False)
 
     def _prefill_plan(self, bs, rpi, seq_lens, seq_lens_cpu, wrapper, mode, spec_info) -> None:
         """Verify and draft extend (generate_attn_arg_prefill): fresh args, full plan."""
@@ -131,19 +138,15 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         total = max(int(kv_indptr_cpu[-1]), 1)
         fast = is_fast_plan_installed(wrapper)  # unified graphs after capture: bound buffers written here, in place
         kv_indptr = (self.cuda_graph_kv_indptr if fast else self.kv_indptr)[: bs + 1]  # else scratch for the kernel
-        kv_indptr[1:] = torch.cumsum(kv_lens, 0)
         if wrapper is self._eager:
             kv_indices = torch.empty(total, dtype=torch.int32, device=self.device)
         else:  # a graph wrapper: build straight into its bound buffer
             kv_indices = self.cuda_graph_kv_indices
-        build_kv_indices(self.world.req_to_token, rpi[:bs], kv_lens, kv_indptr, kv_indices)
+        self._write_kv(rpi, kv_lens, kv_indptr, kv_indices)
         if fast:  # what the full plan would copy: the fast plan copies nothing
             self.cuda_graph_kv_lens[:bs].copy_(kv_lens)
             self.cuda_graph_qo_indptr[: bs + 1].copy_(qo_indptr_cpu, non_blocking=True)
-        kw = self._plan_kw(True)
-        wrapper.plan(
-            qo_indptr=qo_indptr_cpu, kv_indptr=kv_indptr_cpu, kv_indices=kv_indices[:total], kv_len_arr=kv_lens_cpu, **kw
-        )
+        self._plan(wrapper, qo_indptr_cpu, kv_indptr_cpu, kv_indices[:total], kv_lens_cpu, True)
 
     # --- eager --------------------------------------------------------------------------------
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
@@ -160,21 +163,26 @@ class FlashInferMLAAttnBackend(AttentionBackend):
 
     # --- graphs -------------------------------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        B, L, dev = max_bs, self.world.max_context_len, self.device
         self.max_bs, self.max_num_tokens = max_bs, max_num_tokens
-        self.cuda_graph_kv_indices = torch.zeros(B * L, dtype=torch.int32, device=dev)
+        self.cuda_graph_kv_indices = torch.zeros(max_bs * self.world.max_context_len, dtype=torch.int32, device=self.device)
         self.cuda_graph_qo_indptr = self.q_indptr_decode.clone()
         self.cuda_graph_kv_indptr = self.kv_indptr.clone()
-        self.cuda_graph_kv_lens = torch.ones(B, dtype=torch.int32, device=dev)
+        self.cuda_graph_kv_lens = torch.ones(max_bs, dtype=torch.int32, device=self.device)
         # copy=True: on a CPU run .cpu() would alias the device buffer instead of mirroring it
         self.cuda_graph_qo_indptr_cpu = self.cuda_graph_qo_indptr.to("cpu", copy=True)
         self.cuda_graph_kv_indptr_cpu = self.cuda_graph_kv_indptr.to("cpu", copy=True)
 
     def _create_wrapper(self, n: int):
         """A wrapper bound to the ``[:n+1]`` / ``[:n]`` slices of the graph buffers."""
-        bufs = dict(qo_indptr=self.cuda_graph_qo_indptr[: n + 1], kv_indptr=self.cuda_graph_kv_indptr[: n + 1])
-        bufs.update(kv_indices=self.cuda_graph_kv_indices, kv_len_arr=self.cuda_graph_kv_lens[:n])
-        return self.fi.BatchMLAPagedAttentionWrapper(self.workspace, use_cuda_graph=True, **bufs, backend="auto")
+        return self.fi.BatchMLAPagedAttentionWrapper(
+            self.workspace,
+            use_cuda_graph=True,
+            qo_indptr=self.cuda_graph_qo_indptr[: n + 1],
+            kv_indptr=self.cuda_graph_kv_indptr[: n + 1],
+            kv_indices=self.cuda_graph_kv_indices,
+            kv_len_arr=self.cuda_graph_kv_lens[:n],
+            backend="auto",
+        )
 
     def _prepare_cuda_graph_metadata(self, bs: int, num_tokens: int, mode: ForwardMode):
         """Create, bind and register the wrapper this graph captures (the 'B' of Pattern B)."""
@@ -212,28 +220,33 @@ class FlashInferMLAAttnBackend(AttentionBackend):
     def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
         """The wrapper's bound buffers, live parts: what any consumer of them would read."""
         kv_indptr = self.cuda_graph_kv_indptr[: bs + 1]  # decode: one query per request; prefill: bound at [:bs+1]
-        kv_indices = self.cuda_graph_kv_indices[: int(kv_indptr[-1])]
-        qo_indptr, kv_len_arr = self.cuda_graph_qo_indptr[: bs + 1], self.cuda_graph_kv_lens[:bs]
-        return {"qo_indptr": qo_indptr, "kv_indptr": kv_indptr, "kv_len_arr": kv_len_arr, "kv_indices": kv_indices}
+        return {
+            "qo_indptr": self.cuda_graph_qo_indptr[: bs + 1],
+            "kv_indptr": kv_indptr,
+            "kv_len_arr": self.cuda_graph_kv_lens[:bs],
+            "kv_indices": self.cuda_graph_kv_indices[: int(kv_indptr[-1])],
+        }
 
     def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any] | None:
         """What the wrapper's bound buffers must hold, from the batch alone."""
         mode, bs = fb.forward_mode, fb.batch_size
-        seq = fb.seq_lens_cpu.to(torch.int64)
-        S, n = (self.spec.num_steps, self.spec.num_draft_tokens) if self.spec else (0, 0)
-        rows = 1 if mode.is_decode_or_idle() else S + 1 if mode.is_draft_extend_v1() else n
-        kv = seq + n if mode.is_target_verify() else seq  # verify: prefix + the N drafts
+        rows = layout.rows_per_request(mode, self.spec)  # verify: N
+        kv = layout.attended_kv_lens(mode, fb.seq_lens_cpu, rows)  # verify: prefix + the N drafts
         csr = csr_ref(self.world.req_to_token, fb.req_pool_indices, kv)
-        ref = {"qo_indptr": torch.arange(0, bs * rows + 1, rows, device="cpu"), "kv_indptr": csr["kv_indptr"]}
-        return ref | {"kv_len_arr": kv, "kv_indices": csr["kv_indices"]}
+        qo_indptr = torch.arange(0, bs * rows + 1, rows, device="cpu")
+        return {"qo_indptr": qo_indptr, "kv_indptr": csr["kv_indptr"], "kv_len_arr": kv, "kv_indices": csr["kv_indices"]}
 
     # --- the captured step --------------------------------------------------------------------
     def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
-        cache, r = self.world.kv_cache, self.cfg.kv_lora_rank
+        cache = self.world.kv_cache
         cache.set_kv(layer, fb.out_cache_loc[: q.shape[0]], k)
         if q.shape[0] == 0:
-            return q.new_empty(0, self.cfg.num_heads, r)
-        kv = cache.kv[layer]  # [slots, 1, 576]
+            return q.new_empty(0, self.cfg.num_heads, self.cfg.kv_lora_rank)
+        return self._attend(q, cache.kv[layer], fb)
+
+    def _attend(self, q: torch.Tensor, kv: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        """Absorbed MLA of ``q`` over this layer's latent cache ``kv`` ``[slots, 1, 576]``, the cache written."""
+        r = self.cfg.kv_lora_rank
         return fi_mla_run(self.forward_metadata.wrapper, q[..., :r], q[..., r:], kv[..., :r], kv[..., r:])
 
 

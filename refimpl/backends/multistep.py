@@ -34,14 +34,13 @@ class MultiStepDraftBackend(MultiStepBackend):
     def __init__(self, world: World, spec: SpecConfig | None = None, **step_kw):
         super().__init__(world, spec)
         self.S, self.topk = spec.num_steps, spec.topk
-        pool = world.req_to_token_pool.size
-        self.kv_indptr = torch.zeros(self.S, pool * self.topk + 1, dtype=torch.int32, device=self.device)
+        self.kv_indptr = torch.zeros(self.S, world.req_to_token_pool.size * self.topk + 1, dtype=torch.int32, device=self.device)
         self.step_backends = [
             self.step_cls(world, spec, kv_indptr_buf=self.kv_indptr[i], skip_prefill=True, **step_kw) for i in range(self.S - 1)
         ]
 
     def _check_spec(self, spec_info: Any) -> None:
-        if not isinstance(spec_info, DraftDecodeInput):
+        if not hasattr(spec_info, "num_steps"):
             raise ValueError(f"multi-step draft decode needs a DraftDecodeInput, got {spec_info!r}")
         if (spec_info.topk, spec_info.num_steps) != (self.topk, self.S):
             raise ValueError(
@@ -50,63 +49,64 @@ class MultiStepDraftBackend(MultiStepBackend):
             )
 
     # --- index generation (common_template) -----------------------------------------------------
-    def _common_template(self, bs, rpi, seq_lens, kv_indices, kv_indptr, call_fn) -> None:
+    def _common_template(self, bs, rpi, seq_lens, kv_indices, kv_indptr) -> list[DraftDecodeInput]:
+        """Every step's rows in one launch; the steps' spec inputs, each pointing at its step's row."""
         rows, r2t = bs * self.topk, self.world.req_to_token
         draft_decode_kv_indices(rpi[:bs], r2t, seq_lens[:bs], kv_indices, kv_indptr, topk=self.topk, num_steps=self.S)
-        for i in range(self.S - 1):
-            # the full row, not SGLang's [:used_len] slice: no host value decides a view's size
-            spec_i = DraftDecodeInput(self.topk, self.S, kv_indptr[i, : rows + 1], kv_indices[i], extra={"step": i})
-            if call_fn is not None:
-                call_fn(i, spec_i)
+        # the full row, not SGLang's [:used_len] slice: no host value decides a view's size
+        return [
+            DraftDecodeInput(self.topk, self.S, kv_indptr[i, : rows + 1], kv_indices[i], extra={"step": i})
+            for i in range(self.S - 1)
+        ]
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         self._check_spec(fb.spec_info)
-        bs, L = fb.batch_size, self.world.max_context_len
-        rows, dtype = bs * self.topk, self.step_backends[0].kv_indices_dtype
-        kv_indices = torch.zeros(self.S, max(rows * L, 1), dtype=dtype, device=self.device)
+        rows, dtype = fb.batch_size * self.topk, self.step_backends[0].kv_indices_dtype
+        kv_indices = torch.zeros(self.S, max(rows * self.world.max_context_len, 1), dtype=dtype, device=self.device)
         kv_indptr = torch.zeros(self.S, rows + 1, dtype=torch.int32, device=self.device)
-        eager_step = lambda i, spec_i: self.step_backends[i].init_forward_metadata(fb.replace(spec_info=spec_i))
-        self._common_template(bs, fb.req_pool_indices, fb.seq_lens, kv_indices, kv_indptr, eager_step)
+        specs = self._common_template(fb.batch_size, fb.req_pool_indices, fb.seq_lens, kv_indices, kv_indptr)
+        for b, spec_i in zip(self.step_backends, specs):
+            b.init_forward_metadata(fb.replace(spec_info=spec_i))
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        self.max_bs, self.max_num_tokens = max_bs, max_num_tokens
-        width, dtype = max_bs * self.topk * self.world.max_context_len, self.step_backends[0].kv_indices_dtype
-        self.cuda_graph_kv_indices = torch.zeros(self.S, width, dtype=dtype, device=self.device)
-        shared = None
+        self.max_bs, self.max_num_tokens, first = max_bs, max_num_tokens, self.step_backends[0]
+        width = max_bs * self.topk * self.world.max_context_len
+        self.cuda_graph_kv_indices = torch.zeros(self.S, width, dtype=first.kv_indices_dtype, device=self.device)
+        self.cuda_graph_num_kv_splits = None  # Wave: each step's own
         if self.share_splits:  # one split buffer every step reads, computed once per replay
-            splits = self.step_backends[0].max_kv_splits
-            shared = torch.full((max_num_tokens,), splits, dtype=torch.int32, device=self.device)
-        self.cuda_graph_num_kv_splits = shared
-        for i, b in enumerate(self.step_backends):
-            b.init_cuda_graph_state(max_bs, max_num_tokens, self.cuda_graph_kv_indices[i], shared)
-
-    def _replay_body(self, bs, rpi, seq_lens, seq_lens_cpu) -> None:
-        if self.share_splits:
-            self._common_template(bs, rpi, seq_lens, self.cuda_graph_kv_indices, self.kv_indptr, None)
-            self.step_backends[0]._splits(self.cuda_graph_num_kv_splits[: bs * self.topk], seq_lens[:bs])
-        else:
-            replay_step = lambda i, spec_i: self.step_backends[i].init_forward_metadata_replay_cuda_graph(
-                bs, rpi, seq_lens, None, None, ForwardMode.DECODE, spec_i, seq_lens_cpu
+            self.cuda_graph_num_kv_splits = torch.full(
+                (max_num_tokens,), first.max_kv_splits, dtype=torch.int32, device=self.device
             )
-            self._common_template(bs, rpi, seq_lens, self.cuda_graph_kv_indices, self.kv_indptr, replay_step)
+        for b, kv_indices in zip(self.step_backends, self.cuda_graph_kv_indices):
+            b.init_cuda_graph_state(max_bs, max_num_tokens, kv_indices, self.cuda_graph_num_kv_splits)
 
     def init_forward_metadata_capture_cuda_graph(
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
     ) -> None:
         self.check_graph_mode(forward_mode)
         self._check_spec(spec_info)
-        capture_step = lambda i, spec_i: self.step_backends[i].init_forward_metadata_capture_cuda_graph(
-            bs, bs * self.topk, req_pool_indices, seq_lens, None, ForwardMode.DECODE, spec_i
-        )
-        self._common_template(bs, req_pool_indices, seq_lens, self.cuda_graph_kv_indices, self.kv_indptr, capture_step)
+        specs = self._common_template(bs, req_pool_indices, seq_lens, self.cuda_graph_kv_indices, self.kv_indptr)
+        for b, spec_i in zip(self.step_backends, specs):
+            b.init_forward_metadata_capture_cuda_graph(
+                bs, bs * self.topk, req_pool_indices, seq_lens, None, ForwardMode.DECODE, spec_i
+            )
         if self.compute_splits_at_capture:
-            self._replay_body(bs, req_pool_indices, seq_lens, seq_lens[:bs].cpu())
+            self.init_forward_metadata_replay_cuda_graph(
+                bs, req_pool_indices, seq_lens, None, encoder_lens, forward_mode, spec_info, seq_lens[:bs].cpu()
+            )
 
     def init_forward_metadata_replay_cuda_graph(
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
     ) -> None:
         self._check_spec(spec_info)
-        self._replay_body(bs, req_pool_indices, seq_lens, seq_lens_cpu)
+        specs = self._common_template(bs, req_pool_indices, seq_lens, self.cuda_graph_kv_indices, self.kv_indptr)
+        if self.share_splits:
+            self.step_backends[0].get_num_kv_splits(self.cuda_graph_num_kv_splits[: bs * self.topk], seq_lens[:bs])
+            return
+        for b, spec_i in zip(self.step_backends, specs):
+            b.init_forward_metadata_replay_cuda_graph(
+                bs, req_pool_indices, seq_lens, None, None, ForwardMode.DECODE, spec_i, seq_lens_cpu
+            )
 
     def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any]:
         """Per step: prefix + that step's drafts (``draft_decode_kv_indices_ref``), from the batch."""

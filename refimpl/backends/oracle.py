@@ -21,7 +21,7 @@ import torch
 from .. import layout
 from ..batch import ForwardBatch
 from ..kernels import mha_oracle, mla_oracle
-from ..spec import DraftDecodeInput, DraftTree, build_custom_mask
+from ..spec import DraftTree, build_custom_mask
 from .base import AttentionBackend
 
 
@@ -38,37 +38,32 @@ class OracleBackend(AttentionBackend):
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         mode, bs, spec, r2t = fb.forward_mode, fb.batch_size, fb.spec_info, self.world.req_to_token
         seq, rpi = fb.seq_lens_cpu.tolist(), fb.req_pool_indices.tolist()
-        if mode.is_decode_or_idle() and isinstance(spec, DraftDecodeInput):
+        mask = mask_indptr = None
+        if fb.kind.multi_step:
             # multi-step draft decode, step i: row (r, k) = prefix + the i+1 drafts of branch k
             if self.step is None:
                 raise ValueError("oracle: draft decode needs the step index (OracleMultiStep)")
-            topk, i = spec.topk, self.step
-            row = lambda r, n, c: torch.cat([r2t[r, :n], r2t[r, c : c + i + 1]]).to(torch.int64)  # c: branch's step 0
-            ranges = [row(r, n, layout.draft_column(n, k, 0, spec)) for r, n in zip(rpi, seq) for k in range(topk)]
-            kv_indices = torch.cat(ranges) if ranges else torch.zeros(0, dtype=torch.int64, device="cpu")
-            kv_indptr = torch.tensor([0] + [x.numel() for x in ranges], dtype=torch.int64, device="cpu").cumsum(0)
-            qo = torch.arange(len(ranges) + 1, dtype=torch.int64, device="cpu")
-            self.forward_metadata = (qo, kv_indptr, kv_indices, None, None, False)
-            return
-        if mode.is_target_verify():
-            n = spec.draft_token_num
-            q_rows, kv_lens = [n] * bs, layout.attended_kv_lens(mode, torch.tensor(seq, device="cpu"), n).tolist()
-        elif mode.is_decode_or_idle():
-            q_rows, kv_lens = [1] * bs, seq
-        elif mode.is_extend() or mode.is_any_draft_extend():
-            ext = fb.extend_seq_lens if mode.is_extend() else spec.extend_seq_lens
-            q_rows, kv_lens = ext.tolist(), seq
+            i = self.step
+            row = lambda r, n, c: torch.cat([r2t[r, :n], r2t[r, c : c + i + 1]])  # noqa: E731 (c: the branch's step 0)
+            ranges = [row(r, n, layout.draft_column(n, k, 0, spec)) for r, n in zip(rpi, seq) for k in range(spec.topk)]
+            q_rows = [1] * len(ranges)
         else:
-            raise ValueError(f"oracle: unknown mode {mode}")
-        ranges = [r2t[r, :n].to(torch.int64) for r, n in zip(rpi, kv_lens)]
-        kv_indices = torch.cat(ranges or [torch.zeros(0, dtype=torch.int64, device=self.device)])
+            if mode.is_target_verify():  # the mask rebuilt from the draft trees, never taken from the batch
+                n = spec.draft_token_num
+                q_rows, kv_lens = [n] * bs, [s + n for s in seq]
+                mask = build_custom_mask(seq, self._trees(spec, bs))
+                mask_indptr = torch.tensor([0] + [n * k for k in kv_lens], device="cpu").cumsum(0)
+            elif mode.is_decode_or_idle():
+                q_rows, kv_lens = [1] * bs, seq
+            elif mode.is_extend() or mode.is_any_draft_extend():
+                q_rows, kv_lens = (fb.extend_seq_lens if mode.is_extend() else spec.extend_seq_lens).tolist(), seq
+            else:
+                raise ValueError(f"oracle: unknown mode {mode}")
+            ranges = [r2t[r, :n] for r, n in zip(rpi, kv_lens)]
+        kv_indices = torch.cat([r2t.new_zeros(0), *ranges]).to(torch.int64)
+        kv_indptr = torch.tensor([0] + [x.numel() for x in ranges], dtype=torch.int64, device="cpu").cumsum(0)
         qo = torch.tensor([0] + q_rows, dtype=torch.int64, device="cpu").cumsum(0)
-        kv_indptr = torch.tensor([0] + list(kv_lens), dtype=torch.int64, device="cpu").cumsum(0)
-        mask = mask_indptr = None
-        causal = not mode.is_decode_or_idle() and not mode.is_target_verify()
-        if mode.is_target_verify():  # the mask rebuilt from the draft trees, never taken from the batch
-            mask = build_custom_mask(seq, self._trees(spec, bs))
-            mask_indptr = torch.tensor([0] + [n * k for n, k in zip(q_rows, kv_lens)], device="cpu").cumsum(0)
+        causal = not (fb.kind.multi_step or mode.is_decode_or_idle() or mode.is_target_verify())
         self.forward_metadata = (qo, kv_indptr, kv_indices, mask, mask_indptr, causal)
 
     @staticmethod
@@ -90,16 +85,15 @@ class OracleBackend(AttentionBackend):
     def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
         cache, cfg = self.world.kv_cache, self.cfg
         *tensors, causal = self.forward_metadata
-        qo, kv_indptr, kv_indices, mask, mask_indptr = (None if t is None else t.to(q.device) for t in tensors)
-        csr = (qo, kv_indptr, kv_indices, cfg.sm_scale)
-        masks = dict(custom_mask=mask, mask_indptr=mask_indptr, causal=causal)
+        *csr, mask, mask_indptr = (None if t is None else t.to(q.device) for t in tensors)  # csr: qo, kv indptr, indices
+        args = (*csr, cfg.sm_scale, mask, mask_indptr, causal)
         if cfg.is_mla:
             cache.set_kv(layer, fb.out_cache_loc, k)
             r = cfg.kv_lora_rank
-            out = mla_oracle(q[..., :r], q[..., r:], cache.kv[layer], *csr, **masks)
+            out = mla_oracle(q[..., :r], q[..., r:], cache.kv[layer], *args)
         else:
             cache.set_kv(layer, fb.out_cache_loc, k, v)
-            out = mha_oracle(q, cache.k[layer], cache.v[layer], *csr, **masks)
+            out = mha_oracle(q, cache.k[layer], cache.v[layer], *args)
         return out.to(q.dtype)
 
 

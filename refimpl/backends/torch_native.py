@@ -24,9 +24,9 @@ import torch
 
 from .. import layout
 from ..batch import ForwardBatch
-from ..kernels import build_kv_indices, build_kv_indices_ref, dense_paged_attention, dense_paged_mla_attention
+from ..kernels import build_kv_indices, csr_ref, dense_paged_attention, dense_paged_mla_attention
 from ..modes import ForwardMode
-from ..spec import DraftTree, VerifyInput, build_custom_mask, require_spec
+from ..spec import DraftTree, VerifyInput, build_custom_mask, require_spec, verify_n
 from .base import COPIES_MASK, AttentionBackend
 
 
@@ -54,35 +54,28 @@ class TorchNativeBackend(AttentionBackend):
     def glue_refusal(self, mode: ForwardMode) -> str | None:
         return COPIES_MASK if mode.is_target_verify() else None
 
-    def _graph_num_draft_tokens(self, spec_info: Any) -> int:
-        """N as captured (from the SpecConfig); a verify batch must carry the same N."""
-        if self.spec is None:
-            raise ValueError(f"{self.name}: target verify under graphs needs a SpecConfig")
-        n = self.spec.num_draft_tokens
-        if spec_info is not None and (got := spec_info.draft_token_num) != n:
-            raise ValueError(f"verify batch has draft_token_num={got}, the graph was captured for num_draft_tokens={n}")
-        return n
-
-    @staticmethod
-    def _verify_spec(mode: ForwardMode, spec_info: Any) -> VerifyInput | None:
-        return require_spec(mode, spec_info, VerifyInput) if mode.is_target_verify() else None
+    def _rows_and_mask(self, mode: ForwardMode, spec_info: Any, eager: bool = False) -> tuple[int, torch.Tensor | None]:
+        """(query rows per request, the spec's mask or None): (1, None) outside target verify; under graphs (not
+        ``eager``) N must be the one captured."""
+        if not mode.is_target_verify():
+            return 1, None
+        spec = require_spec(mode, spec_info, VerifyInput)
+        return spec.draft_token_num if eager else verify_n(spec, self.spec), spec.custom_mask
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
-        mode = fb.forward_mode
+        mode, bs = fb.forward_mode, fb.batch_size
         if not (mode.is_decode_or_idle() or mode.is_target_verify()):
             raise ValueError(f"{self.name} runs decode, idle and target_verify, not {mode.label}")
-        bs, spec = fb.batch_size, self._verify_spec(mode, fb.spec_info)
-        n = spec.draft_token_num if spec is not None else 1
+        n, mask = self._rows_and_mask(mode, fb.spec_info, eager=True)
         lens = layout.attended_kv_lens(mode, fb.seq_lens, n)  # verify: prefix + the N drafts
         kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=self.device)
         kv_indptr[1:] = torch.cumsum(lens, 0)
         host_lens = layout.attended_kv_lens(mode, fb.seq_lens_cpu, n)  # host values: eager may use them
         kv_indices = torch.zeros(max(int(host_lens.sum()), 1), dtype=torch.int64, device=self.device)
         build_kv_indices(self.world.req_to_token, fb.req_pool_indices, lens, kv_indptr, kv_indices)
-        mask = None if spec is None else spec.custom_mask
-        if spec is not None and mask is None:  # verify without a mask means chains, as on every backend (Triton: causal)
+        if mode.is_target_verify() and mask is None:  # verify without a mask means chains, as on every backend (Triton: causal)
             mask = build_custom_mask(fb.seq_lens_cpu.tolist(), [DraftTree.chain(n)] * bs, self.device)
-        mask_indptr = None if mask is None else layout.mask_indptr(fb.seq_lens, spec.draft_token_num)
+        mask_indptr = None if mask is None else layout.mask_indptr(fb.seq_lens, n)
         max_len = int(host_lens.max()) if bs else 1
         self.forward_metadata = TorchNativeMetadata(kv_indptr, kv_indices, n, max_len, mask, mask_indptr)
 
@@ -102,59 +95,50 @@ class TorchNativeBackend(AttentionBackend):
         self.init_forward_metadata_replay_cuda_graph(
             bs, req_pool_indices, seq_lens, None, encoder_lens, forward_mode, spec_info, None
         )
-        spec = self._verify_spec(forward_mode, spec_info)
-        n = self._graph_num_draft_tokens(spec) if spec is not None else 1
-        has_mask = spec is not None and spec.custom_mask is not None
-        mask = (self.cuda_graph_custom_mask, self.cuda_graph_mask_indptr[: bs + 1]) if has_mask else (None, None)
+        n, mask = self._rows_and_mask(forward_mode, spec_info)
+        masks = (None, None) if mask is None else (self.cuda_graph_custom_mask, self.cuda_graph_mask_indptr[: bs + 1])
         csr = (self.cuda_graph_kv_indptr[: bs + 1], self.cuda_graph_kv_indices)
         # q_per_req = n; max_kv_len = L: valid for any future batch
-        self.forward_metadata = TorchNativeMetadata(*csr, n, self.world.max_context_len, *mask)
+        self.forward_metadata = TorchNativeMetadata(*csr, n, self.world.max_context_len, *masks)
 
     def init_forward_metadata_replay_cuda_graph(
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
     ) -> None:
-        seq_lens, rpi = seq_lens[:bs], req_pool_indices[:bs]
-        spec = self._verify_spec(forward_mode, spec_info)
-        n = self._graph_num_draft_tokens(spec) if spec is not None else 1
+        seq_lens, (n, mask) = seq_lens[:bs], self._rows_and_mask(forward_mode, spec_info)
         lens = layout.attended_kv_lens(forward_mode, seq_lens, n)
         kv_indptr = self.cuda_graph_kv_indptr[: bs + 1]
         kv_indptr[1:] = torch.cumsum(lens, 0)  # in place: the graph reads this buffer
-        build_kv_indices(self.world.req_to_token, rpi, lens, kv_indptr, self.cuda_graph_kv_indices)
-        if spec is not None and spec.custom_mask is not None:
-            mask = spec.custom_mask
+        build_kv_indices(self.world.req_to_token, req_pool_indices[:bs], lens, kv_indptr, self.cuda_graph_kv_indices)
+        if mask is not None:
             layout.check_mask_fits(mask, self.cuda_graph_custom_mask)
             self.cuda_graph_custom_mask[: mask.numel()].copy_(mask)
             layout.mask_indptr(seq_lens, n, out=self.cuda_graph_mask_indptr)
 
     def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
         md = self.forward_metadata
-        end = int(md.kv_indptr[bs])
-        state = dict(kv_indptr=md.kv_indptr[: bs + 1], kv_indices=md.kv_indices[:end])
+        state = dict(kv_indptr=md.kv_indptr[: bs + 1], kv_indices=md.kv_indices[: int(md.kv_indptr[bs])])
         state.update(q_per_req=md.q_per_req, max_kv_len=md.max_kv_len)
         if md.custom_mask is not None:
-            state["mask_indptr"] = md.mask_indptr[: bs + 1]
-            state["custom_mask"] = md.custom_mask[: int(md.mask_indptr[bs])].to(torch.uint8)
+            state.update(
+                mask_indptr=md.mask_indptr[: bs + 1], custom_mask=md.custom_mask[: int(md.mask_indptr[bs])].to(torch.uint8)
+            )
         return state
 
     def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any]:
-        """From the batch alone: host lengths, ``build_kv_indices_ref``, the spec's own mask."""
-        spec, L = self._verify_spec(fb.forward_mode, fb.spec_info), self.world.max_context_len
-        n = self.spec.num_draft_tokens if spec is not None else 1
-        seq = [int(x) for x in fb.seq_lens_cpu.tolist()]
-        lens = [s + n for s in seq] if spec is not None else seq  # verify: prefix + N drafts
-        lens_t = torch.tensor(lens, dtype=torch.int64, device="cpu")
-        indptr = torch.tensor([0] + lens, dtype=torch.int64, device="cpu").cumsum(0)
-        indices = build_kv_indices_ref(self.world.req_to_token, fb.req_pool_indices, lens_t)
-        ref = dict(kv_indptr=indptr, kv_indices=indices, q_per_req=n, max_kv_len=L)
-        if spec is not None and spec.custom_mask is not None:
-            blocks = torch.tensor([0] + [n * x for x in lens], dtype=torch.int64, device="cpu")  # i: [N, seq_i + N]
-            ref["mask_indptr"] = blocks.cumsum(0)
-            ref["custom_mask"] = spec.custom_mask.to(torch.uint8)  # the live requests' blocks
+        """From the batch alone: host lengths, ``csr_ref``, the spec's own mask."""
+        n, mask = self._rows_and_mask(fb.forward_mode, fb.spec_info)
+        lens = layout.attended_kv_lens(fb.forward_mode, fb.seq_lens_cpu.to(torch.int64), n)  # verify: prefix + N drafts
+        ref = dict(
+            csr_ref(self.world.req_to_token, fb.req_pool_indices, lens), q_per_req=n, max_kv_len=self.world.max_context_len
+        )
+        if mask is not None:
+            ref["mask_indptr"] = torch.cat([lens.new_zeros(1), n * lens]).cumsum(0)  # request i's block: [N, seq_i + N]
+            ref["custom_mask"] = mask.to(torch.uint8)  # the live requests' blocks
         return ref
 
     def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
         md, cache, cfg = self.forward_metadata, self.world.kv_cache, self.cfg
-        out = torch.empty(q.shape[0], cfg.num_heads, cfg.out_head_dim, dtype=q.dtype, device=q.device)
+        out = q.new_empty(q.shape[0], cfg.num_heads, cfg.out_head_dim)
         common = dict(sm_scale=cfg.sm_scale, max_kv_len=md.max_kv_len, q_per_req=md.q_per_req)
         common.update(custom_mask=md.custom_mask, mask_indptr=md.mask_indptr)
         csr, r = (md.kv_indptr, md.kv_indices), cfg.kv_lora_rank

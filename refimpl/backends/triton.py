@@ -22,7 +22,7 @@ from ..batch import ForwardBatch, World
 from ..config import SpecConfig
 from ..kernels import build_kv_indices, csr_ref, decode_attention, extend_attention, get_num_kv_splits, get_num_kv_splits_ref
 from ..modes import GRAPH_MODES, ForwardMode
-from ..spec import DraftDecodeInput, DraftExtendInput, VerifyInput, require_spec
+from ..spec import DraftExtendInput, VerifyInput, require_spec, verify_n
 from .base import COPIES_MASK, AttentionBackend, GraphModeNotSupported
 from .multistep import MultiStepDraftBackend
 
@@ -56,6 +56,7 @@ class TritonAttnBackend(AttentionBackend):
         f"cuda_graph_{b}" for b in ("attn_logits", "attn_lse", "num_kv_splits", "kv_indices", "custom_mask")
     )
     graph_modes = frozenset(GRAPH_MODES)  # every one: decode, idle, target verify, draft extend v1 / v2
+    page_sizes = (1,)  # it indexes tokens
     kv_indices_dtype = torch.int64
     qo_indptr_dtype = torch.int64
     decode_rows_by_bs = False  # Wave: split-KV buffers and kv_indices sized by max_bs, not max_num_tokens
@@ -65,42 +66,29 @@ class TritonAttnBackend(AttentionBackend):
 
     def __init__(self, world: World, spec: SpecConfig | None = None, *, max_kv_splits=8, kv_indptr_buf=None, skip_prefill=False):
         super().__init__(world, spec)
-        if world.page_size != 1:
-            raise ValueError(f"{self.name} indexes tokens (page size 1), got {world.page_size}")
-        pool, dev = world.req_to_token_pool.size, self.device
-        self.kv_indptr = torch.zeros(pool + 1, dtype=torch.int32, device=dev) if kv_indptr_buf is None else kv_indptr_buf
-        self.qo_indptr = torch.zeros(pool + 1, dtype=self.qo_indptr_dtype, device=dev)
-        self.mask_indptr = torch.zeros(pool + 1, dtype=torch.int64, device=dev)
         if not 1 <= max_kv_splits <= 256:
             raise ValueError(f"max_kv_splits={max_kv_splits} outside [1, 256]")
-        self.max_kv_splits = max_kv_splits
+        indptr = lambda dtype: torch.zeros(world.req_to_token_pool.size + 1, dtype=dtype, device=self.device)  # noqa: E731
+        self.kv_indptr = indptr(torch.int32) if kv_indptr_buf is None else kv_indptr_buf
+        self.qo_indptr, self.mask_indptr = indptr(self.qo_indptr_dtype), indptr(torch.int64)
+        self.max_kv_splits, self.skip_prefill = max_kv_splits, skip_prefill
         # get_num_kv_splits' core count: the SM count on a GPU, a fixed 8 on CPU (reproducible)
-        self.core_count = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 8
-        self.skip_prefill = skip_prefill
-
-    def _num_draft_tokens(self) -> int:
-        if self.spec is None:
-            raise ValueError(f"{self.name}: speculative modes need a SpecConfig")
-        return self.spec.num_draft_tokens
+        self.core_count = torch.cuda.get_device_properties(self.device).multi_processor_count if self.device.type == "cuda" else 8
 
     def _split_kw(self) -> dict:  # the split-count heuristic's constants
-        H, Hkv = self.cfg.num_heads, self.cfg.num_kv_heads
-        return dict(num_heads=H, num_kv_heads=Hkv, max_kv_splits=self.max_kv_splits, core_count=self.core_count)
+        cfg = self.cfg
+        return dict(
+            num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, max_kv_splits=self.max_kv_splits, core_count=self.core_count
+        )
 
-    def _splits(self, num_kv_splits: torch.Tensor, seq_lens: torch.Tensor) -> None:
+    def get_num_kv_splits(self, num_kv_splits: torch.Tensor, seq_lens: torch.Tensor) -> None:
         num_group = num_kv_splits.numel() // max(seq_lens.numel(), 1)
         get_num_kv_splits(num_kv_splits, seq_lens, num_group=num_group, **self._split_kw())
-
-    def _check_verify_n(self, spec_info: VerifyInput) -> int:
-        n = self._num_draft_tokens()
-        if (got := spec_info.draft_token_num) != n:
-            raise ValueError(f"verify batch has draft_token_num={got}, the graph was captured for num_draft_tokens={n}")
-        return n
 
     def _verify_mask(self, spec_info: Any) -> tuple[int, torch.Tensor | None]:
         """(N, the spec's mask or None) after the host checks (batch N, buffer size)."""
         spec = require_spec(ForwardMode.TARGET_VERIFY, spec_info, VerifyInput)
-        n, mask = self._check_verify_n(spec), spec.custom_mask
+        n, mask = verify_n(spec, self.spec), spec.custom_mask
         if mask is not None:
             layout.check_mask_fits(mask, self.cuda_graph_custom_mask)
         return n, mask
@@ -116,51 +104,43 @@ class TritonAttnBackend(AttentionBackend):
             return idx
 
         if mode.is_decode_or_idle():
-            rows = fb.num_tokens
-            if isinstance(fb.spec_info, DraftDecodeInput) and fb.spec_info.kv_indptr is not None:
+            if fb.kind.multi_step and fb.spec_info.kv_indptr is not None:
                 kv_indptr, kv_indices = fb.spec_info.kv_indptr, fb.spec_info.kv_indices
             else:
                 kv_indices = fresh_kv(seq, fb.seq_lens_sum)
-            H, Dv, S, r = self.cfg.num_heads, self.cfg.v_head_dim, self.max_kv_splits, max(rows, 1)
-            splits = torch.empty(r, dtype=torch.int32, device=dev)
+            rows, f32 = fb.num_tokens, dict(dtype=torch.float32, device=dev)
+            shape = (max(rows, 1), self.cfg.num_heads, self.max_kv_splits)
+            splits = torch.empty(shape[0], dtype=torch.int32, device=dev)
             if bs:
-                self._splits(splits[:rows], seq)
-            logits = torch.empty(r, H, S, Dv, dtype=torch.float32, device=dev)
-            lse = torch.empty(r, H, S, dtype=torch.float32, device=dev)
+                self.get_num_kv_splits(splits[:rows], seq)
+            logits, lse = torch.empty(*shape, self.cfg.v_head_dim, **f32), torch.empty(shape, **f32)
             self.forward_metadata = TritonMetadata(kv_indptr, kv_indices, logits, lse, splits)  # decode fields
             return
-        if mode.is_target_verify():
+        mask = {}
+        if mode.is_target_verify():  # N rows each over the prefix only: the drafts come as k/v
             spec = require_spec(mode, fb.spec_info, VerifyInput)
-            n, mask = spec.draft_token_num, spec.custom_mask
-            kv_indices = fresh_kv(seq, fb.seq_lens_sum)  # prefix only: drafts come as k/v
-            qo = torch.arange(0, (bs + 1) * n, n, dtype=self.qo_indptr_dtype, device=dev)
-            mask_indptr = None if mask is None else layout.mask_indptr(seq, n)
-            self.forward_metadata = TritonMetadata(
-                kv_indptr, kv_indices, max_extend_len=n, qo_indptr=qo, custom_mask=mask, mask_indptr=mask_indptr
-            )
-            return
-        # EXTEND and draft extend: causal over the new rows, paged prefix before them
-        if mode.is_any_draft_extend():
-            rows = require_spec(mode, fb.spec_info, DraftExtendInput).extend_seq_lens
-        elif mode.is_extend():
-            rows = fb.extend_seq_lens
+            max_len, prefix_total = spec.draft_token_num, fb.seq_lens_sum
+            rows = torch.full_like(seq, max_len)
+            if spec.custom_mask is not None:
+                mask = dict(custom_mask=spec.custom_mask, mask_indptr=layout.mask_indptr(seq, max_len))
+        elif mode.is_extend() or mode.is_any_draft_extend():  # causal over the new rows, paged prefix before them
+            rows = fb.extend_seq_lens if mode.is_extend() else require_spec(mode, fb.spec_info, DraftExtendInput).extend_seq_lens
+            prefix_total = fb.seq_lens_sum - fb.num_tokens
+            max_len = int(rows.max()) if bs else 1  # eager: a host read is allowed (SGLang: .item())
         else:
             raise ValueError(f"{self.name}: unknown mode {mode}")
-        prefix = layout.prefix_kv_lens(mode, seq, rows)
         qo = torch.zeros(bs + 1, dtype=self.qo_indptr_dtype, device=dev)
         qo[1:] = torch.cumsum(rows, 0)
-        kv_indices = fresh_kv(prefix, fb.seq_lens_sum - fb.num_tokens)
-        max_len = int(rows.max()) if bs else 1  # eager: a host read is allowed (SGLang: .item())
-        self.forward_metadata = TritonMetadata(kv_indptr, kv_indices, max_extend_len=max_len, qo_indptr=qo)
+        kv_indices = fresh_kv(layout.prefix_kv_lens(mode, seq, rows), prefix_total)
+        self.forward_metadata = TritonMetadata(kv_indptr, kv_indices, max_extend_len=max_len, qo_indptr=qo, **mask)
 
     def init_cuda_graph_state(self, max_bs, max_num_tokens, kv_indices_buf=None, num_kv_splits_buf=None) -> None:
-        T, L, H, dev = max_num_tokens, self.world.max_context_len, self.cfg.num_heads, self.device
         self.max_bs, self.max_num_tokens = max_bs, max_num_tokens
-        S, Dv, f32 = self.max_kv_splits, self.cfg.v_head_dim, dict(dtype=torch.float32, device=self.device)
+        T, L, H, S, dev = max_num_tokens, self.world.max_context_len, self.cfg.num_heads, self.max_kv_splits, self.device
         R = max_bs if self.decode_rows_by_bs else T  # rows of the split-KV buffers
-        self.cuda_graph_attn_logits = torch.zeros(R, H, S, Dv, **f32)
-        self.cuda_graph_attn_lse = torch.zeros(R, H, S, **f32)
-        if num_kv_splits_buf is None:
+        self.cuda_graph_attn_logits = torch.zeros(R, H, S, self.cfg.v_head_dim, dtype=torch.float32, device=dev)
+        self.cuda_graph_attn_lse = torch.zeros(R, H, S, dtype=torch.float32, device=dev)
+        if num_kv_splits_buf is None or self.decode_rows_by_bs:  # Wave: its own [B] buffer, always
             num_kv_splits_buf = torch.full((R,), S, dtype=torch.int32, device=dev)
         elif int(num_kv_splits_buf.max()) > S:  # outside any graph: a host read is fine here
             raise ValueError(
@@ -201,30 +181,26 @@ class TritonAttnBackend(AttentionBackend):
 
     def _decode_views(self, kv_indptr: torch.Tensor, kv_indices: torch.Tensor) -> TritonMetadata:
         """Decode metadata over the static split-KV buffers (logits, lse, split counts)."""
-        logits, lse, splits = self.cuda_graph_attn_logits, self.cuda_graph_attn_lse, self.cuda_graph_num_kv_splits
-        return TritonMetadata(kv_indptr, kv_indices, attn_logits=logits, attn_lse=lse, num_kv_splits=splits)
+        return TritonMetadata(
+            kv_indptr, kv_indices, self.cuda_graph_attn_logits, self.cuda_graph_attn_lse, self.cuda_graph_num_kv_splits
+        )
 
     def _build_cuda_graph_forward_metadata(self, bs: int, mode: ForwardMode, spec_info: Any):
         """Metadata whose tensors are views of the static buffers (nothing is computed)."""
         kv = dict(kv_indptr=self.kv_indptr[: bs + 1], kv_indices=self.cuda_graph_kv_indices)
         if mode.is_decode_or_idle():
             return self._decode_views(**kv)
-        qo = self.qo_indptr[: bs + 1]
-        if mode.is_target_verify():
-            has_mask = spec_info is not None and spec_info.custom_mask is not None
-            mask, mask_indptr = (self.cuda_graph_custom_mask, self.mask_indptr[: bs + 1]) if has_mask else (None, None)
-            n = self._num_draft_tokens()
-            return TritonMetadata(**kv, max_extend_len=n, qo_indptr=qo, custom_mask=mask, mask_indptr=mask_indptr)
-        if mode.is_any_draft_extend():
-            # the rows' stride (v2: N; upstream froze S+1 after #26665, still at 0085842: rows missed once N > S+1)
-            return TritonMetadata(**kv, max_extend_len=layout.rows_per_request(mode, self.spec), qo_indptr=qo)
-        raise ValueError(f"Invalid forward mode {mode} for a CUDA graph")
+        if mode.is_target_verify() and spec_info is not None and spec_info.custom_mask is not None:
+            kv.update(custom_mask=self.cuda_graph_custom_mask, mask_indptr=self.mask_indptr[: bs + 1])
+        # the rows' stride, raising for a mode not captured (verify, draft extend v2: N; upstream froze S+1 for draft
+        # extend v2 after #26665, still at 0085842: rows missed once N > S+1)
+        return TritonMetadata(**kv, max_extend_len=layout.rows_per_request(mode, self.spec), qo_indptr=self.qo_indptr[: bs + 1])
 
     def init_forward_metadata_capture_cuda_graph(
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
     ) -> None:
         self.check_graph_mode(forward_mode)
-        if forward_mode.is_decode_or_idle() and isinstance(spec_info, DraftDecodeInput):
+        if forward_mode.is_decode_or_idle() and spec_info is not None:  # a draft step (SGLang's test)
             # multi-step draft decode: the multi-step wrapper owns and fills the kv buffers
             self.forward_metadata = self._decode_views(spec_info.kv_indptr, spec_info.kv_indices)
             return
@@ -237,10 +213,10 @@ class TritonAttnBackend(AttentionBackend):
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
     ) -> None:
         if forward_mode.is_decode_or_idle():
-            if isinstance(spec_info, DraftDecodeInput):
+            if spec_info is not None:  # a draft step
                 raise ValueError("multi-step draft decode replays through its multi-step wrapper")
             self._update_decode_kv_buffers(bs, seq_lens, req_pool_indices)
-            self._splits(self.cuda_graph_num_kv_splits[:bs], seq_lens[:bs])
+            self.get_num_kv_splits(self.cuda_graph_num_kv_splits[:bs], seq_lens[:bs])
         elif forward_mode.is_target_verify():
             self._update_target_verify_buffers(bs, seq_lens, req_pool_indices, spec_info)
         elif forward_mode.is_any_draft_extend():
@@ -250,57 +226,55 @@ class TritonAttnBackend(AttentionBackend):
 
     def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
         md: TritonMetadata = self.forward_metadata
-        rows = md.kv_indptr.numel() - 1
         state: dict[str, Any] = {"kv_indptr": md.kv_indptr, "kv_indices": md.kv_indices[: int(md.kv_indptr[-1])]}
-        if md.num_kv_splits is not None:
-            state.update(num_kv_splits=md.num_kv_splits[:rows], max_kv_splits=md.attn_logits.shape[2])
+        if md.num_kv_splits is not None:  # one split count per row
+            state.update(num_kv_splits=md.num_kv_splits[: md.kv_indptr.numel() - 1], max_kv_splits=md.attn_logits.shape[2])
         if md.qo_indptr is not None:
             state.update(qo_indptr=md.qo_indptr, max_extend_len=md.max_extend_len)
         if md.mask_indptr is not None:
-            state["mask_indptr"] = md.mask_indptr
-            state["custom_mask"] = md.custom_mask[: int(md.mask_indptr[-1])].to(torch.uint8)
+            state.update(mask_indptr=md.mask_indptr, custom_mask=md.custom_mask[: int(md.mask_indptr[-1])].to(torch.uint8))
         return state
 
     def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any] | None:
         """From the batch alone: host lengths, ``build_kv_indices_ref``, ``get_num_kv_splits_ref``, the mode's row stride;
         live regions only."""
-        mode, bs, spec = fb.forward_mode, fb.batch_size, fb.spec_info
-        if isinstance(spec, DraftDecodeInput):
+        mode, spec = fb.forward_mode, fb.spec_info
+        if fb.kind.multi_step:
             return None  # the multi-step wrapper gives the per-step reference
         seq = fb.seq_lens_cpu.to(torch.int64)
+        rows = layout.rows_per_request(mode, self.spec)  # verify / draft extend v2: N; v1: S+1; decode: 1
+        ref = csr_ref(self.world.req_to_token, fb.req_pool_indices, layout.prefix_kv_lens(mode, seq, rows))
         if mode.is_decode_or_idle():
-            ref = csr_ref(self.world.req_to_token, fb.req_pool_indices, seq)
-            splits = torch.tensor(get_num_kv_splits_ref(seq.tolist(), num_group=1, **self._split_kw()), device="cpu")
-            return {**ref, "num_kv_splits": splits, "max_kv_splits": self.max_kv_splits}
-        S, n = self.spec.num_steps, self.spec.num_draft_tokens
-        rows = S + 1 if mode.is_draft_extend_v1() else n  # verify / draft extend v2: N rows
-        prefix = seq if mode.is_target_verify() else (seq - rows).clamp(min=0)
-        ref = csr_ref(self.world.req_to_token, fb.req_pool_indices, prefix)
-        ref.update(qo_indptr=torch.arange(0, bs * rows + 1, rows, device="cpu"), max_extend_len=rows)
+            return self.draft_step_reference(ref["kv_indptr"], ref["kv_indices"], fb)
+        ref.update(qo_indptr=torch.arange(0, fb.batch_size * rows + 1, rows, device="cpu"), max_extend_len=rows)
         if mode.is_target_verify() and spec.custom_mask is not None:
-            blocks = [n * (s + n) for s in seq.tolist()]
-            ref["mask_indptr"] = torch.tensor([0] + blocks, device="cpu").cumsum(0)
+            ref["mask_indptr"] = layout.mask_indptr(seq, rows)
             ref["custom_mask"] = spec.custom_mask.to(torch.uint8)  # the live requests' blocks
         return ref
 
     def draft_step_reference(self, indptr: torch.Tensor, indices: torch.Tensor, fb) -> dict:
-        lens, kw = fb.seq_lens_cpu.tolist(), self._split_kw()
-        splits = torch.tensor(get_num_kv_splits_ref(lens, num_group=fb.spec_info.topk, **kw), device="cpu")
-        return dict(kv_indptr=indptr, kv_indices=indices, max_kv_splits=self.max_kv_splits, num_kv_splits=splits)
+        group = fb.spec_info.topk if fb.kind.multi_step else 1  # rows per request
+        splits = get_num_kv_splits_ref(fb.seq_lens_cpu.tolist(), num_group=group, **self._split_kw())
+        return dict(
+            kv_indptr=indptr,
+            kv_indices=indices,
+            max_kv_splits=self.max_kv_splits,
+            num_kv_splits=torch.tensor(splits, device="cpu"),
+        )
 
     def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
         md: TritonMetadata = self.forward_metadata
         cache, cfg = self.world.kv_cache, self.cfg
         cache.set_kv(layer, fb.out_cache_loc[: q.shape[0]], k, v)
-        out = torch.empty(q.shape[0], cfg.num_heads, cfg.v_head_dim, dtype=q.dtype, device=q.device)
+        out = q.new_empty(q.shape[0], cfg.num_heads, cfg.v_head_dim)
         if q.shape[0] == 0:  # an idle batch
             return out
         kc, vc, csr = cache.k[layer], cache.v[layer], (md.kv_indptr, md.kv_indices)
-        if md.num_kv_splits is not None:  # decode / idle / draft decode
-            splits = (md.attn_logits, md.attn_lse, md.num_kv_splits, md.attn_logits.shape[2])
+        if md.num_kv_splits is not None:  # decode / idle / draft decode; the split-KV buffers, max_kv_splits
+            splits = md.attn_logits, md.attn_lse, md.num_kv_splits, md.attn_logits.shape[2]
             decode_attention(q, kc, vc, out, *csr, *splits, cfg.sm_scale)
-        else:  # target verify / draft extend / extend: new tokens' k, v passed directly
-            mask = (md.custom_mask, md.mask_indptr, md.custom_mask is None)  # (mask, its indptr, causal)
+        else:  # target verify / draft extend / extend: new tokens' k, v passed directly; the mask, its indptr, causal
+            mask = md.custom_mask, md.mask_indptr, md.custom_mask is None
             extend_attention(q, k, v, out, kc, vc, md.qo_indptr, *csr, *mask, md.max_extend_len, cfg.sm_scale)
         return out
 
@@ -328,7 +302,7 @@ class TritonAttnBackendLegacy(TritonAttnBackend):
         self.check_graph_mode(forward_mode)
         r2t, dev = self.world.req_to_token, self.device
         if forward_mode.is_decode_or_idle():
-            if isinstance(spec_info, DraftDecodeInput):  # multi-step: the wrapper's rows
+            if spec_info is not None:  # multi-step: the wrapper's rows
                 kv_indptr, kv_indices = spec_info.kv_indptr, spec_info.kv_indices
             else:
                 kv_indptr, kv_indices = self.kv_indptr, self.cuda_graph_kv_indices
@@ -345,7 +319,7 @@ class TritonAttnBackendLegacy(TritonAttnBackend):
             )
         elif forward_mode.is_target_verify():
             spec = require_spec(forward_mode, spec_info, VerifyInput)
-            n = self._check_verify_n(spec)
+            n = verify_n(spec, self.spec)
             self.qo_indptr[: bs + 1] = torch.arange(0, (bs + 1) * n, n, device=dev)
             self.kv_indptr[1 : bs + 1] = torch.cumsum(seq_lens[:bs], 0)
             kv_indptr = self.kv_indptr[: bs + 1]
@@ -381,14 +355,14 @@ class TritonAttnBackendLegacy(TritonAttnBackend):
         r2t, dev = self.world.req_to_token, self.device
         rpi, seq = req_pool_indices[:bs], seq_lens[:bs]
         if forward_mode.is_decode_or_idle():
-            if isinstance(spec_info, DraftDecodeInput):
+            if spec_info is not None:
                 raise AssertionError("Multi-step cuda graph init is not done here.")
             self.kv_indptr[1 : bs + 1] = torch.cumsum(seq, 0)
             build_kv_indices(r2t, rpi, seq, self.kv_indptr[: bs + 1], self.cuda_graph_kv_indices)
-            self._splits(self.cuda_graph_num_kv_splits[:bs], seq)
+            self.get_num_kv_splits(self.cuda_graph_num_kv_splits[:bs], seq)
         elif forward_mode.is_target_verify():
             spec = require_spec(forward_mode, spec_info, VerifyInput)
-            n = self._check_verify_n(spec)
+            n = verify_n(spec, self.spec)
             bs = len(req_pool_indices)  # upstream recomputes bs here
             self.qo_indptr[: bs + 1] = torch.arange(0, (bs + 1) * n, n, device=dev)
             self.kv_indptr[1 : bs + 1] = torch.cumsum(seq_lens[:bs], 0)

@@ -10,7 +10,6 @@ from typing import Any
 from ..batch import ForwardBatch
 from ..kernels import fused_graph_metadata_args, launch_fused_graph_metadata
 from ..modes import ForwardMode
-from ..spec import DraftDecodeInput
 from .base import GraphModeNotSupported
 from .triton import TritonAttnBackend, TritonMetadata
 
@@ -26,8 +25,8 @@ class TritonAttnBackendFused(TritonAttnBackend):
     pattern = "A"
     graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY})
 
-    def _refuse_draft_decode(self, spec_info: Any) -> None:
-        if isinstance(spec_info, DraftDecodeInput):
+    def _refuse_draft_decode(self, mode: ForwardMode, spec_info: Any) -> None:
+        if mode.is_decode_or_idle() and spec_info is not None:  # a draft step
             supported = ", ".join(sorted(m.label for m in self.graph_modes))
             raise GraphModeNotSupported(
                 f"{self.name}/{self.variant} does not support multi-step draft decode under graphs (supported: {supported})"
@@ -36,20 +35,21 @@ class TritonAttnBackendFused(TritonAttnBackend):
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kw) -> None:
         super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kw)
         self._fused_plans: dict[tuple, tuple] = {}  # (bs, N, mask?) -> (seq_lens, rpi, args)
+        self._graph_views: dict[tuple, TritonMetadata] = {}  # in_graph's: (bs, verify, mask?) -> views
 
-    def _fused_metadata(self, mode, req_pool_indices, seq_lens, n=None, mask=None) -> None:
-        """The one launch: every buffer ``forward`` reads. Arguments are checked once per (bs, mode, mask) and runner
-        tensors (the runner's same static per-bs views); later calls check the mask, launch."""
+    def _fused_metadata(self, req_pool_indices, seq_lens, n=None, mask=None) -> None:
+        """The one launch: every buffer ``forward`` reads (decode: ``n`` None; verify: N and the spec's mask). Arguments
+        are checked once per (bs, mode, mask) and runner tensors (the runner's same static per-bs views); later calls
+        check the mask, launch."""
         key = (seq_lens.shape[0], n, mask is not None)
         plan = self._fused_plans.get(key)
         if plan is None or plan[0] is not seq_lens or plan[1] is not req_pool_indices:
             csr = (self.world.req_to_token, req_pool_indices, seq_lens, self.kv_indptr, self.cuda_graph_kv_indices)
-            if mode.is_decode_or_idle():
+            if n is None:
                 kw = dict(num_kv_splits=self.cuda_graph_num_kv_splits, **self._split_kw())
             else:
-                custom_mask = None if mask is None else self.cuda_graph_custom_mask
-                kw = dict(num_draft_tokens=n, qo_indptr=self.qo_indptr, mask_indptr=self.mask_indptr)
-                kw.update(custom_mask_src=mask, custom_mask=custom_mask)
+                kw = dict(num_draft_tokens=n, qo_indptr=self.qo_indptr, mask_indptr=self.mask_indptr, custom_mask_src=mask)
+                kw["custom_mask"] = None if mask is None else self.cuda_graph_custom_mask
             args = fused_graph_metadata_args(*csr, **kw)
             plan = self._fused_plans[key] = (seq_lens, req_pool_indices, args)
         launch_fused_graph_metadata(plan[2], mask)
@@ -57,23 +57,21 @@ class TritonAttnBackendFused(TritonAttnBackend):
     def init_forward_metadata_capture_cuda_graph(
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
     ) -> None:
-        self.check_graph_mode(forward_mode)
-        self._refuse_draft_decode(spec_info)
+        self._refuse_draft_decode(forward_mode, spec_info)
         super().init_forward_metadata_capture_cuda_graph(
             bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
-        )  # the replay body below, then the unified shape's views
+        )  # the graph-mode check, the replay body below, then the unified shape's views
 
     def init_forward_metadata_replay_cuda_graph(
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
     ) -> None:
-        if seq_lens.shape[0] != bs:  # the runner passes bs-long views already
+        if seq_lens.shape[0] != bs:  # the runner passes bs-long views already (the plans key on them)
             seq_lens = seq_lens[:bs]
         if forward_mode.is_decode_or_idle():
-            self._refuse_draft_decode(spec_info)
-            self._fused_metadata(forward_mode, req_pool_indices, seq_lens)
+            self._refuse_draft_decode(forward_mode, spec_info)
+            self._fused_metadata(req_pool_indices, seq_lens)
         elif forward_mode.is_target_verify():
-            n, mask = self._verify_mask(spec_info)
-            self._fused_metadata(forward_mode, req_pool_indices, seq_lens, n, mask)
+            self._fused_metadata(req_pool_indices, seq_lens, *self._verify_mask(spec_info))
         else:
             raise GraphModeNotSupported(f"{self.name}/{self.variant}: {forward_mode.label} is not captured")
 
@@ -87,23 +85,11 @@ class TritonAttnBackendInGraph(TritonAttnBackendFused):
     variant = "in_graph"
     pattern = "in-graph"
 
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kw) -> None:
-        super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kw)
-        self._graph_views: dict[tuple, TritonMetadata] = {}  # (bs, verify, mask?) -> views
-
-    def _views(self, bs: int, mode: ForwardMode, spec_info: Any) -> TritonMetadata:
-        """The bs's metadata views (built once per bs / mode / mask presence)."""
-        verify = mode.is_target_verify()
-        key = (bs, verify, verify and spec_info.custom_mask is not None)
-        if key not in self._graph_views:
-            self._graph_views[key] = self._build_cuda_graph_forward_metadata(bs, mode, spec_info)
-        return self._graph_views[key]
-
     def init_forward_metadata_capture_cuda_graph(
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
     ) -> None:
         self.check_graph_mode(forward_mode)
-        self._refuse_draft_decode(spec_info)
+        self._refuse_draft_decode(forward_mode, spec_info)
         self.init_forward_metadata_replay_cuda_graph(
             bs, req_pool_indices, seq_lens, None, encoder_lens, forward_mode, spec_info, None
         )  # the mask copy (verify) and the views; the metadata itself is built in the graph
@@ -111,17 +97,20 @@ class TritonAttnBackendInGraph(TritonAttnBackendFused):
     def init_forward_metadata_in_graph(self, fb: ForwardBatch) -> None:
         """Runs inside the captured region: recorded, so every replay rebuilds in the graph. Reads only static buffers (the
         runner's ``seq_lens`` / ``req_pool_indices``)."""
-        mode = fb.forward_mode
-        n = self._num_draft_tokens() if mode.is_target_verify() else None
-        self._fused_metadata(mode, fb.req_pool_indices, fb.seq_lens, n)  # no mask copy here
+        n = self.spec.num_draft_tokens if fb.forward_mode.is_target_verify() else None
+        self._fused_metadata(fb.req_pool_indices, fb.seq_lens, n)  # no mask copy here
 
     def init_forward_metadata_replay_cuda_graph(
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
     ) -> None:
+        mask = None
         if forward_mode.is_target_verify():  # copy the spec's mask (a varying-size input)
             _, mask = self._verify_mask(spec_info)
             if mask is not None:
                 self.cuda_graph_custom_mask[: mask.numel()].copy_(mask)
         elif not forward_mode.is_decode_or_idle():
             raise GraphModeNotSupported(f"{self.name}/{self.variant}: {forward_mode.label} is not captured")
-        self.forward_metadata = self._views(bs, forward_mode, spec_info)  # re-point only
+        key = (bs, forward_mode.is_target_verify(), mask is not None)  # the views: built once per bs / mode / mask?
+        if key not in self._graph_views:
+            self._graph_views[key] = self._build_cuda_graph_forward_metadata(bs, forward_mode, spec_info)
+        self.forward_metadata = self._graph_views[key]  # re-point only

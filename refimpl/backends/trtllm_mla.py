@@ -24,7 +24,7 @@ from ..batch import ForwardBatch, World
 from ..config import SpecConfig
 from ..kernels import build_block_table, build_block_table_ref, trtllm_batch_decode_with_kv_cache_mla, trtllm_mla_graph_metadata
 from ..modes import GRAPH_MODES, ForwardMode
-from ..spec import DraftDecodeInput, DraftExtendInput, VerifyInput, require_spec
+from ..spec import DraftExtendInput, VerifyInput, require_spec, verify_n
 from .base import AttentionBackend, GraphModeNotSupported, MultiStepBackend
 from .flashinfer_mla import FlashInferMLAAttnBackend
 
@@ -60,10 +60,12 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
     pattern = "A"
     page_sizes = (32, 64)
     page_size = 64  # what the registry builds it with
-    graph_buffer_names = ("kv_indptr", "decode_cuda_graph_kv_indices") + tuple(
-        f"cuda_graph_{b}" for b in ("kv_indices", "qo_indptr", "kv_indptr", "kv_lens")
-    )
-    graph_modes = frozenset(GRAPH_MODES) - {ForwardMode.DRAFT_EXTEND}  # draft extend v1 is not captured
+    graph_buffer_names = ("kv_indptr", "decode_cuda_graph_kv_indices", "cuda_graph_kv_indices", "cuda_graph_qo_indptr")
+    graph_buffer_names += ("cuda_graph_kv_indptr", "cuda_graph_kv_lens")
+    # decode, idle, target verify, draft extend v2 (v1 is not captured): also the modes the kernel runs eagerly
+    graph_modes = frozenset(GRAPH_MODES) - {ForwardMode.DRAFT_EXTEND}
+    tree_refusal = "the kernel is causal among the N drafts, so target verify takes chains only (topk=1)"
+    in_graph = False  # True: the graph rebuilds seq_lens_k (decode's too) and the block table itself
 
     def glue_refusal(self, mode: ForwardMode) -> str | None:
         return None  # no plan(): every replay writes device buffers from static inputs
@@ -74,23 +76,12 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
         self.draft_step = draft_step  # multi-step draft decode: this step backend's index
         self.max_blocks = calc_padded_blocks(world.max_context_len, self.page_size)
         self.workspace_buffer = torch.zeros(WORKSPACE_BYTES, dtype=torch.int8, device=self.device)
-        self.captured_max_seq_len: dict[int, int] = {}  # bs -> the bound its graph baked in
-
-    def check_graph_mode(self, mode: ForwardMode) -> None:
-        AttentionBackend.check_graph_mode(self, mode)
-        if mode.is_target_verify() and self.spec is not None and self.spec.topk > 1:
-            raise GraphModeNotSupported(
-                f"{self.name}: the kernel is causal among the N drafts, so target verify "
-                f"takes chains only (topk=1); got topk={self.spec.topk}"
-            )
+        self.captured_max_seq_len = {}  # bs -> the bound its graph baked in
 
     def _seqlen_offset(self, mode: ForwardMode, spec_info: Any) -> int:
         """What the kernel's lengths add to ``seq_lens``: N (verify), step + 1 (draft step)."""
         if mode.is_target_verify():
-            n = require_spec(mode, spec_info, VerifyInput).draft_token_num
-            if n != (want := self.spec.num_draft_tokens):
-                raise ValueError(f"verify batch has N={n}, the graph was captured for num_draft_tokens={want}")
-            return n
+            return verify_n(require_spec(mode, spec_info, VerifyInput), self.spec)
         if mode.is_draft_extend_v2():
             rows = require_spec(mode, spec_info, DraftExtendInput).num_tokens_per_req
             if rows != (n := layout.rows_per_request(mode, self.spec)):
@@ -98,36 +89,33 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
                     f"draft-extend batch has {rows} tokens per request, the graph was captured for {n} (num_draft_tokens)"
                 )
             return 0
-        if isinstance(spec_info, DraftDecodeInput):
+        if mode.is_decode_or_idle() and spec_info is not None:  # a draft step
             if self.draft_step is None:
                 raise ValueError(f"{self.name}: draft decode runs through its multi-step wrapper")
             return self.draft_step + 1
         return 0
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
-        mode = fb.forward_mode
-        if not (mode.is_decode_or_idle() or mode.is_target_verify() or mode.is_draft_extend_v2()):
+        mode, bs = fb.forward_mode, fb.batch_size
+        if mode not in self.graph_modes:
             return super().init_forward_metadata(fb)  # FlashInfer-MLA, page size 1
-        bs, offset = fb.batch_size, self._seqlen_offset(mode, fb.spec_info)
+        offset, v2 = self._seqlen_offset(mode, fb.spec_info), mode.is_draft_extend_v2()
         longest = int(fb.seq_lens_cpu.max()) if bs else 1  # eager: a host value is fine
-        width = calc_padded_blocks(longest + offset, self.page_size)
-        table = torch.full((bs, width), -1, dtype=torch.int32, device=self.device)
+        table = torch.full((bs, calc_padded_blocks(longest + offset, self.page_size)), -1, dtype=torch.int32, device=self.device)
         seq_k = (fb.seq_lens + offset).to(torch.int32)
         build_block_table(self.world.req_to_token, fb.req_pool_indices, seq_k, table, self.page_size)
-        md = TRTLLMMLADecodeMetadata(table, longest, None if offset == 0 else seq_k)
-        if mode.is_draft_extend_v2():
-            n = layout.rows_per_request(mode, self.spec)
-            md.seq_lens_k, md.max_seq_len_q, md.sum_seq_lens_q = seq_k, n, n * bs
-        self.forward_metadata = md
+        md = self.forward_metadata = TRTLLMMLADecodeMetadata(table, longest, seq_k if offset or v2 else None)
+        if v2:
+            md.max_seq_len_q = layout.rows_per_request(mode, self.spec)
+            md.sum_seq_lens_q = md.max_seq_len_q * bs
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, block_kv_indices=None) -> None:
-        L, P = self.world.max_context_len, self.page_size
         if block_kv_indices is None:
             block_kv_indices = torch.full((max_bs, self.max_blocks), -1, dtype=torch.int32, device=self.device)
-        elif block_kv_indices.shape[1] * P < L:
+        elif (covers := block_kv_indices.shape[1] * self.page_size) < self.world.max_context_len:
             raise ValueError(
-                f"block table of width {block_kv_indices.shape[1]} pages of {P} covers "
-                f"{block_kv_indices.shape[1] * P} positions < max_context_len={L}"
+                f"block table of width {block_kv_indices.shape[1]} pages of {self.page_size} covers "
+                f"{covers} positions < max_context_len={self.world.max_context_len}"
             )
         self.decode_cuda_graph_kv_indices = block_kv_indices
         super().init_cuda_graph_state(max_bs, max_num_tokens)
@@ -135,22 +123,20 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
     def _init_cuda_graph_metadata(self, bs, num_tokens, mode, spec_info) -> TRTLLMMLADecodeMetadata:
         """Per-bs metadata whose tensors the graph will read; ``max_seq_len_k = L`` holds for every later batch ("capture
         with full width so future longer sequences are safe")."""
-        table = self.decode_cuda_graph_kv_indices[:bs, : self.max_blocks]
-        md = TRTLLMMLADecodeMetadata(table, self.world.max_context_len)
+        md = TRTLLMMLADecodeMetadata(self.decode_cuda_graph_kv_indices[:bs, : self.max_blocks], self.world.max_context_len)
+        if mode.is_draft_extend_v2() or self._seqlen_offset(mode, spec_info) or self.in_graph:  # not plain decode
+            md.seq_lens_k = torch.zeros(bs, dtype=torch.int32, device=self.device)
         if mode.is_draft_extend_v2():
             self._init_draft_extend(md, bs, num_tokens)
-        elif self._seqlen_offset(mode, spec_info):  # verify, draft step
-            md.seq_lens_k = torch.zeros(bs, dtype=torch.int32, device=self.device)
         self.decode_cuda_graph_metadata[bs] = self.forward_metadata = md
         self.captured_max_seq_len[bs] = md.max_seq_len_k
         return md
 
     def _init_draft_extend(self, md, bs: int, num_tokens: int) -> None:
-        npb, dev, i32 = num_tokens // bs, self.device, torch.int32
+        npb = num_tokens // bs
         md.max_seq_len_q, md.sum_seq_lens_q = npb, npb * bs
-        md.cu_seqlens_q = torch.arange(0, bs * npb + 1, npb, dtype=i32, device=dev)
-        md.seq_lens_q = torch.full((bs,), npb, dtype=i32, device=dev)
-        md.seq_lens_k = torch.zeros(bs, dtype=i32, device=dev)
+        md.cu_seqlens_q = torch.arange(0, bs * npb + 1, npb, dtype=torch.int32, device=self.device)
+        md.seq_lens_q = torch.full((bs,), npb, dtype=torch.int32, device=self.device)
 
     def _apply_cuda_graph_metadata(self, bs, req_pool_indices, seq_lens, mode, spec_info) -> None:
         """The body capture and replay share: the kernel's lengths, then the block table."""
@@ -188,45 +174,42 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
         self.forward_metadata = self.decode_cuda_graph_metadata[bs]
 
     def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
-        md: TRTLLMMLADecodeMetadata = self.forward_metadata
-        state = dict(block_kv_indices=md.block_kv_indices[:bs], max_seq_len_k=self.captured_max_seq_len[bs])
-        for name in ("seq_lens_k", "cu_seqlens_q", "seq_lens_q", "max_seq_len_q", "sum_seq_lens_q"):
-            if (value := getattr(md, name)) is not None:
-                state[name] = value
-        return state
+        state = AttentionBackend.graph_state(self, bs, mode)  # the metadata's fields that are set
+        return state | {"block_kv_indices": state["block_kv_indices"][:bs], "max_seq_len_k": self.captured_max_seq_len[bs]}
 
     def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any]:
         """From the batch: host lengths + the mode's offset, ``build_block_table_ref``, L."""
-        mode, bs, P = fb.forward_mode, fb.batch_size, self.page_size
+        mode, bs = fb.forward_mode, fb.batch_size
         offset = self._seqlen_offset(mode, fb.spec_info)
         seq_k = (fb.seq_lens_cpu + offset).to(torch.int32)
         fresh = torch.full((bs, self.max_blocks), -1, dtype=torch.int32, device="cpu")
-        table = build_block_table_ref(self.world.req_to_token.cpu(), fb.req_pool_indices.cpu(), seq_k, fresh, P)
-        ref: dict[str, Any] = {"block_kv_indices": table, "max_seq_len_k": self.world.max_context_len}
-        if mode.is_draft_extend_v2():
-            n = self.spec.num_draft_tokens
-            seq_q, cu_q = torch.full((bs,), n, device="cpu"), torch.arange(0, bs * n + 1, n, device="cpu")
-            ref.update(max_seq_len_q=n, sum_seq_lens_q=n * bs, seq_lens_q=seq_q, cu_seqlens_q=cu_q)
+        table = build_block_table_ref(self.world.req_to_token.cpu(), fb.req_pool_indices.cpu(), seq_k, fresh, self.page_size)
+        ref = {"block_kv_indices": table, "max_seq_len_k": self.world.max_context_len}
         if offset or mode.is_draft_extend_v2():
             ref["seq_lens_k"] = seq_k
+        if mode.is_draft_extend_v2():
+            n = self.spec.num_draft_tokens
+            ref.update(max_seq_len_q=n, sum_seq_lens_q=n * bs, seq_lens_q=torch.full((bs,), n, device="cpu"))
+            ref["cu_seqlens_q"] = torch.arange(0, bs * n + 1, n, device="cpu")
         return ref
 
-    def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
-        md = self.forward_metadata
+    def _attend(self, q: torch.Tensor, kv: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        md, cfg = self.forward_metadata, self.cfg
         if not isinstance(md, TRTLLMMLADecodeMetadata):
-            return super().forward(q, k, v, layer, fb)  # eager extend: FlashInfer-MLA
-        cfg, cache = self.cfg, self.world.kv_cache
-        cache.set_kv(layer, fb.out_cache_loc[: q.shape[0]], k)
+            return super()._attend(q, kv, fb)  # eager extend: FlashInfer-MLA
         bs = md.block_kv_indices.shape[0]
-        if q.shape[0] == 0:
-            return q.new_empty(0, cfg.num_heads, cfg.kv_lora_rank)
-        query = q.view(bs, q.shape[0] // bs, cfg.num_heads, cfg.kv_row_width)  # [bs, n, H, 576]
-        kv = cache.kv[layer].view(-1, self.page_size, cfg.kv_row_width).unsqueeze(1)
-        seq_lens = fb.seq_lens if md.seq_lens_k is None else md.seq_lens_k
-        max_len = md.max_seq_len_k + self._seqlen_offset(fb.forward_mode, fb.spec_info)  # an int: frozen
-        dims = (cfg.qk_nope_head_dim, cfg.kv_lora_rank, cfg.qk_rope_head_dim)
-        kw = dict(block_tables=md.block_kv_indices, seq_lens=seq_lens, max_seq_len=max_len, bmm1_scale=cfg.sm_scale)
-        out = trtllm_batch_decode_with_kv_cache_mla(query, kv, self.workspace_buffer, *dims, **kw)
+        out = trtllm_batch_decode_with_kv_cache_mla(
+            q.view(bs, q.shape[0] // bs, cfg.num_heads, cfg.kv_row_width),  # [bs, n, H, 576]
+            kv.view(-1, self.page_size, cfg.kv_row_width).unsqueeze(1),  # [pages, 1, P, 576]
+            self.workspace_buffer,
+            cfg.qk_nope_head_dim,
+            cfg.kv_lora_rank,
+            cfg.qk_rope_head_dim,
+            block_tables=md.block_kv_indices,
+            seq_lens=fb.seq_lens if md.seq_lens_k is None else md.seq_lens_k,
+            max_seq_len=md.max_seq_len_k + self._seqlen_offset(fb.forward_mode, fb.spec_info),  # an int: frozen
+            bmm1_scale=cfg.sm_scale,
+        )
         return out.view(q.shape[0], cfg.num_heads, cfg.kv_lora_rank)
 
 
@@ -305,12 +288,7 @@ class TRTLLMMLAAttnBackendInGraph(TRTLLMMLAAttnBackendSimplified):
 
     variant = "in_graph"
     pattern = "in-graph"
-
-    def _init_cuda_graph_metadata(self, bs, num_tokens, mode, spec_info):
-        md = super()._init_cuda_graph_metadata(bs, num_tokens, mode, spec_info)
-        if md.seq_lens_k is None:  # decode: the fused kernel writes seq_lens_k too
-            md.seq_lens_k = torch.zeros(bs, dtype=torch.int32, device=self.device)
-        return md
+    in_graph = True  # decode too: the fused kernel writes seq_lens_k
 
     def init_forward_metadata_capture_cuda_graph(
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
@@ -362,9 +340,10 @@ class TRTLLMMLAMultiStepDraftBackend(MultiStepBackend):
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
     ) -> None:
         self.check_graph_mode(forward_mode)
-        args = (bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info)
         for b in self.step_backends:
-            b.init_forward_metadata_capture_cuda_graph(*args)
+            b.init_forward_metadata_capture_cuda_graph(
+                bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
+            )
 
     def init_forward_metadata_replay_cuda_graph(self, *args) -> None:
         for b in self.step_backends:

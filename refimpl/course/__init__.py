@@ -8,8 +8,10 @@ taught; the checks of a figure's internals live in ``tests/``, on the functions 
 from __future__ import annotations
 
 import inspect
+import sys
 from pathlib import Path
 
+from ..backends import BackendEntry, load_backend_class
 from ..viz import save
 from ..viz.code import source_lines
 
@@ -17,48 +19,52 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository (the notebooks run 
 FIGURES = ROOT / "figures"
 
 
-def _shell():
+def _display():
+    """IPython's ``display`` in a notebook, None in a plain script (nothing to display)."""
     try:
         from IPython import get_ipython
-    except ImportError:  # a plain script: nothing to display
+        from IPython.display import display
+    except ImportError:
         return None
-    return get_ipython()
+    return None if get_ipython() is None else display
 
 
 def render(obj) -> None:
     """``obj``'s rich form in a notebook, its text in a script."""
-    if _shell() is None:
-        print(obj)
-    else:
-        from IPython.display import display
-
-        display(obj)
+    display = _display()
+    print(obj) if display is None else display(obj)
 
 
 def show(fig, name: str) -> None:
     """Save ``fig`` as ``figures/<name>.png`` (reproducibly, ``viz.save``) and display the saved file in a notebook."""
     path = save(fig, FIGURES / f"{name}.png")
-    if _shell() is not None:
-        from IPython.display import Image, display
+    if _display():
+        from IPython.display import Image
 
-        display(Image(filename=str(path)))
+        render(Image(filename=str(path)))
 
 
 def code(*fns) -> str:
     """The source of ``fns`` as one piece, docstrings left out, each under a comment naming its file."""
-    parts = []
-    for fn in fns:
-        where = Path(inspect.getsourcefile(fn)).relative_to(ROOT)
-        parts.append(f"# {where}: {fn.__qualname__}\n" + "\n".join(source_lines(fn)))
-    return "\n\n".join(parts)
+    where = lambda fn: Path(inspect.getsourcefile(fn)).relative_to(ROOT)  # noqa: E731
+    return "\n\n".join(f"# {where(fn)}: {fn.__qualname__}\n" + "\n".join(source_lines(fn)) for fn in fns)
 
 
 def show_code(*fns) -> None:
     """Display the source of ``fns`` (``code``), highlighted in a notebook."""
-    text = code(*fns)
-    if _shell() is None:
-        print(text)
+    if _display() is None:
+        print(code(*fns))
     else:
-        from IPython.display import Code, display
+        from IPython.display import Code
 
-        display(Code(text, language="python"))
+        render(Code(code(*fns), language="python"))
+
+
+def entry(backend: str | type) -> BackendEntry:
+    """The checker's entry for ``"module:Class"`` (the repository root joins the import path: ``examples`` is outside the
+    package) or for a class itself, e.g. one a notebook defines."""
+    if not isinstance(backend, str):
+        return BackendEntry.from_class(backend, f"{backend.__module__}:{backend.__qualname__}")
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return load_backend_class(backend)

@@ -4,6 +4,7 @@ Wave-vs-Triton size table and the notebook's figures. ``tests/test_course_backen
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -15,18 +16,17 @@ from ..backends.triton import TritonAttnBackend
 from ..backends.wave import WaveAttnBackend
 from ..batch import ForwardBatch, World
 from ..batchgen import BatchGenerator
-from ..check import capture_vs_replay
-from ..config import GraphConfig, ModelConfig, SpecConfig
+from ..config import CHAIN, TREE, GraphConfig, ModelConfig, SpecConfig
 from ..flashinfer_wrappers import read_partition
 from ..graphs import GraphEngine, make_engine
 from ..graphs.runner import GraphRunner, call_capture_hook, call_replay_hook
 from ..layout import GraphKind
 from ..model import TinyDecoder
 from ..modes import ForwardMode
-from ..rig import state_after
+from ..rig.core import state_after
+from ..rig.verdicts import capture_vs_replay
+from .triton_modes import Lab
 
-CHAIN = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)  # a chain: N = S + 1
-TREE = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)  # a tree: N = 6 > S + 1
 BS, LIVE, L = 4, 3, 40  # the bs-4 graph replays a raw batch of 3; max_context_len
 
 
@@ -45,22 +45,17 @@ class Setting:
 
 
 def setting(engine: str = "auto") -> Setting:
-    eng = make_engine(engine)  # the CPU emulator here, CUDA graphs on a GPU
-    cfg = ModelConfig(num_layers=1)  # 4 query heads, 2 KV heads, head dim 16
-    world = World.create(cfg, max_context_len=L, pool_size=32, device=eng.device)
-    world.randomize_kv(0)
-    cfg_mla = ModelConfig(kind="mla", num_layers=1, hidden_size=32, num_heads=4)  # latent 512 + rope 64
-    world_mla = World.create(cfg_mla, max_context_len=L, pool_size=16, device=eng.device)
+    lab = Lab.create(make_engine(engine), L)  # the CPU emulator here, CUDA graphs on a GPU; graphs for bs 1 and BS
+    cfg_mla = ModelConfig(kind="mla", num_layers=1, hidden_size=32)  # latent 512 + rope 64
+    world_mla = World.create(cfg_mla, max_context_len=L, pool_size=16, device=lab.engine.device)
     world_mla.randomize_kv(0)
-    graphs = GraphConfig(max_bs=BS, capture_bs=(1, BS), max_context_len=L, speculative=True)
-    gens = (BatchGenerator(world, TREE, seed=1), BatchGenerator(world, CHAIN, seed=2))
-    model = TinyDecoder(cfg, eng.device)
-    return Setting(eng, world, model, graphs, *gens, world_mla, BatchGenerator(world_mla, CHAIN, seed=3))
+    gen_mla = BatchGenerator(world_mla, CHAIN, seed=3)
+    return Setting(lab.engine, lab.world, lab.model, lab.graphs, lab.gen(TREE), lab.gen(CHAIN), world_mla, gen_mla)  # seeds 1, 2
 
 
 def runner(backend, mode: ForwardMode, s: Setting) -> GraphRunner:
     """A runner for ``backend``'s hooks only (no model): its capture batches, padding and static buffers."""
-    return GraphRunner(None, backend, s.engine, GraphKind.of(mode), s.graphs, backend.spec)
+    return GraphRunner(None, backend, s.engine, GraphKind.parse(mode), s.graphs, backend.spec)
 
 
 def replay_hooks(backend, mode: ForwardMode, fb: ForwardBatch, s: Setting) -> tuple[dict[str, Any], ForwardBatch]:
@@ -82,7 +77,7 @@ def both_paths(
 ) -> tuple[dict, dict]:
     """Verdict (a)'s two states for ``fb`` on fresh ``cls`` backends: path P (the capture hook on the padded batch) and
     path Q (the capture hook on the runner's capture batch, then the replay hook), as ``refimpl.check`` builds them."""
-    new = lambda: cls(world or s.world, spec)  # noqa: E731
+    new = partial(cls, world or s.world, spec)
     run = runner(new(), mode, s)
     padded = run.padded_batch(fb)
     return tuple(state_after(new, run, padded, replay=r)[1] for r in (False, True))
@@ -92,7 +87,7 @@ def verdict_a(
     cls: type, spec: SpecConfig | None, mode: ForwardMode, fb: ForwardBatch, s: Setting, world: World | None = None
 ) -> list[str]:
     """The checker's verdict (a) for ``fb`` on fresh ``cls`` backends (``refimpl.check.capture_vs_replay``'s lines)."""
-    new = lambda: cls(world or s.world, spec)  # noqa: E731
+    new = partial(cls, world or s.world, spec)
     return capture_vs_replay(new, runner(new(), mode, s), fb)[0]
 
 
@@ -105,19 +100,21 @@ def refused(backend, mode: ForwardMode) -> str:
     return f"{backend.name} captures {mode.label}"
 
 
+@dataclass
 class Table:
     """A small table: markdown in a notebook, aligned text in a script."""
 
-    def __init__(self, header: list[str], rows: list[list[str]]):
-        self.header, self.rows = header, rows
+    header: list[str]
+    rows: list[list[str]]
 
     def _repr_markdown_(self) -> str:
         lines = [self.header, ["---"] * len(self.header), *self.rows]
         return "\n".join("| " + " | ".join(r) + " |" for r in lines)
 
     def __str__(self) -> str:
-        widths = [max(len(r[i]) for r in [self.header, *self.rows]) for i in range(len(self.header))]
-        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [self.header, *self.rows])
+        lines = [self.header, *self.rows]
+        widths = [max(map(len, column)) for column in zip(*lines)]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in lines)
 
     __repr__ = __str__  # a notebook's text/plain copy of the table
 
@@ -147,8 +144,9 @@ def sizes_table(world: World, B: int, N: int) -> Table:
     return Table([f"buffer (B = {B}, T = B*N = {B * N}, L = {world.max_context_len})", "Triton", "Wave"], rows)
 
 
-def _indptr_roles(t: torch.Tensor, live: int = LIVE) -> list:
-    return viz.batch_roles(t.numel(), live, t.numel() - 1, indptr=True)
+def _roles(name, t):
+    """The colour roles of a bs-4 graph's buffer ``name`` (per request, or an ``[bs+1]`` indptr) for ``LIVE`` requests."""
+    return viz.batch_roles(t.numel(), LIVE, BS, indptr="indptr" in name)
 
 
 def flashinfer_rows(fi_decode, fi_verify) -> tuple[dict[str, torch.Tensor], dict[str, list]]:
@@ -164,7 +162,7 @@ def flashinfer_rows(fi_decode, fi_verify) -> tuple[dict[str, torch.Tensor], dict
         "verify, bs-4 wrapper: bound kv_indptr": v4._paged_kv_indptr_buf,
         "verify, bs-4 wrapper: bound mask_indptr": v4._mask_indptr_buf,
     }
-    roles = {k: _indptr_roles(t) if "indptr" in k else viz.batch_roles(t.numel(), LIVE, BS) for k, t in rows.items()}
+    roles = {k: _roles(k, t) for k, t in rows.items()}
     roles["decode, bs-1 wrapper: plan's kv_len"] = ["pad"]  # its last plan: the capture batch, one padded row
     return rows, roles
 
@@ -188,16 +186,13 @@ def mla_rows(up, uni, padded: ForwardBatch) -> tuple[dict[str, torch.Tensor], di
         "unified, bound: kv_indptr": st_uni["kv_indptr"],
         "unified, bound: kv_len_arr": st_uni["kv_len_arr"],
     }
-    want = lambda k: ref["kv_indptr"] if k.endswith("kv_indptr") else ref["kv_len_arr"]  # noqa: E731
-    return rows, {k: t.cpu().long() != want(k).cpu().long() for k, t in rows.items()}
+    want = {k: ref["kv_indptr" if k.endswith("kv_indptr") else "kv_len_arr"].cpu().long() for k in rows}
+    return rows, {k: t.cpu().long() != want[k] for k, t in rows.items()}
 
 
 def draw_mla_stale(up, uni, padded: ForwardBatch) -> Figure:
     rows, differs = mla_rows(up, uni, padded)
-    roles = {}
-    for k, t in rows.items():
-        base = _indptr_roles(t) if k.endswith("kv_indptr") else viz.batch_roles(t.numel(), LIVE, BS)
-        roles[k] = ["stale" if bad else r for r, bad in zip(base, differs[k].tolist())]
+    roles = {k: ["stale" if bad else r for r, bad in zip(_roles(k, t), differs[k].tolist())] for k, t in rows.items()}
     title = "FlashInfer-MLA decode, 3 requests on the bs-4 graph: as-upstream's bound buffers keep the capture batch's"
     return viz.draw_buffers(rows, title, roles=roles, differs=differs, legend=False)
 
@@ -210,8 +205,7 @@ def legacy_states(wave: tuple[dict, dict], triton: tuple[dict, dict]) -> tuple[d
     p, q, roles = {}, {}, {}
     for (name, keys), (sp, sq) in zip(LEGACY_KEYS.items(), (wave, triton)):
         for k in keys:
-            p[f"{name}: {k}"], q[f"{name}: {k}"] = sp[k], sq[k]
-            roles[f"{name}: {k}"] = _indptr_roles(sp[k]) if "indptr" in k else viz.batch_roles(sp[k].numel(), LIVE, BS)
+            p[f"{name}: {k}"], q[f"{name}: {k}"], roles[f"{name}: {k}"] = sp[k], sq[k], _roles(k, sp[k])
     return p, q, roles
 
 

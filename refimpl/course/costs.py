@@ -10,21 +10,21 @@ from __future__ import annotations
 
 import json
 import sys
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 import torch
 from matplotlib.figure import Figure
 
 from .. import bench, viz
-from ..backends import BackendEntry, find, load_backend_class
-from ..config import SpecConfig
+from ..backends import BackendEntry, find
+from ..config import CHAIN
 from ..graphs import make_engine
 from ..kernels.indices import build_kv_indices
 from ..layout import KINDS
-from ..rig import Rig
+from ..rig.core import Rig
 from ..viz.measure import HOST_PARTS
-from . import ROOT
+from . import ROOT, entry
 
 RESULTS = ROOT / "benchmarks" / "results"
 SHAPES = {"faithful": "unified", "fused": "fused", "in-graph": "in_graph", "glued": "unified+glue"}  # Triton decode
@@ -33,8 +33,14 @@ REPLAY = "graph.replay()"  # the glue graph's launch, and the step graph's
 
 
 @cache
-def _json(path: str) -> dict[str, Any]:
+def _json(path):
     return json.loads((RESULTS / path).read_text())
+
+
+def _range(values):
+    """``(lowest, highest)`` of ``values``."""
+    values = list(values)
+    return min(values), max(values)
 
 
 def sweep() -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -48,10 +54,8 @@ def launch_costs() -> dict[str, tuple[float, float]]:
     ``graph.replay()`` rows (1 and 64 kernels) merged as ``REPLAY``, the kernel's GPU time as
     ``"kernel on the GPU"``."""
     data = _json("launch_cost/launch_cost.json")
-    out = {item: (min(r[item]["median"] for r in data["rounds"]), max(r[item]["median"] for r in data["rounds"]))
-           for item in data["rounds"][0]}  # fmt: skip
-    graphs = [v for k, v in out.items() if k.startswith("graph.replay()")]
-    out[REPLAY] = (min(lo for lo, _ in graphs), max(hi for _, hi in graphs))
+    out = {item: _range(r[item]["median"] for r in data["rounds"]) for item in data["rounds"][0]}
+    out[REPLAY] = _range(us for k, v in out.items() if k.startswith("graph.replay()") for us in v)
     out["kernel on the GPU"] = (data["kernel_gpu_us"], data["kernel_gpu_us"])
     return out
 
@@ -62,20 +66,20 @@ def draw_launch_costs() -> Figure:
     costs, env = launch_costs(), _json("launch_cost/launch_cost.json")["environment"]
     items = [k for k in costs if k != REPLAY]
     kinds = {"GPU": "#252525", "graph": "#31a354", "host read": "#bdbdbd", "refimpl": "#fd8d3c"}  # else: a launch
-    color = lambda k: next((c for word, c in kinds.items() if word in k), "#1f77b4")  # noqa: E731
     fig = Figure(figsize=(7.5, 3.4))
-    ax = fig.add_subplot(1, 1, 1)
+    ax = fig.add_subplot()
     for y, k in enumerate(items):
         lo, hi = costs[k]
-        ax.barh(y, hi, color=color(k))
+        ax.barh(y, hi, color=next((c for word, c in kinds.items() if word in k), "#1f77b4"))
         ax.text(hi, y, f" {lo:.1f}" + (f"–{hi:.1f}" if hi - lo >= 0.05 else "") + " µs", va="center", fontsize=8)
     ax.set_yticks(range(len(items)), items, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(right=max(hi for _, hi in costs.values()) * 1.25)
     ax.set_xlabel("µs per call: host time (two rounds of 200 loops of 50 calls, one core); the last bar: GPU time")
     lo, hi, gpu = costs["eager op"][0], costs["triton, from Python"][1], costs["kernel on the GPU"][0]
-    ax.set_title(f"One launch costs the host {lo:.1f}–{hi:.1f} µs; the kernel runs {gpu:.1f} µs on the GPU "
-                 f"({env['device']})", fontsize=9)  # fmt: skip
+    ax.set_title(
+        f"One launch costs the host {lo:.1f}–{hi:.1f} µs; the kernel runs {gpu:.1f} µs on the GPU ({env['device']})", fontsize=9
+    )
     return fig
 
 
@@ -90,16 +94,21 @@ def hook_launches(ctx: int = 64) -> dict[str, dict[str, int]]:
     counted here (CPU emulator) with ``bench.launches`` on a bs-2 graph. The glued hook is one replay of its glue graph
     (``GraphRunner.replay_hook``): on a GPU it launches nothing else, and the emulator replays a graph by running its
     ops again, so it is not counted."""
-    engine, spec, out = make_engine("auto"), SpecConfig(3, 1, 4), {}
+    engine, out = make_engine("auto"), {}
     for shape in ("faithful", "fused", "in-graph"):
-        rig = Rig.build(find("triton", SHAPES[shape])[0], KINDS["decode"], spec, engine, capture_bs=(2,),
-                        max_context_len=ctx, pool_size=8)  # fmt: skip
-        fb = rig.gen.decode(2)
-        rig.runner.load_inputs(fb, 2)
-        ops = bench.launches(lambda r=rig.runner, f=fb: r.replay_hook(f, 2))
+        rig, fb = _loaded_rig(SHAPES[shape], engine, 2, ctx, pool_size=8)
+        ops = bench.launches(partial(rig.runner.replay_hook, fb, 2))
         out[shape] = {op.removesuffix(".default"): n for op, n in ops.items()}
-    out["glued"] = {REPLAY: 1}
-    return out
+    return out | {"glued": {REPLAY: 1}}
+
+
+def _loaded_rig(variant, engine, bs, ctx, seq_lens=None, **kw):
+    """``(rig, batch)``: a Triton decode ``Rig`` of ``variant`` with one graph (``bs``, context ``ctx``), and a batch of
+    ``bs`` (``seq_lens``) loaded into its static inputs."""
+    rig = Rig.build(find("triton", variant)[0], KINDS["decode"], CHAIN, engine, capture_bs=(bs,), max_context_len=ctx, **kw)
+    fb = rig.gen.decode(bs, seq_lens)
+    rig.runner.load_inputs(fb, bs)
+    return rig, fb
 
 
 def span(low: float, high: float) -> str:
@@ -111,23 +120,22 @@ def measured_hooks() -> dict[str, tuple[float, float]]:
     """Per Triton decode shape, the lowest and highest median host µs of its replay hook at bs 1 / 8 / 64
     (``replay_path/replay_table.json``: H200, context 4096, medians of 600)."""
     rows = _json("replay_path/replay_table.json")["rows"]
-    out = {}
-    for shape, variant in SHAPES.items():
-        hooks = [rows[f"triton/{variant}/decode"][bs]["hook"] for bs in ("1", "8", "64")]
-        out[shape] = (min(hooks), max(hooks))
-    return out
+    return {
+        shape: _range(rows[f"triton/{variant}/decode"][bs]["hook"] for bs in ("1", "8", "64"))
+        for shape, variant in SHAPES.items()
+    }
 
 
 def host_gpu(variant: str, mode: str = "decode", backend: str = "triton", ctx: int = 512) -> dict[int, dict]:
     """bs -> host µs of the replay path (copies + hook + launch), GPU µs of the graph and the synchronised graph step,
     medians from ``results.json``."""
-    _, rows = sweep()
-    pts = [r for r in rows if (r["backend"], r["variant"], r["mode"], r["context"]) == (backend, variant, mode, ctx)]
-    out = {}
-    for r in sorted(pts, key=lambda r: r["bs"]):
-        h, g, s = r["host_us"]["path"], r["gpu_us"]["graph"], r["step_us"]["graph"]
-        out[r["bs"]] = dict(host=h["median"], gpu=g["median"], step=s["median"])
-    return out
+    pts = [r for r in sweep()[1] if (r["backend"], r["variant"], r["mode"], r["context"]) == (backend, variant, mode, ctx)]
+    return {
+        r["bs"]: dict(
+            host=r["host_us"]["path"]["median"], gpu=r["gpu_us"]["graph"]["median"], step=r["step_us"]["graph"]["median"]
+        )
+        for r in sorted(pts, key=lambda r: r["bs"])
+    }
 
 
 def host_bound(variant: str, mode: str = "decode", batch_sizes=(1, 8, 64, 256)) -> set[int]:
@@ -148,8 +156,7 @@ def step_table(variant: str, mode: str = "decode", batch_sizes=(1, 8, 64, 256)) 
         if bs in batch_sizes:
             h, g, s = p["host"], p["gpu"], p["step"]
             bound = "host-bound" if h > g else "GPU-bound"
-            lines.append(f"  bs {bs:>3}: {h:4.0f} + {g:4.0f} = {h + g:5.0f} vs {s:5.0f} measured; max {max(h, g):4.0f}"
-                         f"  {bound}")  # fmt: skip
+            lines.append(f"  bs {bs:>3}: {h:4.0f} + {g:4.0f} = {h + g:5.0f} vs {s:5.0f} measured; max {max(h, g):4.0f}  {bound}")
     return "\n".join(lines)
 
 
@@ -167,8 +174,8 @@ BREAKDOWN = [  # (label, backend, variant, mode) of the breakdown figure
 def draw_breakdown(bs: int = 8) -> Figure:
     """``viz.draw_replay_breakdown`` of the ``BREAKDOWN`` rows at context 512: copies, hook, launch, and the GPU bar."""
     env, rows = sweep()
-    keys = [k[1:] for k in BREAKDOWN]
-    return viz.draw_replay_breakdown(rows, env, bs, 512, keys, [k[0] for k in BREAKDOWN], parts=HOST_PARTS)
+    keys, labels = [k[1:] for k in BREAKDOWN], [k[0] for k in BREAKDOWN]
+    return viz.draw_replay_breakdown(rows, env, bs, 512, keys, labels, parts=HOST_PARTS)
 
 
 def draw_host_vs_gpu() -> Figure:
@@ -180,28 +187,24 @@ def draw_host_vs_gpu() -> Figure:
 
 def planted_backend() -> BackendEntry:
     """``tests/broken_backends.py:HostValueInHook`` (it subclasses ``examples/paged_decode_backend.py``)."""
-    for path in (str(ROOT), str(ROOT / "tests")):
-        if path not in sys.path:
-            sys.path.insert(0, path)
-    return load_backend_class("broken_backends:HostValueInHook")
+    if (tests := str(ROOT / "tests")) not in sys.path:
+        sys.path.insert(0, tests)
+    return entry("broken_backends:HostValueInHook")  # ``entry`` puts the repository root on the path too
 
 
 def glued_rig(entry: BackendEntry) -> Rig:
     """``entry``'s decode runner on the CPU emulator, graphs of bs 1 / 2 / 4, each replay hook in a glue graph."""
-    spec = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
-    engine = make_engine("cpu-emulator")
-    return Rig.build(entry, KINDS["decode"], spec, engine, capture_bs=(1, 2, 4), max_context_len=32, glue=True)
+    return Rig.build(
+        entry, KINDS["decode"], CHAIN, make_engine("cpu-emulator"), capture_bs=(1, 2, 4), max_context_len=32, glue=True
+    )
 
 
 def hook_parts(bs: int = 8, ctx: int = 512, calls: int = 50, repeats: int = 100) -> str:
     """The faithful Triton decode replay hook and its pieces, host µs each, timed one by one in this process on one
     batch of ``bs`` (meant for a GPU; on the emulator the numbers say what the Python costs)."""
-    engine = make_engine("auto")
-    rig = Rig.build(find("triton", "unified")[0], KINDS["decode"], SpecConfig(3, 1, 4), engine, validate_inputs=False,
-                    capture_bs=(bs,), max_context_len=ctx, pool_size=bs + 4)  # fmt: skip
-    be, fb = rig.backend, rig.gen.decode(bs, seq_lens=[ctx // 2 + 7 * i for i in range(bs)])
-    rig.runner.load_inputs(fb, bs)
-    view = rig.runner._replay_batch(fb, bs)
+    engine, seq_lens = make_engine("auto"), [ctx // 2 + 7 * i for i in range(bs)]
+    rig, fb = _loaded_rig("unified", engine, bs, ctx, seq_lens, validate_inputs=False, pool_size=bs + 4)
+    be, view = rig.backend, rig.runner._replay_batch(fb, bs)
     seq, rpi, indptr = view.seq_lens[:bs], view.req_pool_indices[:bs], be.kv_indptr[: bs + 1]
     x = torch.zeros(128, device=engine.device)
 
@@ -209,11 +212,11 @@ def hook_parts(bs: int = 8, ctx: int = 512, calls: int = 50, repeats: int = 100)
         indptr[1:] = torch.cumsum(seq, 0)  # an int64 result, converted back to int32
 
     parts = {
-        "the whole replay hook": lambda: rig.runner.replay_hook(fb, bs),
+        "the whole replay hook": partial(rig.runner.replay_hook, fb, bs),
         "kv_indptr[1:] = cumsum(...)": assign,
         "build_kv_indices": lambda: build_kv_indices(be.world.req_to_token, rpi, seq, indptr, be.cuda_graph_kv_indices),
-        "split counts (get_num_kv_splits)": lambda: be._splits(be.cuda_graph_num_kv_splits[:bs], seq),
-        "one eager op (add_)": lambda: x.add_(1),
+        "split counts (get_num_kv_splits)": lambda: be.get_num_kv_splits(be.cuda_graph_num_kv_splits[:bs], seq),
+        "one eager op (add_)": partial(x.add_, 1),
     }
     where = torch.cuda.get_device_name() if engine.device.type == "cuda" else "CPU emulator"
     lines = [f"faithful Triton decode hook, bs {bs}, {where}, host µs (median of {repeats} loops of {calls} calls)"]

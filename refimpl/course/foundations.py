@@ -7,8 +7,11 @@ sharing nor the bug exists there (``refimpl/graphs/emulator.py``).
 
 from __future__ import annotations
 
+from itertools import groupby
+
 import torch
 from matplotlib.figure import Figure
+from matplotlib.patches import FancyBboxPatch
 
 
 def scratch_addresses(shared_pool: bool, n: int = 1 << 22) -> list[int]:
@@ -60,33 +63,24 @@ def draw_graph_kinds() -> Figure:
     ops = ["hook", "qkv", "attn", "mlp", "qkv", "attn", "mlp"]
     rows = [
         ("whole graph\n(decode: this course)", ["eager"] + ["graph"] * 6),
-        (
-            "piecewise / breakable\n(vLLM PIECEWISE, SGLang BCG)",
-            ["none"] + ["eager" if op == "attn" else "graph" for op in ops[1:]],
-        ),
+        ("piecewise / breakable\n(vLLM PIECEWISE, SGLang BCG)", ["none", "graph", "eager", "graph", "graph", "eager", "graph"]),
     ]
     colors = {"graph": "#9ecae1", "eager": "#fdae6b"}
     for y, (label, kinds) in enumerate(rows):
         ax.text(-0.2, -y, label, ha="right", va="center", fontsize=8)
-        start = 0
-        for i in range(1, len(ops) + 1):  # a box per run of graph ops, one per eager op
-            if i == len(ops) or kinds[i] != kinds[start] or kinds[start] != "graph":
-                if kinds[start] != "none":
-                    ax.add_patch(_box(start, -y, i - start, colors[kinds[start]]))
-                    words = "one replay" if kinds[start] == "graph" else "Python"
-                    ax.text((start + i) / 2, -y + 0.28, words, ha="center", fontsize=6.5, color="0.3")
-                start = i
-        for i, op in enumerate(ops):
-            if kinds[i] != "none":
-                ax.text(i + 0.5, -y, op, ha="center", va="center", fontsize=7)
+        i = 0
+        for kind, run in groupby(kinds):  # a box per run of graph ops, one per eager op (never two in a row)
+            start, i = i, i + len(list(run))
+            if kind != "none":
+                style = dict(boxstyle="round,pad=0.02", fc=colors[kind], ec="0.4", lw=0.8)
+                ax.add_patch(FancyBboxPatch((start + 0.05, -y - 0.22), i - start - 0.1, 0.44, **style))
+                words = "one replay" if kind == "graph" else "Python"
+                ax.text((start + i) / 2, -y + 0.28, words, ha="center", fontsize=6.5, color="0.3")
+        for x, (op, kind) in enumerate(zip(ops, kinds)):
+            if kind != "none":
+                ax.text(x + 0.5, -y, op, ha="center", va="center", fontsize=7)
     ax.text(3.5, 0.75, "blue: captured, launched as one / orange: eager Python, every step", ha="center", fontsize=8)
     ax.set_xlim(-2.6, 7.1)
     ax.set_ylim(-1.5, 1.0)
     ax.axis("off")
     return fig
-
-
-def _box(x: float, y: float, w: float, color: str):
-    from matplotlib.patches import FancyBboxPatch
-
-    return FancyBboxPatch((x + 0.05, y - 0.22), w - 0.1, 0.44, boxstyle="round,pad=0.02", fc=color, ec="0.4", lw=0.8)

@@ -4,8 +4,8 @@ on a GPU)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import runpy
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,7 +15,7 @@ from .. import viz
 from ..batch import ForwardBatch, World
 from ..batchgen import BatchGenerator
 from ..check import CheckRecord
-from ..config import GraphConfig, ModelConfig, SpecConfig
+from ..config import CHAIN, GraphConfig, ModelConfig
 from ..graphs import make_engine
 from ..graphs.runner import GraphRunner
 from ..model import TinyDecoder
@@ -25,8 +25,7 @@ from . import ROOT
 
 ENGINE = make_engine("auto")  # the CPU emulator here, CUDA graphs on a GPU
 DEVICE = ENGINE.device
-CFG = ModelConfig(kind="mla", num_layers=1, hidden_size=32, num_heads=4)  # latent 512 + rope 64
-CHAIN = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)  # an EAGLE chain: N = S + 1
+CFG = ModelConfig(kind="mla", num_layers=1, hidden_size=32)  # latent 512 + rope 64
 L = 160  # max_context_len
 RESULTS = ROOT / "benchmarks" / "results" / "trtllm_mla_draft_extend"
 SHAPES = ("unified", "simplified", "in_graph")
@@ -61,13 +60,15 @@ def draw_block_tables(panels: Sequence[tuple], max_pages: int = 8) -> Figure:
                 C.cell(ax, p, i, color, C.fmt(table[i, p]), fontsize=7, text_color=ink)
                 if p < read and int(table[i, p]) != int(r2t[rpi[i], p * P]) // P:
                     C.differs_mark(ax, p, i)
-        ax.set_yticks(range(bs), [f"req {i}: len {int(n)}, reads {-(-int(n) // P)}" for i, n in enumerate(lens)])
-        ax.tick_params(axis="y", labelsize=7)
+        ax.set_yticks(range(bs), [f"req {i}: len {int(n)}, reads {-(-int(n) // P)}" for i, n in enumerate(lens)], fontsize=7)
         ax.set_xticks(range(pages), [f"p{p}" for p in range(pages)], fontsize=6)
         ax.xaxis.tick_top()
         ax.set_title(f"{name}, page size {P}: table [{bs}, {table.shape[1]}], first {pages} pages shown", fontsize=8)
-    C.suptitle(fig, "Block tables: a request reads cdiv(len, P) entries, each req_to_token[row, p·P] // P;\n"
-                    "grey entries are never read and keep the buffer's initial value")  # fmt: skip
+    C.suptitle(
+        fig,
+        "Block tables: a request reads cdiv(len, P) entries, each req_to_token[row, p·P] // P;\n"
+        "grey entries are never read and keep the buffer's initial value",
+    )
     return fig
 
 
@@ -88,11 +89,10 @@ def op_names(counts: dict[str, int]) -> str:
 
 def verdict_line(rec: CheckRecord) -> str:
     """A checker record in one line: verdicts (a)-(d) and what its findings are about, each named once."""
-    about = []  # what each finding is about: a buffer (in (a) or (d)), or "graph vs eager"
+    about = {}  # what each finding is about: a buffer (in (a) or (d)), or "graph vs eager"
     for f in rec.findings:
         head, _, rest = f.partition(": ")
-        key = rest.split(":")[0] if head == "reference" else head
-        about += [key] if key not in about else []
+        about[rest.split(":")[0] if head == "reference" else head] = None
     verdicts = (rec.capture_equals_replay, rec.graph_equals_eager, rec.matches_oracle, rec.replay_matches_reference)
     shown = " ".join(f"({c}) {v}" for c, v in zip("abcd", verdicts))
     return f"{rec.backend}/{rec.variant} {rec.mode} bs {rec.bs}: {shown}; findings: {', '.join(about) or 'none'}"
@@ -104,10 +104,15 @@ def h200_results(run: int = 2) -> dict[str, Any]:
     return json.loads((RESULTS / f"run{run}_results.json").read_text())
 
 
+def _host_us(rows):
+    """``(shape, bs)`` -> median host µs of the hook + ``graph.replay()``."""
+    return {(r["shape"], r["bs"]): r["host_us"]["hook+launch"]["median"] for r in rows}
+
+
 def savings(rows: Sequence[dict]) -> dict[str, tuple[float, float]]:
     """The least and most median host µs each step saves over the batch sizes: ``"#29077"`` (unified -> simplified),
     ``"in-graph"`` (simplified -> in_graph)."""
-    host = {(r["shape"], r["bs"]): r["host_us"]["hook+launch"]["median"] for r in rows}
+    host = _host_us(rows)
     out = {}
     for step, (a, b) in (("#29077", SHAPES[:2]), ("in-graph", SHAPES[1:])):
         saved = [host[a, bs] - host[b, bs] for s, bs in host if s == a]
@@ -120,25 +125,24 @@ def draw_h200_replay() -> Figure:
     res = h200_results()
     (a, b), (c, d) = savings(res["rows"]).values()
     panels = [("host_us", "hook+launch", "host µs: replay hook + graph.replay()"), ("gpu_us", "graph", "GPU µs: graph")]
-    title = (f"TRTLLM-MLA draft extend v2 replay, {res['environment']['device']}: #29077 (unified → simplified) saves "
-             f"{a:.0f}-{b:.0f} µs of host time,\nthe in-graph rebuild {c:.0f}-{d:.0f} µs more (left); "
-             "the graph's GPU time does not move (right)")  # fmt: skip
+    title = (
+        f"TRTLLM-MLA draft extend v2 replay, {res['environment']['device']}: #29077 (unified → simplified) saves "
+        f"{a:.0f}-{b:.0f} µs of host time,\nthe in-graph rebuild {c:.0f}-{d:.0f} µs more (left); "
+        "the graph's GPU time does not move (right)"
+    )
     return viz.draw_latency_vs_bs(res["rows"], panels, title)
 
 
 def medians(rows: Sequence[dict], batch_sizes: Sequence[int] = (1, 16, 256)) -> str:
     """Median host µs of the hook + ``graph.replay()``, one line per batch size."""
-    host = {(r["shape"], r["bs"]): r["host_us"]["hook+launch"]["median"] for r in rows}
+    host = _host_us(rows)
     return "\n".join(f"bs {bs:>3}: " + ", ".join(f"{s} {host[s, bs]:.0f} µs" for s in SHAPES) for bs in batch_sizes)
 
 
 def live_sweep(batch_sizes: Sequence[int] = (1, 16, 64)) -> list[dict[str, Any]]:
     """A short run of the #29077 benchmark's ``sweep`` on this machine (a GPU: the emulator's timings mean little)."""
-    path = ROOT / "benchmarks" / "trtllm_mla_draft_extend.py"
-    spec = importlib.util.spec_from_file_location("trtllm_mla_draft_extend", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench.sweep(batch_sizes=tuple(batch_sizes), repeats=20, warmup=5, rotate=2)
+    sweep = runpy.run_path(str(ROOT / "benchmarks" / "trtllm_mla_draft_extend.py"))["sweep"]
+    return sweep(batch_sizes=tuple(batch_sizes), repeats=20, warmup=5, rotate=2)
 
 
 def hook_launches(rows: Sequence[dict]) -> dict[str, set[int]]:

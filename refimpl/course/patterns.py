@@ -6,21 +6,20 @@ from __future__ import annotations
 
 import json
 import re
+from itertools import accumulate
 from typing import Any
 
 import torch
 from matplotlib.figure import Figure
 
-from ..backends import BackendEntry
 from ..backends.flashinfer import FlashInferAttnBackend, FlashInferAttnBackendLegacy
 from ..backends.triton import TritonAttnBackend, TritonAttnBackendLegacy
 from ..batch import ForwardBatch
-from ..check import CheckSettings, check_entry_mode
+from ..check import CheckSettings, check_entry_mode, failing
 from ..flashinfer_wrappers.standin import keys_read
 from ..graphs import CPUEmulatorEngine
 from ..viz.code import CodeGrid, hook_code
-from . import ROOT
-from .runner import failing
+from . import ROOT, entry
 
 CAP, REP = "init_forward_metadata_capture_cuda_graph", "init_forward_metadata_replay_cuda_graph"
 PLAN_COST = ROOT / "benchmarks/results/plan_cost/plan_cost.json"
@@ -38,31 +37,38 @@ def side_by_side() -> CodeGrid:
     capture hooks above, replay hooks below, read from the classes now; the tags name what each line does."""
     A, B, C = TritonAttnBackend, FlashInferAttnBackend, TritonAttnBackendLegacy
     code = lambda fn: hook_code(fn, comments=True)  # noqa: E731
-    prepare = ("... which first calls _prepare_cuda_graph_metadata:", code(B._prepare_cuda_graph_metadata))
-    cells = [
-        [[(CAP, code(getattr(A, CAP)))], [(CAP, code(getattr(B, CAP))), prepare], [(CAP, code(getattr(C, CAP)))]],
-        [[(REP, code(getattr(cls, REP)))] for cls in (A, B, C)],
-    ]
+    cells = [[[(hook, code(getattr(cls, hook)))] for cls in (A, B, C)] for hook in (CAP, REP)]
+    cells[0][1].append(("... which first calls _prepare_cuda_graph_metadata:", code(B._prepare_cuda_graph_metadata)))
     replay_body = ("self.init_forward_metadata_replay_cuda_graph(", "the replay body")
     tags = [
         [
             [replay_body, ("self._build_cuda_graph_forward_metadata(", "freeze views")],
-            [("self._prepare_cuda_graph_metadata(", "prepare graph-bound objects"), replay_body,
-             ("install_fast_decode_plan(", "capture-only tail"),
-             ("self._create_decode_wrappers(", "bound to the static buffers"),
-             ("self.decode_cuda_graph_metadata[bs] = wrappers", "registered per bs")],
-            [("# (1) no get_num_kv_splits here", "(1) no split counts"),
-             ("torch.arange(0, bs * stride + 1, stride", "(2) uniform stride")],
+            [
+                ("self._prepare_cuda_graph_metadata(", "prepare graph-bound objects"),
+                replay_body,
+                ("install_fast_decode_plan(", "capture-only tail"),
+                ("self._create_decode_wrappers(", "bound to the static buffers"),
+                ("self.decode_cuda_graph_metadata[bs] = wrappers", "registered per bs"),
+            ],
+            [
+                ("# (1) no get_num_kv_splits here", "(1) no split counts"),
+                ("torch.arange(0, bs * stride + 1, stride", "(2) uniform stride"),
+            ],
         ],
         [
-            [("self._update_decode_kv_buffers(", "fill the static buffers"),
-             ("self._splits(", "split counts: capture runs them too")],
+            [
+                ("self._update_decode_kv_buffers(", "fill the static buffers"),
+                ("self.get_num_kv_splits(", "split counts: capture runs them too"),
+            ],
             [("self._update_decode(", "re-plan the registered wrapper"), ("self._update_prefill(", "re-plan")],
-            [("self._splits(", "(1) split counts"), ("torch.cumsum(real, 0)", "(2) ragged stride")],
+            [("self.get_num_kv_splits(", "(1) split counts"), ("torch.cumsum(real, 0)", "(2) ragged stride")],
         ],
-    ]  # fmt: skip
-    titles = ["Pattern A: TritonAttnBackend (unified)", "Pattern B: FlashInferAttnBackend (unified)",
-              "Pattern C: TritonAttnBackendLegacy"]  # fmt: skip
+    ]
+    titles = [
+        "Pattern A: TritonAttnBackend (unified)",
+        "Pattern B: FlashInferAttnBackend (unified)",
+        "Pattern C: TritonAttnBackendLegacy",
+    ]
     return CodeGrid(titles, ["capture hook", "replay hook"], cells, tags)
 
 
@@ -103,9 +109,8 @@ def key_spans(wrapper: Any, fb: ForwardBatch) -> tuple[list[tuple[int, int]], li
     keys the stand-in ``wrapper``'s captured ``run`` reads now (``keys_read``: the bound buffers within the plan's
     tiles)."""
     lens = fb.seq_lens_cpu[: fb.batch_size].tolist()
-    starts = [sum(lens[:i]) for i in range(len(lens))]
     start, count = (t[: len(lens)].tolist() for t in keys_read(wrapper))
-    return list(zip(starts, lens)), list(zip(start, count))
+    return list(zip(accumulate(lens, initial=0), lens)), list(zip(start, count))
 
 
 def draw_plan_state(panels: list[tuple[str, list[tuple[int, int]], list[tuple[int, int]]]]) -> Figure:
@@ -122,8 +127,7 @@ def draw_plan_state(panels: list[tuple[str, list[tuple[int, int]], list[tuple[in
             ax.barh(i, rn, left=rs, height=0.34, color="#3182bd" if right else "#d62728", label=label)
             ax.text(end * 1.05, i, f"needs [{s}, {s + n}), reads [{rs}, {rs + rn})", va="center", fontsize=7.5)
         ax.set_yticks(range(len(needed)), [f"request {i}" for i in range(len(needed))], fontsize=8)
-        ax.set_ylim(len(needed) - 0.4, -0.6)
-        ax.set_xlim(0, end * 1.5)
+        ax.set(ylim=(len(needed) - 0.4, -0.6), xlim=(0, end * 1.5))
         ax.set_title(title, fontsize=9, loc="left")
         ax.spines[["top", "right"]].set_visible(False)
     axes[-1].set_xlabel("position in the bound kv_indices")
@@ -140,7 +144,8 @@ def plan_cost() -> dict[str, Any]:
     return json.loads(PLAN_COST.read_text())
 
 
-def _series(run: list[dict], kind: str) -> tuple[list[int], list[float], list[float]]:
+def _series(run, kind):
+    """The batch sizes, full ``plan()`` µs and fast plan µs of ``run``'s rows of ``kind``: three lists."""
     rows = [r for r in run if r["kind"] == kind]
     return [r["bs"] for r in rows], [r["full_plan_us"] for r in rows], [r["fast_plan_us"] for r in rows]
 
@@ -150,11 +155,12 @@ def plan_cost_summary(bench: dict[str, Any]) -> list[str]:
     out = []
     for i, run in enumerate(bench["runs"], 1):
         _, full, fast = _series(run, "decode")
-        _, mla_full, mla_fast = _series(run, "mla_decode")
         ratio = [f / p for f, p in zip(fast, full)]
-        mla = [f / p for f, p in zip(mla_fast, mla_full)]
-        out.append(f"run {i}: decode plan() {min(full):.0f}-{max(full):.0f} us, fast/full {min(ratio):.0%}-"
-                   f"{max(ratio):.0%}; MLA fast/full {min(mla):.0%}-{max(mla):.0%}")  # fmt: skip
+        mla = [f / p for _, p, f in zip(*_series(run, "mla_decode"))]  # per bs: (bs, full, fast)
+        out.append(
+            f"run {i}: decode plan() {min(full):.0f}-{max(full):.0f} us, fast/full {min(ratio):.0%}-"
+            f"{max(ratio):.0%}; MLA fast/full {min(mla):.0%}-{max(mla):.0%}"
+        )
     return out
 
 
@@ -169,7 +175,7 @@ def draw_plan_cost(bench: dict[str, Any]) -> Figure:
             ax.plot(bs, full, "o" + style, color="C3", label=f"plan(), run {i + 1}")
             ax.plot(bs, fast, "s" + style, color="C0", label=f"fast plan, run {i + 1}")
         ax.set_xscale("log", base=2)
-        ax.set_xticks(bs, [str(b) for b in bs])
+        ax.set_xticks(bs, list(map(str, bs)))
         ax.minorticks_off()
         title = "decode (32/8 heads, dim 128)" if kind == "decode" else "MLA decode (16 heads, 512+64)"
         ax.set_title(title, fontsize=9)
@@ -179,9 +185,12 @@ def draw_plan_cost(bench: dict[str, Any]) -> Figure:
     axes[0].set_ylim(bottom=0)
     axes[0].legend(fontsize=7, loc="upper left", ncol=2)
     v = bench["versions"]
-    fig.suptitle(f"The fast plan costs about a quarter of plan() in decode, a third to three fifths in MLA decode\n"
-                 f"{v['gpu']}, flashinfer {v['flashinfer']}, torch {v['torch']}, context {bench['ctx']} "
-                 "(committed measurement)", fontsize=9)  # fmt: skip
+    fig.suptitle(
+        f"The fast plan costs about a quarter of plan() in decode, a third to three fifths in MLA decode\n"
+        f"{v['gpu']}, flashinfer {v['flashinfer']}, torch {v['torch']}, context {bench['ctx']} "
+        "(committed measurement)",
+        fontsize=9,
+    )
     fig.tight_layout()
     return fig
 
@@ -190,6 +199,5 @@ def failed_verdicts(backend_cls: type, mode: str, max_context_len: int) -> set[s
     """The checker on a class a notebook defines (CPU emulator, glue verdict off): the letters of the verdicts that
     failed on any row (a, b, c, d, f). float32 on every device, so FlashInfer's backends run the stand-ins, whose
     kernel reads at most the planned keys rounded up to a 128-key tile (``flashinfer_wrappers/standin.py``)."""
-    entry = BackendEntry.from_class(backend_cls, f"{backend_cls.__module__}:{backend_cls.__qualname__}")
     settings = CheckSettings(max_context_len=max_context_len, glue_replays=0, dtype=torch.float32)
-    return failing(check_entry_mode(entry, mode, CPUEmulatorEngine(), settings))
+    return failing(check_entry_mode(entry(backend_cls), mode, CPUEmulatorEngine(), settings))

@@ -13,29 +13,17 @@ import torch
 from matplotlib.figure import Figure
 
 from .. import viz
-from ..__main__ import _table
-from ..backends import BackendEntry, load_backend_class
 from ..batch import ForwardBatch
-from ..check import CheckRecord, CheckSettings, row_lengths, run_checks
+from ..check import CheckRecord, CheckSettings, row_lengths, run_checks, table
 from ..graphs import CPUEmulatorEngine
 from ..layout import GraphKind
-from ..rig import Rig, state_after
+from ..rig.core import Rig, state_after
 from ..viz.cells import ancestry
-from . import ROOT
+from . import ROOT, entry  # noqa: F401  (entry: notebooks import it from here too)
 
 BUGGY = "examples.review_backend:ReviewBackendBuggy"  # the pull request as submitted
 FIXED = "examples.review_backend:ReviewBackend"  # the same class after review
 SETTINGS = CheckSettings()  # the CLI's: graphs for bs 1 and 4; a batch of 3 (padded to 4); context 640
-
-
-def entry(backend: str | type) -> BackendEntry:
-    """The checker's entry for ``"module:Class"`` (the repository root joins the import path: ``examples`` is outside the
-    package) or for a class itself, e.g. one a notebook defines."""
-    if not isinstance(backend, str):
-        return BackendEntry.from_class(backend, f"{backend.__module__}:{backend.__qualname__}")
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    return load_backend_class(backend)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -47,12 +35,12 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     return res
 
 
-def check(backend: str | type, modes: list[str], glue: bool = True, settings: CheckSettings = SETTINGS):
+def check(backend: str | type, modes: list[str], glue: bool = True, settings: CheckSettings = SETTINGS) -> list[CheckRecord]:
     """The checker's records for one backend on ``modes`` (the CPU emulator, ``SETTINGS``), printed as the CLI prints
     them; ``glue=False``: without verdict (e)."""
     settings = settings if glue else dataclasses.replace(settings, glue_replays=0)
-    rows: list[CheckRecord] = run_checks(modes=modes, engine="cpu-emulator", settings=settings, entries=[entry(backend)])
-    print(_table(rows))
+    rows = run_checks(modes=modes, engine="cpu-emulator", settings=settings, entries=[entry(backend)])
+    print(table(rows))
     return rows
 
 
@@ -70,7 +58,8 @@ class Paths:
     reference: dict[str, Any]
 
 
-def _host(state: dict[str, Any]) -> dict[str, Any]:
+def _host(state):
+    """A host copy of a ``graph_state`` (its tensors cloned to the CPU)."""
     return {k: v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
 
 
@@ -80,16 +69,23 @@ SMALL = dataclasses.replace(SETTINGS, max_context_len=48, num_slots=None)  # the
 def paths(backend: str | type, raw_bs: int = 3, mode: str = "target_verify", settings: CheckSettings = SMALL) -> Paths:
     """A batch of ``raw_bs`` requests drawn as the checker draws its row's (``settings``' world, seed and earlier draws;
     by default a 48-position world, so the figures stay readable) through paths P and Q."""
-    rig = Rig.build(entry(backend), GraphKind.parse(mode), settings.spec, CPUEmulatorEngine(), seed=settings.seed,
-                    capture_bs=settings.capture_bs, max_context_len=settings.max_context_len, capture=False)  # fmt: skip
+    rig = Rig.build(
+        entry(backend),
+        GraphKind.parse(mode),
+        settings.spec,
+        CPUEmulatorEngine(),
+        seed=settings.seed,
+        capture_bs=settings.capture_bs,
+        max_context_len=settings.max_context_len,
+        capture=False,
+    )
     for earlier in settings.raw_bs[: settings.raw_bs.index(raw_bs)]:  # the checker's earlier rows drew first
         rig.gen.lengths = row_lengths(earlier)
         rig.gen.release(rig.gen.for_mode(rig.kind, earlier))
     rig.gen.lengths = row_lengths(raw_bs)
     fb = rig.gen.for_mode(rig.kind, raw_bs)
     padded = rig.runner.padded_batch(fb)
-    p, cap = state_after(rig.new_backend, rig.runner, padded, replay=False)
-    q, rep = state_after(rig.new_backend, rig.runner, padded, replay=True)
+    (p, cap), (q, rep) = (state_after(rig.new_backend, rig.runner, padded, replay=r) for r in (False, True))
     return Paths(fb, padded, p, q, _host(cap), _host(rep), _host(q.reference_graph_state(padded)))
 
 
@@ -109,13 +105,11 @@ def draw_paths(s: Paths, n: int) -> Figure:
         "mask_indptr: reference": ref,
         "replay - capture": rep - cap,
     }
-    per_req, indptr = viz.batch_roles(bs, live, bs), viz.batch_roles(bs + 1, live, bs, indptr=True)
-    roles = {k: per_req if v.numel() == bs else indptr for k, v in rows.items()}
-    differ = (cap != rep).tolist()
+    roles = {k: viz.batch_roles(v.numel(), live, bs, indptr=v.numel() > bs) for k, v in rows.items()}  # [bs] or [bs+1]
     wrong = "replay" if not torch.equal(rep, ref) else "capture" if not torch.equal(cap, ref) else ""
     verdict = f"the {wrong} path's mask_indptr is not the reference's" if wrong else "both paths match the reference"
     title = f"verify, {live} requests padded to bs {bs}: {verdict}"
-    marks = {"mask_indptr: capture path (P)": differ, "mask_indptr: replay path (Q)": differ}
+    marks = dict.fromkeys(["mask_indptr: capture path (P)", "mask_indptr: replay path (Q)"], (cap != rep).tolist())
     return viz.draw_buffers(rows, title, roles=roles, differs=marks, differs_label="(a) capture path != replay path")
 
 
@@ -128,7 +122,7 @@ def mask_as_read(backend: Any, padded: ForwardBatch, i: int, n: int) -> tuple[to
     mask = md.custom_mask.cpu()
     read = mask[flat.clamp(0, mask.numel() - 1)].bool()
     tree = ancestry(padded.spec_info.parents[i])
-    want = torch.cat([torch.ones(n, kv_len - n, dtype=torch.bool), torch.as_tensor(tree, dtype=torch.bool)], 1)
+    want = torch.cat([torch.ones(n, kv_len - n), torch.as_tensor(tree)], 1).bool()  # the prefix, then the tree
     return read, want
 
 

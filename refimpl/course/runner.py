@@ -5,7 +5,7 @@ from __future__ import annotations
 from matplotlib.figure import Figure
 
 from .. import viz
-from ..check import CheckRecord
+from ..check import CheckRecord, failing  # noqa: F401  (failing: notebook 01 imports it from here)
 from ..graphs.runner import GraphRunner
 
 
@@ -13,7 +13,8 @@ def padding_figure(runner: GraphRunner, raw_bs: int) -> Figure:
     """The runner's static inputs after replaying ``raw_bs`` live requests: live rows, the padded rows (request 0,
     ``seq_len`` = the fill value, cache slot 0), and rows only larger graphs read."""
     bs = runner.pick_bs(raw_bs)
-    static = {k: getattr(runner, k) for k in ("req_pool_indices", "seq_lens", "out_cache_loc")}
+    views = runner.inputs.views()
+    static = {k: views[k] for k in ("req_pool_indices", "seq_lens", "out_cache_loc")}
     roles = {name: viz.batch_roles(runner.max_bs, raw_bs, bs) for name in static}
     title = f"raw bs {raw_bs} replayed by the bs-{bs} graph (fill value {runner.fill_value})"
     return viz.draw_buffers(static, title, roles=roles)
@@ -21,18 +22,7 @@ def padding_figure(runner: GraphRunner, raw_bs: int) -> Figure:
 
 def verdicts(r: CheckRecord) -> str:
     """``decode bs 3: (a) ok (b) ok (c) ok (d) ok (e) yes (f) ok``: one record in one line (``-``: not asked)."""
-    v = lambda x: "-" if x is None else ("ok" if x else "FAIL")  # noqa: E731
-    glue = {None: "-", True: "yes", False: "no"}[r.glue_equals_eager]
+    v, glue = {None: "-", True: "ok", False: "FAIL"}, {None: "-", True: "yes", False: "no"}
     asked = (r.capture_equals_replay, r.graph_equals_eager, r.matches_oracle, r.replay_matches_reference)
-    cols = " ".join(f"({c}) {v(x)}" for c, x in zip("abcd", asked))
-    return f"{r.mode} bs {r.bs}: {cols} (e) {glue} (f) {v(r.history_ok)}"
-
-
-def failing(records: list[CheckRecord]) -> set[str]:
-    """The verdicts that failed in any of ``records``, as letters ((e) is information, never a failure)."""
-    out = set()
-    for r in records:
-        asked = (r.capture_equals_replay, r.graph_equals_eager, r.matches_oracle, r.replay_matches_reference)
-        out |= {c for c, x in zip("abcd", asked) if x is False}
-        out |= {"f"} if r.history_ok is False else set()
-    return out
+    cols = " ".join(f"({c}) {v[x]}" for c, x in zip("abcd", asked))
+    return f"{r.mode} bs {r.bs}: {cols} (e) {glue[r.glue_equals_eager]} (f) {v[r.history_ok]}"

@@ -4,6 +4,7 @@ verdicts of a planted backend (``Lab.check``, the exercise), and the draft-exten
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -12,12 +13,12 @@ from matplotlib.figure import Figure
 from .. import layout, viz
 from ..batch import ForwardBatch, World
 from ..batchgen import BatchGenerator
-from ..check import capture_vs_replay
 from ..config import GraphConfig, ModelConfig, SpecConfig
 from ..graphs import GraphEngine
 from ..graphs.runner import GraphRunner
 from ..model import MultiStepDraftProgram, TinyDecoder
 from ..modes import ForwardMode
+from ..rig.verdicts import capture_vs_replay
 
 RAW_BS = 3  # every replay below: 3 live requests, served by the bs-4 graph (one padded row)
 
@@ -49,8 +50,10 @@ class Verdicts:
     findings: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
-        head = (f"(a) capture == replay: {self.capture_equals_replay}   (b) graph == eager: {self.graph_equals_eager}"
-                f"   (d) replay == reference: {self.replay_matches_reference}")  # fmt: skip
+        head = (
+            f"(a) capture == replay: {self.capture_equals_replay}   (b) graph == eager: {self.graph_equals_eager}"
+            f"   (d) replay == reference: {self.replay_matches_reference}"
+        )
         rows = [f"request {i}: rows that differ from eager {r}" for i, r in enumerate(self.wrong_rows)]
         return "\n".join([head, *rows, *self.findings[:2]])
 
@@ -79,29 +82,26 @@ class Lab:
             self.gens[spec] = BatchGenerator(self.world, spec, seed=len(self.gens) + 1)
         return self.gens[spec]
 
-    def runner(self, mode: ForwardMode, backend, spec: SpecConfig | None, multi_step: bool = False) -> GraphRunner:
-        """A runner for ``mode`` (multi-step draft decode: ``multi_step``), captured at bs 1 and 4."""
-        program = MultiStepDraftProgram(self.model, spec.num_steps) if multi_step else self.model
-        runner = GraphRunner(program, backend, self.engine, layout.GraphKind.of(mode, multi_step), self.graphs, spec)
+    def replay(self, kind: ForwardMode | str, backend, spec: SpecConfig | None = None, **batch_kw):
+        """Capture ``kind`` (a forward mode, or ``"draft_decode"``) at bs 1 and 4, then replay and run eagerly a fresh
+        batch of ``RAW_BS`` (``batch_kw``: the generator's)."""
+        kind = layout.GraphKind.parse(kind)
+        program = MultiStepDraftProgram(self.model, spec.num_steps) if kind.multi_step else self.model
+        runner = GraphRunner(program, backend, self.engine, kind, self.graphs, spec)
         runner.capture()
-        return runner
-
-    def replay(self, mode: ForwardMode, backend, spec: SpecConfig | None = None, *, multi_step=False, **batch_kw):
-        """Capture ``mode``, then replay and run eagerly a fresh batch of ``RAW_BS`` (``batch_kw``: the generator's)."""
-        runner = self.runner(mode, backend, spec, multi_step)
         frozen = getattr(backend, "forward_metadata", None)
-        fb = self.gen(spec).for_mode(mode, RAW_BS, multi_step_draft=multi_step, **batch_kw)
+        fb = self.gen(spec).for_mode(kind, RAW_BS, **batch_kw)
         graph = runner.replay(fb).clone()  # clone: the next replay rewrites the static output
         return Replayed(runner, fb, frozen, graph, runner.eager(fb))
 
     def check(self, backend_cls: type, mode: ForwardMode, spec: SpecConfig) -> Verdicts:
         """``backend_cls`` through verdicts (a) and (d) (``refimpl.check.capture_vs_replay``) and (b) on a batch of
         ``RAW_BS``; per live request, the rows whose graph output differs from eager."""
-        r = self.replay(mode, backend_cls(self.world, spec), spec)
-        diffs, ref_diffs = capture_vs_replay(lambda: backend_cls(self.world, spec), r.runner, r.batch)
-        rows = r.runner.tokens_per_req
-        bad = ~torch.isclose(r.graph, r.eager, atol=1e-4, rtol=1e-4).view(RAW_BS, rows, -1).all(-1)  # [RAW_BS, rows]
-        wrong = [torch.nonzero(b).flatten().tolist() for b in bad.cpu()]
+        new = partial(backend_cls, self.world, spec)
+        r = self.replay(mode, new(), spec)
+        diffs, ref_diffs = capture_vs_replay(new, r.runner, r.batch)
+        bad = ~torch.isclose(r.graph, r.eager, atol=1e-4, rtol=1e-4).view(RAW_BS, r.runner.tokens_per_req, -1).all(-1)
+        wrong = [b.nonzero().flatten().tolist() for b in bad.cpu()]  # bad: [RAW_BS, rows]
         self.gen(spec).release(r.batch)
         return Verdicts(not diffs, not any(wrong), not ref_diffs, wrong, diffs + (ref_diffs or []))
 
@@ -110,10 +110,10 @@ def draw_draft_extend_strides(v1: Replayed, v2: Replayed, title: str = "") -> Fi
     """The draft-extend buffers of the bs-4 graph after ``v1`` (a chain) and ``v2`` (a tree) replays: ``accept_length``,
     ``qo_indptr`` and ``kv_indptr`` per version, and v2's ``qo_indptr`` at the pre-#27545 stride S + 1, its entries
     that differ from the stride-N layout marked (gid ``"differs"``)."""
-    bs, spec = v2.bs, v2.runner.spec_cfg
+    bs, stride = v2.bs, v2.runner.spec_cfg.num_steps + 1  # S + 1
     b1, b2 = v1.runner.backend, v2.runner.backend
     qo_v2 = b2.qo_indptr[: bs + 1].cpu()
-    wrong = torch.arange(0, bs * (spec.num_steps + 1) + 1, spec.num_steps + 1)  # [bs+1]: stride S+1
+    wrong = torch.arange(0, bs * stride + 1, stride)  # [bs+1]
     n1, n2 = v1.frozen.max_extend_len, v2.frozen.max_extend_len
     state = {
         "v1 accept_length (live)": v1.batch.spec_info.accept_length,
@@ -126,7 +126,7 @@ def draw_draft_extend_strides(v1: Replayed, v2: Replayed, title: str = "") -> Fi
     }
     live = v2.batch.batch_size
     roles = {k: viz.batch_roles(bs + 1, live, bs, indptr=True) for k in state if "indptr" in k}
-    roles["v1 accept_length (live)"] = viz.batch_roles(live, live, bs)
+    roles["v1 accept_length (live)"] = viz.batch_roles(live, live)
     differs = {"v2 qo_indptr before #27545": wrong != qo_v2}
     title = title or "draft extend (Triton): one uniform stride per version"
     return viz.draw_buffers(state, title, roles=roles, differs=differs, differs_label="differs from the stride-N layout")

@@ -41,8 +41,8 @@ class FlashInferClasses:
 _STANDINS = FlashInferClasses._of(standin, real=False)
 
 
-@functools.lru_cache(maxsize=1)
-def _import_error() -> str | None:
+@functools.cache
+def _import_error():
     try:
         import flashinfer  # noqa: F401
     except Exception as e:  # ImportError, or a broken install failing at import time
@@ -92,7 +92,7 @@ def make_workspace(device: torch.device | str, size_bytes: int | None = None, *,
 _LEAVES = (int, float, str, bytes, type(None), torch.Tensor, torch.dtype, torch.device, type)
 
 
-def _wrappers(obj, seen: set[int], depth: int = 0):
+def _wrappers(obj, seen, depth=0):
     """The flashinfer wrappers (real or stand-in) reachable from a backend: its attributes, their lists / dicts /
     dataclasses, its step backends; never the world (its allocator lists hold millions of ints)."""
     if isinstance(obj, _LEAVES) or id(obj) in seen or depth > 6 or hasattr(obj, "req_to_token_pool"):
@@ -102,33 +102,32 @@ def _wrappers(obj, seen: set[int], depth: int = 0):
         if hasattr(obj, "plan"):
             yield obj
         return
-    if isinstance(obj, dict):
-        children = obj.values()
-    elif isinstance(obj, (list, tuple)):
+    if isinstance(obj, (list, tuple)):
         children = obj if obj and not isinstance(obj[0], _LEAVES) else ()
     else:
-        children = vars(obj).values() if hasattr(obj, "__dict__") else ()
+        children = (obj if isinstance(obj, dict) else getattr(obj, "__dict__", {})).values()
     for child in children:
         yield from _wrappers(child, seen, depth + 1)
+
+
+def _counted(fn, calls):
+    def counted(*args, **kw):
+        calls[0] += 1
+        return fn(*args, **kw)
+
+    return counted
 
 
 class _CountedModule:
     """A wrapper's kernel module whose ``plan`` / ``plan_with_staged_workspace_bytes`` (flashinfer 0.7.2's MLA: the host
     scheduling every plan ends in, fast ones included) count."""
 
-    def __init__(self, module, calls: list[int]):
+    def __init__(self, module, calls):
         self._module, self._calls = module, calls
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name):
         attr = getattr(self._module, name)
-        if not name.startswith("plan"):
-            return attr
-
-        def counted(*args, **kw):
-            self._calls[0] += 1
-            return attr(*args, **kw)
-
-        return counted
+        return _counted(attr, self._calls) if name.startswith("plan") else attr
 
 
 @contextlib.contextmanager
@@ -138,23 +137,17 @@ def count_plans(backend):
     calls, shadowed = [0], []
     for w in _wrappers(backend, set()):
         own = w.__dict__.get("plan")  # a fast plan installs itself as an instance attribute
-
-        def counted(*args, _plan=w.plan, **kw):
-            calls[0] += 1
-            return _plan(*args, **kw)
-
-        w.plan, module = counted, getattr(w, "_cached_module", None)
-        proxy = None if module is None else _CountedModule(module, calls)
-        if proxy is not None:
-            w._cached_module = proxy
-        shadowed.append((w, own, module, proxy))
+        w.plan, module = _counted(w.plan, calls), getattr(w, "_cached_module", None)
+        if module is not None:
+            w._cached_module = _CountedModule(module, calls)
+        shadowed.append((w, own, module))
     try:
         yield calls
     finally:
-        for w, own, module, proxy in shadowed:
+        for w, own, module in shadowed:
             if own is None:
                 del w.plan
             else:
                 w.plan = own
-            if proxy is not None and w._cached_module is proxy:  # a full plan in the block may have chosen another
+            if isinstance(w._cached_module, _CountedModule):  # (a full plan in the block may have chosen another)
                 w._cached_module = module

@@ -28,7 +28,7 @@ def handle_of(wrapper: Any) -> int:
 
 
 @kernel_op("refimpl::fi_run", mutates_args=("out",))
-def _fi_run(handle: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor) -> None:
+def _fi_run(handle: int, q: Tensor, k_cache: Tensor, v_cache: Tensor, out: Tensor) -> None:
     out.copy_(_WRAPPERS[handle].run(q, (k_cache, v_cache)))
 
 
@@ -37,14 +37,14 @@ def _fi_mla_run(handle: int, q_nope: Tensor, q_pe: Tensor, ckv: Tensor, kpe: Ten
     out.copy_(_WRAPPERS[handle].run(q_nope, q_pe, ckv, kpe))
 
 
-def fi_run(wrapper: Any, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+def fi_run(wrapper: Any, q: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
     """Decode or prefill ``wrapper.run(q, (k, v))`` -> ``[tokens, H, Dv]``."""
-    out = torch.empty(q.shape[0], q.shape[1], v_cache.shape[-1], dtype=q.dtype, device=q.device)
+    out = q.new_empty(*q.shape[:2], v_cache.shape[-1])
     _fi_run(handle_of(wrapper), q, k_cache, v_cache, out)
     return out
 
 
-def fi_mla_run(wrapper: Any, q_nope, q_pe, ckv, kpe) -> torch.Tensor:
+def fi_mla_run(wrapper: Any, q_nope, q_pe, ckv, kpe) -> Tensor:
     """MLA ``wrapper.run(q_nope, q_pe, ckv, kpe)`` -> ``[tokens, H, kv_lora_rank]``."""
     out = torch.empty_like(q_nope)
     _fi_mla_run(handle_of(wrapper), q_nope, q_pe, ckv, kpe, out)

@@ -31,31 +31,20 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.attention import dense_paged_attention, dense_paged_mla_attention
+from .fast_plan import I32, _dtype, _fits, _plan_decode, _plan_prefill, _same_batch, _ws
 
 INT_WORKSPACE_BYTES = 8 * 1024 * 1024  # what flashinfer's constructors allocate
-PARTITION_OFFSET = 0  # byte offset of the partition in _int_workspace_buffer
-I32 = torch.int32
 # flashinfer's smallest kv chunk at page size 1 in cuda-graph mode (scheduler.cuh: ``128 / page_size`` pages; the binary
 # search may pick a larger one): a plan's tiles cover each request's planned kv length rounded up to it
 KV_CHUNK = 128
-# the prefill module plan's fa2 tail, as flashinfer 0.7.2 passes it: fixed_split_size, disable_split_kv,
-# num_colocated_ctas, uniform_q_len (0.6.0 has no uniform_q_len: see fast_plan.fa2_tail)
-FA2_ARGS = {"fa2": (-1, False, 0, 0), "fa3": ()}
 
 
-def _dtype(dt: str | torch.dtype) -> torch.dtype:
-    got = getattr(torch, dt, None) if isinstance(dt, str) else dt
-    if not isinstance(got, torch.dtype):
-        raise TypeError(f"not a dtype: {dt!r}")
-    return got
-
-
-def _page_size_1(page_size: int) -> None:
+def _page_size_1(page_size):
     if page_size != 1:
         raise NotImplementedError(f"refimpl flashinfer stand-in: page_size={page_size} (only 1)")
 
 
-def _lens(name: str, indptr_host: torch.Tensor, batch_size=None, indices=None) -> list[int]:
+def _lens(name, indptr_host, batch_size=None, indices=None) -> list[int]:
     """Lengths from a host indptr: bs+1 entries, from 0, non-decreasing, within ``indices``."""
     v = indptr_host.tolist()
     if batch_size is not None and len(v) != batch_size + 1:
@@ -70,19 +59,14 @@ def _lens(name: str, indptr_host: torch.Tensor, batch_size=None, indices=None) -
     return [b - a for a, b in itertools.pairwise(v)]
 
 
-def _fits(name: str, n: int, buf_name: str, buf: torch.Tensor) -> None:
-    if n > len(buf):
-        raise ValueError(f"{name} has {n} entries, more than the bound {buf_name} holds ({len(buf)})")
-
-
 # the work partition, and the stand-in JIT modules that write it
-def _write_partition(int_ws, pinned_ws, q_lens: list[int], kv_lens: list[int], rows: int):
-    """Stage int32 ``q_len ++ kv_len`` in the pinned buffer, copy it into the int workspace."""
-    lo, hi = PARTITION_OFFSET, PARTITION_OFFSET + 8 * len(kv_lens)
-    host = pinned_ws.view(torch.uint8)[lo:hi]
-    host.view(I32).copy_(torch.tensor(q_lens + kv_lens, dtype=I32, device="cpu"))
-    int_ws.view(torch.uint8)[lo:hi].copy_(host)
-    return [lo, len(kv_lens), rows, max(q_lens, default=0), max(kv_lens, default=0)]
+def _write_partition(int_ws, pinned_ws, q_lens, kv_lens, rows):
+    """Stage int32 ``q_len ++ kv_len`` in the pinned buffer, copy it into the int workspace (both uint8, at byte 0); the
+    plan info: byte offset, batch size, rows, max q_len, max kv_len."""
+    n = 8 * len(kv_lens)
+    pinned_ws[:n].view(I32).copy_(torch.tensor(q_lens + kv_lens, dtype=I32, device="cpu"))
+    int_ws[:n].copy_(pinned_ws[:n])
+    return [0, len(kv_lens), rows, max(q_lens, default=0), max(kv_lens, default=0)]
 
 
 def read_partition(wrapper: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,7 +76,7 @@ def read_partition(wrapper: Any) -> tuple[torch.Tensor, torch.Tensor]:
     if wrapper._plan_info is None:
         raise RuntimeError("the wrapper has not been planned yet: call plan() first")
     off, bs = wrapper._plan_info[:2]
-    part = wrapper._int_workspace_buffer.view(torch.uint8)[off : off + 8 * bs].view(I32)
+    part = wrapper._int_workspace_buffer[off : off + 8 * bs].view(I32)
     return part[:bs], part[bs:]
 
 
@@ -102,15 +86,14 @@ def keys_read(wrapper: Any) -> tuple[torch.Tensor, torch.Tensor]:
     plan's)."""
     if not is_standin(wrapper):
         raise TypeError("keys_read models the stand-ins' run only")
-    q_len, kv_len = read_partition(wrapper)
-    _, _, start, n, cover = wrapper._spans(q_len, kv_len)
+    _, _, start, n, cover = wrapper._spans(*read_partition(wrapper))
     return start, torch.minimum(n, cover)
 
 
 class _DecodeModule:
     """flashinfer's CUDA-core decode module (``get_batch_decode_module``): 15-argument plan."""
 
-    def plan(self, *args: Any) -> list[int]:
+    def plan(self, *args):
         if len(args) != 15:
             raise TypeError(f"decode module plan takes 15 arguments, got {len(args)}")
         _, int_ws, pinned_ws, indptr_host, batch_size, _, _, page_size = args[:8]
@@ -123,7 +106,7 @@ class _PrefillModule:
     """flashinfer's prefill module (``get_batch_prefill_module``, also tensor-core decode): 16-argument plan; fa2 appends
     fixed_split_size, disable_split_kv, num_colocated_ctas and (0.7.2) uniform_q_len (20)."""
 
-    def plan(self, *args: Any) -> list[int]:
+    def plan(self, *args):
         if len(args) not in (16, 20):
             raise TypeError(f"prefill module plan takes 16 or 20 arguments (flashinfer 0.7.2), got {len(args)}")
         _, int_ws, pinned_ws, qo_indptr, kv_indptr, kv_len_arr, rows, batch_size = args[:8]
@@ -140,71 +123,47 @@ class _MLAModule:
         q_lens = _lens("qo_indptr", qo_indptr)
         pages, kv_lens = _lens("kv_indptr", kv_indptr, len(q_lens)), kv_len_arr.tolist()
         if kv_lens != pages:
-            why = "(page size 1: they must be equal)"
-            raise ValueError(f"kv_len_arr {kv_lens} disagrees with the page counts of kv_indptr {pages} {why}")
+            raise ValueError(
+                f"kv_len_arr {kv_lens} disagrees with the page counts of kv_indptr {pages} (page size 1: they must be equal)"
+            )
         return _write_partition(int_ws, pinned_ws, q_lens, kv_lens, sum(q_lens))
 
 
 # run helpers (device ops only: nothing reads the host)
-def _planned_spans(q_len: torch.Tensor, kv_len: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Per request, ``(q_start, q_len, kv_start, kv_len, kv_cover)`` int64 as the plan laid them out (the MLA kernel's
-    work list: it covers exactly the planned keys)."""
-    ql, kl = q_len.to(torch.int64), kv_len.to(torch.int64)
-    return torch.cumsum(ql, 0) - ql, ql, torch.cumsum(kl, 0) - kl, kl, kl
-
-
-def _bound_spans(kv_len: torch.Tensor, kv_indptr, last_page_len, qo_indptr=None) -> tuple[torch.Tensor, ...]:
-    """Per request, ``(q_start, q_len, kv_start, kv_len, kv_cover)`` int64 as the decode / prefill kernels read them:
-    keys from the bound ``kv_indptr[b]``, as many as ``paged_kv_t::get_length`` gives (page size 1: ``pages - 1 +
-    last_page_len[b]``, 0 without pages); query rows from the bound ``qo_indptr`` (decode: row ``b``); ``kv_cover``, the
-    keys the plan's tiles reach: the planned ``kv_len`` rounded up to :data:`KV_CHUNK`."""
-    bs = kv_len.shape[0]
-    ptr = kv_indptr[: bs + 1].to(torch.int64)
-    pages = ptr[1:] - ptr[:-1]
-    n_kv = torch.where(pages > 0, pages - 1 + last_page_len[:bs].to(torch.int64), 0)
-    cover = (kv_len.to(torch.int64).clamp(min=1) + KV_CHUNK - 1) // KV_CHUNK * KV_CHUNK
-    if qo_indptr is None:
-        q_start = torch.arange(bs, device=ptr.device)
-        return q_start, torch.ones_like(q_start), ptr[:-1], n_kv, cover
-    qo = qo_indptr[: bs + 1].to(torch.int64)
-    return qo[:-1], (qo[1:] - qo[:-1]).clamp(min=0), ptr[:-1], n_kv, cover
-
-
-def _per_row_csr(q_len, spans, num_rows: int, window: int, causal: bool, indices, mask_indptr):
+def _per_row_csr(q_len, spans, num_rows, window, causal, indices, mask_indptr):
     """The batch as ``num_rows`` one-row requests. The partition (planned ``q_len``) enumerates the work: output row
-    ``r`` is query row ``j`` of request ``b``. ``spans`` (:func:`_bound_spans` or :func:`_planned_spans`) say where it
-    lies: the query row read, the keys ``indices[kv_start + t]`` for ``t < min(kv_len, kv_cover)``, rows ``j >= q_len``
-    left empty; causal alignment and the mask's row stride use ``spans``' lengths. Returns ``row_indptr [T+1]``,
-    ``row_indices [T*window]``, ``row_mask [T+1]`` (None without a mask), ``q_rows [T]``."""
+    ``r`` is query row ``j`` of request ``b``. ``spans`` (``_Standin._spans``) say where it lies: the query row read, the
+    keys ``indices[kv_start + t]`` for ``t < min(kv_len, kv_cover)``, rows ``j >= q_len`` left empty; causal alignment
+    and the mask's row stride use ``spans``' lengths. Returns ``row_indptr [T+1]``, ``row_indices [T*window]``,
+    ``row_mask [T+1]`` (None without a mask), ``q_rows [T]``."""
     dev = indices.device
     indices = indices if indices.numel() else indices.new_zeros(1)  # the op needs >= 1 entry
     q0, nq, k0, nk, cover = spans
-    plan_ql = q_len.to(torch.int64)
-    bs, q_end = plan_ql.shape[0], torch.cumsum(plan_ql, 0)
+    bs, q_end = len(q_len), q_len.cumsum(0)  # int64
     r = torch.arange(num_rows, device=dev)
     req = torch.searchsorted(q_end, r, right=True)  # bs for rows past the batch
     inside, req = req < bs, req.clamp(max=bs - 1)
-    j, n_q, n_kv = r - (q_end - plan_ql)[req], nq[req], nk[req]
+    j, n_q, n_kv = r - (q_end - q_len)[req], nq[req], nk[req]
     row_len = torch.minimum((n_kv - n_q + j + 1).clamp(min=0), n_kv) if causal else n_kv  # bottom-right aligned
     row_len = torch.minimum(row_len, cover[req])  # the planned tiles reach no further
     row_len = torch.where(inside & (j < n_q), row_len.clamp(max=window), 0)
-    row_indptr = F.pad(torch.cumsum(row_len, 0), (1, 0))
+    row_indptr = F.pad(row_len.cumsum(0), (1, 0))
     p = torch.arange(num_rows * window, device=dev)
     row_of_p = torch.searchsorted(row_indptr[1:], p, right=True).clamp(max=num_rows - 1)
     src = k0[req[row_of_p]] + (p - row_indptr[row_of_p])
-    row_indices = indices[src.clamp(0, indices.shape[0] - 1)]
-    row_mask = None if mask_indptr is None else F.pad(mask_indptr[:bs].to(torch.int64)[req] + j * n_kv, (0, 1))
+    row_indices = indices[src.clamp(0, len(indices) - 1)]
+    row_mask = None if mask_indptr is None else F.pad(mask_indptr[:bs][req] + j * n_kv, (0, 1))
     return row_indptr, row_indices, row_mask, (q0[req] + j).clamp(0, num_rows - 1)
 
 
-def _joined_mla_cache(ckv: torch.Tensor, kpe: torch.Tensor) -> torch.Tensor:
+def _joined_mla_cache(ckv, kpe):
     """``[slots, 1, R + Rr]``: a zero-copy view when ``ckv`` / ``kpe`` are the two column ranges of one buffer (SGLang's
     ``kv[..., :R]`` / ``kv[..., R:]``), else a concatenated copy."""
     _page_size_1(ckv.shape[1])
-    rank, s, off = ckv.shape[-1], ckv.stride(), ckv.storage_offset()
+    rank, s = ckv.shape[-1], ckv.stride()
     same_buffer = ckv.untyped_storage().data_ptr() == kpe.untyped_storage().data_ptr()
-    if same_buffer and kpe.stride() == s and s[-1] == 1 and kpe.storage_offset() == off + rank:
-        return torch.as_strided(ckv, (*ckv.shape[:2], rank + kpe.shape[-1]), s, off)
+    if same_buffer and kpe.stride() == s and s[-1] == 1 and kpe.storage_offset() == ckv.storage_offset() + rank:
+        return ckv.as_strided((*ckv.shape[:2], rank + kpe.shape[-1]), s)
     return torch.cat([ckv, kpe], dim=-1)
 
 
@@ -226,51 +185,51 @@ def set_kv_window(wrapper: Any, max_kv_len: int) -> bool:
 
 
 class _Standin:
+    """What the three stand-ins share: binding (``_BUFS``, among them the indices buffer ``_INDICES``), the plan
+    bookkeeping, run."""
+
     IS_STANDIN = True
     _custom_mask_buf = _mask_indptr_buf = None  # a prefill wrapper binds / plans a custom mask; decode never
+    # before the first plan (flashinfer's names: the fast plans read them)
+    _cached_module = _plan_info = _sm_scale = None
+    _window_left, _logits_soft_cap, _causal, _backend = -1, 0.0, False, "auto"
 
-    def _setup(self, float_ws, use_cuda_graph: bool, names: str, bufs: tuple, kv_layout: str = "NHD") -> int:
-        """Check the arguments, bind ``bufs`` (the parameters ``names``) as ``_BUFS``; the bound batch size."""
+    def _setup(self, float_ws, use_cuda_graph, names, bufs, kv_layout="NHD"):
+        """Check the arguments, bind ``bufs`` (the parameters ``names``) as ``_BUFS``."""
         if kv_layout != "NHD":
             raise NotImplementedError(f"refimpl flashinfer stand-in: kv_layout={kv_layout!r}")
-        for name, buf in zip(names.split(), bufs):  # cuda graph mode: tensors to bind
-            if use_cuda_graph and not torch.is_tensor(buf):
+        for name, attr, buf in zip(names.split(), self._BUFS, bufs):
+            if use_cuda_graph and not torch.is_tensor(buf):  # cuda graph mode: tensors to bind
                 raise ValueError(f"{name} should be a torch.Tensor in cuda graph mode")
-        for attr, buf in zip(self._BUFS, bufs):
             setattr(self, attr, buf)
-        self._float_workspace_buffer, self.device = float_ws, float_ws.device
-        n, u8, pin = INT_WORKSPACE_BYTES, torch.uint8, self.device.type == "cuda"
-        self._int_workspace_buffer = torch.empty(n, dtype=u8, device=self.device)
-        self._pin_memory_int_workspace_buffer = torch.empty(n, dtype=u8, pin_memory=pin, device="cpu")
-        self._use_cuda_graph = use_cuda_graph
-        self._fixed_batch_size = self._bound_batch_size() if use_cuda_graph else 0
-        self._kv_window = max(1, len(getattr(self, self._INDICES))) if use_cuda_graph else 0
-        self._cached_module = self._plan_info = self._sm_scale = None
-        self._window_left, self._logits_soft_cap, self._causal = -1, 0.0, False
-        self._backend = "auto"
-        return self._fixed_batch_size
+        self._float_workspace_buffer, self.device, self._use_cuda_graph = float_ws, float_ws.device, use_cuda_graph
+        n, pin = INT_WORKSPACE_BYTES, self.device.type == "cuda"
+        self._int_workspace_buffer = float_ws.new_empty(n, dtype=torch.uint8)
+        self._pin_memory_int_workspace_buffer = torch.empty(n, dtype=torch.uint8, pin_memory=pin, device="cpu")
+        if use_cuda_graph:  # the bound batch size and kv window
+            self._fixed_batch_size = self._bound_batch_size()
+            self._kv_window = max(1, len(getattr(self, self._INDICES)))
 
-    def _bound_batch_size(self) -> int:
+    def _bound_batch_size(self):
         return len(self._qo_indptr_buf) - 1
 
     @property
     def is_cuda_graph_enabled(self) -> bool:
         return self._use_cuda_graph
 
-    def _check_bound(self, bs: int, kv_lens, name: str, indices, buf_name: str) -> None:
-        """cuda-graph mode: the bound batch size, indices buffer and kv window hold the batch."""
+    def _check_bound(self, kv_lens, name, indices, buf_name):
+        """cuda-graph mode: the bound batch size, indices buffer (``indices``: the plan's ``name``, the constructor's
+        ``buf_name``) and kv window hold the batch."""
         if not self._use_cuda_graph:
             return
-        if bs != self._fixed_batch_size:
-            fixed = self._fixed_batch_size
-            raise ValueError(f"batch_size={bs} differs from the batch size {fixed} the wrapper was bound for")
-        _fits(name, len(indices), buf_name, getattr(self, self._INDICES))
+        _same_batch(len(kv_lens), self._fixed_batch_size)
+        _fits(name, indices, buf_name, getattr(self, self._INDICES))
         for i, n in enumerate(kv_lens):
             if n > self._kv_window:
-                window = self._kv_window
-                raise ValueError(f"request {i} has kv_len={n} > the wrapper's kv window {window} (see set_kv_window)")
+                window = f"the wrapper's kv window {self._kv_window} (see set_kv_window)"
+                raise ValueError(f"request {i} has kv_len={n} > {window}")
 
-    def _store(self, non_blocking: bool, *tensors: torch.Tensor, **extra: torch.Tensor) -> None:
+    def _store(self, non_blocking, *tensors, **extra):
         """Bind ``tensors`` (as ``_BUFS``) and ``extra`` (attribute name -> tensor): copy into the bound buffer, or keep
         ``x.to``."""
         for attr, x in (*zip(self._BUFS, tensors), *extra.items()):
@@ -279,69 +238,64 @@ class _Standin:
             else:
                 setattr(self, attr, x.to(self.device, non_blocking=non_blocking))
 
-    def _record(self, kv_lens: list[int], heads: tuple, sm_scale, q_data_type, kv_data_type) -> None:
-        """What a decode / prefill plan keeps: dtypes (o = q), batch size, heads, max kv_len, scale."""
-        q = _dtype(q_data_type if q_data_type is not None else "float16")
-        kv = q if kv_data_type is None else _dtype(kv_data_type)
-        self._cached_q_data_type, self._cached_kv_data_type, self._cached_o_data_type = q, kv, q
-        self._batch_size, (self._num_qo_heads, self._num_kv_heads) = len(kv_lens), heads
-        self._max_kv_len, self._page_size, self._sm_scale = max(kv_lens, default=0), 1, sm_scale
+    def _record(self, module, kv_lens, sm_scale, q_data_type, kv_data_type, causal=False):
+        """What a plan keeps: the kernel module it selects (real: JIT-compiles; backend ``auto`` is fa2), dtypes (o = q),
+        batch size, max kv_len, scale, causal."""
+        q = _dtype(q_data_type or "float16")
+        self._cached_module, self._backend = module, "fa2" if self._backend == "auto" else self._backend
+        self._cached_q_data_type = self._cached_o_data_type = q
+        self._cached_kv_data_type = q if kv_data_type is None else _dtype(kv_data_type)
+        self._batch_size, self._max_kv_len = len(kv_lens), max(kv_lens, default=0)
+        self._sm_scale, self._causal = sm_scale, causal
 
-    def _plan_prefill(self, qo_host, kv_host, kv_lens: list[int], rows: int, heads: tuple, head_dim: int, causal):
-        """Plan with the prefill module (prefill, and flashinfer's tensor-core decode)."""
-        self._backend = "fa2" if self._backend == "auto" else self._backend
-        kv_lens_host = torch.tensor(kv_lens, dtype=I32, device="cpu")
-        args = (*heads, 1, self._use_cuda_graph, head_dim, head_dim, causal, -1)  # page_size, enable_cuda_graph
-        args += FA2_ARGS[self._backend]  # ..., head_dim_qk, head_dim_vo, causal, window_left, the fa2 args
-        self._call_module(_PrefillModule(), qo_host, kv_host, kv_lens_host, rows, len(kv_lens), *args)
-
-    def _call_module(self, module: Any, *args: Any) -> None:
-        """Select ``module`` as ``_cached_module`` and plan with it (workspaces first, as real)."""
-        ws = (self._float_workspace_buffer, self._int_workspace_buffer, self._pin_memory_int_workspace_buffer)
-        self._cached_module, self._plan_info = module, module.plan(*ws, *args)
-
-    def _window(self) -> int:
+    def _window(self):
         return self._kv_window if self._use_cuda_graph else max(1, self._plan_info[4])
 
-    def _rows(self, q: torch.Tensor, k: torch.Tensor, causal: bool, mask_indptr=None):
-        """Check a run's inputs against the plan; the per-row CSR (None: idle batch), window."""
-        if self._plan_info is None or self._cached_module is None:
+    def _spans(self, q_len, kv_len):
+        """Per request, ``(q_start, q_len, kv_start, kv_len, kv_cover)`` as the decode / prefill kernels read them:
+        keys from the bound ``kv_indptr[b]``, as many as ``paged_kv_t::get_length`` gives (page size 1: ``pages - 1 +
+        last_page_len[b]``, 0 without pages); query rows from the bound ``qo_indptr`` (decode: row ``b``); ``kv_cover``,
+        the keys the plan's tiles reach: the planned ``kv_len`` rounded up to :data:`KV_CHUNK`. (MLA overrides.)"""
+        bs = len(kv_len)
+        ptr = self._paged_kv_indptr_buf[: bs + 1].to(torch.int64)
+        pages = ptr.diff()
+        n_kv = torch.where(pages > 0, pages - 1 + self._paged_kv_last_page_len_buf[:bs], 0)
+        cover = (kv_len.clamp(min=1) + KV_CHUNK - 1) // KV_CHUNK * KV_CHUNK
+        qo = getattr(self, "_qo_indptr_buf", None)  # decode binds none (tensor cores: 0, 1, ..., bs)
+        qo = torch.arange(bs + 1, device=ptr.device) if qo is None else qo[: bs + 1]
+        return qo[:-1], qo.diff().clamp(min=0), ptr[:-1], n_kv, cover
+
+    def _attend(self, kernel, qs, caches, dv):
+        """A run: check the inputs against the plan, then ``kernel`` over the per-row CSR into a zeroed ``[T, H, dv]``
+        (an idle batch: no launch). A custom mask, bound or planned (flashinfer's CUSTOM mode), governs, else
+        ``causal`` (always False for decode; MLA: causal only)."""
+        q = qs[0]
+        if self._plan_info is None:
             raise RuntimeError(f"{type(self).__name__}: call plan() before run()")
-        want = (self._cached_q_data_type, self._cached_kv_data_type)
-        if (q.dtype, k.dtype) != want:
-            what = f"the q_data_type {want[0]} / kv_data_type {want[1]} of plan()"
-            raise ValueError(f"q / kv dtypes {q.dtype} / {k.dtype} do not match {what}")
-        info = self._plan_info
-        if q.dim() != 3 or q.shape[0] < info[2]:
-            raise ValueError(f"q.shape={tuple(q.shape)}: expected [>= {info[2]} rows, H, D]")
-        window = self._window()
-        if info[1] == 0 or q.shape[0] == 0:  # an idle batch
-            return None, window
-        q_len, kv_len = read_partition(self)
-        indices = getattr(self, self._INDICES)
-        csr = _per_row_csr(q_len, self._spans(q_len, kv_len), q.shape[0], window, causal, indices, mask_indptr)
-        return csr, window
-
-    def _spans(self, q_len: torch.Tensor, kv_len: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Decode / prefill: where each request's rows and keys lie, read from the bound buffers (MLA overrides)."""
-        qo = getattr(self, "_qo_indptr_buf", None)  # decode on CUDA cores binds none: query row b
-        return _bound_spans(kv_len, self._paged_kv_indptr_buf, self._paged_kv_last_page_len_buf, qo)
-
-    def run(self, q: torch.Tensor, paged_kv_cache: Any) -> torch.Tensor:
-        """Decode and prefill (MLA has its own): a custom mask, bound or planned (flashinfer's CUSTOM mode), governs,
-        else ``causal`` (always False for decode)."""
-        if not isinstance(paged_kv_cache, tuple):
-            raise TypeError("the stand-ins take the kv cache as a tuple (k, v), [slots, Hkv, D]")
-        k, v = paged_kv_cache
-        mask = self._custom_mask_buf
-        mask_indptr = None if mask is None else self._mask_indptr_buf
-        csr, window = self._rows(q, k, mask is None and bool(self._causal), mask_indptr)
-        out = q.new_zeros(q.shape[:-1] + v.shape[-1:], dtype=self._cached_o_data_type)
-        if csr is not None:
+        if (q.dtype, caches[0].dtype) != (self._cached_q_data_type, self._cached_kv_data_type):
+            raise ValueError(
+                f"q / kv dtypes {q.dtype} / {caches[0].dtype} do not match the q_data_type "
+                f"{self._cached_q_data_type} / kv_data_type {self._cached_kv_data_type} of plan()"
+            )
+        _, bs, rows = self._plan_info[:3]
+        if q.dim() != 3 or len(q) < rows:
+            raise ValueError(f"q.shape={tuple(q.shape)}: expected [>= {rows} rows, H, D]")
+        out = q.new_zeros(*q.shape[:-1], dv, dtype=self._cached_o_data_type)
+        if bs and len(q):
+            q_len, kv_len = read_partition(self)
+            mask, window, indices = self._custom_mask_buf, self._window(), getattr(self, self._INDICES)
+            causal, mask_indptr = (bool(self._causal), None) if mask is None else (False, self._mask_indptr_buf)
+            csr = _per_row_csr(q_len, self._spans(q_len, kv_len), len(q), window, causal, indices, mask_indptr)
             sm_scale = float(1 / math.sqrt(q.shape[-1]) if self._sm_scale is None else self._sm_scale)
             kw = dict(sm_scale=sm_scale, max_kv_len=window, q_per_req=1, custom_mask=mask, mask_indptr=csr[2])
-            dense_paged_attention(q[csr[3]], k, v, csr[0], csr[1], out, **kw)
+            kernel(*(x[csr[3]] for x in qs), *caches, csr[0], csr[1], out, **kw)
         return out
+
+    def run(self, q: torch.Tensor, paged_kv_cache: Any) -> torch.Tensor:
+        """Decode and prefill (MLA has its own)."""
+        if not isinstance(paged_kv_cache, tuple):
+            raise TypeError("the stand-ins take the kv cache as a tuple (k, v), [slots, Hkv, D]")
+        return self._attend(dense_paged_attention, (q,), paged_kv_cache, paged_kv_cache[1].shape[-1])
 
 
 class BatchDecodeWithPagedKVCacheWrapper(_Standin):
@@ -362,10 +316,8 @@ class BatchDecodeWithPagedKVCacheWrapper(_Standin):
     ) -> None:
         names = "paged_kv_indptr_buffer paged_kv_indices_buffer paged_kv_last_page_len_buffer"
         bufs = (paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer)
-        bs = self._setup(float_workspace_buffer, use_cuda_graph, names, bufs, kv_layout)
-        self.use_tensor_cores = self._use_tensor_cores = use_tensor_cores
-        if use_tensor_cores and use_cuda_graph:
-            self._qo_indptr_buf = torch.arange(bs + 1, dtype=I32, device=self.device)
+        self._setup(float_workspace_buffer, use_cuda_graph, names, bufs, kv_layout)
+        self.use_tensor_cores = use_tensor_cores
 
     def plan(
         self,
@@ -384,28 +336,20 @@ class BatchDecodeWithPagedKVCacheWrapper(_Standin):
         non_blocking: bool = True,
     ) -> None:
         _page_size_1(page_size)
-        bs = len(last_page_len)
         indptr_host = indptr.to("cpu")  # the device-to-host copy the fast plan avoids
-        kv_lens = _lens("indptr", indptr_host, bs, indices)
-        self._check_bound(bs, kv_lens, "indices", indices, "paged_kv_indices_buffer")
+        kv_lens = _lens("indptr", indptr_host, len(last_page_len), indices)
+        self._check_bound(kv_lens, "indices", indices, "paged_kv_indices_buffer")
         self._store(non_blocking, indptr, indices, last_page_len)
-        if self.use_tensor_cores and not self._use_cuda_graph:
-            self._qo_indptr_buf = torch.arange(bs + 1, dtype=I32, device=self.device)
-        heads = (num_qo_heads, num_kv_heads)  # flashinfer's precedence: explicit q / kv dtypes win
-        q_data_type, kv_data_type = (data_type if t is None else t for t in (q_data_type, kv_data_type))
-        self._record(kv_lens, heads, sm_scale, q_data_type, kv_data_type)
-        if self.use_tensor_cores:  # flashinfer plans tensor-core decode with the prefill module
-            qo_host = torch.arange(bs + 1, dtype=I32, device="cpu")
-            self._plan_prefill(qo_host, indptr_host, kv_lens, bs, heads, head_dim, False)
-        else:  # ..., page_size, enable_cuda_graph, window_left, logits_soft_cap, head_dim_qk, head_dim_vo
-            args = (*heads, 1, self._use_cuda_graph, -1, 0.0, head_dim, head_dim)
-            q_dt, kv_dt = self._cached_q_data_type, self._cached_kv_data_type
-            empties = (torch.empty(0, dtype=q_dt, device="cpu"), torch.empty(0, dtype=kv_dt, device="cpu"))
-            self._call_module(_DecodeModule(), indptr_host, bs, *args, *empties)
+        # flashinfer plans tensor-core decode with the prefill module; explicit q / kv dtypes win over data_type
+        module = _PrefillModule() if self.use_tensor_cores else _DecodeModule()
+        self._record(module, kv_lens, sm_scale, q_data_type or data_type, kv_data_type or data_type)
+        heads = (num_qo_heads, num_kv_heads, 1, self._use_cuda_graph)
+        last_page_len_host = torch.ones(len(kv_lens), dtype=I32, device="cpu")  # page size 1: every page full
+        self._plan_info = _plan_decode(self, indptr_host, last_page_len_host, heads, head_dim)
 
     begin_forward = plan
 
-    def _bound_batch_size(self) -> int:
+    def _bound_batch_size(self):
         return len(self._paged_kv_last_page_len_buf)
 
 
@@ -457,27 +401,30 @@ class BatchPrefillWithPagedKVCacheWrapper(_Standin):
         qo_host, kv_host = qo_indptr.to("cpu"), paged_kv_indptr.to("cpu")  # host reads
         q_lens = _lens("qo_indptr", qo_host, bs)
         kv_lens = _lens("paged_kv_indptr", kv_host, bs, paged_kv_indices)
-        rows, mask = sum(q_lens), {}
+        self._check_bound(kv_lens, "paged_kv_indices", paged_kv_indices, "paged_kv_indices_buf")
+        mask = {}
         if custom_mask is not None:
             sizes = [a * b for a, b in zip(q_lens, kv_lens)]
             if custom_mask.numel() != sum(sizes):
-                want = f"sum(q_len_i * kv_len_i) = {sum(sizes)} for q_len={q_lens}, kv_len={kv_lens}"
-                raise ValueError(f"custom_mask has {custom_mask.numel()} entries, expected {want}")
+                raise ValueError(
+                    f"custom_mask has {custom_mask.numel()} entries, expected sum(q_len_i * kv_len_i) = {sum(sizes)} "
+                    f"for q_len={q_lens}, kv_len={kv_lens}"
+                )
+            if self._use_cuda_graph:
+                if self._custom_mask_buf is None:
+                    raise ValueError("a custom mask in cuda graph mode needs custom_mask_buf")
+                _fits("custom_mask", custom_mask, "custom_mask_buf", self._custom_mask_buf)
             mask = {  # one byte per entry and element offsets (flashinfer: bits, byte offsets)
                 "_custom_mask_buf": custom_mask.reshape(-1).to(torch.uint8),
                 "_mask_indptr_buf": torch.tensor([0, *itertools.accumulate(sizes)], dtype=I32, device="cpu"),
             }
-        self._check_bound(bs, kv_lens, "paged_kv_indices", paged_kv_indices, "paged_kv_indices_buf")
         if not self._use_cuda_graph:  # a plan without a mask unbinds the last one
             self._custom_mask_buf = self._mask_indptr_buf = None
-        elif mask:
-            if self._custom_mask_buf is None:
-                raise ValueError("a custom mask in cuda graph mode needs custom_mask_buf")
-            _fits("custom_mask", custom_mask.numel(), "custom_mask_buf", self._custom_mask_buf)
         self._store(non_blocking, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, **mask)
-        self._record(kv_lens, (num_qo_heads, num_kv_heads), sm_scale, q_data_type, kv_data_type)
-        self._max_q_len, self._causal = max(q_lens, default=0), causal
-        self._plan_prefill(qo_host, kv_host, kv_lens, rows, (num_qo_heads, num_kv_heads), head_dim_qk, causal)
+        self._record(_PrefillModule(), kv_lens, sm_scale, q_data_type, kv_data_type, causal)
+        heads = (num_qo_heads, num_kv_heads, 1, self._use_cuda_graph)
+        kv_lens_host = torch.tensor(kv_lens, dtype=I32, device="cpu")
+        self._plan_info = _plan_prefill(self, qo_host, kv_host, kv_lens_host, sum(q_lens), heads, head_dim_qk, causal)
 
     begin_forward = plan
 
@@ -502,11 +449,13 @@ class BatchMLAPagedAttentionWrapper(_Standin):
             raise NotImplementedError(f"refimpl flashinfer stand-in: backend={backend!r}")
         bufs = (qo_indptr, kv_indptr, kv_indices, kv_len_arr)  # flashinfer checks them later
         self._setup(float_workspace_buffer, use_cuda_graph, "qo_indptr kv_indptr kv_indices kv_len_arr", bufs)
-        self._backend, self._batch_size = "fa2" if backend == "auto" else backend, 0
+        self._backend = "fa2" if backend == "auto" else backend
 
-    def _spans(self, q_len: torch.Tensor, kv_len: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The MLA kernel takes its query and kv positions from the plan's work list, not the bound indptrs."""
-        return _planned_spans(q_len, kv_len)
+    def _spans(self, q_len, kv_len):
+        """The MLA kernel takes its query and kv positions from the plan's work list, not the bound indptrs: it covers
+        exactly the planned keys."""
+        ql, kl = q_len.to(torch.int64), kv_len.to(torch.int64)
+        return ql.cumsum(0) - ql, ql, kl.cumsum(0) - kl, kl, kl
 
     def plan(
         self,
@@ -524,24 +473,15 @@ class BatchMLAPagedAttentionWrapper(_Standin):
         kv_data_type: torch.dtype,
     ) -> None:
         _page_size_1(page_size)
-        bs = len(qo_indptr) - 1
         # the host reads (in a graph replay they hung: SGLang #3987, see fast_plan.py)
         qo_host, kv_host, kv_len_host = (t.to("cpu") for t in (qo_indptr, kv_indptr, kv_len_arr))
-        _lens("qo_indptr", qo_host, bs)
-        kv_lens = _lens("kv_indptr", kv_host, bs, kv_indices)
-        self._check_bound(bs, kv_lens, "kv_indices", kv_indices, "kv_indices")
-        # the module validates kv_len_arr before anything is copied
-        self._call_module(_MLAModule(), qo_host, kv_host, kv_len_host, num_heads, head_dim_ckv, causal)
+        kv_lens = _lens("kv_indptr", kv_host, len(qo_indptr) - 1, kv_indices)
+        self._check_bound(kv_lens, "kv_indices", kv_indices, "kv_indices")
+        module = _MLAModule()  # it validates qo_indptr and kv_len_arr before anything is copied
+        self._plan_info = module.plan(*_ws(self), qo_host, kv_host, kv_len_host, num_heads, head_dim_ckv, causal)
         self._store(True, qo_indptr, kv_indptr, kv_indices, kv_len_arr)
-        self._cached_q_data_type = self._cached_o_data_type = _dtype(q_data_type)
-        self._cached_kv_data_type = _dtype(kv_data_type)
-        self._batch_size, self._num_heads, self._causal = bs, num_heads, causal
-        self._page_size, self._sm_scale = 1, sm_scale
+        self._record(module, kv_lens, sm_scale, q_data_type, kv_data_type, causal)
 
     def run(self, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor):
-        csr, window = self._rows(q_nope, ckv_cache, bool(self._causal))
-        out, kv_cache = torch.zeros_like(q_nope), _joined_mla_cache(ckv_cache, kpe_cache)
-        if csr is not None:
-            kw = dict(sm_scale=float(self._sm_scale), max_kv_len=window, q_per_req=1)
-            dense_paged_mla_attention(q_nope[csr[3]], q_pe[csr[3]], kv_cache, csr[0], csr[1], out, **kw)
-        return out
+        kv_cache = _joined_mla_cache(ckv_cache, kpe_cache)
+        return self._attend(dense_paged_mla_attention, (q_nope, q_pe), (kv_cache,), q_nope.shape[-1])

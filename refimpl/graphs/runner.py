@@ -39,6 +39,7 @@ from ..modes import ForwardMode
 from ..spec import dummy_spec_input
 from ..validate import BatchRefused, check_capture_config, validate_batch
 from .engine import GraphCaptureError, GraphEngine, GraphReplayError
+from .inputs import StaticInputs
 
 
 @dataclass
@@ -97,9 +98,6 @@ def capture_glue(engine: GraphEngine, backend, fb: ForwardBatch, warmups: int, r
     return graph, None
 
 
-INPUTS = ("input_ids", "positions", "req_pool_indices", "seq_lens", "seq_lens_cpu", "out_cache_loc")
-
-
 class GraphRunner:
     def __init__(
         self,
@@ -114,13 +112,12 @@ class GraphRunner:
     ):
         """``kind``: what the graphs run, a forward mode or a ``layout.GraphKind`` (multi-step draft decode:
         ``layout.KINDS["draft_decode"]``, with a multi-step program and backend)."""
-        self.kind = layout.GraphKind.of(kind)
+        self.kind = layout.GraphKind.parse(kind)
         mode = self.kind.mode
         if not mode.is_graph_mode():
             raise ValueError(f"{mode.label} is never captured; run it eagerly")
         self.model, self.backend, self.engine = model, backend, engine
         self.mode, self.graph_cfg, self.spec_cfg = mode, graph_cfg, spec_cfg
-        multi = self.kind.multi_step
         self.world = backend.world
         if (built := getattr(backend, "spec", None)) != spec_cfg:  # its buffers are sized by its own spec
             raise BatchRefused(f"runner spec_cfg={spec_cfg} differs from the backend's spec={built}: build both with one")
@@ -129,7 +126,7 @@ class GraphRunner:
             raise BatchRefused(f"backend {type(backend).__name__} is owned by a live {owner.kind.label} GraphRunner: {why}")
         self.device = self.world.device
         self.tokens_per_req = self.kind.rows(spec_cfg)
-        self.locs_per_req = self.tokens_per_req * layout.cache_writes_per_row(spec_cfg, multi)
+        self.locs_per_req = self.tokens_per_req * self.kind.cache_writes(spec_cfg)
         self.capture_bs = graph_cfg.batch_sizes()
         if self.world.req_to_token_pool.size <= max(self.capture_bs):
             raise ValueError(
@@ -141,14 +138,9 @@ class GraphRunner:
         self.fill_value = backend.get_cuda_graph_seq_len_fill_value()
         self.validate_inputs = validate_inputs  # False: timing runs (refimpl.validate's cost)
         check_capture_config(self)  # before any allocation
-        # the static inputs: self.input_ids, .positions, .req_pool_indices, .seq_lens, .seq_lens_cpu, .out_cache_loc
-        self.__dict__.update(self._rest_inputs(self.max_bs))
+        self.inputs = StaticInputs(self.kind, spec_cfg, self.max_bs, self.fill_value, self.device)
         backend._graph_runner = weakref.ref(self)
         backend.init_cuda_graph_state(self.max_bs, self.max_num_tokens)
-        # replay-path caches: padded-row values, copy plans, static batch views per bs
-        self._pad = self._rest_inputs(self.max_bs)
-        self._plans: dict[tuple[int, int, int], tuple] = {}
-        self._views: dict[int, ForwardBatch] = {}
         self.graphs: dict[int, Any] = {}
         self.glue, self.glue_graphs, self.glue_refused = glue, {}, {}  # bs -> glue graph / why the hook stays eager
         self.replays: Counter = Counter()  # "glue" / "hook": how each replay's metadata was made
@@ -170,38 +162,20 @@ class GraphRunner:
         return (w.kv_cache, w.req_to_token_pool, w.req_to_token, *w.kv_cache.buffers())
 
     # --- inputs -------------------------------------------------------------------------------
-    def _rest_inputs(self, bs: int) -> dict[str, torch.Tensor]:
-        """Fresh input tensors for ``bs`` rows, every one a padded row (``refimpl.layout``)."""
-        n, dev = bs * self.tokens_per_req, self.device
-        i64 = dict(dtype=torch.int64, device=dev)
-        return {
-            "input_ids": torch.zeros(n, **i64),  # [n] int64
-            "positions": torch.zeros(n, **i64),  # [n] int64
-            "req_pool_indices": torch.full((bs,), layout.PAD_REQ_SLOT, **i64),  # [bs] int64
-            "seq_lens": torch.full((bs,), self.fill_value, dtype=torch.int32, device=dev),
-            "seq_lens_cpu": torch.full((bs,), self.fill_value, dtype=torch.int32, device="cpu"),  # host
-            "out_cache_loc": torch.full((bs * self.locs_per_req,), layout.PAD_CACHE_SLOT, **i64),
-        }
+    def _batch(self, inputs: StaticInputs, bs: int, seq_lens_sum: int, spec_info: Any) -> ForwardBatch:
+        return inputs.batch(bs, self.mode, seq_lens_sum, spec_info, self.world)
 
-    def _batch(self, inputs: dict, bs: int, seq_lens_sum: int, spec_info: Any) -> ForwardBatch:
-        n = bs * self.tokens_per_req
-        rows = dict(input_ids=n, positions=n, out_cache_loc=bs * self.locs_per_req)  # else bs
-        views = {k: inputs[k][: rows.get(k, bs)] for k in INPUTS}
-        return ForwardBatch(self.mode, bs, **views, seq_lens_sum=seq_lens_sum, world=self.world, spec_info=spec_info)
-
-    def static_inputs(self) -> dict[str, torch.Tensor]:
-        return {k: getattr(self, k) for k in INPUTS}
-
-    def capture_batch(self, bs: int) -> ForwardBatch:
-        """The batch the capture hook of size ``bs`` sees: all padded rows + a dummy spec input."""
-        spec = dummy_spec_input(self.mode, bs, self.spec_cfg, self.fill_value, self.device, self.kind.multi_step)
-        return self._batch(self._rest_inputs(bs), bs, bs * self.fill_value, spec)
+    def capture_batch(self, bs: int, inputs: StaticInputs | None = None) -> ForwardBatch:
+        """The batch the capture hook of size ``bs`` sees: all padded rows (views of ``inputs``, default fresh ones at
+        rest) + a dummy spec input."""
+        spec = dummy_spec_input(self.kind, bs, self.spec_cfg, self.fill_value, self.device)
+        return self._batch(inputs or self.inputs.at_rest(bs), bs, bs * self.fill_value, spec)
 
     def padded_batch(self, fb: ForwardBatch) -> ForwardBatch:
         """What a replay of ``fb`` feeds the backend: ``fb`` padded to its captured size."""
         bs = self.pick_bs(fb.batch_size)
-        inputs = self._rest_inputs(bs)
-        self.load_inputs(fb, bs, into=inputs)  # the replay's own writer, into fresh inputs
+        inputs = self.inputs.at_rest(bs)
+        inputs.load(fb, bs)  # the replay's own writer, into fresh inputs
         total = layout.padded_seq_lens_sum(fb.seq_lens_sum, fb.batch_size, bs, self.fill_value)
         return self._batch(inputs, bs, total, fb.spec_info)
 
@@ -213,12 +187,11 @@ class GraphRunner:
             from tqdm import tqdm
 
             order = tqdm(order, desc=f"capture {self.mode.label}")
-        static = self.static_inputs()
         self._captured_with = self._bound()
         for bs in order:
             t0, mem0 = time.perf_counter(), self.engine.memory_in_use()
-            layout.reset_padded_rows(self.req_pool_indices, self.seq_lens, self.seq_lens_cpu, self.out_cache_loc, self.fill_value)
-            fb = self._batch(static, bs, bs * self.fill_value, self.capture_batch(bs).spec_info)
+            self.inputs.rest()
+            fb = self.capture_batch(bs, self.inputs)
             call_capture_hook(self.backend, fb)
 
             def run_once(fb=fb):
@@ -278,53 +251,15 @@ class GraphRunner:
             raise GraphReplayError(why)
         return self._replay(fb)
 
-    def load_inputs(self, fb: ForwardBatch, bs: int, into: dict[str, torch.Tensor] | None = None) -> None:
-        """Replay phase 2: the batch into the static inputs, the padded rows reset to padded rows (fill value, request 0,
-        cache slot 0), in one launch: a ``torch._foreach_copy_`` over byte views (int64 and int32 alike, so one dtype
-        and PyTorch's multi-tensor kernel), plus the host mirror. The dtypes are ``validate``'s to check. The one writer
-        of a batch into graph inputs: ``padded_batch`` (what the checker feeds the hooks) runs it ``into`` fresh inputs."""
-        dst, pads, host_live, host_pad = self._copy_plan(fb.batch_size, bs, fb.num_tokens, into)
-        src = [fb.input_ids, fb.positions, fb.req_pool_indices, fb.seq_lens]
-        src += fb.out_cache_loc.view(self.spec_cfg.num_steps, -1).unbind() if self.kind.multi_step else [fb.out_cache_loc]
-        torch._foreach_copy_(dst, [t.view(torch.uint8) for t in src] + pads)
-        host_live.copy_(fb.seq_lens_cpu)
-        if host_pad is not None:
-            host_pad.fill_(self.fill_value)
-
-    def _copy_plan(self, raw_bs: int, bs: int, n: int, into: dict[str, torch.Tensor] | None = None):
-        """(device destinations, padded-row sources, as bytes; host live / padded views) for ``raw_bs`` requests, ``n``
-        rows, graph ``bs``."""
-        plan = self._plans.get((raw_bs, bs, n)) if into is None else None
-        if plan is not None:
-            return plan
-        t = self.static_inputs() if into is None else into
-        rows = bs * self.tokens_per_req
-        loc = t["out_cache_loc"][: bs * self.locs_per_req]
-        if self.kind.multi_step:  # [step][seq][branch]: each step's block starts at step*rows
-            loc = loc.view(self.spec_cfg.num_steps, rows)
-            loc_live, loc_pad = list(loc[:, :n].unbind()), list(loc[:, n:].unbind())
-        else:
-            loc_live, loc_pad = [loc[:n]], [loc[n:]]
-        dst = [t["input_ids"][:n], t["positions"][:n], t["req_pool_indices"][:raw_bs], t["seq_lens"][:raw_bs], *loc_live]
-        pads, host_pad = [], None
-        if raw_bs < bs:  # what every padded row holds (refimpl.layout)
-            dst += [t["req_pool_indices"][raw_bs:bs], t["seq_lens"][raw_bs:bs], *loc_pad]
-            pads = [self._pad["req_pool_indices"][: bs - raw_bs], self._pad["seq_lens"][: bs - raw_bs]]
-            pads += [self._pad["out_cache_loc"][: p.numel()] for p in loc_pad]
-            host_pad = t["seq_lens_cpu"][raw_bs:bs]
-        plan = ([d.view(torch.uint8) for d in dst], [p.view(torch.uint8) for p in pads], t["seq_lens_cpu"][:raw_bs], host_pad)
-        if into is None:
-            self._plans[(raw_bs, bs, n)] = plan
-        return plan
+    def load_inputs(self, fb: ForwardBatch, bs: int) -> None:
+        """Replay phase 2: the batch into the static inputs (``StaticInputs.load``, one launch), the padded rows reset to
+        padded rows. ``padded_batch`` (what the checker feeds the hooks) runs the same writer into fresh inputs."""
+        self.inputs.load(fb, bs)
 
     def _replay_batch(self, fb: ForwardBatch, bs: int) -> ForwardBatch:
-        """The static batch of size ``bs`` the replay hook sees after ``load_inputs(fb)`` (views made once per ``bs``)."""
-        view = self._views.get(bs)
-        if view is None:
-            view = self._views[bs] = self._batch(self.static_inputs(), bs, 0, None)
-        view.seq_lens_sum = layout.padded_seq_lens_sum(fb.seq_lens_sum, fb.batch_size, bs, self.fill_value)
-        view.spec_info = fb.spec_info
-        return view
+        """The static batch of size ``bs`` the replay hook sees after ``load_inputs(fb)``."""
+        total = layout.padded_seq_lens_sum(fb.seq_lens_sum, fb.batch_size, bs, self.fill_value)
+        return self._batch(self.inputs, bs, total, fb.spec_info)
 
     # --- the replay's phases: replay() runs them in order, the bench times each -------------------
     def validate(self, fb: ForwardBatch, for_graph: bool = True) -> ForwardBatch:
@@ -336,7 +271,7 @@ class GraphRunner:
             moved = [k for k, a, b in zip(names, self._bound(), self._captured_with) if a is not b]
             why = "the graphs write and read the objects bound at capture: restore them or build and capture a new runner"
             raise BatchRefused(f"{', '.join(moved)} rebound after capture: {why}")
-        return validate_batch(fb, self.spec_cfg, self.kind.multi_step, for_graph, world=self.world)
+        return validate_batch(fb, self.spec_cfg, self.kind, for_graph, world=self.world)
 
     def replay_hook(self, fb: ForwardBatch, bs: int) -> ForwardBatch:
         """Phase 3: the backend's replay hook on the static batch (after ``load_inputs``), or its glue graph."""

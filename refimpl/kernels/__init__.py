@@ -29,11 +29,37 @@ _OPS += " decode_attention_stage2 num_kv_splits extend_attention draft_decode_kv
 _OPS += " trtllm_mla_graph_metadata fused_graph_metadata batch_check"
 KERNEL_OPS = tuple(f"refimpl::{name}" for name in _OPS.split())
 
-__all__ = ["KERNEL_OPS", "attention_from_dense", "batch_check", "batch_check_ref", "block_table_to_kv_indices"]
-__all__ += ["build_block_table", "build_block_table_ref", "build_kv_indices", "build_kv_indices_ref", "csr_ref"]
-__all__ += ["cutlass_mla_decode", "decode_attention", "draft_decode_kv_indices", "draft_decode_kv_indices_ref"]
-__all__ += ["draft_decode_used_len", "extend_attention", "fused_graph_metadata", "fused_graph_metadata_args"]
-__all__ += ["fused_graph_metadata_ref", "get_num_kv_splits", "get_num_kv_splits_ref", "dense_paged_attention"]
-__all__ += ["dense_paged_mla_attention", "mha_oracle", "mla_oracle", "mla_paged_attention", "mla_paged_attention_ref"]
-__all__ += ["launch_fused_graph_metadata", "relative_error", "trtllm_batch_decode_with_kv_cache_mla"]
-__all__ += ["trtllm_mla_graph_metadata", "trtllm_mla_graph_metadata_ref"]
+__all__ = [
+    "KERNEL_OPS",
+    "attention_from_dense",
+    "batch_check",
+    "batch_check_ref",
+    "block_table_to_kv_indices",
+    "build_block_table",
+    "build_block_table_ref",
+    "build_kv_indices",
+    "build_kv_indices_ref",
+    "csr_ref",
+    "cutlass_mla_decode",
+    "decode_attention",
+    "draft_decode_kv_indices",
+    "draft_decode_kv_indices_ref",
+    "draft_decode_used_len",
+    "extend_attention",
+    "fused_graph_metadata",
+    "fused_graph_metadata_args",
+    "fused_graph_metadata_ref",
+    "get_num_kv_splits",
+    "get_num_kv_splits_ref",
+    "dense_paged_attention",
+    "dense_paged_mla_attention",
+    "mha_oracle",
+    "mla_oracle",
+    "mla_paged_attention",
+    "mla_paged_attention_ref",
+    "launch_fused_graph_metadata",
+    "relative_error",
+    "trtllm_batch_decode_with_kv_cache_mla",
+    "trtllm_mla_graph_metadata",
+    "trtllm_mla_graph_metadata_ref",
+]

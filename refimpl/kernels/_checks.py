@@ -33,19 +33,28 @@ def check_tensor(
         return
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    names = " / ".join(str(d) for d in dtypes)
-    check(t.dtype in dtypes, f"{name}.dtype={t.dtype}: must be one of {names}")
+    check(t.dtype in dtypes, f"{name}.dtype={t.dtype}: must be one of {' / '.join(map(str, dtypes))}")
     check(ndim is None or t.dim() == ndim, f"{name}.shape={tuple(t.shape)}: must be {ndim}-D")
-    if t.numel() > 0:
-        check(t.stride(-1) == 1, f"{name}.stride(-1)={t.stride(-1)}: last dim must be contiguous")
+    check(t.numel() == 0 or t.stride(-1) == 1, f"{name}.stride(-1)={t.stride(-1)}: last dim must be contiguous")
     check(t.dim() == 0 or t.shape[0] >= min_len, f"{name}.shape[0]={t.shape[0]}: must be >= {min_len}")
     check(device is None or t.device == device, f"{name}.device={t.device}: must match {device}")
 
 
+def check_pool_inputs(req_to_token, req_pool_indices, lens, lens_name: str, kv_start_idx=None) -> tuple:
+    """What reading the request pool needs: ``lens [bs]``, ``req_to_token [pool, L]``, ``req_pool_indices [>= bs]``,
+    ``kv_start_idx [>= bs]`` (optional), int32 / int64, on lens' device. Returns ``(bs, device)``."""
+    check_tensor(lens, lens_name, INDEX_DTYPES, 1)
+    bs, dev = lens.shape[0], lens.device
+    check_tensor(req_to_token, "req_to_token", INDEX_DTYPES, 2, dev)
+    check_tensor(req_pool_indices, "req_pool_indices", INDEX_DTYPES, 1, dev, min_len=bs)
+    if kv_start_idx is not None:
+        check_tensor(kv_start_idx, "kv_start_idx", INDEX_DTYPES, 1, dev, min_len=bs)
+    return bs, dev
+
+
 def check_same_device(**tensors: torch.Tensor | None) -> None:
-    named = [(n, t) for n, t in tensors.items() if t is not None]
-    for name, t in named[1:]:
-        ref_name, ref = named[0]
+    (ref_name, ref), *named = [(n, t) for n, t in tensors.items() if t is not None]
+    for name, t in named:
         check(t.device == ref.device, f"{name}.device={t.device}: must match {ref_name}.device={ref.device}")
 
 
@@ -64,17 +73,16 @@ def check_paged_qkvo(q, k, v, o, names=("q", "k_buffer", "v_buffer", "o")) -> tu
     device. Returns ``(T, H, Hkv, D, Dv)``."""
     nq, nk, nv, no = names
     check_tensor(q, nq, FLOAT_DTYPES, 3)
-    for name, t in ((nk, k), (nv, v), (no, o)):
+    for name, t in zip(names[1:], (k, v, o)):
         check_tensor(t, name, FLOAT_DTYPES, 3, q.device)
-    (rows, heads, dim), (slots, kv_heads, k_dim) = q.shape, k.shape
+    (rows, heads, dim), (slots, kv_heads, k_dim), dv = q.shape, k.shape, v.shape[2]
     msg = f"{nk}.shape[1]={kv_heads}: must divide {nq}.shape[1]={heads} (GQA groups)"
     check(kv_heads >= 1 and heads % kv_heads == 0, msg)
     check(k_dim == dim, f"{nk}.shape[2]={k_dim}: must equal {nq}.shape[2]={dim}")
     msg = f"{nv}.shape={tuple(v.shape)}: must start with {(slots, kv_heads)} like {nk}"
-    check(tuple(v.shape[:2]) == (slots, kv_heads), msg)
-    want = (rows, heads, v.shape[2])
-    check(tuple(o.shape) == want, f"{no}.shape={tuple(o.shape)}: must be {want}")
-    return rows, heads, kv_heads, dim, v.shape[2]
+    check(v.shape[:2] == (slots, kv_heads), msg)
+    check(o.shape == (rows, heads, dv), f"{no}.shape={tuple(o.shape)}: must be {(rows, heads, dv)}")
+    return rows, heads, kv_heads, dim, dv
 
 
 def check_mask(custom_mask, mask_indptr, bs: int, device: torch.device) -> None:

@@ -10,9 +10,9 @@ float32 compute; a row with no visible key writes zeros.
 """
 
 import torch
+from torch import Tensor
 
-from ._checks import FLOAT_DTYPES as _FLOAT_DTYPES
-from ._checks import INDEX_DTYPES, check, check_float, check_int, check_mask, check_paged_qkvo, check_tensor
+from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check, check_float, check_int, check_mask, check_paged_qkvo, check_tensor
 from ._op import kernel_op
 from .bounds import guard_csr
 
@@ -22,19 +22,19 @@ def _gather_window(kv_indptr, kv_indices, max_kv_len: int, q_per_req: int, custo
     [bs, M]`` bool (inside the kv range) and ``allowed [bs, Q, M]`` (key_ok AND masks)."""
     bs, device = kv_indptr.shape[0] - 1, kv_indptr.device
     indptr = kv_indptr.to(torch.int64)  # [bs+1]
-    kv_start, kv_len = indptr[:-1], indptr[1:] - indptr[:-1]  # [bs], [bs]
+    kv_start, kv_len = indptr[:-1], indptr.diff()  # [bs], [bs]
     t, j = torch.arange(max_kv_len, device=device), torch.arange(q_per_req, device=device)  # [M] key, [Q] query row
-    key_ok = t[None, :] < kv_len[:, None]  # [bs, M]
-    pos = (kv_start[:, None] + t[None, :]).clamp(0, kv_indices.shape[0] - 1)  # [bs, M]
+    key_ok = t < kv_len[:, None]  # [bs, M]
+    pos = (kv_start[:, None] + t).clamp(0, kv_indices.shape[0] - 1)  # [bs, M]
     slots = torch.where(key_ok, kv_indices[pos].to(torch.int64), 0)  # [bs, M] int64
     allowed = key_ok[:, None, :].expand(bs, q_per_req, max_kv_len)  # [bs, Q, M]
     if causal:
         limit = kv_len[:, None] - q_per_req + j[None, :] + 1  # [bs, Q] keys visible to row j
-        allowed = allowed & (t[None, None, :] < limit[:, :, None])
+        allowed = allowed & (t < limit[..., None])
     if custom_mask is not None:
         assert mask_indptr is not None
         m_start = mask_indptr[:bs].to(torch.int64)[:, None, None]  # [bs, 1, 1]
-        flat = m_start + j[None, :, None] * kv_len[:, None, None] + t  # [bs, Q, M]
+        flat = m_start + j[:, None] * kv_len[:, None, None] + t  # [bs, Q, M]
         flat = flat.clamp(0, custom_mask.shape[0] - 1)  # out-of-block entries are masked anyway
         allowed = allowed & custom_mask[flat].to(torch.bool)
     return slots, key_ok, allowed
@@ -47,7 +47,7 @@ def _masked_attention(q, k, v, key_ok, allowed, sm_scale: float) -> torch.Tensor
     # where() below replaces; a NaN value would spoil the whole row (0 * NaN), so zero it.
     v = torch.where(key_ok[:, :, None, None], v, 0.0)
     scores = torch.einsum("bqhgd,bmhd->bhgqm", q, k) * sm_scale  # [bs, Hkv, G, Q, M]
-    allow = allowed[:, None, None, :, :]  # [bs, 1, 1, Q, M]
+    allow = allowed[:, None, None]  # [bs, 1, 1, Q, M]
     scores = torch.where(allow, scores, float("-inf"))
     row_max = scores.amax(dim=-1, keepdim=True)  # [bs, Hkv, G, Q, 1]
     row_max = torch.where(torch.isfinite(row_max), row_max, 0.0)  # empty rows: -inf -> 0
@@ -57,38 +57,41 @@ def _masked_attention(q, k, v, key_ok, allowed, sm_scale: float) -> torch.Tensor
     return torch.einsum("bhgqm,bmhd->bqhgd", p, v)  # [bs, Q, Hkv, G, Dv]
 
 
-def _check_window_args(q_rows, kv_indptr, kv_indices, sm_scale, max_kv_len, q_per_req, mask, mask_indptr, device):
-    """Checks both ops share (shapes / dtypes / devices only: graph-safe)."""
+def _launch(what, op, inputs, kv_indptr, kv_indices, out, sm_scale, max_kv_len, q_per_req, mask, mask_indptr, causal):
+    """The checks both wrappers share (shapes / dtypes / devices only: graph-safe), the bounds guard, the launch;
+    ``inputs`` end with the cache (slots first), ``out`` is checked already."""
     check_int(max_kv_len, "max_kv_len", 1)
     check_int(q_per_req, "q_per_req", 1)
     check_float(sm_scale, "sm_scale")
     for name, t in (("kv_indptr", kv_indptr), ("kv_indices", kv_indices)):
-        check_tensor(t, name, INDEX_DTYPES, 1, device, min_len=1)
-    bs = kv_indptr.shape[0] - 1
+        check_tensor(t, name, INDEX_DTYPES, 1, out.device, min_len=1)
+    bs, rows = kv_indptr.shape[0] - 1, out.shape[0]
     want = f"bs * q_per_req = {bs} * {q_per_req} (bs = kv_indptr.numel() - 1)"
-    check(q_rows == bs * q_per_req, f"q.shape[0]={q_rows}: must equal {want}")
-    check_mask(mask, mask_indptr, bs, device)
+    check(rows == bs * q_per_req, f"q.shape[0]={rows}: must equal {want}")
+    check_mask(mask, mask_indptr, bs, out.device)
+    kv_indptr, kv_indices = guard_csr(what, kv_indptr, kv_indices, bs, inputs[-1].shape[0])
+    op(*inputs, kv_indptr, kv_indices, out, float(sm_scale), max_kv_len, q_per_req, mask, mask_indptr, bool(causal))
 
 
 @kernel_op("refimpl::dense_paged_attention", mutates_args=("out",))
 def _dense_paged_attention_op(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    out: torch.Tensor,
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    kv_indptr: Tensor,
+    kv_indices: Tensor,
+    out: Tensor,
     sm_scale: float,
     max_kv_len: int,
     q_per_req: int,
-    custom_mask: torch.Tensor | None,
-    mask_indptr: torch.Tensor | None,
+    custom_mask: Tensor | None,
+    mask_indptr: Tensor | None,
     causal: bool,
 ) -> None:
     """The body of both ops: q [T, H, D], k_cache [slots, Hkv, D], v_cache [slots, Hkv, Dv] (MLA: the cache and its latent
     columns, Hkv = 1), out [T, H, Dv]."""
-    bs, kv_heads, args = kv_indptr.shape[0] - 1, k_cache.shape[1], (custom_mask, mask_indptr, causal)
-    slots, key_ok, allowed = _gather_window(kv_indptr, kv_indices, max_kv_len, q_per_req, *args)
+    bs, kv_heads = kv_indptr.shape[0] - 1, k_cache.shape[1]
+    slots, key_ok, allowed = _gather_window(kv_indptr, kv_indices, max_kv_len, q_per_req, custom_mask, mask_indptr, causal)
     q5 = q.float().reshape(bs, q_per_req, kv_heads, q.shape[1] // kv_heads, q.shape[2])  # [bs, Q, Hkv, G, D]
     k, v = k_cache[slots].float(), v_cache[slots].float()  # [bs, M, Hkv, D], [bs, M, Hkv, Dv]
     o = _masked_attention(q5, k, v, key_ok, allowed, sm_scale)  # [bs, Q, Hkv, G, Dv]
@@ -96,45 +99,43 @@ def _dense_paged_attention_op(
 
 
 def dense_paged_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    out: torch.Tensor,
+    q,
+    k_cache,
+    v_cache,
+    kv_indptr,
+    kv_indices,
+    out,
     *,
-    sm_scale: float,
-    max_kv_len: int,
-    q_per_req: int,
-    custom_mask: torch.Tensor | None = None,
-    mask_indptr: torch.Tensor | None = None,
-    causal: bool = False,
+    sm_scale,
+    max_kv_len,
+    q_per_req,
+    custom_mask=None,
+    mask_indptr=None,
+    causal=False,
 ) -> None:
     """Write softmax(q k^T * sm_scale) v into ``out`` for a uniform batch (module docstring): q [bs*q_per_req, H, D],
     k_cache [slots, Hkv, D], v_cache [slots, Hkv, Dv], kv_indptr [bs+1] (the ``[:bs+1]`` view), kv_indices [>=
-    kv_indptr[bs]], out [bs*q_per_req, H, Dv]; GQA."""
-    rows, device = check_paged_qkvo(q, k_cache, v_cache, out, ("q", "k_cache", "v_cache", "out"))[0], q.device
+    kv_indptr[bs]], out [bs*q_per_req, H, Dv]; GQA; sm_scale / max_kv_len / q_per_req Python numbers, causal a bool."""
+    check_paged_qkvo(q, k_cache, v_cache, out, ("q", "k_cache", "v_cache", "out"))
     check(k_cache.shape[0] >= 1, f"k_cache.shape[0]={k_cache.shape[0]}: must be >= 1")
-    _check_window_args(rows, kv_indptr, kv_indices, sm_scale, max_kv_len, q_per_req, custom_mask, mask_indptr, device)
-    kv_indptr, kv_indices = guard_csr("dense_paged_attention", kv_indptr, kv_indices, kv_indptr.shape[0] - 1, k_cache.shape[0])
-    args = (out, float(sm_scale), max_kv_len, q_per_req, custom_mask, mask_indptr, bool(causal))
-    _dense_paged_attention_op(q, k_cache, v_cache, kv_indptr, kv_indices, *args)
+    args = (kv_indptr, kv_indices, out, sm_scale, max_kv_len, q_per_req, custom_mask, mask_indptr, causal)
+    _launch("dense_paged_attention", _dense_paged_attention_op, (q, k_cache, v_cache), *args)
 
 
 # MLA: key = full latent|rope row, value = latent part ([facts#memory-pools])
 @kernel_op("refimpl::dense_paged_mla_attention", mutates_args=("out",))
 def _dense_paged_mla_attention_op(
-    q_nope: torch.Tensor,
-    q_rope: torch.Tensor,
-    kv_cache: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    out: torch.Tensor,
+    q_nope: Tensor,
+    q_rope: Tensor,
+    kv_cache: Tensor,
+    kv_indptr: Tensor,
+    kv_indices: Tensor,
+    out: Tensor,
     sm_scale: float,
     max_kv_len: int,
     q_per_req: int,
-    custom_mask: torch.Tensor | None,
-    mask_indptr: torch.Tensor | None,
+    custom_mask: Tensor | None,
+    mask_indptr: Tensor | None,
     causal: bool,
 ) -> None:
     args = (kv_indptr, kv_indices, out, sm_scale, max_kv_len, q_per_req, custom_mask, mask_indptr, causal)
@@ -143,28 +144,25 @@ def _dense_paged_mla_attention_op(
 
 
 def dense_paged_mla_attention(
-    q_nope: torch.Tensor,
-    q_rope: torch.Tensor,
-    kv_cache: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    out: torch.Tensor,
+    q_nope,
+    q_rope,
+    kv_cache,
+    kv_indptr,
+    kv_indices,
+    out,
     *,
-    sm_scale: float,
-    max_kv_len: int,
-    q_per_req: int,
-    custom_mask: torch.Tensor | None = None,
-    mask_indptr: torch.Tensor | None = None,
-    causal: bool = False,
+    sm_scale,
+    max_kv_len,
+    q_per_req,
+    custom_mask=None,
+    mask_indptr=None,
+    causal=False,
 ) -> None:
     """MLA: q_nope [T, H, R], q_rope [T, H, Rr], kv_cache [slots, 1, R + Rr], out [T, H, R]; scores use the full cache row,
     values its first R = kv_lora_rank columns (the latent)."""
-    check_tensor(q_nope, "q_nope", _FLOAT_DTYPES)
-    device = q_nope.device
-    for name, t in (("q_nope", q_nope), ("q_rope", q_rope), ("kv_cache", kv_cache), ("out", out)):
-        check_tensor(t, name, _FLOAT_DTYPES)
-        check(t.dim() == 3, f"{name}.shape={tuple(t.shape)}: must be 3-D")
-        check(t.device == device, f"{name}.device={t.device}: must match q.device={device}")
+    check_tensor(q_nope, "q_nope", FLOAT_DTYPES, 3)
+    for name, t in (("q_rope", q_rope), ("kv_cache", kv_cache), ("out", out)):
+        check_tensor(t, name, FLOAT_DTYPES, 3, q_nope.device)
     (rows, num_heads, rank), rope = q_nope.shape, q_rope.shape[2]
     ok = tuple(q_rope.shape[:2]) == (rows, num_heads)
     check(ok, f"q_rope.shape={tuple(q_rope.shape)}: must start with {(rows, num_heads)} like q_nope")
@@ -172,9 +170,5 @@ def dense_paged_mla_attention(
     check(ok, f"kv_cache.shape={tuple(kv_cache.shape)}: must be [slots >= 1, 1, {rank} + {rope}]")
     want = (rows, num_heads, rank)
     check(tuple(out.shape) == want, f"out.shape={tuple(out.shape)}: must be {want}")
-    _check_window_args(rows, kv_indptr, kv_indices, sm_scale, max_kv_len, q_per_req, custom_mask, mask_indptr, device)
-    kv_indptr, kv_indices = guard_csr(
-        "dense_paged_mla_attention", kv_indptr, kv_indices, kv_indptr.shape[0] - 1, kv_cache.shape[0]
-    )
-    args = (out, float(sm_scale), max_kv_len, q_per_req, custom_mask, mask_indptr, bool(causal))
-    _dense_paged_mla_attention_op(q_nope, q_rope, kv_cache, kv_indptr, kv_indices, *args)
+    args = (kv_indptr, kv_indices, out, sm_scale, max_kv_len, q_per_req, custom_mask, mask_indptr, causal)
+    _launch("dense_paged_mla_attention", _dense_paged_mla_attention_op, (q_nope, q_rope, kv_cache), *args)

@@ -35,15 +35,15 @@ def bounds_guard() -> Iterator[None]:
         _state["on"] = before
 
 
-def _record(what: str, bad: torch.Tensor, pos: torch.Tensor, values: torch.Tensor, rule: str) -> None:
-    """Keep the first bad entry of ``values`` for ``what`` (``pos``: ``arange(bad.numel())``), device ops only: its flat
-    position in the high 32 bits of one int64, its value's low 32 bits below, so a minimum keeps both."""
-    key = (str(bad.device), what)
-    rec = _records[key][0] if key in _records else torch.full((1,), _NONE, dtype=torch.int64, device=bad.device)
+def _record(what: str, bad: torch.Tensor, values: torch.Tensor, rule: str) -> None:
+    """Keep the first bad entry of ``values`` (``bad``: same shape) for ``what``, device ops only: its flat position in
+    the high 32 bits of one int64, its value's low 32 bits below, so a minimum keeps both."""
+    key, dev = (str(bad.device), what), bad.device
+    rec = _records[key][0] if key in _records else torch.full((1,), _NONE, dtype=torch.int64, device=dev)
     _records[key] = (rec, tuple(values.shape), rule)
     if bad.numel():
-        low = values.reshape(-1).to(torch.int64) & 0xFFFFFFFF
-        torch.minimum(rec, torch.where(bad.reshape(-1), (pos << 32) | low, _NONE).amin(), out=rec)
+        code = (torch.arange(bad.numel(), device=dev) << 32) | (values.reshape(-1).to(torch.int64) & 0xFFFFFFFF)
+        torch.minimum(rec, torch.where(bad.reshape(-1), code, _NONE).amin(), out=rec)
 
 
 def take() -> list[str]:
@@ -68,13 +68,13 @@ def guard_csr(
     and a live slot outside ``[0, num_slots)`` replaced by slot 0, each change recorded."""
     if not _state["on"]:
         return kv_indptr, kv_indices
-    n, ptr, dev = kv_indices.shape[0], kv_indptr[: bs + 1], kv_indices.device
+    n, ptr = kv_indices.shape[0], kv_indptr[: bs + 1]
     safe = ptr.clamp(0, n).cummax(0).values
     rule = f"outside [0, {n}] (kv_indices.numel()) or below the entry before it"
-    _record(f"{what}: kv_indptr", safe != ptr, torch.arange(bs + 1, device=dev), ptr, rule)
-    pos = torch.arange(n, device=dev)
+    _record(f"{what}: kv_indptr", safe != ptr, ptr, rule)
+    pos = torch.arange(n, device=kv_indices.device)
     bad = (pos >= safe[0]) & (pos < safe[bs]) & ((kv_indices < 0) | (kv_indices >= num_slots))
-    _record(f"{what}: kv_indices", bad, pos, kv_indices, f"a live entry outside the cache's slots [0, {num_slots})")
+    _record(f"{what}: kv_indices", bad, kv_indices, f"a live entry outside the cache's slots [0, {num_slots})")
     return safe, torch.where(bad, 0, kv_indices)
 
 
@@ -90,6 +90,5 @@ def guard_table(
     pages = (seq_lens[:bs].clamp(0, bound) + page_size - 1) // page_size  # [bs] columns each request reads
     cols = torch.arange(width, device=block_table.device)
     bad = (cols < pages[:, None]) & ((table < 0) | (table >= num_pages))
-    pos = torch.arange(bs * width, device=block_table.device)
-    _record(f"{what}: block_table", bad, pos, table, f"a read entry outside the cache's pages [0, {num_pages})")
+    _record(f"{what}: block_table", bad, table, f"a read entry outside the cache's pages [0, {num_pages})")
     return torch.where(bad, 0, table)

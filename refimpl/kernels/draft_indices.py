@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import INDEX_DTYPES, check, check_int, check_same_device, check_tensor
+from ._checks import INDEX_DTYPES, check, check_int, check_pool_inputs, check_tensor
 from ._op import kernel_op
 from .indices import copy_row, pool_row
 
@@ -86,12 +86,10 @@ def _draft_decode_kv_indices_op(
     num_seqs = seq_lens.shape[0]
     if num_seqs == 0:  # shape, not data: an empty batch launches nothing
         return
-    strides = (req_to_token.stride(0), kv_indices.stride(0), kv_indptr.stride(0))
-    sizes = (num_seqs, kv_indices.shape[1], kv_indptr.shape[1], *req_to_token.shape)
-    blocks = dict(SEQ_BLOCK=triton.next_power_of_2(num_seqs), STEP_BLOCK=triton.next_power_of_2(num_steps))
-    args = (req_pool_indices, req_to_token, seq_lens, kv_indices, kv_indptr, *strides, *sizes)
-    meta = dict(TOPK=topk, NUM_STEPS=num_steps, **blocks, COPY_BLOCK=COPY_BLOCK)
-    _draft_decode_kv_indices_kernel[(num_steps, num_seqs, topk)](*args, **meta)
+    args = (req_pool_indices, req_to_token, seq_lens, kv_indices, kv_indptr, req_to_token.stride(0))
+    args += (kv_indices.stride(0), kv_indptr.stride(0), num_seqs, kv_indices.shape[1], kv_indptr.shape[1])
+    args += (*req_to_token.shape, topk, num_steps, triton.next_power_of_2(num_seqs), triton.next_power_of_2(num_steps))
+    _draft_decode_kv_indices_kernel[(num_steps, num_seqs, topk)](*args, COPY_BLOCK)
 
 
 def draft_decode_kv_indices(req_pool_indices, req_to_token, seq_lens, kv_indices, kv_indptr, *, topk, num_steps):
@@ -100,20 +98,12 @@ def draft_decode_kv_indices(req_pool_indices, req_to_token, seq_lens, kv_indices
     + 1], int32 / int64. Out-of-range values are dropped, never clamped (``seq_lens[r] < 0`` counts as 0)."""
     check_int(topk, "topk", 1)
     check_int(num_steps, "num_steps", 1)
-    check_tensor(seq_lens, "seq_lens", INDEX_DTYPES, 1)
-    check_tensor(req_pool_indices, "req_pool_indices", INDEX_DTYPES, 1)
-    num_seqs, n = seq_lens.shape[0], req_pool_indices.shape[0]
-    check(n >= num_seqs, f"req_pool_indices.shape[0]={n}: must be >= num_seqs = seq_lens.numel() = {num_seqs}")
-    check_tensor(req_to_token, "req_to_token", INDEX_DTYPES, 2)
-    check_tensor(kv_indices, "kv_indices", INDEX_DTYPES, 2)
-    n = kv_indices.shape[0]
-    check(n >= num_steps, f"kv_indices.shape[0]={n}: must be >= num_steps={num_steps}")
-    check_tensor(kv_indptr, "kv_indptr", INDEX_DTYPES, 2)
-    rows, want = num_seqs * topk, f"[num_steps={num_steps}, num_seqs*topk + 1 = {num_seqs * topk + 1}]"
-    ok = kv_indptr.shape[0] >= num_steps and kv_indptr.shape[1] >= rows + 1
+    num_seqs, dev = check_pool_inputs(req_to_token, req_pool_indices, seq_lens, "seq_lens")
+    check_tensor(kv_indices, "kv_indices", INDEX_DTYPES, 2, dev, min_len=num_steps)
+    check_tensor(kv_indptr, "kv_indptr", INDEX_DTYPES, 2, dev)
+    ok = kv_indptr.shape[0] >= num_steps and kv_indptr.shape[1] > num_seqs * topk
+    want = f"[num_steps={num_steps}, num_seqs*topk + 1 = {num_seqs * topk + 1}]"
     check(ok, f"kv_indptr.shape={tuple(kv_indptr.shape)}: must be at least {want}")
-    named = dict(req_to_token=req_to_token, seq_lens=seq_lens, kv_indices=kv_indices, kv_indptr=kv_indptr)
-    check_same_device(req_pool_indices=req_pool_indices, **named)
     _draft_decode_kv_indices_op(req_pool_indices, req_to_token, seq_lens, kv_indices, kv_indptr, topk, num_steps)
 
 
@@ -122,17 +112,14 @@ def draft_decode_kv_indices_ref(
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Expected ``(kv_indptr, kv_indices)``, one int64 tensor per step (python loops): ``[num_seqs*topk + 1]`` and
     ``[draft_decode_used_len(sum(seq_lens), num_seqs, topk, i)]``."""
-    lens = [int(x) for x in seq_lens.tolist()]
-    rpi = [int(x) for x in req_pool_indices[: len(lens)].tolist()]
-    table, dev = req_to_token.cpu(), req_to_token.device
+    table = {r: req_to_token[r].tolist() for r in req_pool_indices[: seq_lens.numel()].tolist()}  # the batch's rows
     indptrs, indices = [], []
     for i in range(num_steps):
         indptr, flat = [0], []
-        for slot, n in zip(rpi, lens):
-            for k in range(topk):
-                cols = list(range(n)) + [n + k * num_steps + j for j in range(i + 1)]
-                flat.extend(int(table[slot, c]) for c in cols)
-                indptr.append(indptr[-1] + len(cols))
-        indptrs.append(torch.tensor(indptr, dtype=torch.int64, device=dev))
-        indices.append(torch.tensor(flat, dtype=torch.int64, device=dev))
+        for slot, n in zip(req_pool_indices.tolist(), seq_lens.tolist()):
+            for k in range(topk):  # the prefix, then branch k's first i + 1 draft slots
+                flat += [table[slot][c] for c in [*range(n), *range(n + k * num_steps, n + k * num_steps + i + 1)]]
+                indptr.append(len(flat))
+        indptrs.append(torch.tensor(indptr, dtype=torch.int64, device=req_to_token.device))
+        indices.append(torch.tensor(flat, dtype=torch.int64, device=req_to_token.device))
     return indptrs, indices

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .. import layout
-from ._checks import INDEX_DTYPES, MASK_DTYPES, check, check_int, check_tensor
+from ._checks import INDEX_DTYPES, MASK_DTYPES, check, check_int, check_pool_inputs, check_tensor
 from ._op import kernel_op
 from .indices import CSR_BLOCK, copy_row, pool_row
 from .oracle import csr_ref
@@ -120,18 +120,16 @@ def _fused_graph_metadata_op(
     bs = seq_lens.shape[0]
     if bs == 0:  # shape, not data: an empty batch launches nothing
         return
-    decode, verify = num_kv_splits is not None, qo_indptr is not None
-    copy_mask = verify and custom_mask_src is not None
+    copy_mask = qo_indptr is not None and custom_mask_src is not None
     src = dst = kv_indices  # dummy pointers, never read
     if copy_mask:
-        src, dst = (t.view(torch.uint8) if t.dtype == torch.bool else t for t in (custom_mask_src, custom_mask))
-    outs = tuple(t if t is not None else kv_indptr for t in (num_kv_splits, qo_indptr, mask_indptr))  # dummies: unread
-    shape = (req_to_token.stride(0), *req_to_token.shape, kv_indices.numel())
-    args = (req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_indices, *outs, src, dst, *shape, bs)
-    args += (token_grid, max_kv_splits, core_count, num_draft_tokens, min(src.numel(), dst.numel()) if copy_mask else 0)
-    flags = dict(DECODE=decode, STATIC=static or core_count <= 0, VERIFY=verify, COPY_MASK=copy_mask)
-    blocks = dict(BLOCK_BS=triton.next_power_of_2(bs), BLOCK=CSR_BLOCK, MASK_BLOCK=MASK_BLOCK)
-    _fused_graph_metadata_kernel[(bs,)](*args, **blocks, **flags)
+        src, dst = custom_mask_src.view(torch.uint8), custom_mask.view(torch.uint8)  # bool: viewed as uint8
+    outs = (t if t is not None else kv_indptr for t in (num_kv_splits, qo_indptr, mask_indptr))  # dummies: unread
+    args = (req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_indices, *outs, src, dst, req_to_token.stride(0))
+    args += (*req_to_token.shape, kv_indices.numel(), bs, token_grid, max_kv_splits, core_count, num_draft_tokens)
+    args += (min(src.numel(), dst.numel()) if copy_mask else 0, triton.next_power_of_2(bs), CSR_BLOCK, MASK_BLOCK)
+    flags = (num_kv_splits is not None, static or core_count <= 0, qo_indptr is not None, copy_mask)
+    _fused_graph_metadata_kernel[(bs,)](*args, *flags)  # DECODE, STATIC, VERIFY, COPY_MASK
 
 
 def fused_graph_metadata_args(
@@ -155,10 +153,7 @@ def fused_graph_metadata_args(
 ) -> tuple:
     """Check ``fused_graph_metadata``'s arguments (this signature) and return the launch's argument tuple, for
     ``launch_fused_graph_metadata``."""
-    check_tensor(seq_lens, "seq_lens", INDEX_DTYPES, 1, None)
-    bs, dev = seq_lens.shape[0], seq_lens.device  # every other tensor must be on it
-    check_tensor(req_to_token, "req_to_token", INDEX_DTYPES, 2, dev)
-    check_tensor(req_pool_indices, "req_pool_indices", INDEX_DTYPES, 1, dev, min_len=bs)
+    bs, dev = check_pool_inputs(req_to_token, req_pool_indices, seq_lens, "seq_lens")
     check_tensor(kv_indptr, "kv_indptr", INDEX_DTYPES, 1, dev, min_len=bs + 1)
     check_tensor(kv_indices, "kv_indices", INDEX_DTYPES, 1, dev)
     decode, verify = num_kv_splits is not None, num_draft_tokens is not None
@@ -225,17 +220,20 @@ def fused_graph_metadata_ref(
     """What ``fused_graph_metadata`` writes for valid inputs, on the host, int64 (``custom_mask``: the source's first
     ``min(src numel, mask_indptr[bs])`` entries as uint8)."""
     lens = seq_lens.detach().cpu().to(torch.int64)
-    bs = lens.numel()
+    bs, n = lens.numel(), num_draft_tokens
     out = csr_ref(req_to_token, req_pool_indices[:bs], lens)  # kv_indptr, kv_indices
-    if num_draft_tokens is None:
-        kw = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, max_kv_splits=max_kv_splits)
-        splits = get_num_kv_splits_ref(lens.tolist(), **kw, core_count=core_count, static=static)
-        out["num_kv_splits"] = torch.tensor(splits, dtype=torch.int64, device="cpu")
-        return out
-    n = num_draft_tokens
+    if n is None:
+        splits = get_num_kv_splits_ref(
+            lens.tolist(),
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            max_kv_splits=max_kv_splits,
+            core_count=core_count,
+            static=static,
+        )
+        return out | {"num_kv_splits": torch.tensor(splits, dtype=torch.int64, device="cpu")}
     out["qo_indptr"] = torch.arange(0, (bs + 1) * n, n, dtype=torch.int64, device="cpu")
     out["mask_indptr"] = layout.mask_indptr(lens, n)
-    if custom_mask_src is not None:
-        end = min(custom_mask_src.numel(), int(out["mask_indptr"][-1]))
-        out["custom_mask"] = custom_mask_src.detach().cpu()[:end].to(torch.uint8)
+    if custom_mask_src is not None:  # (slicing stops at the source's end)
+        out["custom_mask"] = custom_mask_src.detach().cpu()[: int(out["mask_indptr"][-1])].to(torch.uint8)
     return out

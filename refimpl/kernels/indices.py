@@ -10,14 +10,13 @@ Lengths, starts and request indices are device data a replay may fill with anyth
 to its tensor and every loop bounded by a shape: what falls outside is dropped, never clamped onto another entry.
 """
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from ._checks import INDEX_DTYPES, check, check_same_device, check_tensor
+from ._checks import INDEX_DTYPES, check, check_int, check_pool_inputs, check_tensor
 from ._op import kernel_op
+from .oracle import csr_ref
 
 CSR_BLOCK = 512  # positions copied per loop iteration ([facts#csr-kv-index-builder])
 BLOCK_TABLE_CHUNK = 4096  # positions covered per loop iteration: 4096 // P pages
@@ -26,20 +25,6 @@ BLOCK_TABLE_CHUNK = 4096  # positions covered per loop iteration: 4096 // P page
 def pages_per_chunk(page_size: int, chunk: int = BLOCK_TABLE_CHUNK) -> int:
     """Pages a block-table loop iteration covers: about ``chunk // page_size``, a power of 2 (tl.arange)."""
     return 1 << (max(1, chunk // page_size).bit_length() - 1)
-
-
-_check_index_tensor = functools.partial(check_tensor, dtypes=INDEX_DTYPES, ndim=1)
-
-
-def _check_pool_inputs(req_to_token, req_pool_indices, lens, kv_start_idx) -> int:
-    """Validate the inputs both builders share; return bs = lens.numel()."""
-    _check_index_tensor(lens, "lens")
-    bs = lens.shape[0]
-    _check_index_tensor(req_to_token, "req_to_token", ndim=2)
-    _check_index_tensor(req_pool_indices, "req_pool_indices", min_len=bs)
-    if kv_start_idx is not None:
-        _check_index_tensor(kv_start_idx, "kv_start_idx", min_len=bs)
-    return bs
 
 
 # CSR kv indices ([facts#csr-kv-index-builder])
@@ -114,33 +99,35 @@ def _build_kv_indices_op(
     kv_indices: torch.Tensor,
     kv_start_idx: torch.Tensor | None,
 ) -> None:
-    bs = lens.shape[0]
-    if bs == 0:  # shape, not data: an empty batch launches nothing
+    if lens.shape[0] == 0:  # shape, not data: an empty batch launches nothing
         return
-    start = kv_start_idx if kv_start_idx is not None else lens  # dummy pointer, never read
-    shape = (req_to_token.stride(0), *req_to_token.shape, kv_indices.numel())
-    args = (req_to_token, req_pool_indices, lens, kv_indptr, start, kv_indices, *shape)
-    _build_kv_indices_kernel[(bs,)](*args, HAS_START=kv_start_idx is not None, BLOCK=CSR_BLOCK)
+    has_start = kv_start_idx is not None  # else lens: a dummy pointer, never read
+    args = (req_to_token, req_pool_indices, lens, kv_indptr, kv_start_idx if has_start else lens, kv_indices)
+    args += (req_to_token.stride(0), *req_to_token.shape, kv_indices.numel())
+    _build_kv_indices_kernel[(lens.shape[0],)](*args, has_start, CSR_BLOCK)  # HAS_START, BLOCK
 
 
 def build_kv_indices(req_to_token, req_pool_indices, lens, kv_indptr, kv_indices, kv_start_idx=None) -> None:
     """Fill ``kv_indices`` with each request's token slots (CSR), bs = lens.numel(); ``kv_indptr[:bs+1]`` must hold ``[0,
     cumsum(lens)]``. Element j of request i is written iff ``0 <= rpi[i] < pool``, ``0 <= start_i + j < L`` and ``0 <=
     kv_indptr[i] + j < kv_indices.numel()``; else it keeps its value."""
-    bs = _check_pool_inputs(req_to_token, req_pool_indices, lens, kv_start_idx)
-    _check_index_tensor(kv_indptr, "kv_indptr", min_len=bs + 1)
-    _check_index_tensor(kv_indices, "kv_indices")
-    named = dict(req_to_token=req_to_token, req_pool_indices=req_pool_indices, lens=lens, kv_indptr=kv_indptr)
-    check_same_device(**named, kv_indices=kv_indices, kv_start_idx=kv_start_idx)
+    bs, dev = check_pool_inputs(req_to_token, req_pool_indices, lens, "lens", kv_start_idx)
+    check_tensor(kv_indptr, "kv_indptr", INDEX_DTYPES, 1, dev, min_len=bs + 1)
+    check_tensor(kv_indices, "kv_indices", INDEX_DTYPES, 1, dev)
     _build_kv_indices_op(req_to_token, req_pool_indices, lens, kv_indptr, kv_indices, kv_start_idx)
+
+
+def _requests(req_pool_indices, lens, kv_start_idx):
+    """``(rpi[i], start_i, lens[i])`` per request, read on the host (the references' loop)."""
+    bs = lens.numel()
+    starts = [0] * bs if kv_start_idx is None else kv_start_idx[:bs].tolist()
+    return zip(req_pool_indices[:bs].tolist(), starts, lens.tolist())
 
 
 def build_kv_indices_ref(req_to_token, req_pool_indices, lens, kv_start_idx=None) -> torch.Tensor:
     """Expected CSR indices: concat_i req_to_token[rpi[i], start_i : start_i + lens[i]] (int64)."""
-    bs = lens.numel()
-    starts = [0] * bs if kv_start_idx is None else kv_start_idx[:bs].tolist()
-    rows = [req_to_token[r, s : s + n].long() for r, s, n in zip(req_pool_indices[:bs].tolist(), starts, lens.tolist())]
-    return torch.cat(rows) if rows else torch.zeros(0, dtype=torch.int64, device=req_to_token.device)  # [sum(lens)]
+    rows = [req_to_token[r, s : s + n].long() for r, s, n in _requests(req_pool_indices, lens, kv_start_idx)]
+    return torch.cat([req_to_token.new_zeros(0, dtype=torch.int64), *rows])  # [sum(lens)]
 
 
 # paged block table ([facts#block-table-builder])
@@ -180,40 +167,30 @@ def _build_block_table_op(
     page_size: int,
     kv_start_idx: torch.Tensor | None,
 ) -> None:
-    bs = lens.shape[0]
-    if bs == 0:
+    if lens.shape[0] == 0:  # shape, not data: an empty batch launches nothing
         return
-    start = kv_start_idx if kv_start_idx is not None else lens  # dummy pointer, never read
-    shape = (req_to_token.stride(0), block_table.stride(0), block_table.shape[1], *req_to_token.shape)
-    args = (req_to_token, req_pool_indices, lens, start, block_table, *shape)
-    meta = dict(PAGE_SIZE=page_size, PAGES_PER_CHUNK=pages_per_chunk(page_size), HAS_START=kv_start_idx is not None)
-    _build_block_table_kernel[(bs,)](*args, **meta)
+    has_start = kv_start_idx is not None  # else lens: a dummy pointer, never read
+    args = (req_to_token, req_pool_indices, lens, kv_start_idx if has_start else lens, block_table)
+    args += (req_to_token.stride(0), block_table.stride(0), block_table.shape[1], *req_to_token.shape)
+    # PAGE_SIZE, PAGES_PER_CHUNK, HAS_START
+    _build_block_table_kernel[(lens.shape[0],)](*args, page_size, pages_per_chunk(page_size), has_start)
 
 
 def build_block_table(req_to_token, req_pool_indices, lens, block_table, page_size, kv_start_idx=None) -> None:
     """Fill rows ``[:bs]`` of ``block_table`` (module docstring), bs = lens.numel(): entry ``(i, p)``, ``p < cdiv(lens[i],
     P)``, is written iff ``p < block_table.shape[1]``, ``0 <= rpi[i] < pool`` and ``0 <= start_i + p*P < L``; every
     other entry keeps its value (−1 or 1 by convention)."""
-    check(isinstance(page_size, int) and page_size >= 1, f"page_size={page_size!r}: must be an int >= 1")
-    bs = _check_pool_inputs(req_to_token, req_pool_indices, lens, kv_start_idx)
-    if not isinstance(block_table, torch.Tensor):
-        raise TypeError(f"block_table must be a torch.Tensor, got {type(block_table).__name__}")
-    check(block_table.dtype == torch.int32, f"block_table.dtype={block_table.dtype}: must be torch.int32")
-    check(block_table.dim() == 2, f"block_table.shape={tuple(block_table.shape)}: must be 2-D")
+    check_int(page_size, "page_size", 1)
+    bs, dev = check_pool_inputs(req_to_token, req_pool_indices, lens, "lens", kv_start_idx)
+    check_tensor(block_table, "block_table", (torch.int32,), 2, dev)
     check(block_table.shape[0] >= bs, f"block_table.shape[0]={block_table.shape[0]}: must be >= bs={bs}")
-    ok = block_table.numel() == 0 or block_table.stride(1) == 1
-    check(ok, f"block_table.stride(1)={block_table.stride(1)}: must be 1")
-    named = dict(req_to_token=req_to_token, req_pool_indices=req_pool_indices, lens=lens)
-    check_same_device(**named, block_table=block_table, kv_start_idx=kv_start_idx)
     _build_block_table_op(req_to_token, req_pool_indices, lens, block_table, page_size, kv_start_idx)
 
 
 def build_block_table_ref(req_to_token, req_pool_indices, lens, block_table, page_size: int, kv_start_idx=None):
     """Expected table: a copy of ``block_table`` with the written entries replaced."""
     out = block_table.clone()  # [bs_max, max_blocks] int32
-    bs = lens.numel()
-    starts = [0] * bs if kv_start_idx is None else kv_start_idx[:bs].tolist()
-    for i, (r, s, n) in enumerate(zip(req_pool_indices[:bs].tolist(), starts, lens.tolist())):
+    for i, (r, s, n) in enumerate(_requests(req_pool_indices, lens, kv_start_idx)):
         for p in range(min(-(-n // page_size), out.shape[1])):  # its pages, within the width
             out[i, p] = int(req_to_token[r, s + p * page_size]) // page_size
     return out
@@ -224,14 +201,11 @@ def block_table_to_kv_indices(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Host-side token-level CSR view of a block table: position t of request i is slot ``block_table[i, t // P] * P + t %
     P``. Returns int64 ``(kv_indptr [bs+1], kv_indices [sum(seq_lens)])``, bs = seq_lens.numel()."""
-    bs = seq_lens.numel()
+    bs, dev = seq_lens.numel(), block_table.device
     assert block_table.dim() == 2 and block_table.shape[0] >= bs, "block_table must be [>=bs, *]"
-    device = block_table.device
-    kv_indptr = torch.zeros(bs + 1, dtype=torch.int64, device=device)  # [bs+1] int64
-    kv_indptr[1:] = torch.cumsum(seq_lens.to(torch.int64), 0)
-    rows = []
-    for i, n in enumerate(seq_lens.tolist()):
-        t = torch.arange(n, device=device)  # [n] positions
-        rows.append(block_table[i, t // page_size].long() * page_size + t % page_size)
-    kv_indices = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.int64, device=device)
-    return kv_indptr, kv_indices
+    if bs and (longest := int(seq_lens.max())) > (room := block_table.shape[1] * page_size):
+        raise ValueError(f"seq_lens up to {longest} positions exceed the block table's {room} (pages x page_size)")
+    t = torch.arange(block_table.shape[1] * page_size, device=dev)  # [W*P] positions
+    slots = block_table[:bs, t // page_size].long() * page_size + t % page_size  # [bs, W*P]: each position's slot
+    csr = csr_ref(slots, torch.arange(bs, device=dev), seq_lens)  # request i's first seq_lens[i] slots (host)
+    return csr["kv_indptr"].to(dev), csr["kv_indices"].to(dev)

@@ -19,13 +19,14 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch import Tensor
 
 from .. import _env
 from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check, check_float, check_int, check_tensor
 from ._op import kernel_op
 from .bounds import guard_table
-from .indices import block_table_to_kv_indices, build_block_table_ref, copy_pages, pages_per_chunk, pool_row
-from .oracle import mla_oracle
+from .indices import build_block_table_ref, copy_pages, pages_per_chunk, pool_row
+from .oracle import attention_from_dense
 
 BLOCK_N = 32  # keys per loop iteration; divides every supported page size (32, 64, 128)
 MAX_HEADS_PER_PROGRAM = 16  # query heads sharing one key/value block load
@@ -122,11 +123,11 @@ def _mla_paged_kernel(
 
 @kernel_op("refimpl::mla_paged_attention", mutates_args=("out",))
 def _mla_paged_attention_op(
-    q: torch.Tensor,
-    kv_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    out: torch.Tensor,
+    q: Tensor,
+    kv_cache: Tensor,
+    block_table: Tensor,
+    seq_lens: Tensor,
+    out: Tensor,
     max_seq_len: int,
     sm_scale: float,
     kv_lora_rank: int,
@@ -141,7 +142,7 @@ def _mla_paged_attention_op(
     strides = (*q.stride()[:3], *kv_cache.stride()[:2], block_table.stride(0), *out.stride()[:3])
     sizes = (q_len, num_heads, block_table.shape[1], max_seq_len, sm_scale, out_scale)
     meta = dict(R=kv_lora_rank, RR=head_dim - kv_lora_rank, PAGE_SIZE=kv_cache.shape[1], HEADS=heads, BLOCK_H=block_h)
-    fp32 = q.dtype == torch.float32 or kv_cache.dtype == torch.float32
+    fp32 = torch.float32 in (q.dtype, kv_cache.dtype)
     args = (q, kv_cache, block_table, seq_lens, out, *strides, *sizes)
     _mla_paged_kernel[grid](*args, **meta, BLOCK_N=BLOCK_N, FP32_DOTS=fp32, num_warps=4 if kv_lora_rank <= 128 else 8)
 
@@ -149,7 +150,7 @@ def _mla_paged_attention_op(
 def mla_paged_attention(q, kv_cache, block_table, seq_lens, out, max_seq_len, sm_scale, kv_lora_rank, out_scale=1.0):
     """Paged MLA attention into ``out`` (module docstring), returned. P a multiple of 32; R and Rr powers of two >= 16;
     ``width * P >= max_seq_len``. Table values are the caller's contract (graph-safe)."""
-    check_tensor(q, "q", FLOAT_DTYPES, 4, None)
+    check_tensor(q, "q", FLOAT_DTYPES, 4)
     device = q.device
     check_tensor(kv_cache, "kv_cache", FLOAT_DTYPES, 3, device)
     check_tensor(out, "out", FLOAT_DTYPES, 4, device)
@@ -157,7 +158,7 @@ def mla_paged_attention(q, kv_cache, block_table, seq_lens, out, max_seq_len, sm
     check_tensor(seq_lens, "seq_lens", INDEX_DTYPES, 1, device)
     for name, t in (("q", q), ("kv_cache", kv_cache), ("out", out)):
         _env.check_cpu_dtype(t, name)
-    (bs, q_len, num_heads, head_dim), (_, page_size, kv_dim) = q.shape, kv_cache.shape
+    (bs, q_len, num_heads, head_dim), (_, page_size, kv_dim), width = q.shape, kv_cache.shape, block_table.shape[1]
     check_int(kv_lora_rank, "kv_lora_rank", DOT_MIN)
     check(kv_lora_rank & (kv_lora_rank - 1) == 0, f"kv_lora_rank={kv_lora_rank}: must be a power of two")
     rope = head_dim - kv_lora_rank
@@ -166,12 +167,11 @@ def mla_paged_attention(q, kv_cache, block_table, seq_lens, out, max_seq_len, sm
     check(kv_dim == head_dim, f"kv_cache.shape[2]={kv_dim}: must equal q.shape[3]={head_dim}")
     ok = page_size >= 1 and page_size % BLOCK_N == 0
     check(ok, f"kv_cache.shape[1]={page_size} (page size): must be a multiple of {BLOCK_N}")
-    check(block_table.shape[0] >= bs, f"block_table.shape[0]={block_table.shape[0]}: must be >= bs={bs}")
-    check(seq_lens.shape[0] >= bs, f"seq_lens.shape[0]={seq_lens.shape[0]}: must be >= bs={bs}")
+    for name, t in (("block_table", block_table), ("seq_lens", seq_lens)):
+        check(t.shape[0] >= bs, f"{name}.shape[0]={t.shape[0]}: must be >= bs={bs}")
     want = (bs, q_len, num_heads, kv_lora_rank)
     check(tuple(out.shape) == want, f"out.shape={tuple(out.shape)}: must be {want}")
     check_int(max_seq_len, "max_seq_len", 0)
-    width = block_table.shape[1]
     msg = f"block_table.shape[1]={width} pages of {page_size} cover {width * page_size} positions"
     check(width * page_size >= max_seq_len, f"{msg} < max_seq_len={max_seq_len}: the table is too narrow")
     check_float(sm_scale, "sm_scale")
@@ -184,64 +184,68 @@ def mla_paged_attention(q, kv_cache, block_table, seq_lens, out, max_seq_len, sm
 
 
 def mla_paged_attention_ref(q, kv_cache, block_table, seq_lens, max_seq_len, sm_scale, kv_lora_rank, out_scale=1.0):
-    """What ``mla_paged_attention`` must write, in float64 (``mla_oracle`` over the table): request i's keys are its first
-    ``min(seq_lens[i], max_seq_len, width * P)`` positions; row j's causal bound ``t < seq_lens[i] - N + j + 1`` uses
-    the *untruncated* length, so it goes in as a custom mask. Host reads: never call inside a graph."""
+    """What ``mla_paged_attention`` must write, in float64 (``attention_from_dense`` per request): request i's keys are its
+    first ``min(seq_lens[i], max_seq_len, width * P)`` positions (slots ``bt[i, t // P] * P + t % P``); row j's causal
+    bound ``t < seq_lens[i] - N + j + 1`` uses the *untruncated* length. Host reads: never call inside a graph."""
     bs, q_len, num_heads, head_dim = q.shape
-    page_size, rank, device = kv_cache.shape[1], kv_lora_rank, q.device
-    lens = seq_lens[:bs].to(torch.int64)  # [bs]
+    page_size, device = kv_cache.shape[1], q.device
     cap = min(max_seq_len, block_table.shape[1] * page_size)
-    visible = lens.clamp(max=cap).clamp(min=0)  # [bs] keys each request may read
-    kv_indptr, kv_indices = block_table_to_kv_indices(block_table, visible, page_size)
-    masks = []
-    for n, n_k in zip(lens.tolist(), visible.tolist()):
-        j, t = torch.arange(q_len, device=device)[:, None], torch.arange(n_k, device=device)[None, :]
-        masks.append((t < n - q_len + j + 1).flatten())  # [N * n_k]
-    mask_indptr = torch.zeros(bs + 1, dtype=torch.int64, device=device)
-    mask_indptr[1:] = torch.cumsum(visible * q_len, 0)
-    custom_mask = torch.cat(masks) if masks else torch.zeros(0, dtype=torch.bool, device=device)
-    qo_indptr = torch.arange(bs + 1, device=device) * q_len
-    flat = q.reshape(bs * q_len, num_heads, head_dim)
-    csr = (qo_indptr, kv_indptr, kv_indices, sm_scale, custom_mask, mask_indptr)
-    out = mla_oracle(flat[..., :rank], flat[..., rank:], kv_cache.reshape(-1, 1, head_dim), *csr)
-    return out.view(bs, q_len, num_heads, rank) * out_scale
+    keys = kv_cache.reshape(-1, 1, head_dim)  # [slots, 1, R + Rr]: key = the whole row, value = its first R columns
+    out = torch.zeros(bs, q_len, num_heads, kv_lora_rank, dtype=torch.float64, device=device)
+    for i, n in enumerate(seq_lens[:bs].tolist()):
+        t = torch.arange(max(min(n, cap), 0), device=device)  # the keys request i may read
+        rows = keys[block_table[i, t // page_size].long() * page_size + t % page_size]  # [n_k, 1, R + Rr]
+        mask = torch.ones(q_len, t.numel(), dtype=torch.bool, device=device).tril(n - q_len)  # t < n - N + j + 1
+        out[i] = attention_from_dense(q[i], rows, rows[..., :kv_lora_rank], sm_scale, mask)
+    return out * out_scale
+
+
+def _check_standin(bs: int, device, table_name: str, table, seq_lens, workspace_name: str, workspace) -> None:
+    """What both stand-ins check alike: an int32 page table ``[bs, width]`` and ``seq_lens [bs]``, and a workspace that
+    is any tensor on ``device`` (its contents are the real kernel's business)."""
+    for name, t, ndim in ((table_name, table, 2), ("seq_lens", seq_lens, 1)):
+        check_tensor(t, name, (torch.int32,), ndim, device)
+        check(t.shape[0] == bs, f"{name}.shape[0]={t.shape[0]}: must equal bs={bs}")
+    if not isinstance(workspace, torch.Tensor):
+        raise TypeError(f"{workspace_name} must be a torch.Tensor, got {type(workspace).__name__}")
+    check(workspace.device == device, f"{workspace_name}.device={workspace.device}: must match {device}")
 
 
 # the real kernels' interfaces (where the real kernel plugs in)
 def trtllm_batch_decode_with_kv_cache_mla(
-    query: torch.Tensor,
-    kv_cache: torch.Tensor,
-    workspace_buffer: torch.Tensor,
-    qk_nope_head_dim: int,
-    kv_lora_rank: int,
-    qk_rope_head_dim: int,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    max_seq_len: int,
-    sparse_mla_top_k: int = 0,
-    out: torch.Tensor | None = None,
-    bmm1_scale: float = 1.0,
-    bmm2_scale: float = 1.0,
-    sinks: list[torch.Tensor] | None = None,
-    skip_softmax_threshold_scale_factor: float | None = None,
-    enable_pdl: bool | None = None,
-    backend: str = "auto",
-    is_var_seq: bool = True,
-    uses_shared_paged_kv_idx: bool = True,
-    lse: torch.Tensor | None = None,
-    return_lse: bool = False,
-    cute_dsl_impl: str = "auto",
-    kv_scale_format: str = "auto",
-    cum_seq_lens_q: torch.Tensor | None = None,
-    max_q_len: int | None = None,
-    multi_ctas_kv_counter_buffer: torch.Tensor | None = None,
-    sparse_mla_top_k_lens: torch.Tensor | None = None,
-    enable_dcp: bool = False,
-    cp_world: int = 1,
-    cp_rank: int = 0,
-    causal_seqlens_kv_global: torch.Tensor | None = None,
-    use_fp16_softmax: bool | None = None,
-    return_lse_base: str | None = None,
+    query,
+    kv_cache,
+    workspace_buffer,
+    qk_nope_head_dim,
+    kv_lora_rank,
+    qk_rope_head_dim,
+    block_tables,
+    seq_lens,
+    max_seq_len,
+    sparse_mla_top_k=0,
+    out=None,
+    bmm1_scale=1.0,
+    bmm2_scale=1.0,
+    sinks=None,
+    skip_softmax_threshold_scale_factor=None,
+    enable_pdl=None,
+    backend="auto",
+    is_var_seq=True,
+    uses_shared_paged_kv_idx=True,
+    lse=None,
+    return_lse=False,
+    cute_dsl_impl="auto",
+    kv_scale_format="auto",
+    cum_seq_lens_q=None,
+    max_q_len=None,
+    multi_ctas_kv_counter_buffer=None,
+    sparse_mla_top_k_lens=None,
+    enable_dcp=False,
+    cp_world=1,
+    cp_rank=0,
+    causal_seqlens_kv_global=None,
+    use_fp16_softmax=None,
+    return_lse_base=None,
 ) -> torch.Tensor:  # [bs, N, H, kv_lora_rank]
     """Stand-in for FlashInfer's TRTLLM-gen MLA decode (FlashInfer 0.7.2's argument list): ``query [bs, N, H, R + Rr]``,
     ``kv_cache [pages, 1, P, R + Rr]`` (SGLang: ``k_buffer.view(-1, P, 576).unsqueeze(1)``), P in {32, 64},
@@ -250,98 +254,67 @@ def trtllm_batch_decode_with_kv_cache_mla(
     log-sum-exp / ragged queries / context parallelism (0.7.2's new arguments must keep their defaults), ``enable_pdl``
     / ``backend`` / ``cute_dsl_impl`` / ``kv_scale_format`` / ``multi_ctas_kv_counter_buffer`` ignored, an omitted
     ``out`` in ``query.dtype``."""
-    off = dict(skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor, lse=lse,
-               cum_seq_lens_q=cum_seq_lens_q, max_q_len=max_q_len, sparse_mla_top_k_lens=sparse_mla_top_k_lens,
-               causal_seqlens_kv_global=causal_seqlens_kv_global, use_fp16_softmax=use_fp16_softmax,
-               return_lse_base=return_lse_base)  # fmt: skip
-    for name, value in off.items():
-        check(value is None, f"{name}={value!r}: not implemented here (pass None)")
+    args = locals()  # the arguments by name
+    unsupported = "sinks skip_softmax_threshold_scale_factor lse cum_seq_lens_q max_q_len sparse_mla_top_k_lens"
+    for name in (unsupported + " causal_seqlens_kv_global use_fp16_softmax return_lse_base").split():
+        check(args[name] is None, f"{name}={args[name]!r}: not implemented here (pass None)")
     flags = (is_var_seq, uses_shared_paged_kv_idx, return_lse, enable_dcp, cp_world, cp_rank)
-    check(flags == (True, True, False, False, 1, 0), "is_var_seq / uses_shared_paged_kv_idx / return_lse / enable_dcp / "
-          f"cp_world / cp_rank = {flags}: only the defaults (True, True, False, False, 1, 0) are implemented here")  # fmt: skip
-    check_tensor(query, "query", FLOAT_DTYPES, 4, None)
+    check(
+        flags == (True, True, False, False, 1, 0),
+        "is_var_seq / uses_shared_paged_kv_idx / return_lse / enable_dcp / "
+        f"cp_world / cp_rank = {flags}: only the defaults (True, True, False, False, 1, 0) are implemented here",
+    )
+    check(sparse_mla_top_k == 0, f"sparse_mla_top_k={sparse_mla_top_k!r}: only dense MLA (0) is implemented here")
+    check(isinstance(backend, str), f"backend={backend!r}: must be a str")
+    check_tensor(query, "query", FLOAT_DTYPES, 4)
     (bs, q_len, num_heads, _), device = query.shape, query.device
-    if not isinstance(kv_cache, torch.Tensor):
-        raise TypeError(f"kv_cache must be a torch.Tensor, got {type(kv_cache).__name__}")
+    check_tensor(kv_cache, "kv_cache", FLOAT_DTYPES, None, device)
     ok = kv_cache.dim() == 4 and kv_cache.shape[1] == 1
     check(ok, f"kv_cache.shape={tuple(kv_cache.shape)}: must be [num_pages, 1, page_size, R + Rr]")
     page_size = kv_cache.shape[2]
-    ok = page_size in TRTLLM_PAGE_SIZES
-    check(ok, f"page_size={page_size} (kv_cache.shape[2]): TRTLLM-MLA supports {TRTLLM_PAGE_SIZES}")
-    if not isinstance(workspace_buffer, torch.Tensor):
-        raise TypeError(f"workspace_buffer must be a torch.Tensor, got {type(workspace_buffer)}")
-    check(workspace_buffer.device == device, f"workspace_buffer.device={workspace_buffer.device}: must match {device}")
-    for name, v in (("qk_nope_head_dim", qk_nope_head_dim), ("kv_lora_rank", kv_lora_rank)):
-        check_int(v, name, 1)
-    check_int(qk_rope_head_dim, "qk_rope_head_dim", 1)
-    width_d = kv_lora_rank + qk_rope_head_dim
-    ok = query.shape[3] == width_d
-    check(ok, f"query.shape[3]={query.shape[3]}: must be kv_lora_rank + qk_rope_head_dim = {width_d}")
-    check(sparse_mla_top_k == 0, f"sparse_mla_top_k={sparse_mla_top_k!r}: only dense MLA (0) is implemented here")
-    check(sinks is None, "sinks: attention sinks are not implemented here (pass None)")
-    check(isinstance(backend, str), f"backend={backend!r}: must be a str")
-    for name, scale in (("bmm1_scale", bmm1_scale), ("bmm2_scale", bmm2_scale)):
-        check_float(scale, name)
-    check_tensor(block_tables, "block_tables", (torch.int32,), 2, device)
-    ok = block_tables.shape[0] == bs
-    check(ok, f"block_tables.shape[0]={block_tables.shape[0]}: must equal bs={bs} (query.shape[0])")
+    check(page_size in TRTLLM_PAGE_SIZES, f"page_size={page_size} (kv_cache.shape[2]): TRTLLM-MLA supports {TRTLLM_PAGE_SIZES}")
+    for name in ("qk_nope_head_dim", "kv_lora_rank", "qk_rope_head_dim"):
+        check_int(args[name], name, 1)
+    want = kv_lora_rank + qk_rope_head_dim
+    check(query.shape[3] == want, f"query.shape[3]={query.shape[3]}: must be kv_lora_rank + qk_rope_head_dim = {want}")
+    check_float(bmm1_scale, "bmm1_scale")
+    check_float(bmm2_scale, "bmm2_scale")
+    _check_standin(bs, device, "block_tables", block_tables, seq_lens, "workspace_buffer", workspace_buffer)
     width = block_tables.shape[1]
     msg = f"block_tables.shape[1]={width} with page_size={page_size}: width * page_size must be a multiple of"
     check((width * page_size) % TRTLLM_BLOCK_CONSTRAINT == 0, f"{msg} {TRTLLM_BLOCK_CONSTRAINT}")
     check_int(max_seq_len, "max_seq_len", 0)
-    check_tensor(seq_lens, "seq_lens", (torch.int32,), 1, device)
-    check(seq_lens.shape[0] == bs, f"seq_lens.shape[0]={seq_lens.shape[0]}: must equal bs={bs}")
     if out is None:
         out = torch.empty(bs, q_len, num_heads, kv_lora_rank, dtype=query.dtype, device=device)
     bound = min(max_seq_len, width * page_size)  # SGLang's verify passes L + N over a table of L
-    args = (out, bound, bmm1_scale, kv_lora_rank, bmm2_scale)
-    return mla_paged_attention(query, kv_cache[:, 0], block_tables, seq_lens, *args)
+    return mla_paged_attention(query, kv_cache[:, 0], block_tables, seq_lens, out, bound, bmm1_scale, kv_lora_rank, bmm2_scale)
 
 
 def cutlass_mla_decode(
-    q_nope: torch.Tensor,
-    q_pe: torch.Tensor,
-    kv_c_and_k_pe_cache: torch.Tensor,
-    seq_lens: torch.Tensor,
-    page_table: torch.Tensor,
-    workspace: torch.Tensor,
-    sm_scale: float,
-    num_kv_splits: int = 1,
-    out: torch.Tensor | None = None,
+    q_nope, q_pe, kv_c_and_k_pe_cache, seq_lens, page_table, workspace, sm_scale, num_kv_splits=1, out=None
 ) -> torch.Tensor:  # [bs, H, R]
     """Stand-in for ``sgl_kernel.cutlass_mla_decode`` (its argument list, plus ``out``), decode only: ``q_nope [bs, H,
     R]``, ``q_pe [bs, H, Rr]``, ``kv_c_and_k_pe_cache [pages, 128, R + Rr]``, ``seq_lens`` / ``page_table [bs, width]``
     int32; the bound is the table (``width * 128``); ``num_kv_splits`` does not change the result. One ``aten.cat`` of
     q_nope | q_pe, as the real wrapper copies into its padded query."""
-    check_tensor(q_nope, "q_nope", FLOAT_DTYPES, 3, None)
+    check_tensor(q_nope, "q_nope", FLOAT_DTYPES, 3)
     (bs, num_heads, rank), device = q_nope.shape, q_nope.device
     check_tensor(q_pe, "q_pe", FLOAT_DTYPES, 3, device)
     check(q_pe.dtype == q_nope.dtype, f"q_pe.dtype={q_pe.dtype}: must equal {q_nope.dtype}")
-    check_tensor(kv_c_and_k_pe_cache, "kv_c_and_k_pe_cache", FLOAT_DTYPES, 3, device)
     ok = tuple(q_pe.shape[:2]) == (bs, num_heads)
     check(ok, f"q_pe.shape={tuple(q_pe.shape)}: must start with {(bs, num_heads)} like q_nope")
-    ok = num_heads <= CUTLASS_MAX_HEADS
-    check(ok, f"q_nope.shape[1]={num_heads} heads: Cutlass-MLA supports <= {CUTLASS_MAX_HEADS}")
+    check(num_heads <= CUTLASS_MAX_HEADS, f"q_nope.shape[1]={num_heads} heads: Cutlass-MLA supports <= {CUTLASS_MAX_HEADS}")
+    check_tensor(kv_c_and_k_pe_cache, "kv_c_and_k_pe_cache", FLOAT_DTYPES, 3, device)
     page_size = kv_c_and_k_pe_cache.shape[1]
     ok = page_size == CUTLASS_PAGE_SIZE
     check(ok, f"page_size={page_size} (kv_c_and_k_pe_cache.shape[1]): Cutlass-MLA supports only {CUTLASS_PAGE_SIZE}")
-    check_tensor(page_table, "page_table", (torch.int32,), 2, device)
-    ok = page_table.shape[0] == bs
-    check(ok, f"page_table.shape[0]={page_table.shape[0]}: must equal bs={bs} (q_nope.shape[0])")
+    _check_standin(bs, device, "page_table", page_table, seq_lens, "workspace", workspace)
     check(page_table.shape[1] >= 1, f"page_table.shape[1]={page_table.shape[1]}: must be >= 1")
-    check_tensor(seq_lens, "seq_lens", (torch.int32,), 1, device)
-    check(seq_lens.shape[0] == bs, f"seq_lens.shape[0]={seq_lens.shape[0]}: must equal bs={bs}")
-    if not isinstance(workspace, torch.Tensor):
-        raise TypeError(f"workspace must be a torch.Tensor, got {type(workspace).__name__}")
-    check(workspace.device == device, f"workspace.device={workspace.device}: must match {device}")
-    ok = isinstance(num_kv_splits, int) and not isinstance(num_kv_splits, bool)
-    ok = ok and (num_kv_splits >= 1 or num_kv_splits == -1)
+    ok = isinstance(num_kv_splits, int) and not isinstance(num_kv_splits, bool) and (num_kv_splits >= 1 or num_kv_splits == -1)
     check(ok, f"num_kv_splits={num_kv_splits!r}: must be an int >= 1 (or -1: automatic)")
     if out is None:
         out = torch.empty(bs, num_heads, rank, dtype=q_nope.dtype, device=device)
-    check_tensor(out, "out", FLOAT_DTYPES, 3, device)
-    want = (bs, num_heads, rank)
-    check(tuple(out.shape) == want, f"out.shape={tuple(out.shape)}: must be {want}")
+    check_tensor(out, "out", FLOAT_DTYPES, 3, device)  # its shape: mla_paged_attention's check, on out.unsqueeze(1)
     q = torch.cat([q_nope, q_pe], dim=-1).unsqueeze(1)  # [bs, 1, H, R + Rr]
     max_seq_len = page_table.shape[1] * CUTLASS_PAGE_SIZE  # the table is the bound
     mla_paged_attention(q, kv_c_and_k_pe_cache, page_table, seq_lens, out.unsqueeze(1), max_seq_len, sm_scale, rank)
@@ -377,11 +350,11 @@ def _trtllm_mla_graph_metadata_kernel(
 
 @kernel_op("refimpl::trtllm_mla_graph_metadata", mutates_args=("block_table", "seq_lens_k"))
 def _trtllm_mla_graph_metadata_op(
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    req_to_token: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens_k: torch.Tensor,
+    req_pool_indices: Tensor,
+    seq_lens: Tensor,
+    req_to_token: Tensor,
+    block_table: Tensor,
+    seq_lens_k: Tensor,
     seqlen_offset: int,
     page_size: int,
 ) -> None:
@@ -416,7 +389,5 @@ def trtllm_mla_graph_metadata(req_pool_indices, seq_lens, req_to_token, block_ta
 
 def trtllm_mla_graph_metadata_ref(req_pool_indices, seq_lens, req_to_token, block_table, seq_lens_k, *, seqlen_offset, page_size):
     """Expected ``(block_table, seq_lens_k)`` after the fused rebuild (copies; inputs untouched)."""
-    bs = seq_lens_k.numel()
-    lens_k = seq_lens_k.clone()
-    lens_k[:] = (seq_lens[:bs].to(torch.int64) + seqlen_offset).to(seq_lens_k.dtype)
+    lens_k = (seq_lens[: seq_lens_k.numel()].to(torch.int64) + seqlen_offset).to(seq_lens_k.dtype)
     return build_block_table_ref(req_to_token, req_pool_indices, lens_k, block_table, page_size), lens_k

@@ -17,20 +17,16 @@ def attention_from_dense(q, keys, values, sm_scale: float, mask: torch.Tensor | 
     query row with no visible key gets zeros."""
     (n_q, num_heads, _), (n_k, num_kv_heads, dv) = q.shape, values.shape
     assert num_heads % num_kv_heads == 0, "H must be a multiple of Hkv"
-    group = num_heads // num_kv_heads
     out = torch.zeros(n_q, num_heads, dv, dtype=torch.float64, device=q.device)
-    if mask is None:
-        mask = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device)
+    mask = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device) if mask is None else mask
     assert mask.shape == (n_q, n_k), f"mask {tuple(mask.shape)} != {(n_q, n_k)}"
     for h in range(num_heads):
-        k, v = keys[:, h // group].double(), values[:, h // group].double()  # [n_k, D], [n_k, Dv]
-        for r in range(n_q):
-            visible = mask[r]  # [n_k] bool
-            if not bool(visible.any()):
-                continue  # empty row -> zeros
-            s = (k[visible] @ q[r, h].double()) * sm_scale  # [n_visible]
-            p = torch.softmax(s, dim=0)
-            out[r, h] = p @ v[visible]  # [Dv]
+        kv_head = h // (num_heads // num_kv_heads)
+        k, v = keys[:, kv_head].double(), values[:, kv_head].double()  # [n_k, D], [n_k, Dv]
+        for r, visible in enumerate(mask):  # visible: [n_k] bool; an empty row stays zeros
+            if visible.any():
+                p = torch.softmax((k[visible] @ q[r, h].double()) * sm_scale, dim=0)  # [n_visible]
+                out[r, h] = p @ v[visible]  # [Dv]
     return out
 
 
@@ -52,8 +48,7 @@ def mha_oracle(
             start = int(mask_indptr[i])
             mask &= custom_mask[start : start + n_q * n_k].view(n_q, n_k).bool()
         if causal:
-            j, t = torch.arange(n_q, device=q.device)[:, None], torch.arange(n_k, device=q.device)[None, :]
-            mask &= t < n_k - n_q + j + 1
+            mask = mask.tril(n_k - n_q)  # row j sees keys t < n_k - n_q + j + 1
         out[rows] = attention_from_dense(q[rows], k_cache[cache_rows], v_cache[cache_rows], sm_scale, mask)
     return out
 
@@ -82,6 +77,5 @@ def csr_ref(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, lens) ->
     builder must leave, from the request table alone."""
     lens = torch.as_tensor(lens, dtype=torch.int64, device="cpu")
     rows = req_to_token[req_pool_indices.to(req_to_token.device)].cpu().to(torch.int64)
-    indices = [rows[i, : int(n)] for i, n in enumerate(lens)]
-    kv_indices = torch.cat(indices) if indices else lens.new_zeros(0)
+    kv_indices = torch.cat([lens.new_zeros(0), *(rows[i, :n] for i, n in enumerate(lens.tolist()))])
     return {"kv_indptr": torch.cat([lens.new_zeros(1), lens.cumsum(0)]), "kv_indices": kv_indices}

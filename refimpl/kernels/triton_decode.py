@@ -12,15 +12,14 @@ with ``tl.dot`` (IEEE fp32) when ``G > 1`` and ``D, Dv >= 16``.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 import triton
 import triton.language as tl
+from torch import Tensor
 
 from .. import _env
-from ._checks import INDEX_DTYPES, check, check_int, check_paged_qkvo, check_same_device, check_tensor
+from ._checks import INDEX_DTYPES, check, check_float, check_int, check_paged_qkvo, check_same_device, check_tensor
 from ._op import kernel_op
 from .bounds import guard_csr
 
@@ -126,34 +125,34 @@ def _decode_stage1_kernel(
 
 @kernel_op("refimpl::decode_attention_stage1", mutates_args=("attn_logits", "attn_lse"))
 def _decode_stage1_op(
-    q: torch.Tensor,
-    k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    num_kv_splits: torch.Tensor,
-    attn_logits: torch.Tensor,
-    attn_lse: torch.Tensor,
+    q: Tensor,
+    k_buffer: Tensor,
+    v_buffer: Tensor,
+    kv_indptr: Tensor,
+    kv_indices: Tensor,
+    num_kv_splits: Tensor,
+    attn_logits: Tensor,
+    attn_lse: Tensor,
     max_kv_splits: int,
     sm_scale: float,
     logit_cap: float,
 ) -> None:
-    num_rows, num_heads, head_dim = q.shape
+    (num_rows, num_heads, head_dim), v_head_dim = q.shape, v_buffer.shape[2]
     if num_rows == 0:  # shape, not data: an empty batch launches nothing
         return
-    v_head_dim, group = v_buffer.shape[2], num_heads // k_buffer.shape[1]  # group: query heads per kv head
-    cap = MAX_HEADS_PER_PROGRAM  # query heads per program: the group, or its largest divisor <= cap
-    heads = group if group <= cap else max(d for d in range(1, cap + 1) if group % d == 0)
+    group = num_heads // k_buffer.shape[1]  # query heads per kv head
+    # query heads per program: the group's largest divisor <= MAX_HEADS_PER_PROGRAM (the group itself if that small)
+    heads = max(d for d in range(1, min(group, MAX_HEADS_PER_PROGRAM) + 1) if group % d == 0)
     use_dot = group > 1 and head_dim >= DOT_MIN and v_head_dim >= DOT_MIN
-    block_h = max(triton.next_power_of_2(heads), DOT_MIN if use_dot else 1)
-    grid = (num_rows, num_heads // heads, max_kv_splits)
     tensors = (q, k_buffer, v_buffer, kv_indptr, kv_indices, num_kv_splits, attn_logits, attn_lse)
     strides = (*q.stride()[:2], *k_buffer.stride()[:2], *v_buffer.stride()[:2], *attn_logits.stride()[:3])
     scalars = (*attn_lse.stride()[:2], sm_scale, logit_cap if logit_cap > 0 else 1.0, num_heads, head_dim, v_head_dim)
-    block_d, block_dv = triton.next_power_of_2(head_dim), triton.next_power_of_2(v_head_dim)
-    meta = dict(GROUP=group, HEADS=heads, BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_N=BLOCK_N)
+    block_h = max(triton.next_power_of_2(heads), DOT_MIN if use_dot else 1)
+    blocks = dict(BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_DV=triton.next_power_of_2(v_head_dim), BLOCK_N=BLOCK_N)
     flags = dict(MAX_KV_SPLITS=max_kv_splits, USE_CAP=logit_cap > 0, USE_DOT=use_dot)
-    _decode_stage1_kernel[grid](*tensors, *strides, *scalars, **meta, **flags)
+    _decode_stage1_kernel[(num_rows, num_heads // heads, max_kv_splits)](
+        *tensors, *strides, *scalars, GROUP=group, HEADS=heads, BLOCK_H=block_h, **blocks, **flags
+    )
 
 
 # stage 2: log-sum-exp merge of the splits
@@ -204,12 +203,7 @@ def _decode_stage2_kernel(
 
 @kernel_op("refimpl::decode_attention_stage2", mutates_args=("o",))
 def _decode_stage2_op(
-    attn_logits: torch.Tensor,
-    attn_lse: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    num_kv_splits: torch.Tensor,
-    o: torch.Tensor,
-    max_kv_splits: int,
+    attn_logits: Tensor, attn_lse: Tensor, kv_indptr: Tensor, num_kv_splits: Tensor, o: Tensor, max_kv_splits: int
 ) -> None:
     num_rows, num_heads, v_head_dim = o.shape
     if num_rows == 0:
@@ -220,31 +214,25 @@ def _decode_stage2_op(
     _decode_stage2_kernel[(num_rows, num_heads)](*args, BLOCK_DV=block_dv, MAX_KV_SPLITS=max_kv_splits)
 
 
+def check_logit_cap(logit_cap) -> None:
+    """A finite Python float >= 0 (0 = off): the decode and extend kernels' tanh cap."""
+    check_float(logit_cap, "logit_cap")
+    check(logit_cap >= 0, f"logit_cap={logit_cap!r}: must be >= 0 (0 = off)")
+
+
 def decode_attention(
-    q: torch.Tensor,
-    k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor,
-    o: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    attn_logits: torch.Tensor,
-    attn_lse: torch.Tensor,
-    num_kv_splits: torch.Tensor,
-    max_kv_splits: int,
-    sm_scale: float,
-    logit_cap: float = 0.0,
+    q, k_buffer, v_buffer, o, kv_indptr, kv_indices, attn_logits, attn_lse, num_kv_splits, max_kv_splits, sm_scale, logit_cap=0.0
 ) -> None:
     """Split-KV decode attention ``o[b, h] = softmax(q[b, h] . K_b^T * sm_scale) V_b`` (module docstring); ``logit_cap >
-    0`` caps scaled logits with ``logit_cap * tanh(x / logit_cap)``; no keys: zeros."""
+    0`` caps scaled logits with ``logit_cap * tanh(x / logit_cap)``; no keys: zeros. ``max_kv_splits`` a Python int,
+    ``sm_scale`` / ``logit_cap`` Python floats."""
     num_rows, num_heads, _, _, v_head_dim = check_paged_qkvo(q, k_buffer, v_buffer, o)
     device = q.device
     for name, t in (("q", q), ("k_buffer", k_buffer), ("v_buffer", v_buffer), ("o", o)):
         _env.check_cpu_dtype(t, name)
     check_int(max_kv_splits, "max_kv_splits", 1)
-    ok = isinstance(sm_scale, (int, float)) and math.isfinite(sm_scale)
-    check(ok, f"sm_scale={sm_scale!r}: must be a finite float")
-    ok = isinstance(logit_cap, (int, float)) and math.isfinite(logit_cap) and logit_cap >= 0
-    check(ok, f"logit_cap={logit_cap!r}: must be a finite float >= 0 (0 = off)")
+    check_float(sm_scale, "sm_scale")
+    check_logit_cap(logit_cap)
     check_tensor(kv_indptr, "kv_indptr", INDEX_DTYPES, 1, device)
     n = kv_indptr.shape[0]
     check(n >= num_rows + 1, f"kv_indptr.shape[0]={n}: must be >= T + 1 = {num_rows + 1}")
@@ -252,13 +240,11 @@ def decode_attention(
     check_tensor(num_kv_splits, "num_kv_splits", (torch.int32,), 1, device)
     n = num_kv_splits.shape[0]
     check(n >= num_rows, f"num_kv_splits.shape[0]={n}: must be >= T = {num_rows}")
-    check_tensor(attn_logits, "attn_logits", (torch.float32,), 4, device)
-    want = f"[>= {num_rows}, {num_heads}, max_kv_splits={max_kv_splits}"  # attn_lse: this + "]"
-    ok = attn_logits.shape[0] >= num_rows and tuple(attn_logits.shape[1:]) == (num_heads, max_kv_splits, v_head_dim)
-    check(ok, f"attn_logits.shape={tuple(attn_logits.shape)}: must be {want}, Dv={v_head_dim}]")
-    check_tensor(attn_lse, "attn_lse", (torch.float32,), 3, device)
-    ok = attn_lse.shape[0] >= num_rows and tuple(attn_lse.shape[1:]) == (num_heads, max_kv_splits)
-    check(ok, f"attn_lse.shape={tuple(attn_lse.shape)}: must be {want}]")
+    for name, t, tail in (("attn_logits", attn_logits, (v_head_dim,)), ("attn_lse", attn_lse, ())):  # [>= T, H, splits(, Dv)]
+        check_tensor(t, name, (torch.float32,), 3 + len(tail), device)
+        ok = t.shape[0] >= num_rows and tuple(t.shape[1:]) == (num_heads, max_kv_splits, *tail)
+        dv = f", Dv={v_head_dim}" if tail else ""
+        check(ok, f"{name}.shape={tuple(t.shape)}: must be [>= {num_rows}, {num_heads}, max_kv_splits={max_kv_splits}{dv}]")
     kv_indptr, kv_indices = guard_csr("decode_attention", kv_indptr, kv_indices, num_rows, k_buffer.shape[0])
     tensors = (q, k_buffer, v_buffer, kv_indptr, kv_indices, num_kv_splits, attn_logits, attn_lse)
     _decode_stage1_op(*tensors, max_kv_splits, float(sm_scale), float(logit_cap))
@@ -310,17 +296,14 @@ def _num_kv_splits_kernel(
 
 
 def _token_grid(num_seq: int, num_group: int, num_heads: int, num_kv_heads: int) -> int:
-    """Stage-1 programs per split, as the heuristic counts them ([facts#split-count-heuristic])."""
-    if num_heads == num_kv_heads:  # MHA
-        return num_seq * num_group * num_heads
-    heads_per_program = min(MAX_HEADS_PER_PROGRAM, num_heads // num_kv_heads)
-    return num_seq * num_group * -(-num_heads // heads_per_program)
+    """Stage-1 programs per split, as the heuristic counts them ([facts#split-count-heuristic]); MHA: one head each."""
+    return num_seq * num_group * -(-num_heads // min(MAX_HEADS_PER_PROGRAM, num_heads // num_kv_heads))
 
 
 @kernel_op("refimpl::num_kv_splits", mutates_args=("num_kv_splits",))
 def _num_kv_splits_op(
-    num_kv_splits: torch.Tensor,
-    seq_lens: torch.Tensor,
+    num_kv_splits: Tensor,
+    seq_lens: Tensor,
     num_group: int,
     num_heads: int,
     num_kv_heads: int,
@@ -359,10 +342,8 @@ def get_num_kv_splits_ref(seq_lens_list, *, num_group=1, num_heads, num_kv_heads
     """Pure-Python mirror of ``get_num_kv_splits``, one count per token (num_seq * num_group); the log2 step in float32
     (numpy) like the kernel, so the truncated ``ext_cores`` agrees bit for bit."""
     num_seq = len(seq_lens_list)
-    if static or core_count <= 0:
+    if static or core_count <= 0 or num_seq == 0:
         return [max_kv_splits] * (num_seq * num_group)
-    if num_seq == 0:
-        return []
     cdiv = lambda a, b: -(-a // b)
     max_len, min_len = max(max(seq_lens_list), 1), max(min(seq_lens_list), 1)
     if max_len * 8 < min_len * 10:

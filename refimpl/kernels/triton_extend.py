@@ -9,15 +9,15 @@ S + 1`` frozen while requests have ``N`` rows); the cut is exact (SGLang drops w
 a request's ranges are never loaded; a row with no visible key writes zeros (float32 online softmax, logit cap, GQA).
 """
 
-import torch
 import triton
 import triton.language as tl
+from torch import Tensor
 
 from .. import _env
-from ._checks import FLOAT_DTYPES as _FLOAT_DTYPES
-from ._checks import INDEX_DTYPES, check, check_float, check_int, check_mask, check_paged_qkvo, check_tensor
+from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check, check_float, check_int, check_mask, check_paged_qkvo, check_tensor
 from ._op import kernel_op
 from .bounds import guard_csr
+from .triton_decode import check_logit_cap
 
 BLOCK_M = 16  # query rows per program (tl.dot needs >= 16)
 BLOCK_N = 32  # keys per loop iteration
@@ -127,81 +127,77 @@ def _extend_attention_kernel(
 
 @kernel_op("refimpl::extend_attention", mutates_args=("o_extend",))
 def _extend_attention_op(
-    q_extend: torch.Tensor,
-    k_extend: torch.Tensor,
-    v_extend: torch.Tensor,
-    o_extend: torch.Tensor,
-    k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor,
-    qo_indptr: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    custom_mask: torch.Tensor | None,
-    mask_indptr: torch.Tensor | None,
+    q_extend: Tensor,
+    k_extend: Tensor,
+    v_extend: Tensor,
+    o_extend: Tensor,
+    k_buffer: Tensor,
+    v_buffer: Tensor,
+    qo_indptr: Tensor,
+    kv_indptr: Tensor,
+    kv_indices: Tensor,
+    custom_mask: Tensor | None,
+    mask_indptr: Tensor | None,
     is_causal: bool,
     max_len_extend: int,
     sm_scale: float,
     logit_cap: float,
 ) -> None:
-    (_, num_heads, head_dim), bs = q_extend.shape, qo_indptr.shape[0] - 1
-    num_kv_heads, v_head_dim = k_buffer.shape[1], v_buffer.shape[2]
+    (_, num_heads, head_dim), v_head_dim, bs = q_extend.shape, v_buffer.shape[2], qo_indptr.shape[0] - 1
     if bs == 0 or num_heads == 0:  # shapes, not data: nothing to launch
         return
-    use_mask = custom_mask is not None
-    grid = (bs, num_heads, triton.cdiv(max_len_extend, BLOCK_M))
-    masks = (custom_mask, mask_indptr) if use_mask else (qo_indptr, qo_indptr)  # dummy pointers, never read
-    tensors = (q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, *masks)
-    strides = [t.stride(dim) for t in (q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer) for dim in (0, 1)]
+    floats = (q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer)
+    masks = (qo_indptr, qo_indptr) if custom_mask is None else (custom_mask, mask_indptr)  # dummy pointers, never read
+    strides = [stride for t in floats for stride in t.stride()[:2]]
     scalars = (sm_scale, logit_cap if logit_cap > 0 else 1.0, max_len_extend)
-    dims = dict(KV_GROUP=num_heads // num_kv_heads, D=head_dim, DV=v_head_dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
-    blocks = {k: max(16, triton.next_power_of_2(x)) for k, x in (("BLOCK_D", head_dim), ("BLOCK_DV", v_head_dim))}
-    flags = dict(USE_MASK=use_mask, IS_CAUSAL=bool(is_causal), USE_CAP=logit_cap > 0)
-    _extend_attention_kernel[grid](*tensors, *strides, *scalars, **dims, **blocks, **flags)
+    dims = dict(KV_GROUP=num_heads // k_buffer.shape[1], D=head_dim, DV=v_head_dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+    blocks = dict(BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_DV=max(16, triton.next_power_of_2(v_head_dim)))
+    flags = dict(USE_MASK=custom_mask is not None, IS_CAUSAL=bool(is_causal), USE_CAP=logit_cap > 0)
+    grid = (bs, num_heads, triton.cdiv(max_len_extend, BLOCK_M))
+    _extend_attention_kernel[grid](
+        *floats, qo_indptr, kv_indptr, kv_indices, *masks, *strides, *scalars, **dims, **blocks, **flags
+    )
 
 
 def extend_attention(
-    q_extend: torch.Tensor,
-    k_extend: torch.Tensor,
-    v_extend: torch.Tensor,
-    o_extend: torch.Tensor,
-    k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor,
-    qo_indptr: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    custom_mask: torch.Tensor | None,
-    mask_indptr: torch.Tensor | None,
-    is_causal: bool,
-    max_len_extend: int,
-    sm_scale: float,
-    logit_cap: float = 0.0,
+    q_extend,
+    k_extend,
+    v_extend,
+    o_extend,
+    k_buffer,
+    v_buffer,
+    qo_indptr,
+    kv_indptr,
+    kv_indices,
+    custom_mask,
+    mask_indptr,
+    is_causal,
+    max_len_extend,
+    sm_scale,
+    logit_cap=0.0,
 ) -> None:
     """Write extend attention (cached prefix + new keys) into ``o_extend``: q_extend / o_extend [Tq, H, D / Dv], k_extend /
     v_extend [Tq, Hkv, D / Dv], k_buffer / v_buffer [slots, Hkv, D / Dv], qo_indptr [bs+1], kv_indptr [>= bs+1] (prefix
     CSR), custom_mask with mask_indptr [>= bs+1] or neither; rows ``j >= max_len_extend`` (a Python int >= 1) are not
-    computed (module docstring)."""
+    computed (module docstring); ``is_causal`` a bool, ``sm_scale`` / ``logit_cap`` (>= 0, 0 = off) Python floats."""
     names = ("q_extend", "k_buffer", "v_buffer", "o_extend")
     tokens, _, num_kv_heads, head_dim, v_head_dim = check_paged_qkvo(q_extend, k_buffer, v_buffer, o_extend, names)
     device = q_extend.device
     for name, t, dim in (("k_extend", k_extend, head_dim), ("v_extend", v_extend, v_head_dim)):
+        check_tensor(t, name, FLOAT_DTYPES, 3, device)
         want = (tokens, num_kv_heads, dim)
-        check_tensor(t, name, _FLOAT_DTYPES, 3, device)
         check(tuple(t.shape) == want, f"{name}.shape={tuple(t.shape)}: must be {want}")
-    floats = dict(q_extend=q_extend, k_extend=k_extend, v_extend=v_extend, o_extend=o_extend)
-    for name, t in dict(floats, k_buffer=k_buffer, v_buffer=v_buffer).items():
+    floats = (q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer)
+    for name, t in zip(("q_extend", "k_extend", "v_extend", "o_extend", "k_buffer", "v_buffer"), floats):
         _env.check_cpu_dtype(t, name)
-    for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices)):
-        check_tensor(t, name, INDEX_DTYPES, 1, device)
-    check(qo_indptr.shape[0] >= 1, "qo_indptr.shape[0]=0: must be >= 1 (bs + 1)")
+    check_tensor(qo_indptr, "qo_indptr", INDEX_DTYPES, 1, device, min_len=1)  # [bs + 1]
     bs = qo_indptr.shape[0] - 1
-    ok = kv_indptr.shape[0] >= bs + 1
-    check(ok, f"kv_indptr.shape[0]={kv_indptr.shape[0]}: must be >= bs + 1 = {bs + 1} (bs = qo_indptr.numel() - 1)")
+    check_tensor(kv_indptr, "kv_indptr", INDEX_DTYPES, 1, device, min_len=bs + 1)
+    check_tensor(kv_indices, "kv_indices", INDEX_DTYPES, 1, device)
     check_mask(custom_mask, mask_indptr, bs, device)
     check_int(max_len_extend, "max_len_extend", 1)
     check_float(sm_scale, "sm_scale")
-    ok = isinstance(logit_cap, (int, float)) and logit_cap >= 0
-    check(ok, f"logit_cap={logit_cap!r}: must be a float >= 0 (0 = off)")
+    check_logit_cap(logit_cap)
     kv_indptr, kv_indices = guard_csr("extend_attention", kv_indptr, kv_indices, bs, k_buffer.shape[0])
-    tensors = (q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices)
-    masks = (custom_mask, mask_indptr, bool(is_causal))
-    _extend_attention_op(*tensors, *masks, max_len_extend, float(sm_scale), float(logit_cap))
+    scalars = (bool(is_causal), max_len_extend, float(sm_scale), float(logit_cap))
+    _extend_attention_op(*floats, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, *scalars)

@@ -29,6 +29,7 @@ minimum), then copies of ``seq_lens``, ``accept_length``, ``extend_seq_lens`` (`
 """
 
 import inspect
+from collections import Counter
 
 import torch
 import triton
@@ -36,9 +37,17 @@ import triton.language as tl
 
 from ._op import kernel_op
 
-CATEGORIES = ("req_pool_indices range", "req_pool_indices duplicate", "input_ids range", "positions range")
-CATEGORIES += ("out_cache_loc range", "out_cache_loc duplicate", "out_cache_loc slot", "custom_mask self")
-CATEGORIES += ("out_cache_loc held",)
+CATEGORIES = (
+    "req_pool_indices range",
+    "req_pool_indices duplicate",
+    "input_ids range",
+    "positions range",
+    "out_cache_loc range",
+    "out_cache_loc duplicate",
+    "out_cache_loc slot",
+    "custom_mask self",
+    "out_cache_loc held",
+)
 NCAT = len(CATEGORIES)
 assert NCAT <= 17 and CATEGORIES[-1] == "out_cache_loc held"  # the kernel's table parts fill the first 16, then held
 NONE = 1 << 62  # "no bad entry" in a category
@@ -80,11 +89,10 @@ def _has_earlier_equal(x, e, src_ptr, count, CHUNK_: tl.constexpr):
 # sizes, counts and pointer alignments vary per batch: one compiled kernel serves them all (else
 # Triton specialises on ints equal to 1 or divisible by 16 and on 16-byte pointer alignment, and
 # compiles a new variant as batches vary: minutes of compiles in a GPU test run)
-_ARGS = "out_ptr seq_ptr acc_ptr ext_ptr rpi_ptr ids_ptr pos_ptr loc_ptr row_req_ptr r2t_ptr mask_ptr live_ptr".split()
-_ARGS += "r2t_stride pool L vocab slots bs n m rows_per_req extra mask_size nprog".split()
-_NO_SPECIALISATION = {"do_not_specialize": _ARGS}
+# the first 24 arguments (the 12 pointers, then the sizes): everything but the constexprs
+_NO_SPECIALISATION = {"do_not_specialize": range(24)}
 if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
-    _NO_SPECIALISATION["do_not_specialize_on_alignment"] = _ARGS[:12]  # the pointers
+    _NO_SPECIALISATION["do_not_specialize_on_alignment"] = range(12)  # the pointers
 
 
 @triton.jit(**_NO_SPECIALISATION)
@@ -228,12 +236,10 @@ def batch_check(
     nprog = num_programs(bs, n, m)
     optional = (accept_length, extend_seq_lens, row_req, custom_mask, live_rows)
     flags = tuple(t is not None for t in optional)
-    acc, ext, row, mask, live = (t if t is not None else seq_lens for t in optional)  # dummies
-    tensors = (out, seq_lens, acc, ext, req_pool_indices, input_ids, positions, out_cache_loc, row, req_to_token, mask)
-    tensors += (live,)
-    sizes = (req_to_token.stride(0), *req_to_token.shape, vocab, num_slots, bs, n, m, max(rows_per_req, 1), extra)
-    sizes += (mask.numel(),)
-    args = (*tensors, *sizes, nprog, *flags, BLOCK, CHUNK, TABLE_CHUNK, TABLE_SPLIT, NCAT, NONE)
+    acc, ext, row, mask, live = (seq_lens if t is None else t for t in optional)  # dummies: never read
+    args = (out, seq_lens, acc, ext, req_pool_indices, input_ids, positions, out_cache_loc, row, req_to_token)
+    args += (mask, live, req_to_token.stride(0), *req_to_token.shape, vocab, num_slots, bs, n, m, max(rows_per_req, 1))
+    args += (extra, mask.numel(), nprog, *flags, BLOCK, CHUNK, TABLE_CHUNK, TABLE_SPLIT, NCAT, NONE)
     _launch((nprog // TABLE_SPLIT, TABLE_SPLIT), args, flags, out.device)
 
 
@@ -305,41 +311,35 @@ def batch_check_ref(
     ids, pos, loc = input_ids.tolist(), positions.tolist(), out_cache_loc.tolist()
     rows = row_req.tolist() if row_req is not None else None
     n, per = max(len(ids), 1), max(rows_per_req, 1)
-
     first = lambda values, bad: next((i for i, v in enumerate(values) if bad(i, v)), None)
+    outside = lambda values, lo, hi: first(values, lambda i, v: not lo <= v < hi)
+    repeated = lambda values: first(values, lambda i, v: v in values[:i])
 
-    def own_slot(e, v):  # loc[e] is the slot of its row's own new position
+    def own_slot(e, v, owners=r2t):  # loc[e] is the slot of its row's own new position (in a row of ``owners``)
         r, col = write_target(e, n, len(loc), per, extra, seq, rows)
-        return col is not None and rpi[r] in r2t and 0 <= col < L and r2t[rpi[r]][col] == v
+        return col is not None and rpi[r] in owners and 0 <= col < L and r2t[rpi[r]][col] == v
 
-    held, want = {}, set(loc) - {0}  # written slot -> live positions holding it (0 holds nothing)
+    held, want = Counter(), set(loc) - {0}  # written slot -> live positions holding it (0 holds nothing)
     for p in live:
         row = r2t[p] if p in r2t else req_to_token[p].tolist()
-        for v in want.intersection(row):
-            held[v] = held.get(v, 0) + row.count(v)
+        held.update({v: row.count(v) for v in want.intersection(row)})
+    mask = custom_mask.tolist() if custom_mask is not None else None
 
-    def held_elsewhere(e, v):  # a live position other than its own target holds loc[e]
-        r, col = write_target(e, n, len(loc), per, extra, seq, rows)
-        own = col is not None and rpi[r] in live and 0 <= col < L and r2t[rpi[r]][col] == v
-        return held.get(v, 0) > own
-
-    per_mask = custom_mask.tolist() if custom_mask is not None else None
-
-    def sees_itself(e, _):  # verify: draft row e's own entry of the tree mask
+    def blind(e, _):  # verify: draft row e does not see itself (its own entry of the tree mask is False)
         r, j = divmod(e, per)
         if r >= len(seq):
-            return True
+            return False
         idx = per * sum(seq[:r]) + r * per * per + j * (seq[r] + per) + seq[r] + j
-        return 0 <= idx < len(per_mask) and bool(per_mask[idx])
+        return not (0 <= idx < len(mask) and mask[idx])
 
     return {
-        "req_pool_indices range": first(rpi, lambda i, v: not 1 <= v < pool),
-        "req_pool_indices duplicate": first(rpi, lambda i, v: v in rpi[:i]),
-        "input_ids range": first(ids, lambda i, v: not 0 <= v < vocab),
-        "positions range": first(pos, lambda i, v: not 0 <= v < L),
-        "out_cache_loc range": first(loc, lambda i, v: not 1 <= v < num_slots),
-        "out_cache_loc duplicate": first(loc, lambda i, v: v in loc[:i]),
+        "req_pool_indices range": outside(rpi, 1, pool),
+        "req_pool_indices duplicate": repeated(rpi),
+        "input_ids range": outside(ids, 0, vocab),
+        "positions range": outside(pos, 0, L),
+        "out_cache_loc range": outside(loc, 1, num_slots),
+        "out_cache_loc duplicate": repeated(loc),
         "out_cache_loc slot": first(loc, lambda e, v: not own_slot(e, v)),
-        "custom_mask self": None if per_mask is None else first(ids, lambda e, v: not sees_itself(e, v)),
-        "out_cache_loc held": first(loc, held_elsewhere),
+        "custom_mask self": None if mask is None else first(ids, blind),
+        "out_cache_loc held": first(loc, lambda e, v: held[v] > own_slot(e, v, live)),  # another live position holds it
     }

@@ -8,7 +8,7 @@ framed red and the title counts them. ``batch_roles`` / ``segment_roles`` give t
 writes a figure reproducibly.
 """
 
-from .buffers import draw_block_table, draw_buffer_sizes, draw_buffers, draw_csr, draw_state_diff, draw_tree_mask
+from .buffers import draw_buffer_sizes, draw_buffers, draw_csr, draw_state_diff, draw_tree_mask
 from .cells import BAD_COLOR, PAD_COLOR, REQ_COLORS, ROLE_LABELS, batch_roles, save, segment_roles
 from .measure import (
     draw_bench_figures,
@@ -20,7 +20,25 @@ from .measure import (
 )
 from .speculative import draw_draft_decode_indices, draw_eagle_iteration
 
-__all__ = ["BAD_COLOR", "PAD_COLOR", "REQ_COLORS", "ROLE_LABELS", "batch_roles", "save", "segment_roles", "draw_block_table"]
-__all__ += ["draw_buffer_sizes", "draw_buffers", "draw_csr", "draw_state_diff", "draw_tree_mask", "draw_bench_figures"]
-__all__ += ["draw_capture_cost", "draw_host_vs_bs", "draw_latency_vs_bs", "draw_replay_breakdown", "draw_step_graph_vs_eager"]
-__all__ += ["draw_draft_decode_indices", "draw_eagle_iteration"]
+__all__ = [
+    "BAD_COLOR",
+    "PAD_COLOR",
+    "REQ_COLORS",
+    "ROLE_LABELS",
+    "batch_roles",
+    "save",
+    "segment_roles",
+    "draw_buffers",
+    "draw_buffer_sizes",
+    "draw_csr",
+    "draw_state_diff",
+    "draw_tree_mask",
+    "draw_bench_figures",
+    "draw_capture_cost",
+    "draw_host_vs_bs",
+    "draw_latency_vs_bs",
+    "draw_replay_breakdown",
+    "draw_step_graph_vs_eager",
+    "draw_draft_decode_indices",
+    "draw_eagle_iteration",
+]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import cycle
 
 import numpy as np
 import torch
@@ -29,108 +30,58 @@ def draw_csr(
     ``seq_lens - rows`` in draft extend) framed; bottom: the packed ``kv_indices`` (used part) in the same colours,
     entries that differ from ``req_to_token`` framed red. Axes: 2. Strip texts: one per entry plus one per distinct
     boundary (gid ``"kv_indptr"``)."""
-    r2t, rpi = C.to_numpy(req_to_token), C.to_numpy(req_pool_indices).reshape(-1)  # [pool, L], [bs]
-    lens, indptr = C.to_numpy(seq_lens_or_kv_lens).reshape(-1), C.to_numpy(kv_indptr).reshape(-1)  # [bs], [bs+1]
-    idx = C.to_numpy(kv_indices).reshape(-1)  # [>= total]
-    bs, L = rpi.shape[0], r2t.shape[1]
-    if lens.shape[0] != bs or indptr.shape[0] != bs + 1:
-        got = f"got {lens.shape[0]} and {indptr.shape[0]}"
+    r2t = C.to_numpy(req_to_token)  # [pool, L]
+    rpi, lens, indptr, idx = map(C.flat, (req_pool_indices, seq_lens_or_kv_lens, kv_indptr, kv_indices))
+    bs = len(rpi)  # rpi, lens: [bs]; indptr: [bs+1]; idx: [>= total]
+    if len(lens) != bs or len(indptr) != bs + 1:
+        got = f"got {len(lens)} and {len(indptr)}"
         raise ValueError(f"draw_csr: {bs} requests need {bs} lengths and {bs + 1} kv_indptr entries, {got}")
     total = int(indptr[-1])
-    if idx.shape[0] < total:
-        raise ValueError(f"draw_csr: kv_indices has {idx.shape[0]} entries < kv_indptr[-1]={total}")
-    rows = r2t[rpi]  # [bs, L]
-    nz = np.nonzero(rows.any(0))[0]
-    ncols = int(min(L, max(int(lens.max(initial=1)), int(nz[-1]) + 1 if nz.size else 1)))
-    expected = np.concatenate([rows[i, : lens[i]] for i in range(bs)] + [np.zeros(0, np.int64)])
+    if len(idx) < total:
+        raise ValueError(f"draw_csr: kv_indices has {len(idx)} entries < kv_indptr[-1]={total}")
+    rows, roles = r2t[rpi], ["pad" if r == 0 else i for i, r in enumerate(rpi)]  # [bs, L], a colour role per request
+    ncols = int(min(r2t.shape[1], max(lens.max(initial=1), np.flatnonzero(rows.any(0)).max(initial=0) + 1)))
+    expected = rows[np.arange(r2t.shape[1]) < lens[:, None]]  # the used prefixes, concatenated
     wrap = max(ncols, 8)  # strip cells per line: the same cell size as the rows above
     lines = max(1, -(-total // wrap))
     fig = Figure(figsize=(wrap * C.CELL_IN + 1.8, (bs + 2 * lines) * C.CELL_IN + 1.4), layout="constrained")
-    gs = fig.add_gridspec(2, 1, height_ratios=[bs + 0.6, 2 * lines + 0.4])
-    top, bot = fig.add_subplot(gs[0]), fig.add_subplot(gs[1])
+    top, bot = fig.subplots(2, 1, height_ratios=[bs + 0.6, 2 * lines + 0.4])
     C.grid_axes(top, wrap, bs)  # top: the batch's req_to_token rows, the prefix the CSR packs framed
-    labels = []
-    for i in range(bs):
-        pad = int(rpi[i]) == 0
+    for i, role in enumerate(roles):
         for j in range(ncols):
-            color, ink = (C.owner_color(i, pad), "black") if j < lens[i] else (C.UNUSED_COLOR, "#969696")
-            C.cell(top, j, i, color, C.fmt(rows[i, j]), fontsize=5.5, text_color=ink)
+            C.role_cell(top, j, i, role if j < lens[i] else "unread", C.fmt(rows[i, j]), fontsize=5.5)
         if lens[i] > 0:
-            C.frame(top, 0, i, int(lens[i]), 1, "#e6550d" if pad else "#08519c", lw=1.8)
-        labels.append(f"{'pad' if pad else f'req {i}'}: row {int(rpi[i])}, len {int(lens[i])}")
+            C.frame(top, 0, i, int(lens[i]), 1, "#e6550d" if role == "pad" else "#08519c", lw=1.8)
+    labels = [f"{'pad' if r == 'pad' else f'req {i}'}: row {rpi[i]}, len {lens[i]}" for i, r in enumerate(roles)]
     top.set_yticks(range(bs), labels, fontsize=7)
-    top.set_xticks(range(0, ncols, 5), [str(j) for j in range(0, ncols, 5)], fontsize=6)
+    top.set_xticks(range(0, ncols, 5), range(0, ncols, 5), fontsize=6)
     top.xaxis.tick_top()
     top.set_title("req_to_token[req_pool_indices]  (framed: the prefix the CSR packs)", fontsize=8)
     C.grid_axes(bot, wrap, 2 * lines)  # bottom: kv_indices wrapped at ``wrap`` cells, the kv_indptr boundaries
     owner = np.searchsorted(indptr, np.arange(total), side="right") - 1  # [total] request
     bad = 0
     for p in range(total):
-        x, y, i = p % wrap, 2 * (p // wrap) + 1, int(owner[p])
-        C.cell(bot, x, y, C.owner_color(i, int(rpi[i]) == 0), C.fmt(idx[p]), fontsize=5.5)
-        if p >= expected.shape[0] or idx[p] != expected[p]:
+        x, y = p % wrap, 2 * (p // wrap) + 1
+        C.role_cell(bot, x, y, roles[owner[p]], C.fmt(idx[p]), fontsize=5.5)
+        if p >= len(expected) or idx[p] != expected[p]:
             bad += 1
             C.frame(bot, x, y)
-    for p in sorted(set(indptr.tolist())):  # an empty request repeats a boundary: draw it once
-        line = min(p // wrap, lines - 1) if p < total or p % wrap else max(p // wrap - 1, 0)
+    for p in np.unique(indptr):  # an empty request repeats a boundary: draw it once
+        line = min(max(p - (p == total), 0) // wrap, lines - 1)  # the total: at the end of the line before
         x, y = p - line * wrap - 0.5, 2 * line + 1
         bot.plot([x, x], [y - 0.75, y + 0.5], color=C.INDPTR_COLOR, lw=1.4)
         bot.text(x, y - 0.8, str(p), ha="center", va="bottom", fontsize=6, color=C.INDPTR_COLOR, gid="kv_indptr")
     spans = [f"kv_indices[{k * wrap}:{min((k + 1) * wrap, total)}]" for k in range(lines)]
-    bot.set_yticks([2 * k + 1 for k in range(lines)], spans, fontsize=7)
+    bot.set_yticks(range(1, 2 * lines, 2), spans, fontsize=7)
     bot.set_xticks([])
     note = f"; {bad} entries differ from req_to_token!" if bad or total != expected.size else ""
     bot.set_title(f"kv_indices (packed; red marks: kv_indptr = {indptr.tolist()}){note}", fontsize=8)
     C.suptitle(fig, title)
     if legend:
-        live = [i for i in range(bs) if int(rpi[i]) != 0]
-        handles = [C.role_handle(i, f"request {i}") for i in live] + [C.role_handle("pad")] * (len(live) < bs)
-        handles.append(C.role_handle("unread", "in req_to_token, not packed (past the length)"))
+        past = "in req_to_token, not packed (past the length)"
+        handles = C.role_handles([*roles, "unread"], "request {}", unread=past)
         handles.append(Line2D([], [], color=C.INDPTR_COLOR, lw=1.4, label="kv_indptr boundary"))
         C.legend(fig, handles + [C.differs_handle("differs from req_to_token")] * (bad > 0), max_cols=6)
-    return fig
-
-
-def draw_block_table(
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    lens: torch.Tensor,
-    block_table: torch.Tensor,
-    page_size: int,
-    *,
-    max_pages: int = 16,
-    title: str = "",
-) -> Figure:
-    """Per request two rows, one cell per page p: what it should hold (``req_to_token[rpi[i], p*P] // P``) and what
-    ``block_table[i, p]`` holds; pages never read (from ``cdiv(lens[i], P)``) grey, read entries that disagree framed
-    red and counted in the title. At most ``max_pages`` columns."""
-    r2t, rpi = C.to_numpy(req_to_token), C.to_numpy(req_pool_indices).reshape(-1)
-    lens, table = C.to_numpy(lens).reshape(-1), C.to_numpy(block_table)
-    bs, P, pages = rpi.shape[0], int(page_size), min(table.shape[1], max_pages)
-    fig = Figure(figsize=(pages * C.CELL_IN * 1.6 + 2.6, 2 * bs * C.CELL_IN + 1.2), layout="constrained")
-    ax = fig.add_subplot()
-    C.grid_axes(ax, pages, 2 * bs)
-    bad, labels = 0, []
-    for i in range(bs):
-        read, pad = -(-int(lens[i]) // P), int(rpi[i]) == 0
-        for p in range(pages):
-            live = p < read
-            want = int(r2t[rpi[i], min(p * P, r2t.shape[1] - 1)]) // P
-            color = C.owner_color(i, pad) if live else C.UNUSED_COLOR
-            C.cell(ax, p, 2 * i, color, str(want) if live else "")
-            C.cell(ax, p, 2 * i + 1, color, C.fmt(table[i, p]))
-            if live and int(table[i, p]) != want:
-                bad += 1
-                C.frame(ax, p, 2 * i + 1)
-        who = "pad" if pad else f"req {i}"
-        labels += [f"{who}: r2t[row {int(rpi[i])}, p*{P}] // {P}", f"block_table[{i}], len {int(lens[i])}"]
-    ax.set_yticks(range(2 * bs), labels, fontsize=7)
-    ax.set_xticks(range(pages), [f"p{p}" for p in range(pages)], fontsize=6)
-    ax.xaxis.tick_top()
-    more = f" (first {pages} of {table.shape[1]} pages)" if table.shape[1] > pages else ""
-    warn = f"; {bad} read entries differ!" if bad else ""
-    ax.set_title(f"page size {P}: grey = never read by the kernel{more}{warn}", fontsize=8)
-    C.suptitle(fig, title)
     return fig
 
 
@@ -148,54 +99,51 @@ def draw_tree_mask(
     ``refimpl.layout.mask_indptr``): prefix columns light blue, tree cells dark where 1. With ``parents``: the tree on
     the right, rows labelled by depth, cells against its ancestry framed red. Axes: 1 (2 with ``parents``). Texts: N*N
     in the mask axes, N node labels in the tree axes."""
-    mask = C.to_numpy(custom_mask).reshape(-1).astype(bool)  # [>= total]
-    indptr = C.to_numpy(mask_indptr).reshape(-1)  # [bs+1]
-    steps = np.diff(indptr)
+    mask, indptr = C.flat(custom_mask).astype(bool), C.flat(mask_indptr)  # [>= total], [bs+1]
+    steps, tree = np.diff(indptr), parents is not None
     if indptr.size < 2 or indptr[0] != 0 or (steps % N != 0).any() or (steps // N < N).any():
         raise ValueError(f"draw_tree_mask: mask_indptr={indptr.tolist()} is not [0, cumsum(N*(seq+N))] for N={N}")
-    if not 0 <= request < indptr.shape[0] - 1:
-        raise ValueError(f"draw_tree_mask: request {request} outside [0, {indptr.shape[0] - 1})")
-    start, end = int(indptr[request]), int(indptr[request + 1])
+    if not 0 <= request < len(indptr) - 1:
+        raise ValueError(f"draw_tree_mask: request {request} outside [0, {len(indptr) - 1})")
+    start, end = indptr[request : request + 2]
     width = (end - start) // N
-    if end > mask.shape[0]:
-        raise ValueError(f"draw_tree_mask: mask has {mask.shape[0]} entries < {end} needed")
-    if parents is not None and len(parents) != N:
+    if end > len(mask):
+        raise ValueError(f"draw_tree_mask: mask has {len(mask)} entries < {end} needed")
+    if tree and len(parents) != N:
         raise ValueError(f"draw_tree_mask: {len(parents)} parents for N={N}")
-    tree_w = 0.0 if parents is None else 2.6 + 0.4 * max(C.depths(parents))
+    depths = C.depths(parents) if tree else [0] * N
+    tree_w = (2.6 + 0.4 * max(depths)) * tree
     fig = Figure(figsize=(width * C.CELL_IN + 1.8 + tree_w, N * C.CELL_IN + 1.6), layout="constrained")
-    gs = fig.add_gridspec(1, 2, width_ratios=[width * C.CELL_IN + 1.0, tree_w]) if parents is not None else None
-    ax = fig.add_subplot(1, 1, 1) if gs is None else fig.add_subplot(gs[0])
+    ratios = [width * C.CELL_IN + 1.0, tree_w][: 1 + tree]
+    ax, *tree_ax = fig.subplots(1, 1 + tree, squeeze=False, width_ratios=ratios)[0]
     block, seq, bad = mask[start:end].reshape(N, width), width - N, 0  # [N, seq+N]
-    anc = C.ancestry(parents) if parents is not None else None  # [N, N]
+    anc = C.ancestry(parents) if tree else None  # [N, N]
     C.grid_axes(ax, width, N)
-    for q in range(N):
-        for c in range(width):
-            on = bool(block[q, c])
-            if c < seq:
-                C.cell(ax, c, q, C.PREFIX_COLOR if on else C.UNUSED_COLOR)
-                bad += int(not on)
-                continue
-            face, ink = (C.TREE_ON_COLOR, "white") if on else ("white", "#636363")
-            C.cell(ax, c, q, face, str(int(on)), fontsize=6, edge="#bdbdbd", text_color=ink)
-            if anc is not None and on != bool(anc[q, c - seq]):
-                bad += 1
-                C.frame(ax, c, q)
+    for q, c in np.ndindex(N, width):
+        on = bool(block[q, c])
+        if c < seq:
+            C.cell(ax, c, q, C.PREFIX_COLOR if on else C.UNUSED_COLOR)
+            bad += not on
+            continue
+        face, ink = (C.TREE_ON_COLOR, "white") if on else ("white", "#636363")
+        C.cell(ax, c, q, face, str(int(on)), fontsize=6, edge="#bdbdbd", text_color=ink)
+        if tree and on != anc[q, c - seq]:
+            bad += 1
+            C.frame(ax, c, q)
     ax.axvline(seq - 0.5, color="black", lw=1.2)
     names = [f"prefix: {seq} columns (all 1)", f"tree: {N} columns"]
     ax.set_xticks([seq / 2 - 0.5, seq + N / 2 - 0.5], names, fontsize=7)
-    depths = [f" (depth {d})" for d in C.depths(parents)] if parents is not None else [""] * N
-    ax.set_yticks(range(N), [f"draft {q}{depths[q]}" for q in range(N)], fontsize=7)
+    ax.set_yticks(range(N), [f"draft {q}" + f" (depth {d})" * tree for q, d in enumerate(depths)], fontsize=7)
     note = f"; {bad} cells disagree with the tree!" if bad else ""
     ax.set_title(f"request {request}: custom_mask[{start}:{end}]\nas [N={N}, seq+N={width}]{note}", fontsize=8)
-    if gs is not None:  # the draft tree on the right, depth left to right
-        ax, slots, top = fig.add_subplot(gs[1]), C.tree_slots(parents), max(C.depths(parents))
+    if tree:  # the draft tree on the right, depth left to right
+        (ax,), slots, top = tree_ax, C.tree_slots(parents), max(depths)
         pos = {q: (d, r - (n - 1) / 2) for q, (d, r, n) in slots.items()}
         for q, p in enumerate(parents):
             if p >= 0:
                 ax.plot(*zip(pos[p], pos[q]), color="#636363", lw=1.0, zorder=1)
-        xs, ys = zip(*(pos[q] for q in range(len(parents))))
-        ax.scatter(xs, ys, s=260, facecolor="white", edgecolor=C.TREE_ON_COLOR, lw=1.5, zorder=2)
-        for q in range(len(parents)):
+        ax.scatter(*zip(*map(pos.get, range(N))), s=260, facecolor="white", edgecolor=C.TREE_ON_COLOR, lw=1.5, zorder=2)
+        for q in range(N):
             ax.text(*pos[q], str(q), ha="center", va="center", fontsize=8, zorder=3)
         span = max(n for _, _, n in slots.values())
         ax.set(xlim=(-0.5, top + 0.5), ylim=(span / 2 + 0.1, -span / 2 - 0.1), yticks=[])
@@ -213,9 +161,8 @@ def draw_tree_mask(
     return fig
 
 
-def _lookup(mapping: Mapping | None, name: str, i: int | None = None):
+def _lookup(mapping, name, i=None):
     """``mapping[name]``; for row i of a 2-D buffer ``mapping["name[i]"]`` or ``mapping[name][i]``; None if absent."""
-    mapping = mapping or {}
     if i is not None and f"{name}[{i}]" in mapping:
         return mapping[f"{name}[{i}]"]
     whole = mapping.get(name)
@@ -236,12 +183,12 @@ def draw_buffers(
     scalars as ``name = value`` text. ``roles``: per name, each cell's colour role (``batch_roles`` / ``segment_roles``;
     ``"name[i]"`` or per-row lists for 2-D). ``differs``: per name, a bool per cell (True for a scalar): marked red (gid
     ``"differs"``), ``differs_label`` in the legend. ``legend``: by default when ``roles`` or ``differs`` is given."""
-    rows: list[tuple[str, np.ndarray, str, Sequence | None, np.ndarray]] = []  # label, values, shape, roles, differs
-    scalars: list[tuple[str, str, bool]] = []
+    roles, differs = roles or {}, differs or {}
+    rows, scalars = [], []  # (label, values, roles, differs per cell) per row; (text, differs) per scalar
     for name, v in state.items():
         if not (isinstance(v, torch.Tensor) and v.dim() >= 1):
             val = v.item() if isinstance(v, torch.Tensor) else v
-            scalars.append((name, val if isinstance(val, str) else C.fmt(val), (differs or {}).get(name) is True))
+            scalars.append((f"{name} = {val if isinstance(val, str) else C.fmt(val)}", differs.get(name) is True))
             continue
         if v.dim() > 2:
             raise ValueError(f"draw_buffers: {name} has {v.dim()} dims (1-D or 2-D only)")
@@ -249,47 +196,42 @@ def draw_buffers(
         parts = [(name, v, None)] if v.dim() == 1 else [(f"{name}[{i}]", v[i], i) for i in range(v.shape[0])]
         for label, part, i in parts:
             vals, bad = C.to_numpy(part), _lookup(differs, name, i)  # bad: a bool per cell, False past its end
-            bad = C.to_numpy(bad if bad is not None else []).reshape(-1).astype(bool)[: len(vals)]
-            rows.append((label, vals, shape, _lookup(roles, name, i), np.pad(bad, (0, len(vals) - len(bad)))))
-    legend = bool(roles) or bool(differs) if legend is None else legend
-    width = max([min(r[1].shape[0], max_cells) for r in rows] + [1])
-    labels = [f"{label}  {shape}" for label, _, shape, _, _ in rows]
+            bad = C.flat([] if bad is None else bad).astype(bool)[: len(vals)]
+            rows.append((f"{label}  {shape}", vals, _lookup(roles, name, i), np.pad(bad, (0, len(vals) - len(bad)))))
+    legend = bool(roles or differs) if legend is None else legend
+    width = min(max_cells, max([1] + [len(r[1]) for r in rows]))
     # size the figure so that a cell stays ~0.42 in wide whatever the label / scalar lengths
-    label_in = 0.062 * max([len(s) for s in labels] + [0]) + 0.2
-    scalar_in = 0.068 * max([len(f"{nm} = {v}") for nm, v, _ in scalars] + [0])
+    label_in = 0.062 * max([len(r[0]) for r in rows] + [0]) + 0.2
+    scalar_in = 0.068 * max([len(t) for t, _ in scalars] + [0])
     span = max(width, -(-scalar_in // 0.42), 3)  # axes width in cells (scalars may be longer)
-    height = 0.42 * len(rows) + 0.28 * len(scalars) + 0.9 + (0.45 if legend else 0.0)
+    height = 0.42 * len(rows) + 0.28 * len(scalars) + 0.9 + 0.45 * legend
     fig = Figure(figsize=(label_in + 0.42 * span + 0.3, height), layout="constrained")
-    ax = fig.add_subplot(1, 1, 1)
+    ax = fig.add_subplot()
     ax.set(xlim=(-0.5, span - 0.5), ylim=(len(rows) - 0.5 + 0.7 * len(scalars), -0.5))
     C.bare_axes(ax)
-    used_roles: set = set()
-    for y, (_, vals, _, row_roles, bad) in enumerate(rows):
-        n = vals.shape[0]
-        shown = n if n <= max_cells else max_cells - 1
-        for x in range(shown):
-            role = "value" if row_roles is None else row_roles[x] if x < len(row_roles) else "unread"
-            face, hatch, edge, ink = C.role_style(role)
-            used_roles.add(role)
-            C.cell(ax, x, y, face, C.fmt(vals[x]), fontsize=7, edge=edge, lw=1.0, hatch=hatch, text_color=ink)
+    used_roles = set()
+    for y, (_, vals, row_roles, bad) in enumerate(rows):
+        for x in range(min(len(vals), max_cells)):
+            if x == max_cells - 1 < len(vals) - 1:  # the last cell drawn: how many more (marked if any differs)
+                C.cell(ax, x, y, C.UNUSED_COLOR, f"+{len(vals) - x}", fontsize=7, lw=1.0)
+                bad[x] = bad[x:].any()
+            else:
+                role = "value" if row_roles is None else row_roles[x] if x < len(row_roles) else "unread"
+                used_roles.add(role)
+                C.role_cell(ax, x, y, role, C.fmt(vals[x]), fontsize=7, lw=1.0)
             if bad[x]:
                 C.differs_mark(ax, x, y)
-        if shown < n:
-            C.cell(ax, shown, y, C.UNUSED_COLOR, f"+{n - shown}", fontsize=7, edge="white", lw=1.0)
-            if bad[shown:].any():
-                C.differs_mark(ax, shown, y)
-    ax.set_yticks(range(len(rows)), labels, fontsize=8)
+    ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
     step = 4 if width > 12 else 1
-    ax.set_xticks(range(0, width, step), [str(i) for i in range(0, width, step)], fontsize=6)
+    ax.set_xticks(range(0, width, step), range(0, width, step), fontsize=6)
     ax.xaxis.tick_top()
-    for k, (name, val, flag) in enumerate(scalars):  # a differing scalar in bold red
-        style = dict(fontsize=8, family="monospace") | (dict(color=C.BAD_COLOR, fontweight="bold") if flag else {})
-        ax.text(-0.5, len(rows) - 0.1 + 0.7 * k, f"{name} = {val}", ha="left", va="center", **style)
+    for k, (text, flag) in enumerate(scalars):  # a differing scalar in bold red
+        style = dict(color=C.BAD_COLOR, fontweight="bold") if flag else {}
+        ax.text(-0.5, len(rows) - 0.1 + 0.7 * k, text, va="center", fontsize=8, family="monospace", **style)
     if title:
         ax.set_title(title, fontsize=9, pad=14)
     if legend:
-        ints = sorted({int(r) for r in used_roles if not isinstance(r, str)})  # live requests, then named roles
-        handles = [C.role_handle(r) for r in ints + [r for r in C.ROLES if r in used_roles]] if roles else []
+        handles = C.role_handles(used_roles) if roles else []
         C.legend(fig, handles + [C.differs_handle(differs_label)] * bool(differs))
     return fig
 
@@ -310,19 +252,17 @@ def draw_state_diff(
     ``draw_buffers``: every differing cell or scalar (a shape mismatch: every cell) is marked red in both rows, the
     title counts them. ``keys``: which, in order (default: all, sorted); ``roles``: per key, as in ``draw_buffers``;
     ``legend=False``: no colour legend (a notebook that explained the colours before)."""
-    keys = list(keys) if keys is not None else sorted(set(first) | set(second))
     state, marks, row_roles, total = {}, {}, {}, 0
-    for key in keys:
+    for key in sorted({*first, *second}) if keys is None else keys:
         a, b = first.get(key), second.get(key)  # bads: a bool per cell of each tensor, or one bool per scalar
         if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.numel() == b.numel():
             a_, b_ = a.detach().cpu().reshape(-1), b.detach().cpu().reshape(-1)
-            bad = (a_ != b_) & ~(a_.isnan() & b_.isnan()) if a_.is_floating_point() else a_ != b_
-            bads = (bad.numpy(), bad.numpy())
+            bads = (((a_ != b_) & ~(a_.isnan() & b_.isnan())).numpy(),) * 2  # NaN == NaN here
         elif isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):  # shapes or kinds disagree: every cell
             bads = [np.ones(v.numel(), bool) if isinstance(v, torch.Tensor) else True for v in (a, b)]
         else:  # scalars (or a key one side lacks)
             bads = (bool(a != b),) * 2
-        total += max(int(np.sum(bad)) for bad in bads)  # the differing cells of the longer side
+        total += max(map(np.sum, bads))  # the differing cells of the longer side
         for lab, v, bad in zip(labels, (a, b), bads):
             name = f"{key}: {lab}"
             state[name] = v.detach().reshape(-1) if isinstance(v, torch.Tensor) else ("(not set)" if v is None else v)
@@ -347,26 +287,35 @@ def draw_buffer_sizes(
     needs them)``: a dashed line (gid ``"need"``); a shorter bar is framed red, "too small"."""
     notes, needed = notes or {}, needed or {}
     owners = list(dict.fromkeys(o for per in sizes.values() for o in per))
-    color = {o: OWNER_COLORS[k % len(OWNER_COLORS)] for k, o in enumerate(owners)}
+    color = dict(zip(owners, cycle(OWNER_COLORS)))
     heights = [len(per) for per in sizes.values()]
     fig = Figure(figsize=(9.0, sum(0.32 * h + 0.55 for h in heights) + 0.9), layout="constrained")
     axes = fig.subplots(len(sizes), 1, squeeze=False, height_ratios=[h + 1.2 for h in heights])
     short = False
     for ax, (buf, per) in zip(axes[:, 0], sizes.items()):  # a buffer's bars against its need
-        need = needed.get(buf)
-        top = max(list(per.values()) + [need[0] if need else 0])
+        need, what = needed.get(buf, (0, None))
+        top = max([*per.values(), need])
         for y, (owner, n) in enumerate(per.items()):
             ax.barh(y, n, color=color[owner], height=0.62, edgecolor="white")
-            note = f" {notes.get(buf, {}).get(owner, n)}"
-            t = ax.text(n + top * 0.01, y, note, va="center", fontsize=7, gid="note", family="monospace")
-            if need and n < need[0]:
+            small = n < need
+            note = f" {notes.get(buf, {}).get(owner, n)}" + "  too small" * small
+            ax.text(
+                n + top * 0.01,
+                y,
+                note,
+                va="center",
+                fontsize=7,
+                family="monospace",
+                gid="too_small" if small else "note",
+                color=C.BAD_COLOR if small else None,
+            )
+            if small:
                 short = True
                 ax.add_patch(Rectangle((0, y - 0.31), n, 0.62, fill=False, edgecolor=C.BAD_COLOR, lw=1.8, zorder=3))
-                t.update(dict(text=t.get_text() + "  too small", color=C.BAD_COLOR, gid="too_small"))
-        if need:
-            ax.axvline(need[0], color="black", ls="--", lw=1.0)
-            ax.text(need[0], -0.55, f" {need[1]}: {need[0]}", fontsize=7, va="bottom", ha="left", gid="need")
-        ax.set(xlim=(0, top * 1.75), ylim=(len(per) - 0.5, -0.5 - (0.9 if need else 0.3)))
+        if buf in needed:
+            ax.axvline(need, color="black", ls="--", lw=1.0)
+            ax.text(need, -0.55, f" {what}: {need}", fontsize=7, va="bottom", gid="need")
+        ax.set(xlim=(0, top * 1.75), ylim=(len(per) - 0.5, -0.5 - (0.9 if buf in needed else 0.3)))
         ax.set_yticks(range(len(per)), list(per), fontsize=8)
         ax.set_title(buf, loc="left", fontsize=8.5, family="monospace")
         ax.tick_params(axis="x", labelsize=7)

@@ -43,6 +43,10 @@ def to_numpy(x: torch.Tensor | Sequence | np.ndarray) -> np.ndarray:
     return x.numpy() if x.dtype == torch.bool else x.to(torch.float64 if x.is_floating_point() else torch.int64).numpy()
 
 
+def flat(x: torch.Tensor | Sequence | np.ndarray) -> np.ndarray:  # ``to_numpy(x)``, 1-D
+    return to_numpy(x).reshape(-1)
+
+
 def owner_color(i: int, pad: bool) -> str:  # request i's colour, or the padded row's
     return PAD_COLOR if pad else REQ_COLORS[i % len(REQ_COLORS)]
 
@@ -56,11 +60,15 @@ def role_style(role) -> tuple[str, str | None, str, str]:
     raise ValueError(f"unknown cell role {role!r}: an int (live request), {sorted(ROLE_LABELS)}")
 
 
-def role_handle(role, label: str | None = None) -> Patch:
-    face, hatch, edge, _ = role_style(role)
-    if label is None:
-        label = f"live request {int(role)}" if not isinstance(role, str) else ROLE_LABELS[role]
-    return Patch(facecolor=face, hatch=hatch, edgecolor="#969696" if edge == "white" else edge, lw=0.6, label=label)
+def role_handles(roles, live: str = "live request {}", **labels: str) -> list[Patch]:
+    """Legend handles of the cell ``roles`` used: live requests in order (``live`` names them), then the named roles in
+    ``ROLES`` order (their ``ROLE_LABELS``, or ``labels[role]``)."""
+    labels, out = {**ROLE_LABELS, **labels}, []
+    for r in sorted({int(r) for r in roles if not isinstance(r, str)}) + [r for r in ROLES if r in roles]:
+        face, hatch, edge, _ = role_style(r)
+        edge, label = "#969696" if edge == "white" else edge, labels[r] if isinstance(r, str) else live.format(r)
+        out.append(Patch(facecolor=face, hatch=hatch, edgecolor=edge, lw=0.6, label=label))
+    return out
 
 
 def differs_handle(label: str) -> Patch:
@@ -92,10 +100,10 @@ def batch_roles(n: int, live: int, bs: int | None = None, *, indptr: bool = Fals
 def segment_roles(indptr: torch.Tensor | Sequence[int], live: int, n: int) -> list:
     """Colour roles of the first ``n`` entries of a packed buffer (``kv_indices``, a flat mask): entry p belongs to request
     i with ``indptr[i] <= p < indptr[i+1]`` (padded for ``i >= live``); entries at or past ``indptr[-1]`` are unread."""
-    ptr = to_numpy(indptr).reshape(-1).astype(np.int64)
+    ptr = flat(indptr).astype(np.int64)
     owner = np.searchsorted(ptr, np.arange(n), side="right") - 1
-    end = int(ptr[-1]) if ptr.size else 0
-    return [("unread" if p >= end else int(owner[p]) if owner[p] < live else "pad") for p in range(n)]
+    end = ptr[-1] if ptr.size else 0
+    return ["unread" if p >= end else int(owner[p]) if owner[p] < live else "pad" for p in range(n)]
 
 
 def cell(ax, x, y, color, text=None, *, fontsize=6.0, edge="white", lw=0.6, hatch=None, text_color="black", size=1):
@@ -103,6 +111,12 @@ def cell(ax, x, y, color, text=None, *, fontsize=6.0, edge="white", lw=0.6, hatc
     ax.add_patch(Rectangle((x - size / 2, y - size / 2), size, size, facecolor=color, edgecolor=edge, lw=lw, hatch=hatch))
     if text is not None:
         ax.text(x, y, text, ha="center", va="center", fontsize=fontsize, color=text_color)
+
+
+def role_cell(ax, x, y, role, text=None, **style):
+    """A ``cell`` in the colours of a cell role (``role_style``)."""
+    face, hatch, edge, ink = role_style(role)
+    cell(ax, x, y, face, text, edge=edge, hatch=hatch, text_color=ink, **style)
 
 
 def frame(ax, x0, y0, w=1, h=1, color=BAD_COLOR, lw=1.5):
@@ -144,10 +158,8 @@ def depths(parents: Sequence[int]) -> list[int]:
 
 def tree_slots(parents: Sequence[int]) -> dict[int, tuple[int, int, int]]:
     """Node q -> (its depth d, its rank among the nodes at depth d, their count), by depth then rank."""
-    levels: dict[int, list[int]] = {}
-    for q, d in enumerate(depths(parents)):
-        levels.setdefault(d, []).append(q)
-    return {q: (d, r, len(nodes)) for d, nodes in levels.items() for r, q in enumerate(nodes)}
+    d = depths(parents)
+    return {q: (d[q], d[:q].count(d[q]), d.count(d[q])) for q in sorted(range(len(d)), key=d.__getitem__)}
 
 
 def ancestry(parents: Sequence[int]) -> np.ndarray:

@@ -6,8 +6,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
-import matplotlib.ticker
+import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullLocator, ScalarFormatter
 
 from .cells import save, suptitle
 
@@ -19,15 +20,15 @@ PART_COLORS = {"validate": "#bdbdbd", "copies": "#9ecae1", "hook": "#fd8d3c", "l
 # small helpers over bench rows (``refimpl.bench`` results)
 _by_bs = lambda rows: sorted(rows, key=lambda r: r["bs"])
 _stat = lambda rows, group, key, stat: [r[group][key][stat] for r in rows]  # e.g. "host_us", "hook", "median"
-_label = lambda r: f"{r['backend']}/{r['variant']} {r['mode']}"
 _where = lambda env: env.get("device", "") + (" (emulator timings)" if "emulator" in env.get("note", "") else "")
 
 
-def _bs_axis(ax, ylabel: str) -> None:
-    """A log2 batch-size x axis, the y label, a light grid."""
+def _bs_axis(ax, ylabel):
+    """A log2 batch-size x axis, the y label, a light grid, y from 0."""
     ax.set_xscale("log", base=2)
     ax.set(xlabel="batch size", ylabel=ylabel)
     ax.grid(alpha=0.3)
+    ax.set_ylim(bottom=0)
 
 
 def draw_latency_vs_bs(
@@ -37,21 +38,18 @@ def draw_latency_vs_bs(
     ``bench.time_replay_path`` ``rows``; a panel per ``(group, key, label)``, e.g. ``("host_us", "hook+launch", "host
     µs")``. ``second_run``: the same measurement repeated, as dotted medians."""
     fig = Figure(figsize=(5.2 * len(panels), 3.6))
-    shapes = list(dict.fromkeys(r["shape"] for r in rows))
     for k, (group, key, label) in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), k + 1)
-        for shape in shapes:
-            mine = _by_bs(r for r in rows if r["shape"] == shape and group in r)
+        for shape in dict.fromkeys(r["shape"] for r in rows):
+            mine, again = (_by_bs(r for r in rs if r["shape"] == shape and group in r) for rs in (rows, second_run))
             if not mine:
                 continue
             bs, color = [r["bs"] for r in mine], SHAPE_COLORS.get(shape)
             ax.plot(bs, _stat(mine, group, key, "median"), marker="o", ms=3, label=shape, color=color)
             ax.fill_between(bs, _stat(mine, group, key, "p25"), _stat(mine, group, key, "p75"), alpha=0.25, color=color)
-            again = _by_bs(r for r in second_run if r["shape"] == shape and group in r)
             if again:
                 ax.plot([r["bs"] for r in again], _stat(again, group, key, "median"), ls=":", color=color, alpha=0.8)
         _bs_axis(ax, label)
-        ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)
     suptitle(fig, title)
     return fig
@@ -63,17 +61,8 @@ GPU_COLOR = "#252525"
 Series = tuple[str, str, str, str]  # (label, backend, variant, color)
 
 
-def _key(r: Mapping) -> tuple[str, str, str]:
+def _key(r):
     return r["backend"], r["variant"], r["mode"]
-
-
-def _label_ends(ax, lines: Sequence[tuple[str, float, float, str]], min_gap: float) -> None:
-    """Write each ``(text, x, y, color)`` just right of its line's last point, nudged apart by at least ``min_gap``."""
-    placed: list[float] = []
-    for text, x, y, color in sorted(lines, key=lambda t: t[2]):
-        y = max(y, placed[-1] + min_gap) if placed else y
-        placed.append(y)
-        ax.annotate(text, (x, y), xytext=(6, 0), textcoords="offset points", va="center", fontsize=8, color=color)
 
 
 def draw_replay_breakdown(
@@ -89,30 +78,37 @@ def draw_replay_breakdown(
     ``parts`` stacked (medians; ``validate`` hatched: off in timing runs), its total written at its end, and under it a
     black bar, the GPU µs of the graph where measured. A host bar longer than its black bar is a host-bound step."""
     at = {_key(r): r for r in rows if r["bs"] == bs and r["context"] == context}
-    keys = list(keys) if keys is not None else list(at)
-    names = list(labels) if labels is not None else [f"{b}/{v} {m}" for b, v, m in keys]
+    keys = list(at) if keys is None else keys
     fig = Figure(figsize=(8.5, 0.5 * len(keys) + 1.3))
-    ax = fig.add_subplot(1, 1, 1)
+    ax = fig.add_subplot()
     for y, k in enumerate(keys):
         left = 0.0
         for part in parts:
-            w = at[k]["host_us"][part]["median"]
-            hatch = "//" if part == "validate" else None
-            ax.barh(y - 0.12, w, left=left, height=0.5, color=PART_COLORS[part], edgecolor="white", lw=0.5, hatch=hatch)
+            w, valid = at[k]["host_us"][part]["median"], part == "validate"
+            ax.barh(
+                y - 0.12,
+                w,
+                left=left,
+                height=0.5,
+                color=PART_COLORS[part],
+                edgecolor="white",
+                lw=0.5,
+                hatch="//" if valid else None,
+            )
             if y == 0:  # the parts named once, over the first row
-                ax.text(left + w / 2, y - 0.42, "validation" if part == "validate" else part, ha="center", fontsize=7)
+                ax.text(left + w / 2, y - 0.42, "validation" if valid else part, ha="center", fontsize=7)
             left += w
         ax.text(left, y - 0.12, f" host {left:.0f}", va="center", fontsize=7)
         if "gpu_us" in at[k]:
             g = at[k]["gpu_us"]["graph"]["median"]
             ax.barh(y + 0.25, g, height=0.18, color=GPU_COLOR)
             ax.text(g, y + 0.25, f" GPU {g:.0f}", va="center", fontsize=7, color=GPU_COLOR)
-    ax.set_yticks(range(len(keys)), names, fontsize=8)
+    ax.set_yticks(range(len(keys)), [f"{b}/{v} {m}" for b, v, m in keys] if labels is None else labels, fontsize=8)
     ax.set_ylim(len(keys) - 0.5, -0.75)
     ax.set_xlabel("µs (host: medians of each part; GPU: the graph, CUDA events)")
     ax.grid(axis="x", alpha=0.3)
-    ax.set_title(f"One replay at bs {bs}, context {context}, {_where(env)}: host-bound where the host bar outruns"
-                 " the black GPU bar", fontsize=9)  # fmt: skip
+    where = f"One replay at bs {bs}, context {context}, {_where(env)}"
+    ax.set_title(f"{where}: host-bound where the host bar outruns the black GPU bar", fontsize=9)
     return fig
 
 
@@ -125,7 +121,7 @@ def draw_host_vs_bs(
     if len(series) > 5:
         raise ValueError(f"draw_host_vs_bs: {len(series)} series; at most 5 (and the GPU line) stay readable")
     fig = Figure(figsize=(7.0, 3.8))
-    ax, ends = fig.add_subplot(1, 1, 1), []
+    ax, ends = fig.add_subplot(), []  # (text, x, y, color) of each line's last point
     for k, (label, backend, variant, color) in enumerate(series):
         pts = _by_bs(r for r in rows if _key(r) == (backend, variant, mode) and r["context"] == context)
         bs, host = [r["bs"] for r in pts], _stat(pts, "host_us", "path", "median")
@@ -136,43 +132,47 @@ def draw_host_vs_bs(
             ax.plot(bs, gpu, color=GPU_COLOR, lw=2.2, ls="--")
             ends.append(("GPU: the graph", bs[-1], gpu[-1], GPU_COLOR))
     _bs_axis(ax, "µs per replay")
-    ax.set_ylim(bottom=0)
-    _label_ends(ax, ends, min_gap=0.06 * ax.get_ylim()[1])
+    placed = [-np.inf]  # each label just right of its line's end, nudged apart by at least 6% of the y range
+    for text, x, y, color in sorted(ends, key=lambda t: t[2]):
+        placed.append(max(y, placed[-1] + 0.06 * ax.get_ylim()[1]))
+        ax.annotate(text, (x, placed[-1]), (6, 0), textcoords="offset points", va="center", fontsize=8, color=color)
     ax.set_xlim(right=ax.get_xlim()[1] * 3)  # room for the labels
-    ax.set_xticks(sorted({r["bs"] for r in rows if r["context"] == context}), minor=False)
-    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    backends = " / ".join(dict.fromkeys(b for _, b, _, _ in series))
-    where = f"{backends} {mode}, context {context}, {_where(env)}"
+    ax.set_xticks(sorted({r["bs"] for r in rows if r["context"] == context}))
+    ax.xaxis.set(major_formatter=ScalarFormatter(), minor_locator=NullLocator())
+    where = f"{' / '.join(dict.fromkeys(b for _, b, _, _ in series))} {mode}, context {context}, {_where(env)}"
     ax.set_title(f"{where}:\nhost-bound where a host line lies above the GPU line", fontsize=9)
     return fig
 
 
-def _bars(ax, names: Sequence[str], pairs: Sequence[tuple[float, float]], legend: tuple[str, str], fmt: str) -> None:
-    """Two bars per name (upper: ``pairs[i][0]``, lower: ``[1]``), each value written at its end."""
-    for y, (a, b) in enumerate(pairs):
-        for dy, v, color in ((-0.18, a, "#1f77b4"), (0.18, b, "#d62728")):
+def _bar_pairs(rows, env, context, bs, pick, pair, names, fmt, xlabel, title):
+    """Two bars per backend x variant x mode at one bs (default: ``pick`` of the context's), upper ``pair(row)[0]``,
+    lower ``[1]`` (``names`` says which), each value written at its end (``fmt``); a log x axis."""
+    bs = pick(r["bs"] for r in rows if r["context"] == context) if bs is None else bs
+    mine = [r for r in rows if r["context"] == context and r["bs"] == bs]
+    fig = Figure(figsize=(8.0, 0.32 * len(mine) + 1.2))
+    ax = fig.add_subplot()
+    for y, r in enumerate(mine):
+        for dy, v, color in zip((-0.18, 0.18), pair(r), ("#1f77b4", "#d62728")):
             ax.barh(y + dy, v, height=0.34, color=color)
             ax.text(v, y + dy, " " + fmt.format(v), va="center", fontsize=6)
-    ax.set_yticks(range(len(names)), names, fontsize=7)
+    ax.set_yticks(range(len(mine)), [f"{r['backend']}/{r['variant']} {r['mode']}" for r in mine], fontsize=7)
     ax.invert_yaxis()
-    ax.text(0.99, 0.01, f"upper bar: {legend[0]}; lower bar: {legend[1]}", transform=ax.transAxes, ha="right",
-            va="bottom", fontsize=7)  # fmt: skip
+    note = f"upper bar: {names[0]}; lower bar: {names[1]}"
+    ax.text(0.99, 0.01, note, transform=ax.transAxes, ha="right", va="bottom", fontsize=7)
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_title(f"{title}, bs {bs}, context {context} — {_where(env)}", fontsize=9)
+    return fig
 
 
 def draw_step_graph_vs_eager(rows: Sequence[Mapping], env: Mapping, context: int, bs: int | None = None) -> Figure:
     """The whole decoder step (wall µs, synchronised), as a graph and eagerly, one pair of bars per backend x variant x
     mode at one bs (default: the smallest), each value written at its bar's end."""
-    bs = bs if bs is not None else min(r["bs"] for r in rows if r["context"] == context)
-    mine = [r for r in rows if r["context"] == context and r["bs"] == bs]
-    fig = Figure(figsize=(8.0, 0.32 * len(mine) + 1.2))
-    ax = fig.add_subplot(1, 1, 1)
-    pairs = [(r["step_us"]["graph"]["median"], r["step_us"]["eager"]["median"]) for r in mine]
-    _bars(ax, [_label(r) for r in mine], pairs, ("graph", "eager"), "{:.0f}")
-    ax.set_xscale("log")
-    ax.set_xlabel("whole step, wall µs (median, synchronised)")
-    ax.set_title(f"Graph vs eager, whole decoder step, bs {bs}, context {context} — {_where(env)}", fontsize=9)
-    return fig
+    pair = lambda r: (r["step_us"]["graph"]["median"], r["step_us"]["eager"]["median"])
+    xlabel = "whole step, wall µs (median, synchronised)"
+    return _bar_pairs(
+        rows, env, context, bs, min, pair, ("graph", "eager"), "{:.0f}", xlabel, "Graph vs eager, whole decoder step"
+    )
 
 
 def draw_capture_cost(rows: Sequence[Mapping], env: Mapping, context: int, bs: int | None = None) -> Figure:
@@ -180,29 +180,21 @@ def draw_capture_cost(rows: Sequence[Mapping], env: Mapping, context: int, bs: i
     one pair of bars per backend x variant x mode. Memory is not drawn: the bench's ``pool_growth_bytes`` is a
     ``memory_reserved`` difference, which counts every cached block of the process and goes negative when the allocator
     releases some."""
-    bs = bs if bs is not None else max(r["bs"] for r in rows if r["context"] == context)
-    mine = [r for r in rows if r["context"] == context and r["bs"] == bs]
-    fig = Figure(figsize=(8.0, 0.32 * len(mine) + 1.2))
-    ax = fig.add_subplot(1, 1, 1)
-    pairs = [(r["capture_s"]["first"] * 1e3, r["capture_s"]["warm"] * 1e3) for r in mine]
-    _bars(ax, [_label(r) for r in mine], pairs, ("first capture", "again (warm)"), "{:.1f}")
-    ax.set_xscale("log")
-    ax.set_xlabel("ms (warm-up + capture)")
-    ax.set_title(f"Capture time per batch size, bs {bs}, context {context} — {_where(env)}", fontsize=9)
-    return fig
+    pair = lambda r: (r["capture_s"]["first"] * 1e3, r["capture_s"]["warm"] * 1e3)
+    names, title = ("first capture", "again (warm)"), "Capture time per batch size"
+    return _bar_pairs(rows, env, context, bs, max, pair, names, "{:.1f}", "ms (warm-up + capture)", title)
 
 
 def draw_bench_figures(rows: Sequence[Mapping], env: Mapping, out_dir: str | Path) -> list[Path]:
     """The bench plots into ``out_dir`` (file names start with ``replay_``)."""
     ctx = min(r["context"] for r in rows)
     sizes = sorted({r["bs"] for r in rows if r["context"] == ctx})
-    bs = 8 if 8 in sizes else sizes[len(sizes) // 2]
-    figs = {"replay_breakdown.png": draw_replay_breakdown(rows, env, bs, ctx)}
-    figs["replay_step_graph_vs_eager.png"] = draw_step_graph_vs_eager(rows, env, ctx)
-    figs["replay_capture_cost.png"] = draw_capture_cost(rows, env, ctx)
-    triton = list(dict.fromkeys(r["variant"] for r in rows if r["backend"] == "triton" and r["mode"] == "decode"))
-    if triton:
-        colors = matplotlib.colormaps["tab10"]
-        series = [(v, "triton", v, colors(i)) for i, v in enumerate(triton[:5])]
+    figs = {
+        "replay_breakdown.png": draw_replay_breakdown(rows, env, 8 if 8 in sizes else sizes[len(sizes) // 2], ctx),
+        "replay_step_graph_vs_eager.png": draw_step_graph_vs_eager(rows, env, ctx),
+        "replay_capture_cost.png": draw_capture_cost(rows, env, ctx),
+    }
+    triton = dict.fromkeys(r["variant"] for r in rows if r["backend"] == "triton" and r["mode"] == "decode")
+    if series := [(v, "triton", v, matplotlib.colormaps["tab10"](i)) for i, v in enumerate(list(triton)[:5])]:
         figs["replay_host_vs_bs_triton.png"] = draw_host_vs_bs(rows, env, ctx, series)
     return [save(f, Path(out_dir) / name) for name, f in figs.items()]

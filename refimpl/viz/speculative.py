@@ -20,40 +20,25 @@ EAGLE_PARTS = {
     "rejected": ("#f0f0f0", "rejected draft / padding row (–)"),
 }
 EAGLE_COLORS = {part: color for part, (color, _) in EAGLE_PARTS.items()}
-MODE_BADGE = dict(boxstyle="round,pad=0.25", fc="#f7fbff", ec="#08519c", lw=1.0)
-_BADGE_TEXT = dict(fontsize=7.5, family="monospace", va="center", bbox=MODE_BADGE, gid="mode")  # a graph-mode badge
-_BOX_W, _BOX_Y, _BOX_H = 3.9, 1.35, 6.1  # one step's box: width, bottom, height
+_BADGE = dict(boxstyle="round,pad=0.25", fc="#f7fbff", ec="#08519c", lw=1.0)
+_BADGE_TEXT = dict(fontsize=7.5, family="monospace", va="center", bbox=_BADGE, gid="mode")  # a graph-mode badge
 
 
-def _node(ax, x, y, color: str, label: str, label_color: str = "black") -> None:
+def _node(ax, x, y, color, label, label_color="black"):
     ax.add_patch(Circle((x, y), 0.19, facecolor=color, edgecolor="#525252", lw=0.8, zorder=2))
     ax.text(x, y, label, ha="center", va="center", fontsize=7, zorder=3, color=label_color)
 
 
-def _draw_tree(ax, parents, box, levels: int, colors, dim: Sequence[int] = (), edges: Mapping[int, str] = {}):
-    """The tree inside ``box`` (x0, y0, w, h), depth left to right: edges (``edges[q]``: node q's edge stands out in that
-    colour), then nodes q in ``colors[q]`` (those in ``dim`` with a grey label); returns their (x, y)."""
-    x0, y0, w, h = box
+def _draw_tree(ax, parents, x0, y0, w, levels, colors, dim=(), edges: Mapping[int, str] = {}):
+    """The tree in the box (x0, y0) w wide, 2.6 high, depth left to right: edges (``edges[q]``: node q's edge stands out
+    in that colour), then nodes q in ``colors[q]`` (those in ``dim`` with a grey label); returns their (x, y)."""
     dx = (w - 0.6) / max(levels, 1)
-    pos = {q: (x0 + 0.3 + d * dx, y0 + h * (r + 1) / (n + 1)) for q, (d, r, n) in C.tree_slots(parents).items()}
-    for q, par in enumerate(parents):
-        if par >= 0:
-            style = dict(color=edges[q], lw=1.6) if q in edges else dict(color="#636363", lw=0.9)
-            ax.plot(*zip(pos[par], pos[q]), zorder=1, **style)
+    pos = {q: (x0 + 0.3 + d * dx, y0 + 2.6 * (r + 1) / (n + 1)) for q, (d, r, n) in C.tree_slots(parents).items()}
+    for q, par in enumerate(parents[1:], 1):
+        ax.plot(*zip(pos[par], pos[q]), zorder=1, color=edges.get(q, "#636363"), lw=1.6 if q in edges else 0.9)
     for q, (x, y) in pos.items():
         _node(ax, x, y, colors[q], str(q), "#969696" if q in dim else "black")
     return pos
-
-
-def _step_box(ax, x, head: str, modes: Sequence[str], rows: str, caption: str) -> None:
-    """A step's box: its name, its graph-mode badges, rows per request, caption."""
-    y0, bw, bh, box = _BOX_Y, _BOX_W, _BOX_H, "round,pad=0.02,rounding_size=0.15"
-    ax.add_patch(FancyBboxPatch((x, y0), bw, bh, boxstyle=box, fc="white", ec="#525252", lw=1.0))
-    ax.text(x + 0.15, y0 + bh - 0.3, head, fontsize=10, fontweight="bold", va="center")
-    for j, m in enumerate(modes):
-        ax.text(x + 0.2, y0 + bh - 0.78 - 0.42 * j, m, **_BADGE_TEXT)
-    ax.text(x + 0.15, y0 + bh - 0.9 - 0.42 * len(modes), rows, fontsize=7.5, va="top")
-    ax.text(x + 0.15, y0 + 0.12, caption, fontsize=7, va="bottom", color="#252525", linespacing=1.3)
 
 
 def draw_eagle_iteration(
@@ -71,51 +56,62 @@ def draw_eagle_iteration(
     chain = [0, *acc]
     if len(acc) > S or any(parents[b] != a for a, b in zip(chain, chain[1:])):
         raise ValueError(f"draw_eagle_iteration: accepted {acc} is not a chain from the root of length <= num_steps={S}")
-    W, H = 17.7, 7.6
+    W, H, y0, bw, bh = 17.7, 7.6, 1.35, 3.9, 6.1  # the figure; each step's box: bottom, width, height
     fig = Figure(figsize=(W, H + 0.5), layout="constrained")
-    ax = fig.add_subplot(1, 1, 1)
+    ax = fig.add_subplot()
     ax.set(xlim=(0, W), ylim=(0, H), aspect="equal")
     ax.axis("off")
-    xs = [0.15 + k * (_BOX_W + 0.55) for k in range(4)]
-    _draft_panel(ax, xs[0], parents, depths, S, topk)
-    _verify_panel(ax, xs[1], parents)
-    _accept_panel(ax, xs[2], parents, acc, S)
-    _extend_panel(ax, xs[3], acc, N, S)
-    _arrows_and_idle(ax, xs, W)
-    handles = [Patch(facecolor=c, edgecolor="#525252", label=lab.format(last=S - 1)) for c, lab in EAGLE_PARTS.values()]
-    handles.append(Patch(facecolor=C.TREE_ON_COLOR, edgecolor="#bdbdbd", label="mask: may attend"))
-    C.legend(fig, handles)
-    what = f"S = {S} steps, topk = {topk}, N = {N} draft tokens, accept_length = {len(acc)}"
-    fig.suptitle(title or f"One EAGLE iteration for one request: {what}", fontsize=11)
-    return fig
+    xs = [0.15 + k * (bw + 0.55) for k in range(4)]
+    boxes = [  # per step: its name, its graph modes, rows per request, caption
+        (
+            "① draft",
+            ["DECODE (multi-step draft)"],
+            f"topk = {topk} rows per request per step\n(the graph sees bs·topk rows)",
+            f"step 0's {topk} drafts come from the previous\ndraft extend; steps 1..{S - 1} run as {S - 1} decode\n"
+            f"steps captured in one graph. The best\n{N - 1} drafts + the verified token\n"
+            f"form the tree of N = {N} nodes.",
+        ),
+        (
+            "② target verify",
+            ["TARGET_VERIFY"],
+            f"N = {N} rows per request (one per tree node)",
+            "The target model scores every node in one\npass; the custom mask [N, prefix + N] lets a\n"
+            "node see the prefix and its own ancestors.\nGraphs capture N rows per request.",
+        ),
+        (
+            "③ accept",
+            ["no graph of its own"],
+            "runs on the verify logits",
+            f"accept_length = {len(acc)}: the drafts accepted along\none chain (refimpl counts accepted drafts,\n"
+            f"0..S). The target's own token after them\nis the bonus token: {len(acc) + 1} new tokens.",
+        ),
+        (
+            "④ draft extend",
+            ["DRAFT_EXTEND (v1)", "DRAFT_EXTEND_V2"],
+            f"v1: S + 1 = {S + 1} rows per request\nv2: N = {N} rows per request",
+            "The draft model runs over the new tokens\n(graph rows past them: rejected drafts,\n"
+            "outputs dropped). Its output gives the next\niteration's step-0 drafts (back to ①).",
+        ),
+    ]
+    for x, (head, modes, rows, caption) in zip(xs, boxes):
+        box = "round,pad=0.02,rounding_size=0.15"
+        ax.add_patch(FancyBboxPatch((x, y0), bw, bh, boxstyle=box, fc="white", ec="#525252", lw=1.0))
+        ax.text(x + 0.15, y0 + bh - 0.3, head, fontsize=10, fontweight="bold", va="center")
+        for j, m in enumerate(modes):
+            ax.text(x + 0.2, y0 + bh - 0.78 - 0.42 * j, m, **_BADGE_TEXT)
+        ax.text(x + 0.15, y0 + bh - 0.9 - 0.42 * len(modes), rows, fontsize=7.5, va="top")
+        ax.text(x + 0.15, y0 + 0.12, caption, fontsize=7, va="bottom", color="#252525", linespacing=1.3)
 
-
-def _draft_panel(ax, x, parents, depths, S, topk):
-    """① the tree the multi-step draft decode grows, node colours by the step that drafted it."""
-    N = len(parents)
-    rows = f"topk = {topk} rows per request per step\n(the graph sees bs·topk rows)"
-    caption = (
-        f"step 0's {topk} drafts come from the previous\ndraft extend; steps 1..{S - 1} run as {S - 1} decode\n"
-        f"steps captured in one graph. The best\n{N - 1} drafts + the verified token\nform the tree of N = {N} nodes."
-    )
-    _step_box(ax, x, "① draft", ["DECODE (multi-step draft)"], rows, caption)
-    parts = ["verified"] + ["step0" if d == 1 else "steps" for d in depths[1:]]
-    _draw_tree(ax, parents, (x, _BOX_Y + 1.55, _BOX_W, 2.6), S, [EAGLE_COLORS[p] for p in parts])
+    # ① draft: the tree the multi-step draft decode grows, node colours by the step that drafted it
+    by_depth = ["verified", "step0"] + ["steps"] * S
+    _draw_tree(ax, parents, xs[0], y0 + 1.55, bw, S, [EAGLE_COLORS[by_depth[d]] for d in depths])
     for d in range(S + 1):
-        label = "verified" if d == 0 else f"step {d - 1}"
-        ax.text(x + 0.3 + d * (_BOX_W - 0.6) / S, _BOX_Y + 1.45, label, fontsize=6.5, ha="center", va="top", color="#525252")
+        x, label = xs[0] + 0.3 + d * (bw - 0.6) / S, f"step {d - 1}" if d else "verified"
+        ax.text(x, y0 + 1.45, label, fontsize=6.5, ha="center", va="top", color="#525252")
 
-
-def _verify_panel(ax, x, parents):
-    """② the tree's ancestry mask after a few prefix columns."""
-    caption = (
-        "The target model scores every node in one\npass; the custom mask [N, prefix + N] lets a\n"
-        "node see the prefix and its own ancestors.\nGraphs capture N rows per request."
-    )
-    N = len(parents)
-    _step_box(ax, x, "② target verify", ["TARGET_VERIFY"], f"N = {N} rows per request (one per tree node)", caption)
-    anc, c = C.ancestry(parents), min(0.34, (_BOX_W - 1.0) / (N + 2.5))
-    mx, my = x + 0.75, _BOX_Y + 1.55 + 2.45
+    # ② target verify: the tree's ancestry mask after a few prefix columns
+    anc, c = C.ancestry(parents), min(0.34, (bw - 1.0) / (N + 2.5))
+    mx, my = xs[1] + 0.75, y0 + 1.55 + 2.45
     for q in range(N):
         ax.text(mx - 0.12, my - q * c, str(q), fontsize=6, ha="right", va="center")
         for j in range(2):
@@ -127,45 +123,24 @@ def _verify_panel(ax, x, parents):
     ax.text(mx + (2.5 + N / 2) * c, my + c, "tree (ancestry)", fontsize=6, ha="center", va="bottom")
     ax.text(mx + 2.25 * c, my - 0.5 * c, "…", fontsize=7, ha="center", va="center")
 
-
-def _accept_panel(ax, x, parents, acc, S):
-    """③ the accepted chain, the rejected drafts dimmed, the bonus token after the chain."""
-    N, chain = len(parents), [0, *acc]
-    caption = (
-        f"accept_length = {len(acc)}: the drafts accepted along\none chain (refimpl counts accepted drafts,\n"
-        f"0..S). The target's own token after them\nis the bonus token: {len(acc) + 1} new tokens."
-    )
-    _step_box(ax, x, "③ accept", ["no graph of its own"], "runs on the verify logits", caption)
-    parts = ["verified"] + ["accepted" if q in chain else "rejected" for q in range(1, N)]
-    dim, colors = [q for q in range(N) if q not in chain], [EAGLE_COLORS[p] for p in parts]
-    pos = _draw_tree(ax, parents, (x, _BOX_Y + 1.55, _BOX_W - 0.5, 2.6), S, colors, dim, {q: "#238b45" for q in acc})
-    lx, ly = pos[chain[-1]]
-    bx = lx + (_BOX_W - 1.1) / S
+    # ③ accept: the accepted chain, the rejected drafts dimmed, the bonus token after the chain
+    colors = [EAGLE_COLORS["verified" if q == 0 else "accepted" if q in chain else "rejected"] for q in range(N)]
+    dim, edges = [q for q in range(N) if q not in chain], {q: "#238b45" for q in acc}
+    lx, ly = _draw_tree(ax, parents, xs[2], y0 + 1.55, bw - 0.5, S, colors, dim, edges)[chain[-1]]
+    bx = lx + (bw - 1.1) / S
     ax.plot([lx, bx], [ly, ly], color="#cc8400", ls="--", lw=1.2, zorder=1)
     _node(ax, bx, ly, EAGLE_COLORS["bonus"], "b")
 
-
-def _extend_panel(ax, x, acc, N, S):
-    """④ the rows v1 (S + 1) and v2 (N) lay out per request."""
-    rows = f"v1: S + 1 = {S + 1} rows per request\nv2: N = {N} rows per request"
-    caption = (
-        "The draft model runs over the new tokens\n(graph rows past them: rejected drafts,\n"
-        "outputs dropped). Its output gives the next\niteration's step-0 drafts (back to ①)."
-    )
-    _step_box(ax, x, "④ draft extend", ["DRAFT_EXTEND (v1)", "DRAFT_EXTEND_V2"], rows, caption)
-    real, cw = [f"n{q}" for q in acc] + ["b"], min(0.45, (_BOX_W - 0.9) / max(N, S + 1))
+    # ④ draft extend: the rows v1 (S + 1) and v2 (N) lay out per request
+    cells = [(f"n{q}", "accepted") for q in acc] + [("b", "bonus")] + [("–", "rejected")] * (N + S)  # text, part
+    cw = min(0.45, (bw - 0.9) / max(N, S + 1))
     for j, (lab, n) in enumerate((("v1", S + 1), ("v2", N))):
-        yy = _BOX_Y + 3.55 - j * 1.0
-        ax.text(x + 0.2, yy, lab, fontsize=7.5, va="center")
-        for r in range(n):
-            part = ("accepted" if r < len(acc) else "bonus") if r < len(real) else "rejected"
-            text = real[r] if r < len(real) else "–"
-            C.cell(ax, x + 0.6 + (r + 0.5) * cw, yy, EAGLE_COLORS[part], text, fontsize=6.5, edge="#525252", size=cw)
+        yy = y0 + 3.55 - j * 1.0
+        ax.text(xs[3] + 0.2, yy, lab, fontsize=7.5, va="center")
+        for r, (s, part) in enumerate(cells[:n]):
+            C.cell(ax, xs[3] + 0.6 + (r + 0.5) * cw, yy, EAGLE_COLORS[part], s, fontsize=6.5, edge="#525252", size=cw)
 
-
-def _arrows_and_idle(ax, xs, W):
-    """Arrows between the steps and back to ①; the IDLE band."""
-    y0, bw, bh = _BOX_Y, _BOX_W, _BOX_H
+    # arrows between the steps and back to ①; the IDLE band
     arrow = dict(arrowstyle="-|>", mutation_scale=14)
     for k in range(3):
         ends = (xs[k] + bw + 0.05, y0 + bh / 2), (xs[k + 1] - 0.05, y0 + bh / 2)
@@ -184,6 +159,13 @@ def _arrows_and_idle(ax, xs, W):
     )
     ax.text(1.2, 0.39, idle, fontsize=7.5, va="center")
 
+    handles = [Patch(facecolor=c, edgecolor="#525252", label=lab.format(last=S - 1)) for c, lab in EAGLE_PARTS.values()]
+    handles.append(Patch(facecolor=C.TREE_ON_COLOR, edgecolor="#bdbdbd", label="mask: may attend"))
+    C.legend(fig, handles)
+    what = f"S = {S} steps, topk = {topk}, N = {N} draft tokens, accept_length = {len(acc)}"
+    fig.suptitle(title or f"One EAGLE iteration for one request: {what}", fontsize=11)
+    return fig
+
 
 def draw_draft_decode_indices(
     kv_indptr: torch.Tensor,
@@ -201,14 +183,15 @@ def draw_draft_decode_indices(
     ``kv_indices`` ``[S, W]``): ``seq_lens[r]`` prefix slots, then ``i + 1`` draft slots (red); rows of the wrong length
     framed red. ``used_steps``: later steps are filled but not read; ``live_seqs``: later sequences are padding. Texts:
     one per drawn ``kv_indices`` entry."""
-    seq = C.to_numpy(seq_lens).reshape(-1)  # [num_seqs]
-    num_seqs, rows = seq.shape[0], seq.shape[0] * topk
-    indptr = C.to_numpy(kv_indptr)[:num_steps, : rows + 1]  # [S, rows+1]
-    idx = C.to_numpy(kv_indices)[:num_steps]  # [S, W]
+    seq, full = C.flat(seq_lens), C.to_numpy(kv_indptr)  # [num_seqs], [S, >= rows+1]
+    num_seqs, rows = len(seq), len(seq) * topk
+    indptr, idx = full[:num_steps, : rows + 1], C.to_numpy(kv_indices)[:num_steps]  # [S, rows+1], [S, W]
     if indptr.shape != (num_steps, rows + 1):
-        got = f"{num_seqs} seqs x topk {topk}, got {tuple(C.to_numpy(kv_indptr).shape)}"
-        raise ValueError(f"draw_draft_decode_indices: kv_indptr needs [{num_steps}, >= {rows + 1}] for {got}")
-    pmax = int(seq.max(initial=1))
+        raise ValueError(
+            f"draw_draft_decode_indices: kv_indptr needs [{num_steps}, >= {rows + 1}] for {num_seqs} seqs x "
+            f"topk {topk}, got {full.shape}"
+        )
+    pmax, live = int(seq.max(initial=1)), num_seqs if live_seqs is None else min(live_seqs, num_seqs)
     width = pmax + 1 + num_steps  # prefix area | gap | draft area
     fig = Figure(figsize=(width * C.CELL_IN + 2.2, num_steps * (rows * C.CELL_IN + 0.7) + 0.6), layout="constrained")
     for i in range(num_steps):  # step i's rows: prefix slots | gap | draft slots
@@ -216,33 +199,32 @@ def draw_draft_decode_indices(
         C.grid_axes(ax, width, rows)
         for row in range(rows):
             r, k = divmod(row, topk)
-            a, b = int(indptr[i][row]), int(indptr[i][row + 1])
-            pad, n_pre, vals = live_seqs is not None and r >= live_seqs, int(seq[r]), idx[i][a:b]
-            for j in range(min(n_pre, vals.shape[0])):
-                C.cell(ax, j, row, C.owner_color(r, pad), C.fmt(vals[j]), fontsize=5.5)
+            a, b = indptr[i, row : row + 2]
+            n_pre, vals = int(seq[r]), idx[i][a:b]
+            for j in range(min(n_pre, len(vals))):
+                C.role_cell(ax, j, row, r if r < live else "pad", C.fmt(vals[j]), fontsize=5.5)
             for j in range(num_steps):
-                if j <= i and n_pre + j < vals.shape[0]:
+                if j <= i and n_pre + j < len(vals):
                     C.cell(ax, pmax + 1 + j, row, C.DRAFT_COLOR, C.fmt(vals[n_pre + j]), fontsize=5.5)
                 else:
                     C.cell(ax, pmax + 1 + j, row, "white", hatch="////", edge="#d9d9d9")
             if b - a != n_pre + i + 1:
                 bad += 1
                 C.frame(ax, 0, row, w=width)
-            labels.append(f"{'pad' if pad else 'seq'} {r} br {k}  [{a}:{b}]")
+            labels.append(f"{'seq' if r < live else 'pad'} {r} br {k}  [{a}:{b}]")
             if k == topk - 1 and row < rows - 1:
                 ax.axhline(row + 0.5, color="black", lw=0.8)
         ax.set_yticks(range(rows), labels, fontsize=7)
         names = [f"prefix slots (seq_lens, up to {pmax})", "draft slots"]
         ax.set_xticks([pmax / 2 - 0.5, pmax + 1 + (num_steps - 1) / 2], names, fontsize=7)
-        note = "  (filled, but no step backend reads it)" if used_steps is not None and i >= used_steps else ""
+        note = "  (filled, but no step backend reads it)" * (used_steps is not None and i >= used_steps)
         warn = f"  {bad} rows have the wrong length!" if bad else ""
         head = f"step {i}: rows of prefix + {i + 1} draft slot(s), kv_indptr[{i}] = {indptr[i].tolist()}"
         ax.set_title(head + note + warn, fontsize=7.5)
     C.suptitle(fig, title)
     if legend:
-        live = num_seqs if live_seqs is None else min(live_seqs, num_seqs)
-        handles = [C.role_handle(r, f"seq {r}: prefix slots") for r in range(live)]
-        handles += [C.role_handle("pad", "padded seq: prefix slot 0")] * (live < num_seqs)
+        roles = [*range(live)] + ["pad"] * (live < num_seqs)
+        handles = C.role_handles(roles, "seq {}: prefix slots", pad="padded seq: prefix slot 0")
         handles.append(Patch(facecolor=C.DRAFT_COLOR, edgecolor="white", label="draft slots (branch k)"))
         handles.append(Patch(facecolor="white", hatch="////", edgecolor="#d9d9d9", label="draft slot not yet written"))
         C.legend(fig, handles, max_cols=5)

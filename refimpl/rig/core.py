@@ -15,18 +15,18 @@ from typing import Any
 
 import torch
 
-from ._env import default_dtype
-from .backends import BackendEntry, find, must_pass
-from .backends.oracle import OracleBackend, OracleMultiStep
-from .batch import ForwardBatch, World
-from .batchgen import BatchGenerator
-from .config import GraphConfig, SpecConfig, tiny_model_config
-from .graphs import GraphEngine
-from .graphs.runner import GraphRunner, call_capture_hook, call_in_graph_hook, call_replay_hook
-from .kernels import bounds
-from .layout import GraphKind
-from .model import MultiStepDraftProgram, TinyDecoder
-from .validate import BatchRefused
+from .._env import default_dtype
+from ..backends import BackendEntry, find, must_pass
+from ..backends.oracle import OracleBackend, OracleMultiStep
+from ..batch import ForwardBatch, World
+from ..batchgen import BatchGenerator
+from ..config import GraphConfig, SpecConfig, tiny_model_config
+from ..graphs import GraphEngine
+from ..graphs.runner import GraphRunner, call_capture_hook, call_in_graph_hook, call_replay_hook
+from ..kernels import bounds
+from ..layout import GraphKind
+from ..model import MultiStepDraftProgram, TinyDecoder
+from ..validate import BatchRefused
 
 
 def entries(backends: Iterable[str] | None = None, variants: Iterable[str] | None = None) -> list[BackendEntry]:
@@ -176,9 +176,6 @@ def state_after(new_backend: Callable[[], Any], runner: GraphRunner, padded: For
     return b, b.graph_state(bs, runner.mode)
 
 
-SHARED_NAMES = ("kv_indptr", "qo_indptr", "mask_indptr")  # eager buffers some graphs read too (Triton)
-
-
 def graph_buffers(backend) -> list[tuple[str, torch.Tensor]]:
     """``backend.graph_buffers()`` as ``(name, tensor)`` pairs, each tensor once (multi-step steps repeat some)."""
     seen: set[int] = set()
@@ -299,7 +296,7 @@ class Rig:
         try:
             graph = self.runner.replay(fb).clone()
         finally:  # restore the guarded slots even when the replay raised
-            findings += guard.check(self.runner.out_cache_loc, None if multi else fb.out_cache_loc.numel())
+            findings += guard.check(self.runner.inputs.out_cache_loc, None if multi else fb.out_cache_loc.numel())
         outside = [f"out of bounds: the graph read {f}" for f in bounds.take()]  # (bounds_guard() on: a finding)
         eager = self.runner.eager(fb).clone()
         outside += [f"out of bounds: eager read {f}" for f in bounds.take()]
@@ -309,3 +306,18 @@ class Rig:
         follow = {"follow": eager} if self.kind.multi_step else {}  # the oracle's steps take eager's picks
         oracle_ok = close(eager, self.program(fb, self.oracle, **follow), self.tol, "eager vs oracle", findings)
         return Verdict(graph, eager, graph_ok, oracle_ok, findings)
+
+
+__all__ = [
+    "entries",
+    "tolerances",
+    "close",
+    "raised",
+    "KVGuard",
+    "poison_value",
+    "state_after",
+    "graph_buffers",
+    "live_masks",
+    "Verdict",
+    "Rig",
+]

@@ -1,0 +1,109 @@
+"""``StaticInputs``: the six tensors a captured graph reads its batch from.
+
+Allocated once for the runner's largest batch; at rest every row is a padded row (``refimpl.layout``: request slot
+``PAD_REQ_SLOT``, ``seq_len`` the fill value, cache slot ``PAD_CACHE_SLOT``). ``load`` is the one writer of a batch into
+them (SGLang's ``CudaGraphRunner.replay_prepare`` copies, [facts#the-graph-runner]); ``views(bs)`` is what the graph of
+size ``bs`` and its hooks read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import layout
+from ..batch import ForwardBatch
+from ..config import SpecConfig
+
+
+@dataclass(eq=False)
+class StaticInputs:
+    kind: layout.GraphKind
+    spec: SpecConfig | None
+    bs: int  # requests they hold
+    fill: int  # a padded row's seq_len (the backend's fill value)
+    device: torch.device
+    # rows = bs * kind.rows(spec) query rows; steps = kind.cache_writes(spec) (multi-step draft decode: S, else 1)
+    input_ids: torch.Tensor = field(init=False)  # [rows] int64
+    positions: torch.Tensor = field(init=False)  # [rows] int64
+    req_pool_indices: torch.Tensor = field(init=False)  # [bs] int64
+    seq_lens: torch.Tensor = field(init=False)  # [bs] int32
+    seq_lens_cpu: torch.Tensor = field(init=False)  # [bs] int32, host mirror
+    out_cache_loc: torch.Tensor = field(init=False)  # [steps * rows] int64, [step][row]
+    _plans: dict = field(init=False, default_factory=dict, repr=False)  # copy plans, made once per shape
+    _views: dict = field(init=False, default_factory=dict, repr=False)  # views by bs, made once each
+
+    def __post_init__(self) -> None:
+        self.rows = self.kind.rows(self.spec)  # per request
+        self.steps = self.kind.cache_writes(self.spec)
+        n, i64 = self.bs * self.rows, dict(dtype=torch.int64, device=self.device)
+        self.input_ids, self.positions = torch.zeros(n, **i64), torch.zeros(n, **i64)
+        self.req_pool_indices = torch.empty(self.bs, **i64)
+        self.seq_lens = torch.empty(self.bs, dtype=torch.int32, device=self.device)
+        self.seq_lens_cpu = torch.empty(self.bs, dtype=torch.int32, device="cpu")
+        self.out_cache_loc = torch.empty(self.steps * n, **i64)
+        self.rest()
+
+    def at_rest(self, bs: int) -> StaticInputs:
+        """Fresh inputs for ``bs`` requests, every row a padded row."""
+        return dataclasses.replace(self, bs=bs)
+
+    def rest(self) -> None:
+        """In place: every row becomes a padded row."""
+        self.req_pool_indices.fill_(layout.PAD_REQ_SLOT)
+        self.seq_lens.fill_(self.fill)
+        self.seq_lens_cpu.fill_(self.fill)
+        self.out_cache_loc.fill_(layout.PAD_CACHE_SLOT)
+
+    def views(self, bs: int | None = None) -> dict[str, torch.Tensor]:
+        """The first ``bs`` requests' views by name (default: all): what the graph of size ``bs`` reads."""
+        bs = self.bs if bs is None else bs
+        if (cached := self._views.get(bs)) is not None:
+            return cached
+        n = bs * self.rows
+        views = self._views[bs] = dict(
+            input_ids=self.input_ids[:n],
+            positions=self.positions[:n],
+            req_pool_indices=self.req_pool_indices[:bs],
+            seq_lens=self.seq_lens[:bs],
+            seq_lens_cpu=self.seq_lens_cpu[:bs],
+            out_cache_loc=self.out_cache_loc[: self.steps * n],  # each step's block of this graph: [step][row]
+        )
+        return views
+
+    def batch(self, bs: int, mode, seq_lens_sum: int, spec_info, world) -> ForwardBatch:
+        """A batch of views of the first ``bs`` requests (fresh each call; the views are made once)."""
+        return ForwardBatch(mode, bs, **self.views(bs), seq_lens_sum=seq_lens_sum, world=world, spec_info=spec_info)
+
+    def load(self, fb: ForwardBatch, bs: int) -> None:
+        """``fb`` into the first ``bs`` requests, rows ``fb.batch_size..bs`` reset to padded rows, in one launch: a
+        ``torch._foreach_copy_`` over byte views (int64 and int32 alike: one dtype, PyTorch's multi-tensor kernel), plus
+        the host mirror. Dtypes are ``refimpl.validate``'s to check."""
+        dst, pads, host_live, host_pad = self._plan(fb.batch_size, bs, fb.num_tokens)
+        src = [fb.input_ids, fb.positions, fb.req_pool_indices, fb.seq_lens]
+        loc = fb.out_cache_loc
+        src += [loc] if self.steps == 1 else self.kind.cache_loc_steps(loc, self.spec).unbind()  # one view less per replay
+        torch._foreach_copy_(dst, [t.view(torch.uint8) for t in src] + pads)
+        host_live.copy_(fb.seq_lens_cpu)
+        if host_pad is not None:
+            host_pad.fill_(self.fill)
+
+    def _plan(self, raw_bs: int, bs: int, n: int) -> tuple:
+        """(device destinations, padded-row sources, as bytes; host live / padded views) for ``raw_bs`` requests, ``n``
+        rows, graph ``bs``; made once per key."""
+        if (plan := self._plans.get((raw_bs, bs, n))) is not None:
+            return plan
+        loc = self.kind.cache_loc_steps(self.out_cache_loc[: self.steps * bs * self.rows], self.spec)  # [steps, rows]
+        dst = [self.input_ids[:n], self.positions[:n], self.req_pool_indices[:raw_bs], self.seq_lens[:raw_bs]]
+        dst += loc[:, :n].unbind()
+        pads, host_pad = [], None
+        if raw_bs < bs:  # what every padded row holds
+            pad = self.at_rest(bs - raw_bs)
+            dst += [self.req_pool_indices[raw_bs:bs], self.seq_lens[raw_bs:bs], *loc[:, n:].unbind()]
+            pads = [pad.req_pool_indices, pad.seq_lens, *pad.out_cache_loc.view(self.steps, -1)[:, : loc.shape[1] - n]]
+            host_pad = self.seq_lens_cpu[raw_bs:bs]
+        as_bytes = lambda ts: [t.view(torch.uint8) for t in ts]
+        plan = self._plans[(raw_bs, bs, n)] = (as_bytes(dst), as_bytes(pads), self.seq_lens_cpu[:raw_bs], host_pad)
+        return plan
