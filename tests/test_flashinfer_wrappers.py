@@ -948,3 +948,25 @@ def test_bound_mask_buffer_selects_mask_mode_even_without_a_plan_mask():
     indptr, indices = csr([3], g)
     w.plan(qo([2]), indptr, indices, ones(1), H, HKV, D, 1, causal=True, q_data_type=F32)
     assert not w.run(torch.randn(2, H, D, generator=g), (k, v)).any()
+
+
+def test_count_plans_leaves_a_wrapper_without_a_kernel_module_as_it_was():
+    """A real flashinfer wrapper has no ``_cached_module`` until its first plan (the H200 gate at 90d0049 met one):
+    counting its plans must neither need nor add the attribute."""
+    from refimpl.flashinfer_wrappers import count_plans
+
+    class Wrapper:  # flashinfer's own class, as count_plans finds it: no kernel module before its first plan
+        __module__ = "flashinfer.decode"
+
+        def plan(self, *args):
+            return args
+
+    class Backend:
+        def __init__(self):
+            self.wrapper = Wrapper()
+
+    backend = Backend()
+    with count_plans(backend) as calls:
+        backend.wrapper.plan(1)
+    assert calls[0] == 1 and not hasattr(backend.wrapper, "_cached_module")
+    assert "plan" not in backend.wrapper.__dict__  # the class's plan again

@@ -149,5 +149,5 @@ def count_plans(backend):
                 del w.plan
             else:
                 w.plan = own
-            if isinstance(w._cached_module, _CountedModule):  # (a full plan in the block may have chosen another)
+            if isinstance(getattr(w, "_cached_module", None), _CountedModule):  # a full plan may have chosen another
                 w._cached_module = module
