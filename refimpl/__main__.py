@@ -46,49 +46,29 @@ def _check_names(parser: argparse.ArgumentParser, args) -> None:
 
     known = dict(backend={e.name for e in REGISTRY}, variant={e.variant for e in REGISTRY}, mode=set(KINDS))
     for name, names in known.items():
-        if unknown := sorted(set(getattr(args, name) or ()) - names):
+        if unknown := sorted(set(getattr(args, f"{name}s") or ()) - names):
             parser.error(f"argument --{name}: unknown {unknown}; known: {', '.join(sorted(names))}")
 
 
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+def _ints(bad: str, lo: int = 1, hi: int = 2**63 - 1, many: str | None = None):
+    """An argparse type: an integer in [``lo``, ``hi``], or (``many``: what they are) a comma-separated list of them;
+    ``bad``: the error for a value outside, ``{}`` the text."""
 
-
-def _int_list(what: str):
-    def parse(text: str) -> tuple[int, ...]:
+    def parse(text: str):
         try:
-            values = tuple(int(x) for x in text.split(","))
+            values = tuple(int(x) for x in text.split(",")) if many else (int(text),)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {what} (e.g. 1,3,4)") from None
-        if min(values) < 1:
-            raise argparse.ArgumentTypeError(f"{what} must be >= 1, got {text!r}")
-        return values
+            form = f"a comma-separated list of {many} (e.g. 1,3,4)" if many else "an integer"
+            raise argparse.ArgumentTypeError(f"{text!r} is not {form}") from None
+        if not all(lo <= v <= hi for v in values):
+            raise argparse.ArgumentTypeError(bad.format(text))
+        return values if many else values[0]
 
     return parse
 
 
-_batch_sizes = _int_list("batch sizes")
-
-
-def _count(text: str) -> int:
-    if (n := _int(text)) < 1:
-        raise argparse.ArgumentTypeError(f"{n} is not a count >= 1")
-    return n
-
-
-def _seed(text: str) -> int:
-    if not text.isdecimal() or int(text) >= 2**63:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a seed: an integer in [0, 2**63) (torch's generators take 64 bits)")
-    return int(text)
-
-
-def _topk(text: str) -> int:
-    if not 1 <= (k := _int(text)) <= 8:  # the CLI's spec: N = num_steps + topk + 1 must fit the checker's context
-        raise argparse.ArgumentTypeError(f"topk={k} outside [1, 8]")
-    return k
+_count = _ints("{} is not a count >= 1")
+_batch_sizes = _ints("batch sizes must be >= 1, got {!r}", many="batch sizes")
 
 
 def _names() -> str:
@@ -127,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             ("--variant", "variant, e.g. unified, legacy", variants),
             ("--mode", "graph mode", modes),
         ):
-            parser.add_argument(flag, action="append", help=f"{what} (repeatable); default: {default}")
+            parser.add_argument(flag, action="append", dest=f"{flag[2:]}s", help=f"{what} (repeatable); default: {default}")
     arg = c.add_argument
     arg("--engine", default="auto", choices=("auto", "cuda", "cpu-emulator"))
     arg("--bs", type=_batch_sizes, help="raw batch sizes to check, e.g. 1,3,4,7 (default 3)")
@@ -136,9 +116,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="a row per raw batch size 1..4 (each captured size, and 3 padded to 4) instead of the default 3",
     )
-    arg("--topk", type=_topk, default=1, help="draft tree branching (1 = chain, <= 8)")
+    # the CLI's spec: N = num_steps + topk + 1 must fit the checker's context
+    arg("--topk", type=_ints("topk={} outside [1, 8]", hi=8), default=1, help="draft tree branching (1 = chain, <= 8)")
     arg("--jobs", type=_count, help="worker processes on the CPU emulator (default: one per core)")
-    arg("--context", type=_count, help="the world's longest sequence (default 640; >= 64)")
+    arg(
+        "--context",
+        type=_ints("{} is below the minimum 64 (room for a tree's draft rows)", lo=64),
+        help="the world's longest sequence (default 640; >= 64)",
+    )
     arg("--pool", type=_count, help="the world's KV slots (default 102,400: slot ids past 65,536)")
     help = "check an out-of-tree backend class implementing refimpl's backend contract (repeatable), e.g. "
     arg(
@@ -146,10 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     arg("--json", action="store_true", help="print a JSON list of records")
     arg("--fuzz", type=_count, metavar="N", help="fuzz instead: N random batches per backend x variant x mode x spec")
-    arg("--seed", type=_seed, default=0, help="the fuzz seed (default 0; 0 <= seed < 2**63)")
+    seed = _ints("{} is not a seed: an integer in [0, 2**63) (torch's generators take 64 bits)", lo=0)
+    arg("--seed", type=seed, default=0, help="the fuzz seed (default 0; 0 <= seed < 2**63)")
     arg = b.add_argument
-    arg("--bs", type=_batch_sizes, help="batch sizes (GPU default 1,2,4,...,256)")
-    arg("--ctx", type=_int_list("context lengths"), help="context lengths (GPU default 512,4096,32768)")
+    arg("--bs", type=_batch_sizes, dest="batch_sizes", help="batch sizes (GPU default 1,2,4,...,256)")
+    arg(
+        "--ctx",
+        type=_ints("context lengths must be >= 1, got {!r}", many="context lengths"),
+        dest="contexts",
+        help="context lengths (GPU default 512,4096,32768)",
+    )
     arg("--repeats", type=_count, help="timed repeats per point (GPU default 30)")
     arg("--warmup", type=_count, help="untimed repeats first")
     arg("--rotate", type=_count, help="batches rotated per point")
@@ -180,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         c.error("argument --engine: cuda needs a CUDA device and this machine has none (use auto or cpu-emulator)")
 
     named = lambda *given: " / ".join(f for f, v in given if v)  # the flags set among (flag, value) pairs
-    if args.backend_class and (given := named(("--backend", args.backend), ("--variant", args.variant))):
+    if args.backend_class and (given := named(("--backend", args.backends), ("--variant", args.variants))):
         c.error(f"argument --backend-class: not with {given}: it checks the given classes, not registered backends")
     if args.bs and args.all:
         c.error("argument --all: not with --bs (--all checks raw sizes 1, 2, 3 and 4)")
@@ -195,15 +186,13 @@ def main(argv: list[str] | None = None) -> int:
         s.raw_bs = args.bs or tuple(range(1, max(s.capture_bs) + 1))
     s.max_context_len = args.context or s.max_context_len
     s.num_slots = args.pool or s.num_slots
-    if s.max_context_len < 64:
-        c.error(f"argument --context: {s.max_context_len} is below the minimum 64 (room for a tree's draft rows)")
     if s.num_slots < (need := s.slots_needed()):
         why = f"{s.num_slots} slots cannot hold the checker's request pool at --context {s.max_context_len}"
         c.error(f"argument --pool: {why} (need >= {need})")
     if args.topk != 1:
         n = s.spec.num_steps
         s.spec = SpecConfig(n, args.topk, n + args.topk + 1)
-    chosen, t0 = (args.backend, args.mode, args.variant), time.perf_counter()
+    chosen, t0 = (args.backends, args.modes, args.variants), time.perf_counter()
     try:  # a BackendLoadError is a ValueError too, and so is an empty selection
         entries = [load_backend_class(x) for x in args.backend_class] if args.backend_class else None
         if args.fuzz:
@@ -275,19 +264,8 @@ def _bench(args, parser) -> int:
             except OSError as e:
                 parser.error(f"argument {flag}: cannot write to {folder} ({e.strerror or e})")
     cuda = torch.cuda.is_available()
-    settings = bench.BenchSettings.for_device(
-        cuda,
-        backends=args.backend,
-        variants=args.variant,
-        modes=args.mode and tuple(args.mode),
-        batch_sizes=args.bs,
-        contexts=args.ctx,
-        repeats=args.repeats,
-        warmup=args.warmup,
-        rotate=args.rotate,
-        token_budget=args.token_budget,
-        glue=args.glue,
-    )
+    fields = bench.BenchSettings.__dataclass_fields__  # the flags' dests are its fields' names
+    settings = bench.BenchSettings.for_device(cuda, **{k: v for k, v in vars(args).items() if k in fields})
     pairs = [(bs, ctx) for ctx in settings.contexts for bs in settings.batch_sizes]
     over = [f"{bs}x{ctx}" for bs, ctx in pairs if bs * ctx > settings.token_budget]
     why = f"bs * context above the token budget {settings.token_budget} (--token-budget; {'GPU' if cuda else 'CPU'} default)"

@@ -65,7 +65,7 @@ class BatchGenerator:
             ext = [self._sample_len(1, max(1, min(L - p, L // 4))) for p in (prefix_lens or [0] * bs)]
         else:
             ext = self._lens(extend_lens, bs, "extend_lens", 1, L, f"max_context_len={L}")
-        pre = prefix_lens if prefix_lens is not None else [self._sample_len(0, L - e) for e in ext]
+        pre = prefix_lens or [self._sample_len(0, L - e) for e in ext]  # validated: bs >= 1 entries
         for i, (p, e) in enumerate(zip(pre, ext)):
             if p + e > L:
                 raise ValueError(f"request {i}: prefix_len {p} + extend_len {e} = {p + e} exceeds max_context_len={L}")
@@ -73,27 +73,28 @@ class BatchGenerator:
         rpi = self._alloc(seq)
         writes = [(r, c) for r, p, e in zip(rpi, pre, ext) for c in range(p, p + e)]
         i32 = lambda v: torch.tensor(v, dtype=torch.int32, device=self.world.device)  # [bs] int32
-        extra = dict(extend_seq_lens=i32(ext), extend_prefix_lens=i32(pre), meta=dict(prefix_lens=pre, extend_lens=ext))
-        return self._assemble(ForwardMode.EXTEND, rpi, seq, writes, None, **extra)
+        meta = dict(prefix_lens=pre, extend_lens=ext)
+        return self._assemble(
+            ForwardMode.EXTEND, rpi, seq, writes, extend_seq_lens=i32(ext), extend_prefix_lens=i32(pre), meta=meta
+        )
 
     def decode(self, bs: int, seq_lens: _Lens = None) -> ForwardBatch:
         """DECODE: one row per request at position ``seq_len - 1`` (seq_lens incl. the token)."""
         seq = self._lens(seq_lens, bs, "seq_lens", 1, self.world.max_context_len, "max_context_len")
         rpi = self._alloc(seq)
-        return self._assemble(ForwardMode.DECODE, rpi, seq, [(r, s - 1) for r, s in zip(rpi, seq)], None)
+        return self._assemble(ForwardMode.DECODE, rpi, seq, [(r, s - 1) for r, s in zip(rpi, seq)])
 
     def idle(self, bs: int = 0) -> ForwardBatch:
         """IDLE: a rank with no requests (bs = 0, every tensor empty; ``bs`` is ignored)."""
-        return self._assemble(ForwardMode.IDLE, [], [], [], None)
+        return self._assemble(ForwardMode.IDLE, [], [], [])
 
     def target_verify(self, bs: int, seq_lens: _Lens = None, trees: Sequence[DraftTree] | None = None) -> ForwardBatch:
         """TARGET_VERIFY: N rows per request; seq_lens = prefix; custom mask from the trees."""
         spec = self._need_spec(ForwardMode.TARGET_VERIFY)
-        N, L, k = spec.num_draft_tokens, self.world.max_context_len, spec.topk
+        N, L = spec.num_draft_tokens, self.world.max_context_len
         seq = self._lens(seq_lens, bs, "seq_lens", 1, L - N, f"max_context_len={L} - N")
-        rand = lambda: DraftTree.chain(N) if k == 1 else DraftTree.random(N, k, spec.num_steps, self.rng)
-        trees = list(trees) if trees is not None else [rand() for _ in range(bs)]
-        spec_info = make_verify_input(seq, trees, self.world.device, topk=k)  # the trees' count and uniform N checked
+        trees = list(trees) if trees is not None else [DraftTree.draw(spec, self.rng) for _ in range(bs)]
+        spec_info = make_verify_input(seq, trees, self.world.device, spec.topk)  # the trees' count and uniform N checked
         if trees[0].num_nodes != N:
             raise ValueError(f"trees[0] has {trees[0].num_nodes} nodes, expected N={N}")
         rpi = self._alloc([s + N for s in seq])  # the N draft slots after the prefix
@@ -152,7 +153,7 @@ class BatchGenerator:
         """Free every request this generator still holds."""
         self._free(list(self._owned))
 
-    def _free(self, slots: list[int]) -> None:
+    def _free(self, slots):
         P = self.world.page_size
         for slot in slots:  # one entry per page: row[p*P] // P
             self.world.allocator.free_page_ids((self.world.req_to_token[slot, : self._owned.pop(slot) : P] // P).tolist())
@@ -164,19 +165,19 @@ class BatchGenerator:
         return dict(self._owned)
 
     # --- internals ------------------------------------------------------------------------------
-    def _need_spec(self, mode: ForwardMode) -> SpecConfig:
+    def _need_spec(self, mode):
         if self.spec is None:
             raise ValueError(f"{mode.name} batches need a SpecConfig; BatchGenerator has spec=None")
         return self.spec
 
-    def _check_bs(self, bs: int) -> None:
-        free, size = self.world.req_to_token_pool.available, self.world.req_to_token_pool.size
+    def _check_bs(self, bs):
+        pool = self.world.req_to_token_pool
         if bs < 1:
             raise ValueError(f"bs={bs} must be >= 1")
-        if bs > free:
-            raise ValueError(f"bs={bs} exceeds the {free} free request slots (pool size {size}, slot 0 reserved)")
+        if bs > pool.available:
+            raise ValueError(f"bs={bs} exceeds the {pool.available} free request slots (pool size {pool.size}, slot 0 reserved)")
 
-    def _lens(self, given: _Lens, bs: int, name: str, lo: int | list[int], hi: int, limit: str, sample=None) -> list[int]:
+    def _lens(self, given, bs, name, lo: int | list[int], hi, limit, sample=None) -> list[int]:
         """``bs`` checked, then ``given`` against ``[lo, hi]`` (``lo``: one bound, or one per request) or ``bs`` values
         drawn by ``sample``."""
         self._check_bs(bs)
@@ -194,7 +195,7 @@ class BatchGenerator:
                 raise ValueError(f"{name}[{i}]={v} {why}")
         return out
 
-    def _sample_len(self, lo: int, hi: int, i: int | None = None) -> int:
+    def _sample_len(self, lo, hi, i=None):
         """A realistic length in ``[lo, hi]`` for request ``i`` of a batch: short, long, near a page boundary, or uniform
         (``self.lengths`` narrows it; ``i=None``: an eager prefill's draw, always ``"mixed"``)."""
         assert lo <= hi, (lo, hi)
@@ -203,7 +204,7 @@ class BatchGenerator:
             if i == 0 and self.lengths == "one long":
                 return r.randint(max(lo, hi - 7), hi)
             hi = min(hi, lo + 2 * unit + 1)  # short, or across the first page boundary or two
-        kind = r.choices(["short", "long", "boundary", "uniform"], weights=[3, 3, 3, 2])[0]
+        kind = r.choices("short long boundary uniform".split(), weights=[3, 3, 3, 2])[0]
         if kind == "short":
             return r.randint(lo, min(hi, lo + 7))
         if kind == "long":
@@ -215,7 +216,7 @@ class BatchGenerator:
                 return min(max(r.choice(multiples) + r.choice([-1, 0, 1]), lo), hi)
         return r.randint(lo, hi)
 
-    def _alloc(self, num_tokens: list[int]) -> list[int]:
+    def _alloc(self, num_tokens):
         """Allocate one request per entry (all or nothing: the callers checked the count and lengths) and remember its
         length."""
         P = self.world.page_size
@@ -226,7 +227,7 @@ class BatchGenerator:
         self._owned.update(zip(slots, num_tokens))
         return slots
 
-    def _assemble(self, mode, rpi: list[int], seq: list[int], writes, positions, spec_info=None, **extra) -> ForwardBatch:
+    def _assemble(self, mode, rpi, seq, writes, positions=None, spec_info=None, **extra) -> ForwardBatch:
         """The batch of requests ``rpi``, validated (``refimpl.validate``: slot 0 unwritten, no slot written twice, all S
         steps in a draft decode): row j writes KV at ``r2t[writes[j]]`` (a request slot and column; multi-step draft
         decode: ``S`` blocks of writes) and sits at ``positions[j]`` (None: the written column); random ``input_ids``

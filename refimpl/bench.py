@@ -162,12 +162,9 @@ def time_replay_path(runner: GraphRunner, batches: Sequence[ForwardBatch], repea
     out = {"raw_bs": raw_bs, "graph_bs": bs, "host_us": {k: spread(v) for k, v in host.items()}}
     if cuda:
         out["gpu_us"] = {k: spread(v) for k, v in gpu.items()}
-    fb = batches[0]
-    load(fb)
-    out["hook_launches"] = launches(lambda: hook(fb))
-    out["copy_launches"] = launches(lambda: load(fb))
-    out["graph_kernels"] = dict(runner.graphs[bs].kernels())
-    return out
+    load(fb := batches[0])
+    kernels = dict(runner.graphs[bs].kernels())
+    return out | dict(hook_launches=launches(lambda: hook(fb)), copy_launches=launches(lambda: load(fb)), graph_kernels=kernels)
 
 
 def time_steps(runner: GraphRunner, batches: Sequence[ForwardBatch], repeats: int = 30, warmup: int = 5) -> dict:
@@ -244,12 +241,10 @@ def sweep(settings: BenchSettings, progress: bool = False, sink: Callable[[list]
         if not glue or settings.glue and glue_verdict(e, kind, engine)[0]  # proven on this engine: glued, right after
         for ctx in settings.contexts
     ]
-    bar = tqdm(total=len(points), desc="bench", disable=not progress)
     rows, cold_done = [], set()
-    for entry, kind, ctx, glue in points:
+    for entry, kind, ctx, glue in (bar := tqdm(points, desc="bench", disable=not progress)):
         variant = entry.variant + ("+glue" if glue else "")
         bar.set_postfix_str(f"{entry.name}/{variant}/{kind}/ctx {ctx}")
-        bar.update()
         sizes = [b for b in settings.batch_sizes if b * ctx <= settings.token_budget]
         if not sizes:
             continue
@@ -277,7 +272,6 @@ def sweep(settings: BenchSettings, progress: bool = False, sink: Callable[[list]
         again = {c.bs: c for c in runner.capture()[len(first) :]}  # warm: caches filled
         cold_label = "cold" if key not in cold_done else "warm (not first in process)"
         cold_done.add(key)
-        static_bytes = _static_bytes(runner)
         gen, rng = rig.gen, random.Random(f"{(entry.name, entry.variant, kind)}:{ctx}")  # a glued row: its twin's batches
         for bs in sizes:
             batches = rotated_batches(gen, kind, bs, ctx, settings.spec, r, rng)
@@ -290,14 +284,12 @@ def sweep(settings: BenchSettings, progress: bool = False, sink: Callable[[list]
                     context=ctx,
                     bs=bs,
                     engine=engine.name,
-                )
-                | time_replay_path(runner, batches, settings.repeats, settings.warmup)
-                | dict(
+                    **time_replay_path(runner, batches, settings.repeats, settings.warmup),
                     step_us=time_steps(runner, batches, settings.repeats, settings.warmup),
                     capture_s={"first": first[bs].seconds, "first_is": cold_label, "warm": again[bs].seconds},
                     pool_growth_bytes=first[bs].pool_growth,
                     pool_bytes=first[bs].pool_bytes,
-                    static_bytes=static_bytes,
+                    static_bytes=_static_bytes(runner),
                 )
             )
             gen.release_all()
@@ -306,7 +298,6 @@ def sweep(settings: BenchSettings, progress: bool = False, sink: Callable[[list]
         del rig, runner
         if engine.device.type == "cuda":
             torch.cuda.empty_cache()
-    bar.close()
     return rows
 
 
@@ -338,8 +329,8 @@ def csv_row(r: dict[str, Any]) -> list:
     h, g, st, cap = r["host_us"], r.get("gpu_us", {}), r["step_us"], r["capture_s"]
     med = lambda d, k: round(d[k]["median"], 2) if k in d else ""  # noqa: E731
     return [
-        *(r[k] for k in ("backend", "variant", "pattern", "mode", "context", "bs", "graph_bs")),
-        *(med(h, k) for k in ("validate", "copies", "hook", "launch", "path")),
+        *(r[k] for k in "backend variant pattern mode context bs graph_bs".split()),
+        *(med(h, k) for k in "validate copies hook launch path".split()),
         round(h["path"]["p10"], 2),
         round(h["path"]["p90"], 2),
         med(g, "graph"),

@@ -16,7 +16,6 @@ import torch
 
 from ._env import default_device
 from .backends import REGISTRY, BackendEntry, GraphModeNotSupported
-from .batch import World
 from .batchgen import BatchGenerator
 from .config import CHAIN
 from .layout import KINDS, GraphKind
@@ -25,20 +24,6 @@ from .rig.core import Rig
 SPEC = CHAIN
 MODES = tuple(KINDS)  # decode, idle, target_verify, draft_extend, draft_extend_v2, draft_decode
 L = 160  # room for a 128-token page
-
-
-def _eager_serves(backend, world: World, kind: GraphKind) -> bool:
-    if kind.multi_step:
-        return False  # multi-step draft decode exists only as graphs of its step backends
-    gen = BatchGenerator(world, SPEC, seed=0)
-    try:
-        fb = gen.for_mode(kind.mode, 1)
-        backend.init_forward_metadata(fb)
-        return True
-    except (GraphModeNotSupported, NotImplementedError, ValueError):
-        return False
-    finally:
-        gen.release_all()
 
 
 def capability(entry: BackendEntry, kind: str | GraphKind) -> tuple[str, str | None]:
@@ -53,7 +38,16 @@ def capability(entry: BackendEntry, kind: str | GraphKind) -> tuple[str, str | N
         return "graph", backend.glue_refusal(kind.mode)
     except GraphModeNotSupported:
         pass
-    return ("eager" if _eager_serves(entry.load(False)(world, SPEC), world, kind) else "—"), None
+    if kind.multi_step:
+        return "—", None  # multi-step draft decode exists only as graphs of its step backends
+    backend, gen = entry.load(False)(world, SPEC), BatchGenerator(world, SPEC, seed=0)
+    try:  # does the eager hook serve a batch?
+        backend.init_forward_metadata(gen.for_mode(kind.mode, 1))
+        return "eager", None
+    except (GraphModeNotSupported, NotImplementedError, ValueError):
+        return "—", None
+    finally:
+        gen.release_all()
 
 
 def glue(refusals: dict[str, str | None]) -> str:

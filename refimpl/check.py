@@ -48,9 +48,19 @@ class CheckRecord:
     expected: bool = False  # a legacy / as-upstream shape: its findings are the historical bugs it reproduces
 
     @property
+    def verdicts(self) -> tuple[bool | None, ...]:
+        """Verdicts (a), (b), (c), (d) and (f) ((e) is information)."""
+        return (
+            self.capture_equals_replay,
+            self.graph_equals_eager,
+            self.matches_oracle,
+            self.replay_matches_reference,
+            self.history_ok,
+        )
+
+    @property
     def passed(self) -> bool:
-        verdicts = (self.capture_equals_replay, self.graph_equals_eager, self.matches_oracle)
-        return all(v is not False for v in (*verdicts, self.replay_matches_reference, self.history_ok))
+        return all(v is not False for v in self.verdicts)
 
     @property
     def skipped(self) -> bool:
@@ -87,23 +97,22 @@ def check_entry_mode(
     kind = GraphKind.parse(kind)
     expected = not must_pass(entry.variant) and entry in REGISTRY  # a class under review (--backend-class) must pass
 
-    def record(bs, *verdicts, findings, ref=None, cls=None):
-        pattern = getattr(cls or entry.load(), "pattern", "")
-        labels = (entry.name, entry.variant, kind.label, bs, engine.name)
-        return CheckRecord(*labels, *verdicts, findings, pattern, ref, expected=expected)
-
-    sizes = dict(capture_bs=settings.capture_bs, max_context_len=settings.max_context_len, num_slots=settings.num_slots)
     try:
-        rig = Rig.build(entry, kind, settings.spec, engine, **sizes, dtype=settings.dtype, seed=settings.seed, worlds=worlds)
+        pattern = getattr(entry.load(kind.multi_step), "pattern", "")
+    except GraphModeNotSupported:
+        pattern = getattr(entry.load(), "pattern", "")
+
+    def record(bs, *verdicts, findings, ref=None):
+        return CheckRecord(
+            entry.name, entry.variant, kind.label, bs, engine.name, *verdicts, findings, pattern, ref, expected=expected
+        )
+
+    try:
+        rig = Rig.build(entry, kind, settings.spec, engine, num_slots=settings.num_slots, worlds=worlds, **settings.rig_args())
     except GraphModeNotSupported as e:
-        try:
-            cls = entry.load(kind.multi_step)
-        except GraphModeNotSupported:
-            cls = None
-        return [record(0, None, None, None, findings=[f"skipped: {e}"], cls=cls)]
+        return [record(0, None, None, None, findings=[f"skipped: {e}"])]
     except Exception as e:  # noqa: BLE001 - the capture (or its warm-up) raised: a failing row, not a crash
-        cls = entry.load(kind.multi_step)
-        return [record(max(settings.raw_bs), False, None, None, findings=[f"capture: {raised(e)}"], cls=cls)]
+        return [record(max(settings.raw_bs), False, None, None, findings=[f"capture: {raised(e)}"])]
     rows: list[CheckRecord] = []
     sizes = (0,) if kind.mode.is_idle() else settings.raw_bs
     for raw_bs in sizes:
@@ -115,7 +124,7 @@ def check_entry_mode(
         v = run_one(rig, fb)
         ref = None if ref_diffs is None else not ref_diffs
         findings = diffs + (ref_diffs or []) + v.findings
-        rows.append(record(raw_bs, not diffs, v.graph_ok, v.oracle_ok, findings=findings, ref=ref, cls=rig.backend_cls))
+        rows.append(record(raw_bs, not diffs, v.graph_ok, v.oracle_ok, findings=findings, ref=ref))
         if settings.history and not kind.mode.is_idle() and raw_bs == max(sizes):  # (f): this replay is its step A
             rows[-1].history_ok, found = history_verdict(rig, raw_bs, a=fb)
             rows[-1].findings += found
@@ -134,7 +143,7 @@ def _check_one(entry: BackendEntry, kind: GraphKind, engine: str, settings: Chec
     return check_entry_mode(entry, kind, make_engine(engine), settings, _WORLDS)
 
 
-CPU_SECONDS_PER_TARGET = 3.0  # the default run: 337 s of CPU for 114 targets on an idle 2-core CPU machine
+CPU_SECONDS_PER_TARGET = 4.3  # default run: 248 s of rows on 2 workers, 114 targets, idle 2-core CPU machine
 
 
 def targets(backends=None, modes=None, variants=None, entries=None) -> list[tuple[BackendEntry, GraphKind]]:
@@ -171,10 +180,10 @@ def run_checks(
         fork = multiprocessing.get_context("fork")  # workers inherit what is imported (and classes defined) here
         # the longest targets first (a multi-step kind runs the model once per step; idle, no request), so no worker
         # is left with a long one at the end; the rows come back in ``todo``'s order
-        cost = lambda e, c: 3 if c.multi_step else 0 if c.mode.is_idle() else 1 if c.mode.is_decode() else 2
+        cost = lambda c: 3 if c.multi_step else 0 if c.mode.is_idle() else 1 if c.mode.is_decode() else 2
         with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=fork) as pool:
-            order = sorted(range(len(todo)), key=lambda i: -cost(*todo[i]))
-            futures = dict(zip(order, (pool.submit(_check_one, *todo[i], eng.name, settings) for i in order)))
+            order = sorted(range(len(todo)), key=lambda i: -cost(todo[i][1]))
+            futures = {i: pool.submit(_check_one, *todo[i], eng.name, settings) for i in order}
             return [r for i in tqdm(range(len(todo)), **bar) for r in futures[i].result()]
     tasks, rows, worlds = tqdm(todo, **bar), [], {}  # worlds: one random KV cache per world shape, for every target
     for entry, kind in tasks:
@@ -186,17 +195,15 @@ def run_checks(
 # --- the table -------------------------------------------------------------------------------------
 def table(rows: list[CheckRecord]) -> str:
     """The records as the CLI prints them: one line per row, its findings below it."""
-    cols = ("backend", "variant", "pattern", "mode", "bs", "engine", "cap=rep", "graph=eager", "oracle", "ref", "glue")
-    cols += ("history", "status")
+    cols = "backend variant pattern mode bs engine cap=rep graph=eager oracle ref glue history status".split()
     v = lambda x: "-" if x is None else ("ok" if x else "FAIL")
-    verdicts = lambda r: (r.capture_equals_replay, r.graph_equals_eager, r.matches_oracle, r.replay_matches_reference)
     glue = lambda r: {None: "-", True: "yes", False: "no"}[r.glue_equals_eager]  # (e) is not pass / fail
-    bs = lambda r: "-" if r.skipped else str(r.bs)
     cells = [
-        (r.backend, r.variant, r.pattern, r.mode, bs(r), r.engine, *map(v, verdicts(r)), glue(r), v(r.history_ok), r.status)
+        (r.backend, r.variant, r.pattern, r.mode, "-" if r.skipped else str(r.bs), r.engine, *map(v, r.verdicts[:4]), glue(r))
+        + (v(r.history_ok), r.status)
         for r in rows
     ]
-    width = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
+    width = [max(map(len, column)) for column in zip(cols, *cells)]
     line = lambda values: " ".join(f"{x:<{w}}" for x, w in zip(values, width)).rstrip()
     lines = [line(cols), "-" * (sum(width) + len(width) - 1)]
     for r, row in zip(rows, cells):
@@ -214,9 +221,4 @@ def _glue_line(finding: str) -> str:
 
 def failing(records: list[CheckRecord]) -> set[str]:
     """The verdicts that failed in any of ``records``, as letters ((e) is information, never a failure)."""
-    out = set()
-    for r in records:
-        asked = (r.capture_equals_replay, r.graph_equals_eager, r.matches_oracle, r.replay_matches_reference)
-        out |= {c for c, x in zip("abcd", asked) if x is False}
-        out |= {"f"} if r.history_ok is False else set()
-    return out
+    return {c for r in records for c, x in zip("abcdf", r.verdicts) if x is False}

@@ -47,20 +47,7 @@ class FuzzReport:
     skipped: list[str] = field(default_factory=list)
 
 
-def poison_tails(backend, masks: list[torch.Tensor], high: bool = False) -> int:
-    """Poison the elements of the backend's graph buffers that ``masks`` leave out. An eager buffer
-    (``eager_buffer_names``) that no live view covers is the eager path's alone: left as is."""
-    poisoned = 0
-    for (name, buf), keep in zip(graph_buffers(backend), masks, strict=True):
-        if name.rsplit(".", 1)[-1] in backend.eager_buffer_names and not bool(keep.any()):
-            continue
-        if buf.is_contiguous():
-            buf.view(-1)[~keep] = poison_value(buf, high)
-            poisoned += int((~keep).sum())
-    return poisoned
-
-
-def _label(entry: BackendEntry, kind: str, spec: SpecConfig) -> str:
+def _label(entry, kind: str, spec) -> str:
     """``backend/variant/mode/chain`` or ``.../tree``: a target's name in reports and reproducers."""
     return f"{entry.name}/{entry.variant}/{kind}/{'tree' if spec.topk > 1 else 'chain'}"
 
@@ -100,7 +87,7 @@ class FuzzTarget:
             num_layers=num_layers,
             num_slots=num_slots,
         )
-        self.world, self.runner, self.gen = self.rig.world, self.rig.runner, self.rig.gen
+        self.runner, self.gen = self.rig.runner, self.rig.gen
 
     @property
     def label(self) -> str:
@@ -108,7 +95,7 @@ class FuzzTarget:
 
     def draw(self, rng: random.Random) -> FuzzParams:
         """Random batch parameters within what this target's mode allows."""
-        mode, s, P = self.mode, self.spec, max(self.world.page_size, 16)
+        mode, s, P = self.mode, self.spec, max(self.rig.world.page_size, 16)
         raw_bs = 0 if mode.is_idle() else rng.randint(1, max(self.capture_bs))
         # draft extend: seq_lens count the request's new rows and at least one verified token
         lo = self.kind.rows(s) + 1 if mode.is_any_draft_extend() else 1
@@ -123,14 +110,11 @@ class FuzzTarget:
                 return min(max(v, lo), hi)
             return hi if kind == "max" else rng.randint(lo, hi)
 
-        tree = lambda: (
-            DraftTree.chain(s.num_draft_tokens) if s.topk == 1 else DraftTree.random(s.num_draft_tokens, s.topk, s.num_steps, rng)
-        )
         return FuzzParams(  # drawn in this order: lengths, poison, trees (verify) or accept lengths (draft extend)
             raw_bs,
             [length() for _ in range(raw_bs)],
             poison_high=rng.random() < 0.5,
-            trees=[tree().parents for _ in range(raw_bs)] if mode.is_target_verify() else None,
+            trees=[DraftTree.draw(s, rng).parents for _ in range(raw_bs)] if mode.is_target_verify() else None,
             accept_length=[rng.randint(0, s.num_steps) for _ in range(raw_bs)] if mode.is_any_draft_extend() else None,
         )
 
@@ -144,16 +128,18 @@ class FuzzTarget:
             kw["accept_length"] = p.accept_length
         return self.gen.for_mode(self.kind, p.raw_bs, **kw)
 
-    def _live(self, fb) -> list[torch.Tensor]:
-        """What the graph for ``fb`` reads, found on a fresh backend (one captured bs, the batch replayed) and mapped onto
-        the runner's buffers, which have the same layout."""
-        q, state = state_after(self.rig.new_backend, self.runner, self.runner.padded_batch(fb), replay=True)
-        return live_masks(q, state)
-
     def poison_and_replay(self, fb, graph: torch.Tensor, high: bool = False) -> list[str]:
         """Poison every graph buffer's tail past ``fb``'s live region; a replay must give ``graph`` (the output before
         poisoning) bit for bit."""
-        n = poison_tails(self.runner.backend, self._live(fb), high)
+        # what the graph for ``fb`` reads, found on a fresh backend (one captured bs, the batch replayed) and mapped onto
+        # the runner's buffers, which have the same layout
+        q, state = state_after(self.rig.new_backend, self.runner, self.runner.padded_batch(fb), replay=True)
+        backend, n = self.runner.backend, 0
+        for (name, buf), keep in zip(graph_buffers(backend), live_masks(q, state), strict=True):
+            # an eager buffer (``eager_buffer_names``) that no live view covers is the eager path's alone: left as is
+            if buf.is_contiguous() and (name.rsplit(".", 1)[-1] not in backend.eager_buffer_names or keep.any()):
+                buf.view(-1)[~keep] = poison_value(buf, high)
+                n += int((~keep).sum())
         again = self.runner.replay(fb)
         if torch.allclose(again, graph, rtol=0, atol=0, equal_nan=True):  # bit for bit, NaN where NaN
             return []
@@ -170,11 +156,6 @@ class FuzzTarget:
             self.gen.release(fb)
 
 
-def specs_for(kind: str) -> tuple[SpecConfig, ...]:
-    """Chains everywhere; topk > 1 trees where the mode has them."""
-    return (CHAIN, TREE) if kind in ("target_verify", "draft_decode", "draft_extend_v2") else (CHAIN,)
-
-
 def targets(
     backends: Iterable[str] | None = None,
     modes: Iterable[str] | None = None,
@@ -186,7 +167,8 @@ def targets(
     here, or modes a backend does not capture, are left to ``FuzzTarget`` to refuse."""
     kinds = [GraphKind.parse(m).label for m in modes] if modes else list(KINDS)
     chosen = list(given) if given is not None else entries(backends, variants)
-    return [(e, kind, spec) for e in chosen for kind in kinds for spec in specs_for(kind)]
+    trees = ("target_verify", "draft_decode", "draft_extend_v2")  # the modes with topk > 1 trees; chains everywhere
+    return [(e, kind, spec) for e in chosen for kind in kinds for spec in ((CHAIN, TREE) if kind in trees else (CHAIN,))]
 
 
 @bounds_guard()  # metadata pointing outside a buffer: a finding, not a crash (kernels/bounds.py)

@@ -86,6 +86,12 @@ class DraftTree:
         return cls([-1] + list(range(n - 1)))
 
     @classmethod
+    def draw(cls, spec: SpecConfig, rng: _random.Random) -> DraftTree:
+        """A tree for ``spec``: its chain when ``topk == 1`` (nothing drawn), else :meth:`random` from ``rng``."""
+        n = spec.num_draft_tokens
+        return cls.chain(n) if spec.topk == 1 else cls.random(n, spec.topk, spec.num_steps, rng)
+
+    @classmethod
     def random(cls, num_draft_tokens: int, topk: int, num_steps: int, generator: _Generator = None) -> DraftTree:
         """A random EAGLE-like tree of exactly ``num_draft_tokens`` nodes: depth <= ``num_steps``, every node <= ``topk``
         children, each depth >= 2 hanging off <= ``topk`` parents (EAGLE's beams, so <= ``topk*topk`` nodes a level).
@@ -94,8 +100,9 @@ class DraftTree:
         if topk < 1 or num_steps < 1:
             raise ValueError(f"need topk >= 1 and num_steps >= 1, got topk={topk}, S={num_steps}")
         if not 1 <= n <= limit:
-            why = f"{num_steps} steps of topk={topk} draft at most {limit} nodes incl. the root"
-            raise ValueError(f"num_draft_tokens={n} is not drawable: {why}")
+            raise ValueError(
+                f"num_draft_tokens={n} is not drawable: {num_steps} steps of topk={topk} draft at most {limit} nodes incl. the root"
+            )
         if isinstance(generator, torch.Generator):  # draw a seed from it
             generator = int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=generator.device))
         rng = generator if isinstance(generator, _random.Random) else _random.Random(generator)
@@ -123,7 +130,7 @@ def tree_positions(tree: DraftTree, device: str | torch.device = "cpu") -> torch
 
 
 # --- custom mask (target verify, [facts#target-verify-custom-mask]) ----------------------------
-def _check_trees(seq_lens: _Lens, trees: Sequence[DraftTree]) -> tuple[list[int], int]:
+def _check_trees(seq_lens, trees) -> tuple[list[int], int]:
     """``seq_lens`` as host ints, and the trees' uniform node count N."""
     lens = [int(x) for x in seq_lens]
     if len(trees) != len(lens):
@@ -229,7 +236,7 @@ def dummy_spec_input(
         return VerifyInput(n, build_custom_mask([fill_value] * bs, [DraftTree.chain(n)] * bs, device), topk=spec.topk)
     if mode.is_any_draft_extend():
         return make_draft_extend_input(2 if mode.is_draft_extend_v2() else 1, [0] * bs, spec, device)
-    return DraftDecodeInput(topk=spec.topk, num_steps=spec.num_steps) if kind.multi_step else None
+    return DraftDecodeInput(spec.topk, spec.num_steps) if kind.multi_step else None
 
 
 def verify_n(spec_info: VerifyInput, cfg: SpecConfig | None, error: type[ValueError] = ValueError) -> int:

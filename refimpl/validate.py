@@ -26,6 +26,7 @@ batch reads its row counts first).
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
 from typing import Any
 
@@ -62,25 +63,9 @@ def _tensor(field: str, t: Any, dtype: torch.dtype, n: int | None, device: torch
     """Refuse ``t`` unless it is a ``dtype`` tensor on ``device`` of ``n`` entries (None: any)."""
     if not isinstance(t, torch.Tensor):
         raise _refuse(field, type(t).__name__, f"expected a {dtype} tensor")
-    if t.dtype != dtype:
-        raise _refuse(f"{field}.dtype", t.dtype, f"expected {dtype}")
-    if t.device != device:
-        raise _refuse(f"{field}.device", t.device, f"expected {device}")
-    if n is not None and t.numel() != n:
-        raise _refuse(f"{field} entries", t.numel(), f"expected {n}")
-
-
-def _structure(fb, locs_per_row: int) -> None:
-    dev, i64, i32, T, B = fb.world.device, torch.int64, torch.int32, fb.num_tokens, fb.batch_size
-    for name, dtype, n, device in (  # seq_lens_cpu: the host copy
-        ("input_ids", i64, None, dev),
-        ("positions", i64, T, dev),
-        ("req_pool_indices", i64, B, dev),
-        ("seq_lens", i32, B, dev),
-        ("seq_lens_cpu", i32, B, torch.device("cpu")),
-        ("out_cache_loc", i64, T * locs_per_row, dev),
-    ):
-        _tensor(f"ForwardBatch.{name}", getattr(fb, name), dtype, n, device)
+    for what, got, want in ((".dtype", t.dtype, dtype), (".device", t.device, device), (" entries", t.numel(), n)):
+        if want is not None and got != want:
+            raise _refuse(field + what, got, f"expected {want}")
 
 
 def _check_spec(fb, mode, cfg: SpecConfig | None, multi_step: bool) -> int:
@@ -120,8 +105,11 @@ def _check_spec(fb, mode, cfg: SpecConfig | None, multi_step: bool) -> int:
             raise _refuse("spec_info (topk, num_steps)", got, f"captured for ({cfg.topk}, {cfg.num_steps})")
         return spec.topk * spec.num_steps  # the draft columns: the batch's own topk * S
     if spec is not None:  # a step backend would read a DraftDecodeInput's own kv indices
-        why = f"{mode.name} on a single-step runner takes no spec input (a DraftDecodeInput: a multi-step runner)"
-        raise _refuse("spec_info", type(spec).__name__, why)
+        raise _refuse(
+            "spec_info",
+            type(spec).__name__,
+            f"{mode.name} on a single-step runner takes no spec input (a DraftDecodeInput: a multi-step runner)",
+        )
     return 0
 
 
@@ -135,11 +123,11 @@ def _scratch(device: torch.device, size: int) -> torch.Tensor:
     return buf
 
 
-def _launch_device_checks(fb, seq: list[int], per: int, extra: int, row_req, draft_extend: bool, mask):
+def _launch_device_checks(fb, per: int, extra: int, row_req, draft_extend: bool, mask):
     """The device rules: one ``batch_check`` launch now; the returned callable reads its result (the one device read), so
     the host rules run meanwhile. On the CPU: ``batch_check_ref`` (the interpreted kernel costs ms per batch;
     ``tests/test_batch_check.py`` holds the two to the same answers). The held rule reads the pool's live rows."""
-    world, spec = fb.world, fb.spec_info
+    world, spec, bs, n, m = fb.world, fb.spec_info, fb.batch_size, fb.num_tokens, fb.out_cache_loc.numel()
     tensors = (world.req_to_token, fb.seq_lens, fb.req_pool_indices, fb.input_ids, fb.positions, fb.out_cache_loc)
     kw = dict(rows_per_req=per, extra=extra, vocab=world.cfg.vocab_size, num_slots=world.kv_cache.num_slots)
     kw.update(row_req=row_req, custom_mask=mask, live_rows=world.req_to_token_pool.live)
@@ -149,7 +137,6 @@ def _launch_device_checks(fb, seq: list[int], per: int, extra: int, row_req, dra
         if draft_extend:
             res.update(accept_length=acc.tolist(), extend_seq_lens=ext.tolist())
         return lambda: res
-    bs, n, m = fb.batch_size, fb.num_tokens, fb.out_cache_loc.numel()
     out = _scratch(world.device, result_size(bs, n, m))
     batch_check(out, *tensors, **kw, accept_length=acc, extend_seq_lens=ext)
     return lambda: read_result(out, bs, n, m)
@@ -162,18 +149,28 @@ def validate_batch(fb, spec: SpecConfig | None = None, kind: layout.GraphKind | 
     batch may be ragged); ``world``: the ``World`` the batch must belong to (the runner's). Returns ``fb``, or a copy of it
     with its strided tensors made contiguous."""
     if world is not None and fb.world is not world:
-        why = "the runner writes its own world's KV pool and reads its own request table"
-        raise BatchRefused(f"ForwardBatch.world is another World (id {id(fb.world):#x}) than the runner's: {why}")
+        raise BatchRefused(
+            f"ForwardBatch.world is another World (id {id(fb.world):#x}) than the runner's: the runner writes its own world's"
+            " KV pool and reads its own request table"
+        )
     mode, world, spec_info = fb.forward_mode, fb.world, fb.spec_info
     if not isinstance(mode, ForwardMode):
         raise _refuse("ForwardBatch.forward_mode", f"{type(mode).__name__} {mode}", "must be a ForwardMode")
     multi = (kind or fb.kind).multi_step
     if multi and not isinstance(spec_info, DraftDecodeInput):
         raise _refuse("spec_info", type(spec_info).__name__, "draft decode needs a DraftDecodeInput")
-    _int("ForwardBatch.batch_size", fb.batch_size)
-    _structure(fb, _int("spec_info.num_steps", spec_info.num_steps) if multi else 1)
+    dev, i64, i32, n, bs = world.device, torch.int64, torch.int32, fb.num_tokens, _int("ForwardBatch.batch_size", fb.batch_size)
+    for name, dtype, count, device in (  # seq_lens_cpu: the host copy
+        ("input_ids", i64, None, dev),
+        ("positions", i64, n, dev),
+        ("req_pool_indices", i64, bs, dev),
+        ("seq_lens", i32, bs, dev),
+        ("seq_lens_cpu", i32, bs, torch.device("cpu")),
+        ("out_cache_loc", i64, n * _int("spec_info.num_steps", spec_info.num_steps) if multi else n, dev),
+    ):
+        _tensor(f"ForwardBatch.{name}", getattr(fb, name), dtype, count, device)
     fb = _contiguous(fb)
-    spec_info, bs, n, L, seq = fb.spec_info, fb.batch_size, fb.num_tokens, world.max_context_len, fb.seq_lens_cpu.tolist()
+    spec_info, L, seq = fb.spec_info, world.max_context_len, fb.seq_lens_cpu.tolist()
     total = _int("ForwardBatch.seq_lens_sum", fb.seq_lens_sum)
     if total != sum(seq):
         raise _refuse("ForwardBatch.seq_lens_sum", total, f"expected sum(seq_lens_cpu) = {sum(seq)}")
@@ -188,15 +185,15 @@ def validate_batch(fb, spec: SpecConfig | None = None, kind: layout.GraphKind | 
     row_req, rows, per = None, None, n // bs
     if mode.is_extend() or (draft_extend and not for_graph):
         ext = fb.extend_seq_lens if mode.is_extend() else spec_info.extend_seq_lens
-        _tensor("extend_seq_lens", ext, torch.int32, bs, world.device)  # the row counts
+        _tensor("extend_seq_lens", ext, i32, bs, dev)  # the row counts
         rows = ext.tolist()
         if len(set(rows)) > 1:  # each row's request, then its column past seq_lens + extra: j - rows[r]
             owner = [(r, j - k) for r, k in enumerate(rows) for j in range(k)]
-            row_req = torch.tensor(owner, dtype=torch.int32, device="cpu").T.contiguous().to(world.device)
+            row_req = torch.tensor(owner, dtype=i32).T.contiguous().to(dev)
     if (want := per * bs if rows is None else sum(rows)) != n:
         raise _refuse("num_tokens", n, f"expected {want} rows for the batch's {bs} requests in {mode.name}")
     mask = spec_info.custom_mask if mode.is_target_verify() else None
-    read = _launch_device_checks(fb, seq, per, extra, row_req, draft_extend, mask if mask is None or mask.dim() == 1 else None)
+    read = _launch_device_checks(fb, per, extra, row_req, draft_extend, mask if mask is None or mask.dim() == 1 else None)
     # host rules, in order, while the kernel runs; then the device results
     lo, hi = min(seq), max(seq)  # builtins over host ints: the usual case costs no Python loop
     if lo < 1:
@@ -206,14 +203,17 @@ def validate_batch(fb, spec: SpecConfig | None = None, kind: layout.GraphKind | 
         what = f"seq_lens[{i}] + {extra}" if extra else f"seq_lens[{i}]"
         raise _refuse(what, seq[i] + extra, f"exceeds max_context_len={L}")
     if mask is None and for_graph and mode.is_target_verify():
-        why = "a verify graph reads its mask buffer, which still holds the last batch's mask: give this batch's"
-        raise _refuse("spec_info.custom_mask", None, why + " (a chain's is causal)")
+        why = "a verify graph reads its mask buffer, which still holds the last batch's mask: give this batch's (a chain's is causal)"
+        raise _refuse("spec_info.custom_mask", None, why)
     if mask is not None:  # its size depends on seq_lens, checked above
         if (got := mask.numel()) != (want := layout.tree_mask_total(seq, extra)):
             raise _refuse("spec_info.custom_mask entries", got, f"expected sum over requests of N*(seq_len+N) = {want}")
         if mask.dim() != 1:
-            why = f"expected 1-D [{want}]: sum over requests of N*(seq_len+N) entries"
-            raise _refuse("spec_info.custom_mask.shape", list(mask.shape), why)
+            raise _refuse(
+                "spec_info.custom_mask.shape",
+                list(mask.shape),
+                f"expected 1-D [{want}]: sum over requests of N*(seq_len+N) entries",
+            )
     res = read()
     if res["seq_lens"] != seq:
         raise _refuse("seq_lens (device)", res["seq_lens"], f"disagrees with seq_lens_cpu={seq}")
@@ -221,9 +221,9 @@ def validate_batch(fb, spec: SpecConfig | None = None, kind: layout.GraphKind | 
         acc, cpu = res["accept_length"], list(spec_info.accept_length_cpu)  # acc: the device copy, read back
         if acc != cpu:
             raise _refuse("spec_info.accept_length", acc, f"disagrees with accept_length_cpu={cpu}")
-        steps = cfg.num_steps if cfg is not None else None  # without a SpecConfig: >= 0 only
-        if min(acc) < 0 or (steps is not None and max(acc) > steps):
-            i = _first(acc, lambda a: a < 0 or (steps is not None and a > steps))
+        steps = cfg.num_steps if cfg else math.inf  # without a SpecConfig: >= 0 only
+        if min(acc) < 0 or (max(acc) > steps):
+            i = _first(acc, lambda a: not 0 <= a <= steps)
             raise _refuse(f"spec_info.accept_length[{i}]", acc[i], f"outside [0, num_steps={steps}]")
         rows = res["extend_seq_lens"]
         if for_graph and rows != [per] * bs:
@@ -273,9 +273,14 @@ def _check_draft_indices(fb, seq: list[int], span: int) -> None:
     table = table.masked_fill(torch.arange(table.shape[1], device=dev) >= torch.tensor(held, device=dev)[:, None], 0)
     owned = torch.isin(req * S + used, torch.arange(bs, device=dev)[:, None] * S + table)  # keys: request * S + slot
     if bad := torch.nonzero((used < 1) | (used >= S) | ~owned)[:1].flatten().tolist():
-        j, r = bad[0], int(req[bad[0]])
-        v, why = int(used[j]), f"not a slot of request {r}'s {held[r]} positions: a draft row reads its own request's KV"
-        raise _refuse(f"spec_info.kv_indices[{j}]", v, f"outside [1, {S})" if not 1 <= v < S else why)
+        j = bad[0]
+        r, v = int(req[j]), int(used[j])
+        why = (
+            f"outside [1, {S})"
+            if not 1 <= v < S
+            else f"not a slot of request {r}'s {held[r]} positions: a draft row reads its own request's KV"
+        )
+        raise _refuse(f"spec_info.kv_indices[{j}]", v, why)
 
 
 def _report_device_findings(fb, first: dict, seq: list[int], extra: int, per: int, row_req):
@@ -301,31 +306,36 @@ def _report_device_findings(fb, first: dict, seq: list[int], extra: int, per: in
         hits = torch.nonzero(table == v).tolist()
         held = " and ".join(f"request {r}'s position {c}" for r, c in hits) or "no position of this batch's requests"
         own = int(table[writer, col])  # (the host rules put every new position in [0, L))
-        why = f"is the slot of {held}; row {i % n} must write request {writer}'s new position {col} (slot {own})"
-        raise _refuse(f"out_cache_loc[{i}]", v, why)
+        raise _refuse(
+            f"out_cache_loc[{i}]",
+            v,
+            f"is the slot of {held}; row {i % n} must write request {writer}'s new position {col} (slot {own})",
+        )
     if (e := first["custom_mask self"]) is not None and not getattr(fb.spec_info, "allow_blind_rows", False):
-        r, j = divmod(e, per)
         why = "does not see itself: an all-False or self-blind tree mask (VerifyInput.allow_blind_rows=True passes one)"
-        raise _refuse("spec_info.custom_mask", f"row {e} (request {r}, draft {j})", why)
+        raise _refuse("spec_info.custom_mask", f"row {e} (request {e // per}, draft {e % per})", why)
     if (i := first["out_cache_loc held"]) is not None:  # (its own position holds it: the slot rule passed)
         v, (writer, col) = int(loc[i]), target(i)
         hits = (world.req_to_token == v) & world.req_to_token_pool.live[:, None]  # live rows (never the reserved row 0)
         hits[int(rpi[writer]), col] = False  # its own position
         (p, c), batch = torch.nonzero(hits)[0].tolist(), rpi.tolist()
         who = f"request {batch.index(p)}" if p in batch else f"the live request in pool row {p}, outside the batch,"
-        why = f"is also held by {who} at position {c}: row {i % n} would overwrite that KV"
-        raise _refuse(f"out_cache_loc[{i}]", v, why + " (a new slot belongs to its own position only)")
+        why = f"is also held by {who} at position {c}: row {i % n} would overwrite that KV (a new slot belongs to its own position only)"
+        raise _refuse(f"out_cache_loc[{i}]", v, why)
 
 
 def check_capture_config(runner) -> None:
     """Refuse, before any allocation, a capture the static buffers cannot hold."""
     spec, L, fill = runner.spec_cfg, runner.world.max_context_len, runner.fill_value
     if (span := fill + runner.kind.span(spec)) > L:
-        why = f"exceeds max_context_len={L}: raise the context length or lower N / topk / num_steps"
-        raise BatchRefused(f"capture batch span {span} (fill value {fill} + the mode's drafts) {why}")
+        raise BatchRefused(
+            f"capture batch span {span} (fill value {fill} + the mode's drafts) exceeds max_context_len={L}: raise the context"
+            " length or lower N / topk / num_steps"
+        )
     if runner.mode.is_any_draft_extend() and runner.tokens_per_req > L:
         raise BatchRefused(f"{runner.tokens_per_req} rows per request exceed max_context_len={L}")
     bs, rows = runner.max_bs, runner.tokens_per_req
     if (width := bs * rows * L) >= 2**31:
-        why = f"exceed int32 addressing (2^31): max_bs={bs}, rows={rows}, L={L}"
-        raise BatchRefused(f"kv index buffers of max_bs * rows * L = {width} entries {why}")
+        raise BatchRefused(
+            f"kv index buffers of max_bs * rows * L = {width} entries exceed int32 addressing (2^31): max_bs={bs}, rows={rows}, L={L}"
+        )

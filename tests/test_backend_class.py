@@ -9,12 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import CAPTURE_BS
 
 from refimpl.__main__ import main
 from refimpl.backends import REGISTRY, BackendLoadError, load_backend_class
 from refimpl.check import CheckSettings, run_checks
 
-FAST = CheckSettings(capture_bs=(1, 2, 4), raw_bs=(1, 3), max_context_len=32, num_slots=None)
+FAST = CheckSettings(capture_bs=CAPTURE_BS, raw_bs=(1, 3), max_context_len=32, num_slots=None)
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -81,6 +82,7 @@ def test_bad_backend_class_is_a_clear_error(target, fragment, capsys):
     assert len(err) == 1 and err[0].startswith("error: ") and fragment in err[0]
 
 
+@pytest.mark.gate  # CPU CI: test_template.py runs the same command on a copy outside the repository
 def test_cli_runs_the_example_from_the_repository_root():
     cmd = [
         sys.executable,

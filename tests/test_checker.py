@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from helpers import CAPTURE_BS
 
 from refimpl.backends import BackendEntry
 from refimpl.backends.torch_native import TorchNativeBackend, TorchNativeMetadata
@@ -10,7 +11,7 @@ from refimpl.graphs import CPUEmulatorEngine
 from refimpl.modes import ForwardMode
 from refimpl.rig import diff_states
 
-FAST = CheckSettings(capture_bs=(1, 2, 4), raw_bs=(1, 3), max_context_len=32, num_slots=None)
+FAST = CheckSettings(capture_bs=CAPTURE_BS, raw_bs=(1, 3), max_context_len=32, num_slots=None)
 
 
 class FreshBufferAtReplay(TorchNativeBackend):
@@ -115,7 +116,9 @@ def test_stale_from_capture_is_named_where_the_replay_kept_the_capture_batch():
     another way at capture (not the capture batch's values): no such words."""
     from refimpl.backends import find
 
-    settings = CheckSettings(capture_bs=(1, 2, 4), raw_bs=(3,), max_context_len=32, num_slots=None, glue_replays=0, history=False)
+    settings = CheckSettings(
+        capture_bs=CAPTURE_BS, raw_bs=(3,), max_context_len=32, num_slots=None, glue_replays=0, history=False
+    )
     (mla,) = check_entry_mode(find("flashinfer_mla", "as-upstream")[0], "decode", CPUEmulatorEngine(), settings)
     stale = [f.split(": ")[0] for f in mla.findings if "stale from capture" in f]
     assert stale == ["kv_indptr", "kv_len_arr"], mla.findings

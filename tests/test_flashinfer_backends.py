@@ -3,7 +3,7 @@
 import dataclasses
 
 import pytest
-from helpers import RAW_BS, per_size_settings
+from helpers import CAPTURE_BS, RAW_BS, per_size_settings
 
 from refimpl.backends import find
 from refimpl.backends.flashinfer import FlashInferAttnBackend
@@ -15,7 +15,7 @@ from refimpl.graphs import CPUEmulatorEngine
 from refimpl.spec import VerifyInput
 
 
-def run(name, variant, case, spec=CHAIN, raw_bs=RAW_BS, capture_bs=(1, 2, 4)):
+def run(name, variant, case, spec=CHAIN, raw_bs=RAW_BS, capture_bs=CAPTURE_BS):
     (entry,) = find(name, variant)
     settings = dataclasses.replace(per_size_settings(spec, raw_bs), capture_bs=capture_bs)
     return check_entry_mode(entry, case, CPUEmulatorEngine(), settings)
@@ -44,6 +44,7 @@ def test_flashinfer_rows_pass(variant, case, spec):
     assert_all_pass(run("flashinfer", variant, case, spec))
 
 
+@pytest.mark.gate  # topk 8, 32 rows per step: the GPU gate (CPU CI: the topk-2 tree rows above)
 def test_multi_step_draft_decode_plans_bs_times_topk_rows_past_the_request_pool():
     """topk 8 (the CLI's largest): bs 4 x 8 = 32 rows per step against a request pool of 24. Each step's buffers were
     sized by the pool, so the bs-4 wrapper was bound to 24 last-page lengths and its plan refused 33 indptr entries."""

@@ -3,7 +3,7 @@ checker's verdict (e) proves which shapes may be glued, naming the frozen buffer
 
 import pytest
 import torch
-from helpers import gate
+from helpers import CAPTURE_BS, gate
 
 from refimpl.backends import REGISTRY, find, load_backend_class
 from refimpl.capabilities import capability
@@ -14,11 +14,13 @@ from refimpl.layout import KINDS
 from refimpl.rig import Rig
 
 SPEC = CHAIN
-FAST = CheckSettings(capture_bs=(1, 2, 4), raw_bs=(1, 3), max_context_len=32, num_slots=None, history=False)  # (f): its own tests
+FAST = CheckSettings(
+    capture_bs=CAPTURE_BS, raw_bs=(1, 3), max_context_len=32, num_slots=None, history=False
+)  # (f): its own tests
 
 
 def glued_rig(entry, case="decode", **kw):
-    return Rig.build(entry, KINDS[case], SPEC, CPUEmulatorEngine(), capture_bs=(1, 2, 4), max_context_len=32, glue=True, **kw)
+    return Rig.build(entry, KINDS[case], SPEC, CPUEmulatorEngine(), capture_bs=CAPTURE_BS, max_context_len=32, glue=True, **kw)
 
 
 def test_planted_host_value_passes_four_verdicts_and_fails_the_glue_verdict_naming_the_buffer():

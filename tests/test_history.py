@@ -174,6 +174,7 @@ def test_the_world_flags_refuse_what_cannot_hold_the_pool(flags, message, capsys
     assert e.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.gate  # a larger world: the GPU gate
 def test_a_larger_world_on_the_command_line(monkeypatch, capsys):
     from refimpl import check
     from refimpl.__main__ import main

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 import torch
-from helpers import RAW_BS, gate
+from helpers import CAPTURE_BS, RAW_BS, gate
 
 from refimpl.backends import GraphModeNotSupported, find
 from refimpl.backends.cutlass_mla import CutlassMLAAttnBackend, CutlassMLAAttnBackendLegacy
@@ -27,7 +27,7 @@ from refimpl.modes import ForwardMode
 from refimpl.spec import DraftDecodeInput, make_draft_extend_input
 
 # verdict (e) off: it has its own tests (test_glue.py) and the capability matrix; CI time
-FAST = CheckSettings(capture_bs=(1, 2, 4), raw_bs=RAW_BS, max_context_len=40, num_slots=None, glue_replays=0, history=False)
+FAST = CheckSettings(capture_bs=CAPTURE_BS, raw_bs=RAW_BS, max_context_len=40, num_slots=None, glue_replays=0, history=False)
 MODES = ("decode", "idle", "target_verify", "draft_extend_v2", "draft_decode")
 CFG = ModelConfig(kind="mla", num_layers=1, hidden_size=32, num_heads=4)
 

@@ -6,12 +6,14 @@ import inspect
 import re
 import textwrap
 
+from helpers import CAPTURE_BS
+
 from examples.review_backend import ReviewBackend, ReviewBackendBuggy
 from refimpl.backends import load_backend_class
 from refimpl.check import CheckSettings, run_checks
 
 # verdict (e) off: it has its own tests (test_glue.py) and the capability matrix; CI time
-FAST = CheckSettings(capture_bs=(1, 2, 4), raw_bs=(1, 3), max_context_len=32, num_slots=None, glue_replays=0, history=False)
+FAST = CheckSettings(capture_bs=CAPTURE_BS, raw_bs=(1, 3), max_context_len=32, num_slots=None, glue_replays=0, history=False)
 N = FAST.spec.num_draft_tokens
 
 

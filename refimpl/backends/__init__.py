@@ -44,8 +44,8 @@ class BackendEntry:
         """An entry for a backend class outside the registry. Its labels, ``model_kind`` and ``page_size`` come from the
         class (``AttentionBackend``'s defaults: MHA, page size 1), its multi-step draft wrapper from ``multi_step_class
         = "module:Class"`` (default: none)."""
-        name, variant = getattr(backend_cls, "name", backend_cls.__name__), getattr(backend_cls, "variant", "unified")
-        return cls(name, variant, target, getattr(backend_cls, "multi_step_class", None))  # a duck-typed class may lack it
+        labels = getattr(backend_cls, "name", backend_cls.__name__), getattr(backend_cls, "variant", "unified")
+        return cls(*labels, target, getattr(backend_cls, "multi_step_class", None))  # a duck-typed class may lack it
 
 
 # what --backend-class requires: AttentionBackend's public methods (its abstract hooks and those it defaults)
@@ -59,7 +59,7 @@ class BackendLoadError(ValueError):
 def load_backend_class(spec: str) -> BackendEntry:
     """``"package.module:ClassName"`` -> a ``BackendEntry`` (clear one-line errors)."""
     module_name, sep, cls_name = spec.partition(":")
-    if not sep or not module_name or not cls_name:
+    if not (module_name and sep and cls_name):
         raise BackendLoadError(f"--backend-class {spec!r}: expected package.module:ClassName")
     try:
         module = importlib.import_module(module_name)
@@ -126,13 +126,22 @@ def must_pass(variant: str) -> bool:
 
 
 def find(name: str | None = None, variant: str | None = None) -> list[BackendEntry]:
-    out = [e for e in REGISTRY if (name is None or e.name == name)]
-    out = [e for e in out if (variant is None or e.variant == variant)]
+    out = [e for e in REGISTRY if name in (None, e.name) and variant in (None, e.variant)]
     if name is not None and not out:
         names = sorted({e.name for e in REGISTRY})
         raise ValueError(f"unknown backend {name!r} (variant {variant!r}); known: {names}")
     return out
 
 
-__all__ = ["AttentionBackend", "BackendEntry", "BackendLoadError", "CONTRACT", "GraphModeNotSupported", "REGISTRY"]
-__all__ += ["HISTORICAL_VARIANTS", "find", "load_backend_class", "must_pass"]
+__all__ = [
+    "AttentionBackend",
+    "BackendEntry",
+    "BackendLoadError",
+    "CONTRACT",
+    "GraphModeNotSupported",
+    "REGISTRY",
+    "HISTORICAL_VARIANTS",
+    "find",
+    "load_backend_class",
+    "must_pass",
+]

@@ -17,7 +17,6 @@ The capture and replay hooks run **outside** the graph ([facts#capture]); only `
 
 from __future__ import annotations
 
-import dataclasses
 from abc import ABC, abstractmethod
 from typing import Any, Protocol
 
@@ -39,6 +38,16 @@ PATTERNS = {
 # why a replay hook stays eager (``AttentionBackend.glue_refusal``): what a metadata glue graph would freeze
 COPIES_MASK = "the verify hook copies spec_info.custom_mask, a tensor each batch brings: a glue graph keeps the first's"
 PLANS = "the replay hook calls FlashInfer's plan(): a work partition made on the host, which a graph would freeze"
+
+
+def live_csr_state(md: Any, **scalars: Any) -> dict[str, Any]:
+    """The graph state of CSR metadata ``md`` (``kv_indptr``, ``kv_indices``, ``mask_indptr``, ``custom_mask``, as in
+    Triton's and torch_native's): the indptrs whole, ``kv_indices`` / ``custom_mask`` (as uint8) cut to the live part their
+    indptr's last entry names; ``scalars`` (frozen values, other views) between the CSR and the mask."""
+    state = dict(kv_indptr=md.kv_indptr, kv_indices=md.kv_indices[: int(md.kv_indptr[-1])], **scalars)
+    if md.mask_indptr is not None:
+        state.update(mask_indptr=md.mask_indptr, custom_mask=md.custom_mask[: int(md.mask_indptr[-1])].to(torch.uint8))
+    return state
 
 
 class GraphModeNotSupported(ValueError):
@@ -70,9 +79,7 @@ class AttentionBackend(ABC):
         self.cfg = world.cfg
         self.spec = spec
         self.device = world.device
-        self.forward_metadata: Any = None
-        self.max_bs: int | None = None
-        self.max_num_tokens: int | None = None
+        self.forward_metadata = self.max_bs = self.max_num_tokens = None  # init_cuda_graph_state sets the sizes
 
     # --- eager --------------------------------------------------------------------------------
     @abstractmethod
@@ -127,8 +134,7 @@ class AttentionBackend(ABC):
     def graph_buffers(self) -> dict[str, torch.Tensor]:
         """The static device tensors a captured ``forward`` may read (``graph_buffer_names``; no host mirrors). The fuzzer
         poisons what a batch leaves unread; the bench counts bytes."""
-        found = ((n, getattr(self, n, None)) for n in self.graph_buffer_names)
-        return {n: t for n, t in found if isinstance(t, torch.Tensor)}
+        return {n: t for n in self.graph_buffer_names if isinstance(t := getattr(self, n, None), torch.Tensor)}
 
     # --- the captured step ----------------------------------------------------------------------
     @abstractmethod
@@ -140,14 +146,8 @@ class AttentionBackend(ABC):
         """What a captured ``forward`` of batch size ``bs`` reads: live views + frozen scalars (the checker compares it).
         Default: every field of ``forward_metadata``; backends narrow tensors to the live part
         (``kv_indices[:kv_indptr[bs]]``): unread stale tails are noise."""
-        md = self.forward_metadata
-        if md is None:
-            return {}
-        if dataclasses.is_dataclass(md):
-            fields = {f.name: getattr(md, f.name) for f in dataclasses.fields(md)}
-        else:
-            fields = dict(vars(md))
-        return {k: v for k, v in fields.items() if v is not None}
+        md = self.forward_metadata  # a dataclass or a plain object: its instance attributes are its fields
+        return {} if md is None else {k: v for k, v in vars(md).items() if v is not None}
 
     def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any] | None:
         """What ``graph_state`` must hold after the replay hook ran on padded ``fb``, from first principles
@@ -195,9 +195,8 @@ class MultiStepBackend(AttentionBackend):
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
-        step = cls.step_cls
-        cls.name, cls.variant, cls.pattern = step.name, step.variant, step.pattern
-        cls.model_kind, cls.page_sizes, cls.page_size = step.model_kind, step.page_sizes, step.page_size
+        for label in ("name", "variant", "pattern", "model_kind", "page_sizes", "page_size"):
+            setattr(cls, label, getattr(cls.step_cls, label))
 
     def __init__(self, world: World, spec: SpecConfig | None = None):
         if spec is None or spec.num_steps < 2:

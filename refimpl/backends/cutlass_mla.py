@@ -21,7 +21,7 @@ from ..batch import ForwardBatch
 from ..kernels import build_block_table, build_block_table_ref, cutlass_mla_decode
 from ..modes import ForwardMode
 from .base import GraphModeNotSupported
-from .flashinfer_mla import FlashInferMLAAttnBackend
+from .flashinfer_mla import FlashInferMLAAttnBackend, graph_block_table
 
 PAGE_SIZE = 128  # cutlass_mla_decode's only page size
 WORKSPACE_BYTES = 1 << 20  # upstream: cutlass_mla_get_workspace_size(width * 128, B, splits=1)
@@ -66,18 +66,10 @@ class CutlassMLAAttnBackend(FlashInferMLAAttnBackend):
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, block_kv_indices=None) -> None:
         # no super().init_cuda_graph_state(): FlashInfer-MLA's graph buffers are not made
-        L, dev = self.world.max_context_len, self.device
         self.max_bs, self.max_num_tokens = max_bs, max_num_tokens
-        width = (L + PAGE_SIZE) // PAGE_SIZE  # floor(L / 128) + 1, as upstream
-        if block_kv_indices is None:
-            block_kv_indices = torch.full((max_bs, width), 1, dtype=torch.int32, device=dev)
-        elif block_kv_indices.shape[1] * PAGE_SIZE < L:
-            raise ValueError(
-                f"block table of width {block_kv_indices.shape[1]} covers "
-                f"{block_kv_indices.shape[1] * PAGE_SIZE} positions < max_context_len={L}"
-            )
-        self.cuda_graph_kv_indices = block_kv_indices
-        self.cuda_graph_mla_workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
+        width = (self.world.max_context_len + PAGE_SIZE) // PAGE_SIZE  # floor(L / 128) + 1, as upstream
+        self.cuda_graph_kv_indices = graph_block_table(self, max_bs, width, 1, block_kv_indices)
+        self.cuda_graph_mla_workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
 
     def init_forward_metadata_capture_cuda_graph(
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
@@ -120,17 +112,13 @@ class CutlassMLAAttnBackend(FlashInferMLAAttnBackend):
         table = build_block_table_ref(self.world.req_to_token.cpu(), fb.req_pool_indices.cpu(), fb.seq_lens_cpu, fresh, PAGE_SIZE)
         return {"block_kv_indices": table, "max_seq_len": width * PAGE_SIZE}
 
-    def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
-        md = self.forward_metadata
+    def _attend(self, q: torch.Tensor, kv: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        md, r = self.forward_metadata, self.cfg.kv_lora_rank
         if not isinstance(md, CutlassMLADecodeMetadata):
-            return super().forward(q, k, v, layer, fb)  # eager verify / draft extend
-        cache, cfg, r = self.world.kv_cache, self.cfg, self.cfg.kv_lora_rank
-        cache.set_kv(layer, fb.out_cache_loc[: q.shape[0]], k)
-        if q.shape[0] == 0:
-            return q.new_empty(0, cfg.num_heads, r)
-        paged = cache.kv[layer].view(-1, PAGE_SIZE, cfg.kv_row_width)  # [pages, 128, 576]
+            return super()._attend(q, kv, fb)  # eager verify / draft extend: FlashInfer-MLA
+        paged = kv.view(-1, PAGE_SIZE, self.cfg.kv_row_width)  # [pages, 128, 576]
         return cutlass_mla_decode(
-            q[..., :r], q[..., r:], paged, fb.seq_lens, md.block_kv_indices, md.workspace, cfg.sm_scale, num_kv_splits=1
+            q[..., :r], q[..., r:], paged, fb.seq_lens, md.block_kv_indices, md.workspace, self.cfg.sm_scale, num_kv_splits=1
         )
 
 

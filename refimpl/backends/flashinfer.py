@@ -41,6 +41,29 @@ from .base import PLANS, AttentionBackend, GraphModeNotSupported
 from .multistep import MultiStepDraftBackend
 
 
+def init_wrappers(backend: AttentionBackend, prefer_real: bool) -> None:
+    """FlashInfer's wrapper classes (the real library on a GPU if ``prefer_real``, else the stand-ins), their shared float
+    workspace and the per-bs registries of graph-bound wrappers (FlashInfer and FlashInfer-MLA)."""
+    backend.fi = wrapper_classes(prefer_real and backend.device.type == "cuda", backend.cfg.dtype)
+    backend.workspace = make_workspace(backend.device, real=backend.fi.real)
+    backend.decode_cuda_graph_metadata, backend.prefill_cuda_graph_metadata = {}, {}  # bs -> wrapper(s)
+
+
+def write_kv(req_to_token, rpi, kv_lens, kv_indptr, kv_indices) -> None:
+    """``kv_indptr[1:] = cumsum(kv_lens)``, then the kv indices of ``rpi``'s first ``len(kv_lens)`` rows (device data)."""
+    kv_indptr[1:] = torch.cumsum(kv_lens, 0)
+    build_kv_indices(req_to_token, rpi[: len(kv_lens)], kv_lens, kv_indptr, kv_indices)
+
+
+def csr_reference(backend, fb: ForwardBatch) -> tuple:
+    """The checker's view of a single-step batch, from the batch alone: rows per request, the attended kv lengths (host;
+    verify: prefix + the N drafts), their ``csr_ref`` and the uniform ``qo_indptr``."""
+    rows = layout.rows_per_request(fb.forward_mode, backend.spec)  # verify: N
+    kv = layout.attended_kv_lens(fb.forward_mode, fb.seq_lens_cpu, rows)
+    csr = csr_ref(backend.world.req_to_token, fb.req_pool_indices, kv)
+    return rows, kv, csr, torch.arange(0, fb.batch_size * rows + 1, rows, device="cpu")
+
+
 @dataclass
 class DecodeMetadata:
     wrappers: list  # upstream's decode_wrappers: [BatchDecodeWithPagedKVCacheWrapper], bound per bs in a graph
@@ -78,41 +101,33 @@ class FlashInferAttnBackend(AttentionBackend):
 
     def __init__(self, world: World, spec: SpecConfig | None = None, *, kv_indptr_buf=None, skip_prefill=False, prefer_real=True):
         super().__init__(world, spec)
-        dev = self.device
-        self.fi = wrapper_classes(prefer_real and dev.type == "cuda", self.cfg.dtype)
-        self.workspace = make_workspace(dev, real=self.fi.real)
+        init_wrappers(self, prefer_real)
+        dev, cfg = self.device, self.cfg
         if kv_indptr_buf is None:
             kv_indptr_buf = torch.zeros(world.req_to_token_pool.size + 1, dtype=torch.int32, device=dev)
-        self.kv_indptr = kv_indptr_buf
+        self.kv_indptr, self.skip_prefill = kv_indptr_buf, skip_prefill
         # rows the wrappers may plan: requests, or a multi-step step's bs * topk (its kv_indptr_buf: pool * topk + 1, as
         # upstream's multi-step wrapper sizes its kv_last_page_len [facts#flashinfer-buffers])
         rows = self.kv_indptr.numel() - 1
         self.kv_last_page_len = torch.ones(rows, dtype=torch.int32, device=dev)
         self.kv_last_page_len_cpu = self.kv_last_page_len.to("cpu", copy=True)
         self._host_indptr = torch.zeros(rows + 1, dtype=torch.int32, device="cpu")  # [0] stays 0: cumsums land in [1:]
-        self.skip_prefill = skip_prefill
-        self.decode_cuda_graph_metadata = {}  # bs -> [wrapper]
-        self.prefill_cuda_graph_metadata = {}
-        self.decode_use_tensor_cores = tc = should_use_tensor_core(self.cfg.dtype, self.cfg.num_heads, self.cfg.num_kv_heads)
+        self._heads = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, 1)  # plan's heads, head dim, page size
+        self.decode_use_tensor_cores = tc = should_use_tensor_core(cfg.dtype, cfg.num_heads, cfg.num_kv_heads)
         self._eager_decode = self.fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=tc)
         self._eager_prefill = self.fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
 
-    # --- plan arguments shared by every path ----------------------------------------------------
-    def _heads(self) -> tuple[int, int, int]:
-        return self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim
-
+    # --- the update paths (eager, capture and replay all use them) -----------------------------
     def _host_indptr_of(self, lens: torch.Tensor, reuse: bool = True) -> torch.Tensor:
         """``[0, cumsum(lens)]`` int32 on the host. ``reuse``: in one buffer shared by every fast plan (each reads it
-        before returning); a full plan may keep what it is given (``x.to(device)`` on a CPU run), so it gets its own."""
+        before returning); a full plan may keep what it is given (``x.to(device)`` on a CPU run), so it gets its own, as do
+        multi-step rows (bs * topk may pass the pool)."""
         n = len(lens)
-        if reuse and n < len(self._host_indptr):
-            out = self._host_indptr[: n + 1]
-        else:  # multi-step rows: bs * topk may pass the pool
-            out = torch.zeros(n + 1, dtype=torch.int32, device="cpu")
+        fits = reuse and n < len(self._host_indptr)
+        out = self._host_indptr[: n + 1] if fits else torch.zeros(n + 1, dtype=torch.int32, device="cpu")
         torch.cumsum(lens, 0, dtype=torch.int32, out=out[1:])
         return out
 
-    # --- the update paths (eager, capture and replay all use them) -----------------------------
     def _update_decode(self, bs, rpi, seq_lens, seq_lens_cpu, wrappers, spec_info) -> None:
         wrapper = wrappers[0]
         if spec_info is not None and spec_info.kv_indptr is not None:
@@ -120,61 +135,55 @@ class FlashInferAttnBackend(AttentionBackend):
             host_lens = (seq_lens_cpu[:bs] + spec_info.extra["step"] + 1).repeat_interleave(spec_info.topk)
         else:
             kv_indptr, host_lens = self.kv_indptr[: bs + 1], seq_lens_cpu[:bs]
-            kv_indptr[1:] = torch.cumsum(seq_lens[:bs], 0)
             if wrapper.is_cuda_graph_enabled:  # the Triton kernel writes the bound buffer itself
                 kv_indices = wrapper._paged_kv_indices_buf
             else:
                 kv_indices = torch.empty(max(int(host_lens.sum()), 1), dtype=torch.int32, device=self.device)
-            build_kv_indices(self.world.req_to_token, rpi[:bs], seq_lens[:bs], kv_indptr, kv_indices)
+            write_kv(self.world.req_to_token, rpi, seq_lens[:bs], kv_indptr, kv_indices)
         kw = dict(data_type=self.cfg.dtype, q_data_type=self.cfg.dtype, sm_scale=self.cfg.sm_scale, non_blocking=True)
         if is_fast_plan_installed(wrapper):  # the fast plan takes the host indptr (no device-to-host copy); a full plan
             kw["global_override_indptr_cpu"] = self._host_indptr_of(host_lens)  # reads the device one
-        wrapper.plan(kv_indptr, kv_indices, self.kv_last_page_len[: len(host_lens)], *self._heads(), 1, **kw)
+        wrapper.plan(kv_indptr, kv_indices, self.kv_last_page_len[: len(host_lens)], *self._heads, **kw)
 
     def _update_prefill(self, bs, rpi, seq_lens, seq_lens_cpu, wrappers, mode, spec_info) -> None:
         """Verify and draft extend (one merged branch). Indices go into the bound buffer. A graph wrapper planned once
         re-plans with ``fast_prefill_plan`` (unified): host indptrs, the mask packed on the device, nothing read back.
         Otherwise a full ``plan``: without a mask it gets host indptrs (SGLang passes device ones, a sync each:
         [facts#where-refimpl-deliberately-differs-from-upstream]); with one they stay on the device, where it packs the
-        mask."""
-        wrapper, spec = wrappers[0], require_spec(mode, spec_info, VerifyInput if mode.is_target_verify() else DraftExtendInput)
-        if mode.is_target_verify():
+        mask (the spec mask covers the live requests; padded ones get allow-all blocks)."""
+        wrapper, verify = wrappers[0], mode.is_target_verify()
+        spec = require_spec(mode, spec_info, VerifyInput if verify else DraftExtendInput)
+        if verify:
             verify_n(spec, self.spec)
         n = layout.rows_per_request(mode, self.spec)  # verify: N, the kv lengths' prefix + N drafts
         kv_lens_cpu = layout.attended_kv_lens(mode, seq_lens_cpu[:bs], n)  # host
-        fast = self.fast_prefill_replan and wrapper.is_cuda_graph_enabled and wrapper._cached_module is not None
+        graph = wrapper.is_cuda_graph_enabled  # the Triton kernel writes the bound buffers itself
+        fast = self.fast_prefill_replan and graph and wrapper._cached_module is not None
         kv_indptr_cpu = self._host_indptr_of(kv_lens_cpu, reuse=fast)
-        kv_lens = layout.attended_kv_lens(mode, seq_lens[:bs], n)  # device, what the kernel reads
         total = max(int(kv_indptr_cpu[-1]), 1)
-        if wrapper.is_cuda_graph_enabled:  # the Triton kernel writes the bound buffers itself
-            kv_indptr, kv_indices = wrapper._paged_kv_indptr_buf[: bs + 1], wrapper._paged_kv_indices_buf
-        else:
-            kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=self.device)
-            kv_indices = torch.empty(total, dtype=torch.int32, device=self.device)
-        kv_indptr[1:] = torch.cumsum(kv_lens, 0)
-        build_kv_indices(self.world.req_to_token, rpi[:bs], kv_lens, kv_indptr, kv_indices)
-        mask = None
-        if mode.is_target_verify() and spec.custom_mask is not None:
-            mask = self._pad_mask(spec.custom_mask, n, kv_lens_cpu)
+        kv_indptr = (
+            wrapper._paged_kv_indptr_buf[: bs + 1] if graph else torch.zeros(bs + 1, dtype=torch.int32, device=self.device)
+        )
+        kv_indices = wrapper._paged_kv_indices_buf if graph else torch.empty(total, dtype=torch.int32, device=self.device)
+        write_kv(self.world.req_to_token, rpi, layout.attended_kv_lens(mode, seq_lens[:bs], n), kv_indptr, kv_indices)
+        mask = spec.custom_mask if verify else None
+        if mask is not None:
+            ends = layout.mask_indptr(seq_lens_cpu[:bs], n).tolist()  # host values: [0, cumsum(N * (seq + N))]
+            if mask.numel() not in ends:
+                why = f"N*(seq_len+N) summed over the first k requests gives one of {ends}"
+                raise ValueError(f"tree mask has {mask.numel()} entries; {why}")
+            if missing := ends[-1] - mask.numel():
+                mask = torch.cat([mask, mask.new_ones(missing)])
         host = mask is None or fast  # host indptrs: plan reads nothing back from the device
         qo_indptr = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device="cpu" if host else self.device)
         kw = dict(custom_mask=mask, causal=mask is None, q_data_type=self.cfg.dtype)
         if fast:  # the kv buffers are written
-            fast_prefill_plan(wrapper, qo_indptr, kv_indptr_cpu, kv_lens_cpu, *self._heads(), 1, **kw)
+            fast_prefill_plan(wrapper, qo_indptr, kv_indptr_cpu, kv_lens_cpu, *self._heads, **kw)
         else:  # plan copies only the live part of kv_indices
-            last_page_len = self.kv_last_page_len_cpu if host else self.kv_last_page_len
+            last_page_len = (self.kv_last_page_len_cpu if host else self.kv_last_page_len)[:bs]
             kw.update(sm_scale=self.cfg.sm_scale, kv_data_type=self.cfg.dtype, non_blocking=True)
             kv_indptr = kv_indptr_cpu if host else kv_indptr
-            wrapper.plan(qo_indptr, kv_indptr, kv_indices[:total], last_page_len[:bs], *self._heads(), 1, **kw)
-
-    def _pad_mask(self, mask: torch.Tensor, n: int, kv_lens_cpu: torch.Tensor) -> torch.Tensor:
-        """The spec mask covers the live requests; padded ones get allow-all blocks (host math)."""
-        ends = [0] + torch.cumsum(n * kv_lens_cpu.to(torch.int64), 0).tolist()  # host values
-        if mask.numel() not in ends:
-            why = f"N*(seq_len+N) summed over the first k requests gives one of {ends}"
-            raise ValueError(f"tree mask has {mask.numel()} entries; {why}")
-        missing = ends[-1] - mask.numel()
-        return torch.cat([mask, mask.new_ones(missing)]) if missing else mask
+            wrapper.plan(qo_indptr, kv_indptr, kv_indices[:total], last_page_len, *self._heads, **kw)
 
     # --- eager --------------------------------------------------------------------------------
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
@@ -193,40 +202,40 @@ class FlashInferAttnBackend(AttentionBackend):
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, kv_indices_buf=None, num_kv_splits_buf=None):
         n, dev = max_num_tokens * self.world.max_context_len, self.device  # T * L
         self.max_bs, self.max_num_tokens = max_bs, max_num_tokens
-        if kv_indices_buf is None:
-            kv_indices_buf = torch.zeros(n, dtype=torch.int32, device=dev)
-        self.cuda_graph_kv_indices = kv_indices_buf
+        self.cuda_graph_kv_indices = torch.zeros(n, dtype=torch.int32, device=dev) if kv_indices_buf is None else kv_indices_buf
         if not self.skip_prefill:
             self.cuda_graph_custom_mask = torch.zeros(n, dtype=torch.uint8, device=dev)
             self.cuda_graph_qk_indptr = torch.zeros_like(self.kv_indptr)
             self.cuda_graph_qo_indptr = torch.zeros_like(self.kv_indptr)
 
     def _create_decode_wrappers(self, bs: int, num_tokens: int) -> list:
-        wrapper = self.fi.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace,
-            "NHD",
-            use_cuda_graph=True,
-            use_tensor_cores=self.decode_use_tensor_cores,
-            paged_kv_indptr_buffer=self.kv_indptr[: num_tokens + 1],
-            paged_kv_indices_buffer=self.cuda_graph_kv_indices,
-            paged_kv_last_page_len_buffer=self.kv_last_page_len[:num_tokens],
-        )
-        return [wrapper]
+        return [
+            self.fi.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace,
+                "NHD",
+                use_cuda_graph=True,
+                use_tensor_cores=self.decode_use_tensor_cores,
+                paged_kv_indptr_buffer=self.kv_indptr[: num_tokens + 1],
+                paged_kv_indices_buffer=self.cuda_graph_kv_indices,
+                paged_kv_last_page_len_buffer=self.kv_last_page_len[:num_tokens],
+            )
+        ]
 
     def _create_prefill_wrappers(self, bs: int, use_custom_mask: bool) -> list:
-        wrapper = self.fi.BatchPrefillWithPagedKVCacheWrapper(
-            self.workspace,
-            "NHD",
-            use_cuda_graph=True,
-            qo_indptr_buf=self.cuda_graph_qo_indptr[: bs + 1],
-            paged_kv_indptr_buf=self.kv_indptr[: bs + 1],
-            paged_kv_indices_buf=self.cuda_graph_kv_indices,
-            paged_kv_last_page_len_buf=self.kv_last_page_len[:bs],
-            # a zero mask buffer would block all attention: bind it only for a mask
-            custom_mask_buf=self.cuda_graph_custom_mask if use_custom_mask else None,
-            mask_indptr_buf=self.cuda_graph_qk_indptr[: bs + 1] if use_custom_mask else None,
-        )
-        return [wrapper]
+        return [
+            self.fi.BatchPrefillWithPagedKVCacheWrapper(
+                self.workspace,
+                "NHD",
+                use_cuda_graph=True,
+                qo_indptr_buf=self.cuda_graph_qo_indptr[: bs + 1],
+                paged_kv_indptr_buf=self.kv_indptr[: bs + 1],
+                paged_kv_indices_buf=self.cuda_graph_kv_indices,
+                paged_kv_last_page_len_buf=self.kv_last_page_len[:bs],
+                # a zero mask buffer would block all attention: bind it only for a mask
+                custom_mask_buf=self.cuda_graph_custom_mask if use_custom_mask else None,
+                mask_indptr_buf=self.cuda_graph_qk_indptr[: bs + 1] if use_custom_mask else None,
+            )
+        ]
 
     def _prepare_cuda_graph_metadata(self, bs, num_tokens, mode, spec_info) -> None:
         """Create, bind and register the wrappers this graph will capture (the 'B' in Pattern B)."""
@@ -256,12 +265,11 @@ class FlashInferAttnBackend(AttentionBackend):
     def init_forward_metadata_replay_cuda_graph(
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
     ) -> None:
+        args = (bs, req_pool_indices, seq_lens, seq_lens_cpu)
         if forward_mode.is_decode_or_idle():
-            wrappers = self.decode_cuda_graph_metadata[bs]
-            self._update_decode(bs, req_pool_indices, seq_lens, seq_lens_cpu, wrappers, spec_info)
+            self._update_decode(*args, self.decode_cuda_graph_metadata[bs], spec_info)
         elif forward_mode.is_target_verify() or forward_mode.is_any_draft_extend():
-            wrappers = self.prefill_cuda_graph_metadata[bs]
-            self._update_prefill(bs, req_pool_indices, seq_lens, seq_lens_cpu, wrappers, forward_mode, spec_info)
+            self._update_prefill(*args, self.prefill_cuda_graph_metadata[bs], forward_mode, spec_info)
         else:
             raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")
 
@@ -284,14 +292,11 @@ class FlashInferAttnBackend(AttentionBackend):
         stand-ins (the real library packs it into bits)."""
         if fb.kind.multi_step:
             return None  # the multi-step wrapper gives the per-step reference
-        mode, bs = fb.forward_mode, fb.batch_size
-        rows = layout.rows_per_request(mode, self.spec)  # verify: N
-        kv = layout.attended_kv_lens(mode, fb.seq_lens_cpu, rows)  # verify: prefix + the N drafts
-        csr = csr_ref(self.world.req_to_token, fb.req_pool_indices, kv)
-        ref = {"paged_kv_indptr": csr["kv_indptr"], "paged_kv_indices": csr["kv_indices"]}
+        mode, (rows, _, csr, qo_indptr) = fb.forward_mode, csr_reference(self, fb)
+        ref = self.draft_step_reference(csr["kv_indptr"], csr["kv_indices"], fb)
         if mode.is_decode_or_idle():
             return ref
-        ref.update(qo_indptr=torch.arange(0, bs * rows + 1, rows, device="cpu"), causal=not mode.is_target_verify())
+        ref.update(qo_indptr=qo_indptr, causal=not mode.is_target_verify())
         w = self.forward_metadata.wrappers[0]
         if getattr(w, "_custom_mask_buf", None) is not None and is_standin(w):
             ref["mask_indptr"] = layout.mask_indptr(fb.seq_lens_cpu, rows)

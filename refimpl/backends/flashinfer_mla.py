@@ -31,13 +31,23 @@ import torch
 from .. import layout
 from ..batch import ForwardBatch, World
 from ..config import SpecConfig
-from ..flashinfer_wrappers import make_workspace, wrapper_classes
 from ..flashinfer_wrappers.fast_plan import install_fast_mla_decode_plan, is_fast_plan_installed
 from ..flashinfer_wrappers.ops import fi_mla_run
-from ..kernels import build_kv_indices, csr_ref
 from ..modes import GRAPH_MODES, ForwardMode
 from ..spec import DraftExtendInput, VerifyInput, require_spec
 from .base import PLANS, AttentionBackend, GraphModeNotSupported
+from .flashinfer import csr_reference, init_wrappers, write_kv
+
+
+def graph_block_table(backend: AttentionBackend, max_bs: int, width: int, fill: int, given=None) -> torch.Tensor:
+    """A paged subclass's (TRTLLM-MLA, Cutlass-MLA) graph block table: ``given`` if its pages cover ``max_context_len``,
+    else a fresh int32 ``[max_bs, width]`` filled with ``fill``."""
+    if given is None:
+        return torch.full((max_bs, width), fill, dtype=torch.int32, device=backend.device)
+    if (covers := given.shape[1] * backend.page_size) < (L := backend.world.max_context_len):
+        pages = f"{given.shape[1]} pages of {backend.page_size}"
+        raise ValueError(f"block table of width {pages} covers {covers} positions < max_context_len={L}")
+    return given
 
 
 @dataclass
@@ -64,13 +74,10 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         super().__init__(world, spec)
         if not self.cfg.is_mla:
             raise ValueError(f"{self.name} needs an MLA model, got kind={self.cfg.kind!r}")
+        init_wrappers(self, prefer_real)
         pool, dev = world.req_to_token_pool.size, self.device
-        self.fi = wrapper_classes(prefer_real and dev.type == "cuda", self.cfg.dtype)
-        self.workspace = make_workspace(dev, real=self.fi.real)
         self.kv_indptr = torch.zeros(pool + 1, dtype=torch.int32, device=dev)  # the eager buffer
         self.q_indptr_decode = torch.arange(pool + 1, dtype=torch.int32, device=dev)
-        self.decode_cuda_graph_metadata = {}  # bs -> wrapper
-        self.prefill_cuda_graph_metadata = {}
         self._eager = self.fi.BatchMLAPagedAttentionWrapper(self.workspace, backend="auto")
 
     def glue_refusal(self, mode: ForwardMode) -> str | None:
@@ -82,11 +89,6 @@ class FlashInferMLAAttnBackend(AttentionBackend):
             raise GraphModeNotSupported(f"{self.name}: {self.tree_refusal}; topk={self.spec.topk}")
 
     # --- plans --------------------------------------------------------------------------------
-    def _write_kv(self, rpi, kv_lens, kv_indptr, kv_indices) -> None:
-        """``kv_indptr[1:] = cumsum(kv_lens)``, then the kv indices of ``rpi``'s rows (device data)."""
-        kv_indptr[1:] = torch.cumsum(kv_lens, 0)
-        build_kv_indices(self.world.req_to_token, rpi[: len(kv_lens)], kv_lens, kv_indptr, kv_indices)
-
     def _plan(self, wrapper, qo_indptr, kv_indptr, kv_indices, kv_len_arr, causal: bool) -> None:
         """``plan``, every argument by keyword (flashinfer 0.7.2 deprecates positional MLA plan arguments)."""
         c = self.cfg
@@ -109,7 +111,7 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         """indices_updater_decode.update(init_metadata_replay=False): fresh indices, full plan (device indptrs)."""
         kv_indptr, seq = self.kv_indptr[: bs + 1], seq_lens[:bs]
         kv_indices = torch.empty(max(int(seq_lens_cpu[:bs].sum()), 1), dtype=torch.int32, device=self.device)
-        self._write_kv(rpi, seq, kv_indptr, kv_indices)
+        write_kv(self.world.req_to_token, rpi, seq, kv_indptr, kv_indices)
         self._plan(wrapper, self.q_indptr_decode[: bs + 1], kv_indptr, kv_indices, seq.to(torch.int32), False)
 
     def _fast_decode_replay(self, bs, rpi, seq_lens, seq_lens_cpu) -> None:
@@ -117,12 +119,15 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         kv_len_cpu, seq = seq_lens_cpu[:bs].to(torch.int32), seq_lens[:bs]
         kv_indptr_cpu = self.cuda_graph_kv_indptr_cpu[: bs + 1]
         kv_indptr_cpu[1:] = torch.cumsum(kv_len_cpu, 0)  # host
-        kv_indptr = (self.cuda_graph_kv_indptr if self.writes_bound_kv_indptr else self.kv_indptr)[: bs + 1]
-        if self.writes_bound_kv_indptr:
+        kv_indptr = self.kv_indptr  # the eager buffer (#37975) ...
+        if self.writes_bound_kv_indptr:  # ... or the bound one, kept current with the bound kv_len_arr
+            kv_indptr = self.cuda_graph_kv_indptr
             self.cuda_graph_kv_lens[:bs].copy_(seq)
-        self._write_kv(rpi, seq, kv_indptr, self.cuda_graph_kv_indices)
-        wrapper, qo_indptr_cpu = self.decode_cuda_graph_metadata[bs], self.cuda_graph_qo_indptr_cpu[: bs + 1]
-        self._plan(wrapper, qo_indptr_cpu, kv_indptr_cpu, self.cuda_graph_kv_indices, kv_len_cpu, False)
+        write_kv(self.world.req_to_token, rpi, seq, kv_indptr[: bs + 1], self.cuda_graph_kv_indices)
+        qo_indptr_cpu = self.cuda_graph_qo_indptr_cpu[: bs + 1]
+        self._plan(
+            self.decode_cuda_graph_metadata[bs], qo_indptr_cpu, kv_indptr_cpu, self.cuda_graph_kv_indices, kv_len_cpu, False
+        )
 
     def _prefill_plan(self, bs, rpi, seq_lens, seq_lens_cpu, wrapper, mode, spec_info) -> None:
         """Verify and draft extend (generate_attn_arg_prefill): fresh args, full plan."""
@@ -138,11 +143,11 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         total = max(int(kv_indptr_cpu[-1]), 1)
         fast = is_fast_plan_installed(wrapper)  # unified graphs after capture: bound buffers written here, in place
         kv_indptr = (self.cuda_graph_kv_indptr if fast else self.kv_indptr)[: bs + 1]  # else scratch for the kernel
-        if wrapper is self._eager:
-            kv_indices = torch.empty(total, dtype=torch.int32, device=self.device)
-        else:  # a graph wrapper: build straight into its bound buffer
-            kv_indices = self.cuda_graph_kv_indices
-        self._write_kv(rpi, kv_lens, kv_indptr, kv_indices)
+        # a graph wrapper: build straight into its bound buffer
+        kv_indices = (
+            torch.empty(total, dtype=torch.int32, device=self.device) if wrapper is self._eager else self.cuda_graph_kv_indices
+        )
+        write_kv(self.world.req_to_token, rpi, kv_lens, kv_indptr, kv_indices)
         if fast:  # what the full plan would copy: the fast plan copies nothing
             self.cuda_graph_kv_lens[:bs].copy_(kv_lens)
             self.cuda_graph_qo_indptr[: bs + 1].copy_(qo_indptr_cpu, non_blocking=True)
@@ -229,11 +234,7 @@ class FlashInferMLAAttnBackend(AttentionBackend):
 
     def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any] | None:
         """What the wrapper's bound buffers must hold, from the batch alone."""
-        mode, bs = fb.forward_mode, fb.batch_size
-        rows = layout.rows_per_request(mode, self.spec)  # verify: N
-        kv = layout.attended_kv_lens(mode, fb.seq_lens_cpu, rows)  # verify: prefix + the N drafts
-        csr = csr_ref(self.world.req_to_token, fb.req_pool_indices, kv)
-        qo_indptr = torch.arange(0, bs * rows + 1, rows, device="cpu")
+        _, kv, csr, qo_indptr = csr_reference(self, fb)  # kv: verify's prefix + the N drafts
         return {"qo_indptr": qo_indptr, "kv_indptr": csr["kv_indptr"], "kv_len_arr": kv, "kv_indices": csr["kv_indices"]}
 
     # --- the captured step --------------------------------------------------------------------

@@ -49,8 +49,12 @@ class MultiStepDraftBackend(MultiStepBackend):
             )
 
     # --- index generation (common_template) -----------------------------------------------------
-    def _common_template(self, bs, rpi, seq_lens, kv_indices, kv_indptr) -> list[DraftDecodeInput]:
-        """Every step's rows in one launch; the steps' spec inputs, each pointing at its step's row."""
+    def _common_template(self, bs, rpi, seq_lens, spec_info, kv_indices=None, kv_indptr=None) -> list[DraftDecodeInput]:
+        """After ``_check_spec``: every step's rows in one launch (default: into the graph buffers); the steps' spec
+        inputs, each pointing at its step's row."""
+        self._check_spec(spec_info)
+        if kv_indices is None:
+            kv_indices, kv_indptr = self.cuda_graph_kv_indices, self.kv_indptr
         rows, r2t = bs * self.topk, self.world.req_to_token
         draft_decode_kv_indices(rpi[:bs], r2t, seq_lens[:bs], kv_indices, kv_indptr, topk=self.topk, num_steps=self.S)
         # the full row, not SGLang's [:used_len] slice: no host value decides a view's size
@@ -60,11 +64,10 @@ class MultiStepDraftBackend(MultiStepBackend):
         ]
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
-        self._check_spec(fb.spec_info)
         rows, dtype = fb.batch_size * self.topk, self.step_backends[0].kv_indices_dtype
         kv_indices = torch.zeros(self.S, max(rows * self.world.max_context_len, 1), dtype=dtype, device=self.device)
         kv_indptr = torch.zeros(self.S, rows + 1, dtype=torch.int32, device=self.device)
-        specs = self._common_template(fb.batch_size, fb.req_pool_indices, fb.seq_lens, kv_indices, kv_indptr)
+        specs = self._common_template(fb.batch_size, fb.req_pool_indices, fb.seq_lens, fb.spec_info, kv_indices, kv_indptr)
         for b, spec_i in zip(self.step_backends, specs):
             b.init_forward_metadata(fb.replace(spec_info=spec_i))
 
@@ -72,8 +75,8 @@ class MultiStepDraftBackend(MultiStepBackend):
         self.max_bs, self.max_num_tokens, first = max_bs, max_num_tokens, self.step_backends[0]
         width = max_bs * self.topk * self.world.max_context_len
         self.cuda_graph_kv_indices = torch.zeros(self.S, width, dtype=first.kv_indices_dtype, device=self.device)
-        self.cuda_graph_num_kv_splits = None  # Wave: each step's own
-        if self.share_splits:  # one split buffer every step reads, computed once per replay
+        self.cuda_graph_num_kv_splits = None  # Wave, FlashInfer: none shared (Wave: each step's own)
+        if self.share_splits:  # Triton: one split buffer every step reads, computed once per replay
             self.cuda_graph_num_kv_splits = torch.full(
                 (max_num_tokens,), first.max_kv_splits, dtype=torch.int32, device=self.device
             )
@@ -84,9 +87,7 @@ class MultiStepDraftBackend(MultiStepBackend):
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
     ) -> None:
         self.check_graph_mode(forward_mode)
-        self._check_spec(spec_info)
-        specs = self._common_template(bs, req_pool_indices, seq_lens, self.cuda_graph_kv_indices, self.kv_indptr)
-        for b, spec_i in zip(self.step_backends, specs):
+        for b, spec_i in zip(self.step_backends, self._common_template(bs, req_pool_indices, seq_lens, spec_info)):
             b.init_forward_metadata_capture_cuda_graph(
                 bs, bs * self.topk, req_pool_indices, seq_lens, None, ForwardMode.DECODE, spec_i
             )
@@ -98,8 +99,7 @@ class MultiStepDraftBackend(MultiStepBackend):
     def init_forward_metadata_replay_cuda_graph(
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
     ) -> None:
-        self._check_spec(spec_info)
-        specs = self._common_template(bs, req_pool_indices, seq_lens, self.cuda_graph_kv_indices, self.kv_indptr)
+        specs = self._common_template(bs, req_pool_indices, seq_lens, spec_info)
         if self.share_splits:
             self.step_backends[0].get_num_kv_splits(self.cuda_graph_num_kv_splits[: bs * self.topk], seq_lens[:bs])
             return
@@ -111,6 +111,5 @@ class MultiStepDraftBackend(MultiStepBackend):
     def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any]:
         """Per step: prefix + that step's drafts (``draft_decode_kv_indices_ref``), from the batch."""
         args = (fb.req_pool_indices, self.world.req_to_token, fb.seq_lens_cpu)
-        indptrs, indices = draft_decode_kv_indices_ref(*args, topk=self.topk, num_steps=self.S)
-        steps = enumerate(self.step_backends)
-        return self.per_step(b.draft_step_reference(indptrs[i].cpu(), indices[i].cpu(), fb) for i, b in steps)
+        steps = zip(self.step_backends, *draft_decode_kv_indices_ref(*args, topk=self.topk, num_steps=self.S))
+        return self.per_step(b.draft_step_reference(indptr.cpu(), indices.cpu(), fb) for b, indptr, indices in steps)

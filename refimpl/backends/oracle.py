@@ -38,6 +38,7 @@ class OracleBackend(AttentionBackend):
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         mode, bs, spec, r2t = fb.forward_mode, fb.batch_size, fb.spec_info, self.world.req_to_token
         seq, rpi = fb.seq_lens_cpu.tolist(), fb.req_pool_indices.tolist()
+        indptr = lambda lens: torch.tensor([0, *lens], device="cpu").cumsum(0)  # noqa: E731 (int64 [0, cumsum(lens)])
         mask = mask_indptr = None
         if fb.kind.multi_step:
             # multi-step draft decode, step i: row (r, k) = prefix + the i+1 drafts of branch k
@@ -48,23 +49,21 @@ class OracleBackend(AttentionBackend):
             ranges = [row(r, n, layout.draft_column(n, k, 0, spec)) for r, n in zip(rpi, seq) for k in range(spec.topk)]
             q_rows = [1] * len(ranges)
         else:
+            q_rows, kv_lens = [1] * bs, seq  # decode / idle
             if mode.is_target_verify():  # the mask rebuilt from the draft trees, never taken from the batch
                 n = spec.draft_token_num
                 q_rows, kv_lens = [n] * bs, [s + n for s in seq]
-                mask = build_custom_mask(seq, self._trees(spec, bs))
-                mask_indptr = torch.tensor([0] + [n * k for k in kv_lens], device="cpu").cumsum(0)
-            elif mode.is_decode_or_idle():
-                q_rows, kv_lens = [1] * bs, seq
+                mask, mask_indptr = build_custom_mask(seq, self._trees(spec, bs)), indptr(n * k for k in kv_lens)
             elif mode.is_extend() or mode.is_any_draft_extend():
-                q_rows, kv_lens = (fb.extend_seq_lens if mode.is_extend() else spec.extend_seq_lens).tolist(), seq
-            else:
+                q_rows = (fb.extend_seq_lens if mode.is_extend() else spec.extend_seq_lens).tolist()
+            elif not mode.is_decode_or_idle():
                 raise ValueError(f"oracle: unknown mode {mode}")
             ranges = [r2t[r, :n] for r, n in zip(rpi, kv_lens)]
         kv_indices = torch.cat([r2t.new_zeros(0), *ranges]).to(torch.int64)
-        kv_indptr = torch.tensor([0] + [x.numel() for x in ranges], dtype=torch.int64, device="cpu").cumsum(0)
-        qo = torch.tensor([0] + q_rows, dtype=torch.int64, device="cpu").cumsum(0)
         causal = not (fb.kind.multi_step or mode.is_decode_or_idle() or mode.is_target_verify())
-        self.forward_metadata = (qo, kv_indptr, kv_indices, mask, mask_indptr, causal)
+        # mha_oracle's arguments after the cache: qo_indptr, kv_indptr, kv_indices, sm_scale, mask, mask_indptr, causal
+        csr = indptr(q_rows), indptr(x.numel() for x in ranges), kv_indices
+        self.forward_metadata = (*csr, self.cfg.sm_scale, mask, mask_indptr, causal)
 
     @staticmethod
     def _trees(spec, bs: int) -> list[DraftTree]:
@@ -84,9 +83,7 @@ class OracleBackend(AttentionBackend):
 
     def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
         cache, cfg = self.world.kv_cache, self.cfg
-        *tensors, causal = self.forward_metadata
-        *csr, mask, mask_indptr = (None if t is None else t.to(q.device) for t in tensors)  # csr: qo, kv indptr, indices
-        args = (*csr, cfg.sm_scale, mask, mask_indptr, causal)
+        args = [t.to(q.device) if isinstance(t, torch.Tensor) else t for t in self.forward_metadata]
         if cfg.is_mla:
             cache.set_kv(layer, fb.out_cache_loc, k)
             r = cfg.kv_lora_rank

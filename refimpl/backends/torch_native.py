@@ -27,7 +27,7 @@ from ..batch import ForwardBatch
 from ..kernels import build_kv_indices, csr_ref, dense_paged_attention, dense_paged_mla_attention
 from ..modes import ForwardMode
 from ..spec import DraftTree, VerifyInput, build_custom_mask, require_spec, verify_n
-from .base import COPIES_MASK, AttentionBackend
+from .base import COPIES_MASK, AttentionBackend, live_csr_state
 
 
 @dataclass
@@ -37,11 +37,7 @@ class TorchNativeMetadata:
     q_per_req: int  # 1 (decode) or N (verify); frozen in a graph
     max_kv_len: int  # bound on any kv range; frozen in a graph
     custom_mask: torch.Tensor | None = None  # [>= mask_indptr[bs]] uint8/bool, device
-    mask_indptr: torch.Tensor | None = None  # [bs+1] int64, device
-
-    def __post_init__(self):
-        assert self.kv_indptr.dtype == torch.int32, self.kv_indptr.dtype
-        assert (self.custom_mask is None) == (self.mask_indptr is None)
+    mask_indptr: torch.Tensor | None = None  # [bs+1] int64, device (with custom_mask, or neither)
 
 
 class TorchNativeBackend(AttentionBackend):
@@ -115,39 +111,29 @@ class TorchNativeBackend(AttentionBackend):
             layout.mask_indptr(seq_lens, n, out=self.cuda_graph_mask_indptr)
 
     def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
-        md = self.forward_metadata
-        state = dict(kv_indptr=md.kv_indptr[: bs + 1], kv_indices=md.kv_indices[: int(md.kv_indptr[bs])])
-        state.update(q_per_req=md.q_per_req, max_kv_len=md.max_kv_len)
-        if md.custom_mask is not None:
-            state.update(
-                mask_indptr=md.mask_indptr[: bs + 1], custom_mask=md.custom_mask[: int(md.mask_indptr[bs])].to(torch.uint8)
-            )
-        return state
+        md = self.forward_metadata  # its indptrs: [bs+1] views
+        return live_csr_state(md, q_per_req=md.q_per_req, max_kv_len=md.max_kv_len)
 
     def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any]:
         """From the batch alone: host lengths, ``csr_ref``, the spec's own mask."""
         n, mask = self._rows_and_mask(fb.forward_mode, fb.spec_info)
         lens = layout.attended_kv_lens(fb.forward_mode, fb.seq_lens_cpu.to(torch.int64), n)  # verify: prefix + N drafts
-        ref = dict(
-            csr_ref(self.world.req_to_token, fb.req_pool_indices, lens), q_per_req=n, max_kv_len=self.world.max_context_len
-        )
-        if mask is not None:
-            ref["mask_indptr"] = torch.cat([lens.new_zeros(1), n * lens]).cumsum(0)  # request i's block: [N, seq_i + N]
-            ref["custom_mask"] = mask.to(torch.uint8)  # the live requests' blocks
+        ref = csr_ref(self.world.req_to_token, fb.req_pool_indices, lens)
+        ref.update(q_per_req=n, max_kv_len=self.world.max_context_len)
+        if mask is not None:  # request i's block: [N, seq_i + N]; the live requests' blocks
+            ref.update(mask_indptr=torch.cat([lens.new_zeros(1), n * lens]).cumsum(0), custom_mask=mask.to(torch.uint8))
         return ref
 
     def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
-        md, cache, cfg = self.forward_metadata, self.world.kv_cache, self.cfg
+        cache, cfg, r = self.world.kv_cache, self.cfg, self.cfg.kv_lora_rank
         out = q.new_empty(q.shape[0], cfg.num_heads, cfg.out_head_dim)
-        common = dict(sm_scale=cfg.sm_scale, max_kv_len=md.max_kv_len, q_per_req=md.q_per_req)
-        common.update(custom_mask=md.custom_mask, mask_indptr=md.mask_indptr)
-        csr, r = (md.kv_indptr, md.kv_indices), cfg.kv_lora_rank
+        kw = dict(vars(self.forward_metadata), out=out, sm_scale=cfg.sm_scale)  # the metadata's fields: the op's arguments
         if cfg.is_mla:
             cache.set_kv(layer, fb.out_cache_loc, k)
-            dense_paged_mla_attention(q[..., :r], q[..., r:], cache.kv[layer], *csr, out, **common)
+            dense_paged_mla_attention(q[..., :r], q[..., r:], cache.kv[layer], **kw)
         else:
             cache.set_kv(layer, fb.out_cache_loc, k, v)
-            dense_paged_attention(q, cache.k[layer], cache.v[layer], *csr, out, **common)
+            dense_paged_attention(q, cache.k[layer], cache.v[layer], **kw)
         return out
 
 

@@ -23,12 +23,12 @@ from ..config import SpecConfig
 from ..kernels import build_kv_indices, csr_ref, decode_attention, extend_attention, get_num_kv_splits, get_num_kv_splits_ref
 from ..modes import GRAPH_MODES, ForwardMode
 from ..spec import DraftExtendInput, VerifyInput, require_spec, verify_n
-from .base import COPIES_MASK, AttentionBackend, GraphModeNotSupported
+from .base import COPIES_MASK, AttentionBackend, GraphModeNotSupported, live_csr_state
 from .multistep import MultiStepDraftBackend
 
 
 @dataclass
-class TritonMetadata:
+class TritonMetadata:  # decode: the split-KV fields (logits, lse, splits); other modes: the extend fields
     kv_indptr: torch.Tensor  # [bs+1] int32 (rows+1 in draft decode)
     kv_indices: torch.Tensor  # [>= kv_indptr[-1]] int64 (int32 for Wave)
     attn_logits: torch.Tensor | None = None  # decode: [T, H, max_kv_splits, Dv] float32
@@ -37,12 +37,7 @@ class TritonMetadata:
     max_extend_len: int | None = None  # extend: q rows per request bound (frozen)
     qo_indptr: torch.Tensor | None = None  # extend: [bs+1]
     custom_mask: torch.Tensor | None = None  # verify: [>= mask_indptr[bs]] uint8/bool
-    mask_indptr: torch.Tensor | None = None  # verify: [bs+1] int64
-
-    def __post_init__(self):
-        assert self.kv_indptr.dtype == torch.int32, self.kv_indptr.dtype
-        assert (self.custom_mask is None) == (self.mask_indptr is None)
-        assert (self.attn_logits is None) == (self.num_kv_splits is None)
+    mask_indptr: torch.Tensor | None = None  # verify: [bs+1] int64 (with custom_mask, or neither)
 
 
 class TritonAttnBackend(AttentionBackend):
@@ -94,13 +89,13 @@ class TritonAttnBackend(AttentionBackend):
         return n, mask
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
-        mode, bs, dev, rpi, seq = fb.forward_mode, fb.batch_size, self.device, fb.req_pool_indices, fb.seq_lens
+        mode, bs, dev, seq = fb.forward_mode, fb.batch_size, self.device, fb.seq_lens
         kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
 
         def fresh_kv(lens: torch.Tensor, host_total: int) -> torch.Tensor:
             kv_indptr[1:] = torch.cumsum(lens, 0)
             idx = torch.zeros(max(host_total, 1), dtype=self.kv_indices_dtype, device=dev)
-            build_kv_indices(self.world.req_to_token, rpi, lens, kv_indptr, idx)
+            build_kv_indices(self.world.req_to_token, fb.req_pool_indices, lens, kv_indptr, idx)
             return idx
 
         if mode.is_decode_or_idle():
@@ -108,13 +103,12 @@ class TritonAttnBackend(AttentionBackend):
                 kv_indptr, kv_indices = fb.spec_info.kv_indptr, fb.spec_info.kv_indices
             else:
                 kv_indices = fresh_kv(seq, fb.seq_lens_sum)
-            rows, f32 = fb.num_tokens, dict(dtype=torch.float32, device=dev)
-            shape = (max(rows, 1), self.cfg.num_heads, self.max_kv_splits)
-            splits = torch.empty(shape[0], dtype=torch.int32, device=dev)
+            rows = fb.num_tokens
+            splits = torch.empty(max(rows, 1), dtype=torch.int32, device=dev)
             if bs:
                 self.get_num_kv_splits(splits[:rows], seq)
-            logits, lse = torch.empty(*shape, self.cfg.v_head_dim, **f32), torch.empty(shape, **f32)
-            self.forward_metadata = TritonMetadata(kv_indptr, kv_indices, logits, lse, splits)  # decode fields
+            # the decode fields: kv, logits, lse, split counts
+            self.forward_metadata = TritonMetadata(kv_indptr, kv_indices, *self._split_kv_scratch(max(rows, 1)), splits)
             return
         mask = {}
         if mode.is_target_verify():  # N rows each over the prefix only: the drafts come as k/v
@@ -134,12 +128,16 @@ class TritonAttnBackend(AttentionBackend):
         kv_indices = fresh_kv(layout.prefix_kv_lens(mode, seq, rows), prefix_total)
         self.forward_metadata = TritonMetadata(kv_indptr, kv_indices, max_extend_len=max_len, qo_indptr=qo, **mask)
 
+    def _split_kv_scratch(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Split-KV decode's float32 scratch: logits [rows, H, max_kv_splits, Dv], lse [rows, H, max_kv_splits]."""
+        shape, f32 = (rows, self.cfg.num_heads, self.max_kv_splits), dict(dtype=torch.float32, device=self.device)
+        return torch.zeros(*shape, self.cfg.v_head_dim, **f32), torch.zeros(shape, **f32)
+
     def init_cuda_graph_state(self, max_bs, max_num_tokens, kv_indices_buf=None, num_kv_splits_buf=None) -> None:
         self.max_bs, self.max_num_tokens = max_bs, max_num_tokens
-        T, L, H, S, dev = max_num_tokens, self.world.max_context_len, self.cfg.num_heads, self.max_kv_splits, self.device
+        T, L, S, dev = max_num_tokens, self.world.max_context_len, self.max_kv_splits, self.device
         R = max_bs if self.decode_rows_by_bs else T  # rows of the split-KV buffers
-        self.cuda_graph_attn_logits = torch.zeros(R, H, S, self.cfg.v_head_dim, dtype=torch.float32, device=dev)
-        self.cuda_graph_attn_lse = torch.zeros(R, H, S, dtype=torch.float32, device=dev)
+        self.cuda_graph_attn_logits, self.cuda_graph_attn_lse = self._split_kv_scratch(R)
         if num_kv_splits_buf is None or self.decode_rows_by_bs:  # Wave: its own [B] buffer, always
             num_kv_splits_buf = torch.full((R,), S, dtype=torch.int32, device=dev)
         elif int(num_kv_splits_buf.max()) > S:  # outside any graph: a host read is fine here
@@ -190,7 +188,7 @@ class TritonAttnBackend(AttentionBackend):
         kv = dict(kv_indptr=self.kv_indptr[: bs + 1], kv_indices=self.cuda_graph_kv_indices)
         if mode.is_decode_or_idle():
             return self._decode_views(**kv)
-        if mode.is_target_verify() and spec_info is not None and spec_info.custom_mask is not None:
+        if mode.is_target_verify() and getattr(spec_info, "custom_mask", None) is not None:
             kv.update(custom_mask=self.cuda_graph_custom_mask, mask_indptr=self.mask_indptr[: bs + 1])
         # the rows' stride, raising for a mode not captured (verify, draft extend v2: N; upstream froze S+1 for draft
         # extend v2 after #26665, still at 0085842: rows missed once N > S+1)
@@ -226,14 +224,10 @@ class TritonAttnBackend(AttentionBackend):
 
     def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
         md: TritonMetadata = self.forward_metadata
-        state: dict[str, Any] = {"kv_indptr": md.kv_indptr, "kv_indices": md.kv_indices[: int(md.kv_indptr[-1])]}
-        if md.num_kv_splits is not None:  # one split count per row
-            state.update(num_kv_splits=md.num_kv_splits[: md.kv_indptr.numel() - 1], max_kv_splits=md.attn_logits.shape[2])
-        if md.qo_indptr is not None:
-            state.update(qo_indptr=md.qo_indptr, max_extend_len=md.max_extend_len)
-        if md.mask_indptr is not None:
-            state.update(mask_indptr=md.mask_indptr, custom_mask=md.custom_mask[: int(md.mask_indptr[-1])].to(torch.uint8))
-        return state
+        if md.num_kv_splits is not None:  # decode: one split count per row
+            splits = md.num_kv_splits[: md.kv_indptr.numel() - 1]
+            return live_csr_state(md, num_kv_splits=splits, max_kv_splits=md.attn_logits.shape[2])
+        return live_csr_state(md, qo_indptr=md.qo_indptr, max_extend_len=md.max_extend_len)
 
     def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any] | None:
         """From the batch alone: host lengths, ``build_kv_indices_ref``, ``get_num_kv_splits_ref``, the mode's row stride;
@@ -245,11 +239,10 @@ class TritonAttnBackend(AttentionBackend):
         rows = layout.rows_per_request(mode, self.spec)  # verify / draft extend v2: N; v1: S+1; decode: 1
         ref = csr_ref(self.world.req_to_token, fb.req_pool_indices, layout.prefix_kv_lens(mode, seq, rows))
         if mode.is_decode_or_idle():
-            return self.draft_step_reference(ref["kv_indptr"], ref["kv_indices"], fb)
+            return self.draft_step_reference(*ref.values(), fb)  # kv_indptr, kv_indices
         ref.update(qo_indptr=torch.arange(0, fb.batch_size * rows + 1, rows, device="cpu"), max_extend_len=rows)
-        if mode.is_target_verify() and spec.custom_mask is not None:
-            ref["mask_indptr"] = layout.mask_indptr(seq, rows)
-            ref["custom_mask"] = spec.custom_mask.to(torch.uint8)  # the live requests' blocks
+        if mode.is_target_verify() and spec.custom_mask is not None:  # the live requests' blocks
+            ref.update(mask_indptr=layout.mask_indptr(seq, rows), custom_mask=spec.custom_mask.to(torch.uint8))
         return ref
 
     def draft_step_reference(self, indptr: torch.Tensor, indices: torch.Tensor, fb) -> dict:

@@ -65,15 +65,11 @@ class TritonAttnBackendFused(TritonAttnBackend):
     def init_forward_metadata_replay_cuda_graph(
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
     ) -> None:
+        self.check_graph_mode(forward_mode)  # (capture refused a draft step)
         if seq_lens.shape[0] != bs:  # the runner passes bs-long views already (the plans key on them)
             seq_lens = seq_lens[:bs]
-        if forward_mode.is_decode_or_idle():
-            self._refuse_draft_decode(forward_mode, spec_info)
-            self._fused_metadata(req_pool_indices, seq_lens)
-        elif forward_mode.is_target_verify():
-            self._fused_metadata(req_pool_indices, seq_lens, *self._verify_mask(spec_info))
-        else:
-            raise GraphModeNotSupported(f"{self.name}/{self.variant}: {forward_mode.label} is not captured")
+        verify = self._verify_mask(spec_info) if forward_mode.is_target_verify() else ()  # (N, the spec's mask)
+        self._fused_metadata(req_pool_indices, seq_lens, *verify)
 
 
 class TritonAttnBackendInGraph(TritonAttnBackendFused):
@@ -88,11 +84,10 @@ class TritonAttnBackendInGraph(TritonAttnBackendFused):
     def init_forward_metadata_capture_cuda_graph(
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
     ) -> None:
-        self.check_graph_mode(forward_mode)
         self._refuse_draft_decode(forward_mode, spec_info)
         self.init_forward_metadata_replay_cuda_graph(
             bs, req_pool_indices, seq_lens, None, encoder_lens, forward_mode, spec_info, None
-        )  # the mask copy (verify) and the views; the metadata itself is built in the graph
+        )  # the graph-mode check, the mask copy (verify) and the views; the metadata itself is built in the graph
 
     def init_forward_metadata_in_graph(self, fb: ForwardBatch) -> None:
         """Runs inside the captured region: recorded, so every replay rebuilds in the graph. Reads only static buffers (the
@@ -103,13 +98,12 @@ class TritonAttnBackendInGraph(TritonAttnBackendFused):
     def init_forward_metadata_replay_cuda_graph(
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
     ) -> None:
+        self.check_graph_mode(forward_mode)
         mask = None
         if forward_mode.is_target_verify():  # copy the spec's mask (a varying-size input)
             _, mask = self._verify_mask(spec_info)
             if mask is not None:
                 self.cuda_graph_custom_mask[: mask.numel()].copy_(mask)
-        elif not forward_mode.is_decode_or_idle():
-            raise GraphModeNotSupported(f"{self.name}/{self.variant}: {forward_mode.label} is not captured")
         key = (bs, forward_mode.is_target_verify(), mask is not None)  # the views: built once per bs / mode / mask?
         if key not in self._graph_views:
             self._graph_views[key] = self._build_cuda_graph_forward_metadata(bs, forward_mode, spec_info)

@@ -26,7 +26,7 @@ from ..kernels import build_block_table, build_block_table_ref, trtllm_batch_dec
 from ..modes import GRAPH_MODES, ForwardMode
 from ..spec import DraftExtendInput, VerifyInput, require_spec, verify_n
 from .base import AttentionBackend, GraphModeNotSupported, MultiStepBackend
-from .flashinfer_mla import FlashInferMLAAttnBackend
+from .flashinfer_mla import FlashInferMLAAttnBackend, graph_block_table
 
 TRTLLM_BLOCK_CONSTRAINT = 128  # trtllm-gen: the table must cover a multiple of 128 positions
 FLASHMLA_BLOCK = 4096  # positions per block-table chunk (get_num_page_per_block_flashmla)
@@ -110,14 +110,7 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
             md.sum_seq_lens_q = md.max_seq_len_q * bs
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, block_kv_indices=None) -> None:
-        if block_kv_indices is None:
-            block_kv_indices = torch.full((max_bs, self.max_blocks), -1, dtype=torch.int32, device=self.device)
-        elif (covers := block_kv_indices.shape[1] * self.page_size) < self.world.max_context_len:
-            raise ValueError(
-                f"block table of width {block_kv_indices.shape[1]} pages of {self.page_size} covers "
-                f"{covers} positions < max_context_len={self.world.max_context_len}"
-            )
-        self.decode_cuda_graph_kv_indices = block_kv_indices
+        self.decode_cuda_graph_kv_indices = graph_block_table(self, max_bs, self.max_blocks, -1, block_kv_indices)
         super().init_cuda_graph_state(max_bs, max_num_tokens)
 
     def _init_cuda_graph_metadata(self, bs, num_tokens, mode, spec_info) -> TRTLLMMLADecodeMetadata:
@@ -336,14 +329,10 @@ class TRTLLMMLAMultiStepDraftBackend(MultiStepBackend):
         for b in self.step_backends:
             b.init_cuda_graph_state(max_bs, max_num_tokens)
 
-    def init_forward_metadata_capture_cuda_graph(
-        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
-    ) -> None:
-        self.check_graph_mode(forward_mode)
+    def init_forward_metadata_capture_cuda_graph(self, *args) -> None:
+        self.check_graph_mode(args[5])  # (bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info)
         for b in self.step_backends:
-            b.init_forward_metadata_capture_cuda_graph(
-                bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
-            )
+            b.init_forward_metadata_capture_cuda_graph(*args)
 
     def init_forward_metadata_replay_cuda_graph(self, *args) -> None:
         for b in self.step_backends:

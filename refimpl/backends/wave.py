@@ -29,8 +29,6 @@ from .base import GraphModeNotSupported
 from .multistep import MultiStepDraftBackend
 from .triton import TritonAttnBackend, TritonMetadata
 
-NEEDS_MASK = "wave: target verify under graphs needs a tree mask (custom_mask)"
-
 
 class WaveAttnBackend(TritonAttnBackend):
     name = "wave"
@@ -44,7 +42,7 @@ class WaveAttnBackend(TritonAttnBackend):
     def _update_target_verify_buffers(self, bs, seq_lens, rpi, spec_info) -> None:
         spec = require_spec(ForwardMode.TARGET_VERIFY, spec_info, VerifyInput)
         if spec.custom_mask is None:  # Wave's replay copies the mask unconditionally ([facts#wave])
-            raise ValueError(NEEDS_MASK)
+            raise ValueError("wave: target verify under graphs needs a tree mask (custom_mask)")
         super()._update_target_verify_buffers(bs, seq_lens, rpi, spec)
 
     def _copy_draft_rows(self, bs, seq_lens, spec_info) -> None:

@@ -8,6 +8,7 @@ taught; the checks of a figure's internals live in ``tests/``, on the functions 
 from __future__ import annotations
 
 import inspect
+import json
 import sys
 from pathlib import Path
 
@@ -17,6 +18,11 @@ from ..viz.code import source_lines
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (the notebooks run from a checkout)
 FIGURES = ROOT / "figures"
+
+
+def results(path: str):
+    """A committed measurement: ``benchmarks/results/<path>``, a JSON file."""
+    return json.loads((ROOT / "benchmarks" / "results" / path).read_text())
 
 
 def _display():
@@ -44,20 +50,16 @@ def show(fig, name: str) -> None:
         render(Image(filename=str(path)))
 
 
-def code(*fns) -> str:
-    """The source of ``fns`` as one piece, docstrings left out, each under a comment naming its file."""
-    where = lambda fn: Path(inspect.getsourcefile(fn)).relative_to(ROOT)  # noqa: E731
-    return "\n\n".join(f"# {where(fn)}: {fn.__qualname__}\n" + "\n".join(source_lines(fn)) for fn in fns)
-
-
 def show_code(*fns) -> None:
-    """Display the source of ``fns`` (``code``), highlighted in a notebook."""
-    if _display() is None:
-        print(code(*fns))
-    else:
+    """Display the source of ``fns`` as one piece, docstrings left out, each under a comment naming its file:
+    highlighted in a notebook, as text in a script."""
+    where = lambda fn: Path(inspect.getsourcefile(fn)).relative_to(ROOT)  # noqa: E731
+    text = "\n\n".join(f"# {where(fn)}: {fn.__qualname__}\n" + "\n".join(source_lines(fn)) for fn in fns)
+    if _display():
         from IPython.display import Code
 
-        render(Code(code(*fns), language="python"))
+        text = Code(text, language="python")
+    render(text)
 
 
 def entry(backend: str | type) -> BackendEntry:

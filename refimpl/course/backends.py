@@ -20,7 +20,6 @@ from ..config import CHAIN, TREE, GraphConfig, ModelConfig, SpecConfig
 from ..flashinfer_wrappers import read_partition
 from ..graphs import GraphEngine, make_engine
 from ..graphs.runner import GraphRunner, call_capture_hook, call_replay_hook
-from ..layout import GraphKind
 from ..model import TinyDecoder
 from ..modes import ForwardMode
 from ..rig.core import state_after
@@ -49,13 +48,13 @@ def setting(engine: str = "auto") -> Setting:
     cfg_mla = ModelConfig(kind="mla", num_layers=1, hidden_size=32)  # latent 512 + rope 64
     world_mla = World.create(cfg_mla, max_context_len=L, pool_size=16, device=lab.engine.device)
     world_mla.randomize_kv(0)
-    gen_mla = BatchGenerator(world_mla, CHAIN, seed=3)
-    return Setting(lab.engine, lab.world, lab.model, lab.graphs, lab.gen(TREE), lab.gen(CHAIN), world_mla, gen_mla)  # seeds 1, 2
+    gens = lab.gen(TREE), lab.gen(CHAIN)  # seeds 1, 2
+    return Setting(lab.engine, lab.world, lab.model, lab.graphs, *gens, world_mla, BatchGenerator(world_mla, CHAIN, seed=3))
 
 
 def runner(backend, mode: ForwardMode, s: Setting) -> GraphRunner:
     """A runner for ``backend``'s hooks only (no model): its capture batches, padding and static buffers."""
-    return GraphRunner(None, backend, s.engine, GraphKind.parse(mode), s.graphs, backend.spec)
+    return GraphRunner(None, backend, s.engine, mode, s.graphs, backend.spec)
 
 
 def replay_hooks(backend, mode: ForwardMode, fb: ForwardBatch, s: Setting) -> tuple[dict[str, Any], ForwardBatch]:
@@ -79,8 +78,7 @@ def both_paths(
     path Q (the capture hook on the runner's capture batch, then the replay hook), as ``refimpl.check`` builds them."""
     new = partial(cls, world or s.world, spec)
     run = runner(new(), mode, s)
-    padded = run.padded_batch(fb)
-    return tuple(state_after(new, run, padded, replay=r)[1] for r in (False, True))
+    return tuple(state_after(new, run, run.padded_batch(fb), replay=r)[1] for r in (False, True))
 
 
 def verdict_a(

@@ -8,7 +8,6 @@ Every number comes from a file under ``benchmarks/results/``: ``launch_cost/laun
 
 from __future__ import annotations
 
-import json
 import sys
 from functools import cache, partial
 from typing import Any
@@ -24,17 +23,14 @@ from ..kernels.indices import build_kv_indices
 from ..layout import KINDS
 from ..rig.core import Rig
 from ..viz.measure import HOST_PARTS
-from . import ROOT, entry
+from . import ROOT, entry, results
 
-RESULTS = ROOT / "benchmarks" / "results"
 SHAPES = {"faithful": "unified", "fused": "fused", "in-graph": "in_graph", "glued": "unified+glue"}  # Triton decode
 COLORS = {"faithful": "#1f77b4", "fused": "#ff7f0e", "in-graph": "#2ca02c", "glued": "#9467bd"}
 REPLAY = "graph.replay()"  # the glue graph's launch, and the step graph's
 
 
-@cache
-def _json(path):
-    return json.loads((RESULTS / path).read_text())
+_json = cache(results)  # read once per process
 
 
 def _range(values):
@@ -56,7 +52,7 @@ def launch_costs() -> dict[str, tuple[float, float]]:
     data = _json("launch_cost/launch_cost.json")
     out = {item: _range(r[item]["median"] for r in data["rounds"]) for item in data["rounds"][0]}
     out[REPLAY] = _range(us for k, v in out.items() if k.startswith("graph.replay()") for us in v)
-    out["kernel on the GPU"] = (data["kernel_gpu_us"], data["kernel_gpu_us"])
+    out["kernel on the GPU"] = (data["kernel_gpu_us"],) * 2
     return out
 
 
@@ -154,7 +150,7 @@ def step_table(variant: str, mode: str = "decode", batch_sizes=(1, 8, 64, 256)) 
     lines = [f"triton/{variant} {mode}, context 512, µs: host + GPU vs the measured step; max(host, GPU)"]
     for bs, p in host_gpu(variant, mode).items():
         if bs in batch_sizes:
-            h, g, s = p["host"], p["gpu"], p["step"]
+            h, g, s = p.values()  # host, GPU, step
             bound = "host-bound" if h > g else "GPU-bound"
             lines.append(f"  bs {bs:>3}: {h:4.0f} + {g:4.0f} = {h + g:5.0f} vs {s:5.0f} measured; max {max(h, g):4.0f}  {bound}")
     return "\n".join(lines)
@@ -206,7 +202,6 @@ def hook_parts(bs: int = 8, ctx: int = 512, calls: int = 50, repeats: int = 100)
     rig, fb = _loaded_rig("unified", engine, bs, ctx, seq_lens, validate_inputs=False, pool_size=bs + 4)
     be, view = rig.backend, rig.runner._replay_batch(fb, bs)
     seq, rpi, indptr = view.seq_lens[:bs], view.req_pool_indices[:bs], be.kv_indptr[: bs + 1]
-    x = torch.zeros(128, device=engine.device)
 
     def assign() -> None:
         indptr[1:] = torch.cumsum(seq, 0)  # an int64 result, converted back to int32
@@ -216,10 +211,10 @@ def hook_parts(bs: int = 8, ctx: int = 512, calls: int = 50, repeats: int = 100)
         "kv_indptr[1:] = cumsum(...)": assign,
         "build_kv_indices": lambda: build_kv_indices(be.world.req_to_token, rpi, seq, indptr, be.cuda_graph_kv_indices),
         "split counts (get_num_kv_splits)": lambda: be.get_num_kv_splits(be.cuda_graph_num_kv_splits[:bs], seq),
-        "one eager op (add_)": partial(x.add_, 1),
+        "one eager op (add_)": partial(torch.zeros(128, device=engine.device).add_, 1),
     }
     where = torch.cuda.get_device_name() if engine.device.type == "cuda" else "CPU emulator"
     lines = [f"faithful Triton decode hook, bs {bs}, {where}, host µs (median of {repeats} loops of {calls} calls)"]
-    us = {name: bench.per_call_us(fn, calls, repeats, warmup=calls)["median"] for name, fn in parts.items()}
-    lines += [f"  {name:<34} {t:8.1f}" for name, t in us.items()]
+    us = (bench.per_call_us(fn, calls, repeats, warmup=calls)["median"] for fn in parts.values())
+    lines += [f"  {name:<34} {t:8.1f}" for name, t in zip(parts, us)]
     return "\n".join(lines)

@@ -72,8 +72,10 @@ def draw_graph_kinds() -> Figure:
         for kind, run in groupby(kinds):  # a box per run of graph ops, one per eager op (never two in a row)
             start, i = i, i + len(list(run))
             if kind != "none":
-                style = dict(boxstyle="round,pad=0.02", fc=colors[kind], ec="0.4", lw=0.8)
-                ax.add_patch(FancyBboxPatch((start + 0.05, -y - 0.22), i - start - 0.1, 0.44, **style))
+                box = FancyBboxPatch(
+                    (start + 0.05, -y - 0.22), i - start - 0.1, 0.44, "round,pad=0.02", fc=colors[kind], ec="0.4", lw=0.8
+                )
+                ax.add_patch(box)
                 words = "one replay" if kind == "graph" else "Python"
                 ax.text((start + i) / 2, -y + 0.28, words, ha="center", fontsize=6.5, color="0.3")
         for x, (op, kind) in enumerate(zip(ops, kinds)):

@@ -4,7 +4,6 @@ on a GPU)."""
 
 from __future__ import annotations
 
-import json
 import runpy
 from collections.abc import Sequence
 from typing import Any
@@ -15,19 +14,18 @@ from .. import viz
 from ..batch import ForwardBatch, World
 from ..batchgen import BatchGenerator
 from ..check import CheckRecord
-from ..config import CHAIN, GraphConfig, ModelConfig
+from ..config import CHAIN, ModelConfig
 from ..graphs import make_engine
 from ..graphs.runner import GraphRunner
-from ..model import TinyDecoder
-from ..modes import ForwardMode
+from ..layout import KINDS
+from ..rig import Rig
 from ..viz import cells as C
-from . import ROOT
+from . import ROOT, entry, results
 
 ENGINE = make_engine("auto")  # the CPU emulator here, CUDA graphs on a GPU
 DEVICE = ENGINE.device
 CFG = ModelConfig(kind="mla", num_layers=1, hidden_size=32)  # latent 512 + rope 64
 L = 160  # max_context_len
-RESULTS = ROOT / "benchmarks" / "results" / "trtllm_mla_draft_extend"
 SHAPES = ("unified", "simplified", "in_graph")
 
 
@@ -74,11 +72,10 @@ def draw_block_tables(panels: Sequence[tuple], max_pages: int = 8) -> Figure:
 
 def draft_extend_runner(cls: type) -> tuple[GraphRunner, ForwardBatch]:
     """A runner of ``cls`` (page 64) captured for draft extend v2 at bs 4, and a batch of 3 that it pads to 4."""
-    w = world(64)
-    gcfg = GraphConfig(max_bs=4, capture_bs=(4,), max_context_len=L)
-    runner = GraphRunner(TinyDecoder(CFG, DEVICE), cls(w, CHAIN), ENGINE, ForwardMode.DRAFT_EXTEND_V2, gcfg, CHAIN)
-    runner.capture()
-    return runner, BatchGenerator(w, CHAIN, seed=7).draft_extend(3, 2)
+    rig = Rig.build(
+        entry(cls), KINDS["draft_extend_v2"], CHAIN, ENGINE, capture_bs=(4,), max_context_len=L, world=world(64), gen_seed=7
+    )
+    return rig.runner, rig.gen.draft_extend(3, 2)
 
 
 def op_names(counts: dict[str, int]) -> str:
@@ -89,10 +86,8 @@ def op_names(counts: dict[str, int]) -> str:
 
 def verdict_line(rec: CheckRecord) -> str:
     """A checker record in one line: verdicts (a)-(d) and what its findings are about, each named once."""
-    about = {}  # what each finding is about: a buffer (in (a) or (d)), or "graph vs eager"
-    for f in rec.findings:
-        head, _, rest = f.partition(": ")
-        about[rest.split(":")[0] if head == "reference" else head] = None
+    parts = (f.partition(": ") for f in rec.findings)  # what each finding is about: a buffer, or "graph vs eager"
+    about = dict.fromkeys(rest.split(":")[0] if head == "reference" else head for head, _, rest in parts)
     verdicts = (rec.capture_equals_replay, rec.graph_equals_eager, rec.matches_oracle, rec.replay_matches_reference)
     shown = " ".join(f"({c}) {v}" for c, v in zip("abcd", verdicts))
     return f"{rec.backend}/{rec.variant} {rec.mode} bs {rec.bs}: {shown}; findings: {', '.join(about) or 'none'}"
@@ -101,7 +96,7 @@ def verdict_line(rec: CheckRecord) -> str:
 def h200_results(run: int = 2) -> dict[str, Any]:
     """The committed H200 results of ``benchmarks/trtllm_mla_draft_extend.py`` (two runs; run 1 has host-noise spikes,
     ``benchmarks/results/trtllm_mla_draft_extend/README.md``)."""
-    return json.loads((RESULTS / f"run{run}_results.json").read_text())
+    return results(f"trtllm_mla_draft_extend/run{run}_results.json")
 
 
 def _host_us(rows):
@@ -113,11 +108,8 @@ def savings(rows: Sequence[dict]) -> dict[str, tuple[float, float]]:
     """The least and most median host µs each step saves over the batch sizes: ``"#29077"`` (unified -> simplified),
     ``"in-graph"`` (simplified -> in_graph)."""
     host = _host_us(rows)
-    out = {}
-    for step, (a, b) in (("#29077", SHAPES[:2]), ("in-graph", SHAPES[1:])):
-        saved = [host[a, bs] - host[b, bs] for s, bs in host if s == a]
-        out[step] = (min(saved), max(saved))
-    return out
+    saved = [[host[a, bs] - host[b, bs] for s, bs in host if s == a] for a, b in zip(SHAPES, SHAPES[1:])]
+    return {step: (min(d), max(d)) for step, d in zip(("#29077", "in-graph"), saved)}
 
 
 def draw_h200_replay() -> Figure:

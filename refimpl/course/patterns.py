@@ -4,7 +4,6 @@ the checker's failing verdicts for a class a notebook defines. ``tests/test_cour
 
 from __future__ import annotations
 
-import json
 import re
 from itertools import accumulate
 from typing import Any
@@ -19,10 +18,9 @@ from ..check import CheckSettings, check_entry_mode, failing
 from ..flashinfer_wrappers.standin import keys_read
 from ..graphs import CPUEmulatorEngine
 from ..viz.code import CodeGrid, hook_code
-from . import ROOT, entry
+from . import entry, results
 
 CAP, REP = "init_forward_metadata_capture_cuda_graph", "init_forward_metadata_replay_cuda_graph"
-PLAN_COST = ROOT / "benchmarks/results/plan_cost/plan_cost.json"
 BRANCH = re.compile(r"^\s*(if|elif)\b.*\b(forward_)?mode\.is_")
 PLANS = ("self._update_decode(", "self._update_prefill(")
 
@@ -35,10 +33,14 @@ def calls(fn, name: str) -> int:
 def side_by_side() -> CodeGrid:
     """Pattern A (unified Triton) | Pattern B (unified FlashInfer, with its prepare step) | Pattern C (legacy Triton):
     capture hooks above, replay hooks below, read from the classes now; the tags name what each line does."""
-    A, B, C = TritonAttnBackend, FlashInferAttnBackend, TritonAttnBackendLegacy
     code = lambda fn: hook_code(fn, comments=True)  # noqa: E731
-    cells = [[[(hook, code(getattr(cls, hook)))] for cls in (A, B, C)] for hook in (CAP, REP)]
-    cells[0][1].append(("... which first calls _prepare_cuda_graph_metadata:", code(B._prepare_cuda_graph_metadata)))
+    cells = [
+        [[(h, code(getattr(cls, h)))] for cls in (TritonAttnBackend, FlashInferAttnBackend, TritonAttnBackendLegacy)]
+        for h in (CAP, REP)
+    ]
+    cells[0][1].append(
+        ("... which first calls _prepare_cuda_graph_metadata:", code(FlashInferAttnBackend._prepare_cuda_graph_metadata))
+    )
     replay_body = ("self.init_forward_metadata_replay_cuda_graph(", "the replay body")
     tags = [
         [
@@ -99,9 +101,8 @@ def dispatch_table() -> str:
     """``dispatch_counts`` as a text table."""
     counts = dispatch_counts()
     cols = list(next(iter(counts.values())))
-    rows = [f"{'FlashInfer hook':<26}" + "".join(f"{c:>{len(c) + 3}}" for c in cols)]
-    rows += [f"{name:<26}" + "".join(f"{v[c]:>{len(c) + 3}}" for c in cols) for name, v in counts.items()]
-    return "\n".join(rows)
+    rows = {"FlashInfer hook": dict(zip(cols, cols)), **counts}  # the header, then one row per hook
+    return "\n".join(f"{name:<26}" + "".join(f"{v[c]:>{len(c) + 3}}" for c in cols) for name, v in rows.items())
 
 
 def key_spans(wrapper: Any, fb: ForwardBatch) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -141,22 +142,20 @@ def draw_plan_state(panels: list[tuple[str, list[tuple[int, int]], list[tuple[in
 def plan_cost() -> dict[str, Any]:
     """``benchmarks/results/plan_cost/plan_cost.json`` (``benchmarks/plan_cost.py`` on an H200: the full ``plan()`` and
     the fast plan, host µs per call, two runs)."""
-    return json.loads(PLAN_COST.read_text())
+    return results("plan_cost/plan_cost.json")
 
 
 def _series(run, kind):
     """The batch sizes, full ``plan()`` µs and fast plan µs of ``run``'s rows of ``kind``: three lists."""
-    rows = [r for r in run if r["kind"] == kind]
-    return [r["bs"] for r in rows], [r["full_plan_us"] for r in rows], [r["fast_plan_us"] for r in rows]
+    return [[r[k] for r in run if r["kind"] == kind] for k in ("bs", "full_plan_us", "fast_plan_us")]
 
 
 def plan_cost_summary(bench: dict[str, Any]) -> list[str]:
     """Per run: the decode ``plan()`` range (µs) and the fast / full ratios, decode and MLA."""
     out = []
     for i, run in enumerate(bench["runs"], 1):
-        _, full, fast = _series(run, "decode")
-        ratio = [f / p for f, p in zip(fast, full)]
-        mla = [f / p for _, p, f in zip(*_series(run, "mla_decode"))]  # per bs: (bs, full, fast)
+        full = _series(run, "decode")[1]
+        ratio, mla = ([f / p for _, p, f in zip(*_series(run, kind))] for kind in ("decode", "mla_decode"))  # fast / full
         out.append(
             f"run {i}: decode plan() {min(full):.0f}-{max(full):.0f} us, fast/full {min(ratio):.0%}-"
             f"{max(ratio):.0%}; MLA fast/full {min(mla):.0%}-{max(mla):.0%}"
@@ -168,7 +167,8 @@ def draw_plan_cost(bench: dict[str, Any]) -> Figure:
     """Host µs per plan call against batch size, decode and MLA decode: both runs, full (red) and fast (blue)."""
     fig = Figure(figsize=(10, 3.8))
     axes = fig.subplots(1, 2, sharey=True)
-    for ax, kind in zip(axes, ("decode", "mla_decode")):
+    titles = {"decode": "decode (32/8 heads, dim 128)", "mla_decode": "MLA decode (16 heads, 512+64)"}
+    for ax, (kind, title) in zip(axes, titles.items()):
         for i, run in enumerate(bench["runs"]):
             bs, full, fast = _series(run, kind)
             style = "-" if i == 0 else "--"
@@ -177,7 +177,6 @@ def draw_plan_cost(bench: dict[str, Any]) -> Figure:
         ax.set_xscale("log", base=2)
         ax.set_xticks(bs, list(map(str, bs)))
         ax.minorticks_off()
-        title = "decode (32/8 heads, dim 128)" if kind == "decode" else "MLA decode (16 heads, 512+64)"
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("batch size")
         ax.grid(alpha=0.3)

@@ -121,8 +121,8 @@ def mask_as_read(backend: Any, padded: ForwardBatch, i: int, n: int) -> tuple[to
     flat = int(md.mask_indptr[i]) + torch.arange(n)[:, None] * kv_len + torch.arange(kv_len)
     mask = md.custom_mask.cpu()
     read = mask[flat.clamp(0, mask.numel() - 1)].bool()
-    tree = ancestry(padded.spec_info.parents[i])
-    want = torch.cat([torch.ones(n, kv_len - n), torch.as_tensor(tree)], 1).bool()  # the prefix, then the tree
+    tree = torch.as_tensor(ancestry(padded.spec_info.parents[i]))
+    want = torch.cat([torch.ones(n, kv_len - n), tree], 1).bool()  # the prefix, then the tree
     return read, want
 
 

@@ -73,14 +73,12 @@ class Lab:
         cfg = ModelConfig(num_layers=1)  # 4 query heads sharing 2 KV heads, head dim 16, fp32
         world = World.create(cfg, max_context_len=max_context_len, pool_size=32, device=engine.device)
         world.randomize_kv(0)  # every prefix "already prefilled"
-        graphs = GraphConfig(max_bs=4, capture_bs=(1, 4), max_context_len=max_context_len, speculative=True)
+        graphs = GraphConfig(max_bs=4, capture_bs=(1, 4), max_context_len=max_context_len)
         return cls(engine, world, TinyDecoder(cfg, engine.device), graphs)
 
     def gen(self, spec: SpecConfig | None) -> BatchGenerator:
         """The batch generator of ``spec`` (made on first use)."""
-        if spec not in self.gens:
-            self.gens[spec] = BatchGenerator(self.world, spec, seed=len(self.gens) + 1)
-        return self.gens[spec]
+        return self.gens.setdefault(spec, BatchGenerator(self.world, spec, seed=len(self.gens) + 1))
 
     def replay(self, kind: ForwardMode | str, backend, spec: SpecConfig | None = None, **batch_kw):
         """Capture ``kind`` (a forward mode, or ``"draft_decode"``) at bs 1 and 4, then replay and run eagerly a fresh

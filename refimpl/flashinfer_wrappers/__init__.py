@@ -35,10 +35,10 @@ class FlashInferClasses:
 
     @classmethod
     def _of(cls, module, real: bool) -> FlashInferClasses:  # module: flashinfer or .standin
-        return cls(*(getattr(module, f.name) for f in fields(cls)[:3]), real=real)
+        return cls(*(getattr(module, f.name) for f in fields(cls)[:3]), real)
 
 
-_STANDINS = FlashInferClasses._of(standin, real=False)
+_STANDINS = FlashInferClasses._of(standin, False)
 
 
 @functools.cache
@@ -61,7 +61,7 @@ def real_wrapper_classes() -> FlashInferClasses:
         raise ImportError(err)
     import flashinfer
 
-    return FlashInferClasses._of(flashinfer, real=True)
+    return FlashInferClasses._of(flashinfer, True)
 
 
 def wrapper_classes(prefer_real: bool = True, dtype: torch.dtype | None = None) -> FlashInferClasses:
@@ -79,10 +79,9 @@ def wrapper_classes(prefer_real: bool = True, dtype: torch.dtype | None = None) 
 def make_workspace(device: torch.device | str, size_bytes: int | None = None, *, real: bool | None = None):
     """A zeroed uint8 float workspace on ``device`` (flashinfer needs it zero before first use): by default 128 MiB when
     the real library will use it (``real``, default: a CUDA device and flashinfer available), else 1 MiB."""
-    device = torch.device(device)
     if size_bytes is None:
         if real is None:
-            real = device.type == "cuda" and flashinfer_available() is None
+            real = torch.device(device).type == "cuda" and flashinfer_available() is None
         size_bytes = REAL_WORKSPACE_BYTES if real else STANDIN_WORKSPACE_BYTES
     if size_bytes < 1:
         raise ValueError(f"size_bytes={size_bytes}: must be >= 1")
@@ -98,7 +97,7 @@ def _wrappers(obj, seen, depth=0):
     if isinstance(obj, _LEAVES) or id(obj) in seen or depth > 6 or hasattr(obj, "req_to_token_pool"):
         return
     seen.add(id(obj))
-    if isinstance(obj, standin._Standin) or type(obj).__module__.startswith("flashinfer"):
+    if is_standin(obj) or type(obj).__module__.startswith("flashinfer"):
         if hasattr(obj, "plan"):
             yield obj
         return

@@ -87,7 +87,7 @@ def _same_kernel(wrapper, q_data_type, kv_data_type, window_left=-1, soft_cap=0.
     dtypes = q_dt, q_dt if kv_data_type is None else _dtype(kv_data_type)
     # the dtypes must match; the sliding window / soft cap be on (not -1 / 0) or off alike
     news, offs = (*dtypes, window_left, soft_cap), (None, None, -1, 0)
-    for label, new, off in zip(("q_data_type", "kv_data_type", "window_left", "logits_soft_cap"), news, offs):
+    for label, new, off in zip("q_data_type kv_data_type window_left logits_soft_cap".split(), news, offs):
         old = getattr(wrapper, f"_cached_{label}", None) or getattr(wrapper, f"_{label}", None)  # 0.7.2's MLA backend
         if old is not None and (old != new if off is None else (old == off) != (new == off)):
             raise ValueError(
@@ -184,7 +184,7 @@ def fast_decode_plan(
         _require_alias("indptr", indptr, wrapper._paged_kv_indptr_buf)
         _require_alias("indices", indices, wrapper._paged_kv_indices_buf)
         _require_alias("last_page_len", last_page_len, wrapper._paged_kv_last_page_len_buf)
-    elif indptr is None or indices is None or last_page_len is None:
+    elif None in (indptr, indices, last_page_len):
         raise ValueError(
             "without cuda-graph mode the fast plan needs the device indptr / indices / last_page_len to bind (run reads them)"
         )

@@ -16,7 +16,7 @@ import torch
 from ..kernels._op import kernel_op
 
 # weak: the backend's per-bs registry keeps a captured wrapper alive, as long as its graph lives
-_WRAPPERS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_WRAPPERS = weakref.WeakValueDictionary()
 Tensor = torch.Tensor
 
 

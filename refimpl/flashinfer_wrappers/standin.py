@@ -217,17 +217,24 @@ class _Standin:
     def is_cuda_graph_enabled(self) -> bool:
         return self._use_cuda_graph
 
-    def _check_bound(self, kv_lens, name, indices, buf_name):
-        """cuda-graph mode: the bound batch size, indices buffer (``indices``: the plan's ``name``, the constructor's
-        ``buf_name``) and kv window hold the batch."""
-        if not self._use_cuda_graph:
-            return
-        _same_batch(len(kv_lens), self._fixed_batch_size)
-        _fits(name, indices, buf_name, getattr(self, self._INDICES))
-        for i, n in enumerate(kv_lens):
-            if n > self._kv_window:
-                window = f"the wrapper's kv window {self._kv_window} (see set_kv_window)"
-                raise ValueError(f"request {i} has kv_len={n} > {window}")
+    def _kv_lens(self, page_size, kv_indptr, bs, indices, names):
+        """A full plan's checks, before it writes anything: page size 1, the kv indptr read on the host (the
+        device-to-host copy the fast plans avoid) and, in cuda-graph mode, the bound batch size, indices buffer and kv
+        window. ``names``: the plan's kv indptr and indices, the constructor's indices buffer. Returns the host indptr
+        and the kv lengths."""
+        indptr_name, name, buf_name = names.split()
+        _page_size_1(page_size)
+        host = kv_indptr.to("cpu")
+        kv_lens = _lens(indptr_name, host, bs, indices)
+        if self._use_cuda_graph:
+            _same_batch(len(kv_lens), self._fixed_batch_size)
+            _fits(name, indices, buf_name, getattr(self, self._INDICES))
+            for i, n in enumerate(kv_lens):
+                if n > self._kv_window:
+                    raise ValueError(
+                        f"request {i} has kv_len={n} > the wrapper's kv window {self._kv_window} (see set_kv_window)"
+                    )
+        return host, kv_lens
 
     def _store(self, non_blocking, *tensors, **extra):
         """Bind ``tensors`` (as ``_BUFS``) and ``extra`` (attribute name -> tensor): copy into the bound buffer, or keep
@@ -286,9 +293,10 @@ class _Standin:
             mask, window, indices = self._custom_mask_buf, self._window(), getattr(self, self._INDICES)
             causal, mask_indptr = (bool(self._causal), None) if mask is None else (False, self._mask_indptr_buf)
             csr = _per_row_csr(q_len, self._spans(q_len, kv_len), len(q), window, causal, indices, mask_indptr)
+            row_indptr, row_indices, row_mask, q_rows = csr
             sm_scale = float(1 / math.sqrt(q.shape[-1]) if self._sm_scale is None else self._sm_scale)
-            kw = dict(sm_scale=sm_scale, max_kv_len=window, q_per_req=1, custom_mask=mask, mask_indptr=csr[2])
-            kernel(*(x[csr[3]] for x in qs), *caches, csr[0], csr[1], out, **kw)
+            kw = dict(sm_scale=sm_scale, max_kv_len=window, q_per_req=1, custom_mask=mask, mask_indptr=row_mask)
+            kernel(*(x[q_rows] for x in qs), *caches, row_indptr, row_indices, out, **kw)
         return out
 
     def run(self, q: torch.Tensor, paged_kv_cache: Any) -> torch.Tensor:
@@ -335,10 +343,9 @@ class BatchDecodeWithPagedKVCacheWrapper(_Standin):
         sm_scale=None,
         non_blocking: bool = True,
     ) -> None:
-        _page_size_1(page_size)
-        indptr_host = indptr.to("cpu")  # the device-to-host copy the fast plan avoids
-        kv_lens = _lens("indptr", indptr_host, len(last_page_len), indices)
-        self._check_bound(kv_lens, "indices", indices, "paged_kv_indices_buffer")
+        indptr_host, kv_lens = self._kv_lens(
+            page_size, indptr, len(last_page_len), indices, "indptr indices paged_kv_indices_buffer"
+        )
         self._store(non_blocking, indptr, indices, last_page_len)
         # flashinfer plans tensor-core decode with the prefill module; explicit q / kv dtypes win over data_type
         module = _PrefillModule() if self.use_tensor_cores else _DecodeModule()
@@ -396,12 +403,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_Standin):
         kv_data_type=None,
         non_blocking: bool = True,
     ) -> None:
-        _page_size_1(page_size)
-        bs = len(qo_indptr) - 1
-        qo_host, kv_host = qo_indptr.to("cpu"), paged_kv_indptr.to("cpu")  # host reads
+        bs, qo_host = len(qo_indptr) - 1, qo_indptr.to("cpu")
+        names = "paged_kv_indptr paged_kv_indices paged_kv_indices_buf"
+        kv_host, kv_lens = self._kv_lens(page_size, paged_kv_indptr, bs, paged_kv_indices, names)
         q_lens = _lens("qo_indptr", qo_host, bs)
-        kv_lens = _lens("paged_kv_indptr", kv_host, bs, paged_kv_indices)
-        self._check_bound(kv_lens, "paged_kv_indices", paged_kv_indices, "paged_kv_indices_buf")
         mask = {}
         if custom_mask is not None:
             sizes = [a * b for a, b in zip(q_lens, kv_lens)]
@@ -472,11 +477,9 @@ class BatchMLAPagedAttentionWrapper(_Standin):
         q_data_type: torch.dtype,
         kv_data_type: torch.dtype,
     ) -> None:
-        _page_size_1(page_size)
         # the host reads (in a graph replay they hung: SGLang #3987, see fast_plan.py)
-        qo_host, kv_host, kv_len_host = (t.to("cpu") for t in (qo_indptr, kv_indptr, kv_len_arr))
-        kv_lens = _lens("kv_indptr", kv_host, len(qo_indptr) - 1, kv_indices)
-        self._check_bound(kv_lens, "kv_indices", kv_indices, "kv_indices")
+        kv_host, kv_lens = self._kv_lens(page_size, kv_indptr, len(qo_indptr) - 1, kv_indices, "kv_indptr kv_indices kv_indices")
+        qo_host, kv_len_host = qo_indptr.to("cpu"), kv_len_arr.to("cpu")
         module = _MLAModule()  # it validates qo_indptr and kv_len_arr before anything is copied
         self._plan_info = module.plan(*_ws(self), qo_host, kv_host, kv_len_host, num_heads, head_dim_ckv, causal)
         self._store(True, qo_indptr, kv_indptr, kv_indices, kv_len_arr)

@@ -22,9 +22,9 @@ draw fresh values at each replay here, from offsets fixed at capture on CUDA.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -39,17 +39,9 @@ def _refuse(what: str):
     return method
 
 
-@contextlib.contextmanager
 def refuse_host_reads():
     """Make ``Tensor.tolist/cpu/numpy`` raise: on CPU they do not reach the dispatcher."""
-    saved = {m: getattr(torch.Tensor, m) for m in ("tolist", "cpu", "numpy")}
-    try:
-        for m in saved:
-            setattr(torch.Tensor, m, _refuse(m))
-        yield
-    finally:
-        for m, f in saved.items():
-            setattr(torch.Tensor, m, f)
+    return mock.patch.multiple(torch.Tensor, **{m: _refuse(m) for m in ("tolist", "cpu", "numpy")})
 
 
 class EmulatedGraph(Graph):

@@ -60,8 +60,8 @@ class StaticInputs:
     def views(self, bs: int | None = None) -> dict[str, torch.Tensor]:
         """The first ``bs`` requests' views by name (default: all): what the graph of size ``bs`` reads."""
         bs = self.bs if bs is None else bs
-        if (cached := self._views.get(bs)) is not None:
-            return cached
+        if bs in self._views:
+            return self._views[bs]
         n = bs * self.rows
         views = self._views[bs] = dict(
             input_ids=self.input_ids[:n],

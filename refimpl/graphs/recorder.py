@@ -49,15 +49,14 @@ class Step:
         inputs = {_storage_ptr(t) for t in tensors_in((args, kwargs)) if t.numel()}
         self.outs = tensors_in(out)
         aliased = [t.numel() == 0 or _storage_ptr(t) in inputs for t in self.outs]
+        self.rerun, self.copy_back = True, []
         if name.startswith(PURE_ALLOC):
-            self.rerun, self.copy_back = False, []  # an allocation is not a kernel
+            self.rerun = False  # an allocation is not a kernel
         elif func._schema.is_mutable:
-            self.rerun, self.copy_back = True, []  # writes its inputs in place: just run again
+            pass  # writes its inputs in place: just run again
         elif self.outs and all(aliased):
-            self.rerun, self.copy_back = False, []  # a view: the captured view object stays valid
-        else:
-            # a functional op: recompute and write the result into the captured output
-            self.rerun = True
+            self.rerun = False  # a view: the captured view object stays valid
+        else:  # a functional op: recompute and write the result into the captured output
             self.copy_back = [i for i, a in enumerate(aliased) if not a]
 
     def replay(self) -> None:
@@ -94,24 +93,20 @@ class Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = str(func)
-        if not self.refuse:
-            out = func(*args, **kwargs)
-            rerun = name not in HOST_SYNC_OPS and Step(func, args, kwargs, out).rerun
-            self.names.append((name, rerun))
-            return out
-        if name in HOST_SYNC_OPS:
-            raise GraphCaptureError(f"host synchronisation during capture: {name} {HOST_SYNC_OPS[name]}")
-        if name.startswith(DATA_DEPENDENT_SHAPE):
-            raise GraphCaptureError(f"data-dependent output shape during capture: {name} (its size needs a host sync)")
-        if name.startswith(("aten.index.Tensor", "aten.index_put")) and any(
-            t.dtype in (torch.bool, torch.uint8) for t in tensors_in(args[1])
-        ):
-            raise GraphCaptureError(f"data-dependent output shape during capture: {name} with a boolean mask")
-        if _device_to_host(name, args, kwargs):
-            raise GraphCaptureError(f"host synchronisation during capture: {name} copies a device tensor to the host")
+        if self.refuse:  # what a capture cannot record
+            if name in HOST_SYNC_OPS:
+                raise GraphCaptureError(f"host synchronisation during capture: {name} {HOST_SYNC_OPS[name]}")
+            if name.startswith(DATA_DEPENDENT_SHAPE):
+                raise GraphCaptureError(f"data-dependent output shape during capture: {name} (its size needs a host sync)")
+            if name.startswith(("aten.index.Tensor", "aten.index_put")) and any(
+                t.dtype in (torch.bool, torch.uint8) for t in tensors_in(args[1])
+            ):
+                raise GraphCaptureError(f"data-dependent output shape during capture: {name} with a boolean mask")
+            if _device_to_host(name, args, kwargs):
+                raise GraphCaptureError(f"host synchronisation during capture: {name} copies a device tensor to the host")
         out = func(*args, **kwargs)
         step = Step(func, args, kwargs, out)
-        self.names.append((name, step.rerun))
+        self.names.append((name, name not in HOST_SYNC_OPS and step.rerun))  # a host read launches no work at replay
         if self.steps is not None:
             self.steps.append(step)
         return out

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import bisect
 import gc
-import operator
 import time
 import warnings
 import weakref
@@ -128,12 +127,9 @@ class GraphRunner:
         self.tokens_per_req = self.kind.rows(spec_cfg)
         self.locs_per_req = self.tokens_per_req * self.kind.cache_writes(spec_cfg)
         self.capture_bs = graph_cfg.batch_sizes()
-        if self.world.req_to_token_pool.size <= max(self.capture_bs):
-            raise ValueError(
-                f"largest capture bs {max(self.capture_bs)} needs a request pool larger than "
-                f"{self.world.req_to_token_pool.size} (slot 0 is reserved)"
-            )
         self.max_bs = max(self.capture_bs)
+        if (pool := self.world.req_to_token_pool.size) <= self.max_bs:
+            raise ValueError(f"largest capture bs {self.max_bs} needs a request pool larger than {pool} (slot 0 is reserved)")
         self.max_num_tokens = self.max_bs * self.tokens_per_req
         self.fill_value = backend.get_cuda_graph_seq_len_fill_value()
         self.validate_inputs = validate_inputs  # False: timing runs (refimpl.validate's cost)
@@ -146,38 +142,37 @@ class GraphRunner:
         self.replays: Counter = Counter()  # "glue" / "hook": how each replay's metadata was made
         self.outputs: dict[int, torch.Tensor] = {}
         self.capture_records: list[CaptureRecord] = []
-        self._captured_with: tuple = ()  # the world objects the graphs write and read (``_bound``), set by capture
+        self._captured_with: dict[str, Any] = {}  # the world objects the graphs write and read (``_bound``), set by capture
 
     @staticmethod
     def _owner(backend) -> GraphRunner | None:
         """The live runner ``backend`` serves, if any (one unreachable but not yet collected does not count)."""
-        ref = getattr(backend, "_graph_runner", None)
-        if ref is not None and ref() is not None:
+        ref = getattr(backend, "_graph_runner", lambda: None)
+        if ref() is not None:
             gc.collect()  # a dropped runner in a reference cycle (its graphs' closures) is not live
-        return ref() if ref is not None else None
+        return ref()
 
-    def _bound(self) -> tuple:
-        """What the graphs write and read in the world: its KV cache (and its layers' tensors), request pool and table."""
+    def _bound(self) -> dict[str, Any]:
+        """What the graphs write and read in the world, by name: its KV cache (and its layers' tensors), request pool and
+        table."""
         w = self.world
-        return (w.kv_cache, w.req_to_token_pool, w.req_to_token, *w.kv_cache.buffers())
+        bound = {"world.kv_cache": w.kv_cache, "world.req_to_token_pool": w.req_to_token_pool}
+        bound["world.req_to_token_pool.req_to_token"] = w.req_to_token
+        return bound | {f"world.kv_cache.buffers()[{i}]": b for i, b in enumerate(w.kv_cache.buffers())}
 
     # --- inputs -------------------------------------------------------------------------------
-    def _batch(self, inputs: StaticInputs, bs: int, seq_lens_sum: int, spec_info: Any) -> ForwardBatch:
-        return inputs.batch(bs, self.mode, seq_lens_sum, spec_info, self.world)
-
     def capture_batch(self, bs: int, inputs: StaticInputs | None = None) -> ForwardBatch:
         """The batch the capture hook of size ``bs`` sees: all padded rows (views of ``inputs``, default fresh ones at
         rest) + a dummy spec input."""
         spec = dummy_spec_input(self.kind, bs, self.spec_cfg, self.fill_value, self.device)
-        return self._batch(inputs or self.inputs.at_rest(bs), bs, bs * self.fill_value, spec)
+        return (inputs or self.inputs.at_rest(bs)).batch(bs, self.mode, bs * self.fill_value, spec, self.world)
 
     def padded_batch(self, fb: ForwardBatch) -> ForwardBatch:
         """What a replay of ``fb`` feeds the backend: ``fb`` padded to its captured size."""
         bs = self.pick_bs(fb.batch_size)
         inputs = self.inputs.at_rest(bs)
         inputs.load(fb, bs)  # the replay's own writer, into fresh inputs
-        total = layout.padded_seq_lens_sum(fb.seq_lens_sum, fb.batch_size, bs, self.fill_value)
-        return self._batch(inputs, bs, total, fb.spec_info)
+        return self._replay_batch(fb, bs, inputs)
 
     # --- capture ------------------------------------------------------------------------------
     def capture(self, progress: bool = False) -> list[CaptureRecord]:
@@ -203,8 +198,7 @@ class GraphRunner:
             self.outputs[bs] = graph.capture(run_once)
             self.graphs[bs] = graph
             if self.glue:
-                glue, why = capture_glue(self.engine, self.backend, fb, self.graph_cfg.num_warmups)
-                self.glue_graphs[bs] = glue
+                self.glue_graphs[bs], why = capture_glue(self.engine, self.backend, fb, self.graph_cfg.num_warmups)
                 if why:
                     self.glue_refused[bs] = why
             self.engine.synchronize()
@@ -256,19 +250,17 @@ class GraphRunner:
         padded rows. ``padded_batch`` (what the checker feeds the hooks) runs the same writer into fresh inputs."""
         self.inputs.load(fb, bs)
 
-    def _replay_batch(self, fb: ForwardBatch, bs: int) -> ForwardBatch:
-        """The static batch of size ``bs`` the replay hook sees after ``load_inputs(fb)``."""
+    def _replay_batch(self, fb: ForwardBatch, bs: int, inputs: StaticInputs | None = None) -> ForwardBatch:
+        """The static batch of size ``bs`` the replay hook sees after ``load_inputs(fb)`` (into ``inputs``, default the
+        runner's)."""
         total = layout.padded_seq_lens_sum(fb.seq_lens_sum, fb.batch_size, bs, self.fill_value)
-        return self._batch(self.inputs, bs, total, fb.spec_info)
+        return (inputs or self.inputs).batch(bs, self.mode, total, fb.spec_info, self.world)
 
     # --- the replay's phases: replay() runs them in order, the bench times each -------------------
     def validate(self, fb: ForwardBatch, for_graph: bool = True) -> ForwardBatch:
         """Phase 1: refuse ``fb`` before anything is written (``refimpl.validate``), and a graph replay after the world's
         KV cache or request table was rebound (identity checks); returns ``fb`` with any non-contiguous tensor copied."""
-        if for_graph and self._captured_with and any(map(operator.is_not, self._bound(), self._captured_with)):
-            names = ("world.kv_cache", "world.req_to_token_pool", "world.req_to_token_pool.req_to_token")
-            names += tuple(f"world.kv_cache.buffers()[{i}]" for i in range(len(self._captured_with) - 3))
-            moved = [k for k, a, b in zip(names, self._bound(), self._captured_with) if a is not b]
+        if for_graph and (moved := [k for k, v in self._bound().items() if self._captured_with.get(k, v) is not v]):
             why = "the graphs write and read the objects bound at capture: restore them or build and capture a new runner"
             raise BatchRefused(f"{', '.join(moved)} rebound after capture: {why}")
         return validate_batch(fb, self.spec_cfg, self.kind, for_graph, world=self.world)
@@ -279,10 +271,9 @@ class GraphRunner:
         glue = self.glue_graphs.get(bs)
         if glue is not None:
             glue.replay()
-            self.replays["glue"] += 1
         else:
             call_replay_hook(self.backend, view)
-            self.replays["hook"] += 1
+        self.replays["hook" if glue is None else "glue"] += 1
         return view
 
     def launch(self, bs: int) -> torch.Tensor:

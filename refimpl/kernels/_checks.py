@@ -59,13 +59,14 @@ def check_same_device(**tensors: torch.Tensor | None) -> None:
 
 
 def check_int(value, name: str, low: int) -> None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-    check(ok, f"{name}={value!r}: must be an int >= {low}")
+    check(isinstance(value, int) and not isinstance(value, bool) and value >= low, f"{name}={value!r}: must be an int >= {low}")
 
 
 def check_float(value, name: str) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    check(ok, f"{name}={value!r}: must be a finite Python float (a tensor would need a host read)")
+    check(
+        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+        f"{name}={value!r}: must be a finite Python float (a tensor would need a host read)",
+    )
 
 
 def check_paged_qkvo(q, k, v, o, names=("q", "k_buffer", "v_buffer", "o")) -> tuple[int, ...]:
@@ -76,11 +77,9 @@ def check_paged_qkvo(q, k, v, o, names=("q", "k_buffer", "v_buffer", "o")) -> tu
     for name, t in zip(names[1:], (k, v, o)):
         check_tensor(t, name, FLOAT_DTYPES, 3, q.device)
     (rows, heads, dim), (slots, kv_heads, k_dim), dv = q.shape, k.shape, v.shape[2]
-    msg = f"{nk}.shape[1]={kv_heads}: must divide {nq}.shape[1]={heads} (GQA groups)"
-    check(kv_heads >= 1 and heads % kv_heads == 0, msg)
+    check(kv_heads >= 1 and heads % kv_heads == 0, f"{nk}.shape[1]={kv_heads}: must divide {nq}.shape[1]={heads} (GQA groups)")
     check(k_dim == dim, f"{nk}.shape[2]={k_dim}: must equal {nq}.shape[2]={dim}")
-    msg = f"{nv}.shape={tuple(v.shape)}: must start with {(slots, kv_heads)} like {nk}"
-    check(v.shape[:2] == (slots, kv_heads), msg)
+    check(v.shape[:2] == (slots, kv_heads), f"{nv}.shape={tuple(v.shape)}: must start with {(slots, kv_heads)} like {nk}")
     check(o.shape == (rows, heads, dv), f"{no}.shape={tuple(o.shape)}: must be {(rows, heads, dv)}")
     return rows, heads, kv_heads, dim, dv
 
@@ -88,8 +87,9 @@ def check_paged_qkvo(q, k, v, o, names=("q", "k_buffer", "v_buffer", "o")) -> tu
 def check_mask(custom_mask, mask_indptr, bs: int, device: torch.device) -> None:
     """A flattened bool / uint8 ``custom_mask`` with ``mask_indptr [>= bs+1]``, or neither."""
     if (custom_mask is None) != (mask_indptr is None):
-        mask_state, indptr_state = ("None", "set") if custom_mask is None else ("set", "None")
-        raise ValueError(f"custom_mask is {mask_state} but mask_indptr is {indptr_state}: pass both or neither")
+        raise ValueError(
+            f"custom_mask is {'None' if custom_mask is None else 'set'} but mask_indptr is {'None' if mask_indptr is None else 'set'}: pass both or neither"
+        )
     if custom_mask is not None:
         check_tensor(custom_mask, "custom_mask", MASK_DTYPES, 1, device, min_len=1)
         check_tensor(mask_indptr, "mask_indptr", INDEX_DTYPES, 1, device, min_len=bs + 1)

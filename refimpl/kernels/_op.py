@@ -20,14 +20,12 @@ def kernel_op(name: str, mutates_args: Sequence[str]) -> Callable[[Callable], Ca
     (meta) kernel; return the fast-path callable, with ``.op`` the registered op and ``.fn`` the plain function."""
 
     def wrap(fn: Callable) -> Callable:
-        op = torch.library.custom_op(name, mutates_args=tuple(mutates_args))(fn)
+        op = torch.library.custom_op(name, fn, mutates_args=tuple(mutates_args))
         op.register_fake(lambda *args, **kwargs: None)
 
         @functools.wraps(fn)
-        def call(*args, **kwargs):
-            if _stack_len() == 0 and not torch.compiler.is_compiling():
-                return fn(*args, **kwargs)  # nothing watches the dispatcher: launch directly
-            return op(*args, **kwargs)
+        def call(*args, **kwargs):  # nothing watches the dispatcher: launch directly (fn), else through it (op)
+            return (fn if _stack_len() == 0 and not torch.compiler.is_compiling() else op)(*args, **kwargs)
 
         call.op, call.fn = op, fn
         return call

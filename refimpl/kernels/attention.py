@@ -20,27 +20,23 @@ from .bounds import guard_csr
 def _gather_window(kv_indptr, kv_indices, max_kv_len: int, q_per_req: int, custom_mask, mask_indptr, causal: bool):
     """Fixed-shape key window per request, M = max_kv_len: ``slots [bs, M]`` int64 (cache rows, 0 where invalid), ``key_ok
     [bs, M]`` bool (inside the kv range) and ``allowed [bs, Q, M]`` (key_ok AND masks)."""
-    bs, device = kv_indptr.shape[0] - 1, kv_indptr.device
-    indptr = kv_indptr.to(torch.int64)  # [bs+1]
+    bs, device, indptr = kv_indptr.shape[0] - 1, kv_indptr.device, kv_indptr.long()  # [bs+1]
     kv_start, kv_len = indptr[:-1], indptr.diff()  # [bs], [bs]
     t, j = torch.arange(max_kv_len, device=device), torch.arange(q_per_req, device=device)  # [M] key, [Q] query row
     key_ok = t < kv_len[:, None]  # [bs, M]
     pos = (kv_start[:, None] + t).clamp(0, kv_indices.shape[0] - 1)  # [bs, M]
-    slots = torch.where(key_ok, kv_indices[pos].to(torch.int64), 0)  # [bs, M] int64
+    slots = torch.where(key_ok, kv_indices[pos].long(), 0)  # [bs, M] int64
     allowed = key_ok[:, None, :].expand(bs, q_per_req, max_kv_len)  # [bs, Q, M]
     if causal:
         limit = kv_len[:, None] - q_per_req + j[None, :] + 1  # [bs, Q] keys visible to row j
         allowed = allowed & (t < limit[..., None])
-    if custom_mask is not None:
-        assert mask_indptr is not None
-        m_start = mask_indptr[:bs].to(torch.int64)[:, None, None]  # [bs, 1, 1]
-        flat = m_start + j[:, None] * kv_len[:, None, None] + t  # [bs, Q, M]
-        flat = flat.clamp(0, custom_mask.shape[0] - 1)  # out-of-block entries are masked anyway
-        allowed = allowed & custom_mask[flat].to(torch.bool)
+    if custom_mask is not None:  # (with mask_indptr: the wrappers check both or neither)
+        flat = mask_indptr[:bs, None, None].long() + j[:, None] * kv_len[:, None, None] + t  # [bs, Q, M]
+        allowed = allowed & custom_mask[flat.clamp(0, custom_mask.shape[0] - 1)].bool()  # out-of-block entries: masked anyway
     return slots, key_ok, allowed
 
 
-def _masked_attention(q, k, v, key_ok, allowed, sm_scale: float) -> torch.Tensor:
+def _masked_attention(q, k, v, key_ok, allowed, sm_scale: float) -> Tensor:
     """float32 ``q [bs, Q, Hkv, G, Dk]`` (G = query heads per kv head), ``k [bs, M, Hkv, Dk]``, ``v [bs, M, Hkv, Dv]``,
     bool ``key_ok [bs, M]``, ``allowed [bs, Q, M]`` -> ``[bs, Q, Hkv, G, Dv]``."""
     # Slots outside the window may hold NaN/inf: a NaN key only spoils its own score, which the
@@ -49,10 +45,10 @@ def _masked_attention(q, k, v, key_ok, allowed, sm_scale: float) -> torch.Tensor
     scores = torch.einsum("bqhgd,bmhd->bhgqm", q, k) * sm_scale  # [bs, Hkv, G, Q, M]
     allow = allowed[:, None, None]  # [bs, 1, 1, Q, M]
     scores = torch.where(allow, scores, float("-inf"))
-    row_max = scores.amax(dim=-1, keepdim=True)  # [bs, Hkv, G, Q, 1]
+    row_max = scores.amax(-1, keepdim=True)  # [bs, Hkv, G, Q, 1]
     row_max = torch.where(torch.isfinite(row_max), row_max, 0.0)  # empty rows: -inf -> 0
     p = torch.where(allow, torch.exp(scores - row_max), 0.0)  # [bs, Hkv, G, Q, M]
-    denom = p.sum(dim=-1, keepdim=True)
+    denom = p.sum(-1, keepdim=True)
     p = p / torch.where(denom > 0, denom, 1.0)  # empty rows stay all-zero
     return torch.einsum("bhgqm,bmhd->bqhgd", p, v)  # [bs, Q, Hkv, G, Dv]
 
@@ -63,11 +59,12 @@ def _launch(what, op, inputs, kv_indptr, kv_indices, out, sm_scale, max_kv_len, 
     check_int(max_kv_len, "max_kv_len", 1)
     check_int(q_per_req, "q_per_req", 1)
     check_float(sm_scale, "sm_scale")
-    for name, t in (("kv_indptr", kv_indptr), ("kv_indices", kv_indices)):
-        check_tensor(t, name, INDEX_DTYPES, 1, out.device, min_len=1)
+    check_tensor(kv_indptr, "kv_indptr", INDEX_DTYPES, 1, out.device, min_len=1)
+    check_tensor(kv_indices, "kv_indices", INDEX_DTYPES, 1, out.device, min_len=1)
     bs, rows = kv_indptr.shape[0] - 1, out.shape[0]
-    want = f"bs * q_per_req = {bs} * {q_per_req} (bs = kv_indptr.numel() - 1)"
-    check(rows == bs * q_per_req, f"q.shape[0]={rows}: must equal {want}")
+    check(
+        rows == bs * q_per_req, f"q.shape[0]={rows}: must equal bs * q_per_req = {bs} * {q_per_req} (bs = kv_indptr.numel() - 1)"
+    )
     check_mask(mask, mask_indptr, bs, out.device)
     kv_indptr, kv_indices = guard_csr(what, kv_indptr, kv_indices, bs, inputs[-1].shape[0])
     op(*inputs, kv_indptr, kv_indices, out, float(sm_scale), max_kv_len, q_per_req, mask, mask_indptr, bool(causal))
@@ -164,11 +161,12 @@ def dense_paged_mla_attention(
     for name, t in (("q_rope", q_rope), ("kv_cache", kv_cache), ("out", out)):
         check_tensor(t, name, FLOAT_DTYPES, 3, q_nope.device)
     (rows, num_heads, rank), rope = q_nope.shape, q_rope.shape[2]
-    ok = tuple(q_rope.shape[:2]) == (rows, num_heads)
-    check(ok, f"q_rope.shape={tuple(q_rope.shape)}: must start with {(rows, num_heads)} like q_nope")
-    ok = kv_cache.shape[0] >= 1 and tuple(kv_cache.shape[1:]) == (1, rank + rope)
+    check(
+        q_rope.shape[:2] == (rows, num_heads),
+        f"q_rope.shape={tuple(q_rope.shape)}: must start with {(rows, num_heads)} like q_nope",
+    )
+    ok = kv_cache.shape[0] >= 1 and kv_cache.shape[1:] == (1, rank + rope)
     check(ok, f"kv_cache.shape={tuple(kv_cache.shape)}: must be [slots >= 1, 1, {rank} + {rope}]")
-    want = (rows, num_heads, rank)
-    check(tuple(out.shape) == want, f"out.shape={tuple(out.shape)}: must be {want}")
+    check(out.shape == (rows, num_heads, rank), f"out.shape={tuple(out.shape)}: must be {(rows, num_heads, rank)}")
     args = (kv_indptr, kv_indices, out, sm_scale, max_kv_len, q_per_req, custom_mask, mask_indptr, causal)
     _launch("dense_paged_mla_attention", _dense_paged_mla_attention_op, (q_nope, q_rope, kv_cache), *args)

@@ -70,8 +70,7 @@ def guard_csr(
         return kv_indptr, kv_indices
     n, ptr = kv_indices.shape[0], kv_indptr[: bs + 1]
     safe = ptr.clamp(0, n).cummax(0).values
-    rule = f"outside [0, {n}] (kv_indices.numel()) or below the entry before it"
-    _record(f"{what}: kv_indptr", safe != ptr, ptr, rule)
+    _record(f"{what}: kv_indptr", safe != ptr, ptr, f"outside [0, {n}] (kv_indices.numel()) or below the entry before it")
     pos = torch.arange(n, device=kv_indices.device)
     bad = (pos >= safe[0]) & (pos < safe[bs]) & ((kv_indices < 0) | (kv_indices >= num_slots))
     _record(f"{what}: kv_indices", bad, kv_indices, f"a live entry outside the cache's slots [0, {num_slots})")
@@ -86,9 +85,8 @@ def guard_table(
     recorded."""
     if not _state["on"]:
         return block_table
-    table, width = block_table[:bs], block_table.shape[1]
+    table = block_table[:bs]
     pages = (seq_lens[:bs].clamp(0, bound) + page_size - 1) // page_size  # [bs] columns each request reads
-    cols = torch.arange(width, device=block_table.device)
-    bad = (cols < pages[:, None]) & ((table < 0) | (table >= num_pages))
+    bad = (torch.arange(block_table.shape[1], device=block_table.device) < pages[:, None]) & ((table < 0) | (table >= num_pages))
     _record(f"{what}: block_table", bad, table, f"a read entry outside the cache's pages [0, {num_pages})")
     return torch.where(bad, 0, table)

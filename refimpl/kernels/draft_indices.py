@@ -9,6 +9,7 @@ columns ``seq_lens[r] + k*S + j`` (branch-major, as ``refimpl.batchgen``); step 
 import torch
 import triton
 import triton.language as tl
+from torch import Tensor
 
 from ._checks import INDEX_DTYPES, check, check_int, check_pool_inputs, check_tensor
 from ._op import kernel_op
@@ -43,7 +44,7 @@ def _draft_decode_kv_indices_kernel(
     STEP_BLOCK: tl.constexpr,  # next_pow2(num_steps)
     COPY_BLOCK: tl.constexpr,
 ):
-    i, r, k = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # step, sequence, branch
+    i, r, k = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2)  # step, sequence, branch
     row = r * TOPK + k
     # offset of row (r, k) = topk * sum_{r' < r} seq_lens[r'] + (r*topk + k) * (i+1) + k*seq_lens[r]
     # (negative lengths count as 0: rows never overlap)
@@ -51,35 +52,32 @@ def _draft_decode_kv_indices_kernel(
     lens = tl.maximum(tl.load(seq_lens_ptr + s, mask=s < num_seqs, other=0).to(tl.int64), 0)  # [SEQ_BLOCK]
     before = tl.sum(tl.where(s < r, lens, 0), 0)
     seq_len = tl.maximum(tl.load(seq_lens_ptr + r).to(tl.int64), 0)
-    drafts = (i + 1).to(tl.int64)  # draft slots per row at step i
-    offset = TOPK * before + row.to(tl.int64) * drafts + k * seq_len
+    drafts = i + 1  # draft slots per row at step i
+    offset = TOPK * before + row * drafts + k * seq_len
     row_len = seq_len + drafts  # entries of row (r, k) at step i
-    indptr_row = kv_indptr_ptr + i.to(tl.int64) * kv_indptr_stride
-    indptr_ty = kv_indptr_ptr.dtype.element_ty
-    tl.store(indptr_row + row + 1, (offset + row_len).to(indptr_ty), mask=row + 1 < indptr_width)
+    indptr_row = kv_indptr_ptr + i * kv_indptr_stride
+    tl.store(indptr_row + row + 1, offset + row_len, mask=row + 1 < indptr_width)  # stores cast to the dtype
     if (r == 0) & (k == 0):  # row 0 starts the CSR: its offset is 0
-        tl.store(indptr_row, offset.to(indptr_ty))
+        tl.store(indptr_row, offset)
     row_ok, src = pool_row(req_to_token_ptr, req_pool_indices_ptr, r, pool, req_to_token_stride)
-    step_row = kv_indices_ptr + i.to(tl.int64) * kv_indices_stride
+    step_row = kv_indices_ptr + i * kv_indices_stride
     # prefix: positions t < seq_len read column t; only t < L exist (at most L of them)
-    prefix = tl.where(row_ok, tl.minimum(seq_len, context_len), 0)
-    copy_row(src, step_row, offset, 0, prefix, width, COPY_BLOCK)
+    copy_row(src, step_row, offset, 0, tl.where(row_ok, tl.minimum(seq_len, context_len), 0), width, COPY_BLOCK)
     j = tl.arange(0, STEP_BLOCK).to(tl.int64)  # draft slots j = 0..i of branch k
     col = seq_len + k * NUM_STEPS + j  # their columns in the request's row
     pos = offset + seq_len + j  # their positions in kv_indices[i]
     # row_ok goes into the bound, not the mask: the interpreter rejects `block & scalar` masks
-    num_drafts = tl.where(row_ok, drafts, 0)
-    keep = (j < num_drafts) & (col < context_len) & (pos >= 0) & (pos < width)
-    tl.store(step_row + pos, tl.load(src + col, mask=keep).to(kv_indices_ptr.dtype.element_ty), mask=keep)
+    keep = (j < tl.where(row_ok, drafts, 0)) & (col < context_len) & (pos >= 0) & (pos < width)
+    tl.store(step_row + pos, tl.load(src + col, mask=keep), mask=keep)
 
 
 @kernel_op("refimpl::draft_decode_kv_indices", mutates_args=("kv_indices", "kv_indptr"))
 def _draft_decode_kv_indices_op(
-    req_pool_indices: torch.Tensor,
-    req_to_token: torch.Tensor,
-    seq_lens: torch.Tensor,
-    kv_indices: torch.Tensor,
-    kv_indptr: torch.Tensor,
+    req_pool_indices: Tensor,
+    req_to_token: Tensor,
+    seq_lens: Tensor,
+    kv_indices: Tensor,
+    kv_indptr: Tensor,
     topk: int,
     num_steps: int,
 ) -> None:
@@ -102,24 +100,26 @@ def draft_decode_kv_indices(req_pool_indices, req_to_token, seq_lens, kv_indices
     check_tensor(kv_indices, "kv_indices", INDEX_DTYPES, 2, dev, min_len=num_steps)
     check_tensor(kv_indptr, "kv_indptr", INDEX_DTYPES, 2, dev)
     ok = kv_indptr.shape[0] >= num_steps and kv_indptr.shape[1] > num_seqs * topk
-    want = f"[num_steps={num_steps}, num_seqs*topk + 1 = {num_seqs * topk + 1}]"
-    check(ok, f"kv_indptr.shape={tuple(kv_indptr.shape)}: must be at least {want}")
+    check(
+        ok,
+        f"kv_indptr.shape={tuple(kv_indptr.shape)}: must be at least [num_steps={num_steps}, num_seqs*topk + 1 = {num_seqs * topk + 1}]",
+    )
     _draft_decode_kv_indices_op(req_pool_indices, req_to_token, seq_lens, kv_indices, kv_indptr, topk, num_steps)
 
 
 def draft_decode_kv_indices_ref(
-    req_pool_indices: torch.Tensor, req_to_token: torch.Tensor, seq_lens: torch.Tensor, *, topk: int, num_steps: int
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    req_pool_indices: Tensor, req_to_token: Tensor, seq_lens: Tensor, *, topk: int, num_steps: int
+) -> tuple[list[Tensor], list[Tensor]]:
     """Expected ``(kv_indptr, kv_indices)``, one int64 tensor per step (python loops): ``[num_seqs*topk + 1]`` and
     ``[draft_decode_used_len(sum(seq_lens), num_seqs, topk, i)]``."""
     table = {r: req_to_token[r].tolist() for r in req_pool_indices[: seq_lens.numel()].tolist()}  # the batch's rows
-    indptrs, indices = [], []
+    indptrs, indices, as_tensor = [], [], lambda xs: torch.tensor(xs, dtype=torch.int64, device=req_to_token.device)
     for i in range(num_steps):
         indptr, flat = [0], []
         for slot, n in zip(req_pool_indices.tolist(), seq_lens.tolist()):
             for k in range(topk):  # the prefix, then branch k's first i + 1 draft slots
                 flat += [table[slot][c] for c in [*range(n), *range(n + k * num_steps, n + k * num_steps + i + 1)]]
                 indptr.append(len(flat))
-        indptrs.append(torch.tensor(indptr, dtype=torch.int64, device=req_to_token.device))
-        indices.append(torch.tensor(flat, dtype=torch.int64, device=req_to_token.device))
+        indptrs.append(as_tensor(indptr))
+        indices.append(as_tensor(flat))
     return indptrs, indices

@@ -16,13 +16,14 @@ import inspect
 import torch
 import triton
 import triton.language as tl
+from torch import Tensor
 
 from .. import layout
 from ._checks import INDEX_DTYPES, MASK_DTYPES, check, check_int, check_pool_inputs, check_tensor
 from ._op import kernel_op
 from .indices import CSR_BLOCK, copy_row, pool_row
 from .oracle import csr_ref
-from .triton_decode import _token_grid, get_num_kv_splits_ref, split_counts
+from .triton_decode import get_num_kv_splits_ref, split_counts, split_grid
 
 MASK_BLOCK = 1024  # mask entries copied per loop iteration
 _MASK_SRC = 8  # position of custom_mask_src in the op's arguments
@@ -63,37 +64,35 @@ def _fused_graph_metadata_kernel(
     live = offs < bs
     lens = tl.load(seq_lens_ptr + offs, mask=live, other=0).to(tl.int64)  # [BLOCK_BS]
     n = tl.load(seq_lens_ptr + i).to(tl.int64)
-    before = live & (offs < i)
-    out_start = tl.sum(tl.where(before, lens, 0), axis=0)  # exclusive prefix: kv_indptr[i]
+    before = offs < i  # (i < bs: only live requests)
+    out_start = tl.sum(tl.where(before, lens, 0), 0)  # exclusive prefix: kv_indptr[i]
     zero = n * 0  # int64 scalar
+    # (every store casts its value to the destination's dtype)
     if i == 0:
-        tl.store(kv_indptr_ptr, zero.to(kv_indptr_ptr.dtype.element_ty))
-    tl.store(kv_indptr_ptr + i + 1, (out_start + n).to(kv_indptr_ptr.dtype.element_ty))
+        tl.store(kv_indptr_ptr, zero)
+    tl.store(kv_indptr_ptr + i + 1, out_start + n)
     if DECODE:  # constexpr: resolved at compile time
         if STATIC:
             mine = zero.to(tl.int32) + max_kv_splits
         else:
             splits = split_counts(lens.to(tl.int32), live, token_grid, max_kv_splits, core_count)
-            mine = tl.sum(tl.where(offs == i, splits, 0), axis=0)  # this request's count
-        tl.store(num_kv_splits_ptr + i, mine.to(tl.int32))
+            mine = tl.sum(tl.where(offs == i, splits, 0), 0)  # this request's count
+        tl.store(num_kv_splits_ptr + i, mine)
     if VERIFY:
         nd = zero + num_draft_tokens  # int64 (an int arg of 1 arrives as a constexpr)
         if i == 0:
-            tl.store(qo_indptr_ptr, zero.to(qo_indptr_ptr.dtype.element_ty))
-            tl.store(mask_indptr_ptr, zero.to(mask_indptr_ptr.dtype.element_ty))
-        tl.store(qo_indptr_ptr + i + 1, ((i + 1) * nd).to(qo_indptr_ptr.dtype.element_ty))
-        blocks = nd * (lens + nd)  # [BLOCK_BS] mask entries per request
-        mask_start = tl.sum(tl.where(before, blocks, 0), axis=0)  # mask_indptr[i]
+            tl.store(qo_indptr_ptr, zero)
+            tl.store(mask_indptr_ptr, zero)
+        tl.store(qo_indptr_ptr + i + 1, (i + 1) * nd)
+        mask_start = tl.sum(tl.where(before, nd * (lens + nd), 0), 0)  # mask_indptr[i]: blocks of N * (len + N)
         my_block = nd * (n + nd)
-        mask_end = mask_start + my_block
-        tl.store(mask_indptr_ptr + i + 1, mask_end.to(mask_indptr_ptr.dtype.element_ty))
-        if COPY_MASK:  # entries [mask_start, mask_end) inside both the source and the buffer
-            q_lo, q_hi = tl.maximum(-mask_start, 0), tl.minimum(my_block, mask_len - mask_start)
-            copy_row(mask_src_ptr + mask_start, mask_dst_ptr, mask_start, q_lo, q_hi, mask_len, MASK_BLOCK)
+        tl.store(mask_indptr_ptr + i + 1, mask_start + my_block)
+        if COPY_MASK:  # entries [mask_start, mask_start + my_block) inside both the source and the buffer
+            q_hi = tl.minimum(my_block, mask_len - mask_start)
+            copy_row(mask_src_ptr + mask_start, mask_dst_ptr, mask_start, tl.maximum(-mask_start, 0), q_hi, mask_len, MASK_BLOCK)
     # the CSR copy, with build_kv_indices' bounds ([facts#csr-kv-index-builder])
     row_ok, src_row = pool_row(req_to_token_ptr, req_pool_indices_ptr, i, pool, req_to_token_stride)
-    j_hi = tl.where(row_ok, tl.minimum(n, row_len), 0)  # at most L positions
-    copy_row(src_row, kv_indices_ptr, out_start, 0, j_hi, out_len, BLOCK)
+    copy_row(src_row, kv_indices_ptr, out_start, 0, tl.where(row_ok, tl.minimum(n, row_len), 0), out_len, BLOCK)  # <= L
 
 
 @kernel_op(
@@ -101,16 +100,16 @@ def _fused_graph_metadata_kernel(
     mutates_args=("kv_indptr", "kv_indices", "num_kv_splits", "qo_indptr", "mask_indptr", "custom_mask"),
 )
 def _fused_graph_metadata_op(
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    num_kv_splits: torch.Tensor | None,
-    qo_indptr: torch.Tensor | None,
-    mask_indptr: torch.Tensor | None,
-    custom_mask_src: torch.Tensor | None,
-    custom_mask: torch.Tensor | None,
+    req_to_token: Tensor,
+    req_pool_indices: Tensor,
+    seq_lens: Tensor,
+    kv_indptr: Tensor,
+    kv_indices: Tensor,
+    num_kv_splits: Tensor | None,
+    qo_indptr: Tensor | None,
+    mask_indptr: Tensor | None,
+    custom_mask_src: Tensor | None,
+    custom_mask: Tensor | None,
     token_grid: int,
     max_kv_splits: int,
     core_count: int,
@@ -120,7 +119,7 @@ def _fused_graph_metadata_op(
     bs = seq_lens.shape[0]
     if bs == 0:  # shape, not data: an empty batch launches nothing
         return
-    copy_mask = qo_indptr is not None and custom_mask_src is not None
+    copy_mask = custom_mask_src is not None  # (verify only: fused_graph_metadata_args drops it for decode)
     src = dst = kv_indices  # dummy pointers, never read
     if copy_mask:
         src, dst = custom_mask_src.view(torch.uint8), custom_mask.view(torch.uint8)  # bool: viewed as uint8
@@ -133,23 +132,23 @@ def _fused_graph_metadata_op(
 
 
 def fused_graph_metadata_args(
-    req_to_token: torch.Tensor,  # [pool, L] int32/int64
-    req_pool_indices: torch.Tensor,  # [>= bs] int32/int64
-    seq_lens: torch.Tensor,  # [bs] int32/int64: kv lengths (decode; verify: the prefix)
-    kv_indptr: torch.Tensor,  # [>= bs+1] int32/int64, written [0 : bs+1]
-    kv_indices: torch.Tensor,  # [any] int32/int64, written (bounded by its numel)
+    req_to_token: Tensor,  # [pool, L] int32/int64
+    req_pool_indices: Tensor,  # [>= bs] int32/int64
+    seq_lens: Tensor,  # [bs] int32/int64: kv lengths (decode; verify: the prefix)
+    kv_indptr: Tensor,  # [>= bs+1] int32/int64, written [0 : bs+1]
+    kv_indices: Tensor,  # [any] int32/int64, written (bounded by its numel)
     *,
-    num_kv_splits: torch.Tensor | None = None,  # decode: [>= bs] int32, written [0 : bs]
+    num_kv_splits: Tensor | None = None,  # decode: [>= bs] int32, written [0 : bs]
     num_heads: int = 1,
     num_kv_heads: int = 1,
     max_kv_splits: int = 1,
     core_count: int = 0,
     static: bool = False,
     num_draft_tokens: int | None = None,  # target verify: N (+ qo / mask offsets, the optional mask copy)
-    qo_indptr: torch.Tensor | None = None,  # [>= bs+1] int32/int64, written [0 : bs+1]
-    mask_indptr: torch.Tensor | None = None,  # [>= bs+1] int32/int64, written [0 : bs+1]
-    custom_mask_src: torch.Tensor | None = None,  # [any] bool/uint8: the spec's flattened mask
-    custom_mask: torch.Tensor | None = None,  # [any] bool/uint8 graph buffer, written
+    qo_indptr: Tensor | None = None,  # [>= bs+1] int32/int64, written [0 : bs+1]
+    mask_indptr: Tensor | None = None,  # [>= bs+1] int32/int64, written [0 : bs+1]
+    custom_mask_src: Tensor | None = None,  # [any] bool/uint8: the spec's flattened mask
+    custom_mask: Tensor | None = None,  # [any] bool/uint8 graph buffer, written
 ) -> tuple:
     """Check ``fused_graph_metadata``'s arguments (this signature) and return the launch's argument tuple, for
     ``launch_fused_graph_metadata``."""
@@ -160,12 +159,7 @@ def fused_graph_metadata_args(
     check(decode != verify, "pass num_kv_splits (decode) or num_draft_tokens (verify), not both")
     if decode:
         check_tensor(num_kv_splits, "num_kv_splits", (torch.int32,), 1, dev, min_len=bs)
-        check_int(num_heads, "num_heads", 1)
-        check_int(num_kv_heads, "num_kv_heads", 1)
-        check(num_heads % num_kv_heads == 0, f"num_kv_heads={num_kv_heads}: must divide num_heads={num_heads}")
-        check_int(max_kv_splits, "max_kv_splits", 1)
-        check(type(core_count) is int, f"core_count={core_count!r}: must be an int (<= 0: static)")
-        token_grid, n = _token_grid(bs, 1, num_heads, num_kv_heads), 0
+        token_grid, n = split_grid(bs, 1, num_heads, num_kv_heads, max_kv_splits, core_count), 0
         qo_indptr = mask_indptr = custom_mask_src = custom_mask = None
     else:
         check_int(num_draft_tokens, "num_draft_tokens", 1)
@@ -194,7 +188,7 @@ def fused_graph_metadata(*args, **kwargs) -> None:
 fused_graph_metadata.__signature__ = inspect.signature(fused_graph_metadata_args).replace(return_annotation=None)
 
 
-def launch_fused_graph_metadata(args: tuple, custom_mask_src: torch.Tensor | None = None) -> None:
+def launch_fused_graph_metadata(args: tuple, custom_mask_src: Tensor | None = None) -> None:
     """Launch with ``fused_graph_metadata_args``' tuple; ``custom_mask_src`` (checked: 1-D bool / uint8, same device)
     replaces the source mask the tuple was made with (which must include a mask copy)."""
     if custom_mask_src is not None:
@@ -205,9 +199,9 @@ def launch_fused_graph_metadata(args: tuple, custom_mask_src: torch.Tensor | Non
 
 
 def fused_graph_metadata_ref(
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
+    req_to_token: Tensor,
+    req_pool_indices: Tensor,
+    seq_lens: Tensor,
     *,
     num_heads: int = 1,
     num_kv_heads: int = 1,
@@ -215,8 +209,8 @@ def fused_graph_metadata_ref(
     core_count: int = 0,
     static: bool = False,
     num_draft_tokens: int | None = None,
-    custom_mask_src: torch.Tensor | None = None,
-) -> dict[str, torch.Tensor]:
+    custom_mask_src: Tensor | None = None,
+) -> dict[str, Tensor]:
     """What ``fused_graph_metadata`` writes for valid inputs, on the host, int64 (``custom_mask``: the source's first
     ``min(src numel, mask_indptr[bs])`` entries as uint8)."""
     lens = seq_lens.detach().cpu().to(torch.int64)

@@ -13,6 +13,7 @@ to its tensor and every loop bounded by a shape: what falls outside is dropped, 
 import torch
 import triton
 import triton.language as tl
+from torch import Tensor
 
 from ._checks import INDEX_DTYPES, check, check_int, check_pool_inputs, check_tensor
 from ._op import kernel_op
@@ -45,7 +46,7 @@ def copy_row(src_row, dst_ptr, dst_start, j_lo, j_hi, out_len, BLOCK: tl.constex
         j = j_lo + b * BLOCK + tl.arange(0, BLOCK).to(tl.int64)  # [BLOCK] positions
         dst = dst_start + j
         keep = (j < j_hi) & (dst >= 0) & (dst < out_len)
-        tl.store(dst_ptr + dst, tl.load(src_row + j, mask=keep).to(dst_ptr.dtype.element_ty), mask=keep)
+        tl.store(dst_ptr + dst, tl.load(src_row + j, mask=keep), mask=keep)  # cast to dst's dtype
 
 
 @triton.jit
@@ -61,50 +62,57 @@ def copy_pages(src_row, dst_row, start, num_pages, row_len, PAGE_SIZE: tl.conste
 
 
 @triton.jit
-def _build_kv_indices_kernel(
-    req_to_token_ptr,  # [pool, L] int32, row stride = req_to_token_stride
+def _pool_copy_kernel(
+    req_to_token_ptr,  # [pool, L] int32/int64, row stride = req_to_token_stride
     req_pool_indices_ptr,  # [bs] int32/int64
     lens_ptr,  # [bs] int32/int64
-    kv_indptr_ptr,  # [bs+1] int32/int64, already [0, cumsum(lens)]
     kv_start_idx_ptr,  # [bs] (ignored unless HAS_START)
-    kv_indices_ptr,  # [out_len] int32/int64, written
+    dst_ptr,  # CSR: kv_indices [dst_len] int32/int64; table: block_table [bs_max, dst_len] int32; written
+    kv_indptr_ptr,  # CSR: [bs+1] int32/int64, already [0, cumsum(lens)] (table: ignored)
     req_to_token_stride,
+    dst_stride,  # table: block_table.stride(0) (CSR: ignored)
+    dst_len,  # CSR: kv_indices.numel(), stores outside [0, it) are dropped; table: max_blocks, pages past it are not written
     pool,  # req_to_token.shape[0]: request rows outside [0, pool) are never read
     row_len,  # req_to_token.shape[1] = L: columns outside [0, L) are never read
-    out_len,  # kv_indices.numel(): stores outside [0, out_len) are dropped
     HAS_START: tl.constexpr,
-    BLOCK: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,  # 0: CSR kv indices; else a block table of pages of PAGE_SIZE positions
+    BLOCK: tl.constexpr,  # positions (CSR) or pages (table) per loop iteration
 ):
     i = tl.program_id(0)  # one program per request
     n = tl.load(lens_ptr + i).to(tl.int64)
-    # positions j whose source column start + j lies in [0, L): [j_lo, j_hi) (at most L of them)
-    start = 0
-    j_lo = 0
-    j_hi = tl.minimum(n, row_len)
+    start = n * 0  # int64 0
     if HAS_START:  # constexpr: resolved at compile time
         start = tl.load(kv_start_idx_ptr + i).to(tl.int64)
-        j_lo = tl.maximum(-start, 0)
-        j_hi = tl.minimum(n, row_len - start)
     row_ok, src_row = pool_row(req_to_token_ptr, req_pool_indices_ptr, i, pool, req_to_token_stride)
-    j_hi = tl.where(row_ok, j_hi, j_lo)
-    copy_row(src_row + start, kv_indices_ptr, tl.load(kv_indptr_ptr + i).to(tl.int64), j_lo, j_hi, out_len, BLOCK)
+    if PAGE_SIZE == 0:  # CSR ([facts#csr-kv-index-builder])
+        # positions j whose source column start + j lies in [0, L): [j_lo, j_hi) (at most L of them)
+        j_lo = tl.maximum(-start, 0)
+        j_hi = tl.where(row_ok, tl.minimum(n, row_len - start), j_lo)
+        copy_row(src_row + start, dst_ptr, tl.load(kv_indptr_ptr + i).to(tl.int64), j_lo, j_hi, dst_len, BLOCK)
+    else:  # block table ([facts#block-table-builder])
+        num_pages = tl.where(row_ok, tl.minimum(tl.cdiv(n, PAGE_SIZE), dst_len), 0)  # never past the row
+        copy_pages(src_row, dst_ptr + i.to(tl.int64) * dst_stride, start, num_pages, row_len, PAGE_SIZE, BLOCK)
+
+
+def _pool_copy(req_to_token, req_pool_indices, lens, kv_start_idx, dst, kv_indptr, dst_len, page_size, block) -> None:
+    """Launch ``_pool_copy_kernel``, one program per request (both builder ops' body)."""
+    if lens.shape[0] == 0:  # shape, not data: an empty batch launches nothing
+        return
+    start = lens if kv_start_idx is None else kv_start_idx  # lens: a dummy pointer, never read
+    args = (req_to_token, req_pool_indices, lens, start, dst, kv_indptr, req_to_token.stride(0), dst.stride(0), dst_len)
+    _pool_copy_kernel[(lens.shape[0],)](*args, *req_to_token.shape, kv_start_idx is not None, page_size, block)
 
 
 @kernel_op("refimpl::build_kv_indices", mutates_args=("kv_indices",))
 def _build_kv_indices_op(
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    lens: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    kv_start_idx: torch.Tensor | None,
+    req_to_token: Tensor,
+    req_pool_indices: Tensor,
+    lens: Tensor,
+    kv_indptr: Tensor,
+    kv_indices: Tensor,
+    kv_start_idx: Tensor | None,
 ) -> None:
-    if lens.shape[0] == 0:  # shape, not data: an empty batch launches nothing
-        return
-    has_start = kv_start_idx is not None  # else lens: a dummy pointer, never read
-    args = (req_to_token, req_pool_indices, lens, kv_indptr, kv_start_idx if has_start else lens, kv_indices)
-    args += (req_to_token.stride(0), *req_to_token.shape, kv_indices.numel())
-    _build_kv_indices_kernel[(lens.shape[0],)](*args, has_start, CSR_BLOCK)  # HAS_START, BLOCK
+    _pool_copy(req_to_token, req_pool_indices, lens, kv_start_idx, kv_indices, kv_indptr, kv_indices.numel(), 0, CSR_BLOCK)
 
 
 def build_kv_indices(req_to_token, req_pool_indices, lens, kv_indptr, kv_indices, kv_start_idx=None) -> None:
@@ -124,56 +132,19 @@ def _requests(req_pool_indices, lens, kv_start_idx):
     return zip(req_pool_indices[:bs].tolist(), starts, lens.tolist())
 
 
-def build_kv_indices_ref(req_to_token, req_pool_indices, lens, kv_start_idx=None) -> torch.Tensor:
+def build_kv_indices_ref(req_to_token, req_pool_indices, lens, kv_start_idx=None) -> Tensor:
     """Expected CSR indices: concat_i req_to_token[rpi[i], start_i : start_i + lens[i]] (int64)."""
     rows = [req_to_token[r, s : s + n].long() for r, s, n in _requests(req_pool_indices, lens, kv_start_idx)]
     return torch.cat([req_to_token.new_zeros(0, dtype=torch.int64), *rows])  # [sum(lens)]
 
 
 # paged block table ([facts#block-table-builder])
-@triton.jit
-def _build_block_table_kernel(
-    req_to_token_ptr,  # [pool, L] int32
-    req_pool_indices_ptr,  # [bs]
-    lens_ptr,  # [bs]
-    kv_start_idx_ptr,  # [bs] (ignored unless HAS_START)
-    block_table_ptr,  # [bs_max, max_blocks] int32, written
-    req_to_token_stride,
-    block_table_stride,
-    max_blocks,
-    pool,  # req_to_token.shape[0]: request rows outside [0, pool) are never read
-    row_len,  # req_to_token.shape[1] = L: columns outside [0, L) are never read
-    PAGE_SIZE: tl.constexpr,
-    PAGES_PER_CHUNK: tl.constexpr,
-    HAS_START: tl.constexpr,
-):
-    i = tl.program_id(0)  # one program per request
-    n = tl.load(lens_ptr + i).to(tl.int64)
-    start = 0
-    if HAS_START:  # constexpr: resolved at compile time
-        start = tl.load(kv_start_idx_ptr + i).to(tl.int64)
-    row_ok, src_row = pool_row(req_to_token_ptr, req_pool_indices_ptr, i, pool, req_to_token_stride)
-    num_pages = tl.where(row_ok, tl.minimum(tl.cdiv(n, PAGE_SIZE), max_blocks), 0)  # never past the row
-    dst_row = block_table_ptr + i.to(tl.int64) * block_table_stride
-    copy_pages(src_row, dst_row, start, num_pages, row_len, PAGE_SIZE, PAGES_PER_CHUNK)
-
-
 @kernel_op("refimpl::build_block_table", mutates_args=("block_table",))
 def _build_block_table_op(
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    lens: torch.Tensor,
-    block_table: torch.Tensor,
-    page_size: int,
-    kv_start_idx: torch.Tensor | None,
+    req_to_token: Tensor, req_pool_indices: Tensor, lens: Tensor, block_table: Tensor, page_size: int, kv_start_idx: Tensor | None
 ) -> None:
-    if lens.shape[0] == 0:  # shape, not data: an empty batch launches nothing
-        return
-    has_start = kv_start_idx is not None  # else lens: a dummy pointer, never read
-    args = (req_to_token, req_pool_indices, lens, kv_start_idx if has_start else lens, block_table)
-    args += (req_to_token.stride(0), block_table.stride(0), block_table.shape[1], *req_to_token.shape)
-    # PAGE_SIZE, PAGES_PER_CHUNK, HAS_START
-    _build_block_table_kernel[(lens.shape[0],)](*args, page_size, pages_per_chunk(page_size), has_start)
+    chunk = pages_per_chunk(page_size)
+    _pool_copy(req_to_token, req_pool_indices, lens, kv_start_idx, block_table, lens, block_table.shape[1], page_size, chunk)
 
 
 def build_block_table(req_to_token, req_pool_indices, lens, block_table, page_size, kv_start_idx=None) -> None:
@@ -196,16 +167,15 @@ def build_block_table_ref(req_to_token, req_pool_indices, lens, block_table, pag
     return out
 
 
-def block_table_to_kv_indices(
-    block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+def block_table_to_kv_indices(block_table: Tensor, seq_lens: Tensor, page_size: int) -> tuple[Tensor, Tensor]:
     """Host-side token-level CSR view of a block table: position t of request i is slot ``block_table[i, t // P] * P + t %
     P``. Returns int64 ``(kv_indptr [bs+1], kv_indices [sum(seq_lens)])``, bs = seq_lens.numel()."""
     bs, dev = seq_lens.numel(), block_table.device
     assert block_table.dim() == 2 and block_table.shape[0] >= bs, "block_table must be [>=bs, *]"
-    if bs and (longest := int(seq_lens.max())) > (room := block_table.shape[1] * page_size):
+    room = block_table.shape[1] * page_size  # W*P positions
+    if bs and (longest := int(seq_lens.max())) > room:
         raise ValueError(f"seq_lens up to {longest} positions exceed the block table's {room} (pages x page_size)")
-    t = torch.arange(block_table.shape[1] * page_size, device=dev)  # [W*P] positions
+    t = torch.arange(room, device=dev)  # [W*P] positions
     slots = block_table[:bs, t // page_size].long() * page_size + t % page_size  # [bs, W*P]: each position's slot
     csr = csr_ref(slots, torch.arange(bs, device=dev), seq_lens)  # request i's first seq_lens[i] slots (host)
     return csr["kv_indptr"].to(dev), csr["kv_indices"].to(dev)

@@ -71,21 +71,20 @@ def _mla_paged_kernel(
     row, hg = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)  # i * N + j, head group
     i, j = row // q_len, row % q_len  # request, query row within it
     seq_len = tl.load(seq_lens_ptr + i).to(tl.int64)
-    end = tl.minimum(seq_len, max_seq_len)  # max_seq_len frozen at capture: keys past it unread
-    end = tl.minimum(end, seq_len - q_len + j + 1)  # causal, bottom-right aligned
-    end = tl.minimum(end, width * PAGE_SIZE)  # never a table entry past the width
+    # max_seq_len frozen at capture: keys past it unread; causal, bottom-right aligned; never a table entry past the width
+    end = tl.minimum(tl.minimum(seq_len, max_seq_len), tl.minimum(seq_len - q_len + j + 1, width * PAGE_SIZE))
     offs_hb = tl.arange(0, BLOCK_H)
     heads = hg * HEADS + offs_hb  # [BLOCK_H] int64 query heads
     mask_h = (offs_hb < HEADS) & (heads < num_heads)
-    offs_r, offs_rr = tl.arange(0, R), tl.arange(0, RR)
+    cols_r, cols_rr = tl.arange(0, R)[None, :], R + tl.arange(0, RR)[None, :]  # [1, R], [1, RR]: a cache row's parts
     q_rows = q_ptr + i * stride_qb + j * stride_qt + heads[:, None] * stride_qh  # [BLOCK_H, 1]
-    q_nope = tl.load(q_rows + offs_r[None, :], mask=mask_h[:, None], other=0.0)  # [BLOCK_H, R]
-    q_pe = tl.load(q_rows + R + offs_rr[None, :], mask=mask_h[:, None], other=0.0)  # [BLOCK_H, RR]
+    q_nope = tl.load(q_rows + cols_r, mask=mask_h[:, None], other=0.0)  # [BLOCK_H, R]
+    q_pe = tl.load(q_rows + cols_rr, mask=mask_h[:, None], other=0.0)  # [BLOCK_H, RR]
     bt_row = block_table_ptr + i * stride_bt
     e_max = tl.full([BLOCK_H], float("-inf"), tl.float32)  # running max of logits
     e_sum = tl.zeros([BLOCK_H], tl.float32)  # running sum of exp(logit - e_max)
     acc = tl.zeros([BLOCK_H, R], tl.float32)  # running sum of exp(...) * v
-    arange_n, cols_r, cols_rr = tl.arange(0, BLOCK_N), offs_r[None, :], R + offs_rr[None, :]  # hoisted: loop invariants
+    arange_n = tl.arange(0, BLOCK_N)  # hoisted: a loop invariant
     if FP32_DOTS:  # cast once, not every block
         q_nope, q_pe = q_nope.to(tl.float32), q_pe.to(tl.float32)
     for start in range(0, end, BLOCK_N):  # end <= 0: no iteration, zeros
@@ -118,7 +117,7 @@ def _mla_paged_kernel(
         e_max = new_max
     out = acc / tl.where(e_sum > 0, e_sum, 1.0)[:, None] * out_scale  # no key: zeros
     out_ptrs = out_ptr + i * stride_ob + j * stride_ot + heads[:, None] * stride_oh
-    tl.store(out_ptrs + offs_r[None, :], out.to(out_ptr.dtype.element_ty), mask=mask_h[:, None])
+    tl.store(out_ptrs + cols_r, out.to(out_ptr.dtype.element_ty), mask=mask_h[:, None])
 
 
 @kernel_op("refimpl::mla_paged_attention", mutates_args=("out",))
@@ -137,43 +136,39 @@ def _mla_paged_attention_op(
     if bs * q_len * num_heads == 0:  # shape, not data: an empty batch launches nothing
         return
     heads = min(num_heads, MAX_HEADS_PER_PROGRAM)
-    block_h = max(triton.next_power_of_2(heads), DOT_MIN)
-    grid = (bs * q_len, triton.cdiv(num_heads, heads))
     strides = (*q.stride()[:3], *kv_cache.stride()[:2], block_table.stride(0), *out.stride()[:3])
     sizes = (q_len, num_heads, block_table.shape[1], max_seq_len, sm_scale, out_scale)
-    meta = dict(R=kv_lora_rank, RR=head_dim - kv_lora_rank, PAGE_SIZE=kv_cache.shape[1], HEADS=heads, BLOCK_H=block_h)
-    fp32 = torch.float32 in (q.dtype, kv_cache.dtype)
-    args = (q, kv_cache, block_table, seq_lens, out, *strides, *sizes)
-    _mla_paged_kernel[grid](*args, **meta, BLOCK_N=BLOCK_N, FP32_DOTS=fp32, num_warps=4 if kv_lora_rank <= 128 else 8)
+    meta = dict(R=kv_lora_rank, RR=head_dim - kv_lora_rank, PAGE_SIZE=kv_cache.shape[1], HEADS=heads, BLOCK_N=BLOCK_N)
+    meta.update(BLOCK_H=max(triton.next_power_of_2(heads), DOT_MIN), FP32_DOTS=torch.float32 in (q.dtype, kv_cache.dtype))
+    _mla_paged_kernel[(bs * q_len, triton.cdiv(num_heads, heads))](
+        q, kv_cache, block_table, seq_lens, out, *strides, *sizes, **meta, num_warps=4 if kv_lora_rank <= 128 else 8
+    )
 
 
 def mla_paged_attention(q, kv_cache, block_table, seq_lens, out, max_seq_len, sm_scale, kv_lora_rank, out_scale=1.0):
     """Paged MLA attention into ``out`` (module docstring), returned. P a multiple of 32; R and Rr powers of two >= 16;
     ``width * P >= max_seq_len``. Table values are the caller's contract (graph-safe)."""
     check_tensor(q, "q", FLOAT_DTYPES, 4)
-    device = q.device
-    check_tensor(kv_cache, "kv_cache", FLOAT_DTYPES, 3, device)
-    check_tensor(out, "out", FLOAT_DTYPES, 4, device)
-    check_tensor(block_table, "block_table", (torch.int32,), 2, device)
-    check_tensor(seq_lens, "seq_lens", INDEX_DTYPES, 1, device)
-    for name, t in (("q", q), ("kv_cache", kv_cache), ("out", out)):
+    (bs, q_len, num_heads, head_dim), device = q.shape, q.device
+    for name, t, ndim in (("q", q, 4), ("kv_cache", kv_cache, 3), ("out", out, 4)):
+        check_tensor(t, name, FLOAT_DTYPES, ndim, device)
         _env.check_cpu_dtype(t, name)
-    (bs, q_len, num_heads, head_dim), (_, page_size, kv_dim), width = q.shape, kv_cache.shape, block_table.shape[1]
+    check_tensor(block_table, "block_table", (torch.int32,), 2, device, min_len=bs)
+    check_tensor(seq_lens, "seq_lens", INDEX_DTYPES, 1, device, min_len=bs)
+    (_, page_size, kv_dim), width, rope = kv_cache.shape, block_table.shape[1], head_dim - kv_lora_rank
     check_int(kv_lora_rank, "kv_lora_rank", DOT_MIN)
     check(kv_lora_rank & (kv_lora_rank - 1) == 0, f"kv_lora_rank={kv_lora_rank}: must be a power of two")
-    rope = head_dim - kv_lora_rank
-    msg = f"q.shape[-1]={head_dim}: the rope part q.shape[-1] - kv_lora_rank = {rope} must be a power of two"
-    check(rope >= DOT_MIN and rope & (rope - 1) == 0, f"{msg} >= {DOT_MIN}")  # n & (n - 1) == 0: a power of two
+    msg = f"q.shape[-1]={head_dim}: the rope part q.shape[-1] - kv_lora_rank = {rope} must be a power of two >= {DOT_MIN}"
+    check(rope >= DOT_MIN and rope & (rope - 1) == 0, msg)  # n & (n - 1) == 0: a power of two
     check(kv_dim == head_dim, f"kv_cache.shape[2]={kv_dim}: must equal q.shape[3]={head_dim}")
-    ok = page_size >= 1 and page_size % BLOCK_N == 0
-    check(ok, f"kv_cache.shape[1]={page_size} (page size): must be a multiple of {BLOCK_N}")
-    for name, t in (("block_table", block_table), ("seq_lens", seq_lens)):
-        check(t.shape[0] >= bs, f"{name}.shape[0]={t.shape[0]}: must be >= bs={bs}")
+    check(
+        page_size >= 1 and page_size % BLOCK_N == 0, f"kv_cache.shape[1]={page_size} (page size): must be a multiple of {BLOCK_N}"
+    )
     want = (bs, q_len, num_heads, kv_lora_rank)
-    check(tuple(out.shape) == want, f"out.shape={tuple(out.shape)}: must be {want}")
+    check(out.shape == want, f"out.shape={tuple(out.shape)}: must be {want}")
     check_int(max_seq_len, "max_seq_len", 0)
-    msg = f"block_table.shape[1]={width} pages of {page_size} cover {width * page_size} positions"
-    check(width * page_size >= max_seq_len, f"{msg} < max_seq_len={max_seq_len}: the table is too narrow")
+    msg = f"block_table.shape[1]={width} pages of {page_size} cover {width * page_size} positions < max_seq_len={max_seq_len}"
+    check(width * page_size >= max_seq_len, f"{msg}: the table is too narrow")
     check_float(sm_scale, "sm_scale")
     check_float(out_scale, "out_scale")
     bound = min(max_seq_len, width * page_size)
@@ -187,14 +182,14 @@ def mla_paged_attention_ref(q, kv_cache, block_table, seq_lens, max_seq_len, sm_
     """What ``mla_paged_attention`` must write, in float64 (``attention_from_dense`` per request): request i's keys are its
     first ``min(seq_lens[i], max_seq_len, width * P)`` positions (slots ``bt[i, t // P] * P + t % P``); row j's causal
     bound ``t < seq_lens[i] - N + j + 1`` uses the *untruncated* length. Host reads: never call inside a graph."""
-    bs, q_len, num_heads, head_dim = q.shape
+    bs, q_len, num_heads, _ = q.shape
     page_size, device = kv_cache.shape[1], q.device
     cap = min(max_seq_len, block_table.shape[1] * page_size)
-    keys = kv_cache.reshape(-1, 1, head_dim)  # [slots, 1, R + Rr]: key = the whole row, value = its first R columns
     out = torch.zeros(bs, q_len, num_heads, kv_lora_rank, dtype=torch.float64, device=device)
     for i, n in enumerate(seq_lens[:bs].tolist()):
         t = torch.arange(max(min(n, cap), 0), device=device)  # the keys request i may read
-        rows = keys[block_table[i, t // page_size].long() * page_size + t % page_size]  # [n_k, 1, R + Rr]
+        # [n_k, 1, R + Rr]: key = the whole cache row, value = its first R columns
+        rows = kv_cache[block_table[i, t // page_size].long(), t % page_size, None]
         mask = torch.ones(q_len, t.numel(), dtype=torch.bool, device=device).tril(n - q_len)  # t < n - N + j + 1
         out[i] = attention_from_dense(q[i], rows, rows[..., :kv_lora_rank], sm_scale, mask)
     return out * out_scale
@@ -261,16 +256,18 @@ def trtllm_batch_decode_with_kv_cache_mla(
     flags = (is_var_seq, uses_shared_paged_kv_idx, return_lse, enable_dcp, cp_world, cp_rank)
     check(
         flags == (True, True, False, False, 1, 0),
-        "is_var_seq / uses_shared_paged_kv_idx / return_lse / enable_dcp / "
-        f"cp_world / cp_rank = {flags}: only the defaults (True, True, False, False, 1, 0) are implemented here",
+        f"is_var_seq / uses_shared_paged_kv_idx / return_lse / enable_dcp / cp_world / cp_rank = {flags}: only the defaults"
+        " (True, True, False, False, 1, 0) are implemented here",
     )
     check(sparse_mla_top_k == 0, f"sparse_mla_top_k={sparse_mla_top_k!r}: only dense MLA (0) is implemented here")
     check(isinstance(backend, str), f"backend={backend!r}: must be a str")
     check_tensor(query, "query", FLOAT_DTYPES, 4)
     (bs, q_len, num_heads, _), device = query.shape, query.device
     check_tensor(kv_cache, "kv_cache", FLOAT_DTYPES, None, device)
-    ok = kv_cache.dim() == 4 and kv_cache.shape[1] == 1
-    check(ok, f"kv_cache.shape={tuple(kv_cache.shape)}: must be [num_pages, 1, page_size, R + Rr]")
+    check(
+        kv_cache.dim() == 4 and kv_cache.shape[1] == 1,
+        f"kv_cache.shape={tuple(kv_cache.shape)}: must be [num_pages, 1, page_size, R + Rr]",
+    )
     page_size = kv_cache.shape[2]
     check(page_size in TRTLLM_PAGE_SIZES, f"page_size={page_size} (kv_cache.shape[2]): TRTLLM-MLA supports {TRTLLM_PAGE_SIZES}")
     for name in ("qk_nope_head_dim", "kv_lora_rank", "qk_rope_head_dim"):
@@ -281,8 +278,10 @@ def trtllm_batch_decode_with_kv_cache_mla(
     check_float(bmm2_scale, "bmm2_scale")
     _check_standin(bs, device, "block_tables", block_tables, seq_lens, "workspace_buffer", workspace_buffer)
     width = block_tables.shape[1]
-    msg = f"block_tables.shape[1]={width} with page_size={page_size}: width * page_size must be a multiple of"
-    check((width * page_size) % TRTLLM_BLOCK_CONSTRAINT == 0, f"{msg} {TRTLLM_BLOCK_CONSTRAINT}")
+    check(
+        width * page_size % TRTLLM_BLOCK_CONSTRAINT == 0,
+        f"block_tables.shape[1]={width} with page_size={page_size}: width * page_size must be a multiple of {TRTLLM_BLOCK_CONSTRAINT}",
+    )
     check_int(max_seq_len, "max_seq_len", 0)
     if out is None:
         out = torch.empty(bs, q_len, num_heads, kv_lora_rank, dtype=query.dtype, device=device)
@@ -301,16 +300,17 @@ def cutlass_mla_decode(
     (bs, num_heads, rank), device = q_nope.shape, q_nope.device
     check_tensor(q_pe, "q_pe", FLOAT_DTYPES, 3, device)
     check(q_pe.dtype == q_nope.dtype, f"q_pe.dtype={q_pe.dtype}: must equal {q_nope.dtype}")
-    ok = tuple(q_pe.shape[:2]) == (bs, num_heads)
-    check(ok, f"q_pe.shape={tuple(q_pe.shape)}: must start with {(bs, num_heads)} like q_nope")
+    check(q_pe.shape[:2] == (bs, num_heads), f"q_pe.shape={tuple(q_pe.shape)}: must start with {(bs, num_heads)} like q_nope")
     check(num_heads <= CUTLASS_MAX_HEADS, f"q_nope.shape[1]={num_heads} heads: Cutlass-MLA supports <= {CUTLASS_MAX_HEADS}")
     check_tensor(kv_c_and_k_pe_cache, "kv_c_and_k_pe_cache", FLOAT_DTYPES, 3, device)
     page_size = kv_c_and_k_pe_cache.shape[1]
-    ok = page_size == CUTLASS_PAGE_SIZE
-    check(ok, f"page_size={page_size} (kv_c_and_k_pe_cache.shape[1]): Cutlass-MLA supports only {CUTLASS_PAGE_SIZE}")
+    check(
+        page_size == CUTLASS_PAGE_SIZE,
+        f"page_size={page_size} (kv_c_and_k_pe_cache.shape[1]): Cutlass-MLA supports only {CUTLASS_PAGE_SIZE}",
+    )
     _check_standin(bs, device, "page_table", page_table, seq_lens, "workspace", workspace)
     check(page_table.shape[1] >= 1, f"page_table.shape[1]={page_table.shape[1]}: must be >= 1")
-    ok = isinstance(num_kv_splits, int) and not isinstance(num_kv_splits, bool) and (num_kv_splits >= 1 or num_kv_splits == -1)
+    ok = type(num_kv_splits) is int and (num_kv_splits >= 1 or num_kv_splits == -1)
     check(ok, f"num_kv_splits={num_kv_splits!r}: must be an int >= 1 (or -1: automatic)")
     if out is None:
         out = torch.empty(bs, num_heads, rank, dtype=q_nope.dtype, device=device)
@@ -361,11 +361,10 @@ def _trtllm_mla_graph_metadata_op(
     bs = seq_lens_k.shape[0]
     if bs == 0:
         return
-    strides = (req_to_token.stride(0), block_table.stride(0))
-    sizes = (req_to_token.shape[1], block_table.shape[1], seqlen_offset, req_to_token.shape[0])
-    args = (req_pool_indices, seq_lens, req_to_token, block_table, seq_lens_k, *strides, *sizes)
-    chunk = pages_per_chunk(page_size, METADATA_CHUNK)
-    _trtllm_mla_graph_metadata_kernel[(bs,)](*args, PAGE_SIZE=page_size, PAGES_PER_CHUNK=chunk)
+    args = (req_pool_indices, seq_lens, req_to_token, block_table, seq_lens_k, req_to_token.stride(0), block_table.stride(0))
+    args += (req_to_token.shape[1], block_table.shape[1], seqlen_offset, req_to_token.shape[0])  # L, width, offset, pool
+    # PAGE_SIZE, PAGES_PER_CHUNK
+    _trtllm_mla_graph_metadata_kernel[(bs,)](*args, page_size, pages_per_chunk(page_size, METADATA_CHUNK))
 
 
 def trtllm_mla_graph_metadata(req_pool_indices, seq_lens, req_to_token, block_table, seq_lens_k, *, seqlen_offset, page_size):
@@ -381,10 +380,8 @@ def trtllm_mla_graph_metadata(req_pool_indices, seq_lens, req_to_token, block_ta
     for name, t in (("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens), ("block_table", block_table)):
         check(t.shape[0] >= bs, f"{name}.shape[0]={t.shape[0]}: must be >= bs={bs}")
     check_int(page_size, "page_size", 1)
-    ok = isinstance(seqlen_offset, int) and not isinstance(seqlen_offset, bool)
-    check(ok, f"seqlen_offset={seqlen_offset!r}: must be a Python int")
-    tensors = (req_pool_indices, seq_lens, req_to_token, block_table, seq_lens_k)
-    _trtllm_mla_graph_metadata_op(*tensors, seqlen_offset, page_size)
+    check(type(seqlen_offset) is int, f"seqlen_offset={seqlen_offset!r}: must be a Python int")
+    _trtllm_mla_graph_metadata_op(req_pool_indices, seq_lens, req_to_token, block_table, seq_lens_k, seqlen_offset, page_size)
 
 
 def trtllm_mla_graph_metadata_ref(req_pool_indices, seq_lens, req_to_token, block_table, seq_lens_k, *, seqlen_offset, page_size):

@@ -21,8 +21,7 @@ def attention_from_dense(q, keys, values, sm_scale: float, mask: torch.Tensor | 
     mask = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device) if mask is None else mask
     assert mask.shape == (n_q, n_k), f"mask {tuple(mask.shape)} != {(n_q, n_k)}"
     for h in range(num_heads):
-        kv_head = h // (num_heads // num_kv_heads)
-        k, v = keys[:, kv_head].double(), values[:, kv_head].double()  # [n_k, D], [n_k, Dv]
+        k, v = (t[:, h // (num_heads // num_kv_heads)].double() for t in (keys, values))  # [n_k, D], [n_k, Dv]
         for r, visible in enumerate(mask):  # visible: [n_k] bool; an empty row stays zeros
             if visible.any():
                 p = torch.softmax((k[visible] @ q[r, h].double()) * sm_scale, dim=0)  # [n_visible]
@@ -36,12 +35,11 @@ def mha_oracle(
     """Paged MHA/GQA over a ragged batch, float64: q [T, H, D], k_cache [slots, Hkv, D], v_cache [slots, Hkv, Dv],
     qo_indptr / kv_indptr [bs+1], kv_indices [>= kv_indptr[bs]] -> [T, H, Dv]."""
     out = torch.zeros((*q.shape[:2], v_cache.shape[-1]), dtype=torch.float64, device=q.device)  # [T, H, Dv]
-    bs = qo_indptr.numel() - 1
-    assert kv_indptr.numel() >= bs + 1, "kv_indptr shorter than qo_indptr"
     qo, kv = qo_indptr.tolist(), kv_indptr.tolist()
-    for i in range(bs):
+    assert len(kv) >= len(qo), "kv_indptr shorter than qo_indptr"
+    for i in range(len(qo) - 1):
         rows, cache_rows = slice(qo[i], qo[i + 1]), kv_indices[kv[i] : kv[i + 1]].long()  # [n_k] int64
-        n_q, n_k = rows.stop - rows.start, cache_rows.numel()
+        n_q, n_k = qo[i + 1] - qo[i], cache_rows.numel()
         mask = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device)  # request i's [n_q, n_k]
         if custom_mask is not None:
             assert mask_indptr is not None, "custom_mask needs mask_indptr"
@@ -60,16 +58,16 @@ def mla_oracle(
     H, R]; key = the full row, value = its first R = kv_lora_rank columns."""
     rank = q_nope.shape[-1]
     assert kv_cache.shape[1:] == (1, rank + q_rope.shape[-1]), "kv_cache must be [slots, 1, R+Rr]"
-    q = torch.cat([q_nope, q_rope], dim=-1)  # [T, H, R + Rr]
-    values = kv_cache[..., :rank]  # [slots, 1, R]
-    return mha_oracle(q, kv_cache, values, qo_indptr, kv_indptr, kv_indices, sm_scale, custom_mask, mask_indptr, causal)
+    q = torch.cat([q_nope, q_rope], dim=-1)  # [T, H, R + Rr]; values: [slots, 1, R]
+    return mha_oracle(
+        q, kv_cache, kv_cache[..., :rank], qo_indptr, kv_indptr, kv_indices, sm_scale, custom_mask, mask_indptr, causal
+    )
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref|| / max(||ref||, tiny), in float64 (NaN if out holds NaN)."""
     out, ref = out.double(), ref.double()
-    denom = max(float(torch.linalg.vector_norm(ref)), torch.finfo(torch.float64).tiny)
-    return float(torch.linalg.vector_norm(out - ref)) / denom
+    return float(torch.linalg.vector_norm(out - ref)) / max(float(torch.linalg.vector_norm(ref)), torch.finfo(torch.float64).tiny)
 
 
 def csr_ref(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, lens) -> dict:

@@ -19,7 +19,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .. import _env
-from ._checks import INDEX_DTYPES, check, check_float, check_int, check_paged_qkvo, check_same_device, check_tensor
+from ._checks import INDEX_DTYPES, check, check_float, check_int, check_paged_qkvo, check_tensor
 from ._op import kernel_op
 from .bounds import guard_csr
 
@@ -69,7 +69,7 @@ def _decode_stage1_kernel(
     USE_CAP: tl.constexpr,
     USE_DOT: tl.constexpr,
 ):
-    b, hg, s = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # query row, head group, split
+    b, hg, s = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2)  # row, head group, split
     kv_start = tl.load(kv_indptr_ptr + b).to(tl.int64)
     seq_len = tl.load(kv_indptr_ptr + b + 1).to(tl.int64) - kv_start
     # data, not shape: a count outside [1, MAX_KV_SPLITS] is clamped (more would leave keys no program covers)
@@ -78,12 +78,12 @@ def _decode_stage1_kernel(
     split_start = s * per_split
     split_end = tl.minimum(split_start + per_split, seq_len)
     if split_end > split_start:  # empty split (incl. s >= splits): touch nothing
-        heads = hg * HEADS + tl.arange(0, BLOCK_H)  # [BLOCK_H] query heads
+        heads = hg * HEADS + tl.arange(0, BLOCK_H)  # [BLOCK_H] query heads (int64)
         mask_h = (tl.arange(0, BLOCK_H) < HEADS) & (heads < num_heads)
-        kv_head = ((hg * HEADS) // GROUP).to(tl.int64)  # shared by all heads of the program
+        kv_head = hg * HEADS // GROUP  # shared by all heads of the program
         offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
         mask_d, mask_dv = offs_d < head_dim, offs_dv < v_head_dim
-        q_ptrs = q_ptr + b * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+        q_ptrs = q_ptr + b * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]  # [BLOCK_H, BLOCK_D]
         q = tl.load(q_ptrs, mask=mask_h[:, None] & mask_d[None, :], other=0.0).to(tl.float32)
         e_max = tl.full([BLOCK_H], float("-inf"), tl.float32)  # running max of logits
         e_sum = tl.zeros([BLOCK_H], tl.float32)  # running sum of exp(logit - e_max)
@@ -100,27 +100,26 @@ def _decode_stage1_kernel(
             if USE_DOT:
                 qk = tl.dot(q, k_t, input_precision="ieee")  # [BLOCK_H, BLOCK_N]
             else:
-                qk = tl.sum(q[:, :, None] * k_t[None, :, :], axis=1)  # [BLOCK_H, BLOCK_N]
+                qk = tl.sum(q[:, :, None] * k_t[None, :, :], 1)  # [BLOCK_H, BLOCK_N]
             qk = qk * sm_scale
             if USE_CAP:  # logit_cap * tanh(qk / logit_cap), tanh(x) = 2*sigmoid(2x) - 1
                 qk = logit_cap * (2.0 * tl.sigmoid(2.0 * qk / logit_cap) - 1.0)
             qk = tl.where(mask_n[None, :], qk, float("-inf"))
             v_ptrs = v_ptr + slot[:, None] * stride_vs + v_cols
             v = tl.load(v_ptrs, mask=mask_n[:, None] & mask_dv2, other=0.0).to(tl.float32)  # [N, DV]
-            new_max = tl.maximum(e_max, tl.max(qk, axis=1))  # [BLOCK_H], finite: every block has a live key
+            new_max = tl.maximum(e_max, tl.max(qk, 1))  # [BLOCK_H], finite: every block has a live key
             rescale = tl.exp(e_max - new_max)  # 0 on the first block (exp(-inf))
             p = tl.exp(qk - new_max[:, None])  # [BLOCK_H, BLOCK_N], 0 at masked keys
             if USE_DOT:
                 pv = tl.dot(p, v, input_precision="ieee")  # [BLOCK_H, BLOCK_DV]
             else:
-                pv = tl.sum(p[:, :, None] * v[None, :, :], axis=1)  # [BLOCK_H, BLOCK_DV]
+                pv = tl.sum(p[:, :, None] * v[None, :, :], 1)  # [BLOCK_H, BLOCK_DV]
             acc = acc * rescale[:, None] + pv
-            e_sum = e_sum * rescale + tl.sum(p, axis=1)
+            e_sum = e_sum * rescale + tl.sum(p, 1)
             e_max = new_max
-        heads64 = heads.to(tl.int64)
-        out_ptrs = logits_ptr + b * stride_lt + heads64[:, None] * stride_lh + s * stride_ls + offs_dv[None, :]
-        tl.store(out_ptrs, acc / e_sum[:, None], mask=mask_h[:, None] & mask_dv[None, :])
-        tl.store(lse_ptr + b * stride_et + heads64 * stride_eh + s, e_max + tl.log(e_sum), mask=mask_h)
+        out_ptrs = logits_ptr + b * stride_lt + heads[:, None] * stride_lh + s * stride_ls + offs_dv[None, :]
+        tl.store(out_ptrs, acc / e_sum[:, None], mask=mask_h[:, None] & mask_dv2)
+        tl.store(lse_ptr + b * stride_et + heads * stride_eh + s, e_max + tl.log(e_sum), mask=mask_h)
 
 
 @kernel_op("refimpl::decode_attention_stage1", mutates_args=("attn_logits", "attn_lse"))
@@ -147,12 +146,10 @@ def _decode_stage1_op(
     tensors = (q, k_buffer, v_buffer, kv_indptr, kv_indices, num_kv_splits, attn_logits, attn_lse)
     strides = (*q.stride()[:2], *k_buffer.stride()[:2], *v_buffer.stride()[:2], *attn_logits.stride()[:3])
     scalars = (*attn_lse.stride()[:2], sm_scale, logit_cap if logit_cap > 0 else 1.0, num_heads, head_dim, v_head_dim)
-    block_h = max(triton.next_power_of_2(heads), DOT_MIN if use_dot else 1)
-    blocks = dict(BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_DV=triton.next_power_of_2(v_head_dim), BLOCK_N=BLOCK_N)
-    flags = dict(MAX_KV_SPLITS=max_kv_splits, USE_CAP=logit_cap > 0, USE_DOT=use_dot)
-    _decode_stage1_kernel[(num_rows, num_heads // heads, max_kv_splits)](
-        *tensors, *strides, *scalars, GROUP=group, HEADS=heads, BLOCK_H=block_h, **blocks, **flags
-    )
+    # GROUP, HEADS, BLOCK_H, BLOCK_D, BLOCK_DV, BLOCK_N, MAX_KV_SPLITS, USE_CAP, USE_DOT
+    consts = (group, heads, max(triton.next_power_of_2(heads), DOT_MIN if use_dot else 1), triton.next_power_of_2(head_dim))
+    consts += (triton.next_power_of_2(v_head_dim), BLOCK_N, max_kv_splits, logit_cap > 0, use_dot)
+    _decode_stage1_kernel[(num_rows, num_heads // heads, max_kv_splits)](*tensors, *strides, *scalars, *consts)
 
 
 # stage 2: log-sum-exp merge of the splits
@@ -185,20 +182,17 @@ def _decode_stage2_kernel(
     per_split = (((seq_len + splits - 1) // splits + _MIN_BLOCK_KV_C - 1) // _MIN_BLOCK_KV_C) * _MIN_BLOCK_KV_C
     for s in range(0, MAX_KV_SPLITS):
         split_start = s * per_split
-        split_end = tl.minimum(split_start + per_split, seq_len)
-        if split_end > split_start:  # exactly the splits stage 1 wrote
+        if tl.minimum(split_start + per_split, seq_len) > split_start:  # exactly the splits stage 1 wrote
             lse = tl.load(lse_ptr + b * stride_et + h * stride_eh + s)
-            part_ptrs = logits_ptr + b * stride_lt + h * stride_lh + s * stride_ls + offs_dv
-            part = tl.load(part_ptrs, mask=mask_dv, other=0.0)
+            part = tl.load(logits_ptr + b * stride_lt + h * stride_lh + s * stride_ls + offs_dv, mask=mask_dv, other=0.0)
             new_m = tl.maximum(m, lse)
             old_scale = tl.exp(m - new_m)  # 0 on the first live split
             weight = tl.exp(lse - new_m)
             acc = acc * old_scale + weight * part
             total = total * old_scale + weight
             m = new_m
-    # seq_len 0: no live split, acc == 0 and total == 0 -> zeros (divide by 1, not 0)
-    out = acc / tl.where(total > 0, total, 1.0)
-    tl.store(o_ptr + b * stride_ot + h * stride_oh + offs_dv, out.to(o_ptr.dtype.element_ty), mask=mask_dv)
+    # seq_len 0: no live split, acc == 0 and total == 0 -> zeros (divide by 1, not 0); the store casts to o's dtype
+    tl.store(o_ptr + b * stride_ot + h * stride_oh + offs_dv, acc / tl.where(total > 0, total, 1.0), mask=mask_dv)
 
 
 @kernel_op("refimpl::decode_attention_stage2", mutates_args=("o",))
@@ -208,14 +202,17 @@ def _decode_stage2_op(
     num_rows, num_heads, v_head_dim = o.shape
     if num_rows == 0:
         return
-    strides = (*attn_logits.stride()[:3], *attn_lse.stride()[:2], *o.stride()[:2])
-    args = (attn_logits, attn_lse, kv_indptr, num_kv_splits, o, *strides, v_head_dim)
-    block_dv = triton.next_power_of_2(v_head_dim)
-    _decode_stage2_kernel[(num_rows, num_heads)](*args, BLOCK_DV=block_dv, MAX_KV_SPLITS=max_kv_splits)
+    args = (attn_logits, attn_lse, kv_indptr, num_kv_splits, o, *attn_logits.stride()[:3], *attn_lse.stride()[:2])
+    args += (*o.stride()[:2], v_head_dim, triton.next_power_of_2(v_head_dim), max_kv_splits)  # ..., BLOCK_DV, MAX_KV_SPLITS
+    _decode_stage2_kernel[(num_rows, num_heads)](*args)
 
 
-def check_logit_cap(logit_cap) -> None:
-    """A finite Python float >= 0 (0 = off): the decode and extend kernels' tanh cap."""
+def check_kernel_args(sm_scale, logit_cap, **tensors) -> None:
+    """The decode and extend kernels' shared checks: each tensor in a dtype the interpreter computes right (CPU: no bf16),
+    ``sm_scale`` a finite Python float, ``logit_cap`` (the tanh cap) one >= 0 (0 = off)."""
+    for name, t in tensors.items():
+        _env.check_cpu_dtype(t, name)
+    check_float(sm_scale, "sm_scale")
     check_float(logit_cap, "logit_cap")
     check(logit_cap >= 0, f"logit_cap={logit_cap!r}: must be >= 0 (0 = off)")
 
@@ -228,23 +225,18 @@ def decode_attention(
     ``sm_scale`` / ``logit_cap`` Python floats."""
     num_rows, num_heads, _, _, v_head_dim = check_paged_qkvo(q, k_buffer, v_buffer, o)
     device = q.device
-    for name, t in (("q", q), ("k_buffer", k_buffer), ("v_buffer", v_buffer), ("o", o)):
-        _env.check_cpu_dtype(t, name)
+    check_kernel_args(sm_scale, logit_cap, q=q, k_buffer=k_buffer, v_buffer=v_buffer, o=o)
     check_int(max_kv_splits, "max_kv_splits", 1)
-    check_float(sm_scale, "sm_scale")
-    check_logit_cap(logit_cap)
     check_tensor(kv_indptr, "kv_indptr", INDEX_DTYPES, 1, device)
-    n = kv_indptr.shape[0]
-    check(n >= num_rows + 1, f"kv_indptr.shape[0]={n}: must be >= T + 1 = {num_rows + 1}")
+    check(kv_indptr.shape[0] > num_rows, f"kv_indptr.shape[0]={kv_indptr.shape[0]}: must be >= T + 1 = {num_rows + 1}")
     check_tensor(kv_indices, "kv_indices", INDEX_DTYPES, 1, device)
     check_tensor(num_kv_splits, "num_kv_splits", (torch.int32,), 1, device)
-    n = num_kv_splits.shape[0]
-    check(n >= num_rows, f"num_kv_splits.shape[0]={n}: must be >= T = {num_rows}")
+    check(num_kv_splits.shape[0] >= num_rows, f"num_kv_splits.shape[0]={num_kv_splits.shape[0]}: must be >= T = {num_rows}")
     for name, t, tail in (("attn_logits", attn_logits, (v_head_dim,)), ("attn_lse", attn_lse, ())):  # [>= T, H, splits(, Dv)]
         check_tensor(t, name, (torch.float32,), 3 + len(tail), device)
-        ok = t.shape[0] >= num_rows and tuple(t.shape[1:]) == (num_heads, max_kv_splits, *tail)
-        dv = f", Dv={v_head_dim}" if tail else ""
-        check(ok, f"{name}.shape={tuple(t.shape)}: must be [>= {num_rows}, {num_heads}, max_kv_splits={max_kv_splits}{dv}]")
+        ok = t.shape[0] >= num_rows and t.shape[1:] == (num_heads, max_kv_splits, *tail)
+        dims = f"{num_rows}, {num_heads}, max_kv_splits={max_kv_splits}{f', Dv={v_head_dim}' if tail else ''}"
+        check(ok, f"{name}.shape={tuple(t.shape)}: must be [>= {dims}]")
     kv_indptr, kv_indices = guard_csr("decode_attention", kv_indptr, kv_indices, num_rows, k_buffer.shape[0])
     tensors = (q, k_buffer, v_buffer, kv_indptr, kv_indices, num_kv_splits, attn_logits, attn_lse)
     _decode_stage1_op(*tensors, max_kv_splits, float(sm_scale), float(logit_cap))
@@ -257,8 +249,8 @@ def split_counts(lens, live, token_grid, max_kv_splits, core_count):
     """The split-count heuristic ([facts#split-count-heuristic]) on int32 ``lens``, max / min over the ``live`` entries:
     int32 counts in ``[1, max_kv_splits]`` (dead entries too: callers mask them). The one source of its math, shared by
     ``_num_kv_splits_kernel`` and the fused graph-metadata kernel (``fused_metadata``)."""
-    max_len = tl.maximum(tl.max(tl.where(live, lens, 0), axis=0), 1)  # clamp: len 0 rows
-    min_len = tl.maximum(tl.min(tl.where(live, lens, max_len), axis=0), 1)
+    max_len = tl.maximum(tl.max(tl.where(live, lens, 0), 0), 1)  # clamp: len 0 rows
+    min_len = tl.maximum(tl.min(tl.where(live, lens, max_len), 0), 1)
     min_len = tl.where(max_len * 8 < min_len * 10, max_len, min_len)  # within 25%
     # 1. enough splits that the longest row is cut to about the shortest one's length
     splits_1 = tl.minimum(tl.cdiv(max_len, min_len), max_kv_splits)
@@ -286,56 +278,52 @@ def _num_kv_splits_kernel(
 ):
     offs = tl.arange(0, MAX_NUM_SEQ)  # [MAX_NUM_SEQ] sequence index
     live = offs < num_seq
-    if STATIC:
-        splits = tl.full([MAX_NUM_SEQ], 0, tl.int32) + max_kv_splits
-    else:
-        lens = tl.load(seq_lens_ptr + offs, mask=live, other=0).to(tl.int32)
-        splits = split_counts(lens, live, token_grid, max_kv_splits, core_count)
+    splits = tl.full([MAX_NUM_SEQ], 0, tl.int32) + max_kv_splits
+    if not STATIC:
+        splits = split_counts(
+            tl.load(seq_lens_ptr + offs, mask=live, other=0).to(tl.int32), live, token_grid, max_kv_splits, core_count
+        )
     for g in range(0, num_group):  # token index = seq * num_group + g
-        tl.store(num_kv_splits_ptr + offs * num_group + g, splits.to(tl.int32), mask=live)
+        tl.store(num_kv_splits_ptr + offs * num_group + g, splits, mask=live)
 
 
-def _token_grid(num_seq: int, num_group: int, num_heads: int, num_kv_heads: int) -> int:
-    """Stage-1 programs per split, as the heuristic counts them ([facts#split-count-heuristic]); MHA: one head each."""
+def split_grid(num_seq: int, num_group: int, num_heads, num_kv_heads, max_kv_splits, core_count) -> int:
+    """Check the split-count heuristic's Python ints (``get_num_kv_splits``, ``fused_graph_metadata``) and return its
+    ``token_grid``: stage-1 programs per split, as the heuristic counts them ([facts#split-count-heuristic]); MHA: one
+    head each."""
+    check_int(num_heads, "num_heads", 1)
+    check_int(num_kv_heads, "num_kv_heads", 1)
+    check(num_heads % num_kv_heads == 0, f"num_kv_heads={num_kv_heads}: must divide num_heads={num_heads}")
+    check_int(max_kv_splits, "max_kv_splits", 1)
+    check(type(core_count) is int, f"core_count={core_count!r}: must be an int (<= 0 means static mode)")
     return num_seq * num_group * -(-num_heads // min(MAX_HEADS_PER_PROGRAM, num_heads // num_kv_heads))
 
 
 @kernel_op("refimpl::num_kv_splits", mutates_args=("num_kv_splits",))
 def _num_kv_splits_op(
-    num_kv_splits: Tensor,
-    seq_lens: Tensor,
-    num_group: int,
-    num_heads: int,
-    num_kv_heads: int,
-    max_kv_splits: int,
-    core_count: int,
-    static: bool,
+    num_kv_splits: Tensor, seq_lens: Tensor, num_group: int, token_grid: int, max_kv_splits: int, core_count: int, static: bool
 ) -> None:
     num_seq = seq_lens.shape[0]
     if num_seq == 0:
         return
-    grid_size = _token_grid(num_seq, num_group, num_heads, num_kv_heads)
-    args = (num_kv_splits, seq_lens, num_seq, num_group, grid_size, max_kv_splits, core_count)
-    _num_kv_splits_kernel[(1,)](*args, MAX_NUM_SEQ=triton.next_power_of_2(num_seq), STATIC=static or core_count <= 0)
+    args = (num_kv_splits, seq_lens, num_seq, num_group, token_grid, max_kv_splits, core_count)
+    _num_kv_splits_kernel[(1,)](*args, triton.next_power_of_2(num_seq), static or core_count <= 0)  # MAX_NUM_SEQ, STATIC
 
 
 def get_num_kv_splits(num_kv_splits, seq_lens, *, num_group=1, num_heads, num_kv_heads, max_kv_splits, core_count, static=False):
     """Write per-token split counts into ``num_kv_splits[:num_seq * num_group]`` ([facts#split-count-heuristic]): token
     ``seq * num_group + g`` gets its sequence's count; ``static`` or ``core_count <= 0`` fills ``max_kv_splits``
     (``SGLANG_TRITON_DECODE_ATTN_STATIC_KV_SPLITS``). One program, no host sync."""
-    check_tensor(seq_lens, "seq_lens", INDEX_DTYPES, 1, None)
-    check_tensor(num_kv_splits, "num_kv_splits", (torch.int32,), 1, None)
-    check_same_device(seq_lens=seq_lens, num_kv_splits=num_kv_splits)
-    for name, value in (("num_group", num_group), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads)):
-        check_int(value, name, 1)
-    check(num_heads % num_kv_heads == 0, f"num_kv_heads={num_kv_heads}: must divide num_heads={num_heads}")
-    check_int(max_kv_splits, "max_kv_splits", 1)
-    ok = isinstance(core_count, int) and not isinstance(core_count, bool)
-    check(ok, f"core_count={core_count!r}: must be an int (<= 0 means static mode)")
-    num_tokens, n = seq_lens.shape[0] * num_group, num_kv_splits.shape[0]
-    check(n >= num_tokens, f"num_kv_splits.shape[0]={n}: must be >= num_seq * num_group = {num_tokens}")
-    args = (num_group, num_heads, num_kv_heads, max_kv_splits, core_count, bool(static))
-    _num_kv_splits_op(num_kv_splits, seq_lens, *args)
+    check_tensor(seq_lens, "seq_lens", INDEX_DTYPES, 1)
+    check_tensor(num_kv_splits, "num_kv_splits", (torch.int32,), 1, seq_lens.device)
+    check_int(num_group, "num_group", 1)
+    grid = split_grid(seq_lens.shape[0], num_group, num_heads, num_kv_heads, max_kv_splits, core_count)
+    want = seq_lens.shape[0] * num_group
+    check(
+        num_kv_splits.shape[0] >= want,
+        f"num_kv_splits.shape[0]={num_kv_splits.shape[0]}: must be >= num_seq * num_group = {want}",
+    )
+    _num_kv_splits_op(num_kv_splits, seq_lens, num_group, grid, max_kv_splits, core_count, bool(static))
 
 
 def get_num_kv_splits_ref(seq_lens_list, *, num_group=1, num_heads, num_kv_heads, max_kv_splits, core_count, static=False):
@@ -348,12 +336,8 @@ def get_num_kv_splits_ref(seq_lens_list, *, num_group=1, num_heads, num_kv_heads
     max_len, min_len = max(max(seq_lens_list), 1), max(min(seq_lens_list), 1)
     if max_len * 8 < min_len * 10:
         min_len = max_len
-    splits_1 = min(cdiv(max_len, min_len), max_kv_splits)
-    chunk_1 = cdiv(max_len, splits_1)
-    ext = np.maximum(np.log2(np.float32(max_len) / np.float32(64.0)), np.float32(1.0))
-    ext_cores = int(np.float32(core_count) * ext)
-    token_grid = _token_grid(num_seq, num_group, num_heads, num_kv_heads)
-    splits_2 = max(min(cdiv(ext_cores, token_grid), max_kv_splits), 1)
-    chunk_2 = cdiv(max_len, splits_2)
-    splits = [min(max(cdiv(n, chunk_1), cdiv(n, chunk_2), 1), max_kv_splits) for n in seq_lens_list]
-    return [s for s in splits for _ in range(num_group)]
+    chunk_1 = cdiv(max_len, min(cdiv(max_len, min_len), max_kv_splits))  # step 1 (split_counts)
+    ext_cores = int(np.float32(core_count) * max(np.log2(np.float32(max_len) / np.float32(64)), np.float32(1)))
+    token_grid = split_grid(num_seq, num_group, num_heads, num_kv_heads, max_kv_splits, core_count)
+    chunk_2 = cdiv(max_len, max(min(cdiv(ext_cores, token_grid), max_kv_splits), 1))  # step 2
+    return [min(max(cdiv(n, chunk_1), cdiv(n, chunk_2), 1), max_kv_splits) for n in seq_lens_list for _ in range(num_group)]

@@ -13,11 +13,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .. import _env
-from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check, check_float, check_int, check_mask, check_paged_qkvo, check_tensor
+from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check, check_int, check_mask, check_paged_qkvo, check_tensor
 from ._op import kernel_op
 from .bounds import guard_csr
-from .triton_decode import check_logit_cap
+from .triton_decode import check_kernel_args
 
 BLOCK_M = 16  # query rows per program (tl.dot needs >= 16)
 BLOCK_N = 32  # keys per loop iteration
@@ -73,14 +72,14 @@ def _extend_attention_kernel(
     row_ok = m < n_rows
     d, dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
     d_ok, dv_ok = d < D, dv < DV
-    q_rows = q_ptr + (q_start + m)[:, None] * stride_q0 + h * stride_q1 + d[None, :]
-    q = tl.load(q_rows, mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)  # [M, D]
+    q_rows = q_ptr + (q_start + m)[:, None] * stride_q0 + h * stride_q1 + d[None, :]  # [M, D]
+    q = tl.load(q_rows, mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
     # start of row j of request i's [q_len, p_len + q_len] mask block (a dummy when no mask)
     mask_row = tl.load(mask_indptr_ptr + i).to(tl.int64) + m * (p_len + q_len)  # [M]
     m_i, l_i = tl.full([BLOCK_M], float("-inf"), tl.float32), tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     # loop invariants, hoisted (the interpreter pays for every operation, every iteration)
-    offs_n, rows, mask_rows = tl.arange(0, BLOCK_N).to(tl.int64), row_ok[:, None], mask_row[:, None]
+    offs_n, rows, mask_rows, last_key = tl.arange(0, BLOCK_N).to(tl.int64), row_ok[:, None], mask_row[:, None], p_len + m[:, None]
     k_cols, v_cols = kvh * stride_kb1 + d[:, None], kvh * stride_vb1 + dv[None, :]  # [D, 1], [1, DV] in the cache
     ke_cols, ve_cols = kvh * stride_ke1 + d[:, None], kvh * stride_ve1 + dv[None, :]  # in k_extend / v_extend
     d_ok2, dv_ok2 = d_ok[:, None], dv_ok[None, :]
@@ -92,21 +91,18 @@ def _extend_attention_kernel(
             slot = tl.load(kv_indices_ptr + kv_start + n, mask=key_ok, other=0).to(tl.int64)
             k_ptrs = k_buf_ptr + slot[None, :] * stride_kb0 + k_cols  # [D, N]
             v_ptrs = v_buf_ptr + slot[:, None] * stride_vb0 + v_cols  # [N, DV]
-            visible = rows & key_ok[None, :]
-            if USE_MASK:
-                bits = tl.load(mask_ptr + mask_rows + n[None, :], mask=visible, other=0)
-                visible = visible & (bits != 0)
+            col = n  # [N] key column in the request's [p_len + q_len] keys
         else:  # stage 2: the request's own new keys, passed directly
             n = (nb - num_prefix_blocks) * BLOCK_N + offs_n  # [N] extend key position
             key_ok = n < q_len
             k_ptrs = k_ext_ptr + (q_start + n)[None, :] * stride_ke0 + ke_cols
             v_ptrs = v_ext_ptr + (q_start + n)[:, None] * stride_ve0 + ve_cols
-            visible = rows & key_ok[None, :]
-            if USE_MASK:
-                bits = tl.load(mask_ptr + mask_rows + p_len + n[None, :], mask=visible, other=0)
-                visible = visible & (bits != 0)
-            elif IS_CAUSAL:
-                visible = visible & (n[None, :] <= m[:, None])
+            col = p_len + n
+        visible = rows & key_ok[None, :]  # [M, N]
+        if USE_MASK:
+            visible = visible & (tl.load(mask_ptr + mask_rows + col[None, :], mask=visible, other=0) != 0)
+        elif IS_CAUSAL:  # row j sees key column c <= p_len + j: every prefix key, extend keys up to its own
+            visible = visible & (col[None, :] <= last_key)
         k = tl.load(k_ptrs, mask=key_ok[None, :] & d_ok2, other=0.0).to(tl.float32)  # [D, N]
         qk = tl.dot(q, k, input_precision="ieee") * sm_scale  # [M, N]
         if USE_CAP:  # logit_cap * tanh(s / logit_cap), tanh(x) = 2 * sigmoid(2x) - 1 (no libdevice)
@@ -122,7 +118,7 @@ def _extend_attention_kernel(
         m_i = m_new
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # empty rows: acc = 0 -> zeros
     o_rows = o_ptr + (q_start + m)[:, None] * stride_o0 + h * stride_o1 + dv[None, :]
-    tl.store(o_rows, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
+    tl.store(o_rows, out, mask=row_ok[:, None] & dv_ok[None, :])  # the store casts to o's dtype
 
 
 @kernel_op("refimpl::extend_attention", mutates_args=("o_extend",))
@@ -150,13 +146,11 @@ def _extend_attention_op(
     masks = (qo_indptr, qo_indptr) if custom_mask is None else (custom_mask, mask_indptr)  # dummy pointers, never read
     strides = [stride for t in floats for stride in t.stride()[:2]]
     scalars = (sm_scale, logit_cap if logit_cap > 0 else 1.0, max_len_extend)
-    dims = dict(KV_GROUP=num_heads // k_buffer.shape[1], D=head_dim, DV=v_head_dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
-    blocks = dict(BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_DV=max(16, triton.next_power_of_2(v_head_dim)))
-    flags = dict(USE_MASK=custom_mask is not None, IS_CAUSAL=bool(is_causal), USE_CAP=logit_cap > 0)
+    # KV_GROUP, D, DV, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, USE_MASK, IS_CAUSAL, USE_CAP
+    consts = (num_heads // k_buffer.shape[1], head_dim, v_head_dim, max(16, triton.next_power_of_2(head_dim)))
+    consts += (max(16, triton.next_power_of_2(v_head_dim)), BLOCK_M, BLOCK_N, custom_mask is not None, is_causal, logit_cap > 0)
     grid = (bs, num_heads, triton.cdiv(max_len_extend, BLOCK_M))
-    _extend_attention_kernel[grid](
-        *floats, qo_indptr, kv_indptr, kv_indices, *masks, *strides, *scalars, **dims, **blocks, **flags
-    )
+    _extend_attention_kernel[grid](*floats, qo_indptr, kv_indptr, kv_indices, *masks, *strides, *scalars, *consts)
 
 
 def extend_attention(
@@ -185,19 +179,17 @@ def extend_attention(
     device = q_extend.device
     for name, t, dim in (("k_extend", k_extend, head_dim), ("v_extend", v_extend, v_head_dim)):
         check_tensor(t, name, FLOAT_DTYPES, 3, device)
-        want = (tokens, num_kv_heads, dim)
-        check(tuple(t.shape) == want, f"{name}.shape={tuple(t.shape)}: must be {want}")
-    floats = (q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer)
-    for name, t in zip(("q_extend", "k_extend", "v_extend", "o_extend", "k_buffer", "v_buffer"), floats):
-        _env.check_cpu_dtype(t, name)
+        check(t.shape == (tokens, num_kv_heads, dim), f"{name}.shape={tuple(t.shape)}: must be {(tokens, num_kv_heads, dim)}")
+    floats = dict(
+        q_extend=q_extend, k_extend=k_extend, v_extend=v_extend, o_extend=o_extend, k_buffer=k_buffer, v_buffer=v_buffer
+    )
+    check_kernel_args(sm_scale, logit_cap, **floats)
     check_tensor(qo_indptr, "qo_indptr", INDEX_DTYPES, 1, device, min_len=1)  # [bs + 1]
     bs = qo_indptr.shape[0] - 1
     check_tensor(kv_indptr, "kv_indptr", INDEX_DTYPES, 1, device, min_len=bs + 1)
     check_tensor(kv_indices, "kv_indices", INDEX_DTYPES, 1, device)
     check_mask(custom_mask, mask_indptr, bs, device)
     check_int(max_len_extend, "max_len_extend", 1)
-    check_float(sm_scale, "sm_scale")
-    check_logit_cap(logit_cap)
     kv_indptr, kv_indices = guard_csr("extend_attention", kv_indptr, kv_indices, bs, k_buffer.shape[0])
     scalars = (bool(is_causal), max_len_extend, float(sm_scale), float(logit_cap))
-    _extend_attention_op(*floats, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, *scalars)
+    _extend_attention_op(*floats.values(), qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, *scalars)

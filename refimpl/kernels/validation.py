@@ -70,8 +70,15 @@ def result_size(bs: int, num_rows: int, num_writes: int) -> int:
 
 
 @triton.jit
-def _first(bad, e, NONE_: tl.constexpr):
-    return tl.min(tl.where(bad, e, NONE_), 0)
+def _ld(ptr, idx, ok, other):
+    """``ptr[idx]`` where ``ok`` (else ``other``), as int64."""
+    return tl.load(ptr + idx, mask=ok, other=other).to(tl.int64)
+
+
+@triton.jit
+def _put(res, bad, e, NONE_: tl.constexpr):
+    """Store at ``res`` the smallest entry index ``e`` that is ``bad`` (``NONE_``: none)."""
+    tl.store(res, tl.min(tl.where(bad, e, NONE_), 0))
 
 
 @triton.jit
@@ -80,8 +87,7 @@ def _has_earlier_equal(x, e, src_ptr, count, CHUNK_: tl.constexpr):
     dup = tl.zeros(x.shape, dtype=tl.int32)
     for c0 in range(0, count, CHUNK_):
         j = c0 + tl.arange(0, CHUNK_).to(tl.int64)
-        other = tl.load(src_ptr + j, mask=j < count, other=0).to(tl.int64)
-        hit = (x[:, None] == other[None, :]) & (j[None, :] < e[:, None])
+        hit = (x[:, None] == _ld(src_ptr, j, j < count, 0)[None, :]) & (j[None, :] < e[:, None])
         dup = tl.maximum(dup, tl.max(hit.to(tl.int32), 1))
     return dup > 0
 
@@ -138,56 +144,53 @@ def _batch_check_kernel(
     res = out_ptr + (blk * TABLE_SPLIT_ + part) * NCAT_
     # per cache write: the row's own new position in req_to_token (its request's row, column)
     in_m = e < m
-    loc = tl.load(loc_ptr + e, mask=in_m, other=1).to(tl.int64)
+    loc = _ld(loc_ptr, e, in_m, 1)
     n1 = tl.maximum(n, 1)
     row = e % n1
     if HAS_ROW_REQ:
-        req = tl.load(row_req_ptr + row, mask=in_m, other=0).to(tl.int64)
-        col = extra + tl.load(row_req_ptr + n + row, mask=in_m, other=0).to(tl.int64)
+        req = _ld(row_req_ptr, row, in_m, 0)
+        col = extra + _ld(row_req_ptr, n + row, in_m, 0)
     else:
         req = row // rows_per_req
         steps = m // n1
         col = extra - rows_per_req * steps + (row % rows_per_req) * steps + e // n1
     req_ok = in_m & (req >= 0) & (req < bs)
-    slot = tl.load(rpi_ptr + req, mask=req_ok, other=-1).to(tl.int64)
-    col += tl.load(seq_ptr + req, mask=req_ok, other=0).to(tl.int64)
+    slot = _ld(rpi_ptr, req, req_ok, -1)
+    col += _ld(seq_ptr, req, req_ok, 0)
     ok = req_ok & (slot >= 0) & (slot < pool) & (col >= 0) & (col < L)  # else the write owns nothing
     if part == 0:
         copies = out_ptr + nprog * NCAT_
         # per request: the host's copies, req_pool_indices in range and distinct
         in_b = e < bs
-        tl.store(copies + e, tl.load(seq_ptr + e, mask=in_b, other=0).to(tl.int64), mask=in_b)
+        tl.store(copies + e, _ld(seq_ptr, e, in_b, 0), mask=in_b)
         if HAS_ACC:
-            tl.store(copies + bs + e, tl.load(acc_ptr + e, mask=in_b, other=0).to(tl.int64), mask=in_b)
+            tl.store(copies + bs + e, _ld(acc_ptr, e, in_b, 0), mask=in_b)
         if HAS_EXT:
-            tl.store(copies + 2 * bs + e, tl.load(ext_ptr + e, mask=in_b, other=0).to(tl.int64), mask=in_b)
-        rpi = tl.load(rpi_ptr + e, mask=in_b, other=1).to(tl.int64)
-        tl.store(res + 0, _first(in_b & ((rpi < 1) | (rpi >= pool)), e, NONE_))
-        tl.store(res + 1, _first(in_b & _has_earlier_equal(rpi, e, rpi_ptr, bs, CHUNK_), e, NONE_))
+            tl.store(copies + 2 * bs + e, _ld(ext_ptr, e, in_b, 0), mask=in_b)
+        rpi = _ld(rpi_ptr, e, in_b, 1)
+        _put(res, in_b & ((rpi < 1) | (rpi >= pool)), e, NONE_)
+        _put(res + 1, in_b & _has_earlier_equal(rpi, e, rpi_ptr, bs, CHUNK_), e, NONE_)
         # per row: token ids and positions in range
         in_n = e < n
-        ids = tl.load(ids_ptr + e, mask=in_n, other=0).to(tl.int64)
-        tl.store(res + 2, _first(in_n & ((ids < 0) | (ids >= vocab)), e, NONE_))
-        pos = tl.load(pos_ptr + e, mask=in_n, other=0).to(tl.int64)
-        tl.store(res + 3, _first(in_n & ((pos < 0) | (pos >= L)), e, NONE_))
+        ids, pos = _ld(ids_ptr, e, in_n, 0), _ld(pos_ptr, e, in_n, 0)
+        _put(res + 2, in_n & ((ids < 0) | (ids >= vocab)), e, NONE_)
+        _put(res + 3, in_n & ((pos < 0) | (pos >= L)), e, NONE_)
         # per cache write: in range, distinct, and exactly its row's own new position
-        tl.store(res + 4, _first(in_m & ((loc < 1) | (loc >= slots)), e, NONE_))
-        tl.store(res + 5, _first(in_m & _has_earlier_equal(loc, e, loc_ptr, m, CHUNK_), e, NONE_))
-        want = tl.load(r2t_ptr + tl.where(ok, slot, 0) * r2t_stride + tl.where(ok, col, 0), mask=ok, other=-1)
-        tl.store(res + 6, _first(in_m & ~(ok & (want.to(tl.int64) == loc)), e, NONE_))
+        _put(res + 4, in_m & ((loc < 1) | (loc >= slots)), e, NONE_)
+        _put(res + 5, in_m & _has_earlier_equal(loc, e, loc_ptr, m, CHUNK_), e, NONE_)
+        want = _ld(r2t_ptr, tl.where(ok, slot, 0) * r2t_stride + tl.where(ok, col, 0), ok, -1)
+        _put(res + 6, in_m & ~(ok & (want == loc)), e, NONE_)
         if HAS_MASK:  # verify: draft row e sees itself (its diagonal entry of the tree mask)
             r, j, per = e // rows_per_req, e % rows_per_req, rows_per_req
             in_r = in_n & (r < bs)
             before = tl.zeros([BLOCK_], dtype=tl.int64)  # sum(seq_lens[:r])
             for c0 in range(0, bs, CHUNK_):
                 q = c0 + tl.arange(0, CHUNK_).to(tl.int64)
-                s_q = tl.load(seq_ptr + q, mask=q < bs, other=0).to(tl.int64)
-                before += tl.sum(tl.where(q[None, :] < r[:, None], s_q[None, :], 0), 1)
-            s_r = tl.load(seq_ptr + r, mask=in_r, other=0).to(tl.int64)
+                before += tl.sum(tl.where(q[None, :] < r[:, None], _ld(seq_ptr, q, q < bs, 0)[None, :], 0), 1)
+            s_r = _ld(seq_ptr, r, in_r, 0)
             idx = per * before + r * per * per + j * (s_r + per) + s_r + j
             inside = in_r & (idx >= 0) & (idx < mask_size)  # device lengths the host has not compared yet: stay inside
-            sees = tl.load(mask_ptr + tl.where(inside, idx, 0), mask=inside, other=0).to(tl.int32)
-            tl.store(res + 7, _first(in_r & (sees == 0), e, NONE_))
+            _put(res + 7, in_r & (_ld(mask_ptr, tl.where(inside, idx, 0), inside, 0) == 0), e, NONE_)
         else:
             tl.store(res + 7, NONE_)
     else:  # the other parts: only the held rule
@@ -201,12 +204,12 @@ def _batch_check_kernel(
         p, c = t // L, t % L
         in_t = (t < pool * L) & (p >= 1)
         if HAS_LIVE:
-            in_t = in_t & (tl.load(live_ptr + p, mask=in_t, other=0).to(tl.int32) != 0)
-        v = tl.load(r2t_ptr + p * r2t_stride + c, mask=in_t, other=0).to(tl.int64)
+            in_t = in_t & (_ld(live_ptr, p, in_t, 0) != 0)
+        v = _ld(r2t_ptr, p * r2t_stride + c, in_t, 0)
         other = (p[None, :] != own_p[:, None]) | (c[None, :] != own_c[:, None])
         hit = (v[None, :] == loc[:, None]) & (v[None, :] != 0) & other
         held = tl.maximum(held, tl.max(hit.to(tl.int32), 1))
-    tl.store(res + NCAT_ - 1, _first(in_m & (held > 0), e, NONE_))
+    _put(res + NCAT_ - 1, in_m & (held > 0), e, NONE_)
 
 
 @kernel_op("refimpl::batch_check", mutates_args=("out",))
@@ -244,12 +247,11 @@ def batch_check(
 
 
 def _launch(grid: tuple[int, int], args: tuple, flags: tuple, device: torch.device) -> None:
-    key = (device, *flags)
-    kernel = _COMPILED.get(key)
+    kernel = _COMPILED.get(key := (device, *flags))
     # Triton's launch hooks (a profiler's) are None or a chain of ``.calls`` (Triton >= 3.4)
     rt = getattr(getattr(triton, "knobs", None), "runtime", None)
     hooks = (getattr(rt, "launch_enter_hook", None), getattr(rt, "launch_exit_hook", None))
-    if kernel is None or any(h is not None and getattr(h, "calls", True) for h in hooks):  # first launch or hooked
+    if kernel is None or any(getattr(h, "calls", h is not None) for h in hooks):  # first launch or hooked
         kernel = _batch_check_kernel[grid](*args)  # compiles once (nothing specialised)
         if device.type == "cuda" and all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata")):
             _COMPILED[key] = kernel
@@ -263,13 +265,8 @@ def read_result(out: torch.Tensor, bs: int, num_rows: int, num_writes: int) -> d
     "extend_seq_lens": [...]}`` (the copies as the kernel wrote them)."""
     base = num_programs(bs, num_rows, num_writes) * NCAT  # the per-program minima, then the copies
     res = out[: base + 3 * bs].tolist()  # the one device-to-host read
-    first = {c: min(res[k:base:NCAT]) for k, c in enumerate(CATEGORIES)}
-    return {
-        "first": {c: (None if v >= NONE else v) for c, v in first.items()},
-        "seq_lens": res[base : base + bs],
-        "accept_length": res[base + bs : base + 2 * bs],
-        "extend_seq_lens": res[base + 2 * bs : base + 3 * bs],
-    }
+    got = {k: res[base + i * bs : base + i * bs + bs] for i, k in enumerate(("seq_lens", "accept_length", "extend_seq_lens"))}
+    return {"first": {c: (None if (v := min(res[k:base:NCAT])) >= NONE else v) for k, c in enumerate(CATEGORIES)}, **got}
 
 
 def write_target(e: int, n: int, m: int, per: int, extra: int, seq: list[int], row_req=None) -> tuple[int, int | None]:
@@ -305,11 +302,10 @@ def batch_check_ref(
     ``req_to_token`` rows; the held rule reads every live row too (set intersections in C, no Python loop over slots: the
     request table's ``pool * L`` entries, never the KV pool)."""
     pool, L = req_to_token.shape
-    seq, rpi = seq_lens.tolist(), req_pool_indices.tolist()
-    live = set(range(1, pool)) if live_rows is None else {p for p, a in enumerate(live_rows.tolist()) if a and p}
-    r2t = {r: req_to_token[r].tolist() for r in set(rpi) if 0 <= r < pool}
-    ids, pos, loc = input_ids.tolist(), positions.tolist(), out_cache_loc.tolist()
-    rows = row_req.tolist() if row_req is not None else None
+    seq, rpi, loc = seq_lens.tolist(), req_pool_indices.tolist(), out_cache_loc.tolist()
+    live = {p for p, a in enumerate([1] * pool if live_rows is None else live_rows.tolist()) if a and p}
+    r2t = {p: req_to_token[p].tolist() for p in live.union(rpi) if 0 <= p < pool}  # the live rows and the batch's
+    ids, pos, rows = input_ids.tolist(), positions.tolist(), row_req.tolist() if row_req is not None else None
     n, per = max(len(ids), 1), max(rows_per_req, 1)
     first = lambda values, bad: next((i for i, v in enumerate(values) if bad(i, v)), None)
     outside = lambda values, lo, hi: first(values, lambda i, v: not lo <= v < hi)
@@ -321,8 +317,7 @@ def batch_check_ref(
 
     held, want = Counter(), set(loc) - {0}  # written slot -> live positions holding it (0 holds nothing)
     for p in live:
-        row = r2t[p] if p in r2t else req_to_token[p].tolist()
-        held.update({v: row.count(v) for v in want.intersection(row)})
+        held.update({v: r2t[p].count(v) for v in want.intersection(r2t[p])})
     mask = custom_mask.tolist() if custom_mask is not None else None
 
     def blind(e, _):  # verify: draft row e does not see itself (its own entry of the tree mask is False)
@@ -332,14 +327,19 @@ def batch_check_ref(
         idx = per * sum(seq[:r]) + r * per * per + j * (seq[r] + per) + seq[r] + j
         return not (0 <= idx < len(mask) and mask[idx])
 
-    return {
-        "req_pool_indices range": outside(rpi, 1, pool),
-        "req_pool_indices duplicate": repeated(rpi),
-        "input_ids range": outside(ids, 0, vocab),
-        "positions range": outside(pos, 0, L),
-        "out_cache_loc range": outside(loc, 1, num_slots),
-        "out_cache_loc duplicate": repeated(loc),
-        "out_cache_loc slot": first(loc, lambda e, v: not own_slot(e, v)),
-        "custom_mask self": None if mask is None else first(ids, blind),
-        "out_cache_loc held": first(loc, lambda e, v: held[v] > own_slot(e, v, live)),  # another live position holds it
-    }
+    return dict(
+        zip(
+            CATEGORIES,
+            (  # in CATEGORIES' order
+                outside(rpi, 1, pool),
+                repeated(rpi),
+                outside(ids, 0, vocab),
+                outside(pos, 0, L),
+                outside(loc, 1, num_slots),
+                repeated(loc),
+                first(loc, lambda e, v: not own_slot(e, v)),
+                None if mask is None else first(ids, blind),
+                first(loc, lambda e, v: held[v] > own_slot(e, v, live)),  # another live position holds it
+            ),
+        )
+    )

@@ -51,8 +51,9 @@ def close(out: torch.Tensor, ref: torch.Tensor, tol: dict, what: str, findings: 
     if torch.allclose(o, r, **tol) and not o.isnan().any():
         return True
     rows = lambda t: t.reshape(len(t), -1).any(1).nonzero().flatten().tolist()  # the rows (tokens) where t holds
-    nan, far = o.isnan() & ~r.isnan(), (o - r).abs() > tol["atol"] + tol["rtol"] * r.abs()
-    finite = (o - r).abs()[~(o.isnan() | r.isnan())]
+    diff = (o - r).abs()
+    nan, far = o.isnan() & ~r.isnan(), diff > tol["atol"] + tol["rtol"] * r.abs()
+    finite = diff[~(o.isnan() | r.isnan())]
     err = finite.max().item() if finite.numel() else float("nan")
     msg = f"{what}: max abs difference {err:.3g} (rtol {tol['rtol']}, atol {tol['atol']})"
     if bad := rows(far):
@@ -63,8 +64,8 @@ def close(out: torch.Tensor, ref: torch.Tensor, tol: dict, what: str, findings: 
     return False
 
 
-def _first_few(xs: list, n: int = 8) -> str:
-    return ", ".join(map(str, xs[:n])) + (f", ... ({len(xs)} in all)" if len(xs) > n else "")
+def _first_few(xs: list, n: int = 8, name=str) -> str:
+    return ", ".join(map(name, xs[:n])) + (f", ... ({len(xs)} in all)" if len(xs) > n else "")
 
 
 def raised(e: Exception) -> str:
@@ -92,14 +93,11 @@ class KVGuard:
         dev = world.device
         writes = fb.out_cache_loc.to(dev)
         rows = world.req_to_token[fb.req_pool_indices.to(world.req_to_token.device)]
-        earlier = rows[rows > 0].to(dev)
-        outside = torch.ones(world.kv_cache.num_slots, dtype=torch.bool, device=dev)
+        own = torch.zeros(world.kv_cache.num_slots, dtype=torch.bool, device=dev)
+        own[rows[rows > 0].to(dev)] = True
+        outside = ~own
         outside[0] = False
-        outside[earlier] = False
-        outside[writes] = False
-        own = torch.zeros_like(outside)
-        own[earlier] = True
-        own[writes] = False  # the batch's own earlier tokens
+        outside[writes] = own[writes] = False  # own: the batch's own earlier tokens
         self.foreign, self.own = outside.nonzero().flatten(), own.nonzero().flatten()
         self.world = world
         self.firsts = [b.view(b.shape[0], -1)[:, 0] for b in world.kv_cache.buffers()]  # [slots] views, one per buffer
@@ -114,38 +112,35 @@ class KVGuard:
         """Count the guarded slots written since construction and say whose they were; restore the foreign ones.
         ``graph_locs``: the graph's write targets (the runner's static ``out_cache_loc``), to name the row that wrote a
         slot; rows from ``live_rows`` on are padded."""
-        hit_foreign = torch.zeros(len(self.foreign), dtype=torch.bool, device=self.foreign.device)
-        hit_own = torch.zeros(len(self.own), dtype=torch.bool, device=self.own.device)
-        for first, poisoned, saved in zip(self.firsts, self.poisoned, self.saved):
-            hit_foreign |= first[self.foreign] != poisoned
+        hit_foreign = torch.stack([f[self.foreign] != p for f, p in zip(self.firsts, self.poisoned)]).any(0)
+        for first, saved in zip(self.firsts, self.saved):
             first[self.foreign] = saved
-        for buf, before in zip(self.world.kv_cache.buffers(), self.own_before):
-            hit_own |= (buf[self.own] != before).flatten(1).any(1)
-        foreign, own = int(hit_foreign.sum()), int(hit_own.sum())  # slots, over every layer
-        self.violations += foreign + own
+        buffers = zip(self.world.kv_cache.buffers(), self.own_before)
+        hit_own = torch.stack([(buf[self.own] != before).flatten(1).any(1) for buf, before in buffers]).any(0)
         problems = []
-        if foreign:
-            msg = f"padded or live rows wrote {foreign} KV slot(s) outside the batch (other requests' or free)"
-            problems.append(msg + self._whose(self.foreign[hit_foreign], graph_locs, live_rows))
-        if own:
-            msg = f"the replay overwrote {own} earlier KV slot(s) of requests in this batch"
-            problems.append(msg + self._whose(self.own[hit_own], graph_locs, live_rows))
+        for hit, slots, what in (
+            (hit_foreign, self.foreign, "padded or live rows wrote {} KV slot(s) outside the batch (other requests' or free)"),
+            (hit_own, self.own, "the replay overwrote {} earlier KV slot(s) of requests in this batch"),
+        ):
+            if n := int(hit.sum()):  # slots, over every layer
+                self.violations += n
+                problems.append(what.format(n) + self._whose(slots[hit], graph_locs, live_rows))
         return problems
 
-    def _whose(self, slots: torch.Tensor, graph_locs, live_rows, limit: int = 4) -> str:
+    def _whose(self, slots: torch.Tensor, graph_locs, live_rows) -> str:
         """``: slot s (request-table row p, position t; written by graph row r, a padded row), ...``"""
         table = self.world.req_to_token.to(slots.device)
-        parts = []
-        for s in slots[:limit].tolist():
+
+        def whose(s: int) -> str:
             held = (table == s).nonzero().tolist()
-            whose = f"request-table row {held[0][0]}, position {held[0][1]}" if held else "a free slot"
+            out = f"request-table row {held[0][0]}, position {held[0][1]}" if held else "a free slot"
             if graph_locs is not None:
                 writers = (graph_locs.to(slots.device) == s).nonzero().flatten().tolist()
                 pad = lambda r: ", a padded row" if live_rows is not None and r >= live_rows else ""
-                whose += "".join(f"; written by graph row {r}{pad(r)}" for r in writers[:2])
-            parts.append(f"slot {s} ({whose})")
-        more = f", ... ({len(slots)} in all)" if len(slots) > limit else ""
-        return ": " + ", ".join(parts) + more
+                out += "".join(f"; written by graph row {r}{pad(r)}" for r in writers[:2])
+            return f"slot {s} ({out})"
+
+        return ": " + _first_few(slots.tolist(), 4, whose)
 
 
 def poison_value(t: torch.Tensor, high: bool = False):
@@ -264,8 +259,8 @@ class Rig:
         ``kind``."""
         if world is None:
             pools = dict(pool_size=pool_size or 4 * max(capture_bs) + 8, num_slots=num_slots, seed=seed)
-            kw = dict(max_context_len=max_context_len, kv_caches={} if worlds is None else worlds, **pools)
-            world = cls.world_for(entry, engine.device, dtype, num_layers, **kw)
+            kv = {} if worlds is None else worlds
+            world = cls.world_for(entry, engine.device, dtype, num_layers, max_context_len=max_context_len, kv_caches=kv, **pools)
         backend_cls = entry.load(kind.multi_step)
         backend = backend_cls(world, spec)
         backend.check_graph_mode(kind.mode)
@@ -290,13 +285,12 @@ class Rig:
 
     def run(self, fb: ForwardBatch) -> Verdict:
         """Replay ``fb`` under the KV guard, run it eagerly and on the oracle; compare."""
-        findings: list[str] = []
         guard = KVGuard(self.world, fb)
-        multi = self.kind.multi_step  # its static targets hold every step: no single live-row boundary
         try:
             graph = self.runner.replay(fb).clone()
-        finally:  # restore the guarded slots even when the replay raised
-            findings += guard.check(self.runner.inputs.out_cache_loc, None if multi else fb.out_cache_loc.numel())
+        finally:  # restore the guarded slots even when the replay raised; a multi-step graph's static targets hold every
+            # step: no single live-row boundary
+            findings = guard.check(self.runner.inputs.out_cache_loc, None if self.kind.multi_step else fb.out_cache_loc.numel())
         outside = [f"out of bounds: the graph read {f}" for f in bounds.take()]  # (bounds_guard() on: a finding)
         eager = self.runner.eager(fb).clone()
         outside += [f"out of bounds: eager read {f}" for f in bounds.take()]

@@ -19,7 +19,6 @@ replay's own ``StaticInputs.load``) through the runner's ``call_*_hook``: the ve
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +48,10 @@ class CheckSettings:
     dtype: torch.dtype | None = None  # None: float32 on CPU, bfloat16 on CUDA
     seed: int = 0
 
+    def rig_args(self) -> dict[str, Any]:
+        """``Rig.build``'s sizes, dtype and seed (the world's slot count is the caller's: a glue rig builds a small one)."""
+        return dict(capture_bs=self.capture_bs, max_context_len=self.max_context_len, dtype=self.dtype, seed=self.seed)
+
     def slots_needed(self) -> int:
         """The fewest KV slots that hold the rig's request pool (``Rig.build``: 4 * max bs + 8 requests, slot 0 too),
         each at the longest context, in pages of up to 128."""
@@ -73,9 +76,9 @@ def _where(i: int, shape: tuple, rows: tuple[int, int] | None) -> str:
     return f"[{i}]" + (f" ({', '.join(parts)})" if parts else "")
 
 
-def _tensor_diff(key: str, a: torch.Tensor, b: torch.Tensor, what: str, limit: int, rows=None) -> list[str]:
+def _tensor_diff(key: str, a: torch.Tensor, b: torch.Tensor, what: str, rows=None, limit: int = 4) -> list[str]:
     a_, b_ = a.to("cpu"), b.to("cpu")
-    bad = (a_ != b_) & ~(a_.isnan() & b_.isnan()) if a_.is_floating_point() else a_ != b_
+    bad = (a_ != b_) & ~(a_.isnan() & b_.isnan())  # NaN where NaN is equal
     idx = bad.flatten().nonzero().flatten()
     if not idx.numel():
         return []
@@ -98,12 +101,7 @@ def _stale(b, kept, differ=None) -> bool:
 
 
 def diff_states(
-    capture: dict[str, Any],
-    replay: dict[str, Any],
-    limit: int = 4,
-    paths=("capture", "replay"),
-    rows=None,
-    stale: dict[str, Any] | None = None,
+    capture: dict[str, Any], replay: dict[str, Any], paths=("capture", "replay"), rows=None, stale: dict[str, Any] | None = None
 ) -> list[str]:
     """Human-readable differences, one line per buffer or scalar (``paths``: what made each state; ``rows``: the live and
     padded batch sizes, to name padded rows; ``stale``: the state the capture hook leaves for the runner's capture batch:
@@ -111,24 +109,23 @@ def diff_states(
     out, (p, q) = [], paths
     for key in sorted(set(capture) | set(replay)):
         if key not in capture or key not in replay:
-            where = p if key in capture else q
-            out.append(f"{key}: only the {where} path sets it")
+            out.append(f"{key}: only the {p if key in capture else q} path sets it")
             continue
         a, b = capture[key], replay[key]
         if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
             if a.shape != b.shape:
                 out.append(f"{key}: shape {tuple(a.shape)} after {p} vs {tuple(b.shape)} after {q}")
                 continue
-            kept = stale is not None and key in stale and _stale(b, stale[key], a.to("cpu") != b.to("cpu"))
-            out += _tensor_diff(key, a, b, f"{p} vs {q}" + ("; " + STALE.format("values") if kept else ""), limit, rows)
+            kept = key in (stale or {}) and _stale(b, stale[key], a.to("cpu") != b.to("cpu"))
+            out += _tensor_diff(key, a, b, f"{p} vs {q}" + ("; " + STALE.format("values") if kept else ""), rows)
         elif a != b:
-            kept = stale is not None and key in stale and _stale(b, stale[key])
+            kept = key in (stale or {}) and _stale(b, stale[key])
             line = f"{key}: {a!r} {'frozen at' if p == 'capture' else 'after'} {p} vs {b!r} after {q}"
             out.append(line + (f" ({STALE.format('value')})" if kept else ""))
     return out
 
 
-def diff_reference(state: dict[str, Any], ref: dict[str, Any], limit: int = 4, rows=None) -> list[str]:
+def diff_reference(state: dict[str, Any], ref: dict[str, Any], rows=None) -> list[str]:
     """Verdict (d): ``state`` against the reference, key by key, over the reference's region, in the reference's shape
     (``rows``: live and padded batch size, to name padded rows)."""
     out = []
@@ -137,13 +134,12 @@ def diff_reference(state: dict[str, Any], ref: dict[str, Any], limit: int = 4, r
         if got is None:
             out.append(f"reference: {key}: the graph reads no such state")
         elif isinstance(want, torch.Tensor):
-            got = got.detach().flatten()
-            n = want.numel()
+            got, n = got.detach().flatten(), want.numel()
             if got.numel() < n:
                 out.append(f"reference: {key}: graph state has {got.numel()} entries, needs {n}")
                 continue
-            got = (got[:n].to(want.dtype) if want.dtype != torch.bool else got[:n].bool()).view(want.shape)
-            out += _tensor_diff(f"reference: {key}", got, want.to("cpu"), "graph reads vs reference", limit, rows)
+            got = got[:n].to(want.dtype).view(want.shape)
+            out += _tensor_diff(f"reference: {key}", got, want, "graph reads vs reference", rows)
         elif got != want:
             out.append(f"reference: {key}: graph reads {got!r}, reference {want!r}")
     return out
@@ -236,9 +232,8 @@ def glue_verdict(
     """Verdict (e) alone for one entry and graph kind, at every raw size of ``settings`` (no step graph is captured):
     True when the shape may be glued, None when the hook is refused (or the kind not captured), with the findings."""
     settings, kind = settings or CheckSettings(), GraphKind.parse(kind)
-    sizes = dict(capture_bs=settings.capture_bs, max_context_len=settings.max_context_len, seed=settings.seed)
     try:
-        rig = Rig.build(entry, kind, settings.spec, engine, **sizes, dtype=settings.dtype, capture=False)
+        rig = Rig.build(entry, kind, settings.spec, engine, capture=False, **settings.rig_args())
     except GraphModeNotSupported as e:
         return None, [f"skipped: {e}"]
     found = glue_per_size(rig, (0,) if kind.mode.is_idle() else settings.raw_bs, settings.glue_replays)
@@ -292,13 +287,12 @@ def _reads(backend, masks: list[torch.Tensor], batch: ForwardBatch) -> dict[str,
     """What a graph replay reads besides the KV cache and frozen scalars: the live elements (``masks``) of each of
     ``backend``'s graph buffers, and ``batch``'s static inputs."""
     bufs = {f"{n} (live part)": b.reshape(-1)[m] for (n, b), m in zip(graph_buffers(backend), masks)}
-    views = dict(input_ids=batch.input_ids, positions=batch.positions, req_pool_indices=batch.req_pool_indices)
-    views |= dict(seq_lens=batch.seq_lens, seq_lens_cpu=batch.seq_lens_cpu, out_cache_loc=batch.out_cache_loc)
-    return _snapshot({**bufs, **{f"static input {k}": t for k, t in views.items()}})
+    inputs = "input_ids positions req_pool_indices seq_lens seq_lens_cpu out_cache_loc".split()
+    return _snapshot(bufs | {f"static input {k}": getattr(batch, k) for k in inputs})
 
 
 def long_run(rig: Rig, n: int = LONG_RUN, distinct: int = 2) -> tuple[int, list[tuple[int, list[str]]]]:
-    """``n`` replays through the smallest graph, rotating ``distinct`` short batches in an order where no batch follows
+    """``n`` replays through the smallest graph, rotating ``distinct`` short batches in turn, so no batch follows
     itself (two: they alternate). A batch's first replay is held to (b) and (c). Every later one runs the replay path up to the launch
     (inputs, hook, the in-graph metadata) and compares what the graph would read with what a fresh backend's hooks
     leave for that batch (verdict (a)'s replay path), on the elements those hooks write (a second fresh backend, its
@@ -308,10 +302,8 @@ def long_run(rig: Rig, n: int = LONG_RUN, distinct: int = 2) -> tuple[int, list[
     against the batch's eager output. ``(graph size, [(replay, findings)])``."""
     gen, runner, bs = rig.gen, rig.runner, min(rig.runner.graph_cfg.batch_sizes())
     batches = [_short(gen, rig.kind, bs) for _ in range(distinct)]
-    order, rng, first, out = [0], random.Random(n), {}, []
-    while len(order) < n:
-        order.append(rng.choice([i for i in range(distinct) if i != order[-1]]))
-    for j, i in enumerate(order, 1):
+    first, out = {}, []
+    for j, i in enumerate([k % distinct for k in range(n)], 1):  # in turn: no batch follows itself
         fb, findings = batches[i], []
         try:
             if i not in first:
@@ -337,7 +329,7 @@ def long_run(rig: Rig, n: int = LONG_RUN, distinct: int = 2) -> tuple[int, list[
                     graph = runner.launch(bs)[: fb.num_tokens]
                 finally:
                     findings += guard.check(runner.inputs.out_cache_loc, None if rig.kind.multi_step else fb.num_tokens)
-                close(graph, eager, rig.tol, f"graph vs eager (eager at replay {order.index(i) + 1})", findings)
+                close(graph, eager, rig.tol, f"graph vs eager (eager at replay {i + 1})", findings)
         except Exception as e:  # noqa: BLE001 - a finding, not a crash
             findings = [raised(e)]
         finally:
@@ -354,9 +346,8 @@ def history_verdict(rig: Rig, big: int, a: ForwardBatch | None = None) -> tuple[
     counter) passes every per-size row and fails here. ``a``: step A, a batch the graphs have just replayed (its row's,
     held to (b) and (c) there; the caller releases it)."""
     steps, findings = history_steps(rig, big, a), []
-    for i, (label, fb) in enumerate(steps, 1):
-        if i == 1 and a is not None:
-            continue
+    given = a is not None  # step A: replayed and released by the caller
+    for i, (label, fb) in enumerate(steps[given:], 1 + given):
         v = run_one(rig, fb)
         if not (v.graph_ok and v.oracle_ok):
             findings += [f"history replay {i} ({label}, bs {fb.batch_size}): {f}" for f in v.findings]
@@ -366,7 +357,7 @@ def history_verdict(rig: Rig, big: int, a: ForwardBatch | None = None) -> tuple[
         where = f"history replay {len(steps) + j} (long run, replay {j} of {LONG_RUN} through the bs-{bs} graph)"
         findings += [f"{where}: {f}" for f in found]
         findings += [f"history long run: also wrong at replays {', '.join(more)} of {LONG_RUN}"] if more else []
-    for _, fb in steps[1:] if a is not None else steps:
+    for _, fb in steps[given:]:
         rig.gen.release(fb)
     return not findings, findings
 

@@ -34,8 +34,9 @@ def draw_csr(
     rpi, lens, indptr, idx = map(C.flat, (req_pool_indices, seq_lens_or_kv_lens, kv_indptr, kv_indices))
     bs = len(rpi)  # rpi, lens: [bs]; indptr: [bs+1]; idx: [>= total]
     if len(lens) != bs or len(indptr) != bs + 1:
-        got = f"got {len(lens)} and {len(indptr)}"
-        raise ValueError(f"draw_csr: {bs} requests need {bs} lengths and {bs + 1} kv_indptr entries, {got}")
+        raise ValueError(
+            f"draw_csr: {bs} requests need {bs} lengths and {bs + 1} kv_indptr entries, got {len(lens)} and {len(indptr)}"
+        )
     total = int(indptr[-1])
     if len(idx) < total:
         raise ValueError(f"draw_csr: kv_indices has {len(idx)} entries < kv_indptr[-1]={total}")
@@ -49,7 +50,7 @@ def draw_csr(
     C.grid_axes(top, wrap, bs)  # top: the batch's req_to_token rows, the prefix the CSR packs framed
     for i, role in enumerate(roles):
         for j in range(ncols):
-            C.role_cell(top, j, i, role if j < lens[i] else "unread", C.fmt(rows[i, j]), fontsize=5.5)
+            C.role_cell(top, j, i, role if j < lens[i] else "unread", C.fmt(rows[i, j]))
         if lens[i] > 0:
             C.frame(top, 0, i, int(lens[i]), 1, "#e6550d" if role == "pad" else "#08519c", lw=1.8)
     labels = [f"{'pad' if r == 'pad' else f'req {i}'}: row {rpi[i]}, len {lens[i]}" for i, r in enumerate(roles)]
@@ -62,7 +63,7 @@ def draw_csr(
     bad = 0
     for p in range(total):
         x, y = p % wrap, 2 * (p // wrap) + 1
-        C.role_cell(bot, x, y, roles[owner[p]], C.fmt(idx[p]), fontsize=5.5)
+        C.role_cell(bot, x, y, roles[owner[p]], C.fmt(idx[p]))
         if p >= len(expected) or idx[p] != expected[p]:
             bad += 1
             C.frame(bot, x, y)
@@ -71,16 +72,16 @@ def draw_csr(
         x, y = p - line * wrap - 0.5, 2 * line + 1
         bot.plot([x, x], [y - 0.75, y + 0.5], color=C.INDPTR_COLOR, lw=1.4)
         bot.text(x, y - 0.8, str(p), ha="center", va="bottom", fontsize=6, color=C.INDPTR_COLOR, gid="kv_indptr")
-    spans = [f"kv_indices[{k * wrap}:{min((k + 1) * wrap, total)}]" for k in range(lines)]
-    bot.set_yticks(range(1, 2 * lines, 2), spans, fontsize=7)
+    bot.set_yticks(
+        range(1, 2 * lines, 2), [f"kv_indices[{k * wrap}:{min((k + 1) * wrap, total)}]" for k in range(lines)], fontsize=7
+    )
     bot.set_xticks([])
     note = f"; {bad} entries differ from req_to_token!" if bad or total != expected.size else ""
     bot.set_title(f"kv_indices (packed; red marks: kv_indptr = {indptr.tolist()}){note}", fontsize=8)
     C.suptitle(fig, title)
     if legend:
-        past = "in req_to_token, not packed (past the length)"
-        handles = C.role_handles([*roles, "unread"], "request {}", unread=past)
-        handles.append(Line2D([], [], color=C.INDPTR_COLOR, lw=1.4, label="kv_indptr boundary"))
+        handles = C.role_handles([*roles, "unread"], "request {}", unread="in req_to_token, not packed (past the length)")
+        handles += [Line2D([], [], color=C.INDPTR_COLOR, lw=1.4, label="kv_indptr boundary")]
         C.legend(fig, handles + [C.differs_handle("differs from req_to_token")] * (bad > 0), max_cols=6)
     return fig
 
@@ -101,7 +102,7 @@ def draw_tree_mask(
     in the mask axes, N node labels in the tree axes."""
     mask, indptr = C.flat(custom_mask).astype(bool), C.flat(mask_indptr)  # [>= total], [bs+1]
     steps, tree = np.diff(indptr), parents is not None
-    if indptr.size < 2 or indptr[0] != 0 or (steps % N != 0).any() or (steps // N < N).any():
+    if indptr.size < 2 or indptr[0] != 0 or any(steps % N) or steps.min() < N * N:
         raise ValueError(f"draw_tree_mask: mask_indptr={indptr.tolist()} is not [0, cumsum(N*(seq+N))] for N={N}")
     if not 0 <= request < len(indptr) - 1:
         raise ValueError(f"draw_tree_mask: request {request} outside [0, {len(indptr) - 1})")
@@ -131,8 +132,7 @@ def draw_tree_mask(
             bad += 1
             C.frame(ax, c, q)
     ax.axvline(seq - 0.5, color="black", lw=1.2)
-    names = [f"prefix: {seq} columns (all 1)", f"tree: {N} columns"]
-    ax.set_xticks([seq / 2 - 0.5, seq + N / 2 - 0.5], names, fontsize=7)
+    ax.set_xticks([seq / 2 - 0.5, seq + N / 2 - 0.5], [f"prefix: {seq} columns (all 1)", f"tree: {N} columns"], fontsize=7)
     ax.set_yticks(range(N), [f"draft {q}" + f" (depth {d})" * tree for q, d in enumerate(depths)], fontsize=7)
     note = f"; {bad} cells disagree with the tree!" if bad else ""
     ax.set_title(f"request {request}: custom_mask[{start}:{end}]\nas [N={N}, seq+N={width}]{note}", fontsize=8)
@@ -255,10 +255,11 @@ def draw_state_diff(
     state, marks, row_roles, total = {}, {}, {}, 0
     for key in sorted({*first, *second}) if keys is None else keys:
         a, b = first.get(key), second.get(key)  # bads: a bool per cell of each tensor, or one bool per scalar
-        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.numel() == b.numel():
-            a_, b_ = a.detach().cpu().reshape(-1), b.detach().cpu().reshape(-1)
+        tensors = isinstance(a, torch.Tensor), isinstance(b, torch.Tensor)
+        if all(tensors) and a.numel() == b.numel():
+            a_, b_ = (v.detach().cpu().reshape(-1) for v in (a, b))
             bads = (((a_ != b_) & ~(a_.isnan() & b_.isnan())).numpy(),) * 2  # NaN == NaN here
-        elif isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):  # shapes or kinds disagree: every cell
+        elif any(tensors):  # shapes or kinds disagree: every cell
             bads = [np.ones(v.numel(), bool) if isinstance(v, torch.Tensor) else True for v in (a, b)]
         else:  # scalars (or a key one side lacks)
             bads = (bool(a != b),) * 2
@@ -286,13 +287,12 @@ def draw_buffer_sizes(
     (``sizes[buffer][owner]``), ``notes[buffer][owner]`` after it (gid ``"note"``). ``needed[buffer] = (entries, what
     needs them)``: a dashed line (gid ``"need"``); a shorter bar is framed red, "too small"."""
     notes, needed = notes or {}, needed or {}
-    owners = list(dict.fromkeys(o for per in sizes.values() for o in per))
-    color = dict(zip(owners, cycle(OWNER_COLORS)))
+    color = dict(zip(dict.fromkeys(o for per in sizes.values() for o in per), cycle(OWNER_COLORS)))  # owner -> colour
     heights = [len(per) for per in sizes.values()]
     fig = Figure(figsize=(9.0, sum(0.32 * h + 0.55 for h in heights) + 0.9), layout="constrained")
     axes = fig.subplots(len(sizes), 1, squeeze=False, height_ratios=[h + 1.2 for h in heights])
     short = False
-    for ax, (buf, per) in zip(axes[:, 0], sizes.items()):  # a buffer's bars against its need
+    for ax, (buf, per) in zip(axes.flat, sizes.items()):  # a buffer's bars against its need
         need, what = needed.get(buf, (0, None))
         top = max([*per.values(), need])
         for y, (owner, n) in enumerate(per.items()):
@@ -321,8 +321,8 @@ def draw_buffer_sizes(
         ax.tick_params(axis="x", labelsize=7)
         ax.grid(axis="x", alpha=0.3)
         ax.spines[["top", "right"]].set_visible(False)
-    axes[-1, 0].set_xlabel("entries allocated (each panel its own scale)", fontsize=8)
-    handles = [Patch(facecolor=color[o], label=o) for o in owners]
+    ax.set_xlabel("entries allocated (each panel its own scale)", fontsize=8)
+    handles = [Patch(facecolor=c, label=o) for o, c in color.items()]
     handles += [Line2D([], [], color="black", ls="--", lw=1.0, label="entries a batch needs")] * bool(needed)
     handles += [Patch(facecolor="none", edgecolor=C.BAD_COLOR, lw=1.8, label="too small for that batch")] * short
     C.legend(fig, handles, max_cols=5)

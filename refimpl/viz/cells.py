@@ -11,6 +11,8 @@ import torch
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
+from ..spec import DraftTree
+
 REQ_COLORS = ["#9ecae1", "#a1d99b", "#cbc9e2", "#fbb4c4", "#99d8c9", "#fee391", "#d9d9d9"]
 PAD_COLOR = "#ffba73"
 UNUSED_COLOR = "#f0f0f0"
@@ -19,17 +21,17 @@ TREE_ON_COLOR = "#3182bd"
 PREFIX_COLOR = "#c6dbef"  # a tree mask's prefix column (always 1)
 BAD_COLOR = "#d62728"
 INDPTR_COLOR = "#a50f15"
-STALE_COLOR = "#bdbdbd"  # cross-hatched: a value some reader would see, left by an older batch
-VALUE_COLOR = "#ffffff"  # a value with no per-request meaning (an indptr's end, a count)
 DIFF_HATCH_COLOR = "#f4a582"  # the hatch over a cell that differs (its frame: BAD_COLOR)
 
 CELL_IN = 0.3  # inches per cell in the grid figures
 
-# a named cell role -> (legend text, face, hatch, edge, text colour); an int role i: live request i (its colour)
+# a named cell role -> (legend text, face, hatch, edge, text colour); an int role i: live request i (its colour).
+# "value": a value with no per-request meaning (an indptr's end, a count); "stale" (cross-hatched): a value some reader
+# would see, left by an older batch
 ROLES = {
     "pad": ("padded row (request slot 0, seq_len 1)", PAD_COLOR, None, "white", "black"),
-    "value": ("other value (e.g. an indptr's end)", VALUE_COLOR, None, "#bdbdbd", "black"),
-    "stale": ("stale: left by an earlier batch / the capture", STALE_COLOR, "xx", "white", "black"),
+    "value": ("other value (e.g. an indptr's end)", "#ffffff", None, "#bdbdbd", "black"),
+    "stale": ("stale: left by an earlier batch / the capture", "#bdbdbd", "xx", "white", "black"),
     "unread": ("past the live part: not read", UNUSED_COLOR, None, "white", "#969696"),
 }
 ROLE_LABELS = {role: style[0] for role, style in ROLES.items()}  # what a cell's colour means
@@ -71,8 +73,11 @@ def role_handles(roles, live: str = "live request {}", **labels: str) -> list[Pa
     return out
 
 
+_DIFFERS = dict(edgecolor=BAD_COLOR, hatch="//", hatchcolor=DIFF_HATCH_COLOR)  # a differing cell's mark
+
+
 def differs_handle(label: str) -> Patch:
-    return Patch(facecolor="none", edgecolor=BAD_COLOR, hatch="//", hatchcolor=DIFF_HATCH_COLOR, lw=1.5, label=label)
+    return Patch(facecolor="none", lw=1.5, label=label, **_DIFFERS)
 
 
 def legend(fig: Figure, handles: list, max_cols: int = 4) -> None:
@@ -106,7 +111,7 @@ def segment_roles(indptr: torch.Tensor | Sequence[int], live: int, n: int) -> li
     return ["unread" if p >= end else int(owner[p]) if owner[p] < live else "pad" for p in range(n)]
 
 
-def cell(ax, x, y, color, text=None, *, fontsize=6.0, edge="white", lw=0.6, hatch=None, text_color="black", size=1):
+def cell(ax, x, y, color, text=None, *, fontsize=5.5, edge="white", lw=0.6, hatch=None, text_color="black", size=1):
     """One square cell (``size`` wide, a unit by default) centred on (x, y), optionally with a centred text."""
     ax.add_patch(Rectangle((x - size / 2, y - size / 2), size, size, facecolor=color, edgecolor=edge, lw=lw, hatch=hatch))
     if text is not None:
@@ -126,8 +131,7 @@ def frame(ax, x0, y0, w=1, h=1, color=BAD_COLOR, lw=1.5):
 
 def differs_mark(ax, x, y) -> None:
     """A red frame and hatch over cell (x, y) (gid ``"differs"``); the cell's text turns bold, on top."""
-    style = dict(fill=False, edgecolor=BAD_COLOR, hatch="//", hatchcolor=DIFF_HATCH_COLOR, lw=2.0, zorder=2.5)
-    ax.add_patch(Rectangle((x - 0.46, y - 0.46), 0.92, 0.92, gid="differs", **style))
+    ax.add_patch(Rectangle((x - 0.46, y - 0.46), 0.92, 0.92, fill=False, lw=2.0, zorder=2.5, gid="differs", **_DIFFERS))
     own = next((t for t in ax.texts[::-1] if t.get_position() == (x, y)), None)  # drawn last for that cell
     if own is not None:
         own.set(fontweight="bold", zorder=4)
@@ -148,12 +152,9 @@ def fmt(v) -> str:
     return f"{v:.3g}" if isinstance(v, (float, np.floating)) else str(int(v))
 
 
-# draft trees: ``parents[q]`` is node q's parent, -1 for the root (node 0)
+# draft trees: ``parents[q]`` is node q's parent, -1 for the root (node 0); ``DraftTree`` checks and walks them
 def depths(parents: Sequence[int]) -> list[int]:
-    d = [0] * len(parents)
-    for q in range(1, len(parents)):
-        d[q] = d[parents[q]] + 1
-    return d
+    return DraftTree(parents).depths()
 
 
 def tree_slots(parents: Sequence[int]) -> dict[int, tuple[int, int, int]]:
@@ -162,11 +163,8 @@ def tree_slots(parents: Sequence[int]) -> dict[int, tuple[int, int, int]]:
     return {q: (d[q], d[:q].count(d[q]), d.count(d[q])) for q in sorted(range(len(d)), key=d.__getitem__)}
 
 
-def ancestry(parents: Sequence[int]) -> np.ndarray:
-    anc = np.eye(len(parents), dtype=bool)  # [N, N]
-    for q in range(1, len(parents)):
-        anc[q] |= anc[parents[q]]
-    return anc
+def ancestry(parents: Sequence[int]) -> np.ndarray:  # [N, N] bool: node k is q or one of its ancestors
+    return DraftTree(parents).ancestry_mask().numpy()
 
 
 def save(fig: Figure, path: str | Path) -> Path:

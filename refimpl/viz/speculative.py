@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import torch
 from matplotlib.figure import Figure
@@ -29,7 +29,7 @@ def _node(ax, x, y, color, label, label_color="black"):
     ax.text(x, y, label, ha="center", va="center", fontsize=7, zorder=3, color=label_color)
 
 
-def _draw_tree(ax, parents, x0, y0, w, levels, colors, dim=(), edges: Mapping[int, str] = {}):
+def _draw_tree(ax, parents, x0, y0, w, levels, colors, dim, edges):
     """The tree in the box (x0, y0) w wide, 2.6 high, depth left to right: edges (``edges[q]``: node q's edge stands out
     in that colour), then nodes q in ``colors[q]`` (those in ``dim`` with a grey label); returns their (x, y)."""
     dx = (w - 0.6) / max(levels, 1)
@@ -48,9 +48,7 @@ def draw_eagle_iteration(
     (v1, v2), each with its graph mode (gid ``"mode"``) and rows per request; an IDLE band. ``parents``: the draft tree
     (``DraftTree.parents``, node 0 the last verified token); ``accepted``: the accepted drafts, a chain from a child of
     node 0; ``num_steps`` S; ``topk`` branches."""
-    N, S, acc, depths = len(parents), int(num_steps), list(accepted), C.depths(parents)
-    if not parents or parents[0] != -1 or any(not 0 <= parents[q] < q for q in range(1, N)):
-        raise ValueError(f"draw_eagle_iteration: parents {list(parents)} are not a tree rooted at 0")
+    N, S, acc, depths = len(parents), int(num_steps), list(accepted), C.depths(parents)  # depths: checks the tree
     if max(depths) > S:
         raise ValueError(f"draw_eagle_iteration: tree depth {max(depths)} > num_steps={S}")
     chain = [0, *acc]
@@ -94,8 +92,9 @@ def draw_eagle_iteration(
         ),
     ]
     for x, (head, modes, rows, caption) in zip(xs, boxes):
-        box = "round,pad=0.02,rounding_size=0.15"
-        ax.add_patch(FancyBboxPatch((x, y0), bw, bh, boxstyle=box, fc="white", ec="#525252", lw=1.0))
+        ax.add_patch(
+            FancyBboxPatch((x, y0), bw, bh, boxstyle="round,pad=0.02,rounding_size=0.15", fc="white", ec="#525252", lw=1.0)
+        )
         ax.text(x + 0.15, y0 + bh - 0.3, head, fontsize=10, fontweight="bold", va="center")
         for j, m in enumerate(modes):
             ax.text(x + 0.2, y0 + bh - 0.78 - 0.42 * j, m, **_BADGE_TEXT)
@@ -103,24 +102,25 @@ def draw_eagle_iteration(
         ax.text(x + 0.15, y0 + 0.12, caption, fontsize=7, va="bottom", color="#252525", linespacing=1.3)
 
     # ① draft: the tree the multi-step draft decode grows, node colours by the step that drafted it
-    by_depth = ["verified", "step0"] + ["steps"] * S
-    _draw_tree(ax, parents, xs[0], y0 + 1.55, bw, S, [EAGLE_COLORS[by_depth[d]] for d in depths])
+    _draw_tree(
+        ax, parents, xs[0], y0 + 1.55, bw, S, [EAGLE_COLORS[["verified", "step0", "steps"][min(d, 2)]] for d in depths], (), {}
+    )
     for d in range(S + 1):
-        x, label = xs[0] + 0.3 + d * (bw - 0.6) / S, f"step {d - 1}" if d else "verified"
-        ax.text(x, y0 + 1.45, label, fontsize=6.5, ha="center", va="top", color="#525252")
+        label = f"step {d - 1}" if d else "verified"
+        ax.text(xs[0] + 0.3 + d * (bw - 0.6) / S, y0 + 1.45, label, fontsize=6.5, ha="center", va="top", color="#525252")
 
     # ② target verify: the tree's ancestry mask after a few prefix columns
     anc, c = C.ancestry(parents), min(0.34, (bw - 1.0) / (N + 2.5))
     mx, my = xs[1] + 0.75, y0 + 1.55 + 2.45
-    for q in range(N):
-        ax.text(mx - 0.12, my - q * c, str(q), fontsize=6, ha="right", va="center")
+    for q in range(N):  # row q at y
+        y = my - q * c
+        ax.text(mx - 0.12, y, str(q), fontsize=6, ha="right", va="center")
         for j in range(2):
-            C.cell(ax, mx + (j + 0.5) * c, my - q * c, C.PREFIX_COLOR, lw=0.5, size=c)
+            C.cell(ax, mx + (j + 0.5) * c, y, C.PREFIX_COLOR, lw=0.5, size=c)
         for k in range(N):
-            color = C.TREE_ON_COLOR if anc[q, k] else "white"
-            C.cell(ax, mx + (k + 3) * c, my - q * c, color, edge="#bdbdbd", lw=0.5, size=c)
-    ax.text(mx + c, my + c, "prefix", fontsize=6, ha="center", va="bottom")
-    ax.text(mx + (2.5 + N / 2) * c, my + c, "tree (ancestry)", fontsize=6, ha="center", va="bottom")
+            C.cell(ax, mx + (k + 3) * c, y, C.TREE_ON_COLOR if anc[q, k] else "white", edge="#bdbdbd", lw=0.5, size=c)
+    for x, head in ((mx + c, "prefix"), (mx + (2.5 + N / 2) * c, "tree (ancestry)")):
+        ax.text(x, my + c, head, fontsize=6, ha="center", va="bottom")
     ax.text(mx + 2.25 * c, my - 0.5 * c, "…", fontsize=7, ha="center", va="center")
 
     # ③ accept: the accepted chain, the rejected drafts dimmed, the bonus token after the chain
@@ -143,14 +143,15 @@ def draw_eagle_iteration(
     # arrows between the steps and back to ①; the IDLE band
     arrow = dict(arrowstyle="-|>", mutation_scale=14)
     for k in range(3):
-        ends = (xs[k] + bw + 0.05, y0 + bh / 2), (xs[k + 1] - 0.05, y0 + bh / 2)
-        ax.add_patch(FancyArrowPatch(*ends, color="#252525", lw=1.3, **arrow))
+        ax.add_patch(
+            FancyArrowPatch((xs[k] + bw + 0.05, y0 + bh / 2), (xs[k + 1] - 0.05, y0 + bh / 2), color="#252525", lw=1.3, **arrow)
+        )
     yb, mid = y0 - 0.32, xs[0] + bw / 2  # back to ①, under the boxes
     ax.plot([xs[3] + bw / 2, xs[3] + bw / 2, mid], [y0 - 0.02, yb, yb], color="#525252", lw=1.1, ls="--")
     ax.add_patch(FancyArrowPatch((mid, yb), (mid, y0 - 0.02), color="#525252", lw=1.1, **arrow))
     note = "next iteration: draft extend's output seeds step 0 of the next draft"
     ax.text(W / 2, yb + 0.05, note, fontsize=7, ha="center", va="bottom", color="#525252")
-    box = "round,pad=0.02,rounding_size=0.12"
+    box = "round,pad=0.02,rounding_size=0.12"  # the IDLE band
     ax.add_patch(FancyBboxPatch((0.15, 0.08), W - 0.3, 0.62, boxstyle=box, fc="#fafafa", ec="#969696", lw=0.8))
     ax.text(0.35, 0.39, "IDLE", **_BADGE_TEXT)
     idle = (
@@ -162,8 +163,8 @@ def draw_eagle_iteration(
     handles = [Patch(facecolor=c, edgecolor="#525252", label=lab.format(last=S - 1)) for c, lab in EAGLE_PARTS.values()]
     handles.append(Patch(facecolor=C.TREE_ON_COLOR, edgecolor="#bdbdbd", label="mask: may attend"))
     C.legend(fig, handles)
-    what = f"S = {S} steps, topk = {topk}, N = {N} draft tokens, accept_length = {len(acc)}"
-    fig.suptitle(title or f"One EAGLE iteration for one request: {what}", fontsize=11)
+    what = f"One EAGLE iteration for one request: S = {S} steps, topk = {topk}, N = {N} draft tokens, accept_length = {len(acc)}"
+    fig.suptitle(title or what, fontsize=11)
     return fig
 
 
@@ -202,10 +203,10 @@ def draw_draft_decode_indices(
             a, b = indptr[i, row : row + 2]
             n_pre, vals = int(seq[r]), idx[i][a:b]
             for j in range(min(n_pre, len(vals))):
-                C.role_cell(ax, j, row, r if r < live else "pad", C.fmt(vals[j]), fontsize=5.5)
+                C.role_cell(ax, j, row, r if r < live else "pad", C.fmt(vals[j]))
             for j in range(num_steps):
                 if j <= i and n_pre + j < len(vals):
-                    C.cell(ax, pmax + 1 + j, row, C.DRAFT_COLOR, C.fmt(vals[n_pre + j]), fontsize=5.5)
+                    C.cell(ax, pmax + 1 + j, row, C.DRAFT_COLOR, C.fmt(vals[n_pre + j]))
                 else:
                     C.cell(ax, pmax + 1 + j, row, "white", hatch="////", edge="#d9d9d9")
             if b - a != n_pre + i + 1:
@@ -215,7 +216,7 @@ def draw_draft_decode_indices(
             if k == topk - 1 and row < rows - 1:
                 ax.axhline(row + 0.5, color="black", lw=0.8)
         ax.set_yticks(range(rows), labels, fontsize=7)
-        names = [f"prefix slots (seq_lens, up to {pmax})", "draft slots"]
+        names = [f"prefix slots (seq_lens, up to {pmax})", "draft slots"]  # under the prefix area | the draft area
         ax.set_xticks([pmax / 2 - 0.5, pmax + 1 + (num_steps - 1) / 2], names, fontsize=7)
         note = "  (filled, but no step backend reads it)" * (used_steps is not None and i >= used_steps)
         warn = f"  {bad} rows have the wrong length!" if bad else ""
@@ -225,7 +226,9 @@ def draw_draft_decode_indices(
     if legend:
         roles = [*range(live)] + ["pad"] * (live < num_seqs)
         handles = C.role_handles(roles, "seq {}: prefix slots", pad="padded seq: prefix slot 0")
-        handles.append(Patch(facecolor=C.DRAFT_COLOR, edgecolor="white", label="draft slots (branch k)"))
-        handles.append(Patch(facecolor="white", hatch="////", edgecolor="#d9d9d9", label="draft slot not yet written"))
+        handles += [
+            Patch(facecolor=C.DRAFT_COLOR, edgecolor="white", label="draft slots (branch k)"),
+            Patch(facecolor="white", hatch="////", edgecolor="#d9d9d9", label="draft slot not yet written"),
+        ]
         C.legend(fig, handles, max_cols=5)
     return fig
