@@ -108,7 +108,9 @@ class TritonAttnBackend(AttentionBackend):
             if bs:
                 self.get_num_kv_splits(splits[:rows], seq)
             # the decode fields: kv, logits, lse, split counts
-            self.forward_metadata = TritonMetadata(kv_indptr, kv_indices, *self._split_kv_scratch(max(rows, 1)), splits)
+            self.forward_metadata = TritonMetadata(
+                kv_indptr, kv_indices, *self._split_kv_scratch(max(rows, 1), torch.empty), splits
+            )
             return
         mask = {}
         if mode.is_target_verify():  # N rows each over the prefix only: the drafts come as k/v
@@ -128,10 +130,11 @@ class TritonAttnBackend(AttentionBackend):
         kv_indices = fresh_kv(layout.prefix_kv_lens(mode, seq, rows), prefix_total)
         self.forward_metadata = TritonMetadata(kv_indptr, kv_indices, max_extend_len=max_len, qo_indptr=qo, **mask)
 
-    def _split_kv_scratch(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Split-KV decode's float32 scratch: logits [rows, H, max_kv_splits, Dv], lse [rows, H, max_kv_splits]."""
+    def _split_kv_scratch(self, rows: int, alloc=torch.zeros) -> tuple[torch.Tensor, torch.Tensor]:
+        """Split-KV decode's float32 scratch: logits [rows, H, max_kv_splits, Dv], lse [rows, H, max_kv_splits] (eager:
+        ``torch.empty``, stage 1 writes what stage 2 reads; graphs: zeros)."""
         shape, f32 = (rows, self.cfg.num_heads, self.max_kv_splits), dict(dtype=torch.float32, device=self.device)
-        return torch.zeros(*shape, self.cfg.v_head_dim, **f32), torch.zeros(shape, **f32)
+        return alloc(*shape, self.cfg.v_head_dim, **f32), alloc(shape, **f32)
 
     def init_cuda_graph_state(self, max_bs, max_num_tokens, kv_indices_buf=None, num_kv_splits_buf=None) -> None:
         self.max_bs, self.max_num_tokens = max_bs, max_num_tokens
@@ -239,7 +242,7 @@ class TritonAttnBackend(AttentionBackend):
         rows = layout.rows_per_request(mode, self.spec)  # verify / draft extend v2: N; v1: S+1; decode: 1
         ref = csr_ref(self.world.req_to_token, fb.req_pool_indices, layout.prefix_kv_lens(mode, seq, rows))
         if mode.is_decode_or_idle():
-            return self.draft_step_reference(*ref.values(), fb)  # kv_indptr, kv_indices
+            return self.draft_step_reference(ref["kv_indptr"], ref["kv_indices"], fb)
         ref.update(qo_indptr=torch.arange(0, fb.batch_size * rows + 1, rows, device="cpu"), max_extend_len=rows)
         if mode.is_target_verify() and spec.custom_mask is not None:  # the live requests' blocks
             ref.update(mask_indptr=layout.mask_indptr(seq, rows), custom_mask=spec.custom_mask.to(torch.uint8))

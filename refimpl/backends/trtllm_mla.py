@@ -329,10 +329,14 @@ class TRTLLMMLAMultiStepDraftBackend(MultiStepBackend):
         for b in self.step_backends:
             b.init_cuda_graph_state(max_bs, max_num_tokens)
 
-    def init_forward_metadata_capture_cuda_graph(self, *args) -> None:
-        self.check_graph_mode(args[5])  # (bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info)
+    def init_forward_metadata_capture_cuda_graph(
+        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
+    ) -> None:
+        self.check_graph_mode(forward_mode)
         for b in self.step_backends:
-            b.init_forward_metadata_capture_cuda_graph(*args)
+            b.init_forward_metadata_capture_cuda_graph(
+                bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
+            )
 
     def init_forward_metadata_replay_cuda_graph(self, *args) -> None:
         for b in self.step_backends:

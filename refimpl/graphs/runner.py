@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import gc
+import operator
 import time
 import warnings
 import weakref
@@ -142,7 +143,7 @@ class GraphRunner:
         self.replays: Counter = Counter()  # "glue" / "hook": how each replay's metadata was made
         self.outputs: dict[int, torch.Tensor] = {}
         self.capture_records: list[CaptureRecord] = []
-        self._captured_with: dict[str, Any] = {}  # the world objects the graphs write and read (``_bound``), set by capture
+        self._captured_with: tuple = ()  # the world objects the graphs write and read (``_bound``), set by capture
 
     @staticmethod
     def _owner(backend) -> GraphRunner | None:
@@ -152,13 +153,10 @@ class GraphRunner:
             gc.collect()  # a dropped runner in a reference cycle (its graphs' closures) is not live
         return ref()
 
-    def _bound(self) -> dict[str, Any]:
-        """What the graphs write and read in the world, by name: its KV cache (and its layers' tensors), request pool and
-        table."""
+    def _bound(self) -> tuple:
+        """What the graphs write and read in the world: its KV cache (and its layers' tensors), request pool and table."""
         w = self.world
-        bound = {"world.kv_cache": w.kv_cache, "world.req_to_token_pool": w.req_to_token_pool}
-        bound["world.req_to_token_pool.req_to_token"] = w.req_to_token
-        return bound | {f"world.kv_cache.buffers()[{i}]": b for i, b in enumerate(w.kv_cache.buffers())}
+        return (w.kv_cache, w.req_to_token_pool, w.req_to_token, *w.kv_cache.buffers())
 
     # --- inputs -------------------------------------------------------------------------------
     def capture_batch(self, bs: int, inputs: StaticInputs | None = None) -> ForwardBatch:
@@ -260,7 +258,11 @@ class GraphRunner:
     def validate(self, fb: ForwardBatch, for_graph: bool = True) -> ForwardBatch:
         """Phase 1: refuse ``fb`` before anything is written (``refimpl.validate``), and a graph replay after the world's
         KV cache or request table was rebound (identity checks); returns ``fb`` with any non-contiguous tensor copied."""
-        if for_graph and (moved := [k for k, v in self._bound().items() if self._captured_with.get(k, v) is not v]):
+        # every replay: identity checks over a tuple; the names are built only for a refusal
+        if for_graph and self._captured_with and any(map(operator.is_not, bound := self._bound(), self._captured_with)):
+            names = ("world.kv_cache", "world.req_to_token_pool", "world.req_to_token_pool.req_to_token")
+            names += tuple(f"world.kv_cache.buffers()[{i}]" for i in range(len(bound) - 3))
+            moved = [k for k, a, b in zip(names, bound, self._captured_with) if a is not b]
             why = "the graphs write and read the objects bound at capture: restore them or build and capture a new runner"
             raise BatchRefused(f"{', '.join(moved)} rebound after capture: {why}")
         return validate_batch(fb, self.spec_cfg, self.kind, for_graph, world=self.world)
