@@ -26,12 +26,16 @@ MODES = tuple(KINDS)  # decode, idle, target_verify, draft_extend, draft_extend_
 L = 160  # room for a 128-token page
 
 
-def capability(entry: BackendEntry, kind: str | GraphKind) -> tuple[str, str | None]:
+def _world(entry: BackendEntry):
+    """A small world for ``entry``: this machine's device (Triton compiled for a GPU takes no host tensors), float32."""
+    return Rig.world_for(entry, default_device(), torch.float32, max_context_len=L, pool_size=4)
+
+
+def capability(entry: BackendEntry, kind: str | GraphKind, world=None) -> tuple[str, str | None]:
     """``"graph"``, ``"eager"`` or ``"—"`` for one entry and one ``layout.KINDS`` kind, and for a captured kind the
-    backend's ``glue_refusal`` (``None``: it may be glued)."""
-    kind = GraphKind.parse(kind)
-    # this machine's device (Triton compiled for a GPU takes no host tensors), a float32 model
-    world = Rig.world_for(entry, default_device(), torch.float32, max_context_len=L, pool_size=4)
+    backend's ``glue_refusal`` (``None``: it may be glued). ``world``: one from ``_world(entry)`` to reuse (an eager
+    probe releases the requests it draws)."""
+    kind, world = GraphKind.parse(kind), world or _world(entry)
     try:
         backend = entry.load(kind.multi_step)(world, SPEC)
         backend.check_graph_mode(kind.mode)
@@ -61,9 +65,9 @@ def matrix(entries: list[BackendEntry] | None = None) -> list[dict[str, Any]]:
     rows = []
     for entry in entries or REGISTRY:
         row = {"backend": entry.name, "variant": entry.variant, "pattern": getattr(entry.load(), "pattern", "")}
-        refusals = {}  # the captured kinds' glue_refusal
+        refusals, world = {}, _world(entry)  # the captured kinds' glue_refusal; one world for the entry's kinds
         for kind in MODES:
-            row[kind], why = capability(entry, kind)
+            row[kind], why = capability(entry, kind, world)
             if row[kind] == "graph":
                 refusals[kind] = why
         rows.append(row | {"glue": glue(refusals)})
