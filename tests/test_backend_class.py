@@ -163,5 +163,5 @@ def test_every_in_tree_class_can_be_passed_to_backend_class():
         got = load_backend_class("refimpl.backends" + entry.target)
         assert (got.name, got.variant, got.page_size) == (entry.name, entry.variant, entry.page_size), entry
         assert got.load().model_kind == entry.load().model_kind, entry
-    (row,) = check("refimpl.backends.trtllm_mla:TRTLLMMLAAttnBackend", modes=("decode",))[:1]
+    (row,) = check("refimpl.backends.torch_native:TorchNativeBackend", modes=("decode",))[:1]
     assert row.passed, row.findings

@@ -61,7 +61,7 @@ def test_the_history_of_a_correct_backend_passes():
         ("flashinfer", "target_verify", TREE),
         gate("flashinfer", "target_verify", CHAIN),
         gate("flashinfer", "draft_extend", CHAIN),
-        ("flashinfer", "draft_decode", TREE),
+        gate("flashinfer", "draft_decode", TREE),
     ],
 )
 def test_history_steps_vary_one_thing_at_a_time_in_every_mode(name, kind, spec):

@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from helpers import DEVICE, RecordOps, on_device, rng  # noqa: F401  (on_device: autouse)
+from helpers import DEVICE, RecordOps, gate, on_device, rng  # noqa: F401  (on_device: autouse)
 
 from refimpl.batch import World
 from refimpl.batchgen import BatchGenerator
@@ -149,7 +149,7 @@ UNIFORM = ([12, 0, 33], [4, 4, 4])  # target-verify style: N rows per request
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize(
     "layout,idx_dtype,num_kv_heads",
-    [(RAGGED, torch.int32, 2), (UNIFORM, torch.int64, 4), (RAGGED, torch.int64, 4), (UNIFORM, torch.int32, 2)],
+    [(RAGGED, torch.int32, 2), (UNIFORM, torch.int64, 4), gate(RAGGED, torch.int64, 4), gate(UNIFORM, torch.int32, 2)],
     ids=["ragged-i32-gqa", "uniform-i64-mha", "ragged-i64-mha", "uniform-i32-gqa"],
 )
 def test_extend_attention_matches_oracle(mode, dtype, layout, idx_dtype, num_kv_heads):

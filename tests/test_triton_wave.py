@@ -157,7 +157,7 @@ def test_multi_step_batch_with_wrong_topk_is_refused():
         runner.run(tree)
 
 
-@pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY])
+@pytest.mark.parametrize("mode", [ForwardMode.DECODE, gate(ForwardMode.TARGET_VERIFY)])  # verify: the GPU gate
 def test_poisoned_buffer_tails_do_not_change_outputs(mode):
     """No kernel reads past the live part of a static buffer."""
     runner, gen = triton_runner(mode)
