@@ -1,59 +1,141 @@
-"""Stand-ins for the modules SGLang's import chain touches that its attention backends never use."""
-import importlib.abc, importlib.machinery, sys, types
+"""Stand-in modules for what SGLang's import chain touches and its attention backends never use (probe, not a tool).
+
+``install(roots)`` puts a finder first on ``sys.meta_path``: a module named in ``roots`` (a top-level package, or a dotted
+SGLang subpackage such as ``sglang.srt.parser``) imports as a permissive stand-in whose every attribute is a ``_Stub``
+(callable, subscriptable, subclassable, falsy, usable as a decorator). The names probed by ``inspect`` / ``typing``
+raise ``AttributeError``, as on a plain object.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+
+_PROBED = {
+    "__wrapped__",
+    "__signature__",
+    "__origin__",
+    "__args__",
+    "__parameters__",
+    "__module__",
+    "__qualname__",
+    "__name__",
+    "__annotations__",
+    "__dict__",
+    "__code__",
+    "__defaults__",
+    "__kwdefaults__",
+    "__func__",
+    "__self__",
+    "__set_name__",
+    "__get__",
+    "__len__",
+    "__iter__",
+    "__fspath__",
+    "__array__",
+    "__torch_function__",
+    "__torch_dispatch__",
+    "__path__",
+    "__file__",
+    "__spec__",
+    "__loader__",
+    "__all__",
+    "__getstate__",
+    "__reduce_ex__",
+}
+
+
+def _attr(name: str):
+    if name in _PROBED:
+        raise AttributeError(name)
+    return _Stub()
+
 
 class _Stub:
-    def __init__(self, *a, **k): pass
-    def __call__(self, *a, **k):
-        if len(a) == 1 and callable(a[0]) and not k: return a[0]  # used as a decorator
-        return _Stub()
-    def __getattr__(self, name):
-        if name in _PROBED: raise AttributeError(name)
-        return _Stub()
-    def __getitem__(self, k): return _Stub()
-    def __setitem__(self, k, v): pass
-    def __setattr__(self, k, v): pass
-    def __contains__(self, k): return False
-    def __len__(self): return 0
-    def __iter__(self): return iter(())
-    def __bool__(self): return False
-    def __mro_entries__(self, bases): return (_StubBase,)
-    def __or__(self, other): return _Stub()
-    __ror__ = __or__
+    def __init__(self, *args, **kwargs):
+        pass
 
-_PROBED = {"__wrapped__", "__signature__", "__origin__", "__args__", "__parameters__", "__module__", "__qualname__",
-           "__name__", "__annotations__", "__dict__", "__code__", "__defaults__", "__kwdefaults__", "__func__", "__self__",
-           "__set_name__", "__get__", "__len__", "__iter__", "__fspath__", "__array__", "__torch_function__",
-           "__torch_dispatch__", "__path__", "__file__", "__spec__", "__loader__", "__all__", "__getstate__", "__reduce_ex__"}
+    def __call__(self, *args, **kwargs):
+        if len(args) == 1 and callable(args[0]) and not kwargs:
+            return args[0]  # used as a decorator
+        return _Stub()
+
+    def __getattr__(self, name):
+        return _attr(name)
+
+    def __getitem__(self, key):
+        return _Stub()
+
+    def __setitem__(self, key, value):
+        pass
+
+    def __setattr__(self, key, value):
+        pass
+
+    def __contains__(self, key):
+        return False
+
+    def __len__(self):
+        return 0
+
+    def __iter__(self):
+        return iter(())
+
+    def __bool__(self):
+        return False
+
+    def __mro_entries__(self, bases):
+        return (_StubBase,)
+
+    def __or__(self, other):
+        return _Stub()
+
+    __ror__ = __or__
 
 
 class _StubMeta(type):
     def __getattr__(cls, name):
-        if name in _PROBED: raise AttributeError(name)
-        return _Stub()
+        return _attr(name)
 
 
 class _StubBase(metaclass=_StubMeta):
-    def __init__(self, *a, **k): pass
-    def __init_subclass__(cls, **k): pass
+    """What a class deriving from a stand-in (a ``pydantic.BaseModel``, a ``PretrainedConfig``) derives from."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __init_subclass__(cls, **kwargs):
+        pass
+
     def __getattr__(self, name):
-        if name in _PROBED: raise AttributeError(name)
-        return _Stub()
+        return _attr(name)
+
 
 class _StubModule(types.ModuleType):
     def __getattr__(self, name):
-        if name in _PROBED: raise AttributeError(name)
-        if name == "__version__": return "0.0.0"
-        return _Stub()
+        return "0.0.0" if name == "__version__" else _attr(name)
 
-class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def __init__(self, roots): self.roots = set(roots)
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, roots):
+        self.roots = set(roots)
+
     def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in self.roots or any(name == r or name.startswith(r + ".") for r in self.roots if "." in r):
+        dotted = any(name == r or name.startswith(r + ".") for r in self.roots if "." in r)
+        if name.split(".")[0] in self.roots or dotted:
             return importlib.machinery.ModuleSpec(name, self, is_package=True)
         return None
-    def create_module(self, spec):
-        m = _StubModule(spec.name); m.__path__ = []; m.__stub__ = True; return m
-    def exec_module(self, module): pass
 
-def install(roots):
-    sys.meta_path.insert(0, Finder(roots))
+    def create_module(self, spec):
+        module = _StubModule(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
+def install(roots) -> None:
+    sys.meta_path.insert(0, _Finder(roots))

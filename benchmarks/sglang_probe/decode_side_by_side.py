@@ -1,0 +1,131 @@
+"""SGLang 0.5.23's own ``TritonAttnBackend`` on a CPU (Triton interpreter) over a refimpl ``World``: its decode capture
+and replay through 0.5.23's interface (``init_forward_metadata_out_graph(forward_batch, in_capture)``) beside refimpl's
+unified Triton hooks on the same padded batch (raw bs 3 in the bs-4 graph), graph buffers compared. A probe, not a tool.
+
+    bash benchmarks/sglang_probe/fetch.sh /tmp/sgl && python benchmarks/sglang_probe/decode_side_by_side.py /tmp/sgl
+
+Printed on the CPU machine, 2026-12-03: ``kv_indptr equal``, ``kv_indices equal``, ``num_kv_splits equal``. SGLang's
+``device_core_count`` is set to the 8 refimpl assumes on a CPU: SGLang sees no cores there and fills ``max_kv_splits``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+import warnings
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+class NoneNS(types.SimpleNamespace):
+    """A config whose unknown fields read as None (fields the tiny model does not set)."""
+
+    def __getattr__(self, k):
+        if k.startswith("__"):
+            raise AttributeError(k)
+        return None
+
+
+def sglang_triton_backend(world, cfg):
+    """SGLang's ``TritonAttnBackend`` over ``world`` (its stand-in model runner: the pools, a static-pool index
+    translator, the model config), after publishing a dummy-model ``ServerArgs`` (0.5.23 reads process-wide config)."""
+    import torch
+    from sglang.srt import runtime_context
+    from sglang.srt.configs.model_config import AttentionArch
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+    from sglang.srt.server_args import ServerArgs
+
+    runtime_context.publish(ServerArgs(model_path="dummy", device="cpu", attention_backend="triton"), role="test")
+    model_config = NoneNS(
+        attention_arch=AttentionArch.MHA,
+        get_max_num_attention_heads=lambda: cfg.num_heads,
+        get_num_kv_heads=lambda *a: cfg.num_kv_heads,
+        context_len=world.max_context_len,
+        head_dim=cfg.head_dim,
+        v_head_dim=cfg.v_head_dim,
+        is_encoder_decoder=False,
+        hf_config=NoneNS(get_text_config=lambda: NoneNS()),
+        num_attention_heads=cfg.num_heads,
+    )
+    pool = types.SimpleNamespace(size=world.req_to_token_pool.size, req_to_token=world.req_to_token)
+    kv = types.SimpleNamespace(
+        get_v_head_dim=lambda: cfg.v_head_dim, start_layer=0, get_value_buffer=lambda i: world.kv_cache.v[i]
+    )
+    translator = KVIndexTranslator(
+        req_to_token=world.req_to_token, token_to_kv_pool_allocator=None, token_to_kv_pool=kv, page_size=1, device="cpu"
+    )
+    spec = types.SimpleNamespace(is_dspark=lambda: False, is_none=lambda: True, is_eagle=lambda: False)
+    runner = types.SimpleNamespace(
+        req_to_token_pool=pool,
+        token_to_kv_pool=kv,
+        token_to_kv_pool_allocator=None,
+        page_size=1,
+        kv_index_translator=translator,
+        decode_num_tokens_per_req=lambda: 1,
+        model_config=model_config,
+        device="cpu",
+        gpu_id=0,
+        sliding_window_size=None,
+        is_draft_worker=False,
+        spec_algorithm=spec,
+        kv_cache_dtype=torch.float32,
+    )
+    backend = TritonAttnBackend(runner)
+    backend.device_core_count = 8  # refimpl on a CPU assumes 8 (SGLang sees none there and fills max_kv_splits)
+    return backend
+
+
+def main(root: Path) -> None:
+    sys.path[:0] = [str(HERE), str(root / "site"), str(root / "deps")]
+    os.environ["TRITON_INTERPRET"] = "1"
+    warnings.filterwarnings("ignore")
+    import sgl_stubs
+
+    import refimpl  # noqa: F401  (the interpreter set up before any @triton.jit)
+
+    sgl_stubs.install((HERE / "stub_roots.txt").read_text().split())
+    import torch
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode as SglMode
+
+    from refimpl.backends import find
+    from refimpl.batch import World
+    from refimpl.batchgen import BatchGenerator
+    from refimpl.config import GraphConfig, ModelConfig
+    from refimpl.graphs import CPUEmulatorEngine
+    from refimpl.graphs.runner import GraphRunner, call_capture_hook, call_replay_hook
+    from refimpl.layout import GraphKind
+    from refimpl.model import TinyDecoder
+
+    cfg = ModelConfig()
+    world = World.create(cfg, max_context_len=64, pool_size=8)
+    theirs = sglang_triton_backend(world, cfg)
+    ours = next(e for e in find("triton") if e.variant == "unified").load(False)(world, None)
+    gcfg = GraphConfig(max_bs=4, capture_bs=(1, 4), max_context_len=64)
+    runner = GraphRunner(TinyDecoder(cfg), ours, CPUEmulatorEngine(), GraphKind.parse("decode"), gcfg, None)
+    fb = BatchGenerator(world, None, seed=3).decode(3, seq_lens=[9, 40, 17])
+    padded, cap = runner.padded_batch(fb), runner.capture_batch(4)
+
+    def sglang_batch(x):
+        fields = dict(batch_size=x.batch_size, req_pool_indices=x.req_pool_indices, seq_lens=x.seq_lens)
+        fields.update(seq_lens_cpu=x.seq_lens_cpu, seq_lens_sum=x.seq_lens_sum, out_cache_loc=x.out_cache_loc)
+        return NoneNS(**fields, forward_mode=SglMode.DECODE, spec_info=None, encoder_lens=None, kv_loc_plan=None)
+
+    theirs.init_cuda_graph_state(4, 4)
+    theirs.init_forward_metadata_out_graph(sglang_batch(cap), in_capture=True)
+    theirs.init_forward_metadata_out_graph(sglang_batch(padded), in_capture=False)
+    call_capture_hook(ours, cap)
+    call_replay_hook(ours, padded)
+    n = int(padded.seq_lens.sum())
+    for name, a, b in (
+        ("kv_indptr", theirs.kv_indptr[:5], ours.kv_indptr[:5]),
+        ("kv_indices", theirs.cuda_graph_kv_indices[:n], ours.cuda_graph_kv_indices[:n]),
+        ("num_kv_splits", theirs.cuda_graph_num_kv_splits[:4], ours.cuda_graph_num_kv_splits[:4]),
+    ):
+        print(name, "equal" if torch.equal(a.to(b.dtype), b) else f"DIFFER sglang={a.tolist()[:12]} refimpl={b.tolist()[:12]}")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else ".sgl/0.5.23"))
