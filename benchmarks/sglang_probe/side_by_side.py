@@ -1,10 +1,12 @@
-"""SGLang 0.5.23's own ``TritonAttnBackend`` on a CPU (Triton interpreter) over a refimpl ``World``: its decode capture
-and replay through 0.5.23's interface (``init_forward_metadata_out_graph(forward_batch, in_capture)``) beside refimpl's
+"""SGLang 0.5.23's own ``TritonAttnBackend`` on a CPU (Triton interpreter) over a refimpl ``World``: its capture and
+replay through 0.5.23's interface (``init_forward_metadata_out_graph(forward_batch, in_capture)``) beside refimpl's
 unified Triton hooks on the same padded batch (raw bs 3 in the bs-4 graph), graph buffers compared. A probe, not a tool.
 
-    bash benchmarks/sglang_probe/fetch.sh /tmp/sgl && python benchmarks/sglang_probe/decode_side_by_side.py /tmp/sgl
+    bash benchmarks/sglang_probe/fetch.sh /tmp/sgl
+    python benchmarks/sglang_probe/side_by_side.py /tmp/sgl decode          # or target_verify (a topk-2 tree)
 
-Printed on the CPU machine, 2026-12-03: ``kv_indptr equal``, ``kv_indices equal``, ``num_kv_splits equal``. SGLang's
+Printed on the CPU machine, 2026-12-03: decode, ``kv_indptr``, ``kv_indices``, ``num_kv_splits`` equal; target verify
+(``refimpl.config.TREE``), ``qo_indptr``, ``kv_indptr``, ``kv_indices``, ``mask_indptr``, ``custom_mask`` equal. SGLang's
 ``device_core_count`` is set to the 8 refimpl assumes on a CPU: SGLang sees no cores there and fills ``max_kv_splits``.
 """
 
@@ -28,9 +30,10 @@ class NoneNS(types.SimpleNamespace):
         return None
 
 
-def sglang_triton_backend(world, cfg):
+def sglang_triton_backend(world, cfg, spec=None):
     """SGLang's ``TritonAttnBackend`` over ``world`` (its stand-in model runner: the pools, a static-pool index
-    translator, the model config), after publishing a dummy-model ``ServerArgs`` (0.5.23 reads process-wide config)."""
+    translator, the model config), after publishing a dummy-model ``ServerArgs`` (0.5.23 reads process-wide config;
+    ``spec``: EAGLE with its steps, topk and draft tokens)."""
     import torch
     from sglang.srt import runtime_context
     from sglang.srt.configs.model_config import AttentionArch
@@ -38,7 +41,9 @@ def sglang_triton_backend(world, cfg):
     from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
     from sglang.srt.server_args import ServerArgs
 
-    runtime_context.publish(ServerArgs(model_path="dummy", device="cpu", attention_backend="triton"), role="test")
+    kw = {} if spec is None else dict(speculative_algorithm="EAGLE", speculative_num_steps=spec.num_steps)
+    kw.update({} if spec is None else dict(speculative_eagle_topk=spec.topk, speculative_num_draft_tokens=spec.num_draft_tokens))
+    runtime_context.publish(ServerArgs(model_path="dummy", device="cpu", attention_backend="triton", **kw), role="test")
     model_config = NoneNS(
         attention_arch=AttentionArch.MHA,
         get_max_num_attention_heads=lambda: cfg.num_heads,
@@ -57,20 +62,20 @@ def sglang_triton_backend(world, cfg):
     translator = KVIndexTranslator(
         req_to_token=world.req_to_token, token_to_kv_pool_allocator=None, token_to_kv_pool=kv, page_size=1, device="cpu"
     )
-    spec = types.SimpleNamespace(is_dspark=lambda: False, is_none=lambda: True, is_eagle=lambda: False)
+    algo = types.SimpleNamespace(is_dspark=lambda: False, is_none=lambda: spec is None, is_eagle=lambda: spec is not None)
     runner = types.SimpleNamespace(
         req_to_token_pool=pool,
         token_to_kv_pool=kv,
         token_to_kv_pool_allocator=None,
         page_size=1,
         kv_index_translator=translator,
-        decode_num_tokens_per_req=lambda: 1,
+        decode_num_tokens_per_req=lambda: 1 if spec is None else spec.num_draft_tokens,
         model_config=model_config,
         device="cpu",
         gpu_id=0,
         sliding_window_size=None,
         is_draft_worker=False,
-        spec_algorithm=spec,
+        spec_algorithm=algo,
         kv_cache_dtype=torch.float32,
     )
     backend = TritonAttnBackend(runner)
@@ -78,7 +83,7 @@ def sglang_triton_backend(world, cfg):
     return backend
 
 
-def main(root: Path) -> None:
+def main(root: Path, mode: str) -> None:
     sys.path[:0] = [str(HERE), str(root / "site"), str(root / "deps")]
     os.environ["TRITON_INTERPRET"] = "1"
     warnings.filterwarnings("ignore")
@@ -93,39 +98,50 @@ def main(root: Path) -> None:
     from refimpl.backends import find
     from refimpl.batch import World
     from refimpl.batchgen import BatchGenerator
-    from refimpl.config import GraphConfig, ModelConfig
+    from refimpl.config import TREE, GraphConfig, ModelConfig
     from refimpl.graphs import CPUEmulatorEngine
     from refimpl.graphs.runner import GraphRunner, call_capture_hook, call_replay_hook
     from refimpl.layout import GraphKind
     from refimpl.model import TinyDecoder
 
-    cfg = ModelConfig()
+    verify = mode == "target_verify"
+    spec, cfg = TREE if verify else None, ModelConfig()
+    rows = spec.num_draft_tokens if verify else 1
     world = World.create(cfg, max_context_len=64, pool_size=8)
-    theirs = sglang_triton_backend(world, cfg)
-    ours = next(e for e in find("triton") if e.variant == "unified").load(False)(world, None)
-    gcfg = GraphConfig(max_bs=4, capture_bs=(1, 4), max_context_len=64)
-    runner = GraphRunner(TinyDecoder(cfg), ours, CPUEmulatorEngine(), GraphKind.parse("decode"), gcfg, None)
-    fb = BatchGenerator(world, None, seed=3).decode(3, seq_lens=[9, 40, 17])
+    theirs = sglang_triton_backend(world, cfg, spec)
+    ours = next(e for e in find("triton") if e.variant == "unified").load(False)(world, spec)
+    gcfg = GraphConfig(max_bs=4, capture_bs=(1, 4), max_context_len=64, speculative=verify)
+    runner = GraphRunner(TinyDecoder(cfg), ours, CPUEmulatorEngine(), GraphKind.parse(mode), gcfg, spec)
+    fb = BatchGenerator(world, spec, seed=3).for_mode(mode, 3, seq_lens=[9, 40, 17])
     padded, cap = runner.padded_batch(fb), runner.capture_batch(4)
 
     def sglang_batch(x):
         fields = dict(batch_size=x.batch_size, req_pool_indices=x.req_pool_indices, seq_lens=x.seq_lens)
         fields.update(seq_lens_cpu=x.seq_lens_cpu, seq_lens_sum=x.seq_lens_sum, out_cache_loc=x.out_cache_loc)
-        return NoneNS(**fields, forward_mode=SglMode.DECODE, spec_info=None, encoder_lens=None, kv_loc_plan=None)
+        info = NoneNS(custom_mask=x.spec_info.custom_mask, num_tokens_per_req=rows) if verify else None
+        sgl_mode = SglMode.TARGET_VERIFY if verify else SglMode.DECODE
+        return NoneNS(**fields, forward_mode=sgl_mode, spec_info=info, encoder_lens=None, kv_loc_plan=None)
 
-    theirs.init_cuda_graph_state(4, 4)
+    theirs.init_cuda_graph_state(4, 4 * rows)
     theirs.init_forward_metadata_out_graph(sglang_batch(cap), in_capture=True)
     theirs.init_forward_metadata_out_graph(sglang_batch(padded), in_capture=False)
     call_capture_hook(ours, cap)
     call_replay_hook(ours, padded)
     n = int(padded.seq_lens.sum())
-    for name, a, b in (
-        ("kv_indptr", theirs.kv_indptr[:5], ours.kv_indptr[:5]),
-        ("kv_indices", theirs.cuda_graph_kv_indices[:n], ours.cuda_graph_kv_indices[:n]),
-        ("num_kv_splits", theirs.cuda_graph_num_kv_splits[:4], ours.cuda_graph_num_kv_splits[:4]),
-    ):
-        print(name, "equal" if torch.equal(a.to(b.dtype), b) else f"DIFFER sglang={a.tolist()[:12]} refimpl={b.tolist()[:12]}")
+    pairs = [("kv_indptr", theirs.kv_indptr[:5], ours.kv_indptr[:5])]
+    pairs.append(("kv_indices", theirs.cuda_graph_kv_indices[:n], ours.cuda_graph_kv_indices[:n]))
+    if verify:
+        m = int(ours.mask_indptr[4])
+        pairs += [("qo_indptr", theirs.qo_indptr[:5], ours.qo_indptr[:5])]
+        pairs += [("mask_indptr", theirs.mask_indptr[:5], ours.mask_indptr[:5])]
+        pairs += [("custom_mask", theirs._verify_mask.buffer[:m], ours.cuda_graph_custom_mask[:m])]
+    else:
+        pairs.append(("num_kv_splits", theirs.cuda_graph_num_kv_splits[:4], ours.cuda_graph_num_kv_splits[:4]))
+    for name, a, b in pairs:
+        print(
+            mode, name, "equal" if torch.equal(a.to(b.dtype), b) else f"DIFFER sglang={a.tolist()[:12]} refimpl={b.tolist()[:12]}"
+        )
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else ".sgl/0.5.23"))
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else ".sgl/0.5.23"), sys.argv[2] if len(sys.argv) > 2 else "decode")
