@@ -3,10 +3,13 @@ replay through 0.5.23's interface (``init_forward_metadata_out_graph(forward_bat
 unified Triton hooks on the same padded batch (raw bs 3 in the bs-4 graph), graph buffers compared. A probe, not a tool.
 
     bash benchmarks/sglang_probe/fetch.sh /tmp/sgl
-    python benchmarks/sglang_probe/side_by_side.py /tmp/sgl decode          # or target_verify (a topk-2 tree)
+    python benchmarks/sglang_probe/side_by_side.py /tmp/sgl decode    # or target_verify, draft_extend_v2 (TREE)
 
 Printed on the CPU machine, 2026-12-03: decode, ``kv_indptr``, ``kv_indices``, ``num_kv_splits`` equal; target verify
-(``refimpl.config.TREE``), ``qo_indptr``, ``kv_indptr``, ``kv_indices``, ``mask_indptr``, ``custom_mask`` equal. SGLang's
+(``refimpl.config.TREE``), ``qo_indptr``, ``kv_indptr``, ``kv_indices``, ``mask_indptr``, ``custom_mask`` equal; draft
+extend v2, ``qo_indptr``, ``kv_indptr``, ``kv_indices`` equal (SGLang's replay reads a padded ``extend_seq_lens_tensor``
+of the graph's size; its padded rows are given N here, an assumption: with seq_len 1 they attend nothing either way).
+SGLang 0.5.23 has no ``ForwardMode.DRAFT_EXTEND`` (v1): only ``DRAFT_EXTEND_V2``. SGLang's
 ``device_core_count`` is set to the 8 refimpl assumes on a CPU: SGLang sees no cores there and fills ``max_kv_splits``.
 """
 
@@ -104,13 +107,13 @@ def main(root: Path, mode: str) -> None:
     from refimpl.layout import GraphKind
     from refimpl.model import TinyDecoder
 
-    verify = mode == "target_verify"
-    spec, cfg = TREE if verify else None, ModelConfig()
-    rows = spec.num_draft_tokens if verify else 1
+    verify, dev2 = mode == "target_verify", mode == "draft_extend_v2"
+    spec, cfg = TREE if (verify or dev2) else None, ModelConfig()
+    rows = spec.num_draft_tokens if (verify or dev2) else 1
     world = World.create(cfg, max_context_len=64, pool_size=8)
     theirs = sglang_triton_backend(world, cfg, spec)
     ours = next(e for e in find("triton") if e.variant == "unified").load(False)(world, spec)
-    gcfg = GraphConfig(max_bs=4, capture_bs=(1, 4), max_context_len=64, speculative=verify)
+    gcfg = GraphConfig(max_bs=4, capture_bs=(1, 4), max_context_len=64, speculative=verify or dev2)
     runner = GraphRunner(TinyDecoder(cfg), ours, CPUEmulatorEngine(), GraphKind.parse(mode), gcfg, spec)
     fb = BatchGenerator(world, spec, seed=3).for_mode(mode, 3, seq_lens=[9, 40, 17])
     padded, cap = runner.padded_batch(fb), runner.capture_batch(4)
@@ -119,7 +122,11 @@ def main(root: Path, mode: str) -> None:
         fields = dict(batch_size=x.batch_size, req_pool_indices=x.req_pool_indices, seq_lens=x.seq_lens)
         fields.update(seq_lens_cpu=x.seq_lens_cpu, seq_lens_sum=x.seq_lens_sum, out_cache_loc=x.out_cache_loc)
         info = NoneNS(custom_mask=x.spec_info.custom_mask, num_tokens_per_req=rows) if verify else None
-        sgl_mode = SglMode.TARGET_VERIFY if verify else SglMode.DECODE
+        if dev2:
+            ext = torch.full((x.batch_size,), rows, dtype=torch.int32)  # the runner's static copy: padded rows N (assumed)
+            ext[: x.spec_info.extend_seq_lens.numel()] = x.spec_info.extend_seq_lens
+            info = NoneNS(extend_seq_lens_tensor=ext, accept_length=x.spec_info.accept_length)
+        sgl_mode = SglMode.TARGET_VERIFY if verify else SglMode.DRAFT_EXTEND_V2 if dev2 else SglMode.DECODE
         return NoneNS(**fields, forward_mode=sgl_mode, spec_info=info, encoder_lens=None, kv_loc_plan=None)
 
     theirs.init_cuda_graph_state(4, 4 * rows)
@@ -130,7 +137,19 @@ def main(root: Path, mode: str) -> None:
     n = int(padded.seq_lens.sum())
     pairs = [("kv_indptr", theirs.kv_indptr[:5], ours.kv_indptr[:5])]
     pairs.append(("kv_indices", theirs.cuda_graph_kv_indices[:n], ours.cuda_graph_kv_indices[:n]))
-    if verify:
+    if dev2:
+        n = int(ours.kv_indptr[4])
+        pairs = [("kv_indptr", theirs.kv_indptr[:5], ours.kv_indptr[:5]), ("qo_indptr", theirs.qo_indptr[:5], ours.qo_indptr[:5])]
+        pairs.append(("kv_indices", theirs.cuda_graph_kv_indices[:n], ours.cuda_graph_kv_indices[:n]))
+        print(
+            "accept_length",
+            fb.spec_info.accept_length.tolist(),
+            "extend_seq_lens",
+            fb.spec_info.extend_seq_lens.tolist(),
+            "seq",
+            fb.seq_lens.tolist(),
+        )
+    elif verify:
         m = int(ours.mask_indptr[4])
         pairs += [("qo_indptr", theirs.qo_indptr[:5], ours.qo_indptr[:5])]
         pairs += [("mask_indptr", theirs.mask_indptr[:5], ours.mask_indptr[:5])]
