@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Unpack SGLang 0.5.23 (no dependencies) and the two small real packages its import needs into $1 (default .sgl/0.5.23):
-# site/ (the wheel) and deps/ (msgspec, dill). Needs network (PyPI); 39 MB download, 131 MB unpacked.
+# site/ (the wheel), deps/ (msgspec, dill, for this machine's Python) and wheels/ (the wheels; for the H200's Python 3.12
+# too: carry the trimmed tree of trim.py and install these there with pip --no-index --target). Needs network (PyPI);
+# a 39 MB download, 131 MB unpacked (trim.py keeps about 10 MiB).
 set -euo pipefail
 dest=${1:-.sgl/0.5.23}
 mkdir -p "$dest/site" "$dest/deps" "$dest/wheels"
 python -m pip download -q --no-deps -d "$dest/wheels" "sglang==0.5.23"
 python -m pip install -q --no-deps --target "$dest/deps" msgspec dill
+python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+  --platform manylinux_2_17_x86_64 -d "$dest/wheels" msgspec dill
 (cd "$dest/site" && python -m zipfile -e ../wheels/sglang-0.5.23-*.whl .)
 echo "$dest"
