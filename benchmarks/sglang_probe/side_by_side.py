@@ -46,7 +46,8 @@ def sglang_triton_backend(world, cfg, spec=None):
 
     kw = {} if spec is None else dict(speculative_algorithm="EAGLE", speculative_num_steps=spec.num_steps)
     kw.update({} if spec is None else dict(speculative_eagle_topk=spec.topk, speculative_num_draft_tokens=spec.num_draft_tokens))
-    runtime_context.publish(ServerArgs(model_path="dummy", device="cpu", attention_backend="triton", **kw), role="test")
+    dev = world.device.type
+    runtime_context.publish(ServerArgs(model_path="dummy", device=dev, attention_backend="triton", **kw), role="test")
     model_config = NoneNS(
         attention_arch=AttentionArch.MHA,
         get_max_num_attention_heads=lambda: cfg.num_heads,
@@ -63,7 +64,7 @@ def sglang_triton_backend(world, cfg, spec=None):
         get_v_head_dim=lambda: cfg.v_head_dim, start_layer=0, get_value_buffer=lambda i: world.kv_cache.v[i]
     )
     translator = KVIndexTranslator(
-        req_to_token=world.req_to_token, token_to_kv_pool_allocator=None, token_to_kv_pool=kv, page_size=1, device="cpu"
+        req_to_token=world.req_to_token, token_to_kv_pool_allocator=None, token_to_kv_pool=kv, page_size=1, device=dev
     )
     algo = types.SimpleNamespace(is_dspark=lambda: False, is_none=lambda: spec is None, is_eagle=lambda: spec is not None)
     runner = types.SimpleNamespace(
@@ -74,27 +75,34 @@ def sglang_triton_backend(world, cfg, spec=None):
         kv_index_translator=translator,
         decode_num_tokens_per_req=lambda: 1 if spec is None else spec.num_draft_tokens,
         model_config=model_config,
-        device="cpu",
-        gpu_id=0,
+        device=dev,
+        gpu_id=world.device.index or 0,
         sliding_window_size=None,
         is_draft_worker=False,
         spec_algorithm=algo,
         kv_cache_dtype=torch.float32,
     )
     backend = TritonAttnBackend(runner)
-    backend.device_core_count = 8  # refimpl on a CPU assumes 8 (SGLang sees none there and fills max_kv_splits)
+    if dev == "cpu":
+        backend.device_core_count = 8  # refimpl on a CPU assumes 8 (SGLang sees none there and fills max_kv_splits)
     return backend
 
 
-def main(root: Path, mode: str) -> None:
+def setup(root: Path) -> None:
+    """SGLang's trimmed or full tree and its two real dependencies on the path, the stand-ins installed (on a CPU,
+    refimpl's import sets the Triton interpreter up before any @triton.jit)."""
     sys.path[:0] = [str(HERE), str(root / "site"), str(root / "deps")]
-    os.environ["TRITON_INTERPRET"] = "1"
     warnings.filterwarnings("ignore")
     import sgl_stubs
 
-    import refimpl  # noqa: F401  (the interpreter set up before any @triton.jit)
+    import refimpl  # noqa: F401
 
     sgl_stubs.install((HERE / "stub_roots.txt").read_text().split())
+
+
+def main(root: Path, mode: str) -> None:
+    os.environ["TRITON_INTERPRET"] = "1"
+    setup(root)
     import torch
     from sglang.srt.model_executor.forward_batch_info import ForwardMode as SglMode
 
