@@ -92,7 +92,7 @@ class _Stub:
     def __or__(self, other):
         return _Stub()
 
-    __ror__ = __or__
+    __ror__ = __truediv__ = __rtruediv__ = __add__ = __radd__ = __or__  # a path, a flag set: still a stand-in
 
 
 class _StubMeta(type):

@@ -4,12 +4,15 @@ unified Triton hooks on the same padded batch (raw bs 3 in the bs-4 graph), grap
 
     bash benchmarks/sglang_probe/fetch.sh /tmp/sgl
     python benchmarks/sglang_probe/side_by_side.py /tmp/sgl decode    # or target_verify, draft_extend_v2 (TREE)
+    python benchmarks/sglang_probe/side_by_side.py /tmp/sgl decode wave    # Wave (the full tree: trim.py keeps Triton's)
 
 Printed on the CPU machine, 2026-12-03: decode, ``kv_indptr``, ``kv_indices``, ``num_kv_splits`` equal; target verify
 (``refimpl.config.TREE``), ``qo_indptr``, ``kv_indptr``, ``kv_indices``, ``mask_indptr``, ``custom_mask`` equal; draft
 extend v2, ``qo_indptr``, ``kv_indptr``, ``kv_indices`` equal (SGLang's replay reads a padded ``extend_seq_lens_tensor``
 of the graph's size; its padded rows are given N here, an assumption: with seq_len 1 they attend nothing either way).
-SGLang 0.5.23 has no ``ForwardMode.DRAFT_EXTEND`` (v1): only ``DRAFT_EXTEND_V2``. SGLang's
+SGLang 0.5.23 has no ``ForwardMode.DRAFT_EXTEND`` (v1): only ``DRAFT_EXTEND_V2``. Wave: decode equal; verify equal while
+the tree mask fits ``PROBE_SEQ_LENS=3,4,2``, and at the default lengths SGLang's replay raises (its mask buffer is
+``max_bs * max_context_len``: open PR sgl-project/sglang#29581); draft extend v2 is not captured by 0.5.23's Wave. SGLang's
 ``device_core_count`` is set to the 8 refimpl assumes on a CPU: SGLang sees no cores there and fills ``max_kv_splits``.
 """
 
@@ -33,10 +36,11 @@ class NoneNS(types.SimpleNamespace):
         return None
 
 
-def sglang_triton_backend(world, cfg, spec=None):
+def sglang_triton_backend(world, cfg, spec=None, cls=None):
     """SGLang's ``TritonAttnBackend`` over ``world`` (its stand-in model runner: the pools, a static-pool index
     translator, the model config), after publishing a dummy-model ``ServerArgs`` (0.5.23 reads process-wide config;
-    ``spec``: EAGLE with its steps, topk and draft tokens)."""
+    ``spec``: EAGLE with its steps, topk and draft tokens; ``cls``: another backend class built the same way, e.g.
+    ``WaveAttnBackend``, which reads its tensor-parallel rank: 0 here)."""
     import torch
     from sglang.srt import runtime_context
     from sglang.srt.configs.model_config import AttentionArch
@@ -48,6 +52,7 @@ def sglang_triton_backend(world, cfg, spec=None):
     kw.update({} if spec is None else dict(speculative_eagle_topk=spec.topk, speculative_num_draft_tokens=spec.num_draft_tokens))
     dev = world.device.type
     runtime_context.publish(ServerArgs(model_path="dummy", device=dev, attention_backend="triton", **kw), role="test")
+    runtime_context.get_parallel().override_permanently(tp_rank=0)  # one process, no groups
     model_config = NoneNS(
         attention_arch=AttentionArch.MHA,
         get_max_num_attention_heads=lambda: cfg.num_heads,
@@ -82,7 +87,7 @@ def sglang_triton_backend(world, cfg, spec=None):
         spec_algorithm=algo,
         kv_cache_dtype=torch.float32,
     )
-    backend = TritonAttnBackend(runner)
+    backend = (cls or TritonAttnBackend)(runner)
     if dev == "cpu":
         backend.device_core_count = 8  # refimpl on a CPU assumes 8 (SGLang sees none there and fills max_kv_splits)
     return backend
@@ -100,7 +105,20 @@ def setup(root: Path) -> None:
     sgl_stubs.install((HERE / "stub_roots.txt").read_text().split())
 
 
-def main(root: Path, mode: str) -> None:
+def sglang_wave_class():
+    """SGLang's ``WaveAttnBackend`` class: its kernels need ``wave_lang`` (stand-ins here, like ``iree``), and its
+    ``init_cuda_graph_state`` asks them for the split-KV scratch shapes, answered here as the Triton decode's."""
+    import sgl_stubs
+
+    sgl_stubs.install(["wave_lang", "iree"])
+    import sglang.srt.layers.attention.wave_ops.decode_attention as wave_decode
+    from sglang.srt.layers.attention.wave_backend import WaveAttnBackend
+
+    wave_decode.decode_attention_intermediate_arrays_shapes = lambda bs, dv, h, s: ((bs, h, s, dv), (bs, h, s))
+    return WaveAttnBackend
+
+
+def main(root: Path, mode: str, name: str = "triton") -> None:
     os.environ["TRITON_INTERPRET"] = "1"
     setup(root)
     import torch
@@ -119,11 +137,12 @@ def main(root: Path, mode: str) -> None:
     spec, cfg = TREE if (verify or dev2) else None, ModelConfig()
     rows = spec.num_draft_tokens if (verify or dev2) else 1
     world = World.create(cfg, max_context_len=64, pool_size=8)
-    theirs = sglang_triton_backend(world, cfg, spec)
-    ours = next(e for e in find("triton") if e.variant == "unified").load(False)(world, spec)
+    theirs = sglang_triton_backend(world, cfg, spec, sglang_wave_class() if name == "wave" else None)
+    ours = next(e for e in find(name) if e.variant == "unified").load(False)(world, spec)
     gcfg = GraphConfig(max_bs=4, capture_bs=(1, 4), max_context_len=64, speculative=verify or dev2)
     runner = GraphRunner(TinyDecoder(cfg), ours, CPUEmulatorEngine(), GraphKind.parse(mode), gcfg, spec)
-    fb = BatchGenerator(world, spec, seed=3).for_mode(mode, 3, seq_lens=[9, 40, 17])
+    lens = [int(x) for x in os.environ.get("PROBE_SEQ_LENS", "9,40,17").split(",")]  # raw bs 3
+    fb = BatchGenerator(world, spec, seed=3).for_mode(mode, 3, seq_lens=lens)
     padded, cap = runner.padded_batch(fb), runner.capture_batch(4)
 
     def sglang_batch(x):
@@ -159,16 +178,18 @@ def main(root: Path, mode: str) -> None:
         )
     elif verify:
         m = int(ours.mask_indptr[4])
+        vm = getattr(theirs, "_verify_mask", None)  # Triton's tree-mask scratch; Wave's own buffer otherwise
+        their_mask = vm.buffer if vm is not None else theirs.cuda_graph_custom_mask
         pairs += [("qo_indptr", theirs.qo_indptr[:5], ours.qo_indptr[:5])]
         pairs += [("mask_indptr", theirs.mask_indptr[:5], ours.mask_indptr[:5])]
-        pairs += [("custom_mask", theirs._verify_mask.buffer[:m], ours.cuda_graph_custom_mask[:m])]
+        pairs += [("custom_mask", their_mask[:m], ours.cuda_graph_custom_mask[:m])]
     else:
         pairs.append(("num_kv_splits", theirs.cuda_graph_num_kv_splits[:4], ours.cuda_graph_num_kv_splits[:4]))
-    for name, a, b in pairs:
-        print(
-            mode, name, "equal" if torch.equal(a.to(b.dtype), b) else f"DIFFER sglang={a.tolist()[:12]} refimpl={b.tolist()[:12]}"
-        )
+    for buf, a, b in pairs:
+        same = "equal" if torch.equal(a.to(b.dtype), b) else f"DIFFER sglang={a.tolist()[:12]} refimpl={b.tolist()[:12]}"
+        print(name, mode, buf, same)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else ".sgl/0.5.23"), sys.argv[2] if len(sys.argv) > 2 else "decode")
+    args = sys.argv[1:] + [None] * 3
+    main(Path(args[0] or ".sgl/0.5.23"), args[1] or "decode", args[2] or "triton")
