@@ -2,7 +2,9 @@
 through ``init_forward_metadata_out_graph`` beside refimpl's unified TRTLLM-MLA on the same padded batch (raw bs 3 in the
 bs-4 graph), the block table and lengths compared. A probe, not a tool.
 
-    python benchmarks/sglang_probe/trtllm_mla_side_by_side.py /tmp/sgl     # fetch.sh's full tree
+    python benchmarks/sglang_probe/trtllm_mla_side_by_side.py /tmp/sgl [decode|draft_extend_v2]   # fetch.sh's full tree
+
+Draft extend v2 (a chain, N = 4) is compared with refimpl's ``simplified`` variant, #29077's shape, which 0.5.23 runs.
 
 What it stands in for, on a CPU only: FlashInfer's wrappers (the parent ``FlashInferMLAAttnBackend`` builds them; the
 graph-metadata path does not use them), the fix-up module TRTLLM-MLA JIT-compiles at construction, the multi-CTA
@@ -11,7 +13,9 @@ kernel scratch (sized from the GPU's SM count), pinned host memory, and the ``de
 
 Printed on the CPU machine, 2026-12-03: ``block_kv_indices`` (each row's live pages) equal, shapes (4, 64) both,
 ``max_seq_len_k`` 256 both; SGLang keeps a static int32 ``seq_lens_k`` for plain decode ([9, 200, 70, 1] after this
-replay), which refimpl's unified shape does not (None).
+replay), which refimpl's unified shape does not (None). Draft extend v2: the block table equal, and ``max_seq_len_k``
+256, ``seq_lens_k`` [9, 200, 70, 1], ``max_seq_len_q`` 4, ``sum_seq_lens_q`` 16, ``cu_seqlens_q`` [0, 4, 8, 12, 16],
+``seq_lens_q`` [4, 4, 4, 4] on both sides.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ def _host_only_factories(torch) -> None:
         setattr(torch, name, host)
 
 
-def sglang_trtllm_mla_backend(world, cfg):
+def sglang_trtllm_mla_backend(world, cfg, spec=None):
     import sgl_stubs
     import torch
     from sglang.srt import runtime_context
@@ -54,7 +58,9 @@ def sglang_trtllm_mla_backend(world, cfg):
     trtllm_mla_backend.make_persistent_multi_ctas_kv_counter_buffer = lambda *a, **k: torch.zeros(1, dtype=torch.uint8)
     for name in ("BatchMLAPagedAttentionWrapper", "BatchPrefillWithRaggedKVCacheWrapper"):
         setattr(flashinfer_mla_backend, name, sgl_stubs._Stub())
-    args = ServerArgs(model_path="dummy", device="cpu", attention_backend="trtllm_mla")
+    kw = {} if spec is None else dict(speculative_algorithm="EAGLE", speculative_num_steps=spec.num_steps)
+    kw.update({} if spec is None else dict(speculative_eagle_topk=spec.topk, speculative_num_draft_tokens=spec.num_draft_tokens))
+    args = ServerArgs(model_path="dummy", device="cpu", attention_backend="trtllm_mla", **kw)
     runtime_context.publish(args, role="test")
     runtime_context.get_parallel().override_permanently(tp_rank=0)
     P, heads = world.page_size, cfg.num_heads
@@ -90,14 +96,14 @@ def sglang_trtllm_mla_backend(world, cfg):
         kv_cache_dtype=torch.float32,
         dtype=torch.float32,
         max_running_requests=world.req_to_token_pool.size,
-        spec_algorithm=NoneNS(is_none=lambda: True, is_eagle=lambda: False, is_dspark=lambda: False),
+        spec_algorithm=NoneNS(is_none=lambda: spec is None, is_eagle=lambda: spec is not None, is_dspark=lambda: False),
         decode_num_tokens_per_req=lambda: 1,
         server_args=NoneNS(),
     )
     return trtllm_mla_backend.TRTLLMMLABackend(runner)
 
 
-def main(root: Path) -> None:
+def main(root: Path, mode: str) -> None:
     os.environ["TRITON_INTERPRET"] = "1"
     side_by_side.setup(root)
     import torch
@@ -106,28 +112,35 @@ def main(root: Path) -> None:
     from refimpl.backends import find
     from refimpl.batch import World
     from refimpl.batchgen import BatchGenerator
-    from refimpl.config import GraphConfig, tiny_model_config
+    from refimpl.config import CHAIN, GraphConfig, tiny_model_config
     from refimpl.graphs import CPUEmulatorEngine
     from refimpl.graphs.runner import GraphRunner, call_capture_hook, call_replay_hook
     from refimpl.layout import GraphKind
     from refimpl.model import TinyDecoder
 
-    entry = next(e for e in find("trtllm_mla") if e.variant == "unified")
+    dev2 = mode == "draft_extend_v2"
+    spec = CHAIN if dev2 else None  # a chain: N = S + 1 rows per request
+    variant = "simplified" if dev2 else "unified"  # draft extend: #29077's shape, what 0.5.23 runs
+    entry = next(e for e in find("trtllm_mla") if e.variant == variant)
     cfg, L = tiny_model_config("mla", torch.float32, "cpu"), 256
     world = World.create(cfg, max_context_len=L, pool_size=8, page_size=entry.page_size)
-    theirs, ours = sglang_trtllm_mla_backend(world, cfg), entry.load(False)(world, None)
-    gcfg = GraphConfig(max_bs=4, capture_bs=(1, 4), max_context_len=L)
-    runner = GraphRunner(TinyDecoder(cfg), ours, CPUEmulatorEngine(), GraphKind.parse("decode"), gcfg, None)
-    fb = BatchGenerator(world, None, seed=3).for_mode("decode", 3, seq_lens=[9, 200, 70])
+    theirs, ours = sglang_trtllm_mla_backend(world, cfg, spec), entry.load(False)(world, spec)
+    gcfg = GraphConfig(max_bs=4, capture_bs=(1, 4), max_context_len=L, speculative=dev2)
+    runner = GraphRunner(TinyDecoder(cfg), ours, CPUEmulatorEngine(), GraphKind.parse(mode), gcfg, spec)
+    fb = BatchGenerator(world, spec, seed=3).for_mode(mode, 3, seq_lens=[9, 200, 70])
     padded, cap = runner.padded_batch(fb), runner.capture_batch(4)
 
     def sglang_batch(x):
         fields = dict(batch_size=x.batch_size, req_pool_indices=x.req_pool_indices, seq_lens=x.seq_lens)
         fields.update(seq_lens_cpu=x.seq_lens_cpu, seq_lens_sum=x.seq_lens_sum, out_cache_loc=x.out_cache_loc)
         fields.update(positions=x.positions, input_ids=x.input_ids)
-        return NoneNS(**fields, forward_mode=SglMode.DECODE, spec_info=None, encoder_lens=None, kv_loc_plan=None)
+        sgl_mode, info = SglMode.DECODE, None
+        if dev2:
+            sgl_mode, info = SglMode.DRAFT_EXTEND_V2, NoneNS(accept_length=x.spec_info.accept_length)
+        return NoneNS(**fields, forward_mode=sgl_mode, spec_info=info, encoder_lens=None, kv_loc_plan=None)
 
-    theirs.init_cuda_graph_state(4, 4)
+    rows = spec.num_draft_tokens if dev2 else 1
+    theirs.init_cuda_graph_state(4, 4 * rows)
     theirs.init_forward_metadata_out_graph(sglang_batch(cap), in_capture=True)
     theirs.init_forward_metadata_out_graph(sglang_batch(padded), in_capture=False)
     call_capture_hook(ours, cap)
@@ -138,12 +151,13 @@ def main(root: Path) -> None:
         torch.equal(a.block_kv_indices[r, :p].to(b.block_kv_indices.dtype), b.block_kv_indices[r, :p])
         for r, p in enumerate(pages)
     ]
-    print("trtllm_mla decode block_kv_indices (live pages)", "equal" if all(rows) else "DIFFER")
+    print(f"trtllm_mla {mode} (refimpl {variant}) block_kv_indices (live pages)", "equal" if all(rows) else "DIFFER")
     print("block table shapes", tuple(a.block_kv_indices.shape), tuple(b.block_kv_indices.shape))
     show = lambda v: v.tolist() if isinstance(v, torch.Tensor) else v  # noqa: E731
-    for name in ("max_seq_len_k", "seq_lens_k"):
+    for name in ("max_seq_len_k", "seq_lens_k", "max_seq_len_q", "sum_seq_lens_q", "cu_seqlens_q", "seq_lens_q"):
         print(name, "sglang", show(getattr(a, name, None)), "refimpl", show(getattr(b, name, None)))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else ".sgl/0.5.23"))
+    args = sys.argv[1:] + [None] * 2
+    main(Path(args[0] or ".sgl/0.5.23"), args[1] or "decode")
