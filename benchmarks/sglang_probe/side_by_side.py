@@ -51,7 +51,8 @@ def sglang_triton_backend(world, cfg, spec=None, cls=None):
     kw = {} if spec is None else dict(speculative_algorithm="EAGLE", speculative_num_steps=spec.num_steps)
     kw.update({} if spec is None else dict(speculative_eagle_topk=spec.topk, speculative_num_draft_tokens=spec.num_draft_tokens))
     dev = world.device.type
-    runtime_context.publish(ServerArgs(model_path="dummy", device=dev, attention_backend="triton", **kw), role="test")
+    server_args = ServerArgs(model_path="dummy", device=dev, attention_backend="triton", **kw)
+    runtime_context.publish(server_args, role="test")
     runtime_context.get_parallel().override_permanently(tp_rank=0)  # one process, no groups
     model_config = NoneNS(
         attention_arch=AttentionArch.MHA,
@@ -86,6 +87,7 @@ def sglang_triton_backend(world, cfg, spec=None, cls=None):
         is_draft_worker=False,
         spec_algorithm=algo,
         kv_cache_dtype=torch.float32,
+        server_args=server_args,
     )
     backend = (cls or TritonAttnBackend)(runner)
     if dev == "cpu":
