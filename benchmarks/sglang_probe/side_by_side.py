@@ -3,7 +3,7 @@ replay through 0.5.23's interface (``init_forward_metadata_out_graph(forward_bat
 unified Triton hooks on the same padded batch (raw bs 3 in the bs-4 graph), graph buffers compared. A probe, not a tool.
 
     bash benchmarks/sglang_probe/fetch.sh /tmp/sgl
-    python benchmarks/sglang_probe/side_by_side.py /tmp/sgl decode    # or target_verify, draft_extend_v2 (TREE)
+    python benchmarks/sglang_probe/side_by_side.py /tmp/sgl decode    # or target_verify, draft_extend_v2, draft_decode
     python benchmarks/sglang_probe/side_by_side.py /tmp/sgl decode wave    # Wave (the full tree: trim.py keeps Triton's)
 
 Printed on the CPU machine, 2026-12-03: decode, ``kv_indptr``, ``kv_indices``, ``num_kv_splits`` equal; target verify
@@ -51,7 +51,7 @@ def sglang_triton_backend(world, cfg, spec=None, cls=None):
     kw = {} if spec is None else dict(speculative_algorithm="EAGLE", speculative_num_steps=spec.num_steps)
     kw.update({} if spec is None else dict(speculative_eagle_topk=spec.topk, speculative_num_draft_tokens=spec.num_draft_tokens))
     dev = world.device.type
-    server_args = ServerArgs(model_path="dummy", device=dev, attention_backend="triton", **kw)
+    server_args = ServerArgs(model_path="dummy", device=dev, attention_backend="triton", page_size=world.page_size, **kw)
     runtime_context.publish(server_args, role="test")
     runtime_context.get_parallel().override_permanently(tp_rank=0)  # one process, no groups
     model_config = NoneNS(
@@ -120,9 +120,62 @@ def sglang_wave_class():
     return WaveAttnBackend
 
 
+def draft_decode() -> None:
+    """Multi-step draft decode (Triton, ``TREE``): SGLang's ``TritonMultiStepDraftBackend`` replay beside refimpl's
+    unified multi-step wrapper on the same padded batch (raw bs 3 in the bs-4 graph). SGLang writes each step's
+    ``kv_indptr`` from the batch's ``positions`` and its ``kv_indices`` from ``seq_lens``; refimpl both from ``seq_lens``:
+    the live rows agree, and the padded request's rows (position 0, ``seq_len`` the fill value 1) differ by one entry
+    per branch in the indptr only (their output is dropped)."""
+    import torch
+    from sglang.srt.layers.attention.triton_backend import TritonMultiStepDraftBackend
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode as SglMode
+
+    from refimpl.backends import find
+    from refimpl.batch import World
+    from refimpl.batchgen import BatchGenerator
+    from refimpl.config import TREE, GraphConfig, ModelConfig
+    from refimpl.graphs import CPUEmulatorEngine
+    from refimpl.graphs.runner import GraphRunner, call_capture_hook, call_replay_hook
+    from refimpl.layout import GraphKind
+    from refimpl.model import MultiStepDraftProgram, TinyDecoder
+
+    spec, cfg, S = TREE, ModelConfig(), TREE.num_steps
+    world = World.create(cfg, max_context_len=64, pool_size=8)
+    theirs = sglang_triton_backend(world, cfg, spec, lambda r: TritonMultiStepDraftBackend(r, spec.topk, S))
+    for step in theirs.attn_backends:
+        step.device_core_count = 8  # as for one backend (sglang_triton_backend)
+    ours = next(e for e in find("triton") if e.variant == "unified").load(True)(world, spec)
+    gcfg = GraphConfig(max_bs=4, capture_bs=(1, 4), max_context_len=64, speculative=True)
+    program = MultiStepDraftProgram(TinyDecoder(cfg), S)
+    runner = GraphRunner(program, ours, CPUEmulatorEngine(), GraphKind.parse("draft_decode"), gcfg, spec)
+    fb = BatchGenerator(world, spec, seed=3).for_mode("draft_decode", 3, seq_lens=[9, 40, 17])
+    x = runner.padded_batch(fb)
+    fields = dict(batch_size=4, req_pool_indices=x.req_pool_indices, seq_lens=x.seq_lens, seq_lens_cpu=x.seq_lens_cpu)
+    fields.update(seq_lens_sum=x.seq_lens_sum, positions=x.positions, out_cache_loc=x.out_cache_loc)
+    theirs_in = NoneNS(**fields, forward_mode=SglMode.DECODE, spec_info=NoneNS(), encoder_lens=None, kv_loc_plan=None)
+    theirs.init_cuda_graph_state(4, 4 * spec.topk)
+    theirs.init_forward_metadata_out_graph(theirs_in, in_capture=False)
+    call_capture_hook(ours, runner.capture_batch(4))
+    call_replay_hook(ours, x)
+    live, rows = 3 * spec.topk, 4 * spec.topk
+    same = lambda a, b: "equal" if torch.equal(a.to(b.dtype), b) else f"DIFFER sglang={a.tolist()} refimpl={b.tolist()}"  # noqa: E731
+    for i in range(S - 1):
+        a, b = theirs.kv_indptr[i, : rows + 1], ours.kv_indptr[i, : rows + 1]
+        print(f"triton draft_decode step {i} kv_indptr, live rows", same(a[: live + 1], b[: live + 1]))
+        print(f"triton draft_decode step {i} kv_indptr, the padded request's rows", same(a[live:], b[live:]))
+        n = int(b[live])
+        print(
+            f"triton draft_decode step {i} kv_indices, live rows",
+            same(theirs.cuda_graph_kv_indices[i, :n], ours.cuda_graph_kv_indices[i, :n]),
+        )
+    print("triton draft_decode num_kv_splits", same(theirs.cuda_graph_num_kv_splits[:rows], ours.cuda_graph_num_kv_splits[:rows]))
+
+
 def main(root: Path, mode: str, name: str = "triton") -> None:
     os.environ["TRITON_INTERPRET"] = "1"
     setup(root)
+    if mode == "draft_decode":
+        return draft_decode()
     import torch
     from sglang.srt.model_executor.forward_batch_info import ForwardMode as SglMode
 
