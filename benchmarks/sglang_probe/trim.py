@@ -44,7 +44,7 @@ def main(src: Path, dest: Path) -> None:
         importlib.import_module(name)
     import side_by_side
 
-    for mode in ("decode", "target_verify", "draft_extend_v2"):
+    for mode in ("decode", "target_verify", "draft_extend_v2", "draft_decode"):
         side_by_side.main(src, mode)
     files = {Path(m.__file__).resolve() for m in list(sys.modules.values()) if getattr(m, "__file__", None)}
     files = sorted(f for f in files if f.is_relative_to(site))
