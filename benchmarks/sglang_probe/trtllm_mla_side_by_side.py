@@ -2,7 +2,7 @@
 through ``init_forward_metadata_out_graph`` beside refimpl's unified TRTLLM-MLA on the same padded batch (raw bs 3 in the
 bs-4 graph), the block table and lengths compared. A probe, not a tool.
 
-    python benchmarks/sglang_probe/trtllm_mla_side_by_side.py /tmp/sgl [decode|draft_extend_v2]   # fetch.sh's full tree
+    python benchmarks/sglang_probe/trtllm_mla_side_by_side.py /tmp/sgl [decode|target_verify|draft_extend_v2]  # full tree
 
 Draft extend v2 (a chain, N = 4) is compared with refimpl's ``simplified`` variant, #29077's shape, which 0.5.23 runs.
 
@@ -15,7 +15,8 @@ Printed on the CPU machine, 2026-12-03: ``block_kv_indices`` (each row's live pa
 ``max_seq_len_k`` 256 both; SGLang keeps a static int32 ``seq_lens_k`` for plain decode ([9, 200, 70, 1] after this
 replay), which refimpl's unified shape does not (None). Draft extend v2: the block table equal, and ``max_seq_len_k``
 256, ``seq_lens_k`` [9, 200, 70, 1], ``max_seq_len_q`` 4, ``sum_seq_lens_q`` 16, ``cu_seqlens_q`` [0, 4, 8, 12, 16],
-``seq_lens_q`` [4, 4, 4, 4] on both sides.
+``seq_lens_q`` [4, 4, 4, 4] on both sides. Target verify (a chain, N = 4): the block table over seq + N equal, and
+``seq_lens_k`` [13, 204, 74, 5] on both sides (SGLang also keeps the same values in ``global_seq_lens_k``, for DCP).
 """
 
 from __future__ import annotations
@@ -118,14 +119,14 @@ def main(root: Path, mode: str) -> None:
     from refimpl.layout import GraphKind
     from refimpl.model import TinyDecoder
 
-    dev2 = mode == "draft_extend_v2"
-    spec = CHAIN if dev2 else None  # a chain: N = S + 1 rows per request
+    dev2, verify = mode == "draft_extend_v2", mode == "target_verify"
+    spec = CHAIN if (dev2 or verify) else None  # a chain: N = S + 1 rows per request
     variant = "simplified" if dev2 else "unified"  # draft extend: #29077's shape, what 0.5.23 runs
     entry = next(e for e in find("trtllm_mla") if e.variant == variant)
     cfg, L = tiny_model_config("mla", torch.float32, "cpu"), 256
     world = World.create(cfg, max_context_len=L, pool_size=8, page_size=entry.page_size)
     theirs, ours = sglang_trtllm_mla_backend(world, cfg, spec), entry.load(False)(world, spec)
-    gcfg = GraphConfig(max_bs=4, capture_bs=(1, 4), max_context_len=L, speculative=dev2)
+    gcfg = GraphConfig(max_bs=4, capture_bs=(1, 4), max_context_len=L, speculative=dev2 or verify)
     runner = GraphRunner(TinyDecoder(cfg), ours, CPUEmulatorEngine(), GraphKind.parse(mode), gcfg, spec)
     fb = BatchGenerator(world, spec, seed=3).for_mode(mode, 3, seq_lens=[9, 200, 70])
     padded, cap = runner.padded_batch(fb), runner.capture_batch(4)
@@ -137,16 +138,19 @@ def main(root: Path, mode: str) -> None:
         sgl_mode, info = SglMode.DECODE, None
         if dev2:
             sgl_mode, info = SglMode.DRAFT_EXTEND_V2, NoneNS(accept_length=x.spec_info.accept_length)
+        if verify:
+            sgl_mode, info = SglMode.TARGET_VERIFY, NoneNS(custom_mask=x.spec_info.custom_mask, num_tokens_per_req=rows)
         return NoneNS(**fields, forward_mode=sgl_mode, spec_info=info, encoder_lens=None, kv_loc_plan=None)
 
-    rows = spec.num_draft_tokens if dev2 else 1
+    rows = spec.num_draft_tokens if (dev2 or verify) else 1
     theirs.init_cuda_graph_state(4, 4 * rows)
     theirs.init_forward_metadata_out_graph(sglang_batch(cap), in_capture=True)
     theirs.init_forward_metadata_out_graph(sglang_batch(padded), in_capture=False)
     call_capture_hook(ours, cap)
     call_replay_hook(ours, padded)
     a, b = theirs.decode_cuda_graph_metadata[4], ours.decode_cuda_graph_metadata[4]
-    pages = [-(-int(s) // world.page_size) for s in padded.seq_lens.tolist()]
+    span = rows if verify else 0  # verify: the block table covers the N drafts too
+    pages = [-(-(int(s) + span) // world.page_size) for s in padded.seq_lens.tolist()]
     rows = [
         torch.equal(a.block_kv_indices[r, :p].to(b.block_kv_indices.dtype), b.block_kv_indices[r, :p])
         for r, p in enumerate(pages)
@@ -154,7 +158,8 @@ def main(root: Path, mode: str) -> None:
     print(f"trtllm_mla {mode} (refimpl {variant}) block_kv_indices (live pages)", "equal" if all(rows) else "DIFFER")
     print("block table shapes", tuple(a.block_kv_indices.shape), tuple(b.block_kv_indices.shape))
     show = lambda v: v.tolist() if isinstance(v, torch.Tensor) else v  # noqa: E731
-    for name in ("max_seq_len_k", "seq_lens_k", "max_seq_len_q", "sum_seq_lens_q", "cu_seqlens_q", "seq_lens_q"):
+    names = ("max_seq_len_k", "seq_lens_k", "max_seq_len_q", "sum_seq_lens_q", "cu_seqlens_q", "seq_lens_q")
+    for name in names + (("global_seq_lens_k",) if verify else ()):
         print(name, "sglang", show(getattr(a, name, None)), "refimpl", show(getattr(b, name, None)))
 
 
