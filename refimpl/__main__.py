@@ -11,7 +11,11 @@ import sys
 import time
 from collections import Counter
 
+import torch
+
 from . import _env  # noqa: F401
+from .backends import REGISTRY, load_backend_class
+from .layout import KINDS
 
 VERDICTS = """verdicts (one row per backend x variant x mode x batch size; - = not asked):
   cap=rep      (a) the capture path fills what the replay path fills (the state the graph reads)
@@ -41,9 +45,6 @@ class _Parser(argparse.ArgumentParser):
 
 def _check_names(parser: argparse.ArgumentParser, args) -> None:
     """``--backend`` / ``--variant`` / ``--mode`` values must be known: an argparse error."""
-    from .backends import REGISTRY
-    from .layout import KINDS
-
     known = dict(backend={e.name for e in REGISTRY}, variant={e.variant for e in REGISTRY}, mode=set(KINDS))
     for name, names in known.items():
         if unknown := sorted(set(getattr(args, f"{name}s") or ()) - names):
@@ -72,11 +73,8 @@ _batch_sizes = _ints("batch sizes must be >= 1, got {!r}", many="batch sizes")
 
 
 def _names() -> str:
-    from .backends import REGISTRY
-    from .layout import KINDS
-
-    by_name = dict.fromkeys(e.name for e in REGISTRY)  # in registry order
-    backends = "; ".join(f"{n} ({', '.join(e.variant for e in REGISTRY if e.name == n)})" for n in by_name)
+    names = dict.fromkeys(e.name for e in REGISTRY)  # in registry order
+    backends = "; ".join(f"{n} ({', '.join(e.variant for e in REGISTRY if e.name == n)})" for n in names)
     return f"backends (variants): {backends}\nmodes: {', '.join(KINDS)}"
 
 
@@ -98,8 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser(
         "check", help="run the capture/replay equivalence checker", epilog=f"{VERDICTS}\n{_names()}", formatter_class=raw
     )
-    help = "what a replay costs, part by part (refimpl.bench.sweep)"
-    b = sub.add_parser("bench", help=help, epilog=f"{_names()}\n{_bench_defaults()}", formatter_class=raw)
+    b = sub.add_parser(
+        "bench",
+        help="what a replay costs, part by part (refimpl.bench.sweep)",
+        epilog=f"{_names()}\n{_bench_defaults()}",
+        formatter_class=raw,
+    )
     sub.add_parser("matrix", help="the capability matrix (backend x variant x graph mode), Markdown")
     for parser, variants, modes in ((c, "all", "all"), (b, "must-pass", "decode, target_verify")):  # the selection
         for flag, what, default in (
@@ -125,14 +127,21 @@ def main(argv: list[str] | None = None) -> int:
         help="the world's longest sequence (default 640; >= 64)",
     )
     arg("--pool", type=_count, help="the world's KV slots (default 102,400: slot ids past 65,536)")
-    help = "check an out-of-tree backend class implementing refimpl's backend contract (repeatable), e.g. "
     arg(
-        "--backend-class", action="append", metavar="MODULE:CLASS", help=help + "examples.paged_decode_backend:PagedDecodeBackend"
+        "--backend-class",
+        action="append",
+        metavar="MODULE:CLASS",
+        help="check an out-of-tree backend class implementing refimpl's backend contract (repeatable), e.g. "
+        "examples.paged_decode_backend:PagedDecodeBackend",
     )
     arg("--json", action="store_true", help="print a JSON list of records")
     arg("--fuzz", type=_count, metavar="N", help="fuzz instead: N random batches per backend x variant x mode x spec")
-    seed = _ints("{} is not a seed: an integer in [0, 2**63) (torch's generators take 64 bits)", lo=0)
-    arg("--seed", type=seed, default=0, help="the fuzz seed (default 0; 0 <= seed < 2**63)")
+    arg(
+        "--seed",
+        type=_ints("{} is not a seed: an integer in [0, 2**63) (torch's generators take 64 bits)", lo=0),
+        default=0,
+        help="the fuzz seed (default 0; 0 <= seed < 2**63)",
+    )
     arg = b.add_argument
     arg("--bs", type=_batch_sizes, dest="batch_sizes", help="batch sizes (GPU default 1,2,4,...,256)")
     arg(
@@ -158,9 +167,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "bench":
         return _bench(args, b)
 
-    import torch
-
-    from .backends import load_backend_class
     from .check import CPU_SECONDS_PER_TARGET, CheckSettings, run_checks, table, targets
     from .config import SpecConfig
     from .fuzz import fuzz
@@ -249,8 +255,6 @@ def _bench(args, parser) -> int:
     import tempfile
     from pathlib import Path
 
-    import torch
-
     from . import bench
 
     _check_names(parser, args)
@@ -275,7 +279,7 @@ def _bench(args, parser) -> int:
         print(f"bench: {len(over)} of {len(pairs)} (bs, context) pairs skipped, {why}: {', '.join(over)}", file=sys.stderr)
     pinned = bench.pin_to_core(args.pin)
     listed = {k: v for k, v in vars(settings).items() if k != "spec"}  # tuples are written as JSON lists
-    env = {**bench.environment(), "pinning": pinned, "settings": listed, "spec": vars(settings.spec)}
+    env = bench.environment() | {"pinning": pinned, "settings": listed, "spec": vars(settings.spec)}
     env["note"] = (
         f"{env['device']}: CUDA graph timings" if cuda else "CPU: emulator timings (what the Python costs), not GPU launch costs"
     )

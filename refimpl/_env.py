@@ -56,6 +56,13 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() and not INTERPRET else "cpu")
 
 
+def resolve_device(device: str | torch.device | None = None) -> torch.device:
+    """``device`` (None: ``default_device()``), a bare ``"cuda"`` given the current index: tensors report one, so
+    devices then compare exactly."""
+    dev = torch.device(device) if device is not None else default_device()
+    return torch.device("cuda", torch.cuda.current_device()) if dev.type == "cuda" and dev.index is None else dev
+
+
 def default_dtype(device: torch.device | str) -> torch.dtype:
     """The model dtype the backends run on ``device``: bfloat16 on a GPU (what the real kernels take), float32 on the CPU
     (the Triton interpreter mishandles bf16)."""

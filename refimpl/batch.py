@@ -8,13 +8,12 @@ Rows per request and what ``seq_lens`` counts: ``refimpl.layout`` (EXTEND, eager
 from __future__ import annotations
 
 import copy
-import dataclasses
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
 import torch
 
-from ._env import default_device
+from ._env import resolve_device
 from .config import ModelConfig
 from .layout import GraphKind
 from .memory import MHAKVCache, MLAKVCache, ReqToTokenPool, TokenSlotAllocator, make_kv_cache
@@ -48,22 +47,14 @@ class World:
         longest context), handed out in a random page order from ``seed``. ``kv_caches``: a cache of KV caches by
         model config, device, slot count and seed: the first world of each draws random KV from ``seed``, the others
         share it (a 100,000-slot MLA cache is 0.5 GB and takes seconds to draw on a CPU)."""
-        if num_slots is None:
-            per_req = -(-max_context_len // page_size) * page_size
-            num_slots = (pool_size + 1) * per_req + page_size
+        if num_slots is None:  # every request's pages at the longest context, and the reserved page
+            num_slots = ((pool_size + 1) * -(-max_context_len // page_size) + 1) * page_size
         num_slots = -(-num_slots // page_size) * page_size
-        dev = torch.device(device) if device is not None else default_device()
-        if dev.type == "cuda" and dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
+        dev = resolve_device(device)
         key = (cfg, dev, num_slots, seed)  # not the page size: a cache is per slot
         shared = None if kv_caches is None else kv_caches.get(key)
-        world = cls(
-            cfg=cfg,
-            req_to_token_pool=ReqToTokenPool(pool_size, max_context_len, dev),
-            allocator=TokenSlotAllocator(num_slots, page_size, seed=seed),
-            kv_cache=shared or make_kv_cache(cfg, num_slots, dev),
-            device=dev,
-        )
+        pool, kv_cache = ReqToTokenPool(pool_size, max_context_len, dev), shared or make_kv_cache(cfg, num_slots, dev)
+        world = cls(cfg, pool, TokenSlotAllocator(num_slots, page_size, seed), kv_cache, dev)
         if kv_caches is not None and shared is None:
             world.randomize_kv(seed)
             kv_caches[key] = world.kv_cache
@@ -94,20 +85,15 @@ class World:
     def randomize_kv(self, seed: int = 0, scale: float = 1.0) -> None:
         """Fill every KV slot (slot 0 too: nothing live reads it) with random values, as if all prefixes had been
         prefilled."""
-        g = torch.Generator(device="cpu").manual_seed(seed)
+        host = torch.Generator(device="cpu").manual_seed(seed)  # one stream over every host-drawn buffer
         for buf in self.kv_cache.buffers():
-            if buf.is_cuda and buf.numel() > 1 << 24:  # large GPU caches: drawn on the device
-                gd = torch.Generator(device=buf.device).manual_seed(seed)
-                buf.copy_(torch.randn(buf.shape, generator=gd, device=buf.device) * scale)
-                continue
-            buf.copy_((torch.randn(buf.shape, generator=g, device="cpu") * scale).to(buf.dtype))
+            big = buf.is_cuda and buf.numel() > 1 << 24  # large GPU caches: drawn on the device, each from seed
+            g = torch.Generator(device=buf.device).manual_seed(seed) if big else host
+            buf.copy_(torch.randn(buf.shape, generator=g, device=g.device) * scale)
 
     def clone_to(self, device: str | torch.device) -> "World":
         """A copy on another device with the same tables, cache contents and free lists."""
-        twin = copy.deepcopy(self)  # small pools: a deep copy is simplest and exact
-        dev = torch.device(device)
-        if dev.type == "cuda" and dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
+        twin, dev = copy.deepcopy(self), resolve_device(device)  # small pools: a deep copy is simplest and exact
         pool = twin.req_to_token_pool
         twin.device, pool.device, pool.req_to_token, pool.live = dev, dev, pool.req_to_token.to(dev), pool.live.to(dev)
         cache = twin.kv_cache
@@ -153,7 +139,7 @@ class ForwardBatch:
 
     @property
     def num_tokens(self) -> int:
-        return int(self.input_ids.numel())
+        return self.input_ids.numel()
 
     @property
     def device(self) -> torch.device:
@@ -163,11 +149,11 @@ class ForwardBatch:
         """The same batch against ``world`` (e.g. a ``World.clone_to('cuda')`` twin)."""
         move = lambda x: x.to(world.device) if isinstance(x, torch.Tensor) else x
         spec = self.spec_info
-        if spec is not None and dataclasses.is_dataclass(spec):
-            spec = dataclasses.replace(spec, **{f.name: move(getattr(spec, f.name)) for f in dataclasses.fields(spec)})
-        skip = ("world", "spec_info", "seq_lens_cpu")
-        moved = {f.name: move(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in skip}
-        return ForwardBatch(**moved, seq_lens_cpu=self.seq_lens_cpu, world=world, spec_info=spec)
+        if is_dataclass(spec):
+            spec = replace(spec, **{f.name: move(getattr(spec, f.name)) for f in fields(spec)})
+        skip = ("world", "spec_info", "seq_lens_cpu")  # the host mirror stays on the host
+        moved = {f.name: move(getattr(self, f.name)) for f in fields(self) if f.name not in skip}
+        return replace(self, **moved, world=world, spec_info=spec)
 
     def replace(self, **kw) -> "ForwardBatch":
         return replace(self, **kw)

@@ -52,7 +52,7 @@ class BatchGenerator:
         self.world, self.spec, self.lengths = world, spec, lengths
         self.rng = random.Random(seed)
         self.torch_gen = torch.Generator().manual_seed(seed)
-        self._owned: dict[int, int] = {}  # request slot -> tokens allocated in its row
+        self._owned = {}  # request slot -> tokens allocated in its row
 
     # --- public: one method per mode ------------------------------------------------------------
     def extend(self, bs: int, prefix_lens: _Lens = None, extend_lens: _Lens = None) -> ForwardBatch:
@@ -100,8 +100,9 @@ class BatchGenerator:
         rpi = self._alloc([s + N for s in seq])  # the N draft slots after the prefix
         writes = [(r, s + q) for r, s in zip(rpi, seq) for q in range(N)]  # KV column = prefix + node index
         pos = [s + d for s, t in zip(seq, trees) for d in t.depths()]  # position = prefix + depth
-        meta = dict(trees=trees, draft_token_num=N)
-        return self._assemble(ForwardMode.TARGET_VERIFY, rpi, seq, writes, pos, spec_info, meta=meta)
+        return self._assemble(
+            ForwardMode.TARGET_VERIFY, rpi, seq, writes, pos, spec_info, meta=dict(trees=trees, draft_token_num=N)
+        )
 
     def draft_extend(
         self, bs: int, version: int, seq_lens: _Lens = None, accept_length: _Lens = None, ragged: bool = False
@@ -117,8 +118,9 @@ class BatchGenerator:
         seq = self._lens(seq_lens, bs, "seq_lens", [r + 1 for r in rows], self.world.max_context_len, "max_context_len")
         rpi = self._alloc(seq)
         writes = [(r, c) for r, s, n in zip(rpi, seq, rows) for c in range(s - n, s)]
-        meta = dict(accept_length=acc, rows_per_req=rows, ragged=ragged)
-        return self._assemble(mode, rpi, seq, writes, None, spec_info, meta=meta)
+        return self._assemble(
+            mode, rpi, seq, writes, None, spec_info, meta=dict(accept_length=acc, rows_per_req=rows, ragged=ragged)
+        )
 
     def draft_decode(self, bs: int, seq_lens: _Lens = None) -> ForwardBatch:
         """Multi-step draft DECODE over ``bs`` sequences (layout in the module docstring)."""
@@ -129,8 +131,10 @@ class BatchGenerator:
         rpi, branches = self._alloc([s + width for s in seq]), range(topk)
         # [step][seq][branch]: S blocks of bs*topk writes; the rows' step-0 positions are the prefix lengths
         writes = [(r, layout.draft_column(s, k, j, spec)) for j in range(S) for r, s in zip(rpi, seq) for k in branches]
-        pos, meta = [s for s in seq for _ in branches], {"num_seqs": bs, "rows": bs * topk}
-        return self._assemble(ForwardMode.DECODE, rpi, seq, writes, pos, DraftDecodeInput(topk, S), meta=meta)
+        pos = [s for s in seq for _ in branches]
+        return self._assemble(
+            ForwardMode.DECODE, rpi, seq, writes, pos, DraftDecodeInput(topk, S), meta=dict(num_seqs=bs, rows=bs * topk)
+        )
 
     def for_mode(self, kind: layout.GraphKind | ForwardMode | str, bs: int, **kw) -> ForwardBatch:
         """Dispatch on a graph kind (a ``GraphKind``, its label or a forward mode; ``"draft_decode"``: multi-step draft
@@ -177,7 +181,7 @@ class BatchGenerator:
         if bs > pool.available:
             raise ValueError(f"bs={bs} exceeds the {pool.available} free request slots (pool size {pool.size}, slot 0 reserved)")
 
-    def _lens(self, given, bs, name, lo: int | list[int], hi, limit, sample=None) -> list[int]:
+    def _lens(self, given, bs, name, lo, hi, limit, sample=None):
         """``bs`` checked, then ``given`` against ``[lo, hi]`` (``lo``: one bound, or one per request) or ``bs`` values
         drawn by ``sample``."""
         self._check_bs(bs)
@@ -199,7 +203,8 @@ class BatchGenerator:
         """A realistic length in ``[lo, hi]`` for request ``i`` of a batch: short, long, near a page boundary, or uniform
         (``self.lengths`` narrows it; ``i=None``: an eager prefill's draw, always ``"mixed"``)."""
         assert lo <= hi, (lo, hi)
-        r, unit = self.rng, max(self.world.page_size, 16)
+        r, P = self.rng, self.world.page_size
+        unit = max(P, 16)
         if i is not None and self.lengths != "mixed":
             if i == 0 and self.lengths == "one long":
                 return r.randint(max(lo, hi - 7), hi)
@@ -210,7 +215,7 @@ class BatchGenerator:
         if kind == "long":
             return r.randint(max(lo, hi - max(1, hi // 4)), hi)
         if kind == "boundary":
-            unit = self.world.page_size if self.world.page_size > 1 else 16
+            unit = P if P > 1 else 16
             multiples = [m * unit for m in range(lo // unit, hi // unit + 2) if m > 0]
             if multiples:
                 return min(max(r.choice(multiples) + r.choice([-1, 0, 1]), lo), hi)

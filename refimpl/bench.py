@@ -29,7 +29,7 @@ from .config import SpecConfig
 from .graphs.recorder import record_ops
 from .graphs.runner import GraphRunner
 from .layout import KINDS, GraphKind
-from .rig.core import Rig, entries, graph_buffers
+from .rig.core import Rig, entries
 from .rig.verdicts import glue_verdict
 
 
@@ -163,8 +163,11 @@ def time_replay_path(runner: GraphRunner, batches: Sequence[ForwardBatch], repea
     if cuda:
         out["gpu_us"] = {k: spread(v) for k, v in gpu.items()}
     load(fb := batches[0])
-    kernels = dict(runner.graphs[bs].kernels())
-    return out | dict(hook_launches=launches(lambda: hook(fb)), copy_launches=launches(lambda: load(fb)), graph_kernels=kernels)
+    return out | dict(
+        hook_launches=launches(lambda: hook(fb)),
+        copy_launches=launches(lambda: load(fb)),
+        graph_kernels=dict(runner.graphs[bs].kernels()),
+    )
 
 
 def time_steps(runner: GraphRunner, batches: Sequence[ForwardBatch], repeats: int = 30, warmup: int = 5) -> dict:
@@ -211,7 +214,7 @@ class BenchSettings:
 
 def _static_bytes(runner: GraphRunner) -> int:
     """Bytes of the runner's static inputs and the backend's graph buffers (host mirrors are not device memory)."""
-    tensors = {id(t): t for t in [*(t for _, t in graph_buffers(runner.backend)), *runner.inputs.views().values()]}
+    tensors = {id(t): t for t in [*runner.backend.graph_buffers().values(), *runner.inputs.views().values()]}
     return sum(t.nbytes for t in tensors.values() if runner.device.type == "cpu" or t.device.type != "cpu")
 
 
@@ -249,7 +252,6 @@ def sweep(settings: BenchSettings, progress: bool = False, sink: Callable[[list]
         if not sizes:
             continue
         P, max_bs = entry.page_size, max(sizes)
-        slots = (r * max_bs + 2) * -(-ctx // P) * P + P  # every rotated batch's pages, each request's rounded up
         try:  # validation is timed as its own phase (time_replay_path); the steps run without it
             rig = Rig.build(
                 entry,
@@ -261,7 +263,7 @@ def sweep(settings: BenchSettings, progress: bool = False, sink: Callable[[list]
                 capture_bs=tuple(sizes),
                 max_context_len=ctx,
                 pool_size=(r + 1) * max_bs + 2,
-                num_slots=slots,
+                num_slots=(r * max_bs + 2) * -(-ctx // P) * P + P,  # every rotated batch's pages, each request's rounded up
                 gen_seed=1,
                 capture=False,
             )
@@ -293,7 +295,7 @@ def sweep(settings: BenchSettings, progress: bool = False, sink: Callable[[list]
                 )
             )
             gen.release_all()
-        if sink is not None:
+        if sink:
             sink(rows)
         del rig, runner
         if engine.device.type == "cuda":
@@ -326,22 +328,17 @@ def summary_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def csv_row(r: dict[str, Any]) -> list:
-    h, g, st, cap = r["host_us"], r.get("gpu_us", {}), r["step_us"], r["capture_s"]
-    med = lambda d, k: round(d[k]["median"], 2) if k in d else ""  # noqa: E731
+    h, g, st = r["host_us"], r.get("gpu_us", {}), r["step_us"]
+    med = lambda d, *keys: [round(d[k]["median"], 2) if k in d else "" for k in keys]  # noqa: E731
     return [
         *(r[k] for k in "backend variant pattern mode context bs graph_bs".split()),
-        *(med(h, k) for k in "validate copies hook launch path".split()),
-        round(h["path"]["p10"], 2),
-        round(h["path"]["p90"], 2),
-        med(g, "graph"),
-        med(g, "hook"),
-        med(st, "graph"),
-        med(st, "eager"),
+        *med(h, "validate", "copies", "hook", "launch", "path"),
+        *(round(h["path"][q], 2) for q in ("p10", "p90")),
+        *med(g, "graph", "hook"),
+        *med(st, "graph", "eager"),
         round(st["eager_over_graph"], 2),
-        sum(r["hook_launches"].values()),
-        sum(r["copy_launches"].values()),
-        round(cap["first"], 4),
-        round(cap["warm"], 4),
+        *(sum(r[k].values()) for k in ("hook_launches", "copy_launches")),
+        *(round(r["capture_s"][k], 4) for k in ("first", "warm")),
         r["pool_growth_bytes"],
         r["static_bytes"],
     ]  # the CSV_COLUMNS, in order

@@ -44,7 +44,7 @@ def capability(entry: BackendEntry, kind: str | GraphKind, world=None) -> tuple[
         pass
     if kind.multi_step:
         return "—", None  # multi-step draft decode exists only as graphs of its step backends
-    backend, gen = entry.load(False)(world, SPEC), BatchGenerator(world, SPEC, seed=0)
+    backend, gen = entry.load()(world, SPEC), BatchGenerator(world, SPEC, seed=0)
     try:  # does the eager hook serve a batch?
         backend.init_forward_metadata(gen.for_mode(kind.mode, 1))
         return "eager", None

@@ -60,7 +60,7 @@ class CheckRecord:
 
     @property
     def passed(self) -> bool:
-        return all(v is not False for v in self.verdicts)
+        return False not in self.verdicts
 
     @property
     def skipped(self) -> bool:
@@ -113,7 +113,7 @@ def check_entry_mode(
         return [record(0, None, None, None, findings=[f"skipped: {e}"])]
     except Exception as e:  # noqa: BLE001 - the capture (or its warm-up) raised: a failing row, not a crash
         return [record(max(settings.raw_bs), False, None, None, findings=[f"capture: {raised(e)}"])]
-    rows: list[CheckRecord] = []
+    rows = []
     sizes = (0,) if kind.mode.is_idle() else settings.raw_bs
     for raw_bs in sizes:
         rig.gen.lengths = row_lengths(raw_bs)
@@ -123,8 +123,7 @@ def check_entry_mode(
         # (b) graph replay vs eager, no write into another request's KV; (c) eager vs the oracle
         v = run_one(rig, fb)
         ref = None if ref_diffs is None else not ref_diffs
-        findings = diffs + (ref_diffs or []) + v.findings
-        rows.append(record(raw_bs, not diffs, v.graph_ok, v.oracle_ok, findings=findings, ref=ref))
+        rows.append(record(raw_bs, not diffs, v.graph_ok, v.oracle_ok, findings=diffs + (ref_diffs or []) + v.findings, ref=ref))
         if settings.history and not kind.mode.is_idle() and raw_bs == max(sizes):  # (f): this replay is its step A
             rows[-1].history_ok, found = history_verdict(rig, raw_bs, a=fb)
             rows[-1].findings += found
@@ -150,10 +149,10 @@ def targets(backends=None, modes=None, variants=None, entries=None) -> list[tupl
     """The (entry, graph kind) pairs ``run_checks`` checks: the registered backends (``backends`` / ``variants`` filter
     them) or ``entries``, each with every kind or ``modes``. A selection with nothing in it raises ``ValueError``."""
     if entries is None:
-        entries = [e for n in (backends or [None]) for e in find(n)]
+        entries = [e for n in backends or [None] for e in find(n)]
         if variants:
             have = sorted({e.variant for e in entries})
-            entries = [e for e in entries if e.variant in set(variants)]
+            entries = [e for e in entries if e.variant in variants]
             if not entries:
                 raise ValueError(f"nothing to check: no variant {sorted(variants)} of {backends or 'any backend'} (have: {have})")
     kinds = [GraphKind.parse(m) for m in modes] if modes else list(KINDS.values())
@@ -197,10 +196,10 @@ def table(rows: list[CheckRecord]) -> str:
     """The records as the CLI prints them: one line per row, its findings below it."""
     cols = "backend variant pattern mode bs engine cap=rep graph=eager oracle ref glue history status".split()
     v = lambda x: "-" if x is None else ("ok" if x else "FAIL")
-    glue = lambda r: {None: "-", True: "yes", False: "no"}[r.glue_equals_eager]  # (e) is not pass / fail
+    glue = {None: "-", True: "yes", False: "no"}  # (e) is not pass / fail
     cells = [
-        (r.backend, r.variant, r.pattern, r.mode, "-" if r.skipped else str(r.bs), r.engine, *map(v, r.verdicts[:4]), glue(r))
-        + (v(r.history_ok), r.status)
+        (r.backend, r.variant, r.pattern, r.mode, "-" if r.skipped else str(r.bs), r.engine, *map(v, r.verdicts[:4]))
+        + (glue[r.glue_equals_eager], v(r.history_ok), r.status)
         for r in rows
     ]
     width = [max(map(len, column)) for column in zip(cols, *cells)]

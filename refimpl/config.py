@@ -83,17 +83,17 @@ class SpecConfig:
     num_draft_tokens: int = 4  # N
 
     def __post_init__(self) -> None:
-        if self.num_steps < 1 or self.topk < 1 or self.num_draft_tokens < 2:
-            raise ValueError(f"invalid SpecConfig {self}: need num_steps>=1, topk>=1, N>=2")
         n, S, k = self.num_draft_tokens, self.num_steps, self.topk
+        if S < 1 or k < 1 or n < 2:
+            raise ValueError(f"invalid SpecConfig {self}: need num_steps>=1, topk>=1, N>=2")
         if k == 1 and n != S + 1:
             raise ValueError(f"a chain (topk=1) verifies num_steps+1={S + 1} tokens, got num_draft_tokens={n}")
         if n > (m := eagle_max_tree_nodes(k, S)) and k > 1:
             raise ValueError(f"num_draft_tokens={n} exceeds what {S} steps of topk={k} can draft ({m} incl. the root)")
 
 
-CHAIN = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)  # an EAGLE chain: N = S + 1 (the defaults)
-TREE = SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)  # a tree of two branches: N = 6 > S + 1
+CHAIN = SpecConfig()  # the defaults, an EAGLE chain: S = 3, topk = 1, N = S + 1 = 4
+TREE = SpecConfig(topk=2, num_draft_tokens=6)  # a tree of two branches, S = 3: N = 6 > S + 1
 
 
 @dataclass(frozen=True)
@@ -118,8 +118,8 @@ class GraphConfig:
 def tiny_model_config(kind: str, dtype: torch.dtype, device_type: str = "cpu") -> ModelConfig:
     """The checker's model: tiny on CPU (the Triton interpreter is slow); on a GPU, head dims the real FlashInfer kernels
     compile for; MLA with 16 heads (FlashInfer MLA's smallest)."""
-    if kind == "mha" and device_type == "cuda":
-        return ModelConfig("mha", 2, num_heads=8, num_kv_heads=2, head_dim=64, v_head_dim=64, dtype=dtype)
     if kind == "mla":
-        return ModelConfig(kind="mla", num_layers=2, hidden_size=64, num_heads=16, dtype=dtype)
-    return ModelConfig(kind="mha", num_layers=2, num_heads=4, num_kv_heads=2, dtype=dtype)
+        return ModelConfig("mla", num_heads=16, dtype=dtype)
+    if kind == "mha" and device_type == "cuda":
+        return ModelConfig(num_heads=8, head_dim=64, v_head_dim=64, dtype=dtype)
+    return ModelConfig(dtype=dtype)  # the defaults: 2 layers, 4 heads over 2 KV heads

@@ -72,7 +72,6 @@ class FuzzTarget:
         """``capture_bs`` / ``num_layers`` / ``max_context_len`` / ``num_slots``: smaller for the CI profile (the Triton
         interpreter); ``worlds``: a KV-cache cache shared across targets (``Rig.build``)."""
         self.entry, self.spec, self.kind = entry, spec, GraphKind.parse(kind)
-        self.mode, self.capture_bs, self.L = self.kind.mode, tuple(capture_bs), max_context_len
         # GraphModeNotSupported (the backend does not capture this kind): the caller skips
         self.rig = Rig.build(
             entry,
@@ -82,12 +81,12 @@ class FuzzTarget:
             dtype=dtype,
             seed=seed,
             worlds=worlds,
-            capture_bs=self.capture_bs,
-            max_context_len=self.L,
+            capture_bs=capture_bs,
+            max_context_len=max_context_len,
             num_layers=num_layers,
             num_slots=num_slots,
         )
-        self.runner, self.gen = self.rig.runner, self.rig.gen
+        self.runner, self.gen, self.mode = self.rig.runner, self.rig.gen, self.kind.mode
 
     @property
     def label(self) -> str:
@@ -95,11 +94,11 @@ class FuzzTarget:
 
     def draw(self, rng: random.Random) -> FuzzParams:
         """Random batch parameters within what this target's mode allows."""
-        mode, s, P = self.mode, self.spec, max(self.rig.world.page_size, 16)
-        raw_bs = 0 if mode.is_idle() else rng.randint(1, max(self.capture_bs))
+        mode, s, world = self.mode, self.spec, self.rig.world
+        raw_bs = 0 if mode.is_idle() else rng.randint(1, self.runner.max_bs)
         # draft extend: seq_lens count the request's new rows and at least one verified token
         lo = self.kind.rows(s) + 1 if mode.is_any_draft_extend() else 1
-        hi = self.L - self.kind.span(s)
+        hi, P = world.max_context_len - self.kind.span(s), max(world.page_size, 16)
 
         def length() -> int:
             kind = rng.choice("short boundary boundary uniform max".split())
@@ -166,7 +165,7 @@ def targets(
     shapes default to every one that must pass (not the historical ``legacy`` / ``as-upstream``). Entries that cannot run
     here, or modes a backend does not capture, are left to ``FuzzTarget`` to refuse."""
     kinds = [GraphKind.parse(m).label for m in modes] if modes else list(KINDS)
-    chosen = list(given) if given is not None else entries(backends, variants)
+    chosen = entries(backends, variants) if given is None else given
     trees = ("target_verify", "draft_decode", "draft_extend_v2")  # the modes with topk > 1 trees; chains everywhere
     return [(e, kind, spec) for e in chosen for kind in kinds for spec in ((CHAIN, TREE) if kind in trees else (CHAIN,))]
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import RESERVED_REQ_SLOT, RESERVED_TOKEN_SLOT, SpecConfig
-from .modes import ForwardMode
+from .modes import GRAPH_MODES, ForwardMode
 
 PAD_REQ_SLOT = RESERVED_REQ_SLOT  # request slot of every padded row
 PAD_CACHE_SLOT = RESERVED_TOKEN_SLOT  # KV slot every padded row writes
@@ -84,16 +84,9 @@ class GraphKind:
         return KINDS[key]
 
 
-KINDS: dict[str, GraphKind] = {
-    k.label: k
-    for k in (
-        GraphKind("decode", ForwardMode.DECODE),
-        GraphKind("idle", ForwardMode.IDLE),
-        GraphKind("target_verify", ForwardMode.TARGET_VERIFY),
-        GraphKind("draft_extend", ForwardMode.DRAFT_EXTEND),
-        GraphKind("draft_extend_v2", ForwardMode.DRAFT_EXTEND_V2),
-        GraphKind("draft_decode", ForwardMode.DECODE, multi_step=True),
-    )
+# label -> kind: one per graph mode (decode, idle, target_verify, draft_extend, draft_extend_v2), then draft_decode
+KINDS = {m.label: GraphKind(m.label, m) for m in GRAPH_MODES} | {
+    "draft_decode": GraphKind("draft_decode", ForwardMode.DECODE, True)
 }
 
 
@@ -118,7 +111,7 @@ def draft_column(seq_len, branch, step, spec: SpecConfig):
     return seq_len + branch * spec.num_steps + step
 
 
-def _need_spec(mode: ForwardMode, spec: SpecConfig | None) -> SpecConfig:
+def _need_spec(mode, spec) -> SpecConfig:
     if spec is None:
         raise ValueError(f"{mode.label} lays out speculative rows: it needs a SpecConfig")
     return spec

@@ -11,6 +11,8 @@ Three tables ([facts#memory-pools]):
 
 from __future__ import annotations
 
+from collections import deque
+
 import torch
 
 from .config import RESERVED_REQ_SLOT, ModelConfig
@@ -34,8 +36,9 @@ class ReqToTokenPool:
 
     def alloc(self, n: int) -> list[int]:
         if n > (free := len(self._free)):
-            why = f"only {free} free (pool size {self.size}, slot 0 reserved)"
-            raise RuntimeError(f"ReqToTokenPool: asked for {n} request slots, {why}")
+            raise RuntimeError(
+                f"ReqToTokenPool: asked for {n} request slots, only {free} free (pool size {self.size}, slot 0 reserved)"
+            )
         out, self._free = self._free[:n], self._free[n:]
         self.live[out] = True
         return out
@@ -61,22 +64,16 @@ class TokenSlotAllocator:
         self.num_slots, self.page_size = num_slots, page_size
         g = torch.Generator().manual_seed(seed)  # shuffled: a request's pages are not contiguous (exposes index bugs)
         pages = torch.randperm(num_slots // page_size - 1, generator=g, device="cpu") + 1
-        self._free_pages: list[int] = pages.tolist()
-        self._head = 0  # pages before it are handed out: O(n) per allocation, not O(free)
+        self._free_pages = deque(pages.tolist())  # handed out from the left, freed pages rejoin on the right
 
     @property
     def free_pages(self) -> int:
-        return len(self._free_pages) - self._head
+        return len(self._free_pages)
 
     def alloc_pages(self, n: int) -> list[int]:
         if n > (free := self.free_pages):
             raise RuntimeError(f"TokenSlotAllocator: asked for {n} pages of {self.page_size} slots, only {free} free")
-        out = self._free_pages[self._head : self._head + n]
-        self._head += n
-        if self._head > len(self._free_pages) // 2:  # compact now and then (amortised O(1))
-            del self._free_pages[: self._head]
-            self._head = 0
-        return out
+        return [self._free_pages.popleft() for _ in range(n)]  # O(n), not O(free)
 
     def free_page_ids(self, pages: list[int]) -> None:
         if 0 in pages:
@@ -104,8 +101,8 @@ class MHAKVCache:
 
     def set_kv(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         # loc: [tokens] int64; k: [tokens, Hkv, D]; an in-place scatter (graph-safe)
-        self.k[layer].index_copy_(0, loc, k.to(self.k[layer].dtype))
-        self.v[layer].index_copy_(0, loc, v.to(self.v[layer].dtype))
+        for cache, x in ((self.k[layer], k), (self.v[layer], v)):
+            cache.index_copy_(0, loc, x.to(cache.dtype))
 
     def buffers(self) -> list[torch.Tensor]:
         return self.k + self.v

@@ -13,13 +13,13 @@ import math
 
 import torch
 
-from ._env import default_device
+from ._env import resolve_device
 from .batch import ForwardBatch
 from .config import ModelConfig
 
 
-def _rms_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+def _rms_norm(x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
 
 
 class TinyDecoder:
@@ -27,7 +27,7 @@ class TinyDecoder:
 
     def __init__(self, cfg: ModelConfig, device: str | torch.device | None = None):
         self.cfg = cfg
-        device = device if device is not None else default_device()
+        device = resolve_device(device)
         g = torch.Generator().manual_seed(cfg.seed)
         hd = cfg.hidden_size  # w: a random weight, scaled so activations stay O(1) through the layers
         w = lambda *shape: (torch.randn(*shape, generator=g, device="cpu") / math.sqrt(shape[0])).to(device, cfg.dtype)
@@ -36,14 +36,13 @@ class TinyDecoder:
         H, D, Dv, Hkv, R = cfg.num_heads, cfg.head_dim, cfg.v_head_dim, cfg.num_kv_heads, cfg.kv_row_width
         # per layer: the q, k (, v) projections as (weight, heads, head width), then wo. MLA: q -> q_nope|q_rope per
         # head, k -> latent|rope (one shared row), v = k's latent
-        mla = lambda: [(w(hd, H * R), H, R), (w(hd, R), 1, R)]
-        mha = lambda: [(w(hd, H * D), H, D), (w(hd, Hkv * D), Hkv, D), (w(hd, Hkv * Dv), Hkv, Dv)]
-        self.layers = [((mla if cfg.is_mla else mha)(), w(H * cfg.out_head_dim, hd)) for _ in range(cfg.num_layers)]
+        shapes = [(H, R), (1, R)] if cfg.is_mla else [(H, D), (Hkv, D), (Hkv, Dv)]  # (heads, head width)
+        self.layers = [([(w(hd, h * d), h, d) for h, d in shapes], w(H * cfg.out_head_dim, hd)) for _ in range(cfg.num_layers)]
         self.lm_head = w(hd, cfg.vocab_size)
 
-    def _pos_embedding(self, positions: torch.Tensor) -> torch.Tensor:
-        ang = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]  # [T, hd/2]
-        return torch.cat([ang.sin(), ang.cos()], dim=-1).to(self.cfg.dtype)  # [T, hd]
+    def _pos_embedding(self, positions):
+        ang = positions.to(torch.float32)[:, None] * self.inv_freq  # [T, hd/2]
+        return torch.cat([ang.sin(), ang.cos()], -1).to(self.cfg.dtype)  # [T, hd]
 
     def __call__(self, fb: ForwardBatch, backend) -> torch.Tensor:
         T = fb.input_ids.shape[0]

@@ -83,7 +83,7 @@ class DraftTree:
         """topk == 1: node q's parent is q-1; the ancestry mask is lower-triangular."""
         if n < 1:
             raise ValueError(f"a chain needs n >= 1 nodes, got n={n}")
-        return cls([-1] + list(range(n - 1)))
+        return cls([-1, *range(n - 1)])
 
     @classmethod
     def draw(cls, spec: SpecConfig, rng: _random.Random) -> DraftTree:
@@ -130,8 +130,9 @@ def tree_positions(tree: DraftTree, device: str | torch.device = "cpu") -> torch
 
 
 # --- custom mask (target verify, [facts#target-verify-custom-mask]) ----------------------------
-def _check_trees(seq_lens, trees) -> tuple[list[int], int]:
-    """``seq_lens`` as host ints, and the trees' uniform node count N."""
+def build_custom_mask(seq_lens: _Lens, trees: Sequence[DraftTree], device: _Device = "cpu") -> torch.Tensor:
+    """Verify custom mask: request blocks ``[N, seq_lens[i] + N]`` flattened and concatenated, after checking one tree of
+    a uniform N per request and ``seq_lens >= 0``. Returns ``# [sum_i N*(seq_lens[i]+N)] bool, device``."""
     lens = [int(x) for x in seq_lens]
     if len(trees) != len(lens):
         raise ValueError(f"got {len(trees)} trees for {len(lens)} requests (seq_lens)")
@@ -141,15 +142,9 @@ def _check_trees(seq_lens, trees) -> tuple[list[int], int]:
     for i, t in enumerate(trees):
         if t.num_nodes != n:
             raise ValueError(f"tree {i} has {t.num_nodes} nodes, tree 0 has {n}: N must be uniform")
-    if neg := [i for i, s in enumerate(lens) if s < 0]:
-        raise ValueError(f"seq_lens[{neg[0]}]={lens[neg[0]]} must be >= 0")
-    return lens, n
-
-
-def build_custom_mask(seq_lens: _Lens, trees: Sequence[DraftTree], device: _Device = "cpu") -> torch.Tensor:
-    """Verify custom mask: request blocks ``[N, seq_lens[i] + N]`` flattened and concatenated. Returns ``# [sum_i
-    N*(seq_lens[i]+N)] bool, device``."""
-    lens, n = _check_trees(seq_lens, trees)
+    for i, s in enumerate(lens):
+        if s < 0:
+            raise ValueError(f"seq_lens[{i}]={s} must be >= 0")
     ones = lambda s: torch.ones(n, s, dtype=torch.bool, device="cpu")  # [N, s]: the prefix columns
     return torch.cat([torch.cat([ones(s), t.ancestry_mask()], 1).flatten() for s, t in zip(lens, trees)]).to(device)
 
@@ -170,10 +165,10 @@ class VerifyInput:
 def make_verify_input(seq_lens: _Lens, trees: Sequence[DraftTree], device: _Device = "cpu", topk=None) -> VerifyInput:
     """VerifyInput for prefix lengths ``seq_lens`` and one draft tree per request; ``topk`` defaults to the largest child
     count of any node (1 for chains)."""
-    lens, n = _check_trees(seq_lens, trees)
+    mask, n = build_custom_mask(seq_lens, trees, device), trees[0].num_nodes  # (the trees checked)
     if topk is None:
         topk = max(1, max(max(t.num_children()) for t in trees))
-    mask, indptr = build_custom_mask(lens, trees, device), layout.mask_indptr(torch.tensor(lens, device=device), n)
+    indptr = layout.mask_indptr(torch.tensor([int(s) for s in seq_lens], device=device), n)
     return VerifyInput(n, mask, [list(t.parents) for t in trees], int(topk), indptr)
 
 

@@ -34,7 +34,7 @@ import torch
 
 from . import layout
 from .config import SpecConfig
-from .kernels.validation import batch_check, batch_check_ref, read_result, result_size, write_target
+from .kernels.validation import batch_check, batch_check_ref, first_bad, read_result, result_size, write_target
 from .modes import ForwardMode
 from .spec import DraftDecodeInput, DraftExtendInput, VerifyInput, verify_n
 
@@ -52,11 +52,6 @@ def _int(field: str, value: Any) -> int:
     if type(value) is not int:
         raise _refuse(field, f"{type(value).__name__} {value}", "must be a Python int")
     return value
-
-
-def _first(values: list, bad) -> int | None:
-    """Index of the first value ``bad`` holds for, or None."""
-    return next((i for i, v in enumerate(values) if bad(v)), None)
 
 
 def _tensor(field: str, t: Any, dtype: torch.dtype, n: int | None, device: torch.device) -> None:
@@ -132,8 +127,15 @@ def _launch_device_checks(fb, per: int, extra: int, row_req, draft_extend: bool,
     ``tests/test_batch_check.py`` holds the two to the same answers). The held rule reads the pool's live rows."""
     world, spec, bs, n, m = fb.world, fb.spec_info, fb.batch_size, fb.num_tokens, fb.out_cache_loc.numel()
     tensors = (world.req_to_token, fb.seq_lens, fb.req_pool_indices, fb.input_ids, fb.positions, fb.out_cache_loc)
-    kw = dict(rows_per_req=per, extra=extra, vocab=world.cfg.vocab_size, num_slots=world.kv_cache.num_slots)
-    kw.update(row_req=row_req, custom_mask=mask, live_rows=world.req_to_token_pool.live)
+    kw = dict(
+        rows_per_req=per,
+        extra=extra,
+        vocab=world.cfg.vocab_size,
+        num_slots=world.kv_cache.num_slots,
+        row_req=row_req,
+        custom_mask=mask,
+        live_rows=world.req_to_token_pool.live,
+    )
     acc, ext = (spec.accept_length, spec.extend_seq_lens) if draft_extend else (None, None)
     if world.device.type == "cpu":
         res = {"first": batch_check_ref(*tensors, **kw), "seq_lens": fb.seq_lens.tolist()}
@@ -198,11 +200,10 @@ def validate_batch(fb, spec: SpecConfig | None = None, kind: layout.GraphKind | 
     mask = spec_info.custom_mask if mode.is_target_verify() else None
     read = _launch_device_checks(fb, per, extra, row_req, draft_extend, mask if mask is None or mask.dim() == 1 else None)
     # host rules, in order, while the kernel runs; then the device results
-    lo, hi = min(seq), max(seq)  # builtins over host ints: the usual case costs no Python loop
-    if lo < 1:
+    if (lo := min(seq)) < 1:  # builtins over host ints: the usual case costs no Python loop
         raise _refuse(f"seq_lens[{seq.index(lo)}]", lo, "must be >= 1")
-    if hi + extra > L:
-        i = _first(seq, lambda s: s + extra > L)
+    if max(seq) + extra > L:
+        i = first_bad(seq, lambda _, s: s + extra > L)
         what = f"seq_lens[{i}] + {extra}" if extra else f"seq_lens[{i}]"
         raise _refuse(what, seq[i] + extra, f"exceeds max_context_len={L}")
     if mask is None and for_graph and mode.is_target_verify():
@@ -226,13 +227,13 @@ def validate_batch(fb, spec: SpecConfig | None = None, kind: layout.GraphKind | 
             raise _refuse("spec_info.accept_length", acc, f"disagrees with accept_length_cpu={cpu}")
         steps = cfg.num_steps if cfg else math.inf  # without a SpecConfig: >= 0 only
         if min(acc) < 0 or (max(acc) > steps):
-            i = _first(acc, lambda a: not 0 <= a <= steps)
+            i = first_bad(acc, lambda _, a: not 0 <= a <= steps)
             raise _refuse(f"spec_info.accept_length[{i}]", acc[i], f"outside [0, num_steps={steps}]")
         rows = res["extend_seq_lens"]
         if for_graph and rows != [per] * bs:
             raise _refuse("spec_info.extend_seq_lens", rows, f"the graph lays out {per} rows per request")
     if rows is not None and any(map(operator.lt, seq, rows)):  # extend: seq counts new rows
-        i = _first(range(bs), lambda r: seq[r] < rows[r])
+        i = first_bad(rows, lambda r, k: seq[r] < k)
         raise _refuse(f"seq_lens[{i}]", seq[i], f"counts the request's {rows[i]} new rows")
     _report_device_findings(fb, res["first"], seq, extra, per, row_req)
     if multi and (spec_info.kv_indptr is not None or spec_info.kv_indices is not None):
@@ -268,37 +269,33 @@ def _check_draft_indices(fb, seq: list[int], span: int) -> None:
     lens, held = [b - a for a, b in zip(ptr, ptr[1:])], [s + span for s in seq]  # held: the columns a request holds
     if ptr[0] != 0 or min(lens) < 0 or ptr[-1] > idx.numel():
         raise _refuse("spec_info.kv_indptr", ptr, f"must start at 0, never decrease, end within kv_indices ({idx.numel()})")
-    if (i := _first(range(rows), lambda j: lens[j] > held[j // topk])) is not None:
+    if (i := first_bad(lens, lambda j, k: k > held[j // topk])) is not None:
         raise _refuse(f"spec_info.kv_indptr row {i} length", lens[i], f"exceeds its request's {held[i // topk]} positions")
     S, used = world.kv_cache.num_slots, idx[: ptr[-1]].to(torch.int64)
     req = (torch.arange(rows, device=dev) // topk).repeat_interleave(torch.tensor(lens, device=dev))  # each entry's request
     table = world.req_to_token[fb.req_pool_indices].to(torch.int64)  # [bs, L]: the batch's rows, held columns only
     table = table.masked_fill(torch.arange(table.shape[1], device=dev) >= torch.tensor(held, device=dev)[:, None], 0)
     owned = torch.isin(req * S + used, torch.arange(bs, device=dev)[:, None] * S + table)  # keys: request * S + slot
-    if bad := torch.nonzero((used < 1) | (used >= S) | ~owned)[:1].flatten().tolist():
-        j = bad[0]
+    if (bad := (used < 1) | (used >= S) | ~owned).any():
+        j = int(bad.nonzero()[0])
         r, v = int(req[j]), int(used[j])
-        why = (
-            f"outside [1, {S})"
-            if not 1 <= v < S
-            else f"not a slot of request {r}'s {held[r]} positions: a draft row reads its own request's KV"
-        )
-        raise _refuse(f"spec_info.kv_indices[{j}]", v, why)
+        why = f"not a slot of request {r}'s {held[r]} positions: a draft row reads its own request's KV"
+        raise _refuse(f"spec_info.kv_indices[{j}]", v, why if 1 <= v < S else f"outside [1, {S})")
 
 
 def _report_device_findings(fb, first: dict, seq: list[int], extra: int, per: int, row_req):
     """The first bad entry of each device rule, in order, as its refusal (values read back only here)."""
     world, rpi, loc, n = fb.world, fb.req_pool_indices, fb.out_cache_loc, fb.num_tokens
-    L, pool = world.max_context_len, world.req_to_token_pool.size
     for name, t, lo, hi, twice in (  # a range [lo, hi) (0 is reserved: a padded row's), what a duplicate means
-        ("req_pool_indices", rpi, 1, f"pool={pool}", "a request appears twice in the batch"),
+        ("req_pool_indices", rpi, 1, f"pool={world.req_to_token_pool.size}", "a request appears twice in the batch"),
         ("input_ids", fb.input_ids, 0, world.cfg.vocab_size, None),
-        ("positions", fb.positions, 0, L, None),
+        ("positions", fb.positions, 0, world.max_context_len, None),
         ("out_cache_loc", loc, 1, world.kv_cache.num_slots, "two rows would write the same KV slot"),
     ):
         if (i := first[f"{name} range"]) is not None:
-            v, zero = int(t[i]), "row" if t is rpi else "slot"
-            raise _refuse(f"{name}[{i}]", v, f"{zero} 0 is reserved for padded rows" if v == 0 else f"outside [{lo}, {hi})")
+            v = int(t[i])
+            zero = f"{'row' if t is rpi else 'slot'} 0 is reserved for padded rows"
+            raise _refuse(f"{name}[{i}]", v, zero if v == 0 else f"outside [{lo}, {hi})")
         if twice and (i := first[f"{name} duplicate"]) is not None:
             raise _refuse(f"{name}[{i}]", int(t[i]), twice)
     rows = row_req.tolist() if row_req is not None else None
@@ -308,15 +305,15 @@ def _report_device_findings(fb, first: dict, seq: list[int], extra: int, per: in
         table = world.req_to_token[rpi].cpu()  # [bs, L]: the batch's rows only
         hits = torch.nonzero(table == v).tolist()
         held = " and ".join(f"request {r}'s position {c}" for r, c in hits) or "no position of this batch's requests"
-        own = int(table[writer, col])  # (the host rules put every new position in [0, L))
-        raise _refuse(
-            f"out_cache_loc[{i}]",
-            v,
-            f"is the slot of {held}; row {i % n} must write request {writer}'s new position {col} (slot {own})",
-        )
+        # (the host rules put every new position in [0, L))
+        why = f"is the slot of {held}; row {i % n} must write request {writer}'s new position {col} (slot {int(table[writer, col])})"
+        raise _refuse(f"out_cache_loc[{i}]", v, why)
     if (e := first["custom_mask self"]) is not None and not getattr(fb.spec_info, "allow_blind_rows", False):
-        why = "does not see itself: an all-False or self-blind tree mask (VerifyInput.allow_blind_rows=True passes one)"
-        raise _refuse("spec_info.custom_mask", f"row {e} (request {e // per}, draft {e % per})", why)
+        raise _refuse(
+            "spec_info.custom_mask",
+            f"row {e} (request {e // per}, draft {e % per})",
+            "does not see itself: an all-False or self-blind tree mask (VerifyInput.allow_blind_rows=True passes one)",
+        )
     if (i := first["out_cache_loc held"]) is not None:  # (its own position holds it: the slot rule passed)
         v, (writer, col) = int(loc[i]), target(i)
         hits = (world.req_to_token == v) & world.req_to_token_pool.live[:, None]  # live rows (never the reserved row 0)
@@ -329,16 +326,16 @@ def _report_device_findings(fb, first: dict, seq: list[int], extra: int, per: in
 
 def check_capture_config(runner) -> None:
     """Refuse, before any allocation, a capture the static buffers cannot hold."""
-    spec, L, fill = runner.spec_cfg, runner.world.max_context_len, runner.fill_value
+    spec, L, fill, rows = runner.spec_cfg, runner.world.max_context_len, runner.fill_value, runner.tokens_per_req
     if (span := fill + runner.kind.span(spec)) > L:
         raise BatchRefused(
             f"capture batch span {span} (fill value {fill} + the mode's drafts) exceeds max_context_len={L}: raise the context"
             " length or lower N / topk / num_steps"
         )
-    if runner.mode.is_any_draft_extend() and runner.tokens_per_req > L:
-        raise BatchRefused(f"{runner.tokens_per_req} rows per request exceed max_context_len={L}")
-    bs, rows = runner.max_bs, runner.tokens_per_req
-    if (width := bs * rows * L) >= 2**31:
+    if runner.mode.is_any_draft_extend() and rows > L:
+        raise BatchRefused(f"{rows} rows per request exceed max_context_len={L}")
+    if (width := runner.max_bs * rows * L) >= 2**31:
         raise BatchRefused(
-            f"kv index buffers of max_bs * rows * L = {width} entries exceed int32 addressing (2^31): max_bs={bs}, rows={rows}, L={L}"
+            f"kv index buffers of max_bs * rows * L = {width} entries exceed int32 addressing (2^31): max_bs={runner.max_bs},"
+            f" rows={rows}, L={L}"
         )

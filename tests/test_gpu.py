@@ -96,8 +96,10 @@ def test_checker_passes_unified_rows_on_cuda():
 def test_bench_hook_agrees_with_a_plain_loop(row):
     """The bench's hook column is the hook's own cost: within 15% of the same hook timed in a plain loop, in the
     same process (issue 16: the old bench timed it right after waiting for the previous graph and read 1.2-18x high).
-    Seven short alternating rounds; the median of their ratios, so a busy neighbour moves both sides alike (three
-    rounds of 300 read 0.835, 1.275, 1.151 at 4c1f39f: one noisy round decided the verdict)."""
+    Seven short alternating rounds; each side's least disturbed round (its smallest median), since a busy neighbour
+    only ever adds time: the median of the per-round ratios failed twice in the gate (1.161 at 15c157a, rounds
+    1.08-1.77; 1.178 at a330df9, rounds 1.08-1.95), and three rounds of 300 read 0.835, 1.275, 1.151 at 4c1f39f. An
+    inflation of 1.2x or more, the old bug's, moves every round and so the smallest too."""
     import random
     import statistics
     import time
@@ -136,7 +138,7 @@ def test_bench_hook_agrees_with_a_plain_loop(row):
 
     import os
 
-    ratios, cpus = [], os.sched_getaffinity(0)
+    ratios, sides, cpus = [], ([], []), os.sched_getaffinity(0)
     os.sched_setaffinity(0, {sorted(cpus)[os.getpid() % len(cpus)]})  # one core for both sides (unpinned: 2x swings)
     try:
         plain(50)  # warm-up
@@ -144,10 +146,13 @@ def test_bench_hook_agrees_with_a_plain_loop(row):
             direct = plain()
             timed = bench.time_replay_path(runner, batches, repeats=150, warmup=15)["host_us"]["hook"]["median"]
             ratios.append(round(timed / direct, 3))
+            sides[0].append(timed)
+            sides[1].append(direct)
     finally:
         os.sched_setaffinity(0, cpus)
-    print(row, "bench / plain loop, per round:", ratios)
-    assert 1 / 1.15 <= statistics.median(ratios) <= 1.15, (row, ratios)
+    ratio = min(sides[0]) / min(sides[1])
+    print(row, f"bench / plain loop, least disturbed rounds: {ratio:.3f}; per round:", ratios)
+    assert 1 / 1.15 <= ratio <= 1.15, (row, round(ratio, 3), ratios)
 
 
 @pytest.mark.parametrize("row", ["triton/unified/decode", "trtllm_mla/in_graph/draft_extend_v2", "flashinfer/unified/decode"])

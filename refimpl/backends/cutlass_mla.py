@@ -21,7 +21,7 @@ from ..batch import ForwardBatch
 from ..kernels import build_block_table, build_block_table_ref, cutlass_mla_decode
 from ..modes import ForwardMode
 from .base import GraphModeNotSupported
-from .flashinfer_mla import FlashInferMLAAttnBackend, graph_block_table
+from .flashinfer_mla import FlashInferMLAAttnBackend, new_block_table
 
 PAGE_SIZE = 128  # cutlass_mla_decode's only page size
 WORKSPACE_BYTES = 1 << 20  # upstream: cutlass_mla_get_workspace_size(width * 128, B, splits=1)
@@ -58,17 +58,18 @@ class CutlassMLAAttnBackend(FlashInferMLAAttnBackend):
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         if not fb.forward_mode.is_decode_or_idle() or fb.spec_info is not None:
             return super().init_forward_metadata(fb)  # FlashInfer-MLA, page size 1
-        bs, dev = fb.batch_size, self.device
-        width = -(-int(fb.seq_lens_cpu.max()) // PAGE_SIZE) if bs else 1  # eager: host max
-        table = torch.full((bs, width), -1, dtype=torch.int32, device=dev)
+        width = -(-int(fb.seq_lens_cpu.max()) // PAGE_SIZE) if fb.batch_size else 1  # eager: host max
+        table = new_block_table(self, fb.batch_size, width, -1)
         build_block_table(self.world.req_to_token, fb.req_pool_indices, fb.seq_lens, table, PAGE_SIZE)
-        self.forward_metadata = CutlassMLADecodeMetadata(torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev), table)
+        self.forward_metadata = CutlassMLADecodeMetadata(
+            torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device), table
+        )
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, block_kv_indices=None) -> None:
         # no super().init_cuda_graph_state(): FlashInfer-MLA's graph buffers are not made
         self.max_bs, self.max_num_tokens = max_bs, max_num_tokens
         width = (self.world.max_context_len + PAGE_SIZE) // PAGE_SIZE  # floor(L / 128) + 1, as upstream
-        self.cuda_graph_kv_indices = graph_block_table(self, max_bs, width, 1, block_kv_indices)
+        self.cuda_graph_kv_indices = new_block_table(self, max_bs, width, 1, block_kv_indices)
         self.cuda_graph_mla_workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
 
     def init_forward_metadata_capture_cuda_graph(

@@ -51,7 +51,7 @@ def init_wrappers(backend: AttentionBackend, prefer_real: bool) -> None:
 
 def write_kv(req_to_token, rpi, kv_lens, kv_indptr, kv_indices) -> None:
     """``kv_indptr[1:] = cumsum(kv_lens)``, then the kv indices of ``rpi``'s first ``len(kv_lens)`` rows (device data)."""
-    kv_indptr[1:] = torch.cumsum(kv_lens, 0)
+    kv_indptr[1:] = kv_lens.cumsum(0)
     build_kv_indices(req_to_token, rpi[: len(kv_lens)], kv_lens, kv_indptr, kv_indices)
 
 
@@ -89,8 +89,13 @@ class FlashInferAttnBackend(AttentionBackend):
     name = "flashinfer"
     variant = "unified"
     pattern = "B"
-    graph_buffer_names = ("kv_indptr", "cuda_graph_kv_indices", "cuda_graph_custom_mask")
-    graph_buffer_names += ("cuda_graph_qk_indptr", "cuda_graph_qo_indptr")
+    graph_buffer_names = (
+        "kv_indptr",
+        "cuda_graph_kv_indices",
+        "cuda_graph_custom_mask",
+        "cuda_graph_qk_indptr",
+        "cuda_graph_qo_indptr",
+    )
     graph_modes = frozenset(GRAPH_MODES)  # every one: decode, idle, target verify, draft extend v1 / v2
     page_sizes = (1,)
     kv_indices_dtype = torch.int32
@@ -108,10 +113,9 @@ class FlashInferAttnBackend(AttentionBackend):
         self.kv_indptr, self.skip_prefill = kv_indptr_buf, skip_prefill
         # rows the wrappers may plan: requests, or a multi-step step's bs * topk (its kv_indptr_buf: pool * topk + 1, as
         # upstream's multi-step wrapper sizes its kv_last_page_len [facts#flashinfer-buffers])
-        rows = self.kv_indptr.numel() - 1
-        self.kv_last_page_len = torch.ones(rows, dtype=torch.int32, device=dev)
+        self.kv_last_page_len = torch.ones(self.kv_indptr.numel() - 1, dtype=torch.int32, device=dev)
         self.kv_last_page_len_cpu = self.kv_last_page_len.to("cpu", copy=True)
-        self._host_indptr = torch.zeros(rows + 1, dtype=torch.int32, device="cpu")  # [0] stays 0: cumsums land in [1:]
+        self._host_indptr = torch.zeros_like(self.kv_indptr, device="cpu")  # [0] stays 0: cumsums land in [1:]
         self._heads = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, 1)  # plan's heads, head dim, page size
         self.decode_use_tensor_cores = tc = should_use_tensor_core(cfg.dtype, cfg.num_heads, cfg.num_kv_heads)
         self._eager_decode = self.fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=tc)
@@ -123,8 +127,7 @@ class FlashInferAttnBackend(AttentionBackend):
         before returning); a full plan may keep what it is given (``x.to(device)`` on a CPU run), so it gets its own, as do
         multi-step rows (bs * topk may pass the pool)."""
         n = len(lens)
-        fits = reuse and n < len(self._host_indptr)
-        out = self._host_indptr[: n + 1] if fits else torch.zeros(n + 1, dtype=torch.int32, device="cpu")
+        out = self._host_indptr[: n + 1] if reuse and n < len(self._host_indptr) else lens.new_zeros(n + 1, dtype=torch.int32)
         torch.cumsum(lens, 0, dtype=torch.int32, out=out[1:])
         return out
 
@@ -153,25 +156,25 @@ class FlashInferAttnBackend(AttentionBackend):
         mask (the spec mask covers the live requests; padded ones get allow-all blocks)."""
         wrapper, verify = wrappers[0], mode.is_target_verify()
         spec = require_spec(mode, spec_info, VerifyInput if verify else DraftExtendInput)
-        if verify:
-            verify_n(spec, self.spec)
-        n = layout.rows_per_request(mode, self.spec)  # verify: N, the kv lengths' prefix + N drafts
+        n = verify_n(spec, self.spec) if verify else layout.rows_per_request(mode, self.spec)  # verify: prefix + N drafts
         kv_lens_cpu = layout.attended_kv_lens(mode, seq_lens_cpu[:bs], n)  # host
         graph = wrapper.is_cuda_graph_enabled  # the Triton kernel writes the bound buffers itself
         fast = self.fast_prefill_replan and graph and wrapper._cached_module is not None
         kv_indptr_cpu = self._host_indptr_of(kv_lens_cpu, reuse=fast)
         total = max(int(kv_indptr_cpu[-1]), 1)
-        kv_indptr = (
-            wrapper._paged_kv_indptr_buf[: bs + 1] if graph else torch.zeros(bs + 1, dtype=torch.int32, device=self.device)
-        )
-        kv_indices = wrapper._paged_kv_indices_buf if graph else torch.empty(total, dtype=torch.int32, device=self.device)
+        if graph:
+            kv_indptr, kv_indices = wrapper._paged_kv_indptr_buf[: bs + 1], wrapper._paged_kv_indices_buf
+        else:
+            kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=self.device)
+            kv_indices = torch.empty(total, dtype=torch.int32, device=self.device)
         write_kv(self.world.req_to_token, rpi, layout.attended_kv_lens(mode, seq_lens[:bs], n), kv_indptr, kv_indices)
         mask = spec.custom_mask if verify else None
         if mask is not None:
             ends = layout.mask_indptr(seq_lens_cpu[:bs], n).tolist()  # host values: [0, cumsum(N * (seq + N))]
             if mask.numel() not in ends:
-                why = f"N*(seq_len+N) summed over the first k requests gives one of {ends}"
-                raise ValueError(f"tree mask has {mask.numel()} entries; {why}")
+                raise ValueError(
+                    f"tree mask has {mask.numel()} entries; N*(seq_len+N) summed over the first k requests gives one of {ends}"
+                )
             if missing := ends[-1] - mask.numel():
                 mask = torch.cat([mask, mask.new_ones(missing)])
         host = mask is None or fast  # host indptrs: plan reads nothing back from the device

@@ -23,7 +23,6 @@ with the fast plan too (refimpl's: the bound buffers written in place).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,21 +38,16 @@ from .base import PLANS, AttentionBackend, GraphModeNotSupported
 from .flashinfer import csr_reference, init_wrappers, write_kv
 
 
-def graph_block_table(backend: AttentionBackend, max_bs: int, width: int, fill: int, given=None) -> torch.Tensor:
-    """A paged subclass's (TRTLLM-MLA, Cutlass-MLA) graph block table: ``given`` if its pages cover ``max_context_len``,
-    else a fresh int32 ``[max_bs, width]`` filled with ``fill``."""
+def new_block_table(backend: AttentionBackend, rows: int, width: int, fill: int, given=None) -> torch.Tensor:
+    """A paged subclass's (TRTLLM-MLA, Cutlass-MLA) block table: a fresh int32 ``[rows, width]`` filled with ``fill`` on
+    the backend's device, or a graph's ``given`` one if its pages cover ``max_context_len``."""
     if given is None:
-        return torch.full((max_bs, width), fill, dtype=torch.int32, device=backend.device)
+        return torch.full((rows, width), fill, dtype=torch.int32, device=backend.device)
     if (covers := given.shape[1] * backend.page_size) < (L := backend.world.max_context_len):
-        pages = f"{given.shape[1]} pages of {backend.page_size}"
-        raise ValueError(f"block table of width {pages} covers {covers} positions < max_context_len={L}")
+        raise ValueError(
+            f"block table of width {given.shape[1]} pages of {backend.page_size} covers {covers} positions < max_context_len={L}"
+        )
     return given
-
-
-@dataclass
-class MLAMetadata:
-    wrapper: Any  # BatchMLAPagedAttentionWrapper (bound per bs in a graph)
-    decode: bool
 
 
 class FlashInferMLAAttnBackend(AttentionBackend):
@@ -63,8 +57,13 @@ class FlashInferMLAAttnBackend(AttentionBackend):
     variant = "unified"
     pattern = "B"
     model_kind = "mla"
-    graph_buffer_names = ("kv_indptr", "cuda_graph_kv_indices", "cuda_graph_qo_indptr", "cuda_graph_kv_indptr")
-    graph_buffer_names += ("cuda_graph_kv_lens",)
+    graph_buffer_names = (
+        "kv_indptr",
+        "cuda_graph_kv_indices",
+        "cuda_graph_qo_indptr",
+        "cuda_graph_kv_indptr",
+        "cuda_graph_kv_lens",
+    )
     writes_bound_kv_indptr = True  # False: the #37975 behaviour
     graph_modes = frozenset(GRAPH_MODES)  # every one: decode, idle, target verify, draft extend v1 / v2
     page_sizes = (1,)
@@ -118,16 +117,15 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         """Decode replay: indices into the bound buffer, host indptrs into the fast plan."""
         kv_len_cpu, seq = seq_lens_cpu[:bs].to(torch.int32), seq_lens[:bs]
         kv_indptr_cpu = self.cuda_graph_kv_indptr_cpu[: bs + 1]
-        kv_indptr_cpu[1:] = torch.cumsum(kv_len_cpu, 0)  # host
+        kv_indptr_cpu[1:] = kv_len_cpu.cumsum(0)  # host
         kv_indptr = self.kv_indptr  # the eager buffer (#37975) ...
         if self.writes_bound_kv_indptr:  # ... or the bound one, kept current with the bound kv_len_arr
             kv_indptr = self.cuda_graph_kv_indptr
             self.cuda_graph_kv_lens[:bs].copy_(seq)
         write_kv(self.world.req_to_token, rpi, seq, kv_indptr[: bs + 1], self.cuda_graph_kv_indices)
-        qo_indptr_cpu = self.cuda_graph_qo_indptr_cpu[: bs + 1]
-        self._plan(
-            self.decode_cuda_graph_metadata[bs], qo_indptr_cpu, kv_indptr_cpu, self.cuda_graph_kv_indices, kv_len_cpu, False
-        )
+        qo_indptr_cpu = self.cuda_graph_qo_indptr_cpu[: bs + 1]  # arange: one query per request
+        wrapper = self.decode_cuda_graph_metadata[bs]
+        self._plan(wrapper, qo_indptr_cpu, kv_indptr_cpu, self.cuda_graph_kv_indices, kv_len_cpu, False)
 
     def _prefill_plan(self, bs, rpi, seq_lens, seq_lens_cpu, wrapper, mode, spec_info) -> None:
         """Verify and draft extend (generate_attn_arg_prefill): fresh args, full plan."""
@@ -139,7 +137,7 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         kv_lens_cpu = layout.attended_kv_lens(mode, seq_lens_cpu[:bs], n).to(torch.int32)
         qo_indptr_cpu = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device="cpu")
         kv_indptr_cpu = torch.zeros(bs + 1, dtype=torch.int32, device="cpu")
-        kv_indptr_cpu[1:] = torch.cumsum(kv_lens_cpu, 0)
+        kv_indptr_cpu[1:] = kv_lens_cpu.cumsum(0)
         total = max(int(kv_indptr_cpu[-1]), 1)
         fast = is_fast_plan_installed(wrapper)  # unified graphs after capture: bound buffers written here, in place
         kv_indptr = (self.cuda_graph_kv_indptr if fast else self.kv_indptr)[: bs + 1]  # else scratch for the kernel
@@ -164,7 +162,7 @@ class FlashInferMLAAttnBackend(AttentionBackend):
             self._prefill_plan(*args, mode, fb.spec_info)
         else:
             raise ValueError(f"{self.name}: eager {mode.label} is not modelled here")
-        self.forward_metadata = MLAMetadata(self._eager, mode.is_decode_or_idle())
+        self.forward_metadata = self._eager  # the metadata: the planned wrapper
 
     # --- graphs -------------------------------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
@@ -194,7 +192,7 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         decode = mode.is_decode_or_idle()
         wrapper = self._create_wrapper(num_tokens if decode else bs)
         (self.decode_cuda_graph_metadata if decode else self.prefill_cuda_graph_metadata)[bs] = wrapper
-        self.forward_metadata = MLAMetadata(wrapper, decode)
+        self.forward_metadata = wrapper
         return wrapper
 
     def init_forward_metadata_capture_cuda_graph(
@@ -248,7 +246,7 @@ class FlashInferMLAAttnBackend(AttentionBackend):
     def _attend(self, q: torch.Tensor, kv: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """Absorbed MLA of ``q`` over this layer's latent cache ``kv`` ``[slots, 1, 576]``, the cache written."""
         r = self.cfg.kv_lora_rank
-        return fi_mla_run(self.forward_metadata.wrapper, q[..., :r], q[..., r:], kv[..., :r], kv[..., r:])
+        return fi_mla_run(self.forward_metadata, q[..., :r], q[..., r:], kv[..., :r], kv[..., r:])
 
 
 class FlashInferMLAAttnBackendAsUpstream(FlashInferMLAAttnBackend):
@@ -273,7 +271,7 @@ class FlashInferMLAAttnBackendAsUpstream(FlashInferMLAAttnBackend):
             wrapper = self._create_wrapper(bs)
             self.prefill_cuda_graph_metadata[bs] = wrapper
             self._prefill_plan(bs, req_pool_indices, seq_lens, seq_cpu, wrapper, forward_mode, spec_info)
-        self.forward_metadata = MLAMetadata(wrapper, forward_mode.is_decode_or_idle())
+        self.forward_metadata = wrapper
 
 
 class FlashInferMLAAttnBackendLegacy(FlashInferMLAAttnBackendAsUpstream):
@@ -328,7 +326,7 @@ class FlashInferMLAAttnBackendLegacy(FlashInferMLAAttnBackendAsUpstream):
             self._prefill_plan(bs, req_pool_indices, seq_lens, seq_cpu, wrapper, forward_mode, spec_info)
         else:
             raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")
-        self.forward_metadata = MLAMetadata(wrapper, forward_mode.is_decode_or_idle())
+        self.forward_metadata = wrapper
 
     def init_forward_metadata_replay_cuda_graph(
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu

@@ -40,6 +40,7 @@ class OracleBackend(AttentionBackend):
         seq, rpi = fb.seq_lens_cpu.tolist(), fb.req_pool_indices.tolist()
         indptr = lambda lens: torch.tensor([0, *lens], device="cpu").cumsum(0)  # noqa: E731 (int64 [0, cumsum(lens)])
         mask = mask_indptr = None
+        causal = mode.is_extend() or mode.is_any_draft_extend()  # over the new rows; never in draft decode (a DECODE)
         if fb.kind.multi_step:
             # multi-step draft decode, step i: row (r, k) = prefix + the i+1 drafts of branch k
             if self.step is None:
@@ -54,13 +55,12 @@ class OracleBackend(AttentionBackend):
                 n = spec.draft_token_num
                 q_rows, kv_lens = [n] * bs, [s + n for s in seq]
                 mask, mask_indptr = build_custom_mask(seq, self._trees(spec, bs)), indptr(n * k for k in kv_lens)
-            elif mode.is_extend() or mode.is_any_draft_extend():
+            elif causal:
                 q_rows = (fb.extend_seq_lens if mode.is_extend() else spec.extend_seq_lens).tolist()
             elif not mode.is_decode_or_idle():
                 raise ValueError(f"oracle: unknown mode {mode}")
             ranges = [r2t[r, :n] for r, n in zip(rpi, kv_lens)]
         kv_indices = torch.cat([r2t.new_zeros(0), *ranges]).to(torch.int64)
-        causal = not (fb.kind.multi_step or mode.is_decode_or_idle() or mode.is_target_verify())
         # mha_oracle's arguments after the cache: qo_indptr, kv_indptr, kv_indices, sm_scale, mask, mask_indptr, causal
         csr = indptr(q_rows), indptr(x.numel() for x in ranges), kv_indices
         self.forward_metadata = (*csr, self.cfg.sm_scale, mask, mask_indptr, causal)

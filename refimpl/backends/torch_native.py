@@ -117,11 +117,12 @@ class TorchNativeBackend(AttentionBackend):
     def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any]:
         """From the batch alone: host lengths, ``csr_ref``, the spec's own mask."""
         n, mask = self._rows_and_mask(fb.forward_mode, fb.spec_info)
-        lens = layout.attended_kv_lens(fb.forward_mode, fb.seq_lens_cpu.to(torch.int64), n)  # verify: prefix + N drafts
+        seq = fb.seq_lens_cpu.to(torch.int64)
+        lens = layout.attended_kv_lens(fb.forward_mode, seq, n)  # verify: prefix + N drafts
         ref = csr_ref(self.world.req_to_token, fb.req_pool_indices, lens)
         ref.update(q_per_req=n, max_kv_len=self.world.max_context_len)
         if mask is not None:  # request i's block: [N, seq_i + N]; the live requests' blocks
-            ref.update(mask_indptr=torch.cat([lens.new_zeros(1), n * lens]).cumsum(0), custom_mask=mask.to(torch.uint8))
+            ref.update(mask_indptr=layout.mask_indptr(seq, n), custom_mask=mask.to(torch.uint8))
         return ref
 
     def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:

@@ -77,7 +77,7 @@ class TritonAttnBackend(AttentionBackend):
         )
 
     def get_num_kv_splits(self, num_kv_splits: torch.Tensor, seq_lens: torch.Tensor) -> None:
-        num_group = num_kv_splits.numel() // max(seq_lens.numel(), 1)
+        num_group = num_kv_splits.numel() // max(seq_lens.numel(), 1)  # rows per request: 1, or topk in draft decode
         get_num_kv_splits(num_kv_splits, seq_lens, num_group=num_group, **self._split_kw())
 
     def _verify_mask(self, spec_info: Any) -> tuple[int, torch.Tensor | None]:
@@ -89,45 +89,40 @@ class TritonAttnBackend(AttentionBackend):
         return n, mask
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
-        mode, bs, dev, seq = fb.forward_mode, fb.batch_size, self.device, fb.seq_lens
-        kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
-
-        def fresh_kv(lens: torch.Tensor, host_total: int) -> torch.Tensor:
-            kv_indptr[1:] = torch.cumsum(lens, 0)
-            idx = torch.zeros(max(host_total, 1), dtype=self.kv_indices_dtype, device=dev)
-            build_kv_indices(self.world.req_to_token, fb.req_pool_indices, lens, kv_indptr, idx)
-            return idx
-
+        mode, bs, dev, seq, spec = fb.forward_mode, fb.batch_size, self.device, fb.seq_lens, fb.spec_info
+        kv_total, mask = fb.seq_lens_sum, {}  # host values: eager may use them
         if mode.is_decode_or_idle():
-            if fb.kind.multi_step and fb.spec_info.kv_indptr is not None:
-                kv_indptr, kv_indices = fb.spec_info.kv_indptr, fb.spec_info.kv_indices
-            else:
-                kv_indices = fresh_kv(seq, fb.seq_lens_sum)
-            rows = fb.num_tokens
-            splits = torch.empty(max(rows, 1), dtype=torch.int32, device=dev)
-            if bs:
-                self.get_num_kv_splits(splits[:rows], seq)
-            # the decode fields: kv, logits, lse, split counts
-            self.forward_metadata = TritonMetadata(
-                kv_indptr, kv_indices, *self._split_kv_scratch(max(rows, 1), torch.empty), splits
-            )
-            return
-        mask = {}
-        if mode.is_target_verify():  # N rows each over the prefix only: the drafts come as k/v
-            spec = require_spec(mode, fb.spec_info, VerifyInput)
-            max_len, prefix_total = spec.draft_token_num, fb.seq_lens_sum
+            rows = 1
+        elif mode.is_target_verify():  # N rows each over the prefix only: the drafts come as k/v
+            spec = require_spec(mode, spec, VerifyInput)
+            max_len = spec.draft_token_num
             rows = torch.full_like(seq, max_len)
             if spec.custom_mask is not None:
                 mask = dict(custom_mask=spec.custom_mask, mask_indptr=layout.mask_indptr(seq, max_len))
         elif mode.is_extend() or mode.is_any_draft_extend():  # causal over the new rows, paged prefix before them
-            rows = fb.extend_seq_lens if mode.is_extend() else require_spec(mode, fb.spec_info, DraftExtendInput).extend_seq_lens
-            prefix_total = fb.seq_lens_sum - fb.num_tokens
+            rows = fb.extend_seq_lens if mode.is_extend() else require_spec(mode, spec, DraftExtendInput).extend_seq_lens
+            kv_total -= fb.num_tokens
             max_len = int(rows.max()) if bs else 1  # eager: a host read is allowed (SGLang: .item())
         else:
             raise ValueError(f"{self.name}: unknown mode {mode}")
+        if fb.kind.multi_step and spec.kv_indptr is not None:  # draft decode: the multi-step wrapper's rows
+            kv_indptr, kv_indices = spec.kv_indptr, spec.kv_indices
+        else:
+            kv_lens = layout.prefix_kv_lens(mode, seq, rows)
+            kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
+            kv_indptr[1:] = torch.cumsum(kv_lens, 0)
+            kv_indices = torch.zeros(max(kv_total, 1), dtype=self.kv_indices_dtype, device=dev)
+            build_kv_indices(self.world.req_to_token, fb.req_pool_indices, kv_lens, kv_indptr, kv_indices)
+        if mode.is_decode_or_idle():  # the decode fields: kv, logits, lse, split counts (one per row)
+            splits = torch.empty(max(fb.num_tokens, 1), dtype=torch.int32, device=dev)
+            if bs:
+                self.get_num_kv_splits(splits[: fb.num_tokens], seq)
+            self.forward_metadata = TritonMetadata(
+                kv_indptr, kv_indices, *self._split_kv_scratch(splits.numel(), torch.empty), splits
+            )
+            return
         qo = torch.zeros(bs + 1, dtype=self.qo_indptr_dtype, device=dev)
         qo[1:] = torch.cumsum(rows, 0)
-        kv_indices = fresh_kv(layout.prefix_kv_lens(mode, seq, rows), prefix_total)
         self.forward_metadata = TritonMetadata(kv_indptr, kv_indices, max_extend_len=max_len, qo_indptr=qo, **mask)
 
     def _split_kv_scratch(self, rows: int, alloc=torch.zeros) -> tuple[torch.Tensor, torch.Tensor]:
@@ -235,7 +230,7 @@ class TritonAttnBackend(AttentionBackend):
     def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any] | None:
         """From the batch alone: host lengths, ``build_kv_indices_ref``, ``get_num_kv_splits_ref``, the mode's row stride;
         live regions only."""
-        mode, spec = fb.forward_mode, fb.spec_info
+        mode = fb.forward_mode
         if fb.kind.multi_step:
             return None  # the multi-step wrapper gives the per-step reference
         seq = fb.seq_lens_cpu.to(torch.int64)
@@ -244,8 +239,8 @@ class TritonAttnBackend(AttentionBackend):
         if mode.is_decode_or_idle():
             return self.draft_step_reference(ref["kv_indptr"], ref["kv_indices"], fb)
         ref.update(qo_indptr=torch.arange(0, fb.batch_size * rows + 1, rows, device="cpu"), max_extend_len=rows)
-        if mode.is_target_verify() and spec.custom_mask is not None:  # the live requests' blocks
-            ref.update(mask_indptr=layout.mask_indptr(seq, rows), custom_mask=spec.custom_mask.to(torch.uint8))
+        if mode.is_target_verify() and (mask := fb.spec_info.custom_mask) is not None:  # the live requests' blocks
+            ref.update(mask_indptr=layout.mask_indptr(seq, rows), custom_mask=mask.to(torch.uint8))
         return ref
 
     def draft_step_reference(self, indptr: torch.Tensor, indices: torch.Tensor, fb) -> dict:

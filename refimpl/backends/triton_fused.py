@@ -5,8 +5,6 @@ replay hook: same buffers, ``forward``, graph state, reference.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..batch import ForwardBatch
 from ..kernels import fused_graph_metadata_args, launch_fused_graph_metadata
 from ..modes import ForwardMode
@@ -25,13 +23,6 @@ class TritonAttnBackendFused(TritonAttnBackend):
     pattern = "A"
     graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY})
 
-    def _refuse_draft_decode(self, mode: ForwardMode, spec_info: Any) -> None:
-        if mode.is_decode_or_idle() and spec_info is not None:  # a draft step
-            supported = ", ".join(sorted(m.label for m in self.graph_modes))
-            raise GraphModeNotSupported(
-                f"{self.name}/{self.variant} does not support multi-step draft decode under graphs (supported: {supported})"
-            )
-
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kw) -> None:
         super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kw)
         self._fused_plans: dict[tuple, tuple] = {}  # (bs, N, mask?) -> (seq_lens, rpi, args)
@@ -48,8 +39,14 @@ class TritonAttnBackendFused(TritonAttnBackend):
             if n is None:
                 kw = dict(num_kv_splits=self.cuda_graph_num_kv_splits, **self._split_kw())
             else:
-                kw = dict(num_draft_tokens=n, qo_indptr=self.qo_indptr, mask_indptr=self.mask_indptr, custom_mask_src=mask)
-                kw["custom_mask"] = None if mask is None else self.cuda_graph_custom_mask
+                custom_mask = None if mask is None else self.cuda_graph_custom_mask
+                kw = dict(
+                    num_draft_tokens=n,
+                    qo_indptr=self.qo_indptr,
+                    mask_indptr=self.mask_indptr,
+                    custom_mask_src=mask,
+                    custom_mask=custom_mask,
+                )
             args = fused_graph_metadata_args(*csr, **kw)
             plan = self._fused_plans[key] = (seq_lens, req_pool_indices, args)
         launch_fused_graph_metadata(plan[2], mask)
@@ -57,10 +54,14 @@ class TritonAttnBackendFused(TritonAttnBackend):
     def init_forward_metadata_capture_cuda_graph(
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
     ) -> None:
-        self._refuse_draft_decode(forward_mode, spec_info)
+        if forward_mode.is_decode_or_idle() and spec_info is not None:  # a draft step
+            supported = ", ".join(sorted(m.label for m in self.graph_modes))
+            raise GraphModeNotSupported(
+                f"{self.name}/{self.variant} does not support multi-step draft decode under graphs (supported: {supported})"
+            )
         super().init_forward_metadata_capture_cuda_graph(
             bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
-        )  # the graph-mode check, the replay body below, then the unified shape's views
+        )  # the graph-mode check, the replay hook, then the unified shape's views
 
     def init_forward_metadata_replay_cuda_graph(
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
@@ -80,14 +81,6 @@ class TritonAttnBackendInGraph(TritonAttnBackendFused):
 
     variant = "in_graph"
     pattern = "in-graph"
-
-    def init_forward_metadata_capture_cuda_graph(
-        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
-    ) -> None:
-        self._refuse_draft_decode(forward_mode, spec_info)
-        self.init_forward_metadata_replay_cuda_graph(
-            bs, req_pool_indices, seq_lens, None, encoder_lens, forward_mode, spec_info, None
-        )  # the graph-mode check, the mask copy (verify) and the views; the metadata itself is built in the graph
 
     def init_forward_metadata_in_graph(self, fb: ForwardBatch) -> None:
         """Runs inside the captured region: recorded, so every replay rebuilds in the graph. Reads only static buffers (the

@@ -26,7 +26,7 @@ from ..kernels import build_block_table, build_block_table_ref, trtllm_batch_dec
 from ..modes import GRAPH_MODES, ForwardMode
 from ..spec import DraftExtendInput, VerifyInput, require_spec, verify_n
 from .base import AttentionBackend, GraphModeNotSupported, MultiStepBackend
-from .flashinfer_mla import FlashInferMLAAttnBackend, graph_block_table
+from .flashinfer_mla import FlashInferMLAAttnBackend, new_block_table
 
 TRTLLM_BLOCK_CONSTRAINT = 128  # trtllm-gen: the table must cover a multiple of 128 positions
 FLASHMLA_BLOCK = 4096  # positions per block-table chunk (get_num_page_per_block_flashmla)
@@ -60,8 +60,14 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
     pattern = "A"
     page_sizes = (32, 64)
     page_size = 64  # what the registry builds it with
-    graph_buffer_names = ("kv_indptr", "decode_cuda_graph_kv_indices", "cuda_graph_kv_indices", "cuda_graph_qo_indptr")
-    graph_buffer_names += ("cuda_graph_kv_indptr", "cuda_graph_kv_lens")
+    graph_buffer_names = (
+        "kv_indptr",
+        "decode_cuda_graph_kv_indices",
+        "cuda_graph_kv_indices",
+        "cuda_graph_qo_indptr",
+        "cuda_graph_kv_indptr",
+        "cuda_graph_kv_lens",
+    )
     # decode, idle, target verify, draft extend v2 (v1 is not captured): also the modes the kernel runs eagerly
     graph_modes = frozenset(GRAPH_MODES) - {ForwardMode.DRAFT_EXTEND}
     tree_refusal = "the kernel is causal among the N drafts, so target verify takes chains only (topk=1)"
@@ -101,7 +107,7 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
             return super().init_forward_metadata(fb)  # FlashInfer-MLA, page size 1
         offset, v2 = self._seqlen_offset(mode, fb.spec_info), mode.is_draft_extend_v2()
         longest = int(fb.seq_lens_cpu.max()) if bs else 1  # eager: a host value is fine
-        table = torch.full((bs, calc_padded_blocks(longest + offset, self.page_size)), -1, dtype=torch.int32, device=self.device)
+        table = new_block_table(self, bs, calc_padded_blocks(longest + offset, self.page_size), -1)
         seq_k = (fb.seq_lens + offset).to(torch.int32)
         build_block_table(self.world.req_to_token, fb.req_pool_indices, seq_k, table, self.page_size)
         md = self.forward_metadata = TRTLLMMLADecodeMetadata(table, longest, seq_k if offset or v2 else None)
@@ -110,7 +116,7 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
             md.sum_seq_lens_q = md.max_seq_len_q * bs
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, block_kv_indices=None) -> None:
-        self.decode_cuda_graph_kv_indices = graph_block_table(self, max_bs, self.max_blocks, -1, block_kv_indices)
+        self.decode_cuda_graph_kv_indices = new_block_table(self, max_bs, self.max_blocks, -1, block_kv_indices)
         super().init_cuda_graph_state(max_bs, max_num_tokens)
 
     def _init_cuda_graph_metadata(self, bs, num_tokens, mode, spec_info) -> TRTLLMMLADecodeMetadata:
@@ -178,12 +184,12 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
         fresh = torch.full((bs, self.max_blocks), -1, dtype=torch.int32, device="cpu")
         table = build_block_table_ref(self.world.req_to_token.cpu(), fb.req_pool_indices.cpu(), seq_k, fresh, self.page_size)
         ref = {"block_kv_indices": table, "max_seq_len_k": self.world.max_context_len}
-        if offset or mode.is_draft_extend_v2():
-            ref["seq_lens_k"] = seq_k
         if mode.is_draft_extend_v2():
             n = self.spec.num_draft_tokens
-            ref.update(max_seq_len_q=n, sum_seq_lens_q=n * bs, seq_lens_q=torch.full((bs,), n, device="cpu"))
+            ref.update(seq_lens_k=seq_k, max_seq_len_q=n, sum_seq_lens_q=n * bs, seq_lens_q=torch.full((bs,), n, device="cpu"))
             ref["cu_seqlens_q"] = torch.arange(0, bs * n + 1, n, device="cpu")
+        elif offset:
+            ref["seq_lens_k"] = seq_k
         return ref
 
     def _attend(self, q: torch.Tensor, kv: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
@@ -192,7 +198,7 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
             return super()._attend(q, kv, fb)  # eager extend: FlashInfer-MLA
         bs = md.block_kv_indices.shape[0]
         out = trtllm_batch_decode_with_kv_cache_mla(
-            q.view(bs, q.shape[0] // bs, cfg.num_heads, cfg.kv_row_width),  # [bs, n, H, 576]
+            q.view(bs, -1, cfg.num_heads, cfg.kv_row_width),  # [bs, n, H, 576]
             kv.view(-1, self.page_size, cfg.kv_row_width).unsqueeze(1),  # [pages, 1, P, 576]
             self.workspace_buffer,
             cfg.qk_nope_head_dim,
@@ -203,7 +209,7 @@ class TRTLLMMLAAttnBackend(FlashInferMLAAttnBackend):
             max_seq_len=md.max_seq_len_k + self._seqlen_offset(fb.forward_mode, fb.spec_info),  # an int: frozen
             bmm1_scale=cfg.sm_scale,
         )
-        return out.view(q.shape[0], cfg.num_heads, cfg.kv_lora_rank)
+        return out.view(-1, cfg.num_heads, cfg.kv_lora_rank)
 
 
 class TRTLLMMLAAttnBackendLegacy(TRTLLMMLAAttnBackend):
@@ -291,10 +297,16 @@ class TRTLLMMLAAttnBackendInGraph(TRTLLMMLAAttnBackendSimplified):
 
     def init_forward_metadata_in_graph(self, fb: ForwardBatch) -> None:
         """Runs inside the captured region: recorded, so every replay rebuilds in the graph."""
-        md = self.forward_metadata
-        args = (fb.req_pool_indices, fb.seq_lens, self.world.req_to_token, md.block_kv_indices, md.seq_lens_k)
-        offset = self._seqlen_offset(fb.forward_mode, fb.spec_info)
-        trtllm_mla_graph_metadata(*args, seqlen_offset=offset, page_size=self.page_size)
+        md, offset = self.forward_metadata, self._seqlen_offset(fb.forward_mode, fb.spec_info)
+        trtllm_mla_graph_metadata(
+            fb.req_pool_indices,
+            fb.seq_lens,
+            self.world.req_to_token,
+            md.block_kv_indices,
+            md.seq_lens_k,
+            seqlen_offset=offset,
+            page_size=self.page_size,
+        )
 
     def init_forward_metadata_replay_cuda_graph(
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu

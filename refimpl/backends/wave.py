@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels import build_kv_indices
 from ..modes import ForwardMode
-from ..spec import VerifyInput, require_spec, verify_n
+from ..spec import VerifyInput, require_spec
 from .base import GraphModeNotSupported
 from .multistep import MultiStepDraftBackend
-from .triton import TritonAttnBackend, TritonMetadata
+from .triton import TritonAttnBackend, TritonAttnBackendLegacy
 
 
 class WaveAttnBackend(TritonAttnBackend):
@@ -39,11 +38,10 @@ class WaveAttnBackend(TritonAttnBackend):
     qo_indptr_dtype = torch.int32
     decode_rows_by_bs = True  # logits, lse, its own split counts [B...], kv_indices [B*L]; the mask stays [T*L]
 
-    def _update_target_verify_buffers(self, bs, seq_lens, rpi, spec_info) -> None:
-        spec = require_spec(ForwardMode.TARGET_VERIFY, spec_info, VerifyInput)
-        if spec.custom_mask is None:  # Wave's replay copies the mask unconditionally ([facts#wave])
+    def _require_mask(self, mode: ForwardMode, spec_info) -> None:
+        if mode.is_target_verify() and require_spec(mode, spec_info, VerifyInput).custom_mask is None:
+            # Wave's verify hooks copy the spec's mask unconditionally ([facts#wave])
             raise ValueError("wave: target verify under graphs needs a tree mask (custom_mask)")
-        super()._update_target_verify_buffers(bs, seq_lens, rpi, spec)
 
     def _copy_draft_rows(self, bs, seq_lens, spec_info) -> None:
         """Multi-step draft decode: copy the wrapper's rows into Wave's buffers, then compute the splits."""
@@ -62,18 +60,19 @@ class WaveAttnBackend(TritonAttnBackend):
     ) -> None:
         if forward_mode.is_decode_or_idle() and spec_info is not None:  # multi-step
             return self._copy_draft_rows(bs, seq_lens, spec_info)
+        self._require_mask(forward_mode, spec_info)
         return super().init_forward_metadata_replay_cuda_graph(
             bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
         )
 
 
-class WaveAttnBackendLegacy(WaveAttnBackend):
-    """Pattern C (before #26134): two inline bodies, as the code looked before the refactor (upstream's were a copy of
-    Triton's legacy hooks on Wave's buffers, ``TritonAttnBackendLegacy``).
+class WaveAttnBackendLegacy(WaveAttnBackend, TritonAttnBackendLegacy):
+    """Pattern C (before #26134): upstream's hooks were a copy of Triton's legacy ones on Wave's buffers, so these are
+    ``TritonAttnBackendLegacy``'s (replay: through ``WaveAttnBackend``'s, which copies a draft step's rows):
 
     1. capture fills the kv buffers but never the split counts (they keep ``max_kv_splits`` from
        init) while replay computes them: the divergence #26134 names;
-    2. verify replay copies the spec's mask unconditionally (no mask: it fails)."""
+    2. verify copies the spec's mask unconditionally (no mask: it fails)."""
 
     variant = "legacy"
     pattern = "C"
@@ -81,72 +80,10 @@ class WaveAttnBackendLegacy(WaveAttnBackend):
     def init_forward_metadata_capture_cuda_graph(
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
     ) -> None:
-        self.check_graph_mode(forward_mode)
-        r2t = self.world.req_to_token
-        if forward_mode.is_decode_or_idle():
-            if spec_info is not None:  # multi-step: the wrapper's rows
-                kv_indptr, kv_indices = spec_info.kv_indptr, spec_info.kv_indices
-            else:
-                kv_indptr, kv_indices = self.kv_indptr, self.cuda_graph_kv_indices
-                kv_indptr[1 : bs + 1] = torch.cumsum(seq_lens[:bs], 0)
-                kv_indptr = kv_indptr[: bs + 1]
-                build_kv_indices(r2t, req_pool_indices[:bs], seq_lens[:bs], kv_indptr, kv_indices)
-            # (1) no get_num_kv_splits: the buffer keeps max_kv_splits from init
-            self.forward_metadata = TritonMetadata(
-                kv_indptr,
-                kv_indices,
-                attn_logits=self.cuda_graph_attn_logits,
-                attn_lse=self.cuda_graph_attn_lse,
-                num_kv_splits=self.cuda_graph_num_kv_splits,
-            )
-        elif forward_mode.is_target_verify():
-            spec = require_spec(forward_mode, spec_info, VerifyInput)
-            n = verify_n(spec, self.spec)
-            self.qo_indptr[: bs + 1] = torch.arange(0, (bs + 1) * n, n, device=self.device)
-            self.kv_indptr[1 : bs + 1] = torch.cumsum(seq_lens[:bs], 0)
-            kv_indptr = self.kv_indptr[: bs + 1]
-            build_kv_indices(r2t, req_pool_indices[:bs], seq_lens[:bs], kv_indptr, self.cuda_graph_kv_indices)
-            self.cuda_graph_custom_mask[: spec.custom_mask.numel()].copy_(spec.custom_mask)
-            seq_mask_len = n * (seq_lens[:bs].to(torch.int64) + n)
-            self.mask_indptr[1 : bs + 1] = torch.cumsum(seq_mask_len, 0)
-            self.forward_metadata = TritonMetadata(
-                kv_indptr,
-                self.cuda_graph_kv_indices,
-                max_extend_len=n,
-                qo_indptr=self.qo_indptr[: bs + 1],
-                custom_mask=self.cuda_graph_custom_mask,
-                mask_indptr=self.mask_indptr[: bs + 1],
-            )
-
-    def init_forward_metadata_replay_cuda_graph(
-        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
-    ) -> None:
-        r2t = self.world.req_to_token
-        if forward_mode.is_decode_or_idle():
-            if spec_info is not None:
-                n = spec_info.kv_indptr.numel()
-                self.kv_indptr[:n].copy_(spec_info.kv_indptr)
-                m = spec_info.kv_indices.numel()
-                self.cuda_graph_kv_indices[:m].copy_(spec_info.kv_indices)
-                num_token = n - 1
-            else:
-                self.kv_indptr[1 : bs + 1] = torch.cumsum(seq_lens[:bs], 0)
-                build_kv_indices(r2t, req_pool_indices[:bs], seq_lens[:bs], self.kv_indptr[: bs + 1], self.cuda_graph_kv_indices)
-                num_token = bs
-            self.get_num_kv_splits(self.cuda_graph_num_kv_splits[:num_token], seq_lens[:bs])
-        elif forward_mode.is_target_verify():
-            spec = require_spec(forward_mode, spec_info, VerifyInput)
-            n = verify_n(spec, self.spec)
-            bs = len(req_pool_indices)  # upstream recomputes bs here
-            self.qo_indptr[: bs + 1] = torch.arange(0, (bs + 1) * n, n, device=self.device)
-            self.kv_indptr[1 : bs + 1] = torch.cumsum(seq_lens[:bs], 0)
-            build_kv_indices(r2t, req_pool_indices[:bs], seq_lens[:bs], self.kv_indptr[: bs + 1], self.cuda_graph_kv_indices)
-            mask = spec.custom_mask  # (2) copied unconditionally
-            self.cuda_graph_custom_mask[: mask.numel()].copy_(mask)
-            seq_mask_len = n * (seq_lens[:bs].to(torch.int64) + n)
-            self.mask_indptr[1 : bs + 1] = torch.cumsum(seq_mask_len, 0)
-        else:
-            raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")
+        self._require_mask(forward_mode, spec_info)  # (2)
+        super().init_forward_metadata_capture_cuda_graph(
+            bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
+        )
 
 
 class WaveMultiStepDraftBackend(MultiStepDraftBackend):

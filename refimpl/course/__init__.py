@@ -5,8 +5,6 @@ Each notebook's own helpers live beside this file, one module per notebook topic
 taught; the checks of a figure's internals live in ``tests/``, on the functions that draw it.
 """
 
-from __future__ import annotations
-
 import inspect
 import json
 import sys
@@ -53,8 +51,9 @@ def show(fig, name: str) -> None:
 def show_code(*fns) -> None:
     """Display the source of ``fns`` as one piece, docstrings left out, each under a comment naming its file:
     highlighted in a notebook, as text in a script."""
-    where = lambda fn: Path(inspect.getsourcefile(fn)).relative_to(ROOT)  # noqa: E731
-    text = "\n\n".join(f"# {where(fn)}: {fn.__qualname__}\n" + "\n".join(source_lines(fn)) for fn in fns)
+    text = "\n\n".join(
+        f"# {Path(inspect.getsourcefile(fn)).relative_to(ROOT)}: {fn.__qualname__}\n" + "\n".join(source_lines(fn)) for fn in fns
+    )
     if _display():
         from IPython.display import Code
 

@@ -1,8 +1,6 @@
 """Notebook 03's helpers (the other backends): notebook 02's set-up, a backend's hooks run as a runner runs them, the
 Wave-vs-Triton size table and the notebook's figures. ``tests/test_course_backends.py`` checks what the figures draw."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -48,8 +46,8 @@ def setting(engine: str = "auto") -> Setting:
     cfg_mla = ModelConfig(kind="mla", num_layers=1, hidden_size=32)  # latent 512 + rope 64
     world_mla = World.create(cfg_mla, max_context_len=L, pool_size=16, device=lab.engine.device)
     world_mla.randomize_kv(0)
-    gens = lab.gen(TREE), lab.gen(CHAIN)  # seeds 1, 2
-    return Setting(lab.engine, lab.world, lab.model, lab.graphs, *gens, world_mla, BatchGenerator(world_mla, CHAIN, seed=3))
+    gen_mla = BatchGenerator(world_mla, CHAIN, seed=3)  # the Lab's generators: seeds 1 (TREE), 2 (CHAIN)
+    return Setting(lab.engine, lab.world, lab.model, lab.graphs, lab.gen(TREE), lab.gen(CHAIN), world_mla, gen_mla)
 
 
 def runner(backend, mode: ForwardMode, s: Setting) -> GraphRunner:
@@ -107,7 +105,7 @@ class Table:
 
     def _repr_markdown_(self) -> str:
         lines = [self.header, ["---"] * len(self.header), *self.rows]
-        return "\n".join("| " + " | ".join(r) + " |" for r in lines)
+        return "\n".join(f"| {' | '.join(r)} |" for r in lines)
 
     def __str__(self) -> str:
         lines = [self.header, *self.rows]
@@ -129,10 +127,10 @@ SIZES = {  # buffer: its shape in Triton, in Wave (splits: max_kv_splits)
 def graph_buffers(world: World, B: int, N: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """``SIZES``' buffers (Triton's, Wave's) as each allocates them for a target-verify runner: B requests, N rows."""
     spec = SpecConfig(num_steps=N - 1, topk=1, num_draft_tokens=N)
-    tri, wave = TritonAttnBackend(world, spec), WaveAttnBackend(world, spec)
-    for b in (tri, wave):
+    backends = [cls(world, spec) for cls in (TritonAttnBackend, WaveAttnBackend)]
+    for b in backends:
         b.init_cuda_graph_state(B, B * N)
-    return {name: (getattr(tri, name), getattr(wave, name)) for name in SIZES}
+    return {name: tuple(getattr(b, name) for b in backends) for name in SIZES}
 
 
 def sizes_table(world: World, B: int, N: int) -> Table:
@@ -184,8 +182,8 @@ def mla_rows(up, uni, padded: ForwardBatch) -> tuple[dict[str, torch.Tensor], di
         "unified, bound: kv_indptr": st_uni["kv_indptr"],
         "unified, bound: kv_len_arr": st_uni["kv_len_arr"],
     }
-    want = {k: ref["kv_indptr" if k.endswith("kv_indptr") else "kv_len_arr"].cpu().long() for k in rows}
-    return rows, {k: t.cpu().long() != want[k] for k, t in rows.items()}
+    want = lambda k: ref["kv_indptr" if k.endswith("kv_indptr") else "kv_len_arr"].cpu().long()
+    return rows, {k: t.cpu().long() != want(k) for k, t in rows.items()}
 
 
 def draw_mla_stale(up, uni, padded: ForwardBatch) -> Figure:

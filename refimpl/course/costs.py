@@ -6,8 +6,6 @@ Every number comes from a file under ``benchmarks/results/``: ``launch_cost/laun
 ``replay_path/replay_table.json`` (``benchmarks/replay_table.py``).
 """
 
-from __future__ import annotations
-
 import sys
 from functools import cache, partial
 from typing import Any
@@ -60,21 +58,21 @@ def draw_launch_costs() -> Figure:
     """One bar per item of ``launch_cost.json`` (its highest round median; the range written at its end), the tiny
     kernel's own GPU time last."""
     costs, env = launch_costs(), _json("launch_cost/launch_cost.json")["environment"]
-    items = [k for k in costs if k != REPLAY]
+    del costs[REPLAY]  # its two items have their own bars
     kinds = {"GPU": "#252525", "graph": "#31a354", "host read": "#bdbdbd", "refimpl": "#fd8d3c"}  # else: a launch
     fig = Figure(figsize=(7.5, 3.4))
     ax = fig.add_subplot()
-    for y, k in enumerate(items):
-        lo, hi = costs[k]
+    for y, (k, (lo, hi)) in enumerate(costs.items()):
         ax.barh(y, hi, color=next((c for word, c in kinds.items() if word in k), "#1f77b4"))
         ax.text(hi, y, f" {lo:.1f}" + (f"–{hi:.1f}" if hi - lo >= 0.05 else "") + " µs", va="center", fontsize=8)
-    ax.set_yticks(range(len(items)), items, fontsize=8)
+    ax.set_yticks(range(len(costs)), list(costs), fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(right=max(hi for _, hi in costs.values()) * 1.25)
     ax.set_xlabel("µs per call: host time (two rounds of 200 loops of 50 calls, one core); the last bar: GPU time")
-    lo, hi, gpu = costs["eager op"][0], costs["triton, from Python"][1], costs["kernel on the GPU"][0]
     ax.set_title(
-        f"One launch costs the host {lo:.1f}–{hi:.1f} µs; the kernel runs {gpu:.1f} µs on the GPU ({env['device']})", fontsize=9
+        f"One launch costs the host {costs['eager op'][0]:.1f}–{costs['triton, from Python'][1]:.1f} µs; the kernel runs "
+        f"{costs['kernel on the GPU'][0]:.1f} µs on the GPU ({env['device']})",
+        fontsize=9,
     )
     return fig
 
@@ -125,12 +123,12 @@ def measured_hooks() -> dict[str, tuple[float, float]]:
 def host_gpu(variant: str, mode: str = "decode", backend: str = "triton", ctx: int = 512) -> dict[int, dict]:
     """bs -> host µs of the replay path (copies + hook + launch), GPU µs of the graph and the synchronised graph step,
     medians from ``results.json``."""
-    pts = [r for r in sweep()[1] if (r["backend"], r["variant"], r["mode"], r["context"]) == (backend, variant, mode, ctx)]
     return {
         r["bs"]: dict(
             host=r["host_us"]["path"]["median"], gpu=r["gpu_us"]["graph"]["median"], step=r["step_us"]["graph"]["median"]
         )
-        for r in sorted(pts, key=lambda r: r["bs"])
+        for r in sorted(sweep()[1], key=lambda r: r["bs"])
+        if (r["backend"], r["variant"], r["mode"], r["context"]) == (backend, variant, mode, ctx)
     }
 
 
@@ -170,8 +168,7 @@ BREAKDOWN = [  # (label, backend, variant, mode) of the breakdown figure
 def draw_breakdown(bs: int = 8) -> Figure:
     """``viz.draw_replay_breakdown`` of the ``BREAKDOWN`` rows at context 512: copies, hook, launch, and the GPU bar."""
     env, rows = sweep()
-    keys, labels = [k[1:] for k in BREAKDOWN], [k[0] for k in BREAKDOWN]
-    return viz.draw_replay_breakdown(rows, env, bs, 512, keys, labels, parts=HOST_PARTS)
+    return viz.draw_replay_breakdown(rows, env, bs, 512, [k[1:] for k in BREAKDOWN], [k[0] for k in BREAKDOWN], HOST_PARTS)
 
 
 def draw_host_vs_gpu() -> Figure:
@@ -203,7 +200,7 @@ def hook_parts(bs: int = 8, ctx: int = 512, calls: int = 50, repeats: int = 100)
     be, view = rig.backend, rig.runner._replay_batch(fb, bs)
     seq, rpi, indptr = view.seq_lens[:bs], view.req_pool_indices[:bs], be.kv_indptr[: bs + 1]
 
-    def assign() -> None:
+    def assign():
         indptr[1:] = torch.cumsum(seq, 0)  # an int64 result, converted back to int32
 
     parts = {
@@ -215,6 +212,6 @@ def hook_parts(bs: int = 8, ctx: int = 512, calls: int = 50, repeats: int = 100)
     }
     where = torch.cuda.get_device_name() if engine.device.type == "cuda" else "CPU emulator"
     lines = [f"faithful Triton decode hook, bs {bs}, {where}, host µs (median of {repeats} loops of {calls} calls)"]
-    us = (bench.per_call_us(fn, calls, repeats, warmup=calls)["median"] for fn in parts.values())
-    lines += [f"  {name:<34} {t:8.1f}" for name, t in zip(parts, us)]
+    for name, fn in parts.items():
+        lines.append(f"  {name:<34} {bench.per_call_us(fn, calls, repeats, warmup=calls)['median']:8.1f}")
     return "\n".join(lines)

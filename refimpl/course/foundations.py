@@ -5,8 +5,6 @@ The pool demos need a GPU: the CPU emulator keeps every tensor it recorded alive
 sharing nor the bug exists there (``refimpl/graphs/emulator.py``).
 """
 
-from __future__ import annotations
-
 from itertools import groupby
 
 import torch
@@ -19,7 +17,7 @@ def scratch_addresses(shared_pool: bool, n: int = 1 << 22) -> list[int]:
     (``relu(x)``, freed when the step returns). Largest first into one pool, the bs-4 capture is handed the bs-8
     capture's freed scratch: only one of them replays at a time, so they may share it."""
     pool = torch.cuda.graph_pool_handle() if shared_pool else None
-    seen: list[int] = []
+    seen = []
     keep = []  # graphs, inputs and outputs stay alive: they are read at replay
 
     def step(x):
@@ -60,10 +58,10 @@ def draw_graph_kinds() -> Figure:
     breakable graphs for prefill)."""
     fig = Figure(figsize=(8.4, 1.9))
     ax = fig.add_subplot()
-    ops = ["hook", "qkv", "attn", "mlp", "qkv", "attn", "mlp"]
-    rows = [
+    ops = "hook qkv attn mlp qkv attn mlp".split()
+    rows = [  # per op: in a graph, eager, or not there
         ("whole graph\n(decode: this course)", ["eager"] + ["graph"] * 6),
-        ("piecewise / breakable\n(vLLM PIECEWISE, SGLang BCG)", ["none", "graph", "eager", "graph", "graph", "eager", "graph"]),
+        ("piecewise / breakable\n(vLLM PIECEWISE, SGLang BCG)", "none graph eager graph graph eager graph".split()),
     ]
     colors = {"graph": "#9ecae1", "eager": "#fdae6b"}
     for y, (label, kinds) in enumerate(rows):

@@ -2,8 +2,6 @@
 replay hook it counts, one line per checker record, and the committed H200 results of SGLang #29077 (with a live sweep
 on a GPU)."""
 
-from __future__ import annotations
-
 import runpy
 from collections.abc import Sequence
 from typing import Any
@@ -80,16 +78,14 @@ def draft_extend_runner(cls: type) -> tuple[GraphRunner, ForwardBatch]:
 
 def op_names(counts: dict[str, int]) -> str:
     """``{"aten.copy_.default": 2, ...}`` as ``"2 copy_, ..."``."""
-    short = lambda name: name.split(".")[1]  # noqa: E731
-    return ", ".join(f"{n} {short(k)}" if n > 1 else short(k) for k, n in counts.items()) or "nothing"
+    return ", ".join((f"{n} " if n > 1 else "") + op.split(".")[1] for op, n in counts.items()) or "nothing"
 
 
 def verdict_line(rec: CheckRecord) -> str:
     """A checker record in one line: verdicts (a)-(d) and what its findings are about, each named once."""
     parts = (f.partition(": ") for f in rec.findings)  # what each finding is about: a buffer, or "graph vs eager"
     about = dict.fromkeys(rest.split(":")[0] if head == "reference" else head for head, _, rest in parts)
-    verdicts = (rec.capture_equals_replay, rec.graph_equals_eager, rec.matches_oracle, rec.replay_matches_reference)
-    shown = " ".join(f"({c}) {v}" for c, v in zip("abcd", verdicts))
+    shown = " ".join(f"({c}) {v}" for c, v in zip("abcd", rec.verdicts))  # rec.verdicts: (a)-(d), then (f)
     return f"{rec.backend}/{rec.variant} {rec.mode} bs {rec.bs}: {shown}; findings: {', '.join(about) or 'none'}"
 
 
@@ -139,7 +135,7 @@ def live_sweep(batch_sizes: Sequence[int] = (1, 16, 64)) -> list[dict[str, Any]]
 
 def hook_launches(rows: Sequence[dict]) -> dict[str, set[int]]:
     """Per shape, the launch counts of its replay hook over the sweep's rows (one count: the same at every bs)."""
-    out: dict[str, set[int]] = {}
+    out = {}
     for r in rows:
         out.setdefault(r["shape"], set()).add(sum(r["hook_launches"].values()))
     return out

@@ -2,8 +2,6 @@
 hook, what a captured FlashInfer ``run`` reads (the plan-state figure), the committed H200 plan-cost measurement, and
 the checker's failing verdicts for a class a notebook defines. ``tests/test_course_patterns.py`` checks them."""
 
-from __future__ import annotations
-
 import re
 from itertools import accumulate
 from typing import Any
@@ -100,9 +98,9 @@ def dispatch_counts() -> dict[str, dict[str, int]]:
 def dispatch_table() -> str:
     """``dispatch_counts`` as a text table."""
     counts = dispatch_counts()
-    cols = list(next(iter(counts.values())))
-    rows = {"FlashInfer hook": dict(zip(cols, cols)), **counts}  # the header, then one row per hook
-    return "\n".join(f"{name:<26}" + "".join(f"{v[c]:>{len(c) + 3}}" for c in cols) for name, v in rows.items())
+    header = {c: c for c in counts["legacy capture"]}  # the column names, as a row
+    rows = {"FlashInfer hook": header, **counts}
+    return "\n".join(f"{name:<26}" + "".join(f"{v[c]:>{len(c) + 3}}" for c in header) for name, v in rows.items())
 
 
 def key_spans(wrapper: Any, fb: ForwardBatch) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -124,7 +122,7 @@ def draw_plan_state(panels: list[tuple[str, list[tuple[int, int]], list[tuple[in
         for i, ((s, n), (rs, rn)) in enumerate(zip(needed, read)):
             right = (s, n) == (rs, rn)
             ax.barh(i, n, left=s, height=0.8, color="#d9d9d9", label="keys the request needs" if i == 0 else None)
-            label = "keys run reads: the needed ones" if right else "keys run reads: not the needed ones"
+            label = f"keys run reads: {'the' if right else 'not the'} needed ones"
             ax.barh(i, rn, left=rs, height=0.34, color="#3182bd" if right else "#d62728", label=label)
             ax.text(end * 1.05, i, f"needs [{s}, {s + n}), reads [{rs}, {rs + rn})", va="center", fontsize=7.5)
         ax.set_yticks(range(len(needed)), [f"request {i}" for i in range(len(needed))], fontsize=8)
@@ -133,7 +131,7 @@ def draw_plan_state(panels: list[tuple[str, list[tuple[int, int]], list[tuple[in
         ax.spines[["top", "right"]].set_visible(False)
     axes[-1].set_xlabel("position in the bound kv_indices")
     handles = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels()[0]}
-    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.legend(handles.values(), handles, loc="lower center", ncol=3, fontsize=8, frameon=False)
     fig.suptitle("What the captured FlashInfer decode run reads, per request: red = a wrong answer", fontsize=10)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
@@ -175,13 +173,12 @@ def draw_plan_cost(bench: dict[str, Any]) -> Figure:
             ax.plot(bs, full, "o" + style, color="C3", label=f"plan(), run {i + 1}")
             ax.plot(bs, fast, "s" + style, color="C0", label=f"fast plan, run {i + 1}")
         ax.set_xscale("log", base=2)
-        ax.set_xticks(bs, list(map(str, bs)))
+        ax.set_xticks(bs, bs)
         ax.minorticks_off()
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("batch size")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("host time per plan call, median (us)")
-    axes[0].set_ylim(bottom=0)
+    axes[0].set(ylabel="host time per plan call, median (us)", ylim=(0, None))
     axes[0].legend(fontsize=7, loc="upper left", ncol=2)
     v = bench["versions"]
     fig.suptitle(

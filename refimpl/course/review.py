@@ -1,8 +1,6 @@
 """Notebook 07's helpers: the checker as a reviewer runs it on a pull request's backend (``examples/review_backend.py``),
 one padded batch through verdict (a)'s two paths, and the figures of what they leave."""
 
-from __future__ import annotations
-
 import dataclasses
 import subprocess
 import sys
@@ -70,14 +68,7 @@ def paths(backend: str | type, raw_bs: int = 3, mode: str = "target_verify", set
     """A batch of ``raw_bs`` requests drawn as the checker draws its row's (``settings``' world, seed and earlier draws;
     by default a 48-position world, so the figures stay readable) through paths P and Q."""
     rig = Rig.build(
-        entry(backend),
-        GraphKind.parse(mode),
-        settings.spec,
-        CPUEmulatorEngine(),
-        seed=settings.seed,
-        capture_bs=settings.capture_bs,
-        max_context_len=settings.max_context_len,
-        capture=False,
+        entry(backend), GraphKind.parse(mode), settings.spec, CPUEmulatorEngine(), capture=False, **settings.rig_args()
     )
     for earlier in settings.raw_bs[: settings.raw_bs.index(raw_bs)]:  # the checker's earlier rows drew first
         rig.gen.lengths = row_lengths(earlier)
@@ -98,7 +89,7 @@ def draw_paths(s: Paths, n: int) -> Figure:
     rows = {
         "seq_lens (prefix)": seq,
         f"kv_lens = seq_lens + {n}": seq + n,
-        "kv_indptr: " + ("both paths" if same_kv else "capture path"): s.capture["kv_indptr"],
+        f"kv_indptr: {'both paths' if same_kv else 'capture path'}": s.capture["kv_indptr"],
         **({} if same_kv else {"kv_indptr: replay path": s.replay["kv_indptr"]}),
         "mask_indptr: capture path (P)": cap,
         "mask_indptr: replay path (Q)": rep,
@@ -122,8 +113,7 @@ def mask_as_read(backend: Any, padded: ForwardBatch, i: int, n: int) -> tuple[to
     mask = md.custom_mask.cpu()
     read = mask[flat.clamp(0, mask.numel() - 1)].bool()
     tree = torch.as_tensor(ancestry(padded.spec_info.parents[i]))
-    want = torch.cat([torch.ones(n, kv_len - n), tree], 1).bool()  # the prefix, then the tree
-    return read, want
+    return read, torch.cat([torch.ones(n, kv_len - n), tree], 1).bool()  # what it should read: the prefix, then the tree
 
 
 def draw_mask_as_read(backend: Any, padded: ForwardBatch, i: int, n: int, path: str) -> Figure:

@@ -1,8 +1,6 @@
 """Notebook 02's helpers: capture one graph mode of a backend and replay a fresh padded batch through it (``Lab``), the
 verdicts of a planted backend (``Lab.check``, the exercise), and the draft-extend strides figure."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -47,7 +45,7 @@ class Verdicts:
     graph_equals_eager: bool
     replay_matches_reference: bool
     wrong_rows: list[list[int]]  # per live request, its rows (0..rows-1) whose graph output differs from eager
-    findings: list[str] = field(default_factory=list)
+    findings: list[str]
 
     def __str__(self) -> str:
         head = (
@@ -69,7 +67,7 @@ class Lab:
     gens: dict[SpecConfig | None, BatchGenerator] = field(default_factory=dict)  # one per spec, seeded in order
 
     @classmethod
-    def create(cls, engine: GraphEngine, max_context_len: int = 40) -> Lab:
+    def create(cls, engine: GraphEngine, max_context_len: int = 40) -> "Lab":
         cfg = ModelConfig(num_layers=1)  # 4 query heads sharing 2 KV heads, head dim 16, fp32
         world = World.create(cfg, max_context_len=max_context_len, pool_size=32, device=engine.device)
         world.randomize_kv(0)  # every prefix "already prefilled"

@@ -13,8 +13,6 @@ address; without it decode rebinds them, MLA refuses; MLA's bound ``kv_indptr`` 
 the first full plan's (they select ``_cached_module``).
 """
 
-from __future__ import annotations
-
 import functools
 from typing import Any
 
@@ -142,9 +140,9 @@ def _plan_decode(wrapper, indptr_cpu, last_page_len_cpu, heads, head_dim, window
         return wrapper._cached_module.plan(*_ws(wrapper), *args)
     kv_lens_cpu = torch.where(pages > 0, (pages - 1) * page_size + last_page_len_cpu, 0).to(I32)
     wrapper._max_kv_len = int(kv_lens_cpu.max()) if bs else 0
-    if not graph:
-        wrapper._qo_indptr_buf = torch.arange(bs + 1, dtype=I32, device=wrapper.device)
     qo_cpu = torch.arange(bs + 1, dtype=I32, device="cpu")
+    if not graph:
+        wrapper._qo_indptr_buf = qo_cpu.to(wrapper.device)
     return _plan_prefill(wrapper, qo_cpu, indptr_cpu, kv_lens_cpu, bs, heads, head_dim, False, window_left, *split)
 
 

@@ -6,8 +6,6 @@ lets the emulator replay it: the op finds the wrapper by a handle frozen at capt
 wrapper it captured. (For the stand-ins, one extra ``copy_``.)
 """
 
-from __future__ import annotations
-
 import weakref
 from typing import Any
 

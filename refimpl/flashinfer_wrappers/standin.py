@@ -6,8 +6,8 @@ constructor keeps the buffers under flashinfer's attribute names and fixes ``_fi
 them (else keeps ``x.to(device)``). **Plan** reads the indptrs on the host (the copy ``fast_plan.py`` avoids), validates
 them and selects ``_cached_module`` (a stand-in JIT module taking the real one's positional ``plan`` arguments), which
 writes the *work partition* (int32 ``q_len[bs]`` ++ ``kv_len[bs]`` at byte 0 of ``_int_workspace_buffer``, staged in the
-pinned buffer). **Run** (one dense op call, one request per query row: :func:`_per_row_csr`) reads both as flashinfer's
-kernels do. The partition enumerates the work: flashinfer's tiles (``request_indices``, ``kv_tile_indices``,
+pinned buffer). **Run** (one dense op call, one request per query row: ``_Standin._per_row_csr``) reads both as
+flashinfer's kernels do. The partition enumerates the work: flashinfer's tiles (``request_indices``, ``kv_tile_indices``,
 ``kv_chunk_size``, ``scheduler.cuh``) come from the planned lengths, so a request's keys are read at most up to its
 planned kv length rounded up to a kv chunk (:data:`KV_CHUNK`, 128: flashinfer's smallest; it may pick larger). The bound
 buffers say where the work lies: decode and prefill read each request's keys from the bound ``kv_indptr[b]``,
@@ -20,8 +20,6 @@ cuda-graph mode iff ``custom_mask_buf`` was bound; MLA: causal only. A byte per 
 (flashinfer: bits, byte offsets). Page size 1, NHD, kv cache ``(k, v)`` of ``[slots, Hkv, D]``; the full signatures:
 ``tests/flashinfer_full_api.py``.
 """
-
-from __future__ import annotations
 
 import itertools
 import math
@@ -51,12 +49,13 @@ def _lens(name, indptr_host, batch_size=None, indices=None) -> list[int]:
         raise ValueError(f"{name} has {len(v)} entries, expected batch_size + 1 = {batch_size + 1}")
     if not v or v[0] != 0:
         raise ValueError(f"{name}[0]={v[0] if v else None}: must be 0")
-    for i, (a, b) in enumerate(itertools.pairwise(v)):
-        if b < a:
-            raise ValueError(f"{name} must be non-decreasing: {name}[{i}]={a} > {name}[{i + 1}]={b}")
+    lens = [b - a for a, b in itertools.pairwise(v)]
+    for i, n in enumerate(lens):
+        if n < 0:
+            raise ValueError(f"{name} must be non-decreasing: {name}[{i}]={v[i]} > {name}[{i + 1}]={v[i + 1]}")
     if indices is not None and v[-1] > len(indices):
         raise ValueError(f"{name}[-1]={v[-1]} > len(indices)={len(indices)}")
-    return [b - a for a, b in itertools.pairwise(v)]
+    return lens
 
 
 # the work partition, and the stand-in JIT modules that write it
@@ -84,9 +83,8 @@ def keys_read(wrapper: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Per planned request, where a stand-in's ``run`` starts reading its keys in the bound indices and how many it
     reads (int64 ``start[bs]``, ``count[bs]``): what the bound buffers say, within the plan's tiles (MLA: the
     plan's)."""
-    if not is_standin(wrapper):
-        raise TypeError("keys_read models the stand-ins' run only")
-    _, _, start, n, cover = wrapper._spans(*read_partition(wrapper))
+    q_len, kv_len = read_partition(wrapper)  # a TypeError for a real wrapper
+    _, _, start, n, cover = wrapper._spans(q_len, kv_len)
     return start, torch.minimum(n, cover)
 
 
@@ -129,33 +127,7 @@ class _MLAModule:
         return _write_partition(int_ws, pinned_ws, q_lens, kv_lens, sum(q_lens))
 
 
-# run helpers (device ops only: nothing reads the host)
-def _per_row_csr(q_len, spans, num_rows, window, causal, indices, mask_indptr):
-    """The batch as ``num_rows`` one-row requests. The partition (planned ``q_len``) enumerates the work: output row
-    ``r`` is query row ``j`` of request ``b``. ``spans`` (``_Standin._spans``) say where it lies: the query row read, the
-    keys ``indices[kv_start + t]`` for ``t < min(kv_len, kv_cover)``, rows ``j >= q_len`` left empty; causal alignment
-    and the mask's row stride use ``spans``' lengths. Returns ``row_indptr [T+1]``, ``row_indices [T*window]``,
-    ``row_mask [T+1]`` (None without a mask), ``q_rows [T]``."""
-    dev = indices.device
-    indices = indices if indices.numel() else indices.new_zeros(1)  # the op needs >= 1 entry
-    q0, nq, k0, nk, cover = spans
-    bs, q_end = len(q_len), q_len.cumsum(0)  # int64
-    r = torch.arange(num_rows, device=dev)
-    req = torch.searchsorted(q_end, r, right=True)  # bs for rows past the batch
-    inside, req = req < bs, req.clamp(max=bs - 1)
-    j, n_q, n_kv = r - (q_end - q_len)[req], nq[req], nk[req]
-    row_len = torch.minimum((n_kv - n_q + j + 1).clamp(min=0), n_kv) if causal else n_kv  # bottom-right aligned
-    row_len = torch.minimum(row_len, cover[req])  # the planned tiles reach no further
-    row_len = torch.where(inside & (j < n_q), row_len.clamp(max=window), 0)
-    row_indptr = F.pad(row_len.cumsum(0), (1, 0))
-    p = torch.arange(num_rows * window, device=dev)
-    row_of_p = torch.searchsorted(row_indptr[1:], p, right=True).clamp(max=num_rows - 1)
-    src = k0[req[row_of_p]] + (p - row_indptr[row_of_p])
-    row_indices = indices[src.clamp(0, len(indices) - 1)]
-    row_mask = None if mask_indptr is None else F.pad(mask_indptr[:bs][req] + j * n_kv, (0, 1))
-    return row_indptr, row_indices, row_mask, (q0[req] + j).clamp(0, num_rows - 1)
-
-
+# the MLA run's cache (device ops only: nothing reads the host)
 def _joined_mla_cache(ckv, kpe):
     """``[slots, 1, R + Rr]``: a zero-copy view when ``ckv`` / ``kpe`` are the two column ranges of one buffer (SGLang's
     ``kv[..., :R]`` / ``kv[..., R:]``), else a concatenated copy."""
@@ -272,6 +244,34 @@ class _Standin:
         qo = torch.arange(bs + 1, device=ptr.device) if qo is None else qo[: bs + 1]
         return qo[:-1], qo.diff().clamp(min=0), ptr[:-1], n_kv, cover
 
+    def _per_row_csr(self, num_rows, window):
+        """The batch as ``num_rows`` one-row requests, from device ops only (nothing reads the host). The partition
+        (planned ``q_len``) enumerates the work: output row ``r`` is query row ``j`` of request ``b``. :meth:`_spans` say
+        where it lies: the query row read, the keys ``indices[kv_start + t]`` for ``t < min(kv_len, kv_cover)``, rows
+        ``j >= q_len`` left empty; causal alignment and the mask's row stride use the spans' lengths. Returns ``row_indptr
+        [T+1]``, ``row_indices [T*window]``, ``row_mask [T+1]`` (None without a mask), ``q_rows [T]``."""
+        q_len, kv_len = read_partition(self)
+        indices = getattr(self, self._INDICES)
+        dev = indices.device
+        indices = indices if indices.numel() else indices.new_zeros(1)  # the op needs >= 1 entry
+        bs, q_end = len(q_len), q_len.cumsum(0)  # int64
+        r = torch.arange(num_rows, device=dev)
+        req = torch.searchsorted(q_end, r, right=True)  # bs for rows past the batch
+        inside, req = req < bs, req.clamp(max=bs - 1)
+        q0, n_q, k0, n_kv, cover = (s[req] for s in self._spans(q_len, kv_len))  # per output row
+        j, no_mask = r - (q_end - q_len)[req], self._custom_mask_buf is None
+        causal = self._causal and no_mask  # a custom mask wins (see _attend)
+        row_len = torch.minimum((n_kv - n_q + j + 1).clamp(min=0), n_kv) if causal else n_kv  # bottom-right aligned
+        row_len = torch.minimum(row_len, cover).clamp(max=window)  # the planned tiles reach no further
+        row_len = torch.where(inside & (j < n_q), row_len, 0)
+        row_indptr = F.pad(row_len.cumsum(0), (1, 0))
+        p = torch.arange(num_rows * window, device=dev)
+        row_of_p = torch.searchsorted(row_indptr[1:], p, right=True).clamp(max=num_rows - 1)
+        src = k0[row_of_p] + (p - row_indptr[row_of_p])
+        row_indices = indices[src.clamp(0, len(indices) - 1)]
+        row_mask = None if no_mask else F.pad(self._mask_indptr_buf[:bs][req] + j * n_kv, (0, 1))
+        return row_indptr, row_indices, row_mask, (q0 + j).clamp(0, num_rows - 1)
+
     def _attend(self, kernel, qs, caches, dv):
         """A run: check the inputs against the plan, then ``kernel`` over the per-row CSR into a zeroed ``[T, H, dv]``
         (an idle batch: no launch). A custom mask, bound or planned (flashinfer's CUSTOM mode), governs, else
@@ -289,13 +289,10 @@ class _Standin:
             raise ValueError(f"q.shape={tuple(q.shape)}: expected [>= {rows} rows, H, D]")
         out = q.new_zeros(*q.shape[:-1], dv, dtype=self._cached_o_data_type)
         if bs and len(q):
-            q_len, kv_len = read_partition(self)
-            mask, window, indices = self._custom_mask_buf, self._window(), getattr(self, self._INDICES)
-            causal, mask_indptr = (bool(self._causal), None) if mask is None else (False, self._mask_indptr_buf)
-            csr = _per_row_csr(q_len, self._spans(q_len, kv_len), len(q), window, causal, indices, mask_indptr)
-            row_indptr, row_indices, row_mask, q_rows = csr
+            window = self._window()
+            row_indptr, row_indices, row_mask, q_rows = self._per_row_csr(len(q), window)
             sm_scale = float(1 / math.sqrt(q.shape[-1]) if self._sm_scale is None else self._sm_scale)
-            kw = dict(sm_scale=sm_scale, max_kv_len=window, q_per_req=1, custom_mask=mask, mask_indptr=row_mask)
+            kw = dict(sm_scale=sm_scale, max_kv_len=window, q_per_req=1, custom_mask=self._custom_mask_buf, mask_indptr=row_mask)
             kernel(*(x[q_rows] for x in qs), *caches, row_indptr, row_indices, out, **kw)
         return out
 

@@ -48,7 +48,7 @@ class CUDAGraphHandle(Graph):
             with (
                 torch.cuda.graph(self.graph, pool=eng.pool, stream=eng.stream),
                 torch.no_grad(),  # as the emulator captures
-                record_ops(None) as rec,
+                record_ops() as rec,
             ):
                 out = fn()
         except BaseException as e:  # a refusal, a kernel error, CUDA's own capture error, ...
@@ -61,11 +61,10 @@ class CUDAGraphHandle(Graph):
                 gc.enable()
         if eng.pool is None:
             eng.pool = self.graph.pool()  # every later capture shares this pool
-        self._op_log = rec.names
-        self.captured = True
+        self._op_log, self.captured = rec.names, True
         return out
 
-    def _discard(self, caller_stream: torch.cuda.Stream) -> None:
+    def _discard(self, caller_stream):
         """After any error inside capture, leave the process as if it never began: capture ended, the caller's stream
         current, the half-recorded graph set aside. It is not reset: its reset would free the cuBLAS workspace the
         engine's other graphs replay with (module docstring); the engine keeps it."""

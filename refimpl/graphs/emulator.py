@@ -28,6 +28,7 @@ from unittest import mock
 
 import torch
 
+from .._env import resolve_device
 from .engine import Graph, GraphCaptureError, GraphEngine
 from .recorder import Step, record_ops
 
@@ -54,12 +55,9 @@ class EmulatedGraph(Graph):
     def capture(self, fn: Callable[[], Any]) -> Any:
         if self.captured:
             raise GraphCaptureError("this graph was already captured; make a new one")
-        steps: list[Step] = []
-        with torch.inference_mode(False), torch.no_grad(), refuse_host_reads(), record_ops(steps) as rec:
+        with torch.inference_mode(False), torch.no_grad(), refuse_host_reads(), record_ops([]) as rec:
             out = fn()
-        self._steps = steps
-        self._op_log = rec.names
-        self.captured = True
+        self._steps, self._op_log, self.captured = rec.steps, rec.names, True  # (a refused capture keeps none)
         return out
 
     def replay(self) -> None:
@@ -77,11 +75,7 @@ class CPUEmulatorEngine(GraphEngine):
     tensors (``"emulator-cuda"``), so a GPU run can compare it with real graphs."""
 
     def __init__(self, device: str | torch.device | None = None) -> None:
-        from .._env import default_device
-
-        self.device = torch.device(device) if device is not None else default_device()
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = resolve_device(device)
         self.name = "cpu-emulator" if self.device.type == "cpu" else f"emulator-{self.device.type}"
 
     def new_graph(self) -> EmulatedGraph:

@@ -71,7 +71,7 @@ class GraphEngine(ABC):
             fn()
 
     def synchronize(self) -> None:  # noqa: B027 - a no-op on engines without streams
-        return None
+        """Wait for the engine's queued work (CUDA: its device)."""
 
     def memory_in_use(self) -> int | None:
         """Bytes the engine's graphs hold (CUDA: the graph pool), None where not meaningful."""

@@ -9,7 +9,7 @@ size ``bs`` and its hooks read.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -25,25 +25,18 @@ class StaticInputs:
     bs: int  # requests they hold
     fill: int  # a padded row's seq_len (the backend's fill value)
     device: torch.device
-    # rows = bs * kind.rows(spec) query rows; steps = kind.cache_writes(spec) (multi-step draft decode: S, else 1)
-    input_ids: torch.Tensor = field(init=False)  # [rows] int64
-    positions: torch.Tensor = field(init=False)  # [rows] int64
-    req_pool_indices: torch.Tensor = field(init=False)  # [bs] int64
-    seq_lens: torch.Tensor = field(init=False)  # [bs] int32
-    seq_lens_cpu: torch.Tensor = field(init=False)  # [bs] int32, host mirror
-    out_cache_loc: torch.Tensor = field(init=False)  # [steps * rows] int64, [step][row]
-    _plans: dict = field(init=False, default_factory=dict, repr=False)  # copy plans, made once per shape
-    _views: dict = field(init=False, default_factory=dict, repr=False)  # views by bs, made once each
 
     def __post_init__(self) -> None:
-        self.rows = self.kind.rows(self.spec)  # per request
-        self.steps = self.kind.cache_writes(self.spec)
+        # the six tensors, of rows = bs * kind.rows(spec) query rows and steps = kind.cache_writes(spec) (multi-step
+        # draft decode: S, else 1) KV writes per row
+        self.rows, self.steps = self.kind.rows(self.spec), self.kind.cache_writes(self.spec)  # (rows: per request)
         n, i64 = self.bs * self.rows, dict(dtype=torch.int64, device=self.device)
-        self.input_ids, self.positions = torch.zeros(n, **i64), torch.zeros(n, **i64)
-        self.req_pool_indices = torch.empty(self.bs, **i64)
-        self.seq_lens = torch.empty(self.bs, dtype=torch.int32, device=self.device)
-        self.seq_lens_cpu = torch.empty(self.bs, dtype=torch.int32, device="cpu")
-        self.out_cache_loc = torch.empty(self.steps * n, **i64)
+        self.input_ids, self.positions = torch.zeros(n, **i64), torch.zeros(n, **i64)  # [rows] int64
+        self.req_pool_indices = torch.empty(self.bs, **i64)  # [bs] int64
+        self.seq_lens = torch.empty(self.bs, dtype=torch.int32, device=self.device)  # [bs] int32
+        self.seq_lens_cpu = torch.empty(self.bs, dtype=torch.int32, device="cpu")  # [bs] int32, host mirror
+        self.out_cache_loc = torch.empty(self.steps * n, **i64)  # [steps * rows] int64, [step][row]
+        self._plans, self._views = {}, {}  # copy plans by shape / views by bs, made once each
         self.rest()
 
     def at_rest(self, bs: int) -> StaticInputs:
@@ -60,18 +53,13 @@ class StaticInputs:
     def views(self, bs: int | None = None) -> dict[str, torch.Tensor]:
         """The first ``bs`` requests' views by name (default: all): what the graph of size ``bs`` reads."""
         bs = self.bs if bs is None else bs
-        if bs in self._views:
-            return self._views[bs]
-        n = bs * self.rows
-        views = self._views[bs] = dict(
-            input_ids=self.input_ids[:n],
-            positions=self.positions[:n],
-            req_pool_indices=self.req_pool_indices[:bs],
-            seq_lens=self.seq_lens[:bs],
-            seq_lens_cpu=self.seq_lens_cpu[:bs],
-            out_cache_loc=self.out_cache_loc[: self.steps * n],  # each step's block of this graph: [step][row]
-        )
-        return views
+        if bs not in self._views:  # the first entries of each; out_cache_loc: this graph's block per step, [step][row]
+            n = bs * self.rows
+            sizes = dict(
+                input_ids=n, positions=n, req_pool_indices=bs, seq_lens=bs, seq_lens_cpu=bs, out_cache_loc=self.steps * n
+            )
+            self._views[bs] = {name: getattr(self, name)[:size] for name, size in sizes.items()}
+        return self._views[bs]
 
     def batch(self, bs: int, mode, seq_lens_sum: int, spec_info, world) -> ForwardBatch:
         """A batch of views of the first ``bs`` requests (fresh each call; the views are made once)."""
@@ -90,7 +78,7 @@ class StaticInputs:
         if host_pad is not None:
             host_pad.fill_(self.fill)
 
-    def _plan(self, raw_bs: int, bs: int, n: int) -> tuple:
+    def _plan(self, raw_bs, bs, n):
         """(device destinations, padded-row sources, as bytes; host live / padded views) for ``raw_bs`` requests, ``n``
         rows, graph ``bs``; made once per key."""
         if (plan := self._plans.get((raw_bs, bs, n))) is not None:

@@ -8,7 +8,6 @@ with ``steps``, keeps a ``Step`` per op for the CPU emulator to replay.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
@@ -25,17 +24,14 @@ HOST_SYNC_OPS = {
     "aten.allclose.default": "torch.allclose returns a host bool",
 }
 # Ops whose output shape depends on tensor values.
-DATA_DEPENDENT_SHAPE = tuple("aten.nonzero. aten.masked_select. aten._unique aten.unique aten.argwhere.".split())
-DATA_DEPENDENT_SHAPE += ("aten.repeat_interleave.Tensor",)
+DATA_DEPENDENT_SHAPE = tuple(
+    "aten.nonzero. aten.masked_select. aten._unique aten.unique aten.argwhere. aten.repeat_interleave.Tensor".split()
+)
 PURE_ALLOC = ("aten.empty.", "aten.empty_like.", "aten.empty_strided.", "aten.new_empty")
 
 
 def tensors_in(obj: Any) -> list[torch.Tensor]:
     return [x for x in tree_flatten(obj)[0] if isinstance(x, torch.Tensor)]
-
-
-def _storage_ptr(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
 
 
 class Step:
@@ -46,9 +42,9 @@ class Step:
     def __init__(self, func, args, kwargs, out):
         self.func, self.args, self.kwargs = func, args, kwargs
         name = str(func)
-        inputs = {_storage_ptr(t) for t in tensors_in((args, kwargs)) if t.numel()}
+        inputs = {t.untyped_storage().data_ptr() for t in tensors_in((args, kwargs)) if t.numel()}  # storages read
         self.outs = tensors_in(out)
-        aliased = [t.numel() == 0 or _storage_ptr(t) in inputs for t in self.outs]
+        aliased = [t.numel() == 0 or t.untyped_storage().data_ptr() in inputs for t in self.outs]
         self.rerun, self.copy_back = True, []
         if name.startswith(PURE_ALLOC):
             self.rerun = False  # an allocation is not a kernel
@@ -84,7 +80,10 @@ def _device_to_host(name: str, args, kwargs) -> bool:
 
 
 class Recorder(TorchDispatchMode):
-    def __init__(self, steps: list[Step] | None, refuse: bool = True):
+    """``with record_ops(steps) as rec:`` records (or, with ``steps=None``, only names in ``rec.names``) the ops run
+    inside the block; ``refuse``: raise ``GraphCaptureError`` on what a capture cannot record (host reads, ...)."""
+
+    def __init__(self, steps: list[Step] | None = None, refuse: bool = True):
         super().__init__()
         self.steps = steps  # None: name the ops only (the CUDA engine)
         self.refuse = refuse  # False: count ops outside any capture (host reads allowed)
@@ -112,10 +111,4 @@ class Recorder(TorchDispatchMode):
         return out
 
 
-@contextlib.contextmanager
-def record_ops(steps: list[Step] | None = None, refuse: bool = True):
-    """Record (or, with ``steps=None``, only name) the ops run inside the block; ``refuse``: raise ``GraphCaptureError`` on
-    what a capture cannot record (host reads, ...)."""
-    rec = Recorder(steps, refuse)
-    with rec:
-        yield rec
+record_ops = Recorder  # the context manager both engines open around a capture

@@ -67,9 +67,8 @@ def call_capture_hook(backend, fb: ForwardBatch) -> None:
 
 
 def call_replay_hook(backend, fb: ForwardBatch) -> None:
-    lens = (fb.seq_lens, fb.seq_lens_sum, None)
     backend.init_forward_metadata_replay_cuda_graph(
-        fb.batch_size, fb.req_pool_indices, *lens, fb.forward_mode, fb.spec_info, fb.seq_lens_cpu
+        fb.batch_size, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_sum, None, fb.forward_mode, fb.spec_info, fb.seq_lens_cpu
     )
 
 
@@ -122,8 +121,10 @@ class GraphRunner:
         if (built := getattr(backend, "spec", None)) != spec_cfg:  # its buffers are sized by its own spec
             raise BatchRefused(f"runner spec_cfg={spec_cfg} differs from the backend's spec={built}: build both with one")
         if (owner := self._owner(backend)) is not None:  # init_cuda_graph_state would rebind that runner's buffers
-            why = "a second init_cuda_graph_state would rebind the buffers its graphs read: build a backend per runner"
-            raise BatchRefused(f"backend {type(backend).__name__} is owned by a live {owner.kind.label} GraphRunner: {why}")
+            raise BatchRefused(
+                f"backend {type(backend).__name__} is owned by a live {owner.kind.label} GraphRunner: a second "
+                "init_cuda_graph_state would rebind the buffers its graphs read: build a backend per runner"
+            )
         self.device = self.world.device
         self.tokens_per_req = self.kind.rows(spec_cfg)
         self.locs_per_req = self.tokens_per_req * self.kind.cache_writes(spec_cfg)
@@ -138,22 +139,21 @@ class GraphRunner:
         self.inputs = StaticInputs(self.kind, spec_cfg, self.max_bs, self.fill_value, self.device)
         backend._graph_runner = weakref.ref(self)
         backend.init_cuda_graph_state(self.max_bs, self.max_num_tokens)
-        self.graphs: dict[int, Any] = {}
+        self.graphs, self.outputs = {}, {}  # bs -> its graph / the graph's static output (logits)
         self.glue, self.glue_graphs, self.glue_refused = glue, {}, {}  # bs -> glue graph / why the hook stays eager
-        self.replays: Counter = Counter()  # "glue" / "hook": how each replay's metadata was made
-        self.outputs: dict[int, torch.Tensor] = {}
-        self.capture_records: list[CaptureRecord] = []
-        self._captured_with: tuple = ()  # the world objects the graphs write and read (``_bound``), set by capture
+        self.replays = Counter()  # "glue" / "hook": how each replay's metadata was made
+        self.capture_records = []  # a CaptureRecord per captured size
+        self._captured_with = ()  # the world objects the graphs write and read (``_bound``), set by capture
 
     @staticmethod
-    def _owner(backend) -> GraphRunner | None:
+    def _owner(backend):
         """The live runner ``backend`` serves, if any (one unreachable but not yet collected does not count)."""
         ref = getattr(backend, "_graph_runner", lambda: None)
         if ref() is not None:
             gc.collect()  # a dropped runner in a reference cycle (its graphs' closures) is not live
         return ref()
 
-    def _bound(self) -> tuple:
+    def _bound(self):
         """What the graphs write and read in the world: its KV cache (and its layers' tensors), request pool and table."""
         w = self.world
         return (w.kv_cache, w.req_to_token_pool, w.req_to_token, *w.kv_cache.buffers())
@@ -260,8 +260,12 @@ class GraphRunner:
         KV cache or request table was rebound (identity checks); returns ``fb`` with any non-contiguous tensor copied."""
         # every replay: identity checks over a tuple; the names are built only for a refusal
         if for_graph and self._captured_with and any(map(operator.is_not, bound := self._bound(), self._captured_with)):
-            names = ("world.kv_cache", "world.req_to_token_pool", "world.req_to_token_pool.req_to_token")
-            names += tuple(f"world.kv_cache.buffers()[{i}]" for i in range(len(bound) - 3))
+            names = (
+                "world.kv_cache",
+                "world.req_to_token_pool",
+                "world.req_to_token_pool.req_to_token",
+                *(f"world.kv_cache.buffers()[{i}]" for i in range(len(bound) - 3)),
+            )
             moved = [k for k, a, b in zip(names, bound, self._captured_with) if a is not b]
             why = "the graphs write and read the objects bound at capture: restore them or build and capture a new runner"
             raise BatchRefused(f"{', '.join(moved)} rebound after capture: {why}")
@@ -269,12 +273,11 @@ class GraphRunner:
 
     def replay_hook(self, fb: ForwardBatch, bs: int) -> ForwardBatch:
         """Phase 3: the backend's replay hook on the static batch (after ``load_inputs``), or its glue graph."""
-        view = self._replay_batch(fb, bs)
-        glue = self.glue_graphs.get(bs)
-        if glue is not None:
-            glue.replay()
-        else:
+        view, glue = self._replay_batch(fb, bs), self.glue_graphs.get(bs)
+        if glue is None:
             call_replay_hook(self.backend, view)
+        else:
+            glue.replay()
         self.replays["hook" if glue is None else "glue"] += 1
         return view
 

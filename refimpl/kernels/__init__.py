@@ -24,10 +24,14 @@ from .triton_decode import decode_attention, get_num_kv_splits, get_num_kv_split
 from .triton_extend import extend_attention
 from .validation import batch_check, batch_check_ref
 
-_OPS = "build_kv_indices build_block_table dense_paged_attention dense_paged_mla_attention decode_attention_stage1"
-_OPS += " decode_attention_stage2 num_kv_splits extend_attention draft_decode_kv_indices mla_paged_attention"
-_OPS += " trtllm_mla_graph_metadata fused_graph_metadata batch_check"
-KERNEL_OPS = tuple(f"refimpl::{name}" for name in _OPS.split())
+KERNEL_OPS = tuple(
+    f"refimpl::{name}"
+    for name in (
+        "build_kv_indices build_block_table dense_paged_attention dense_paged_mla_attention decode_attention_stage1"
+        " decode_attention_stage2 num_kv_splits extend_attention draft_decode_kv_indices mla_paged_attention"
+        " trtllm_mla_graph_metadata fused_graph_metadata batch_check"
+    ).split()
+)
 
 __all__ = [
     "KERNEL_OPS",

@@ -22,22 +22,20 @@ def check(cond: bool, msg: str) -> None:
 def check_tensor(
     t, name: str, dtypes: tuple, ndim: int | None = None, device: torch.device | None = None, *, min_len: int = 0
 ) -> None:
-    """A tensor of one of ``dtypes``, ``ndim``-D, last dim contiguous, on ``device``."""
-    if (  # the common case in one expression (replay hooks call this for every argument)
-        type(t) is torch.Tensor
-        and t.dtype in dtypes
-        and (ndim is None or t.dim() == ndim)
-        and (t.dim() == 0 or (t.shape[0] >= min_len and (t.stride(-1) == 1 or t.numel() == 0)))
-        and (device is None or t.device == device)
-    ):
-        return
+    """A tensor of one of ``dtypes``, ``ndim``-D, last dim contiguous, on ``device``. Plain ``if``s: a message is only
+    formatted for a refusal (replay hooks call this for every argument)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    check(t.dtype in dtypes, f"{name}.dtype={t.dtype}: must be one of {' / '.join(map(str, dtypes))}")
-    check(ndim is None or t.dim() == ndim, f"{name}.shape={tuple(t.shape)}: must be {ndim}-D")
-    check(t.numel() == 0 or t.stride(-1) == 1, f"{name}.stride(-1)={t.stride(-1)}: last dim must be contiguous")
-    check(t.dim() == 0 or t.shape[0] >= min_len, f"{name}.shape[0]={t.shape[0]}: must be >= {min_len}")
-    check(device is None or t.device == device, f"{name}.device={t.device}: must match {device}")
+    if t.dtype not in dtypes:
+        raise ValueError(f"{name}.dtype={t.dtype}: must be one of {' / '.join(map(str, dtypes))}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name}.shape={tuple(t.shape)}: must be {ndim}-D")
+    if t.dim() and t.numel() and t.stride(-1) != 1:
+        raise ValueError(f"{name}.stride(-1)={t.stride(-1)}: last dim must be contiguous")
+    if t.dim() and t.shape[0] < min_len:
+        raise ValueError(f"{name}.shape[0]={t.shape[0]}: must be >= {min_len}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}.device={t.device}: must match {device}")
 
 
 def check_pool_inputs(req_to_token, req_pool_indices, lens, lens_name: str, kv_start_idx=None) -> tuple:
@@ -50,12 +48,6 @@ def check_pool_inputs(req_to_token, req_pool_indices, lens, lens_name: str, kv_s
     if kv_start_idx is not None:
         check_tensor(kv_start_idx, "kv_start_idx", INDEX_DTYPES, 1, dev, min_len=bs)
     return bs, dev
-
-
-def check_same_device(**tensors: torch.Tensor | None) -> None:
-    (ref_name, ref), *named = [(n, t) for n, t in tensors.items() if t is not None]
-    for name, t in named:
-        check(t.device == ref.device, f"{name}.device={t.device}: must match {ref_name}.device={ref.device}")
 
 
 def check_int(value, name: str, low: int) -> None:

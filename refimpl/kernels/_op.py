@@ -20,7 +20,7 @@ def kernel_op(name: str, mutates_args: Sequence[str]) -> Callable[[Callable], Ca
     (meta) kernel; return the fast-path callable, with ``.op`` the registered op and ``.fn`` the plain function."""
 
     def wrap(fn: Callable) -> Callable:
-        op = torch.library.custom_op(name, fn, mutates_args=tuple(mutates_args))
+        op = torch.library.custom_op(name, fn, mutates_args=mutates_args)
         op.register_fake(lambda *args, **kwargs: None)
 
         @functools.wraps(fn)

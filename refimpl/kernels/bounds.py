@@ -42,8 +42,8 @@ def _record(what: str, bad: torch.Tensor, values: torch.Tensor, rule: str) -> No
     rec = _records[key][0] if key in _records else torch.full((1,), _NONE, dtype=torch.int64, device=dev)
     _records[key] = (rec, tuple(values.shape), rule)
     if bad.numel():
-        code = (torch.arange(bad.numel(), device=dev) << 32) | (values.reshape(-1).to(torch.int64) & 0xFFFFFFFF)
-        torch.minimum(rec, torch.where(bad.reshape(-1), code, _NONE).amin(), out=rec)
+        code = (torch.arange(bad.numel(), device=dev).view(bad.shape) << 32) | (values.to(torch.int64) & 0xFFFFFFFF)
+        torch.minimum(rec, torch.where(bad, code, _NONE).amin(), out=rec)
 
 
 def take() -> list[str]:

@@ -41,7 +41,6 @@ def _draft_decode_kv_indices_kernel(
     TOPK: tl.constexpr,
     NUM_STEPS: tl.constexpr,
     SEQ_BLOCK: tl.constexpr,  # next_pow2(num_seqs)
-    STEP_BLOCK: tl.constexpr,  # next_pow2(num_steps)
     COPY_BLOCK: tl.constexpr,
 ):
     i, r, k = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2)  # step, sequence, branch
@@ -54,21 +53,20 @@ def _draft_decode_kv_indices_kernel(
     seq_len = tl.maximum(tl.load(seq_lens_ptr + r).to(tl.int64), 0)
     drafts = i + 1  # draft slots per row at step i
     offset = TOPK * before + row * drafts + k * seq_len
-    row_len = seq_len + drafts  # entries of row (r, k) at step i
     indptr_row = kv_indptr_ptr + i * kv_indptr_stride
-    tl.store(indptr_row + row + 1, offset + row_len, mask=row + 1 < indptr_width)  # stores cast to the dtype
+    # row (r, k) holds seq_len + drafts entries at step i (stores cast to the dtype)
+    tl.store(indptr_row + row + 1, offset + seq_len + drafts, mask=row + 1 < indptr_width)
     if (r == 0) & (k == 0):  # row 0 starts the CSR: its offset is 0
         tl.store(indptr_row, offset)
     row_ok, src = pool_row(req_to_token_ptr, req_pool_indices_ptr, r, pool, req_to_token_stride)
     step_row = kv_indices_ptr + i * kv_indices_stride
     # prefix: positions t < seq_len read column t; only t < L exist (at most L of them)
     copy_row(src, step_row, offset, 0, tl.where(row_ok, tl.minimum(seq_len, context_len), 0), width, COPY_BLOCK)
-    j = tl.arange(0, STEP_BLOCK).to(tl.int64)  # draft slots j = 0..i of branch k
-    col = seq_len + k * NUM_STEPS + j  # their columns in the request's row
-    pos = offset + seq_len + j  # their positions in kv_indices[i]
-    # row_ok goes into the bound, not the mask: the interpreter rejects `block & scalar` masks
-    keep = (j < tl.where(row_ok, drafts, 0)) & (col < context_len) & (pos >= 0) & (pos < width)
-    tl.store(step_row + pos, tl.load(src + col, mask=keep), mask=keep)
+    # then branch k's draft slots j = 0..i: columns col + j (only those < L), after the prefix
+    col = seq_len + k * NUM_STEPS
+    copy_row(
+        src + col, step_row, offset + seq_len, 0, tl.where(row_ok, tl.minimum(drafts, context_len - col), 0), width, COPY_BLOCK
+    )
 
 
 @kernel_op("refimpl::draft_decode_kv_indices", mutates_args=("kv_indices", "kv_indptr"))
@@ -86,7 +84,7 @@ def _draft_decode_kv_indices_op(
         return
     args = (req_pool_indices, req_to_token, seq_lens, kv_indices, kv_indptr, req_to_token.stride(0))
     args += (kv_indices.stride(0), kv_indptr.stride(0), num_seqs, kv_indices.shape[1], kv_indptr.shape[1])
-    args += (*req_to_token.shape, topk, num_steps, triton.next_power_of_2(num_seqs), triton.next_power_of_2(num_steps))
+    args += (*req_to_token.shape, topk, num_steps, triton.next_power_of_2(num_seqs))
     _draft_decode_kv_indices_kernel[(num_steps, num_seqs, topk)](*args, COPY_BLOCK)
 
 
@@ -99,9 +97,8 @@ def draft_decode_kv_indices(req_pool_indices, req_to_token, seq_lens, kv_indices
     num_seqs, dev = check_pool_inputs(req_to_token, req_pool_indices, seq_lens, "seq_lens")
     check_tensor(kv_indices, "kv_indices", INDEX_DTYPES, 2, dev, min_len=num_steps)
     check_tensor(kv_indptr, "kv_indptr", INDEX_DTYPES, 2, dev)
-    ok = kv_indptr.shape[0] >= num_steps and kv_indptr.shape[1] > num_seqs * topk
     check(
-        ok,
+        kv_indptr.shape[0] >= num_steps and kv_indptr.shape[1] > num_seqs * topk,
         f"kv_indptr.shape={tuple(kv_indptr.shape)}: must be at least [num_steps={num_steps}, num_seqs*topk + 1 = {num_seqs * topk + 1}]",
     )
     _draft_decode_kv_indices_op(req_pool_indices, req_to_token, seq_lens, kv_indices, kv_indptr, topk, num_steps)
@@ -112,13 +109,13 @@ def draft_decode_kv_indices_ref(
 ) -> tuple[list[Tensor], list[Tensor]]:
     """Expected ``(kv_indptr, kv_indices)``, one int64 tensor per step (python loops): ``[num_seqs*topk + 1]`` and
     ``[draft_decode_used_len(sum(seq_lens), num_seqs, topk, i)]``."""
-    table = {r: req_to_token[r].tolist() for r in req_pool_indices[: seq_lens.numel()].tolist()}  # the batch's rows
+    rows = [req_to_token[r].tolist() for r in req_pool_indices[: seq_lens.numel()].tolist()]  # the batch's rows
     indptrs, indices, as_tensor = [], [], lambda xs: torch.tensor(xs, dtype=torch.int64, device=req_to_token.device)
     for i in range(num_steps):
         indptr, flat = [0], []
-        for slot, n in zip(req_pool_indices.tolist(), seq_lens.tolist()):
+        for row, n in zip(rows, seq_lens.tolist()):
             for k in range(topk):  # the prefix, then branch k's first i + 1 draft slots
-                flat += [table[slot][c] for c in [*range(n), *range(n + k * num_steps, n + k * num_steps + i + 1)]]
+                flat += [row[c] for c in [*range(n), *range(n + k * num_steps, n + k * num_steps + i + 1)]]
                 indptr.append(len(flat))
         indptrs.append(as_tensor(indptr))
         indices.append(as_tensor(flat))

@@ -36,11 +36,12 @@ def _fused_graph_metadata_kernel(
     seq_lens_ptr,  # [>= bs] int32/int64 (kv lengths: decode / prefix of verify)
     kv_indptr_ptr,  # [>= bs+1] int32/int64, written [0, bs]
     kv_indices_ptr,  # [out_len] int32/int64, written
-    num_kv_splits_ptr,  # decode: [>= bs] int32, written (else a dummy)
-    qo_indptr_ptr,  # verify: [>= bs+1], written (else a dummy)
-    mask_indptr_ptr,  # verify: [>= bs+1], written (else a dummy)
-    mask_src_ptr,  # verify + COPY_MASK: [any] uint8 (a bool mask viewed as uint8)
-    mask_dst_ptr,  # verify + COPY_MASK: [any] uint8, written
+    num_kv_splits_ptr,  # decode: [>= bs] int32, written (else None)
+    qo_indptr_ptr,  # verify: [>= bs+1], written (else None)
+    mask_indptr_ptr,  # verify: [>= bs+1], written (else None)
+    mask_src_ptr,  # verify with a mask copy: [any] uint8 (a bool mask viewed as uint8; else None)
+    mask_dst_ptr,  # verify with a mask copy: [any] uint8, written (else None)
+    mask_len,  # min(mask source numel, mask buffer numel): copies stay inside both
     req_to_token_stride,
     pool,  # req_to_token.shape[0]: request rows outside [0, pool) are never read
     row_len,  # req_to_token.shape[1] = L: columns outside [0, L) are never read
@@ -50,14 +51,10 @@ def _fused_graph_metadata_kernel(
     max_kv_splits,
     core_count,
     num_draft_tokens,  # verify: N
-    mask_len,  # min(mask source numel, mask buffer numel): copies stay inside both
     BLOCK_BS: tl.constexpr,  # next_power_of_2(bs)
     BLOCK: tl.constexpr,  # kv positions per loop iteration
     MASK_BLOCK: tl.constexpr,  # mask entries per loop iteration
-    DECODE: tl.constexpr,
     STATIC: tl.constexpr,  # decode: every count = max_kv_splits
-    VERIFY: tl.constexpr,
-    COPY_MASK: tl.constexpr,
 ):
     i = tl.program_id(0)  # one program per request
     offs = tl.arange(0, BLOCK_BS)  # [BLOCK_BS] request index
@@ -71,14 +68,14 @@ def _fused_graph_metadata_kernel(
     if i == 0:
         tl.store(kv_indptr_ptr, zero)
     tl.store(kv_indptr_ptr + i + 1, out_start + n)
-    if DECODE:  # constexpr: resolved at compile time
+    if num_kv_splits_ptr is not None:  # decode (None pointers: resolved at compile time)
         if STATIC:
-            mine = zero.to(tl.int32) + max_kv_splits
+            mine = max_kv_splits
         else:
             splits = split_counts(lens.to(tl.int32), live, token_grid, max_kv_splits, core_count)
             mine = tl.sum(tl.where(offs == i, splits, 0), 0)  # this request's count
         tl.store(num_kv_splits_ptr + i, mine)
-    if VERIFY:
+    if qo_indptr_ptr is not None:  # verify
         nd = zero + num_draft_tokens  # int64 (an int arg of 1 arrives as a constexpr)
         if i == 0:
             tl.store(qo_indptr_ptr, zero)
@@ -87,9 +84,9 @@ def _fused_graph_metadata_kernel(
         mask_start = tl.sum(tl.where(before, nd * (lens + nd), 0), 0)  # mask_indptr[i]: blocks of N * (len + N)
         my_block = nd * (n + nd)
         tl.store(mask_indptr_ptr + i + 1, mask_start + my_block)
-        if COPY_MASK:  # entries [mask_start, mask_start + my_block) inside both the source and the buffer
-            q_hi = tl.minimum(my_block, mask_len - mask_start)
-            copy_row(mask_src_ptr + mask_start, mask_dst_ptr, mask_start, tl.maximum(-mask_start, 0), q_hi, mask_len, MASK_BLOCK)
+        if mask_src_ptr is not None:  # entries [mask_start, mask_start + my_block) inside both the source and the buffer
+            q_lo, q_hi = tl.maximum(-mask_start, 0), tl.minimum(my_block, mask_len - mask_start)
+            copy_row(mask_src_ptr + mask_start, mask_dst_ptr, mask_start, q_lo, q_hi, mask_len, MASK_BLOCK)
     # the CSR copy, with build_kv_indices' bounds ([facts#csr-kv-index-builder])
     row_ok, src_row = pool_row(req_to_token_ptr, req_pool_indices_ptr, i, pool, req_to_token_stride)
     copy_row(src_row, kv_indices_ptr, out_start, 0, tl.where(row_ok, tl.minimum(n, row_len), 0), out_len, BLOCK)  # <= L
@@ -119,16 +116,36 @@ def _fused_graph_metadata_op(
     bs = seq_lens.shape[0]
     if bs == 0:  # shape, not data: an empty batch launches nothing
         return
-    copy_mask = custom_mask_src is not None  # (verify only: fused_graph_metadata_args drops it for decode)
-    src = dst = kv_indices  # dummy pointers, never read
-    if copy_mask:
-        src, dst = custom_mask_src.view(torch.uint8), custom_mask.view(torch.uint8)  # bool: viewed as uint8
-    outs = (t if t is not None else kv_indptr for t in (num_kv_splits, qo_indptr, mask_indptr))  # dummies: unread
-    args = (req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_indices, *outs, src, dst, req_to_token.stride(0))
-    args += (*req_to_token.shape, kv_indices.numel(), bs, token_grid, max_kv_splits, core_count, num_draft_tokens)
-    args += (min(src.numel(), dst.numel()) if copy_mask else 0, triton.next_power_of_2(bs), CSR_BLOCK, MASK_BLOCK)
-    flags = (num_kv_splits is not None, static or core_count <= 0, qo_indptr is not None, copy_mask)
-    _fused_graph_metadata_kernel[(bs,)](*args, *flags)  # DECODE, STATIC, VERIFY, COPY_MASK
+    mask_copy = (None, None, 0)  # (verify only: fused_graph_metadata_args drops the masks for decode)
+    if custom_mask_src is not None:  # bool: viewed as uint8
+        mask_copy = (
+            custom_mask_src.view(torch.uint8),
+            custom_mask.view(torch.uint8),
+            min(custom_mask_src.numel(), custom_mask.numel()),
+        )
+    _fused_graph_metadata_kernel[(bs,)](
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        kv_indptr,
+        kv_indices,
+        num_kv_splits,
+        qo_indptr,
+        mask_indptr,
+        *mask_copy,
+        req_to_token.stride(0),
+        *req_to_token.shape,
+        kv_indices.numel(),
+        bs,
+        token_grid,
+        max_kv_splits,
+        core_count,
+        num_draft_tokens,
+        triton.next_power_of_2(bs),
+        CSR_BLOCK,
+        MASK_BLOCK,
+        static or core_count <= 0,
+    )
 
 
 def fused_graph_metadata_args(
@@ -155,8 +172,8 @@ def fused_graph_metadata_args(
     bs, dev = check_pool_inputs(req_to_token, req_pool_indices, seq_lens, "seq_lens")
     check_tensor(kv_indptr, "kv_indptr", INDEX_DTYPES, 1, dev, min_len=bs + 1)
     check_tensor(kv_indices, "kv_indices", INDEX_DTYPES, 1, dev)
-    decode, verify = num_kv_splits is not None, num_draft_tokens is not None
-    check(decode != verify, "pass num_kv_splits (decode) or num_draft_tokens (verify), not both")
+    decode = num_kv_splits is not None
+    check(decode != (num_draft_tokens is not None), "pass num_kv_splits (decode) or num_draft_tokens (verify), not both")
     if decode:
         check_tensor(num_kv_splits, "num_kv_splits", (torch.int32,), 1, dev, min_len=bs)
         token_grid, n = split_grid(bs, 1, num_heads, num_kv_heads, max_kv_splits, core_count), 0
@@ -172,7 +189,7 @@ def fused_graph_metadata_args(
             check_tensor(custom_mask_src, "custom_mask_src", MASK_DTYPES, 1, dev)
             check_tensor(custom_mask, "custom_mask", MASK_DTYPES, 1, dev)
     tensors = (req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_indices, num_kv_splits, qo_indptr, mask_indptr)
-    return (*tensors, custom_mask_src, custom_mask, token_grid, max_kv_splits, core_count, bool(static), n)
+    return tensors + (custom_mask_src, custom_mask, token_grid, max_kv_splits, core_count, bool(static), n)
 
 
 def fused_graph_metadata(*args, **kwargs) -> None:
@@ -213,7 +230,7 @@ def fused_graph_metadata_ref(
 ) -> dict[str, Tensor]:
     """What ``fused_graph_metadata`` writes for valid inputs, on the host, int64 (``custom_mask``: the source's first
     ``min(src numel, mask_indptr[bs])`` entries as uint8)."""
-    lens = seq_lens.detach().cpu().to(torch.int64)
+    lens = seq_lens.cpu().long()
     bs, n = lens.numel(), num_draft_tokens
     out = csr_ref(req_to_token, req_pool_indices[:bs], lens)  # kv_indptr, kv_indices
     if n is None:
@@ -225,9 +242,9 @@ def fused_graph_metadata_ref(
             core_count=core_count,
             static=static,
         )
-        return out | {"num_kv_splits": torch.tensor(splits, dtype=torch.int64, device="cpu")}
-    out["qo_indptr"] = torch.arange(0, (bs + 1) * n, n, dtype=torch.int64, device="cpu")
+        return out | {"num_kv_splits": torch.tensor(splits, device="cpu")}  # (int64)
+    out["qo_indptr"] = torch.arange(0, (bs + 1) * n, n, device="cpu")
     out["mask_indptr"] = layout.mask_indptr(lens, n)
     if custom_mask_src is not None:  # (slicing stops at the source's end)
-        out["custom_mask"] = custom_mask_src.detach().cpu()[: int(out["mask_indptr"][-1])].to(torch.uint8)
+        out["custom_mask"] = custom_mask_src.cpu()[: int(out["mask_indptr"][-1])].to(torch.uint8)
     return out

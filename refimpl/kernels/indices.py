@@ -94,12 +94,14 @@ def _pool_copy_kernel(
         copy_pages(src_row, dst_ptr + i.to(tl.int64) * dst_stride, start, num_pages, row_len, PAGE_SIZE, BLOCK)
 
 
-def _pool_copy(req_to_token, req_pool_indices, lens, kv_start_idx, dst, kv_indptr, dst_len, page_size, block) -> None:
-    """Launch ``_pool_copy_kernel``, one program per request (both builder ops' body)."""
+def _pool_copy(req_to_token, req_pool_indices, lens, kv_start_idx, dst, kv_indptr, page_size=0) -> None:
+    """Launch ``_pool_copy_kernel``, one program per request (both builder ops' body): a CSR ``kv_indices`` (page_size
+    0, ``kv_indptr`` its offsets) or a block table (``kv_indptr`` unused)."""
     if lens.shape[0] == 0:  # shape, not data: an empty batch launches nothing
         return
     start = lens if kv_start_idx is None else kv_start_idx  # lens: a dummy pointer, never read
-    args = (req_to_token, req_pool_indices, lens, start, dst, kv_indptr, req_to_token.stride(0), dst.stride(0), dst_len)
+    block = pages_per_chunk(page_size) if page_size else CSR_BLOCK
+    args = (req_to_token, req_pool_indices, lens, start, dst, kv_indptr, req_to_token.stride(0), dst.stride(0), dst.shape[-1])
     _pool_copy_kernel[(lens.shape[0],)](*args, *req_to_token.shape, kv_start_idx is not None, page_size, block)
 
 
@@ -112,7 +114,7 @@ def _build_kv_indices_op(
     kv_indices: Tensor,
     kv_start_idx: Tensor | None,
 ) -> None:
-    _pool_copy(req_to_token, req_pool_indices, lens, kv_start_idx, kv_indices, kv_indptr, kv_indices.numel(), 0, CSR_BLOCK)
+    _pool_copy(req_to_token, req_pool_indices, lens, kv_start_idx, kv_indices, kv_indptr)
 
 
 def build_kv_indices(req_to_token, req_pool_indices, lens, kv_indptr, kv_indices, kv_start_idx=None) -> None:
@@ -143,8 +145,7 @@ def build_kv_indices_ref(req_to_token, req_pool_indices, lens, kv_start_idx=None
 def _build_block_table_op(
     req_to_token: Tensor, req_pool_indices: Tensor, lens: Tensor, block_table: Tensor, page_size: int, kv_start_idx: Tensor | None
 ) -> None:
-    chunk = pages_per_chunk(page_size)
-    _pool_copy(req_to_token, req_pool_indices, lens, kv_start_idx, block_table, lens, block_table.shape[1], page_size, chunk)
+    _pool_copy(req_to_token, req_pool_indices, lens, kv_start_idx, block_table, lens, page_size)
 
 
 def build_block_table(req_to_token, req_pool_indices, lens, block_table, page_size, kv_start_idx=None) -> None:

@@ -66,26 +66,27 @@ def _mla_paged_kernel(
     HEADS: tl.constexpr,  # valid heads per program (<= 16)
     BLOCK_H: tl.constexpr,  # pow2 >= max(HEADS, 16)
     BLOCK_N: tl.constexpr,
-    FP32_DOTS: tl.constexpr,  # float32 inputs: exact fp32 dots; bf16/fp16: tensor-core dots
+    PRECISION: tl.constexpr,  # "ieee": float32 inputs, cast to exact fp32 dots; "tf32": bf16/fp16 tensor-core dots
 ):
     row, hg = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)  # i * N + j, head group
     i, j = row // q_len, row % q_len  # request, query row within it
     seq_len = tl.load(seq_lens_ptr + i).to(tl.int64)
-    # max_seq_len frozen at capture: keys past it unread; causal, bottom-right aligned; never a table entry past the width
-    end = tl.minimum(tl.minimum(seq_len, max_seq_len), tl.minimum(seq_len - q_len + j + 1, width * PAGE_SIZE))
+    # max_seq_len frozen at capture: keys past it unread; never a table entry past the width; causal, bottom-right
+    # aligned (j < q_len: never past seq_len)
+    end = tl.minimum(tl.minimum(max_seq_len, width * PAGE_SIZE), seq_len - q_len + j + 1)
     offs_hb = tl.arange(0, BLOCK_H)
     heads = hg * HEADS + offs_hb  # [BLOCK_H] int64 query heads
-    mask_h = (offs_hb < HEADS) & (heads < num_heads)
+    mask_h = ((offs_hb < HEADS) & (heads < num_heads))[:, None]  # [BLOCK_H, 1]
     cols_r, cols_rr = tl.arange(0, R)[None, :], R + tl.arange(0, RR)[None, :]  # [1, R], [1, RR]: a cache row's parts
     q_rows = q_ptr + i * stride_qb + j * stride_qt + heads[:, None] * stride_qh  # [BLOCK_H, 1]
-    q_nope = tl.load(q_rows + cols_r, mask=mask_h[:, None], other=0.0)  # [BLOCK_H, R]
-    q_pe = tl.load(q_rows + cols_rr, mask=mask_h[:, None], other=0.0)  # [BLOCK_H, RR]
+    q_nope = tl.load(q_rows + cols_r, mask=mask_h, other=0.0)  # [BLOCK_H, R]
+    q_pe = tl.load(q_rows + cols_rr, mask=mask_h, other=0.0)  # [BLOCK_H, RR]
     bt_row = block_table_ptr + i * stride_bt
     e_max = tl.full([BLOCK_H], float("-inf"), tl.float32)  # running max of logits
     e_sum = tl.zeros([BLOCK_H], tl.float32)  # running sum of exp(logit - e_max)
     acc = tl.zeros([BLOCK_H, R], tl.float32)  # running sum of exp(...) * v
     arange_n = tl.arange(0, BLOCK_N)  # hoisted: a loop invariant
-    if FP32_DOTS:  # cast once, not every block
+    if PRECISION == "ieee":  # cast once, not every block
         q_nope, q_pe = q_nope.to(tl.float32), q_pe.to(tl.float32)
     for start in range(0, end, BLOCK_N):  # end <= 0: no iteration, zeros
         # BLOCK_N divides PAGE_SIZE: the whole block lies in page start // P (start < end, so
@@ -97,27 +98,20 @@ def _mla_paged_kernel(
         rows_ok = mask_n[:, None]
         kv = tl.load(kv_rows + cols_r, mask=rows_ok, other=0.0)  # [BLOCK_N, R]: key latent, value
         k_pe = tl.load(kv_rows + cols_rr, mask=rows_ok, other=0.0)
-        if FP32_DOTS:  # [BLOCK_H, BLOCK_N], fp32 accumulation either way
-            kv = kv.to(tl.float32)
-            qk = tl.dot(q_nope, tl.trans(kv), input_precision="ieee")
-            qk += tl.dot(q_pe, tl.trans(k_pe.to(tl.float32)), input_precision="ieee")
-        else:
-            qk = tl.dot(q_nope, tl.trans(kv))
-            qk += tl.dot(q_pe, tl.trans(k_pe))
+        if PRECISION == "ieee":
+            kv, k_pe = kv.to(tl.float32), k_pe.to(tl.float32)
+        qk = tl.dot(q_nope, tl.trans(kv), input_precision=PRECISION)  # [BLOCK_H, BLOCK_N], fp32 accumulation
+        qk += tl.dot(q_pe, tl.trans(k_pe), input_precision=PRECISION)
         qk = tl.where(mask_n[None, :], qk * sm_scale, float("-inf"))
-        new_max = tl.maximum(e_max, tl.max(qk, axis=1))  # [BLOCK_H], finite: every block has a live key
+        new_max = tl.maximum(e_max, tl.max(qk, 1))  # [BLOCK_H], finite: every block has a live key
         rescale = tl.exp(e_max - new_max)  # 0 on the first block (exp(-inf))
         p = tl.exp(qk - new_max[:, None])  # [BLOCK_H, BLOCK_N], 0 at masked keys
-        if FP32_DOTS:
-            pv = tl.dot(p, kv, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(kv.dtype), kv)  # [BLOCK_H, R], fp32 accumulation
-        acc = acc * rescale[:, None] + pv
-        e_sum = e_sum * rescale + tl.sum(p, axis=1)
+        acc = acc * rescale[:, None] + tl.dot(p.to(kv.dtype), kv, input_precision=PRECISION)  # [BLOCK_H, R]
+        e_sum = e_sum * rescale + tl.sum(p, 1)
         e_max = new_max
     out = acc / tl.where(e_sum > 0, e_sum, 1.0)[:, None] * out_scale  # no key: zeros
     out_ptrs = out_ptr + i * stride_ob + j * stride_ot + heads[:, None] * stride_oh
-    tl.store(out_ptrs + cols_r, out.to(out_ptr.dtype.element_ty), mask=mask_h[:, None])
+    tl.store(out_ptrs + cols_r, out, mask=mask_h)  # the store casts to out's dtype
 
 
 @kernel_op("refimpl::mla_paged_attention", mutates_args=("out",))
@@ -138,10 +132,11 @@ def _mla_paged_attention_op(
     heads = min(num_heads, MAX_HEADS_PER_PROGRAM)
     strides = (*q.stride()[:3], *kv_cache.stride()[:2], block_table.stride(0), *out.stride()[:3])
     sizes = (q_len, num_heads, block_table.shape[1], max_seq_len, sm_scale, out_scale)
-    meta = dict(R=kv_lora_rank, RR=head_dim - kv_lora_rank, PAGE_SIZE=kv_cache.shape[1], HEADS=heads, BLOCK_N=BLOCK_N)
-    meta.update(BLOCK_H=max(triton.next_power_of_2(heads), DOT_MIN), FP32_DOTS=torch.float32 in (q.dtype, kv_cache.dtype))
+    # R, RR, PAGE_SIZE, HEADS, BLOCK_H, BLOCK_N, PRECISION
+    consts = (kv_lora_rank, head_dim - kv_lora_rank, kv_cache.shape[1], heads, max(triton.next_power_of_2(heads), DOT_MIN))
+    consts += (BLOCK_N, "ieee" if torch.float32 in (q.dtype, kv_cache.dtype) else "tf32")
     _mla_paged_kernel[(bs * q_len, triton.cdiv(num_heads, heads))](
-        q, kv_cache, block_table, seq_lens, out, *strides, *sizes, **meta, num_warps=4 if kv_lora_rank <= 128 else 8
+        q, kv_cache, block_table, seq_lens, out, *strides, *sizes, *consts, num_warps=4 if kv_lora_rank <= 128 else 8
     )
 
 
@@ -158,8 +153,10 @@ def mla_paged_attention(q, kv_cache, block_table, seq_lens, out, max_seq_len, sm
     (_, page_size, kv_dim), width, rope = kv_cache.shape, block_table.shape[1], head_dim - kv_lora_rank
     check_int(kv_lora_rank, "kv_lora_rank", DOT_MIN)
     check(kv_lora_rank & (kv_lora_rank - 1) == 0, f"kv_lora_rank={kv_lora_rank}: must be a power of two")
-    msg = f"q.shape[-1]={head_dim}: the rope part q.shape[-1] - kv_lora_rank = {rope} must be a power of two >= {DOT_MIN}"
-    check(rope >= DOT_MIN and rope & (rope - 1) == 0, msg)  # n & (n - 1) == 0: a power of two
+    check(  # n & (n - 1) == 0: a power of two
+        rope >= DOT_MIN and rope & (rope - 1) == 0,
+        f"q.shape[-1]={head_dim}: the rope part q.shape[-1] - kv_lora_rank = {rope} must be a power of two >= {DOT_MIN}",
+    )
     check(kv_dim == head_dim, f"kv_cache.shape[2]={kv_dim}: must equal q.shape[3]={head_dim}")
     check(
         page_size >= 1 and page_size % BLOCK_N == 0, f"kv_cache.shape[1]={page_size} (page size): must be a multiple of {BLOCK_N}"
@@ -167,14 +164,15 @@ def mla_paged_attention(q, kv_cache, block_table, seq_lens, out, max_seq_len, sm
     want = (bs, q_len, num_heads, kv_lora_rank)
     check(out.shape == want, f"out.shape={tuple(out.shape)}: must be {want}")
     check_int(max_seq_len, "max_seq_len", 0)
-    msg = f"block_table.shape[1]={width} pages of {page_size} cover {width * page_size} positions < max_seq_len={max_seq_len}"
-    check(width * page_size >= max_seq_len, f"{msg}: the table is too narrow")
+    check(
+        width * page_size >= max_seq_len,
+        f"block_table.shape[1]={width} pages of {page_size} cover {width * page_size} positions < max_seq_len={max_seq_len}:"
+        " the table is too narrow",
+    )
     check_float(sm_scale, "sm_scale")
     check_float(out_scale, "out_scale")
-    bound = min(max_seq_len, width * page_size)
-    block_table = guard_table("mla_paged_attention", block_table, seq_lens, bs, bound, page_size, kv_cache.shape[0])
-    scalars = (max_seq_len, float(sm_scale), kv_lora_rank, float(out_scale))
-    _mla_paged_attention_op(q, kv_cache, block_table, seq_lens, out, *scalars)
+    block_table = guard_table("mla_paged_attention", block_table, seq_lens, bs, max_seq_len, page_size, kv_cache.shape[0])
+    _mla_paged_attention_op(q, kv_cache, block_table, seq_lens, out, max_seq_len, float(sm_scale), kv_lora_rank, float(out_scale))
     return out
 
 
@@ -185,12 +183,12 @@ def mla_paged_attention_ref(q, kv_cache, block_table, seq_lens, max_seq_len, sm_
     bs, q_len, num_heads, _ = q.shape
     page_size, device = kv_cache.shape[1], q.device
     cap = min(max_seq_len, block_table.shape[1] * page_size)
-    out = torch.zeros(bs, q_len, num_heads, kv_lora_rank, dtype=torch.float64, device=device)
+    out = q.new_zeros(bs, q_len, num_heads, kv_lora_rank, dtype=torch.float64)
     for i, n in enumerate(seq_lens[:bs].tolist()):
         t = torch.arange(max(min(n, cap), 0), device=device)  # the keys request i may read
         # [n_k, 1, R + Rr]: key = the whole cache row, value = its first R columns
         rows = kv_cache[block_table[i, t // page_size].long(), t % page_size, None]
-        mask = torch.ones(q_len, t.numel(), dtype=torch.bool, device=device).tril(n - q_len)  # t < n - N + j + 1
+        mask = q.new_ones(q_len, t.numel(), dtype=torch.bool).tril(n - q_len)  # t < n - N + j + 1
         out[i] = attention_from_dense(q[i], rows, rows[..., :kv_lora_rank], sm_scale, mask)
     return out * out_scale
 
@@ -250,8 +248,10 @@ def trtllm_batch_decode_with_kv_cache_mla(
     / ``backend`` / ``cute_dsl_impl`` / ``kv_scale_format`` / ``multi_ctas_kv_counter_buffer`` ignored, an omitted
     ``out`` in ``query.dtype``."""
     args = locals()  # the arguments by name
-    unsupported = "sinks skip_softmax_threshold_scale_factor lse cum_seq_lens_q max_q_len sparse_mla_top_k_lens"
-    for name in (unsupported + " causal_seqlens_kv_global use_fp16_softmax return_lse_base").split():
+    for name in (
+        "sinks skip_softmax_threshold_scale_factor lse cum_seq_lens_q max_q_len sparse_mla_top_k_lens"
+        " causal_seqlens_kv_global use_fp16_softmax return_lse_base"
+    ).split():
         check(args[name] is None, f"{name}={args[name]!r}: not implemented here (pass None)")
     flags = (is_var_seq, uses_shared_paged_kv_idx, return_lse, enable_dcp, cp_world, cp_rank)
     check(
@@ -284,7 +284,7 @@ def trtllm_batch_decode_with_kv_cache_mla(
     )
     check_int(max_seq_len, "max_seq_len", 0)
     if out is None:
-        out = torch.empty(bs, q_len, num_heads, kv_lora_rank, dtype=query.dtype, device=device)
+        out = query.new_empty(bs, q_len, num_heads, kv_lora_rank)
     bound = min(max_seq_len, width * page_size)  # SGLang's verify passes L + N over a table of L
     return mla_paged_attention(query, kv_cache[:, 0], block_tables, seq_lens, out, bound, bmm1_scale, kv_lora_rank, bmm2_scale)
 
@@ -313,7 +313,7 @@ def cutlass_mla_decode(
     ok = type(num_kv_splits) is int and (num_kv_splits >= 1 or num_kv_splits == -1)
     check(ok, f"num_kv_splits={num_kv_splits!r}: must be an int >= 1 (or -1: automatic)")
     if out is None:
-        out = torch.empty(bs, num_heads, rank, dtype=q_nope.dtype, device=device)
+        out = q_nope.new_empty(bs, num_heads, rank)
     check_tensor(out, "out", FLOAT_DTYPES, 3, device)  # its shape: mla_paged_attention's check, on out.unsqueeze(1)
     q = torch.cat([q_nope, q_pe], dim=-1).unsqueeze(1)  # [bs, 1, H, R + Rr]
     max_seq_len = page_table.shape[1] * CUTLASS_PAGE_SIZE  # the table is the bound
@@ -331,10 +331,10 @@ def _trtllm_mla_graph_metadata_kernel(
     seq_lens_k_ptr,  # [bs] int32/int64, written
     req_to_token_stride,
     block_table_stride,
+    pool,  # rows of req_to_token
     context_len,  # L
     width,
     seqlen_offset,
-    pool,  # rows of req_to_token
     PAGE_SIZE: tl.constexpr,
     PAGES_PER_CHUNK: tl.constexpr,
 ):
@@ -342,10 +342,10 @@ def _trtllm_mla_graph_metadata_kernel(
     n = tl.load(seq_lens_ptr + i).to(tl.int64) + seqlen_offset
     tl.store(seq_lens_k_ptr + i, n.to(seq_lens_k_ptr.dtype.element_ty))
     row_ok, src_row = pool_row(req_to_token_ptr, req_pool_indices_ptr, i, pool, req_to_token_stride)
-    num_pages = tl.minimum(tl.cdiv(n, PAGE_SIZE), width)  # never write past the row
-    num_pages = tl.minimum(num_pages, tl.cdiv(context_len, PAGE_SIZE))  # never read past it
-    num_pages = tl.where(row_ok, num_pages, 0)
-    copy_pages(src_row, block_table_ptr + i * block_table_stride, 0, num_pages, context_len, PAGE_SIZE, PAGES_PER_CHUNK)
+    num_pages = tl.where(row_ok, tl.minimum(tl.cdiv(n, PAGE_SIZE), width), 0)  # never write past the row
+    copy_pages(  # (copy_pages never reads past L either)
+        src_row, block_table_ptr + i * block_table_stride, 0, num_pages, context_len, PAGE_SIZE, PAGES_PER_CHUNK
+    )
 
 
 @kernel_op("refimpl::trtllm_mla_graph_metadata", mutates_args=("block_table", "seq_lens_k"))
@@ -361,17 +361,27 @@ def _trtllm_mla_graph_metadata_op(
     bs = seq_lens_k.shape[0]
     if bs == 0:
         return
-    args = (req_pool_indices, seq_lens, req_to_token, block_table, seq_lens_k, req_to_token.stride(0), block_table.stride(0))
-    args += (req_to_token.shape[1], block_table.shape[1], seqlen_offset, req_to_token.shape[0])  # L, width, offset, pool
-    # PAGE_SIZE, PAGES_PER_CHUNK
-    _trtllm_mla_graph_metadata_kernel[(bs,)](*args, page_size, pages_per_chunk(page_size, METADATA_CHUNK))
+    _trtllm_mla_graph_metadata_kernel[(bs,)](
+        req_pool_indices,
+        seq_lens,
+        req_to_token,
+        block_table,
+        seq_lens_k,
+        req_to_token.stride(0),
+        block_table.stride(0),
+        *req_to_token.shape,
+        block_table.shape[1],
+        seqlen_offset,
+        page_size,
+        pages_per_chunk(page_size, METADATA_CHUNK),
+    )
 
 
 def trtllm_mla_graph_metadata(req_pool_indices, seq_lens, req_to_token, block_table, seq_lens_k, *, seqlen_offset, page_size):
     """Rebuild TRTLLM-MLA graph metadata in one launch (module docstring), bs = ``seq_lens_k.numel()``; ``seqlen_offset``
     (0 decode / draft extend, N verify) is frozen at capture. Reads stay below L and writes inside the width whatever
     the values."""
-    check_tensor(seq_lens_k, "seq_lens_k", INDEX_DTYPES, 1, None)
+    check_tensor(seq_lens_k, "seq_lens_k", INDEX_DTYPES, 1)
     device, bs = seq_lens_k.device, seq_lens_k.shape[0]
     check_tensor(req_pool_indices, "req_pool_indices", INDEX_DTYPES, 1, device)
     check_tensor(seq_lens, "seq_lens", INDEX_DTYPES, 1, device)

@@ -17,8 +17,8 @@ def attention_from_dense(q, keys, values, sm_scale: float, mask: torch.Tensor | 
     query row with no visible key gets zeros."""
     (n_q, num_heads, _), (n_k, num_kv_heads, dv) = q.shape, values.shape
     assert num_heads % num_kv_heads == 0, "H must be a multiple of Hkv"
-    out = torch.zeros(n_q, num_heads, dv, dtype=torch.float64, device=q.device)
-    mask = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device) if mask is None else mask
+    out = q.new_zeros(n_q, num_heads, dv, dtype=torch.float64)
+    mask = q.new_ones(n_q, n_k, dtype=torch.bool) if mask is None else mask
     assert mask.shape == (n_q, n_k), f"mask {tuple(mask.shape)} != {(n_q, n_k)}"
     for h in range(num_heads):
         k, v = (t[:, h // (num_heads // num_kv_heads)].double() for t in (keys, values))  # [n_k, D], [n_k, Dv]
@@ -34,13 +34,13 @@ def mha_oracle(
 ) -> torch.Tensor:
     """Paged MHA/GQA over a ragged batch, float64: q [T, H, D], k_cache [slots, Hkv, D], v_cache [slots, Hkv, Dv],
     qo_indptr / kv_indptr [bs+1], kv_indices [>= kv_indptr[bs]] -> [T, H, Dv]."""
-    out = torch.zeros((*q.shape[:2], v_cache.shape[-1]), dtype=torch.float64, device=q.device)  # [T, H, Dv]
+    out = q.new_zeros(*q.shape[:2], v_cache.shape[-1], dtype=torch.float64)  # [T, H, Dv]
     qo, kv = qo_indptr.tolist(), kv_indptr.tolist()
     assert len(kv) >= len(qo), "kv_indptr shorter than qo_indptr"
-    for i in range(len(qo) - 1):
-        rows, cache_rows = slice(qo[i], qo[i + 1]), kv_indices[kv[i] : kv[i + 1]].long()  # [n_k] int64
-        n_q, n_k = qo[i + 1] - qo[i], cache_rows.numel()
-        mask = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device)  # request i's [n_q, n_k]
+    for i, (q_lo, q_hi) in enumerate(zip(qo, qo[1:])):
+        rows, cache_rows = slice(q_lo, q_hi), kv_indices[kv[i] : kv[i + 1]].long()  # [n_k] int64
+        n_q, n_k = q_hi - q_lo, cache_rows.numel()
+        mask = q.new_ones(n_q, n_k, dtype=torch.bool)  # request i's [n_q, n_k]
         if custom_mask is not None:
             assert mask_indptr is not None, "custom_mask needs mask_indptr"
             start = int(mask_indptr[i])

@@ -28,8 +28,22 @@ BLOCK_N = 32  # keys per inner-loop iteration of stage 1 (divides MIN_BLOCK_KV)
 MAX_HEADS_PER_PROGRAM = 16  # grouped stage 1: query heads sharing one kv load (BLOCK_H)
 DOT_MIN = 16  # tl.dot needs every dim >= 16
 _MIN_BLOCK_KV_C = tl.constexpr(MIN_BLOCK_KV)  # globals read inside @triton.jit must be constexpr
-# Both stages compute a row's split size inline, not in a shared @triton.jit helper: the interpreter re-patches
-# triton.language on every nested call, which made the helper a fifth of a CPU check's time.
+
+
+@triton.jit
+def csr_range(indptr_ptr, i):
+    """``(start, length)`` of entry i of a CSR ``indptr``, int64."""
+    start = tl.load(indptr_ptr + i).to(tl.int64)
+    return start, tl.load(indptr_ptr + i + 1).to(tl.int64) - start
+
+
+@triton.jit
+def _split_range(kv_indptr_ptr, num_kv_splits_ptr, b, MAX_KV_SPLITS: tl.constexpr):
+    """Row b's ``(kv_start, seq_len, per_split)``, int64, as both stages see them."""
+    kv_start, seq_len = csr_range(kv_indptr_ptr, b)
+    # data, not shape: a count outside [1, MAX_KV_SPLITS] is clamped (more would leave keys no program covers)
+    splits = tl.minimum(tl.maximum(tl.load(num_kv_splits_ptr + b).to(tl.int64), 1), MAX_KV_SPLITS)
+    return kv_start, seq_len, tl.cdiv(tl.cdiv(seq_len, splits), _MIN_BLOCK_KV_C) * _MIN_BLOCK_KV_C
 
 
 # stage 1: partial attention per (row, head group, split)
@@ -56,7 +70,6 @@ def _decode_stage1_kernel(
     stride_eh,
     sm_scale,
     logit_cap,
-    num_heads,
     head_dim,
     v_head_dim,
     GROUP: tl.constexpr,  # H // Hkv
@@ -70,16 +83,12 @@ def _decode_stage1_kernel(
     USE_DOT: tl.constexpr,
 ):
     b, hg, s = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2)  # row, head group, split
-    kv_start = tl.load(kv_indptr_ptr + b).to(tl.int64)
-    seq_len = tl.load(kv_indptr_ptr + b + 1).to(tl.int64) - kv_start
-    # data, not shape: a count outside [1, MAX_KV_SPLITS] is clamped (more would leave keys no program covers)
-    splits = tl.minimum(tl.maximum(tl.load(num_kv_splits_ptr + b).to(tl.int64), 1), MAX_KV_SPLITS)
-    per_split = (((seq_len + splits - 1) // splits + _MIN_BLOCK_KV_C - 1) // _MIN_BLOCK_KV_C) * _MIN_BLOCK_KV_C
+    kv_start, seq_len, per_split = _split_range(kv_indptr_ptr, num_kv_splits_ptr, b, MAX_KV_SPLITS)
     split_start = s * per_split
     split_end = tl.minimum(split_start + per_split, seq_len)
     if split_end > split_start:  # empty split (incl. s >= splits): touch nothing
-        heads = hg * HEADS + tl.arange(0, BLOCK_H)  # [BLOCK_H] query heads (int64)
-        mask_h = (tl.arange(0, BLOCK_H) < HEADS) & (heads < num_heads)
+        heads = hg * HEADS + tl.arange(0, BLOCK_H)  # [BLOCK_H] query heads (int64; HEADS divides H: all < H)
+        mask_h = tl.arange(0, BLOCK_H) < HEADS
         kv_head = hg * HEADS // GROUP  # shared by all heads of the program
         offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
         mask_d, mask_dv = offs_d < head_dim, offs_dv < v_head_dim
@@ -95,8 +104,7 @@ def _decode_stage1_kernel(
             offs_n = start + arange_n  # [BLOCK_N] key positions in the row
             mask_n = offs_n < split_end
             slot = tl.load(kv_indices_ptr + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)  # cache rows
-            k_ptrs = k_ptr + slot[None, :] * stride_ks + k_cols
-            k_t = tl.load(k_ptrs, mask=mask_d2 & mask_n[None, :], other=0.0).to(tl.float32)  # [D, N]
+            k_t = tl.load(k_ptr + slot[None, :] * stride_ks + k_cols, mask=mask_d2 & mask_n[None, :], other=0.0).to(tl.float32)
             if USE_DOT:
                 qk = tl.dot(q, k_t, input_precision="ieee")  # [BLOCK_H, BLOCK_N]
             else:
@@ -105,8 +113,7 @@ def _decode_stage1_kernel(
             if USE_CAP:  # logit_cap * tanh(qk / logit_cap), tanh(x) = 2*sigmoid(2x) - 1
                 qk = logit_cap * (2.0 * tl.sigmoid(2.0 * qk / logit_cap) - 1.0)
             qk = tl.where(mask_n[None, :], qk, float("-inf"))
-            v_ptrs = v_ptr + slot[:, None] * stride_vs + v_cols
-            v = tl.load(v_ptrs, mask=mask_n[:, None] & mask_dv2, other=0.0).to(tl.float32)  # [N, DV]
+            v = tl.load(v_ptr + slot[:, None] * stride_vs + v_cols, mask=mask_n[:, None] & mask_dv2, other=0.0).to(tl.float32)
             new_max = tl.maximum(e_max, tl.max(qk, 1))  # [BLOCK_H], finite: every block has a live key
             rescale = tl.exp(e_max - new_max)  # 0 on the first block (exp(-inf))
             p = tl.exp(qk - new_max[:, None])  # [BLOCK_H, BLOCK_N], 0 at masked keys
@@ -143,13 +150,14 @@ def _decode_stage1_op(
     # query heads per program: the group's largest divisor <= MAX_HEADS_PER_PROGRAM (the group itself if that small)
     heads = max(d for d in range(1, min(group, MAX_HEADS_PER_PROGRAM) + 1) if group % d == 0)
     use_dot = group > 1 and head_dim >= DOT_MIN and v_head_dim >= DOT_MIN
-    tensors = (q, k_buffer, v_buffer, kv_indptr, kv_indices, num_kv_splits, attn_logits, attn_lse)
     strides = (*q.stride()[:2], *k_buffer.stride()[:2], *v_buffer.stride()[:2], *attn_logits.stride()[:3])
-    scalars = (*attn_lse.stride()[:2], sm_scale, logit_cap if logit_cap > 0 else 1.0, num_heads, head_dim, v_head_dim)
+    scalars = (*attn_lse.stride()[:2], sm_scale, logit_cap if logit_cap > 0 else 1.0, head_dim, v_head_dim)
     # GROUP, HEADS, BLOCK_H, BLOCK_D, BLOCK_DV, BLOCK_N, MAX_KV_SPLITS, USE_CAP, USE_DOT
     consts = (group, heads, max(triton.next_power_of_2(heads), DOT_MIN if use_dot else 1), triton.next_power_of_2(head_dim))
     consts += (triton.next_power_of_2(v_head_dim), BLOCK_N, max_kv_splits, logit_cap > 0, use_dot)
-    _decode_stage1_kernel[(num_rows, num_heads // heads, max_kv_splits)](*tensors, *strides, *scalars, *consts)
+    _decode_stage1_kernel[(num_rows, num_heads // heads, max_kv_splits)](
+        q, k_buffer, v_buffer, kv_indptr, kv_indices, num_kv_splits, attn_logits, attn_lse, *strides, *scalars, *consts
+    )
 
 
 # stage 2: log-sum-exp merge of the splits
@@ -177,10 +185,8 @@ def _decode_stage2_kernel(
     m = float("-inf")  # running max of the split LSEs
     total = 0.0  # sum_s exp(lse_s - m)
     acc = tl.zeros([BLOCK_DV], tl.float32)  # sum_s exp(lse_s - m) * partial_s
-    seq_len = tl.load(kv_indptr_ptr + b + 1).to(tl.int64) - tl.load(kv_indptr_ptr + b).to(tl.int64)
-    splits = tl.minimum(tl.maximum(tl.load(num_kv_splits_ptr + b).to(tl.int64), 1), MAX_KV_SPLITS)  # as stage 1
-    per_split = (((seq_len + splits - 1) // splits + _MIN_BLOCK_KV_C - 1) // _MIN_BLOCK_KV_C) * _MIN_BLOCK_KV_C
-    for s in range(0, MAX_KV_SPLITS):
+    _, seq_len, per_split = _split_range(kv_indptr_ptr, num_kv_splits_ptr, b, MAX_KV_SPLITS)
+    for s in range(MAX_KV_SPLITS):
         split_start = s * per_split
         if tl.minimum(split_start + per_split, seq_len) > split_start:  # exactly the splits stage 1 wrote
             lse = tl.load(lse_ptr + b * stride_et + h * stride_eh + s)
@@ -202,15 +208,25 @@ def _decode_stage2_op(
     num_rows, num_heads, v_head_dim = o.shape
     if num_rows == 0:
         return
-    args = (attn_logits, attn_lse, kv_indptr, num_kv_splits, o, *attn_logits.stride()[:3], *attn_lse.stride()[:2])
-    args += (*o.stride()[:2], v_head_dim, triton.next_power_of_2(v_head_dim), max_kv_splits)  # ..., BLOCK_DV, MAX_KV_SPLITS
-    _decode_stage2_kernel[(num_rows, num_heads)](*args)
+    strides = (*attn_logits.stride()[:3], *attn_lse.stride()[:2], *o.stride()[:2])
+    _decode_stage2_kernel[(num_rows, num_heads)](  # ..., BLOCK_DV, MAX_KV_SPLITS
+        attn_logits,
+        attn_lse,
+        kv_indptr,
+        num_kv_splits,
+        o,
+        *strides,
+        v_head_dim,
+        triton.next_power_of_2(v_head_dim),
+        max_kv_splits,
+    )
 
 
-def check_kernel_args(sm_scale, logit_cap, **tensors) -> None:
-    """The decode and extend kernels' shared checks: each tensor in a dtype the interpreter computes right (CPU: no bf16),
-    ``sm_scale`` a finite Python float, ``logit_cap`` (the tanh cap) one >= 0 (0 = off)."""
-    for name, t in tensors.items():
+def check_kernel_args(sm_scale, logit_cap, names: str, *tensors) -> None:
+    """The decode and extend kernels' shared checks: each tensor (``names``: theirs, space-separated) in a dtype the
+    interpreter computes right (CPU: no bf16), ``sm_scale`` a finite Python float, ``logit_cap`` (the tanh cap) one >= 0
+    (0 = off)."""
+    for name, t in zip(names.split(), tensors):
         _env.check_cpu_dtype(t, name)
     check_float(sm_scale, "sm_scale")
     check_float(logit_cap, "logit_cap")
@@ -225,7 +241,7 @@ def decode_attention(
     ``sm_scale`` / ``logit_cap`` Python floats."""
     num_rows, num_heads, _, _, v_head_dim = check_paged_qkvo(q, k_buffer, v_buffer, o)
     device = q.device
-    check_kernel_args(sm_scale, logit_cap, q=q, k_buffer=k_buffer, v_buffer=v_buffer, o=o)
+    check_kernel_args(sm_scale, logit_cap, "q k_buffer v_buffer o", q, k_buffer, v_buffer, o)
     check_int(max_kv_splits, "max_kv_splits", 1)
     check_tensor(kv_indptr, "kv_indptr", INDEX_DTYPES, 1, device)
     check(kv_indptr.shape[0] > num_rows, f"kv_indptr.shape[0]={kv_indptr.shape[0]}: must be >= T + 1 = {num_rows + 1}")
@@ -238,8 +254,19 @@ def decode_attention(
         dims = f"{num_rows}, {num_heads}, max_kv_splits={max_kv_splits}{f', Dv={v_head_dim}' if tail else ''}"
         check(ok, f"{name}.shape={tuple(t.shape)}: must be [>= {dims}]")
     kv_indptr, kv_indices = guard_csr("decode_attention", kv_indptr, kv_indices, num_rows, k_buffer.shape[0])
-    tensors = (q, k_buffer, v_buffer, kv_indptr, kv_indices, num_kv_splits, attn_logits, attn_lse)
-    _decode_stage1_op(*tensors, max_kv_splits, float(sm_scale), float(logit_cap))
+    _decode_stage1_op(
+        q,
+        k_buffer,
+        v_buffer,
+        kv_indptr,
+        kv_indices,
+        num_kv_splits,
+        attn_logits,
+        attn_lse,
+        max_kv_splits,
+        float(sm_scale),
+        float(logit_cap),
+    )
     _decode_stage2_op(attn_logits, attn_lse, kv_indptr, num_kv_splits, o, max_kv_splits)
 
 
@@ -253,13 +280,10 @@ def split_counts(lens, live, token_grid, max_kv_splits, core_count):
     min_len = tl.maximum(tl.min(tl.where(live, lens, max_len), 0), 1)
     min_len = tl.where(max_len * 8 < min_len * 10, max_len, min_len)  # within 25%
     # 1. enough splits that the longest row is cut to about the shortest one's length
-    splits_1 = tl.minimum(tl.cdiv(max_len, min_len), max_kv_splits)
-    chunk_1 = tl.cdiv(max_len, splits_1)
-    # 2. enough programs to fill the device, growing with log2 of the longest length
-    ext = tl.maximum(tl.log2(max_len.to(tl.float32) / 64.0), 1.0)
-    ext_cores = (core_count * ext).to(tl.int32)  # truncation toward zero
-    splits_2 = tl.maximum(tl.minimum(tl.cdiv(ext_cores, token_grid), max_kv_splits), 1)
-    chunk_2 = tl.cdiv(max_len, splits_2)
+    chunk_1 = tl.cdiv(max_len, tl.minimum(tl.cdiv(max_len, min_len), max_kv_splits))
+    # 2. enough programs to fill the device, growing with log2 of the longest length (truncated toward zero)
+    ext_cores = (core_count * tl.maximum(tl.log2(max_len.to(tl.float32) / 64.0), 1.0)).to(tl.int32)
+    chunk_2 = tl.cdiv(max_len, tl.maximum(tl.minimum(tl.cdiv(ext_cores, token_grid), max_kv_splits), 1))
     splits = tl.maximum(tl.cdiv(lens, chunk_1), tl.cdiv(lens, chunk_2))
     return tl.minimum(tl.maximum(splits, 1), max_kv_splits).to(tl.int32)
 
@@ -278,12 +302,12 @@ def _num_kv_splits_kernel(
 ):
     offs = tl.arange(0, MAX_NUM_SEQ)  # [MAX_NUM_SEQ] sequence index
     live = offs < num_seq
-    splits = tl.full([MAX_NUM_SEQ], 0, tl.int32) + max_kv_splits
+    splits = tl.full([MAX_NUM_SEQ], max_kv_splits, tl.int32)
     if not STATIC:
         splits = split_counts(
             tl.load(seq_lens_ptr + offs, mask=live, other=0).to(tl.int32), live, token_grid, max_kv_splits, core_count
         )
-    for g in range(0, num_group):  # token index = seq * num_group + g
+    for g in range(num_group):  # token index = seq * num_group + g
         tl.store(num_kv_splits_ptr + offs * num_group + g, splits, mask=live)
 
 
@@ -306,8 +330,17 @@ def _num_kv_splits_op(
     num_seq = seq_lens.shape[0]
     if num_seq == 0:
         return
-    args = (num_kv_splits, seq_lens, num_seq, num_group, token_grid, max_kv_splits, core_count)
-    _num_kv_splits_kernel[(1,)](*args, triton.next_power_of_2(num_seq), static or core_count <= 0)  # MAX_NUM_SEQ, STATIC
+    _num_kv_splits_kernel[(1,)](  # ..., MAX_NUM_SEQ, STATIC
+        num_kv_splits,
+        seq_lens,
+        num_seq,
+        num_group,
+        token_grid,
+        max_kv_splits,
+        core_count,
+        triton.next_power_of_2(num_seq),
+        static or core_count <= 0,
+    )
 
 
 def get_num_kv_splits(num_kv_splits, seq_lens, *, num_group=1, num_heads, num_kv_heads, max_kv_splits, core_count, static=False):
@@ -337,7 +370,7 @@ def get_num_kv_splits_ref(seq_lens_list, *, num_group=1, num_heads, num_kv_heads
     if max_len * 8 < min_len * 10:
         min_len = max_len
     chunk_1 = cdiv(max_len, min(cdiv(max_len, min_len), max_kv_splits))  # step 1 (split_counts)
-    ext_cores = int(np.float32(core_count) * max(np.log2(np.float32(max_len) / np.float32(64)), np.float32(1)))
+    ext_cores = int(np.float32(core_count) * max(np.log2(np.float32(max_len) / np.float32(64)), 1))
     token_grid = split_grid(num_seq, num_group, num_heads, num_kv_heads, max_kv_splits, core_count)
     chunk_2 = cdiv(max_len, max(min(cdiv(ext_cores, token_grid), max_kv_splits), 1))  # step 2
     return [min(max(cdiv(n, chunk_1), cdiv(n, chunk_2), 1), max_kv_splits) for n in seq_lens_list for _ in range(num_group)]

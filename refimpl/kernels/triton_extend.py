@@ -16,7 +16,7 @@ from torch import Tensor
 from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check, check_int, check_mask, check_paged_qkvo, check_tensor
 from ._op import kernel_op
 from .bounds import guard_csr
-from .triton_decode import check_kernel_args
+from .triton_decode import check_kernel_args, csr_range
 
 BLOCK_M = 16  # query rows per program (tl.dot needs >= 16)
 BLOCK_N = 32  # keys per loop iteration
@@ -33,8 +33,8 @@ def _extend_attention_kernel(
     qo_indptr_ptr,  # [bs+1]
     kv_indptr_ptr,  # [>= bs+1]
     kv_indices_ptr,  # [>= kv_indptr[bs]]
-    mask_ptr,  # flattened custom mask (ignored unless USE_MASK)
-    mask_indptr_ptr,  # [>= bs+1] (ignored unless USE_MASK)
+    mask_ptr,  # flattened custom mask, or None
+    mask_indptr_ptr,  # [>= bs+1], or None (with mask_ptr)
     stride_q0,
     stride_q1,
     stride_ke0,
@@ -57,34 +57,30 @@ def _extend_attention_kernel(
     BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    USE_MASK: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     USE_CAP: tl.constexpr,
 ):
     i, h, mb = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # request, query head, block of query rows
     kvh = h // KV_GROUP  # its kv head
-    q_start = tl.load(qo_indptr_ptr + i).to(tl.int64)
-    q_len = tl.load(qo_indptr_ptr + i + 1).to(tl.int64) - q_start
-    kv_start = tl.load(kv_indptr_ptr + i).to(tl.int64)
-    p_len = tl.load(kv_indptr_ptr + i + 1).to(tl.int64) - kv_start
-    n_rows = tl.minimum(q_len, max_len_extend)  # rows >= max_len_extend are never computed
+    q_start, q_len = csr_range(qo_indptr_ptr, i)
+    kv_start, p_len = csr_range(kv_indptr_ptr, i)
     m = mb * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)  # [M] query row in the request
-    row_ok = m < n_rows
+    rows = (m < tl.minimum(q_len, max_len_extend))[:, None]  # [M, 1]: rows >= max_len_extend are never computed
+    tokens = (q_start + m)[:, None]  # [M, 1] rows of q / o
     d, dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
     d_ok, dv_ok = d < D, dv < DV
-    q_rows = q_ptr + (q_start + m)[:, None] * stride_q0 + h * stride_q1 + d[None, :]  # [M, D]
-    q = tl.load(q_rows, mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-    # start of row j of request i's [q_len, p_len + q_len] mask block (a dummy when no mask)
-    mask_row = tl.load(mask_indptr_ptr + i).to(tl.int64) + m * (p_len + q_len)  # [M]
+    q = tl.load(q_ptr + tokens * stride_q0 + h * stride_q1 + d[None, :], mask=rows & d_ok[None, :], other=0.0).to(tl.float32)
+    if mask_ptr is not None:  # [M, 1]: start of row j of request i's [q_len, p_len + q_len] mask block
+        mask_rows = (tl.load(mask_indptr_ptr + i).to(tl.int64) + m * (p_len + q_len))[:, None]
     m_i, l_i = tl.full([BLOCK_M], float("-inf"), tl.float32), tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     # loop invariants, hoisted (the interpreter pays for every operation, every iteration)
-    offs_n, rows, mask_rows, last_key = tl.arange(0, BLOCK_N).to(tl.int64), row_ok[:, None], mask_row[:, None], p_len + m[:, None]
+    offs_n, last_key = tl.arange(0, BLOCK_N).to(tl.int64), p_len + m[:, None]
     k_cols, v_cols = kvh * stride_kb1 + d[:, None], kvh * stride_vb1 + dv[None, :]  # [D, 1], [1, DV] in the cache
     ke_cols, ve_cols = kvh * stride_ke1 + d[:, None], kvh * stride_ve1 + dv[None, :]  # in k_extend / v_extend
     d_ok2, dv_ok2 = d_ok[:, None], dv_ok[None, :]
-    num_prefix_blocks = (p_len + BLOCK_N - 1) // BLOCK_N
-    for nb in range(num_prefix_blocks + (q_len + BLOCK_N - 1) // BLOCK_N):  # one online-softmax step per key block
+    num_prefix_blocks = tl.cdiv(p_len, BLOCK_N)
+    for nb in range(num_prefix_blocks + tl.cdiv(q_len, BLOCK_N)):  # one online-softmax step per key block
         if nb < num_prefix_blocks:  # stage 1: prefix keys from the paged cache
             n = nb * BLOCK_N + offs_n  # [N] prefix key position
             key_ok = n < p_len
@@ -99,7 +95,7 @@ def _extend_attention_kernel(
             v_ptrs = v_ext_ptr + (q_start + n)[:, None] * stride_ve0 + ve_cols
             col = p_len + n
         visible = rows & key_ok[None, :]  # [M, N]
-        if USE_MASK:
+        if mask_ptr is not None:
             visible = visible & (tl.load(mask_ptr + mask_rows + col[None, :], mask=visible, other=0) != 0)
         elif IS_CAUSAL:  # row j sees key column c <= p_len + j: every prefix key, extend keys up to its own
             visible = visible & (col[None, :] <= last_key)
@@ -117,8 +113,7 @@ def _extend_attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         m_i = m_new
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # empty rows: acc = 0 -> zeros
-    o_rows = o_ptr + (q_start + m)[:, None] * stride_o0 + h * stride_o1 + dv[None, :]
-    tl.store(o_rows, out, mask=row_ok[:, None] & dv_ok[None, :])  # the store casts to o's dtype
+    tl.store(o_ptr + tokens * stride_o0 + h * stride_o1 + dv[None, :], out, mask=rows & dv_ok2)  # cast to o's dtype
 
 
 @kernel_op("refimpl::extend_attention", mutates_args=("o_extend",))
@@ -143,14 +138,23 @@ def _extend_attention_op(
     if bs == 0 or num_heads == 0:  # shapes, not data: nothing to launch
         return
     floats = (q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer)
-    masks = (qo_indptr, qo_indptr) if custom_mask is None else (custom_mask, mask_indptr)  # dummy pointers, never read
     strides = [stride for t in floats for stride in t.stride()[:2]]
-    scalars = (sm_scale, logit_cap if logit_cap > 0 else 1.0, max_len_extend)
-    # KV_GROUP, D, DV, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, USE_MASK, IS_CAUSAL, USE_CAP
+    # KV_GROUP, D, DV, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, IS_CAUSAL, USE_CAP
     consts = (num_heads // k_buffer.shape[1], head_dim, v_head_dim, max(16, triton.next_power_of_2(head_dim)))
-    consts += (max(16, triton.next_power_of_2(v_head_dim)), BLOCK_M, BLOCK_N, custom_mask is not None, is_causal, logit_cap > 0)
-    grid = (bs, num_heads, triton.cdiv(max_len_extend, BLOCK_M))
-    _extend_attention_kernel[grid](*floats, qo_indptr, kv_indptr, kv_indices, *masks, *strides, *scalars, *consts)
+    consts += (max(16, triton.next_power_of_2(v_head_dim)), BLOCK_M, BLOCK_N, is_causal, logit_cap > 0)
+    _extend_attention_kernel[(bs, num_heads, triton.cdiv(max_len_extend, BLOCK_M))](
+        *floats,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        custom_mask,
+        mask_indptr,
+        *strides,
+        sm_scale,
+        logit_cap if logit_cap > 0 else 1.0,
+        max_len_extend,
+        *consts,
+    )
 
 
 def extend_attention(
@@ -174,16 +178,15 @@ def extend_attention(
     v_extend [Tq, Hkv, D / Dv], k_buffer / v_buffer [slots, Hkv, D / Dv], qo_indptr [bs+1], kv_indptr [>= bs+1] (prefix
     CSR), custom_mask with mask_indptr [>= bs+1] or neither; rows ``j >= max_len_extend`` (a Python int >= 1) are not
     computed (module docstring); ``is_causal`` a bool, ``sm_scale`` / ``logit_cap`` (>= 0, 0 = off) Python floats."""
-    names = ("q_extend", "k_buffer", "v_buffer", "o_extend")
-    tokens, _, num_kv_heads, head_dim, v_head_dim = check_paged_qkvo(q_extend, k_buffer, v_buffer, o_extend, names)
+    tokens, _, num_kv_heads, head_dim, v_head_dim = check_paged_qkvo(
+        q_extend, k_buffer, v_buffer, o_extend, ("q_extend", "k_buffer", "v_buffer", "o_extend")
+    )
     device = q_extend.device
     for name, t, dim in (("k_extend", k_extend, head_dim), ("v_extend", v_extend, v_head_dim)):
         check_tensor(t, name, FLOAT_DTYPES, 3, device)
         check(t.shape == (tokens, num_kv_heads, dim), f"{name}.shape={tuple(t.shape)}: must be {(tokens, num_kv_heads, dim)}")
-    floats = dict(
-        q_extend=q_extend, k_extend=k_extend, v_extend=v_extend, o_extend=o_extend, k_buffer=k_buffer, v_buffer=v_buffer
-    )
-    check_kernel_args(sm_scale, logit_cap, **floats)
+    floats = (q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer)
+    check_kernel_args(sm_scale, logit_cap, "q_extend k_extend v_extend o_extend k_buffer v_buffer", *floats)
     check_tensor(qo_indptr, "qo_indptr", INDEX_DTYPES, 1, device, min_len=1)  # [bs + 1]
     bs = qo_indptr.shape[0] - 1
     check_tensor(kv_indptr, "kv_indptr", INDEX_DTYPES, 1, device, min_len=bs + 1)
@@ -191,5 +194,15 @@ def extend_attention(
     check_mask(custom_mask, mask_indptr, bs, device)
     check_int(max_len_extend, "max_len_extend", 1)
     kv_indptr, kv_indices = guard_csr("extend_attention", kv_indptr, kv_indices, bs, k_buffer.shape[0])
-    scalars = (bool(is_causal), max_len_extend, float(sm_scale), float(logit_cap))
-    _extend_attention_op(*floats.values(), qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, *scalars)
+    _extend_attention_op(
+        *floats,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        custom_mask,
+        mask_indptr,
+        bool(is_causal),
+        max_len_extend,
+        float(sm_scale),
+        float(logit_cap),
+    )

@@ -104,15 +104,15 @@ if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
 @triton.jit(**_NO_SPECIALISATION)
 def _batch_check_kernel(
     out_ptr,  # [nprog * NCAT + 3 * bs] int64, written
+    r2t_ptr,  # [pool, L] int32 req_to_token
     seq_ptr,  # [bs] int32 seq_lens (device)
-    acc_ptr,  # [bs] accept_length (read when HAS_ACC)
-    ext_ptr,  # [bs] extend_seq_lens (read when HAS_EXT)
     rpi_ptr,  # [bs] req_pool_indices
     ids_ptr,  # [n] input_ids
     pos_ptr,  # [n] positions
     loc_ptr,  # [m] out_cache_loc (m = n, or S * n in multi-step draft decode)
+    acc_ptr,  # [bs] accept_length (read when HAS_ACC)
+    ext_ptr,  # [bs] extend_seq_lens (read when HAS_EXT)
     row_req_ptr,  # [2, n] each row's request, then j - per_r (read when HAS_ROW_REQ)
-    r2t_ptr,  # [pool, L] int32 req_to_token
     mask_ptr,  # [mask_size] bool tree mask (read when HAS_MASK)
     live_ptr,  # [pool] bool: the live request rows (read when HAS_LIVE)
     r2t_stride,
@@ -158,15 +158,16 @@ def _batch_check_kernel(
     slot = _ld(rpi_ptr, req, req_ok, -1)
     col += _ld(seq_ptr, req, req_ok, 0)
     ok = req_ok & (slot >= 0) & (slot < pool) & (col >= 0) & (col < L)  # else the write owns nothing
+    own_p, own_c = tl.where(ok, slot, -1), tl.where(ok, col, -1)
     if part == 0:
-        copies = out_ptr + nprog * NCAT_
+        copies = out_ptr + nprog * NCAT_ + e
         # per request: the host's copies, req_pool_indices in range and distinct
         in_b = e < bs
-        tl.store(copies + e, _ld(seq_ptr, e, in_b, 0), mask=in_b)
+        tl.store(copies, _ld(seq_ptr, e, in_b, 0), mask=in_b)
         if HAS_ACC:
-            tl.store(copies + bs + e, _ld(acc_ptr, e, in_b, 0), mask=in_b)
+            tl.store(copies + bs, _ld(acc_ptr, e, in_b, 0), mask=in_b)
         if HAS_EXT:
-            tl.store(copies + 2 * bs + e, _ld(ext_ptr, e, in_b, 0), mask=in_b)
+            tl.store(copies + 2 * bs, _ld(ext_ptr, e, in_b, 0), mask=in_b)
         rpi = _ld(rpi_ptr, e, in_b, 1)
         _put(res, in_b & ((rpi < 1) | (rpi >= pool)), e, NONE_)
         _put(res + 1, in_b & _has_earlier_equal(rpi, e, rpi_ptr, bs, CHUNK_), e, NONE_)
@@ -178,7 +179,7 @@ def _batch_check_kernel(
         # per cache write: in range, distinct, and exactly its row's own new position
         _put(res + 4, in_m & ((loc < 1) | (loc >= slots)), e, NONE_)
         _put(res + 5, in_m & _has_earlier_equal(loc, e, loc_ptr, m, CHUNK_), e, NONE_)
-        want = _ld(r2t_ptr, tl.where(ok, slot, 0) * r2t_stride + tl.where(ok, col, 0), ok, -1)
+        want = _ld(r2t_ptr, own_p * r2t_stride + own_c, ok, -1)
         _put(res + 6, in_m & ~(ok & (want == loc)), e, NONE_)
         if HAS_MASK:  # verify: draft row e sees itself (its diagonal entry of the tree mask)
             r, j, per = e // rows_per_req, e % rows_per_req, rows_per_req
@@ -195,9 +196,8 @@ def _batch_check_kernel(
             tl.store(res + 7, NONE_)
     else:  # the other parts: only the held rule
         k = tl.arange(0, 16)
-        tl.store(res + k, tl.full([16], NONE_, tl.int64), mask=k < NCAT_ - 1)
+        tl.store(res + k, NONE_, mask=k < NCAT_ - 1)
     # ... and no other position of a live request holds the slot (the last category): this part of the request table
-    own_p, own_c = tl.where(ok, slot, -1), tl.where(ok, col, -1)
     held = tl.zeros([BLOCK_], dtype=tl.int32)
     for t0 in range(part * TABLE_CHUNK_, pool * L, TABLE_SPLIT_ * TABLE_CHUNK_):
         t = t0 + tl.arange(0, TABLE_CHUNK_).to(tl.int64)
@@ -239,10 +239,12 @@ def batch_check(
     nprog = num_programs(bs, n, m)
     optional = (accept_length, extend_seq_lens, row_req, custom_mask, live_rows)
     flags = tuple(t is not None for t in optional)
-    acc, ext, row, mask, live = (seq_lens if t is None else t for t in optional)  # dummies: never read
-    args = (out, seq_lens, acc, ext, req_pool_indices, input_ids, positions, out_cache_loc, row, req_to_token)
-    args += (mask, live, req_to_token.stride(0), *req_to_token.shape, vocab, num_slots, bs, n, m, max(rows_per_req, 1))
-    args += (extra, mask.numel(), nprog, *flags, BLOCK, CHUNK, TABLE_CHUNK, TABLE_SPLIT, NCAT, NONE)
+    mask_size = 0 if custom_mask is None else custom_mask.numel()
+    args = (out, req_to_token, seq_lens, req_pool_indices, input_ids, positions, out_cache_loc)
+    # the optional pointers (seq_lens: a dummy, never read), then the sizes
+    args += (*(seq_lens if t is None else t for t in optional), req_to_token.stride(0), *req_to_token.shape)
+    args += (vocab, num_slots, bs, n, m, max(rows_per_req, 1), extra, mask_size, nprog, *flags)
+    args += (BLOCK, CHUNK, TABLE_CHUNK, TABLE_SPLIT, NCAT, NONE)
     _launch((nprog // TABLE_SPLIT, TABLE_SPLIT), args, flags, out.device)
 
 
@@ -282,6 +284,11 @@ def write_target(e: int, n: int, m: int, per: int, extra: int, seq: list[int], r
     return r, (seq[r] + col if 0 <= r < len(seq) else None)
 
 
+def first_bad(values, bad) -> int | None:
+    """Index of the first entry ``v`` (at ``i``) with ``bad(i, v)``, or None (the host rules' and the reference's scan)."""
+    return next((i for i, v in enumerate(values) if bad(i, v)), None)
+
+
 def batch_check_ref(
     req_to_token,
     seq_lens,
@@ -307,9 +314,8 @@ def batch_check_ref(
     r2t = {p: req_to_token[p].tolist() for p in live.union(rpi) if 0 <= p < pool}  # the live rows and the batch's
     ids, pos, rows = input_ids.tolist(), positions.tolist(), row_req.tolist() if row_req is not None else None
     n, per = max(len(ids), 1), max(rows_per_req, 1)
-    first = lambda values, bad: next((i for i, v in enumerate(values) if bad(i, v)), None)
-    outside = lambda values, lo, hi: first(values, lambda i, v: not lo <= v < hi)
-    repeated = lambda values: first(values, lambda i, v: v in values[:i])
+    outside = lambda values, lo, hi: first_bad(values, lambda i, v: not lo <= v < hi)
+    repeated = lambda values: first_bad(values, lambda i, v: v in values[:i])
 
     def own_slot(e, v, owners=r2t):  # loc[e] is the slot of its row's own new position (in a row of ``owners``)
         r, col = write_target(e, n, len(loc), per, extra, seq, rows)
@@ -337,9 +343,9 @@ def batch_check_ref(
                 outside(pos, 0, L),
                 outside(loc, 1, num_slots),
                 repeated(loc),
-                first(loc, lambda e, v: not own_slot(e, v)),
-                None if mask is None else first(ids, blind),
-                first(loc, lambda e, v: held[v] > own_slot(e, v, live)),  # another live position holds it
+                first_bad(loc, lambda e, v: not own_slot(e, v)),
+                None if mask is None else first_bad(ids, blind),
+                first_bad(loc, lambda e, v: held[v] > own_slot(e, v, live)),  # another live position holds it
             ),
         )
     )

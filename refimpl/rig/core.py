@@ -32,12 +32,13 @@ from ..validate import BatchRefused
 def entries(backends: Iterable[str] | None = None, variants: Iterable[str] | None = None) -> list[BackendEntry]:
     """The registered entries of ``backends`` (default: all); of ``variants``, or by default every shape that must pass
     (not the historical ``legacy`` / ``as-upstream``)."""
-    out = [e for b in (backends or [None]) for e in find(b)]
-    return [e for e in out if (e.variant in set(variants) if variants else must_pass(e.variant))]
+    variants = set(variants or ())
+    return [e for b in backends or [None] for e in find(b) if (e.variant in variants if variants else must_pass(e.variant))]
 
 
 def tolerances(dtype: torch.dtype) -> dict:
-    return dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=3e-2, atol=3e-2)
+    t = 1e-4 if dtype == torch.float32 else 3e-2
+    return dict(rtol=t, atol=t)
 
 
 def close(out: torch.Tensor, ref: torch.Tensor, tol: dict, what: str, findings: list[str]) -> bool:
@@ -45,21 +46,20 @@ def close(out: torch.Tensor, ref: torch.Tensor, tol: dict, what: str, findings: 
     if out.shape != ref.shape:
         findings.append(f"{what}: shape {tuple(out.shape)} vs {tuple(ref.shape)}")
         return False
-    if out.numel() == 0:
-        return True
     o, r = out.float(), ref.float()
-    if torch.allclose(o, r, **tol) and not o.isnan().any():
+    if torch.allclose(o, r, **tol) and not o.isnan().any():  # (empty tensors are close)
         return True
     rows = lambda t: t.reshape(len(t), -1).any(1).nonzero().flatten().tolist()  # the rows (tokens) where t holds
     diff = (o - r).abs()
-    nan, far = o.isnan() & ~r.isnan(), diff > tol["atol"] + tol["rtol"] * r.abs()
     finite = diff[~(o.isnan() | r.isnan())]
     err = finite.max().item() if finite.numel() else float("nan")
     msg = f"{what}: max abs difference {err:.3g} (rtol {tol['rtol']}, atol {tol['atol']})"
-    if bad := rows(far):
-        msg += f"; rows {_first_few(bad)} differ"
-    if bad := rows(nan):
-        msg += f"; NaN in rows {_first_few(bad)}"
+    for mask, what in (
+        (diff > tol["atol"] + tol["rtol"] * r.abs(), "; rows {} differ"),
+        (o.isnan() & ~r.isnan(), "; NaN in rows {}"),
+    ):
+        if bad := rows(mask):
+            msg += what.format(_first_few(bad))
     findings.append(msg)
     return False
 
@@ -71,7 +71,7 @@ def _first_few(xs: list, n: int = 8, name=str) -> str:
 def raised(e: Exception) -> str:
     """A batch whose replay or eager run raised, as a finding: the review tool survives the code it reviews (on a CPU an
     index past a buffer raises; a GPU kernel may read garbage instead)."""
-    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    first = (str(e).strip().splitlines() or [""])[0]
     if isinstance(e, BatchRefused):  # the generator validated the batch: what changed it since ran in between
         return f"the runner refused a batch that was valid when drawn (did the backend change its input?): {first}"
     outside = isinstance(e, IndexError) or any(w in first for w in ("out of bounds", "out of range"))
@@ -90,29 +90,27 @@ class KVGuard:
     SENTINEL = -1234.5
 
     def __init__(self, world: World, fb: ForwardBatch):
-        dev = world.device
+        dev, buffers = world.device, world.kv_cache.buffers()
         writes = fb.out_cache_loc.to(dev)
-        rows = world.req_to_token[fb.req_pool_indices.to(world.req_to_token.device)]
+        rows = world.req_to_token[fb.req_pool_indices.to(dev)]  # the request table lives on the world's device
         own = torch.zeros(world.kv_cache.num_slots, dtype=torch.bool, device=dev)
-        own[rows[rows > 0].to(dev)] = True
+        own[rows[rows > 0]] = True
         outside = ~own
-        outside[0] = False
-        outside[writes] = own[writes] = False  # own: the batch's own earlier tokens
+        outside[0] = outside[writes] = own[writes] = False  # own: the batch's own earlier tokens
         self.foreign, self.own = outside.nonzero().flatten(), own.nonzero().flatten()
-        self.world = world
-        self.firsts = [b.view(b.shape[0], -1)[:, 0] for b in world.kv_cache.buffers()]  # [slots] views, one per buffer
+        self.world, self.violations = world, 0
+        self.firsts = [b.view(b.shape[0], -1)[:, 0] for b in buffers]  # [slots] views, one per buffer
         self.saved = [f[self.foreign].clone() for f in self.firsts]
         for f in self.firsts:
             f[self.foreign] = self.SENTINEL
-        self.poisoned = [f[self.foreign].clone() for f in self.firsts]  # the sentinel in each buffer's dtype
-        self.own_before = [b[self.own].clone() for b in world.kv_cache.buffers()]
-        self.violations = 0
+        self.own_before = [b[self.own].clone() for b in buffers]
 
     def check(self, graph_locs: torch.Tensor | None = None, live_rows: int | None = None) -> list[str]:
         """Count the guarded slots written since construction and say whose they were; restore the foreign ones.
         ``graph_locs``: the graph's write targets (the runner's static ``out_cache_loc``), to name the row that wrote a
         slot; rows from ``live_rows`` on are padded."""
-        hit_foreign = torch.stack([f[self.foreign] != p for f, p in zip(self.firsts, self.poisoned)]).any(0)
+        # the sentinel in each buffer's dtype marks the untouched slots
+        hit_foreign = torch.stack([f[self.foreign] != f.new_tensor(self.SENTINEL) for f in self.firsts]).any(0)
         for first, saved in zip(self.firsts, self.saved):
             first[self.foreign] = saved
         buffers = zip(self.world.kv_cache.buffers(), self.own_before)
@@ -162,18 +160,16 @@ def state_after(new_backend: Callable[[], Any], runner: GraphRunner, padded: For
     b.init_cuda_graph_state(runner.max_bs, runner.max_num_tokens)
     for _, buf in graph_buffers(b) if poisoned else ():
         buf.fill_(poison_value(buf, high=True))  # not -1: a block table starts at -1
+    call_capture_hook(b, runner.capture_batch(bs) if replay else padded)
     if replay:
-        call_capture_hook(b, runner.capture_batch(bs))
         call_replay_hook(b, padded)
-    else:
-        call_capture_hook(b, padded)
     call_in_graph_hook(b, padded)  # what a graph's own metadata nodes would do first
     return b, b.graph_state(bs, runner.mode)
 
 
 def graph_buffers(backend) -> list[tuple[str, torch.Tensor]]:
     """``backend.graph_buffers()`` as ``(name, tensor)`` pairs, each tensor once (multi-step steps repeat some)."""
-    seen: set[int] = set()
+    seen = set()
     return [(n, t) for n, t in backend.graph_buffers().items() if id(t) not in seen and not seen.add(id(t))]
 
 
@@ -183,14 +179,14 @@ def live_masks(backend, state: dict[str, Any]) -> list[torch.Tensor]:
     views = [v for v in state.values() if isinstance(v, torch.Tensor) and v.numel()]
     masks = []
     for _, buf in graph_buffers(backend):
-        keep = torch.zeros(buf.numel(), dtype=torch.bool, device=buf.device)
-        lo, hi = buf.storage_offset(), buf.storage_offset() + buf.numel()
-        ptr, flat = buf.untyped_storage().data_ptr(), torch.arange(buf.numel(), device=buf.device)
+        flat = torch.arange(buf.numel(), device=buf.device)
+        keep, lo, ptr = torch.zeros_like(flat, dtype=torch.bool), buf.storage_offset(), buf.untyped_storage().data_ptr()
         for v in views:
-            end = v.storage_offset() + sum((n - 1) * st for n, st in zip(v.shape, v.stride())) + 1
-            inside = v.untyped_storage().data_ptr() == ptr and lo <= v.storage_offset() and end <= hi
+            off = v.storage_offset()
+            end = off + sum((n - 1) * st for n, st in zip(v.shape, v.stride())) + 1
+            inside = v.untyped_storage().data_ptr() == ptr and lo <= off and end <= lo + buf.numel()
             if inside and v.dtype == buf.dtype:  # a view inside this buffer
-                keep[torch.as_strided(flat, v.shape, v.stride(), v.storage_offset() - lo)] = True
+                keep[torch.as_strided(flat, v.shape, v.stride(), off - lo)] = True
         masks.append(keep)
     return masks
 
@@ -258,17 +254,23 @@ class Rig:
         default ``seed + 1``). Raises ``GraphModeNotSupported`` before any capture when the backend does not capture
         ``kind``."""
         if world is None:
-            pools = dict(pool_size=pool_size or 4 * max(capture_bs) + 8, num_slots=num_slots, seed=seed)
-            kv = {} if worlds is None else worlds
-            world = cls.world_for(entry, engine.device, dtype, num_layers, max_context_len=max_context_len, kv_caches=kv, **pools)
+            world = cls.world_for(
+                entry,
+                engine.device,
+                dtype,
+                num_layers,
+                max_context_len=max_context_len,
+                pool_size=pool_size or 4 * max(capture_bs) + 8,
+                num_slots=num_slots,
+                seed=seed,
+                kv_caches={} if worlds is None else worlds,  # {}: a KV cache of its own, drawn at random
+            )
         backend_cls = entry.load(kind.multi_step)
         backend = backend_cls(world, spec)
         backend.check_graph_mode(kind.mode)
         model = TinyDecoder(world.cfg, engine.device)
-        if kind.multi_step:
-            program, oracle = MultiStepDraftProgram(model, spec.num_steps), OracleMultiStep(world, spec)
-        else:
-            program, oracle = model, OracleBackend(world, spec)
+        program = MultiStepDraftProgram(model, spec.num_steps) if kind.multi_step else model
+        oracle = (OracleMultiStep if kind.multi_step else OracleBackend)(world, spec)
         gcfg = GraphConfig(max(capture_bs), tuple(capture_bs), max_context_len=max_context_len, speculative=speculative)
         runner = GraphRunner(program, backend, engine, kind, gcfg, spec, **runner_kw)
         if capture:
@@ -276,8 +278,7 @@ class Rig:
             runner.capture()
             bounds.take()  # the capture's dummy batches: every replay re-runs (and re-records) what the graph reads
         gen = BatchGenerator(world, spec, seed=seed + 1 if gen_seed is None else gen_seed)
-        parts = (world, backend_cls, backend, program, oracle, runner, gen)
-        return cls(entry, kind, spec, *parts, tolerances(world.cfg.dtype))
+        return cls(entry, kind, spec, world, backend_cls, backend, program, oracle, runner, gen, tolerances(world.cfg.dtype))
 
     def new_backend(self):
         """A fresh instance of the rig's backend class on the same world."""

@@ -50,7 +50,7 @@ class CheckSettings:
 
     def rig_args(self) -> dict[str, Any]:
         """``Rig.build``'s sizes, dtype and seed (the world's slot count is the caller's: a glue rig builds a small one)."""
-        return dict(capture_bs=self.capture_bs, max_context_len=self.max_context_len, dtype=self.dtype, seed=self.seed)
+        return {k: getattr(self, k) for k in ("capture_bs", "max_context_len", "dtype", "seed")}
 
     def slots_needed(self) -> int:
         """The fewest KV slots that hold the rig's request pool (``Rig.build``: 4 * max bs + 8 requests, slot 0 too),
@@ -76,15 +76,14 @@ def _where(i: int, shape: tuple, rows: tuple[int, int] | None) -> str:
     return f"[{i}]" + (f" ({', '.join(parts)})" if parts else "")
 
 
-def _tensor_diff(key: str, a: torch.Tensor, b: torch.Tensor, what: str, rows=None, limit: int = 4) -> list[str]:
-    a_, b_ = a.to("cpu"), b.to("cpu")
-    bad = (a_ != b_) & ~(a_.isnan() & b_.isnan())  # NaN where NaN is equal
-    idx = bad.flatten().nonzero().flatten()
+def _tensor_diff(key: str, a: torch.Tensor, b: torch.Tensor, what: str, rows=None) -> list[str]:
+    """One line naming how many elements differ and the first four (NaN where NaN is equal)."""
+    shape, a, b = tuple(a.shape), a.cpu().flatten(), b.cpu().flatten()
+    idx = ((a != b) & ~(a.isnan() & b.isnan())).nonzero().flatten()
     if not idx.numel():
         return []
-    af, bf = a_.flatten(), b_.flatten()
-    ex = ", ".join(f"{_where(i, tuple(a_.shape), rows)} {af[i].item()} vs {bf[i].item()}" for i in idx[:limit].tolist())
-    return [f"{key}: {idx.numel()} of {a_.numel()} elements differ ({ex}; {what})"]
+    ex = ", ".join(f"{_where(i, shape, rows)} {a[i].item()} vs {b[i].item()}" for i in idx[:4].tolist())
+    return [f"{key}: {idx.numel()} of {a.numel()} elements differ ({ex}; {what})"]
 
 
 STALE = "stale from capture: the replay path kept the capture batch's {}"  # values (a tensor's), value (a scalar's)
@@ -95,9 +94,7 @@ def _stale(b, kept, differ=None) -> bool:
     batch left (``kept``)."""
     if not isinstance(b, torch.Tensor):
         return not isinstance(kept, torch.Tensor) and b == kept
-    if not isinstance(kept, torch.Tensor) or kept.shape != b.shape:
-        return False
-    return bool((b.to("cpu")[differ] == kept.to("cpu")[differ]).all())
+    return isinstance(kept, torch.Tensor) and kept.shape == b.shape and bool((b.cpu()[differ] == kept.cpu()[differ]).all())
 
 
 def diff_states(
@@ -106,7 +103,7 @@ def diff_states(
     """Human-readable differences, one line per buffer or scalar (``paths``: what made each state; ``rows``: the live and
     padded batch sizes, to name padded rows; ``stale``: the state the capture hook leaves for the runner's capture batch:
     a replay-side value equal to it where the two paths differ is named "stale from capture")."""
-    out, (p, q) = [], paths
+    out, (p, q), stale = [], paths, stale or {}
     for key in sorted(set(capture) | set(replay)):
         if key not in capture or key not in replay:
             out.append(f"{key}: only the {p if key in capture else q} path sets it")
@@ -116,10 +113,10 @@ def diff_states(
             if a.shape != b.shape:
                 out.append(f"{key}: shape {tuple(a.shape)} after {p} vs {tuple(b.shape)} after {q}")
                 continue
-            kept = key in (stale or {}) and _stale(b, stale[key], a.to("cpu") != b.to("cpu"))
+            kept = key in stale and _stale(b, stale[key], a.cpu() != b.cpu())
             out += _tensor_diff(key, a, b, f"{p} vs {q}" + ("; " + STALE.format("values") if kept else ""), rows)
         elif a != b:
-            kept = key in (stale or {}) and _stale(b, stale[key])
+            kept = key in stale and _stale(b, stale[key])
             line = f"{key}: {a!r} {'frozen at' if p == 'capture' else 'after'} {p} vs {b!r} after {q}"
             out.append(line + (f" ({STALE.format('value')})" if kept else ""))
     return out
@@ -134,11 +131,11 @@ def diff_reference(state: dict[str, Any], ref: dict[str, Any], rows=None) -> lis
         if got is None:
             out.append(f"reference: {key}: the graph reads no such state")
         elif isinstance(want, torch.Tensor):
-            got, n = got.detach().flatten(), want.numel()
+            got, n = got.flatten(), want.numel()
             if got.numel() < n:
                 out.append(f"reference: {key}: graph state has {got.numel()} entries, needs {n}")
                 continue
-            got = got[:n].to(want.dtype).view(want.shape)
+            got = got[:n].to(want.dtype).view_as(want)
             out += _tensor_diff(f"reference: {key}", got, want, "graph reads vs reference", rows)
         elif got != want:
             out.append(f"reference: {key}: graph reads {got!r}, reference {want!r}")
@@ -152,11 +149,10 @@ def capture_vs_replay(
     its reference (None when the backend gives none). Backends that rebuild metadata inside the graph get their in-graph
     hook after the last out-of-graph one."""
     padded = runner.padded_batch(fb)
-    state_p = _snapshot(state_after(new_backend, runner, padded, replay=False)[1])  # before Q runs
+    live_p = _batch_defined(_snapshot(state_after(new_backend, runner, padded, replay=False)[1]), fb.batch_size)  # before Q
     q, state_q = state_after(new_backend, runner, padded, replay=True)
     state_q = _snapshot(state_q)
-    ref = q.reference_graph_state(padded)
-    live_p, live_q = _batch_defined(state_p, fb.batch_size), _batch_defined(state_q, fb.batch_size)
+    ref, live_q = q.reference_graph_state(padded), _batch_defined(state_q, fb.batch_size)
     rows = (fb.batch_size, padded.batch_size)
     diffs = diff_states(live_p, live_q, rows=rows)
     if diffs:  # which of them the replay path kept from the capture batch (Q's first step, on a fresh backend)
@@ -197,7 +193,7 @@ def glue_vs_eager(rig: Rig, batches: list[ForwardBatch]) -> tuple[bool | None, l
     if graph is None:
         return None, [f"glue refused: {why}"]
     call_replay_hook(twin, static)
-    failed = []
+    failed, first = [], None  # the numbers of the replays that differ; the first one's lines
     for i, fb in enumerate(batches, 1):
         inputs.load(fb, bs)
         graph.replay()
@@ -207,12 +203,10 @@ def glue_vs_eager(rig: Rig, batches: list[ForwardBatch]) -> tuple[bool | None, l
         call_in_graph_hook(twin, padded)
         want = _batch_defined(twin.graph_state(bs, runner.mode), raw_bs)
         if diffs := diff_states(want, got, paths=("the eager hook", "the glued hook")):
-            failed.append((i, diffs))
-    if not failed:
-        return True, []
-    which = ", ".join(str(i) for i, _ in failed)
-    what = f"not glue-safe: replays {which} of {len(batches)} left other state than the eager hook; first"
-    return False, [f"{what}: {d}" for d in failed[0][1]]
+            failed.append(str(i))
+            first = first or diffs
+    what = f"not glue-safe: replays {', '.join(failed)} of {len(batches)} left other state than the eager hook; first"
+    return not failed, [f"{what}: {d}" for d in first or ()]
 
 
 def glue_per_size(rig: Rig, sizes, replays: int) -> list[tuple[bool | None, list[str]]]:
@@ -303,7 +297,8 @@ def long_run(rig: Rig, n: int = LONG_RUN, distinct: int = 2) -> tuple[int, list[
     gen, runner, bs = rig.gen, rig.runner, min(rig.runner.graph_cfg.batch_sizes())
     batches = [_short(gen, rig.kind, bs) for _ in range(distinct)]
     first, out = {}, []
-    for j, i in enumerate([k % distinct for k in range(n)], 1):  # in turn: no batch follows itself
+    for j in range(1, n + 1):
+        i = (j - 1) % distinct  # in turn: no batch follows itself
         fb, findings = batches[i], []
         try:
             if i not in first:
@@ -353,10 +348,11 @@ def history_verdict(rig: Rig, big: int, a: ForwardBatch | None = None) -> tuple[
             findings += [f"history replay {i} ({label}, bs {fb.batch_size}): {f}" for f in v.findings]
     bs, runs = long_run(rig)
     if runs:  # the first wrong replay's findings; the others by number
-        (j, found), more = runs[0], [str(k) for k, _ in runs[1:]]
+        j, found = runs[0]
         where = f"history replay {len(steps) + j} (long run, replay {j} of {LONG_RUN} through the bs-{bs} graph)"
         findings += [f"{where}: {f}" for f in found]
-        findings += [f"history long run: also wrong at replays {', '.join(more)} of {LONG_RUN}"] if more else []
+    if more := [str(k) for k, _ in runs[1:]]:
+        findings.append(f"history long run: also wrong at replays {', '.join(more)} of {LONG_RUN}")
     for _, fb in steps[given:]:
         rig.gen.release(fb)
     return not findings, findings

@@ -1,7 +1,5 @@
 """Buffers drawn: CSR ``kv_indices``, block tables, the tree mask, 1-D buffers and their diffs, sizes."""
 
-from __future__ import annotations
-
 from collections.abc import Mapping, Sequence
 from itertools import cycle
 
@@ -9,7 +7,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.patches import Patch, Rectangle
+from matplotlib.patches import Patch
 
 from . import cells as C
 
@@ -37,29 +35,30 @@ def draw_csr(
         raise ValueError(
             f"draw_csr: {bs} requests need {bs} lengths and {bs + 1} kv_indptr entries, got {len(lens)} and {len(indptr)}"
         )
-    total = int(indptr[-1])
+    total = indptr[-1]
     if len(idx) < total:
         raise ValueError(f"draw_csr: kv_indices has {len(idx)} entries < kv_indptr[-1]={total}")
     rows, roles = r2t[rpi], ["pad" if r == 0 else i for i, r in enumerate(rpi)]  # [bs, L], a colour role per request
-    ncols = int(min(r2t.shape[1], max(lens.max(initial=1), np.flatnonzero(rows.any(0)).max(initial=0) + 1)))
+    ncols = min(r2t.shape[1], max(lens.max(initial=1), np.flatnonzero(rows.any(0)).max(initial=0) + 1))
     expected = rows[np.arange(r2t.shape[1]) < lens[:, None]]  # the used prefixes, concatenated
     wrap = max(ncols, 8)  # strip cells per line: the same cell size as the rows above
     lines = max(1, -(-total // wrap))
     fig = Figure(figsize=(wrap * C.CELL_IN + 1.8, (bs + 2 * lines) * C.CELL_IN + 1.4), layout="constrained")
-    top, bot = fig.subplots(2, 1, height_ratios=[bs + 0.6, 2 * lines + 0.4])
+    top, bot = fig.subplots(2, height_ratios=[bs + 0.6, 2 * lines + 0.4])
     C.grid_axes(top, wrap, bs)  # top: the batch's req_to_token rows, the prefix the CSR packs framed
     for i, role in enumerate(roles):
         for j in range(ncols):
             C.role_cell(top, j, i, role if j < lens[i] else "unread", C.fmt(rows[i, j]))
         if lens[i] > 0:
-            C.frame(top, 0, i, int(lens[i]), 1, "#e6550d" if role == "pad" else "#08519c", lw=1.8)
+            C.frame(top, 0, i, lens[i], 1, "#e6550d" if role == "pad" else "#08519c", lw=1.8)
     labels = [f"{'pad' if r == 'pad' else f'req {i}'}: row {rpi[i]}, len {lens[i]}" for i, r in enumerate(roles)]
     top.set_yticks(range(bs), labels, fontsize=7)
-    top.set_xticks(range(0, ncols, 5), range(0, ncols, 5), fontsize=6)
+    ticks = range(0, ncols, 5)
+    top.set_xticks(ticks, ticks, fontsize=6)
     top.xaxis.tick_top()
     top.set_title("req_to_token[req_pool_indices]  (framed: the prefix the CSR packs)", fontsize=8)
     C.grid_axes(bot, wrap, 2 * lines)  # bottom: kv_indices wrapped at ``wrap`` cells, the kv_indptr boundaries
-    owner = np.searchsorted(indptr, np.arange(total), side="right") - 1  # [total] request
+    owner = C.segment_roles(indptr, bs, total)  # [total] each entry's request
     bad = 0
     for p in range(total):
         x, y = p % wrap, 2 * (p // wrap) + 1
@@ -71,7 +70,7 @@ def draw_csr(
         line = min(max(p - (p == total), 0) // wrap, lines - 1)  # the total: at the end of the line before
         x, y = p - line * wrap - 0.5, 2 * line + 1
         bot.plot([x, x], [y - 0.75, y + 0.5], color=C.INDPTR_COLOR, lw=1.4)
-        bot.text(x, y - 0.8, str(p), ha="center", va="bottom", fontsize=6, color=C.INDPTR_COLOR, gid="kv_indptr")
+        bot.text(x, y - 0.8, p, ha="center", va="bottom", fontsize=6, color=C.INDPTR_COLOR, gid="kv_indptr")
     bot.set_yticks(
         range(1, 2 * lines, 2), [f"kv_indices[{k * wrap}:{min((k + 1) * wrap, total)}]" for k in range(lines)], fontsize=7
     )
@@ -115,13 +114,12 @@ def draw_tree_mask(
     depths = C.depths(parents) if tree else [0] * N
     tree_w = (2.6 + 0.4 * max(depths)) * tree
     fig = Figure(figsize=(width * C.CELL_IN + 1.8 + tree_w, N * C.CELL_IN + 1.6), layout="constrained")
-    ratios = [width * C.CELL_IN + 1.0, tree_w][: 1 + tree]
-    ax, *tree_ax = fig.subplots(1, 1 + tree, squeeze=False, width_ratios=ratios)[0]
+    ax, *tree_ax = fig.subplots(1, 1 + tree, squeeze=False, width_ratios=[width * C.CELL_IN + 1.0, tree_w][: 1 + tree])[0]
     block, seq, bad = mask[start:end].reshape(N, width), width - N, 0  # [N, seq+N]
     anc = C.ancestry(parents) if tree else None  # [N, N]
     C.grid_axes(ax, width, N)
     for q, c in np.ndindex(N, width):
-        on = bool(block[q, c])
+        on = block[q, c]
         if c < seq:
             C.cell(ax, c, q, C.PREFIX_COLOR if on else C.UNUSED_COLOR)
             bad += not on
@@ -137,17 +135,16 @@ def draw_tree_mask(
     note = f"; {bad} cells disagree with the tree!" if bad else ""
     ax.set_title(f"request {request}: custom_mask[{start}:{end}]\nas [N={N}, seq+N={width}]{note}", fontsize=8)
     if tree:  # the draft tree on the right, depth left to right
-        (ax,), slots, top = tree_ax, C.tree_slots(parents), max(depths)
+        (ax,), slots, levels = tree_ax, C.tree_slots(parents), range(max(depths) + 1)
         pos = {q: (d, r - (n - 1) / 2) for q, (d, r, n) in slots.items()}
-        for q, p in enumerate(parents):
-            if p >= 0:
-                ax.plot(*zip(pos[p], pos[q]), color="#636363", lw=1.0, zorder=1)
+        for q, p in enumerate(parents[1:], 1):
+            ax.plot(*zip(pos[p], pos[q]), color="#636363", lw=1.0, zorder=1)
         ax.scatter(*zip(*map(pos.get, range(N))), s=260, facecolor="white", edgecolor=C.TREE_ON_COLOR, lw=1.5, zorder=2)
         for q in range(N):
-            ax.text(*pos[q], str(q), ha="center", va="center", fontsize=8, zorder=3)
+            ax.text(*pos[q], q, ha="center", va="center", fontsize=8, zorder=3)
         span = max(n for _, _, n in slots.values())
-        ax.set(xlim=(-0.5, top + 0.5), ylim=(span / 2 + 0.1, -span / 2 - 0.1), yticks=[])
-        ax.set_xticks(range(top + 1), [f"d{d}" for d in range(top + 1)], fontsize=7)
+        ax.set(xlim=(-0.5, len(levels) - 0.5), ylim=(span / 2 + 0.1, -span / 2 - 0.1), yticks=[])
+        ax.set_xticks(levels, [f"d{d}" for d in levels], fontsize=7)
         C.bare_axes(ax)
         ax.set_title(f"tree: parents = {list(parents)}", fontsize=8)
     C.suptitle(fig, title)
@@ -222,8 +219,8 @@ def draw_buffers(
             if bad[x]:
                 C.differs_mark(ax, x, y)
     ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
-    step = 4 if width > 12 else 1
-    ax.set_xticks(range(0, width, step), range(0, width, step), fontsize=6)
+    ticks = range(0, width, 4 if width > 12 else 1)
+    ax.set_xticks(ticks, ticks, fontsize=6)
     ax.xaxis.tick_top()
     for k, (text, flag) in enumerate(scalars):  # a differing scalar in bold red
         style = dict(color=C.BAD_COLOR, fontweight="bold") if flag else {}
@@ -257,8 +254,8 @@ def draw_state_diff(
         a, b = first.get(key), second.get(key)  # bads: a bool per cell of each tensor, or one bool per scalar
         tensors = isinstance(a, torch.Tensor), isinstance(b, torch.Tensor)
         if all(tensors) and a.numel() == b.numel():
-            a_, b_ = (v.detach().cpu().reshape(-1) for v in (a, b))
-            bads = (((a_ != b_) & ~(a_.isnan() & b_.isnan())).numpy(),) * 2  # NaN == NaN here
+            a_, b_ = C.flat(a), C.flat(b)
+            bads = ((a_ != b_) & ~(np.isnan(a_) & np.isnan(b_)),) * 2  # NaN == NaN here
         elif any(tensors):  # shapes or kinds disagree: every cell
             bads = [np.ones(v.numel(), bool) if isinstance(v, torch.Tensor) else True for v in (a, b)]
         else:  # scalars (or a key one side lacks)
@@ -272,8 +269,10 @@ def draw_state_diff(
                 row_roles[name] = roles[key]
     summary = f"{total} cell(s) differ" if total else "no cell differs"
     label = differs_label or f"differs: {labels[0]} vs {labels[1]}"
-    style = dict(max_cells=max_cells, roles=row_roles or None, differs=marks, differs_label=label, legend=legend)
-    return draw_buffers(state, f"{title}\n{summary}" if title else summary, **style)
+    title = f"{title}\n{summary}" if title else summary
+    return draw_buffers(
+        state, title, max_cells=max_cells, roles=row_roles or None, differs=marks, differs_label=label, legend=legend
+    )
 
 
 def draw_buffer_sizes(
@@ -290,7 +289,7 @@ def draw_buffer_sizes(
     color = dict(zip(dict.fromkeys(o for per in sizes.values() for o in per), cycle(OWNER_COLORS)))  # owner -> colour
     heights = [len(per) for per in sizes.values()]
     fig = Figure(figsize=(9.0, sum(0.32 * h + 0.55 for h in heights) + 0.9), layout="constrained")
-    axes = fig.subplots(len(sizes), 1, squeeze=False, height_ratios=[h + 1.2 for h in heights])
+    axes = fig.subplots(len(sizes), squeeze=False, height_ratios=[h + 1.2 for h in heights])
     short = False
     for ax, (buf, per) in zip(axes.flat, sizes.items()):  # a buffer's bars against its need
         need, what = needed.get(buf, (0, None))
@@ -311,7 +310,7 @@ def draw_buffer_sizes(
             )
             if small:
                 short = True
-                ax.add_patch(Rectangle((0, y - 0.31), n, 0.62, fill=False, edgecolor=C.BAD_COLOR, lw=1.8, zorder=3))
+                C.frame(ax, 0.5, y + 0.19, n, 0.62, lw=1.8)  # around the bar: x 0..n, y - 0.31..y + 0.31
         if buf in needed:
             ax.axvline(need, color="black", ls="--", lw=1.0)
             ax.text(need, -0.55, f" {what}: {need}", fontsize=7, va="bottom", gid="need")

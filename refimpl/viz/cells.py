@@ -1,8 +1,6 @@
 """What the figures draw with: colours with a meaning (``ROLE_LABELS``), legends, cells, frames, draft-tree shapes;
 ``save``."""
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -56,7 +54,7 @@ def owner_color(i: int, pad: bool) -> str:  # request i's colour, or the padded 
 def role_style(role) -> tuple[str, str | None, str, str]:
     """(face colour, hatch, edge colour, text colour) of a cell role (an int or a ``ROLE_LABELS`` key)."""
     if isinstance(role, (int, np.integer)) and not isinstance(role, bool):
-        return owner_color(int(role), pad=False), None, "white", "black"
+        return owner_color(role, False), None, "white", "black"
     if isinstance(role, str) and role in ROLES:
         return ROLES[role][1:]
     raise ValueError(f"unknown cell role {role!r}: an int (live request), {sorted(ROLE_LABELS)}")
@@ -66,10 +64,10 @@ def role_handles(roles, live: str = "live request {}", **labels: str) -> list[Pa
     """Legend handles of the cell ``roles`` used: live requests in order (``live`` names them), then the named roles in
     ``ROLES`` order (their ``ROLE_LABELS``, or ``labels[role]``)."""
     labels, out = {**ROLE_LABELS, **labels}, []
-    for r in sorted({int(r) for r in roles if not isinstance(r, str)}) + [r for r in ROLES if r in roles]:
+    for r in sorted({r for r in roles if not isinstance(r, str)}) + [r for r in ROLES if r in roles]:
         face, hatch, edge, _ = role_style(r)
-        edge, label = "#969696" if edge == "white" else edge, labels[r] if isinstance(r, str) else live.format(r)
-        out.append(Patch(facecolor=face, hatch=hatch, edgecolor=edge, lw=0.6, label=label))
+        edge = "#969696" if edge == "white" else edge
+        out.append(Patch(facecolor=face, hatch=hatch, edgecolor=edge, lw=0.6, label=labels.get(r, live.format(r))))
     return out
 
 
@@ -83,8 +81,15 @@ def differs_handle(label: str) -> Patch:
 def legend(fig: Figure, handles: list, max_cols: int = 4) -> None:
     """One legend under the axes, at most ``max_cols`` columns (the figure must use the constrained layout)."""
     if handles:
-        style = dict(loc="outside lower center", fontsize=7, frameon=False, handlelength=1.6, columnspacing=1.4)
-        fig.legend(handles=handles, ncols=min(len(handles), max_cols), **style).set_gid("legend")
+        fig.legend(
+            handles=handles,
+            ncols=min(len(handles), max_cols),
+            loc="outside lower center",
+            fontsize=7,
+            frameon=False,
+            handlelength=1.6,
+            columnspacing=1.4,
+        ).set_gid("legend")
 
 
 def suptitle(fig: Figure, title: str) -> None:
@@ -132,9 +137,10 @@ def frame(ax, x0, y0, w=1, h=1, color=BAD_COLOR, lw=1.5):
 def differs_mark(ax, x, y) -> None:
     """A red frame and hatch over cell (x, y) (gid ``"differs"``); the cell's text turns bold, on top."""
     ax.add_patch(Rectangle((x - 0.46, y - 0.46), 0.92, 0.92, fill=False, lw=2.0, zorder=2.5, gid="differs", **_DIFFERS))
-    own = next((t for t in ax.texts[::-1] if t.get_position() == (x, y)), None)  # drawn last for that cell
-    if own is not None:
-        own.set(fontweight="bold", zorder=4)
+    for t in ax.texts[::-1]:  # the cell's own text: the last one drawn there
+        if t.get_position() == (x, y):
+            t.set(fontweight="bold", zorder=4)
+            break
 
 
 def grid_axes(ax, width: int, height: int) -> None:

@@ -5,8 +5,6 @@ text when a notebook runs as a script.
 (every tag must match exactly one line, so a notebook's claim about the code fails when the code moves).
 """
 
-from __future__ import annotations
-
 import ast
 import html
 import inspect
@@ -23,8 +21,7 @@ def _parse(fn):
     """``fn``'s dedented source, its lines, its ``def`` and its docstring statement (None without one)."""
     src = textwrap.dedent(inspect.getsource(fn))
     func = ast.parse(src).body[0]
-    doc = func.body[0]
-    doc = doc if isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) else None
+    doc = func.body[0] if ast.get_docstring(func) is not None else None
     return src, src.splitlines(), func, doc
 
 
@@ -53,8 +50,8 @@ class CodeGrid:
     must match exactly one line of its cell (else ``ValueError``). One row with an empty title: code in columns."""
 
     def __init__(self, col_titles, row_titles, cells, tags):
-        self.col_titles, self.row_titles, self.cells = col_titles, row_titles, cells
-        self.where = {}  # (r, c) -> {(block, line): tag}
+        self.col_titles, self.row_titles = col_titles, row_titles
+        self.where, self.blocks = {}, {}  # (r, c) -> {(block, line): tag}; (r, c) -> [(heading, [(line, tag or None)])]
         for r, row in enumerate(cells):
             for c, blocks in enumerate(row):
                 found = self.where[r, c] = {}
@@ -63,6 +60,10 @@ class CodeGrid:
                     if len(hits) != 1:
                         raise ValueError(f"{needle!r} is on {len(hits)} lines of cell {r, c}, not 1")
                     found[hits[0]] = tag
+                self.blocks[r, c] = [
+                    (heading, [(line, found.get((b, i))) for i, line in enumerate(lines)])
+                    for b, (heading, lines) in enumerate(blocks)
+                ]
 
     def position(self, r: int, c: int, tag: str) -> tuple[int, int]:
         """(block, line) of the line tagged ``tag`` in cell (r, c)."""
@@ -74,9 +75,8 @@ class CodeGrid:
             out += ["=" * 100, title, "=" * 100]
             for r, row_title in enumerate(self.row_titles):
                 out += [f"----- {row_title}"] * bool(row_title)
-                for b, (heading, lines) in enumerate(self.cells[r][c]):
-                    tagged = ((line, self.where[r, c].get((b, i))) for i, line in enumerate(lines))
-                    out += [f"# {heading}"] + [f"{line:<70}  <-- {tag}" if tag else line for line, tag in tagged]
+                for heading, lines in self.blocks[r, c]:
+                    out += [f"# {heading}"] + [f"{line:<70}  <-- {tag}" if tag else line for line, tag in lines]
         return "\n".join(out)
 
     __repr__ = __str__
@@ -88,12 +88,11 @@ class CodeGrid:
         for r, row_title in enumerate(self.row_titles):
             tds = ""
             for c in range(len(self.col_titles)):
-                found, body = self.where[r, c], []
-                colors = dict(zip(dict.fromkeys(found.values()), TAG_COLORS * 4))
-                for b, (heading, lines) in enumerate(self.cells[r][c]):
+                body, colors = [], dict(zip(dict.fromkeys(self.where[r, c].values()), TAG_COLORS * 4))
+                for heading, lines in self.blocks[r, c]:
                     body.append(f'<b style="color:#555"># {html.escape(heading)}</b>')
-                    for i, line in enumerate(lines):
-                        text, tag = html.escape(line) or " ", found.get((b, i))
+                    for line, tag in lines:
+                        text = html.escape(line) or " "
                         body.append(
                             f'<span style="background:{colors[tag]}">{text}</span><b style="color:#b30000"> '
                             f"\u25c0 {html.escape(tag)}</b>"
@@ -103,4 +102,4 @@ class CodeGrid:
                 tds += f'<td style="{TD}"><pre style="{PRE}">' + "\n".join(body) + "</pre></td>"
             label = f'<th style="{TD};writing-mode:vertical-rl">{html.escape(row_title)}</th>' if labelled else ""
             rows.append(f"<tr>{label}{tds}</tr>")
-        return '<table style="border-collapse:collapse;width:100%">' + "".join(rows) + "</table>"
+        return f'<table style="border-collapse:collapse;width:100%">{"".join(rows)}</table>'

@@ -1,8 +1,7 @@
 """Measurements drawn: replay latency against batch size, the bench's part-by-part figures."""
 
-from __future__ import annotations
-
 from collections.abc import Mapping, Sequence
+from operator import itemgetter
 from pathlib import Path
 
 import matplotlib
@@ -61,8 +60,7 @@ GPU_COLOR = "#252525"
 Series = tuple[str, str, str, str]  # (label, backend, variant, color)
 
 
-def _key(r):
-    return r["backend"], r["variant"], r["mode"]
+_key = itemgetter("backend", "variant", "mode")  # a bench row's key
 
 
 def draw_replay_breakdown(
@@ -96,7 +94,7 @@ def draw_replay_breakdown(
                 hatch="//" if valid else None,
             )
             if y == 0:  # the parts named once, over the first row
-                ax.text(left + w / 2, y - 0.42, "validation" if valid else part, ha="center", fontsize=7)
+                ax.text(left + w / 2, -0.42, "validation" if valid else part, ha="center", fontsize=7)
             left += w
         ax.text(left, y - 0.12, f" host {left:.0f}", va="center", fontsize=7)
         if "gpu_us" in at[k]:
@@ -107,8 +105,10 @@ def draw_replay_breakdown(
     ax.set_ylim(len(keys) - 0.5, -0.75)
     ax.set_xlabel("µs (host: medians of each part; GPU: the graph, CUDA events)")
     ax.grid(axis="x", alpha=0.3)
-    where = f"One replay at bs {bs}, context {context}, {_where(env)}"
-    ax.set_title(f"{where}: host-bound where the host bar outruns the black GPU bar", fontsize=9)
+    ax.set_title(
+        f"One replay at bs {bs}, context {context}, {_where(env)}: host-bound where the host bar outruns the black GPU bar",
+        fontsize=9,
+    )
     return fig
 
 
@@ -169,10 +169,8 @@ def draw_step_graph_vs_eager(rows: Sequence[Mapping], env: Mapping, context: int
     """The whole decoder step (wall µs, synchronised), as a graph and eagerly, one pair of bars per backend x variant x
     mode at one bs (default: the smallest), each value written at its bar's end."""
     pair = lambda r: (r["step_us"]["graph"]["median"], r["step_us"]["eager"]["median"])
-    xlabel = "whole step, wall µs (median, synchronised)"
-    return _bar_pairs(
-        rows, env, context, bs, min, pair, ("graph", "eager"), "{:.0f}", xlabel, "Graph vs eager, whole decoder step"
-    )
+    xlabel, title = "whole step, wall µs (median, synchronised)", "Graph vs eager, whole decoder step"
+    return _bar_pairs(rows, env, context, bs, min, pair, ("graph", "eager"), "{:.0f}", xlabel, title)
 
 
 def draw_capture_cost(rows: Sequence[Mapping], env: Mapping, context: int, bs: int | None = None) -> Figure:
@@ -181,8 +179,10 @@ def draw_capture_cost(rows: Sequence[Mapping], env: Mapping, context: int, bs: i
     ``memory_reserved`` difference, which counts every cached block of the process and goes negative when the allocator
     releases some."""
     pair = lambda r: (r["capture_s"]["first"] * 1e3, r["capture_s"]["warm"] * 1e3)
-    names, title = ("first capture", "again (warm)"), "Capture time per batch size"
-    return _bar_pairs(rows, env, context, bs, max, pair, names, "{:.1f}", "ms (warm-up + capture)", title)
+    title = "Capture time per batch size"
+    return _bar_pairs(
+        rows, env, context, bs, max, pair, ("first capture", "again (warm)"), "{:.1f}", "ms (warm-up + capture)", title
+    )
 
 
 def draw_bench_figures(rows: Sequence[Mapping], env: Mapping, out_dir: str | Path) -> list[Path]:

@@ -1,7 +1,5 @@
 """Speculative decoding drawn: one EAGLE iteration and its graph modes, multi-step draft decode's indices."""
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 
 import torch
@@ -29,15 +27,17 @@ def _node(ax, x, y, color, label, label_color="black"):
     ax.text(x, y, label, ha="center", va="center", fontsize=7, zorder=3, color=label_color)
 
 
-def _draw_tree(ax, parents, x0, y0, w, levels, colors, dim, edges):
-    """The tree in the box (x0, y0) w wide, 2.6 high, depth left to right: edges (``edges[q]``: node q's edge stands out
-    in that colour), then nodes q in ``colors[q]`` (those in ``dim`` with a grey label); returns their (x, y)."""
+def _draw_tree(ax, parents, x0, y0, w, levels, parts):
+    """The tree in the box (x0, y0) w wide, 2.6 high, depth left to right: edges (to an accepted node: thick green),
+    then nodes q in the colour of ``parts[q]`` (an ``EAGLE_PARTS`` key; a rejected one with a grey label); returns their
+    (x, y)."""
     dx = (w - 0.6) / max(levels, 1)
     pos = {q: (x0 + 0.3 + d * dx, y0 + 2.6 * (r + 1) / (n + 1)) for q, (d, r, n) in C.tree_slots(parents).items()}
     for q, par in enumerate(parents[1:], 1):
-        ax.plot(*zip(pos[par], pos[q]), zorder=1, color=edges.get(q, "#636363"), lw=1.6 if q in edges else 0.9)
+        accepted = parts[q] == "accepted"
+        ax.plot(*zip(pos[par], pos[q]), zorder=1, color="#238b45" if accepted else "#636363", lw=1.6 if accepted else 0.9)
     for q, (x, y) in pos.items():
-        _node(ax, x, y, colors[q], str(q), "#969696" if q in dim else "black")
+        _node(ax, x, y, EAGLE_COLORS[parts[q]], q, "#969696" if parts[q] == "rejected" else "black")
     return pos
 
 
@@ -54,10 +54,10 @@ def draw_eagle_iteration(
     chain = [0, *acc]
     if len(acc) > S or any(parents[b] != a for a, b in zip(chain, chain[1:])):
         raise ValueError(f"draw_eagle_iteration: accepted {acc} is not a chain from the root of length <= num_steps={S}")
-    W, H, y0, bw, bh = 17.7, 7.6, 1.35, 3.9, 6.1  # the figure; each step's box: bottom, width, height
-    fig = Figure(figsize=(W, H + 0.5), layout="constrained")
+    W, y0, bw, bh = 17.7, 1.35, 3.9, 6.1  # the figure's width (its height: 7.6); each step's box: bottom, width, height
+    fig = Figure(figsize=(W, 8.1), layout="constrained")
     ax = fig.add_subplot()
-    ax.set(xlim=(0, W), ylim=(0, H), aspect="equal")
+    ax.set(xlim=(0, W), ylim=(0, 7.6), aspect="equal")
     ax.axis("off")
     xs = [0.15 + k * (bw + 0.55) for k in range(4)]
     boxes = [  # per step: its name, its graph modes, rows per request, caption
@@ -102,9 +102,7 @@ def draw_eagle_iteration(
         ax.text(x + 0.15, y0 + 0.12, caption, fontsize=7, va="bottom", color="#252525", linespacing=1.3)
 
     # ① draft: the tree the multi-step draft decode grows, node colours by the step that drafted it
-    _draw_tree(
-        ax, parents, xs[0], y0 + 1.55, bw, S, [EAGLE_COLORS[["verified", "step0", "steps"][min(d, 2)]] for d in depths], (), {}
-    )
+    _draw_tree(ax, parents, xs[0], y0 + 1.55, bw, S, [["verified", "step0", "steps"][min(d, 2)] for d in depths])
     for d in range(S + 1):
         label = f"step {d - 1}" if d else "verified"
         ax.text(xs[0] + 0.3 + d * (bw - 0.6) / S, y0 + 1.45, label, fontsize=6.5, ha="center", va="top", color="#525252")
@@ -114,7 +112,7 @@ def draw_eagle_iteration(
     mx, my = xs[1] + 0.75, y0 + 1.55 + 2.45
     for q in range(N):  # row q at y
         y = my - q * c
-        ax.text(mx - 0.12, y, str(q), fontsize=6, ha="right", va="center")
+        ax.text(mx - 0.12, y, q, fontsize=6, ha="right", va="center")
         for j in range(2):
             C.cell(ax, mx + (j + 0.5) * c, y, C.PREFIX_COLOR, lw=0.5, size=c)
         for k in range(N):
@@ -124,9 +122,8 @@ def draw_eagle_iteration(
     ax.text(mx + 2.25 * c, my - 0.5 * c, "…", fontsize=7, ha="center", va="center")
 
     # ③ accept: the accepted chain, the rejected drafts dimmed, the bonus token after the chain
-    colors = [EAGLE_COLORS["verified" if q == 0 else "accepted" if q in chain else "rejected"] for q in range(N)]
-    dim, edges = [q for q in range(N) if q not in chain], {q: "#238b45" for q in acc}
-    lx, ly = _draw_tree(ax, parents, xs[2], y0 + 1.55, bw - 0.5, S, colors, dim, edges)[chain[-1]]
+    parts = ["verified" if q == 0 else "accepted" if q in chain else "rejected" for q in range(N)]
+    lx, ly = _draw_tree(ax, parents, xs[2], y0 + 1.55, bw - 0.5, S, parts)[chain[-1]]
     bx = lx + (bw - 1.1) / S
     ax.plot([lx, bx], [ly, ly], color="#cc8400", ls="--", lw=1.2, zorder=1)
     _node(ax, bx, ly, EAGLE_COLORS["bonus"], "b")
@@ -134,18 +131,15 @@ def draw_eagle_iteration(
     # ④ draft extend: the rows v1 (S + 1) and v2 (N) lay out per request
     cells = [(f"n{q}", "accepted") for q in acc] + [("b", "bonus")] + [("–", "rejected")] * (N + S)  # text, part
     cw = min(0.45, (bw - 0.9) / max(N, S + 1))
-    for j, (lab, n) in enumerate((("v1", S + 1), ("v2", N))):
-        yy = y0 + 3.55 - j * 1.0
+    for yy, lab, n in ((y0 + 3.55, "v1", S + 1), (y0 + 2.55, "v2", N)):
         ax.text(xs[3] + 0.2, yy, lab, fontsize=7.5, va="center")
         for r, (s, part) in enumerate(cells[:n]):
             C.cell(ax, xs[3] + 0.6 + (r + 0.5) * cw, yy, EAGLE_COLORS[part], s, fontsize=6.5, edge="#525252", size=cw)
 
     # arrows between the steps and back to ①; the IDLE band
-    arrow = dict(arrowstyle="-|>", mutation_scale=14)
-    for k in range(3):
-        ax.add_patch(
-            FancyArrowPatch((xs[k] + bw + 0.05, y0 + bh / 2), (xs[k + 1] - 0.05, y0 + bh / 2), color="#252525", lw=1.3, **arrow)
-        )
+    arrow, ym = dict(arrowstyle="-|>", mutation_scale=14), y0 + bh / 2
+    for a, b in zip(xs, xs[1:]):
+        ax.add_patch(FancyArrowPatch((a + bw + 0.05, ym), (b - 0.05, ym), color="#252525", lw=1.3, **arrow))
     yb, mid = y0 - 0.32, xs[0] + bw / 2  # back to ①, under the boxes
     ax.plot([xs[3] + bw / 2, xs[3] + bw / 2, mid], [y0 - 0.02, yb, yb], color="#525252", lw=1.1, ls="--")
     ax.add_patch(FancyArrowPatch((mid, yb), (mid, y0 - 0.02), color="#525252", lw=1.1, **arrow))
@@ -192,7 +186,7 @@ def draw_draft_decode_indices(
             f"draw_draft_decode_indices: kv_indptr needs [{num_steps}, >= {rows + 1}] for {num_seqs} seqs x "
             f"topk {topk}, got {full.shape}"
         )
-    pmax, live = int(seq.max(initial=1)), num_seqs if live_seqs is None else min(live_seqs, num_seqs)
+    pmax, live = seq.max(initial=1), num_seqs if live_seqs is None else min(live_seqs, num_seqs)
     width = pmax + 1 + num_steps  # prefix area | gap | draft area
     fig = Figure(figsize=(width * C.CELL_IN + 2.2, num_steps * (rows * C.CELL_IN + 0.7) + 0.6), layout="constrained")
     for i in range(num_steps):  # step i's rows: prefix slots | gap | draft slots
@@ -201,7 +195,7 @@ def draw_draft_decode_indices(
         for row in range(rows):
             r, k = divmod(row, topk)
             a, b = indptr[i, row : row + 2]
-            n_pre, vals = int(seq[r]), idx[i][a:b]
+            n_pre, vals = seq[r], idx[i][a:b]
             for j in range(min(n_pre, len(vals))):
                 C.role_cell(ax, j, row, r if r < live else "pad", C.fmt(vals[j]))
             for j in range(num_steps):
@@ -220,8 +214,9 @@ def draw_draft_decode_indices(
         ax.set_xticks([pmax / 2 - 0.5, pmax + 1 + (num_steps - 1) / 2], names, fontsize=7)
         note = "  (filled, but no step backend reads it)" * (used_steps is not None and i >= used_steps)
         warn = f"  {bad} rows have the wrong length!" if bad else ""
-        head = f"step {i}: rows of prefix + {i + 1} draft slot(s), kv_indptr[{i}] = {indptr[i].tolist()}"
-        ax.set_title(head + note + warn, fontsize=7.5)
+        ax.set_title(
+            f"step {i}: rows of prefix + {i + 1} draft slot(s), kv_indptr[{i}] = {indptr[i].tolist()}{note}{warn}", fontsize=7.5
+        )
     C.suptitle(fig, title)
     if legend:
         roles = [*range(live)] + ["pad"] * (live < num_seqs)
