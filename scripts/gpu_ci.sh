@@ -14,7 +14,7 @@
 #   REFIMPL_COMMIT=<short sha> bash scripts/gpu_ci.sh          # record: benchmarks/results/gpu_ci/<sha>/
 #
 # The record (at most 8 files, what the device tool returns): versions.txt (device, driver,
-# torch / CUDA / triton / flashinfer versions, the commit), suite.log, notebooks.log, check.json,
+# torch / CUDA / triton / flashinfer versions, the commit and the gated tree), suite.log, notebooks.log, check.json,
 # check.log, gpu_ci.txt (the line, then every failing test id). With $OUT set (the device tool)
 # the record goes there; copy it to benchmarks/results/gpu_ci/<sha>/ and commit it.
 # FlashInfer's JIT modules are built once per call: every process shares one workspace, and
@@ -30,6 +30,9 @@ t0=$SECONDS
 
 {
   echo "commit $commit"
+  # the content gated, whatever HEAD says: equals `git rev-parse <commit>^{tree}` when the tree was that commit's
+  cp .git/index "$tmp/index" 2>/dev/null
+  echo "tree $(GIT_INDEX_FILE="$tmp/index" git add -A . 2>/dev/null && GIT_INDEX_FILE="$tmp/index" git write-tree 2>/dev/null || echo unknown)"
   echo "date $(date -u +%Y-%m-%dT%H:%MZ)"
   python3 - <<'PY'
 import importlib, torch, triton
