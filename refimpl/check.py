@@ -142,7 +142,9 @@ def _check_one(entry: BackendEntry, kind: GraphKind, engine: str, settings: Chec
     return check_entry_mode(entry, kind, make_engine(engine), settings, _WORLDS)
 
 
-CPU_SECONDS_PER_TARGET = 4.3  # default run: 248 s of rows on 2 workers, 114 targets, idle 2-core CPU machine
+# default run, 114 targets on 2 workers, idle 2-core CPU machine: 157 s of rows at 84230ce, 166 s at 3022d29 (the same
+# hour); 248 s at c0e701a, on a day that machine ran 1.5x slower
+CPU_SECONDS_PER_TARGET = 2.8
 
 
 def targets(backends=None, modes=None, variants=None, entries=None) -> list[tuple[BackendEntry, GraphKind]]:

@@ -164,17 +164,16 @@ def test_padding_after_a_larger_batch(name, variant):
 
 
 def test_planted_no_padded_row_reset_is_caught(monkeypatch):
-    """The runner no longer resetting padded rows (its copy plan without the padded-row part):
+    """The runner no longer resetting padded rows (its copy writing only the batch's own rows):
     the full batch's last request stays in row 3, so the padded row writes that request's KV
     slot and reads its keys."""
     runner, gen = make_runner("triton", "unified", capture_bs=(4,))
-    real = StaticInputs._plan
+    real = StaticInputs.load
 
-    def no_padding(self, raw_bs, bs, n):
-        dst, pads, host_live, _ = real(self, raw_bs, bs, n)
-        return dst[: len(dst) - len(pads)], [], host_live, None
+    def no_padding(self, fb, bs):
+        real(self, fb, fb.batch_size)  # rows fb.batch_size..bs keep what they held
 
-    monkeypatch.setattr(StaticInputs, "_plan", no_padding)
+    monkeypatch.setattr(StaticInputs, "load", no_padding)
     problems = padding_after_full_problems(runner, gen)
     assert any("padded row 3 holds" in p for p in problems), problems
     assert any("KV slot(s) outside the batch" in p for p in problems), problems

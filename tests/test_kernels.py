@@ -541,3 +541,29 @@ def test_kernel_ops_are_registered():
     for name in KERNEL_OPS:
         ns, op = name.split("::")
         assert hasattr(getattr(torch.ops, ns), op), name
+
+
+# --- the static inputs' writer ---------------------------------------------------------------------
+@pytest.mark.parametrize("label", ["decode", "idle", "target_verify", "draft_extend_v2", "draft_decode"])
+def test_load_inputs_kernel_writes_what_its_reference_writes(label):
+    """``launch_load_inputs`` (the Triton kernel: interpreted here, launched directly on CUDA from its second call on)
+    against ``load_inputs_ref`` (what a CPU runs), every static tensor whole, for a full batch, padded ones and an idle
+    one. The first call's sizes are 1, so a kernel compiled for them and reused later (a size specialised to 1) fails."""
+    from refimpl.config import TREE
+    from refimpl.graphs.inputs import StaticInputs
+    from refimpl.kernels.inputs import launch_load_inputs, load_inputs_ref
+    from refimpl.layout import KINDS
+
+    kind, g = KINDS[label], torch.Generator().manual_seed(0)
+    statics = [StaticInputs(kind, TREE, 8, 1, DEVICE) for _ in range(2)]
+    rows, steps = statics[0].rows, statics[0].steps
+    cases = [(0, 1), (0, 8), (0, 4)] if kind.mode.is_idle() else [(1, 1), (1, 8), (5, 8), (8, 8), (3, 4)]
+    for raw_bs, bs in cases:
+        n = raw_bs * rows
+        src = [torch.randint(1, 1000, (size,), generator=g).to(DEVICE) for size in (n, n, raw_bs, raw_bs, steps * n)]
+        src[3] = src[3].int()
+        for writer, inputs in zip((launch_load_inputs, load_inputs_ref), statics):
+            writer(tuple(src), inputs._whole, bs, rows, steps, 7, 0, 0)
+        names = ("input_ids", "positions", "req_pool_indices", "seq_lens", "out_cache_loc")
+        for name, a, b in zip(names, *(inputs._whole for inputs in statics)):
+            assert torch.equal(a, b), (label, raw_bs, bs, name, a.tolist(), b.tolist())

@@ -16,6 +16,7 @@ import torch
 from .. import layout
 from ..batch import ForwardBatch
 from ..config import SpecConfig
+from ..kernels.inputs import load_inputs
 
 
 @dataclass(eq=False)
@@ -36,7 +37,8 @@ class StaticInputs:
         self.seq_lens = torch.empty(self.bs, dtype=torch.int32, device=self.device)  # [bs] int32
         self.seq_lens_cpu = torch.empty(self.bs, dtype=torch.int32, device="cpu")  # [bs] int32, host mirror
         self.out_cache_loc = torch.empty(self.steps * n, **i64)  # [steps * rows] int64, [step][row]
-        self._plans, self._views = {}, {}  # copy plans by shape / views by bs, made once each
+        self._whole = (self.input_ids, self.positions, self.req_pool_indices, self.seq_lens, self.out_cache_loc)
+        self._plans, self._views = {}, {}  # host mirror views by shape / views by bs, made once each
         self.rest()
 
     def at_rest(self, bs: int) -> StaticInputs:
@@ -66,32 +68,19 @@ class StaticInputs:
         return ForwardBatch(mode, bs, **self.views(bs), seq_lens_sum=seq_lens_sum, world=world, spec_info=spec_info)
 
     def load(self, fb: ForwardBatch, bs: int) -> None:
-        """``fb`` into the first ``bs`` requests, rows ``fb.batch_size..bs`` reset to padded rows, in one launch: a
-        ``torch._foreach_copy_`` over byte views (int64 and int32 alike: one dtype, PyTorch's multi-tensor kernel), plus
-        the host mirror. Dtypes are ``refimpl.validate``'s to check."""
-        dst, pads, host_live, host_pad = self._plan(fb.batch_size, bs, fb.num_tokens)
-        src = [fb.input_ids, fb.positions, fb.req_pool_indices, fb.seq_lens]
-        loc = fb.out_cache_loc
-        src += [loc] if self.steps == 1 else self.kind.cache_loc_steps(loc, self.spec).unbind()  # one view less per replay
-        torch._foreach_copy_(dst, [t.view(torch.uint8) for t in src] + pads)
+        """``fb`` into the first ``bs`` requests, rows ``fb.batch_size..bs`` reset to padded rows, in one launch on CUDA
+        (``refimpl.kernels.inputs``), plus the host mirror. Dtypes are ``refimpl.validate``'s to check."""
+        load_inputs(fb.input_ids, fb.positions, fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc, *self._whole, bs,
+                    self.rows, self.steps, self.fill, layout.PAD_REQ_SLOT, layout.PAD_CACHE_SLOT)  # fmt: skip
+        host_live, host_pad = self._host(fb.batch_size, bs)
         host_live.copy_(fb.seq_lens_cpu)
         if host_pad is not None:
             host_pad.fill_(self.fill)
 
-    def _plan(self, raw_bs, bs, n):
-        """(device destinations, padded-row sources, as bytes; host live / padded views) for ``raw_bs`` requests, ``n``
-        rows, graph ``bs``; made once per key."""
-        if (plan := self._plans.get((raw_bs, bs, n))) is not None:
-            return plan
-        loc = self.kind.cache_loc_steps(self.out_cache_loc[: self.steps * bs * self.rows], self.spec)  # [steps, rows]
-        dst = [self.input_ids[:n], self.positions[:n], self.req_pool_indices[:raw_bs], self.seq_lens[:raw_bs]]
-        dst += loc[:, :n].unbind()
-        pads, host_pad = [], None
-        if raw_bs < bs:  # what every padded row holds
-            pad = self.at_rest(bs - raw_bs)
-            dst += [self.req_pool_indices[raw_bs:bs], self.seq_lens[raw_bs:bs], *loc[:, n:].unbind()]
-            pads = [pad.req_pool_indices, pad.seq_lens, *pad.out_cache_loc.view(self.steps, -1)[:, : loc.shape[1] - n]]
-            host_pad = self.seq_lens_cpu[raw_bs:bs]
-        as_bytes = lambda ts: [t.view(torch.uint8) for t in ts]
-        plan = self._plans[(raw_bs, bs, n)] = (as_bytes(dst), as_bytes(pads), self.seq_lens_cpu[:raw_bs], host_pad)
-        return plan
+    def _host(self, raw_bs: int, bs: int) -> tuple:
+        """The host mirror's live and padded views (None: no padded row) for ``raw_bs`` requests in graph ``bs``; made
+        once per key."""
+        if (views := self._plans.get((raw_bs, bs))) is None:
+            pad = self.seq_lens_cpu[raw_bs:bs] if raw_bs < bs else None
+            views = self._plans[(raw_bs, bs)] = (self.seq_lens_cpu[:raw_bs], pad)
+        return views

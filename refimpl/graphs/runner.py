@@ -244,7 +244,7 @@ class GraphRunner:
         return self._replay(fb)
 
     def load_inputs(self, fb: ForwardBatch, bs: int) -> None:
-        """Replay phase 2: the batch into the static inputs (``StaticInputs.load``, one launch), the padded rows reset to
+        """Replay phase 2: the batch into the static inputs (``StaticInputs.load``, one launch on CUDA), the padded rows reset to
         padded rows. ``padded_batch`` (what the checker feeds the hooks) runs the same writer into fresh inputs."""
         self.inputs.load(fb, bs)
 

@@ -3,7 +3,7 @@
 ``indices`` (CSR kv indices, block tables), ``attention`` (dense paged MHA/GQA and MLA), ``oracle`` (float64 reference),
 ``triton_decode`` (split-KV decode, split counts), ``triton_extend`` (verify / draft extend), ``draft_indices``
 (multi-step draft decode), ``fused_metadata`` (Triton graph metadata in one launch), ``mla_paged`` (Cutlass / TRTLLM
-MLA), ``validation`` (batch checks). Each op is one ``torch.library.custom_op``: a dispatch mode sees one
+MLA), ``validation`` (batch checks), ``inputs`` (a batch into a graph's static inputs). Each op is one ``torch.library.custom_op``: a dispatch mode sees one
 ``refimpl.<name>.default`` (``KERNEL_OPS``) per launch.
 """
 
@@ -11,6 +11,7 @@ from .attention import dense_paged_attention, dense_paged_mla_attention
 from .draft_indices import draft_decode_kv_indices, draft_decode_kv_indices_ref, draft_decode_used_len
 from .fused_metadata import fused_graph_metadata, fused_graph_metadata_args, fused_graph_metadata_ref, launch_fused_graph_metadata
 from .indices import block_table_to_kv_indices, build_block_table, build_block_table_ref, build_kv_indices, build_kv_indices_ref
+from .inputs import load_inputs
 from .mla_paged import (
     cutlass_mla_decode,
     mla_paged_attention,
@@ -29,7 +30,7 @@ KERNEL_OPS = tuple(
     for name in (
         "build_kv_indices build_block_table dense_paged_attention dense_paged_mla_attention decode_attention_stage1"
         " decode_attention_stage2 num_kv_splits extend_attention draft_decode_kv_indices mla_paged_attention"
-        " trtllm_mla_graph_metadata fused_graph_metadata batch_check"
+        " trtllm_mla_graph_metadata fused_graph_metadata batch_check load_inputs"
     ).split()
 )
 
@@ -62,6 +63,7 @@ __all__ = [
     "mla_paged_attention",
     "mla_paged_attention_ref",
     "launch_fused_graph_metadata",
+    "load_inputs",
     "relative_error",
     "trtllm_batch_decode_with_kv_cache_mla",
     "trtllm_mla_graph_metadata",

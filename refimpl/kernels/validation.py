@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._op import kernel_op
+from ._op import direct_launch, kernel_op
 
 CATEGORIES = (
     "req_pool_indices range",
@@ -54,9 +54,6 @@ NONE = 1 << 62  # "no bad entry" in a category
 BLOCK = 16  # entries per program
 CHUNK = 256  # compared entries per loop iteration: few, wide iterations
 TABLE_CHUNK, TABLE_SPLIT = 1024, 4  # the held rule's scan: table entries per iteration; programs per entry block
-# the compiled kernel per (device, HAS_ACC, HAS_EXT, HAS_ROW_REQ, HAS_MASK, HAS_LIVE), launched directly by ``_launch``: Triton's
-# JITFunction.run binds 29 arguments in Python per call (26 µs of host on the H200, 7.5 µs direct)
-_COMPILED: dict = {}
 
 
 def num_programs(bs: int, num_rows: int, num_writes: int) -> int:
@@ -245,21 +242,9 @@ def batch_check(
     args += (*(seq_lens if t is None else t for t in optional), req_to_token.stride(0), *req_to_token.shape)
     args += (vocab, num_slots, bs, n, m, max(rows_per_req, 1), extra, mask_size, nprog, *flags)
     args += (BLOCK, CHUNK, TABLE_CHUNK, TABLE_SPLIT, NCAT, NONE)
-    _launch((nprog // TABLE_SPLIT, TABLE_SPLIT), args, flags, out.device)
-
-
-def _launch(grid: tuple[int, int], args: tuple, flags: tuple, device: torch.device) -> None:
-    kernel = _COMPILED.get(key := (device, *flags))
-    # Triton's launch hooks (a profiler's) are None or a chain of ``.calls`` (Triton >= 3.4)
-    rt = getattr(getattr(triton, "knobs", None), "runtime", None)
-    hooks = (getattr(rt, "launch_enter_hook", None), getattr(rt, "launch_exit_hook", None))
-    if kernel is None or any(getattr(h, "calls", h is not None) for h in hooks):  # first launch or hooked
-        kernel = _batch_check_kernel[grid](*args)  # compiles once (nothing specialised)
-        if device.type == "cuda" and all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata")):
-            _COMPILED[key] = kernel
-        return
-    stream = torch.cuda.current_stream(device).cuda_stream
-    kernel.run(*grid, 1, stream, kernel.function, kernel.packed_metadata, None, None, None, *args)
+    direct_launch(
+        _batch_check_kernel, (nprog // TABLE_SPLIT, TABLE_SPLIT), args, (_batch_check_kernel, out.device, *flags), out.device
+    )
 
 
 def read_result(out: torch.Tensor, bs: int, num_rows: int, num_writes: int) -> dict:
