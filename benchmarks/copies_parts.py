@@ -39,14 +39,18 @@ def foreach_load(inp, fb, bs, plans={}):  # noqa: B006 - the plan cache
     src = [fb.input_ids, fb.positions, fb.req_pool_indices, fb.seq_lens]
     src += [fb.out_cache_loc] if inp.steps == 1 else fb.out_cache_loc.view(inp.steps, -1).unbind()
     torch._foreach_copy_(dst, [t.view(torch.uint8) for t in src] + pads)
-    host(inp, fb, bs)
+    host_torch(inp, fb, bs)
 
 
 def host(inp, fb, bs):
-    live, pad = inp._host(fb.batch_size, bs)
-    live.copy_(fb.seq_lens_cpu)
-    if pad is not None:
-        pad.fill_(inp.fill)
+    inp._mirror[: fb.batch_size] = fb.seq_lens_cpu.numpy()
+    inp._mirror[fb.batch_size : bs] = inp.fill
+
+
+def host_torch(inp, fb, bs):
+    """The host mirror through torch (before): a copy and a fill."""
+    inp.seq_lens_cpu[: fb.batch_size].copy_(fb.seq_lens_cpu)
+    inp.seq_lens_cpu[fb.batch_size : bs].fill_(inp.fill)
 
 
 def launch(inp, fb, bs):

@@ -560,7 +560,9 @@ def test_load_inputs_kernel_writes_what_its_reference_writes(label):
     cases = [(0, 1), (0, 8), (0, 4)] if kind.mode.is_idle() else [(1, 1), (1, 8), (5, 8), (8, 8), (3, 4)]
     for raw_bs, bs in cases:
         n = raw_bs * rows
-        src = [torch.randint(1, 1000, (size,), generator=g).to(DEVICE) for size in (n, n, raw_bs, raw_bs, steps * n)]
+        src = [
+            torch.randint(1, 1000, (size,), generator=g, device="cpu").to(DEVICE) for size in (n, n, raw_bs, raw_bs, steps * n)
+        ]
         src[3] = src[3].int()
         for writer, inputs in zip((launch_load_inputs, load_inputs_ref), statics):
             writer(tuple(src), inputs._whole, bs, rows, steps, 7, 0, 0)

@@ -38,7 +38,8 @@ class StaticInputs:
         self.seq_lens_cpu = torch.empty(self.bs, dtype=torch.int32, device="cpu")  # [bs] int32, host mirror
         self.out_cache_loc = torch.empty(self.steps * n, **i64)  # [steps * rows] int64, [step][row]
         self._whole = (self.input_ids, self.positions, self.req_pool_indices, self.seq_lens, self.out_cache_loc)
-        self._plans, self._views = {}, {}  # host mirror views by shape / views by bs, made once each
+        self._mirror = self.seq_lens_cpu.numpy()  # the host mirror's memory, as numpy
+        self._views = {}  # views by bs, made once each
         self.rest()
 
     def at_rest(self, bs: int) -> StaticInputs:
@@ -72,15 +73,6 @@ class StaticInputs:
         (``refimpl.kernels.inputs``), plus the host mirror. Dtypes are ``refimpl.validate``'s to check."""
         load_inputs(fb.input_ids, fb.positions, fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc, *self._whole, bs,
                     self.rows, self.steps, self.fill, layout.PAD_REQ_SLOT, layout.PAD_CACHE_SLOT)  # fmt: skip
-        host_live, host_pad = self._host(fb.batch_size, bs)
-        host_live.copy_(fb.seq_lens_cpu)
-        if host_pad is not None:
-            host_pad.fill_(self.fill)
-
-    def _host(self, raw_bs: int, bs: int) -> tuple:
-        """The host mirror's live and padded views (None: no padded row) for ``raw_bs`` requests in graph ``bs``; made
-        once per key."""
-        if (views := self._plans.get((raw_bs, bs))) is None:
-            pad = self.seq_lens_cpu[raw_bs:bs] if raw_bs < bs else None
-            views = self._plans[(raw_bs, bs)] = (self.seq_lens_cpu[:raw_bs], pad)
-        return views
+        mirror, raw_bs = self._mirror, fb.batch_size  # numpy assignments: a third of two torch calls' host time
+        mirror[:raw_bs] = fb.seq_lens_cpu.numpy()
+        mirror[raw_bs:bs] = self.fill
