@@ -8,7 +8,8 @@ medians of:
 - ``mixed``: one ``torch._foreach_copy_`` over the int64 and int32 tensors as they are (refimpl before this change). A
   list of mixed dtypes is not PyTorch's fast path: it copies tensor by tensor, one launch each.
 - ``by_dtype``: one ``_foreach_copy_`` per dtype (two launches).
-- ``runner``: ``GraphRunner.load_inputs`` as it is now: every tensor as bytes, one ``_foreach_copy_`` (one launch).
+- ``runner``: ``GraphRunner.load_inputs`` as it is now: one Triton kernel (``refimpl/kernels/inputs.py``; from 7bc3424 to
+  5df02c7 it was one ``_foreach_copy_`` over every tensor as bytes, ``benchmarks/copies_parts.py`` rebuilds that one).
 
 Each includes the host mirror copy of ``seq_lens_cpu``; padded rows are reset in each (the batch is one request short
 of the graph's size). A synchronisation between calls, outside the timer. Launch counts from the profiler's CUDA
@@ -44,13 +45,16 @@ def _sources(runner, fb) -> list[torch.Tensor]:
 
 def ways(runner, bs: int, fb0):
     """``{name: fn(fb)}``: the three loaders of a batch the size of ``fb0`` into the ``bs`` graph's inputs. The old
-    ways' destinations are the runner's plan viewed back in their own dtypes, made once (as the old plan was)."""
-    dst, pads, host_live, host_pad = runner.inputs._plan(fb0.batch_size, bs, fb0.num_tokens)
-    live = _sources(runner, fb0)
-    dtypes = [t.dtype for t in live] + ([fb0.req_pool_indices.dtype, fb0.seq_lens.dtype] if pads else [])
-    dtypes += [fb0.out_cache_loc.dtype] * (len(dst) - len(dtypes))
-    dst = [d.view(dt) for d, dt in zip(dst, dtypes)]
-    pads = [p.view(dt) for p, dt in zip(pads, dtypes[len(live) :])]
+    ways' destinations and padded-row sources are views of the static inputs, made once (as the old copy plan was)."""
+    inp, raw, n = runner.inputs, fb0.batch_size, fb0.num_tokens
+    loc = inp.out_cache_loc[: inp.steps * bs * inp.rows].view(inp.steps, -1)  # [step][graph row]
+    dst = [inp.input_ids[:n], inp.positions[:n], inp.req_pool_indices[:raw], inp.seq_lens[:raw], *loc[:, :n].unbind()]
+    pads, host_live, host_pad = [], inp.seq_lens_cpu[:raw], None
+    if raw < bs:  # what every padded row holds
+        pad = inp.at_rest(bs - raw)
+        dst += [inp.req_pool_indices[raw:bs], inp.seq_lens[raw:bs], *loc[:, n:].unbind()]
+        pads = [pad.req_pool_indices, pad.seq_lens, *pad.out_cache_loc.view(inp.steps, -1)[:, : loc.shape[1] - n]]
+        host_pad = inp.seq_lens_cpu[raw:bs]
     groups = {dt: [i for i, d in enumerate(dst) if d.dtype == dt] for dt in (torch.int64, torch.int32)}
 
     def host(fb):
