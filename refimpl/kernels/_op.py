@@ -41,8 +41,7 @@ _RUNTIME = getattr(getattr(triton, "knobs", None), "runtime", None)  # where Tri
 
 
 def _hooked() -> bool:
-    """A launch hook (a profiler's) is set: each is None or a chain whose ``.calls`` may be empty (Triton >= 3.4).
-    Straight-line: every direct launch asks (a generator over the two cost 3 µs of host on the H200)."""
+    """A launch hook (a profiler's) is set: each is None or a chain whose ``.calls`` may be empty (Triton >= 3.4)."""
     if _RUNTIME is None:
         return False
     enter, leave = _RUNTIME.launch_enter_hook, _RUNTIME.launch_exit_hook
