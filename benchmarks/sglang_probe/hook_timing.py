@@ -1,6 +1,9 @@
 """SGLang 0.5.23's own Triton replay hook beside refimpl's faithful one (``triton/unified``), in one process, on the same
 padded batches: host µs, medians of alternating rounds (the GPU synchronised, untimed, before each call), and the graph
-buffers compared after each round (issue 32 part 3; not yet run on the H200).
+buffers compared after each round (issue 32 part 3). Decode also times each side's **glue graph** (the replay hook
+captured into a graph of its own, SGLang 0.5.23's ``SGLANG_ENABLE_METADATA_GLUE_GRAPH``; refimpl's ``capture_glue``):
+``graph.replay()`` after the batch was loaded into the static inputs both read, buffers compared after each round.
+Verify's glue is not timed here: its hook copies the spec input's tree mask, a tensor the batch brings.
 
     python benchmarks/sglang_probe/hook_timing.py ROOT [decode|target_verify] [--sizes 1,8,64] [--ctx 4096] [--pin 3]
 
@@ -29,7 +32,7 @@ def measure(mode: str, sizes, ctx: int, repeats: int, rounds: int) -> list[dict]
     from refimpl.batchgen import BatchGenerator
     from refimpl.config import TREE, GraphConfig, ModelConfig
     from refimpl.graphs import make_engine
-    from refimpl.graphs.runner import GraphRunner, call_capture_hook, call_replay_hook
+    from refimpl.graphs.runner import GraphRunner, call_capture_hook, call_replay_hook, capture_glue
     from refimpl.layout import GraphKind
     from refimpl.model import TinyDecoder
 
@@ -62,6 +65,44 @@ def measure(mode: str, sizes, ctx: int, repeats: int, rounds: int) -> list[dict]
         sync()
         return statistics.median(xs) * 1e6
 
+    def buffers_equal(bs, n) -> bool:
+        pairs = [(theirs.kv_indptr[: bs + 1], ours.kv_indptr[: bs + 1])]
+        pairs.append((theirs.cuda_graph_kv_indices[:n], ours.cuda_graph_kv_indices[:n]))
+        if not verify:
+            pairs.append((theirs.cuda_graph_num_kv_splits[:bs], ours.cuda_graph_num_kv_splits[:bs]))
+        return all(torch.equal(a.to(b.dtype), b) for a, b in pairs)
+
+    def glued(bs, fbs) -> tuple[float, float, bool]:
+        """Both hooks captured as glue graphs over the runner's static inputs; each replay after ``load`` of a batch."""
+        inputs = runner.inputs
+        inputs.rest()
+        static = runner.capture_batch(bs, inputs)
+        ours_graph, why = capture_glue(runner.engine, ours, static, warmups=3)
+        assert why is None, why
+        theirs_static = sglang_batch(static)
+        for _ in range(3):
+            theirs.init_forward_metadata_out_graph(theirs_static, in_capture=False)
+        theirs_graph = runner.engine.new_graph()
+        theirs_graph.capture(lambda: theirs.init_forward_metadata_out_graph(theirs_static, in_capture=False))
+        ours_us, theirs_us, equal = [], [], True
+        for _ in range(rounds):
+            for graph, xs in ((ours_graph, ours_us), (theirs_graph, theirs_us)):
+                ts = []
+                for i in range(repeats):
+                    inputs.load(fbs[i % len(fbs)], bs)
+                    sync()
+                    t0 = time.perf_counter()
+                    graph.replay()
+                    ts.append(time.perf_counter() - t0)
+                sync()
+                xs.append(statistics.median(ts) * 1e6)
+            inputs.load(fbs[0], bs)
+            ours_graph.replay()
+            theirs_graph.replay()
+            sync()
+            equal &= buffers_equal(bs, int(inputs.seq_lens[:bs].sum()))
+        return statistics.median(ours_us), statistics.median(theirs_us), equal
+
     out = []
     for bs in sizes:
         span = ctx - (rows if verify else 0)
@@ -77,14 +118,12 @@ def measure(mode: str, sizes, ctx: int, repeats: int, rounds: int) -> list[dict]
             theirs_us.append(timed(lambda b: theirs.init_forward_metadata_out_graph(b, in_capture=False), theirs_in))
             call_replay_hook(ours, padded[0])
             theirs.init_forward_metadata_out_graph(theirs_in[0], in_capture=False)
-            n = int(padded[0].seq_lens.sum())
-            pairs = [(theirs.kv_indptr[: bs + 1], ours.kv_indptr[: bs + 1])]
-            pairs.append((theirs.cuda_graph_kv_indices[:n], ours.cuda_graph_kv_indices[:n]))
-            if not verify:
-                pairs.append((theirs.cuda_graph_num_kv_splits[:bs], ours.cuda_graph_num_kv_splits[:bs]))
-            equal &= all(torch.equal(a.to(b.dtype), b) for a, b in pairs)
+            equal &= buffers_equal(bs, int(padded[0].seq_lens.sum()))
         ours_med, theirs_med = statistics.median(ours_us), statistics.median(theirs_us)
-        out.append(dict(mode=mode, bs=bs, ours_us=ours_med, sglang_us=theirs_med, ratio=ours_med / theirs_med, equal=equal))
+        out.append(dict(mode=mode, what="hook", bs=bs, ours_us=ours_med, sglang_us=theirs_med, equal=equal))
+        if not verify and world.device.type == "cuda":
+            o, t, same = glued(bs, fbs)
+            out.append(dict(mode=mode, what="glue graph", bs=bs, ours_us=o, sglang_us=t, equal=same))
         gen.release_all()
     return out
 
@@ -104,12 +143,16 @@ def main() -> int:
 
     pinned = bench.pin_to_core(args.pin)
     rows = measure(args.mode, tuple(int(x) for x in args.sizes.split(",")), args.ctx, args.repeats, args.rounds)
+    import sgl_stubs
+
     print(f"{bench.environment().get('device')}; {pinned}; context {args.ctx}; host µs, medians of {args.rounds} rounds")
-    print("| mode | bs | refimpl triton/unified hook | SGLang 0.5.23 hook | refimpl / SGLang | buffers |")
-    print("|---|---|---|---|---|---|")
+    print(f"SGLang modules stood in for by the fallback finder: {sorted(set(sgl_stubs.FALLBACK)) or 'none'}")
+    print("| mode | what | bs | refimpl triton/unified | SGLang 0.5.23 | refimpl / SGLang | buffers |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         same = "equal" if r["equal"] else "DIFFER"
-        print(f"| {r['mode']} | {r['bs']} | {r['ours_us']:.1f} | {r['sglang_us']:.1f} | {r['ratio']:.2f}x | {same} |")
+        ratio = r["ours_us"] / r["sglang_us"]
+        print(f"| {r['mode']} | {r['what']} | {r['bs']} | {r['ours_us']:.1f} | {r['sglang_us']:.1f} | {ratio:.2f}x | {same} |")
     return 0
 
 

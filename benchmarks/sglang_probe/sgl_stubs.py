@@ -3,7 +3,9 @@
 ``install(roots)`` puts a finder first on ``sys.meta_path``: a module named in ``roots`` (a top-level package, or a dotted
 SGLang subpackage such as ``sglang.srt.parser``) imports as a permissive stand-in whose every attribute is a ``_Stub``
 (callable, subscriptable, subclassable, falsy, usable as a decorator). The names probed by ``inspect`` / ``typing``
-raise ``AttributeError``, as on a plain object.
+raise ``AttributeError``, as on a plain object. ``install(roots, fallback=True)`` also puts a second finder *last*: any
+module that SGLang's code imports and no real finder found (a GPU-only package the CPU probe never imported) becomes a stand-in too, its name kept in
+``FALLBACK`` so a run can print what it did not really import.
 """
 
 from __future__ import annotations
@@ -118,13 +120,29 @@ class _StubModule(types.ModuleType):
         return "0.0.0" if name == "__version__" else _attr(name)
 
 
+FALLBACK: list[str] = []  # modules the last-resort finder stood in for
+
+
+def _imported_by_sglang() -> bool:
+    """Whether the import statement being served is in SGLang's code (the fallback stands in for nothing else: other
+    packages probe optional modules with try/except ImportError, and a stand-in would take the wrong branch)."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
+        frame = frame.f_back
+    return frame is not None and frame.f_globals.get("__name__", "").startswith("sglang")
+
+
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def __init__(self, roots):
-        self.roots = set(roots)
+    def __init__(self, roots, everything=False):
+        self.roots, self.everything = set(roots), everything
 
     def find_spec(self, name, path, target=None):
         dotted = any(name == r or name.startswith(r + ".") for r in self.roots if "." in r)
-        if name.split(".")[0] in self.roots or dotted:
+        if self.everything and not _imported_by_sglang():
+            return None
+        if name.split(".")[0] in self.roots or dotted or self.everything:
+            if self.everything:
+                FALLBACK.append(name)
             return importlib.machinery.ModuleSpec(name, self, is_package=True)
         return None
 
@@ -137,5 +155,7 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
-def install(roots) -> None:
+def install(roots, fallback: bool = False) -> None:
     sys.meta_path.insert(0, _Finder(roots))
+    if fallback and not any(getattr(f, "everything", False) for f in sys.meta_path):
+        sys.meta_path.append(_Finder((), everything=True))
