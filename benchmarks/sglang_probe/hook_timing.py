@@ -23,8 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import side_by_side  # noqa: E402
 
 
-def measure(mode: str, sizes, ctx: int, repeats: int, rounds: int) -> list[dict]:
-    import torch
+def build(mode: str, sizes, ctx: int) -> dict:
+    """Both backends over one refimpl ``World``: SGLang's ``TritonAttnBackend`` (graph state for the largest size) and
+    refimpl's faithful ``triton/unified`` with its runner (not captured), a batch generator and ``sglang_batch``, which
+    turns a refimpl batch into the fields 0.5.23's hooks read."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode as SglMode
 
     from refimpl.backends import find
@@ -32,7 +34,7 @@ def measure(mode: str, sizes, ctx: int, repeats: int, rounds: int) -> list[dict]
     from refimpl.batchgen import BatchGenerator
     from refimpl.config import TREE, GraphConfig, ModelConfig
     from refimpl.graphs import make_engine
-    from refimpl.graphs.runner import GraphRunner, call_capture_hook, call_replay_hook, capture_glue
+    from refimpl.graphs.runner import GraphRunner
     from refimpl.layout import GraphKind
     from refimpl.model import TinyDecoder
 
@@ -45,15 +47,29 @@ def measure(mode: str, sizes, ctx: int, repeats: int, rounds: int) -> list[dict]
     gcfg = GraphConfig(max_bs=max_bs, capture_bs=tuple(sizes), max_context_len=ctx, speculative=verify)
     runner = GraphRunner(TinyDecoder(cfg), ours, make_engine("auto"), GraphKind.parse(mode), gcfg, spec)
     theirs.init_cuda_graph_state(max_bs, max_bs * rows)
-    gen = BatchGenerator(world, spec, seed=1)
     sgl_mode = SglMode.TARGET_VERIFY if verify else SglMode.DECODE
-    sync = torch.cuda.synchronize if world.device.type == "cuda" else (lambda: None)
 
     def sglang_batch(x):
         fields = dict(batch_size=x.batch_size, req_pool_indices=x.req_pool_indices, seq_lens=x.seq_lens)
         fields.update(seq_lens_cpu=x.seq_lens_cpu, seq_lens_sum=x.seq_lens_sum, out_cache_loc=x.out_cache_loc)
         info = side_by_side.NoneNS(custom_mask=x.spec_info.custom_mask, num_tokens_per_req=rows) if verify else None
         return side_by_side.NoneNS(**fields, forward_mode=sgl_mode, spec_info=info, encoder_lens=None, kv_loc_plan=None)
+
+    gen = BatchGenerator(world, spec, seed=1)
+    return dict(world=world, theirs=theirs, ours=ours, runner=runner, gen=gen, sglang_batch=sglang_batch, rows=rows)
+
+
+def measure(mode: str, sizes, ctx: int, repeats: int, rounds: int) -> list[dict]:
+    import torch
+
+    from refimpl.graphs.runner import call_capture_hook, call_replay_hook, capture_glue
+
+    verify = mode == "target_verify"
+    s = build(mode, sizes, ctx)
+    world, theirs, ours, runner, gen, sglang_batch, rows = (
+        s[k] for k in ("world", "theirs", "ours", "runner", "gen", "sglang_batch", "rows")
+    )
+    sync = torch.cuda.synchronize if world.device.type == "cuda" else (lambda: None)
 
     def timed(fn, batches) -> float:
         xs = []
