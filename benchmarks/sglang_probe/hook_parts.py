@@ -11,27 +11,17 @@ under them on refimpl's side (the ``cumsum`` into ``kv_indptr``, ``build_kv_indi
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import side_by_side  # noqa: E402
-from hook_timing import build  # noqa: E402
+from hook_timing import build, parse  # noqa: E402
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("root", type=Path)
-    p.add_argument("--sizes", default="1,8,64")
-    p.add_argument("--ctx", type=int, default=4096)
-    p.add_argument("--repeats", type=int, default=300)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--pin", type=int, default=None)
-    a = p.parse_args()
-    side_by_side.setup(a.root)
+    a = parse(__doc__, mode=False)
     import torch
 
     from refimpl import bench

@@ -144,10 +144,12 @@ def measure(mode: str, sizes, ctx: int, repeats: int, rounds: int) -> list[dict]
     return out
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse(doc: str, mode: bool = True) -> argparse.Namespace:
+    """The probes' command line (this script's and ``hook_parts.py``'s), then SGLang's tree set up (``ROOT``)."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("root", type=Path)
-    p.add_argument("mode", nargs="?", default="decode", choices=("decode", "target_verify"))
+    if mode:
+        p.add_argument("mode", nargs="?", default="decode", choices=("decode", "target_verify"))
     p.add_argument("--sizes", default="1,8,64")
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--repeats", type=int, default=300)
@@ -155,6 +157,11 @@ def main() -> int:
     p.add_argument("--pin", type=int, default=None)
     args = p.parse_args()
     side_by_side.setup(args.root)
+    return args
+
+
+def main() -> int:
+    args = parse(__doc__)
     from refimpl import bench
 
     pinned = bench.pin_to_core(args.pin)
