@@ -39,11 +39,11 @@ LEGEND = (
 class _Parser(argparse.ArgumentParser):
     """argparse whose errors are one line (the usage is in ``--help``)."""
 
-    def error(self, message: str):
+    def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def _check_names(parser: argparse.ArgumentParser, args) -> None:
+def _check_names(parser, args):
     """``--backend`` / ``--variant`` / ``--mode`` values must be known: an argparse error."""
     known = dict(backend={e.name for e in REGISTRY}, variant={e.variant for e in REGISTRY}, mode=set(KINDS))
     for name, names in known.items():
@@ -51,11 +51,11 @@ def _check_names(parser: argparse.ArgumentParser, args) -> None:
             parser.error(f"argument --{name}: unknown {unknown}; known: {', '.join(sorted(names))}")
 
 
-def _ints(bad: str, lo: int = 1, hi: int = 2**63 - 1, many: str | None = None):
+def _ints(bad, lo=1, hi=2**63 - 1, many=None):
     """An argparse type: an integer in [``lo``, ``hi``], or (``many``: what they are) a comma-separated list of them;
     ``bad``: the error for a value outside, ``{}`` the text."""
 
-    def parse(text: str):
+    def parse(text):
         try:
             values = tuple(int(x) for x in text.split(",")) if many else (int(text),)
         except ValueError:
@@ -72,13 +72,13 @@ _count = _ints("{} is not a count >= 1")
 _batch_sizes = _ints("batch sizes must be >= 1, got {!r}", many="batch sizes")
 
 
-def _names() -> str:
+def _names():
     names = dict.fromkeys(e.name for e in REGISTRY)  # in registry order
     backends = "; ".join(f"{n} ({', '.join(e.variant for e in REGISTRY if e.name == n)})" for n in names)
     return f"backends (variants): {backends}\nmodes: {', '.join(KINDS)}"
 
 
-def _bench_defaults() -> str:
+def _bench_defaults():
     from .bench import CPU_DEFAULTS, BenchSettings
 
     fmt = lambda cuda: ", ".join(
@@ -150,10 +150,13 @@ def main(argv: list[str] | None = None) -> int:
         dest="contexts",
         help="context lengths (GPU default 512,4096,32768)",
     )
-    arg("--repeats", type=_count, help="timed repeats per point (GPU default 30)")
-    arg("--warmup", type=_count, help="untimed repeats first")
-    arg("--rotate", type=_count, help="batches rotated per point")
-    arg("--token-budget", type=_count, help="skip points with bs * context above it")
+    for flag, what in (
+        ("--repeats", "timed repeats per point (GPU default 30)"),
+        ("--warmup", "untimed repeats first"),
+        ("--rotate", "batches rotated per point"),
+        ("--token-budget", "skip points with bs * context above it"),
+    ):
+        arg(flag, type=_count, help=what)
     arg("--glue", action="store_true", help="also time each shape the checker proves glue-safe, glued")
     arg("--pin", type=int, metavar="CORE", help="pin to one core")
     arg("--out", help="write results.json / results.csv here")
@@ -245,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _terminal() -> bool:
+def _terminal():
     """A progress bar on stderr only when a person watches it: never in a log, a pipe or a notebook's captured output."""
     return sys.stderr.isatty()
 

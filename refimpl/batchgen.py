@@ -70,23 +70,18 @@ class BatchGenerator:
             if p + e > L:
                 raise ValueError(f"request {i}: prefix_len {p} + extend_len {e} = {p + e} exceeds max_context_len={L}")
         seq = [p + e for p, e in zip(pre, ext)]
-        rpi = self._alloc(seq)
-        writes = [(r, c) for r, p, e in zip(rpi, pre, ext) for c in range(p, p + e)]
         i32 = lambda v: torch.tensor(v, dtype=torch.int32, device=self.world.device)  # [bs] int32
         meta = dict(prefix_lens=pre, extend_lens=ext)
-        return self._assemble(
-            ForwardMode.EXTEND, rpi, seq, writes, extend_seq_lens=i32(ext), extend_prefix_lens=i32(pre), meta=meta
-        )
+        return self._assemble(ForwardMode.EXTEND, seq, ext, extend_seq_lens=i32(ext), extend_prefix_lens=i32(pre), meta=meta)
 
     def decode(self, bs: int, seq_lens: _Lens = None) -> ForwardBatch:
         """DECODE: one row per request at position ``seq_len - 1`` (seq_lens incl. the token)."""
         seq = self._lens(seq_lens, bs, "seq_lens", 1, self.world.max_context_len, "max_context_len")
-        rpi = self._alloc(seq)
-        return self._assemble(ForwardMode.DECODE, rpi, seq, [(r, s - 1) for r, s in zip(rpi, seq)])
+        return self._assemble(ForwardMode.DECODE, seq, [1] * bs)
 
     def idle(self, bs: int = 0) -> ForwardBatch:
         """IDLE: a rank with no requests (bs = 0, every tensor empty; ``bs`` is ignored)."""
-        return self._assemble(ForwardMode.IDLE, [], [], [])
+        return self._assemble(ForwardMode.IDLE, [])
 
     def target_verify(self, bs: int, seq_lens: _Lens = None, trees: Sequence[DraftTree] | None = None) -> ForwardBatch:
         """TARGET_VERIFY: N rows per request; seq_lens = prefix; custom mask from the trees."""
@@ -97,11 +92,10 @@ class BatchGenerator:
         spec_info = make_verify_input(seq, trees, self.world.device, spec.topk)  # the trees' count and uniform N checked
         if trees[0].num_nodes != N:
             raise ValueError(f"trees[0] has {trees[0].num_nodes} nodes, expected N={N}")
-        rpi = self._alloc([s + N for s in seq])  # the N draft slots after the prefix
-        writes = [(r, s + q) for r, s in zip(rpi, seq) for q in range(N)]  # KV column = prefix + node index
-        pos = [s + d for s, t in zip(seq, trees) for d in t.depths()]  # position = prefix + depth
+        # the N draft slots after the prefix: KV column = prefix + node index; position = prefix + depth
+        pos = [s + d for s, t in zip(seq, trees) for d in t.depths()]
         return self._assemble(
-            ForwardMode.TARGET_VERIFY, rpi, seq, writes, pos, spec_info, meta=dict(trees=trees, draft_token_num=N)
+            ForwardMode.TARGET_VERIFY, seq, [N] * bs, N, pos, spec_info, meta=dict(trees=trees, draft_token_num=N)
         )
 
     def draft_extend(
@@ -116,10 +110,8 @@ class BatchGenerator:
         spec_info = make_draft_extend_input(version, acc, spec, self.world.device, ragged)
         rows = spec_info.extend_seq_lens.tolist()  # at least one verified token before the new rows
         seq = self._lens(seq_lens, bs, "seq_lens", [r + 1 for r in rows], self.world.max_context_len, "max_context_len")
-        rpi = self._alloc(seq)
-        writes = [(r, c) for r, s, n in zip(rpi, seq, rows) for c in range(s - n, s)]
         return self._assemble(
-            mode, rpi, seq, writes, None, spec_info, meta=dict(accept_length=acc, rows_per_req=rows, ragged=ragged)
+            mode, seq, rows, spec_info=spec_info, meta=dict(accept_length=acc, rows_per_req=rows, ragged=ragged)
         )
 
     def draft_decode(self, bs: int, seq_lens: _Lens = None) -> ForwardBatch:
@@ -128,12 +120,11 @@ class BatchGenerator:
         S, topk, L = spec.num_steps, spec.topk, self.world.max_context_len
         width = layout.KINDS["draft_decode"].span(spec)  # draft columns after the prefix: topk * S
         seq = self._lens(seq_lens, bs, "seq_lens", 1, L - width, f"max_context_len={L} - topk*S")
-        rpi, branches = self._alloc([s + width for s in seq]), range(topk)
         # [step][seq][branch]: S blocks of bs*topk writes; the rows' step-0 positions are the prefix lengths
-        writes = [(r, layout.draft_column(s, k, j, spec)) for j in range(S) for r, s in zip(rpi, seq) for k in branches]
-        pos = [s for s in seq for _ in branches]
+        writes = [(i, layout.draft_column(s, k, j, spec)) for j in range(S) for i, s in enumerate(seq) for k in range(topk)]
+        pos = [s for s in seq for _ in range(topk)]
         return self._assemble(
-            ForwardMode.DECODE, rpi, seq, writes, pos, DraftDecodeInput(topk, S), meta=dict(num_seqs=bs, rows=bs * topk)
+            ForwardMode.DECODE, seq, (), width, pos, DraftDecodeInput(topk, S), writes, meta=dict(num_seqs=bs, rows=bs * topk)
         )
 
     def for_mode(self, kind: layout.GraphKind | ForwardMode | str, bs: int, **kw) -> ForwardBatch:
@@ -232,17 +223,21 @@ class BatchGenerator:
         self._owned.update(zip(slots, num_tokens))
         return slots
 
-    def _assemble(self, mode, rpi, seq, writes, positions=None, spec_info=None, **extra) -> ForwardBatch:
-        """The batch of requests ``rpi``, validated (``refimpl.validate``: slot 0 unwritten, no slot written twice, all S
-        steps in a draft decode): row j writes KV at ``r2t[writes[j]]`` (a request slot and column; multi-step draft
-        decode: ``S`` blocks of writes) and sits at ``positions[j]`` (None: the written column); random ``input_ids``
-        (one per position), ``seq_lens`` int32 on both sides."""
-        dev = self.world.device
+    def _assemble(self, mode, seq, rows=(), span=0, positions=None, spec_info=None, writes=None, **extra) -> ForwardBatch:
+        """The batch of new requests holding ``seq[i] + span`` tokens each, validated (``refimpl.validate``: slot 0
+        unwritten, no slot written twice, all S steps in a draft decode): request i's ``rows[i]`` rows write KV at its
+        last ``rows[i]`` columns, or ``writes`` gives each write's (request index, column) (multi-step draft decode:
+        ``S`` blocks of writes); row j sits at ``positions[j]`` (None: the written column); random ``input_ids`` (one
+        per position), ``seq_lens`` int32 on both sides."""
+        dev, ends = self.world.device, [s + span for s in seq]
         i64 = lambda v: torch.tensor(v, dtype=torch.int64, device=dev)
-        pos, (slot, col) = i64([c for _, c in writes] if positions is None else positions), i64(writes).view(-1, 2).T
+        rpi = i64(self._alloc(ends))
+        if writes is None:
+            writes = [(i, c) for i, (e, k) in enumerate(zip(ends, rows)) for c in range(e - k, e)]
+        pos, (req, col) = i64([c for _, c in writes] if positions is None else positions), i64(writes).view(-1, 2).T
         ids = torch.randint(0, self.world.cfg.vocab_size, (pos.numel(),), generator=self.torch_gen, device="cpu").to(dev)
         seq_dev, seq_cpu = (torch.tensor(seq, dtype=torch.int32, device=d) for d in (dev, "cpu"))
-        loc = self.world.req_to_token[slot, col].to(torch.int64)  # [T * steps]
-        batch = ForwardBatch(mode, len(seq), ids, pos, i64(rpi), seq_dev, seq_cpu, loc, sum(seq), self.world, spec_info, **extra)
+        loc = self.world.req_to_token[rpi[req], col].to(torch.int64)  # [T * steps]
+        batch = ForwardBatch(mode, len(seq), ids, pos, rpi, seq_dev, seq_cpu, loc, sum(seq), self.world, spec_info, **extra)
         # a ragged draft extend (the old eager layout) is valid for eager only
         return validate_batch(batch, self.spec, for_graph=not batch.meta.get("ragged", False))

@@ -29,7 +29,7 @@ from .config import SpecConfig
 from .graphs.recorder import record_ops
 from .graphs.runner import GraphRunner
 from .layout import KINDS, GraphKind
-from .rig.core import Rig, entries
+from .rig.core import Rig, selection
 from .rig.verdicts import glue_verdict
 
 
@@ -67,7 +67,7 @@ def environment() -> dict[str, Any]:
     return env
 
 
-def _run(*cmd: str) -> str | None:
+def _run(*cmd):
     """A command's stripped stdout (run beside this file), or None."""
     try:
         out = subprocess.run(cmd, cwd=os.path.dirname(os.path.abspath(__file__)), capture_output=True, text=True)
@@ -120,7 +120,7 @@ def per_call_us(fn: Callable[[], Any], calls: int = 50, repeats: int = 200, warm
     return {"median": statistics.median(loops), "p10": q[0], "p90": q[-1]}
 
 
-def _sync(cuda: bool):
+def _sync(cuda):
     return torch.cuda.synchronize if cuda else (lambda: None)
 
 
@@ -140,9 +140,16 @@ def time_replay_path(runner: GraphRunner, batches: Sequence[ForwardBatch], repea
     load = lambda fb: runner.load_inputs(fb, bs)
     hook = lambda fb: runner.replay_hook(fb, bs)
     launch = lambda fb: runner.launch(bs)
-    host = {name: host_times(f, batches, repeats, warmup, sync) for name, f in (("validate", runner.validate), ("copies", load))}
-    for name, f in (("hook", hook), ("launch", launch)):  # on a loaded batch, RUN calls each
-        host[name] = host_times(f, batches, repeats, warmup, sync, before=load, run=RUN)
+    loaded = dict(before=load, run=RUN)  # the hook and the launch: on a loaded batch, RUN calls each
+    host = {
+        name: host_times(f, batches, repeats, warmup, sync, **kw)
+        for name, f, kw in (
+            ("validate", runner.validate, {}),
+            ("copies", load, {}),
+            ("hook", hook, loaded),
+            ("launch", launch, loaded),
+        )
+    }
     total = lambda *parts: [sum(x) for x in zip(*(host[p] for p in parts))]  # per iteration
     host["hook+launch"], host["path"] = total("hook", "launch"), total("copies", "hook", "launch")
     gpu = {"hook": [], "graph": []}
@@ -212,7 +219,7 @@ class BenchSettings:
         return cls(**{**({} if cuda else CPU_DEFAULTS), **{k: v for k, v in overrides.items() if v is not None}})
 
 
-def _static_bytes(runner: GraphRunner) -> int:
+def _static_bytes(runner):
     """Bytes of the runner's static inputs and the backend's graph buffers (host mirrors are not device memory)."""
     tensors = {id(t): t for t in [*runner.backend.graph_buffers().values(), *runner.inputs.views().values()]}
     return sum(t.nbytes for t in tensors.values() if runner.device.type == "cpu" or t.device.type != "cpu")
@@ -222,11 +229,8 @@ def rotated_batches(gen, kind: str | GraphKind, bs: int, ctx: int, spec: SpecCon
     """``rotate`` batches of ``bs`` requests, lengths uniform in [ctx/2, the mode's limit]."""
     kind = GraphKind.parse(kind)
     hi, lo = ctx - kind.span(spec), spec.num_draft_tokens + 1 if kind.mode.is_any_draft_extend() else 1
-    if kind.mode.is_idle():
-        return [gen.idle() for _ in range(rotate)]
-    return [
-        gen.for_mode(kind, bs, seq_lens=[max(rng.randint(max(1, hi // 2), hi), lo) for _ in range(bs)]) for _ in range(rotate)
-    ]
+    lens = lambda: {} if kind.mode.is_idle() else dict(seq_lens=[max(rng.randint(max(1, hi // 2), hi), lo) for _ in range(bs)])
+    return [gen.for_mode(kind, bs, **lens()) for _ in range(rotate)]
 
 
 def sweep(settings: BenchSettings, progress: bool = False, sink: Callable[[list], Any] | None = None) -> list[dict[str, Any]]:
@@ -235,11 +239,10 @@ def sweep(settings: BenchSettings, progress: bool = False, sink: Callable[[list]
     from .backends import GraphModeNotSupported
     from .graphs import make_engine
 
-    engine, r = make_engine("auto"), settings.rotate
+    engine, r = make_engine(), settings.rotate
     points = [
-        (e, kind, ctx, glue)
-        for e in entries(settings.backends, settings.variants)
-        for kind in settings.modes
+        (e, kind.label, ctx, glue)
+        for e, kind in selection(settings.backends, settings.modes, settings.variants)
         for glue in (False, True)
         if not glue or settings.glue and glue_verdict(e, kind, engine)[0]  # proven on this engine: glued, right after
         for ctx in settings.contexts
@@ -298,8 +301,7 @@ def sweep(settings: BenchSettings, progress: bool = False, sink: Callable[[list]
         if sink:
             sink(rows)
         del rig, runner
-        if engine.device.type == "cuda":
-            torch.cuda.empty_cache()
+        torch.cuda.empty_cache()  # (a no-op without CUDA)
     return rows
 
 

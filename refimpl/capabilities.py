@@ -26,7 +26,7 @@ MODES = tuple(KINDS)  # decode, idle, target_verify, draft_extend, draft_extend_
 L = 160  # room for a 128-token page
 
 
-def _world(entry: BackendEntry):
+def _world(entry):
     """A small world for ``entry``: this machine's device (Triton compiled for a GPU takes no host tensors), float32."""
     return Rig.world_for(entry, default_device(), torch.float32, max_context_len=L, pool_size=4)
 
@@ -44,7 +44,7 @@ def capability(entry: BackendEntry, kind: str | GraphKind, world=None) -> tuple[
         pass
     if kind.multi_step:
         return "—", None  # multi-step draft decode exists only as graphs of its step backends
-    backend, gen = entry.load()(world, SPEC), BatchGenerator(world, SPEC, seed=0)
+    backend, gen = entry.load()(world, SPEC), BatchGenerator(world, SPEC)
     try:  # does the eager hook serve a batch?
         backend.init_forward_metadata(gen.for_mode(kind.mode, 1))
         return "eager", None

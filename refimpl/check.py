@@ -19,9 +19,9 @@ from .backends import REGISTRY, BackendEntry, find, must_pass
 from .backends.base import GraphModeNotSupported
 from .graphs import GraphEngine, make_engine
 from .kernels.bounds import bounds_guard
-from .layout import KINDS, GraphKind
+from .layout import GraphKind
 from .modes import ForwardMode
-from .rig.core import Rig, raised
+from .rig.core import Names, Rig, raised, selection
 from .rig.verdicts import CheckSettings, capture_vs_replay, glue_per_size, glue_verdict, history_verdict, run_one
 
 __all__ = ["CheckRecord", "CheckSettings", "capture_vs_replay", "check_entry_mode", "glue_verdict", "run_checks"]
@@ -148,23 +148,18 @@ CPU_SECONDS_PER_TARGET = 2.8
 
 
 def targets(backends=None, modes=None, variants=None, entries=None) -> list[tuple[BackendEntry, GraphKind]]:
-    """The (entry, graph kind) pairs ``run_checks`` checks: the registered backends (``backends`` / ``variants`` filter
-    them) or ``entries``, each with every kind or ``modes``. A selection with nothing in it raises ``ValueError``."""
-    if entries is None:
-        entries = [e for n in backends or [None] for e in find(n)]
-        if variants:
-            have = sorted({e.variant for e in entries})
-            entries = [e for e in entries if e.variant in variants]
-            if not entries:
-                raise ValueError(f"nothing to check: no variant {sorted(variants)} of {backends or 'any backend'} (have: {have})")
-    kinds = [GraphKind.parse(m) for m in modes] if modes else list(KINDS.values())
-    return [(e, k) for e in entries for k in kinds]
+    """The (entry, graph kind) pairs ``run_checks`` checks (``rig.selection``: every variant unless ``variants``). A
+    selection with nothing in it raises ``ValueError``."""
+    if not (found := selection(backends, modes, variants, entries, every_variant=True)) and entries is None:
+        have = sorted({e.variant for n in backends or [None] for e in find(n)})
+        raise ValueError(f"nothing to check: no variant {sorted(variants)} of {backends or 'any backend'} (have: {have})")
+    return found
 
 
 def run_checks(
-    backends: Iterable[str] | None = None,
-    modes: Iterable[str] | None = None,
-    variants: Iterable[str] | None = None,
+    backends: Names = None,
+    modes: Names = None,
+    variants: Names = None,
     engine: str = "auto",
     settings: CheckSettings | None = None,
     entries: Iterable[BackendEntry] | None = None,
@@ -183,9 +178,8 @@ def run_checks(
         # is left with a long one at the end; the rows come back in ``todo``'s order
         cost = lambda c: 3 if c.multi_step else 0 if c.mode.is_idle() else 1 if c.mode.is_decode() else 2
         with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=fork) as pool:
-            order = sorted(range(len(todo)), key=lambda i: -cost(todo[i][1]))
-            futures = {i: pool.submit(_check_one, *todo[i], eng.name, settings) for i in order}
-            return [r for i in tqdm(range(len(todo)), **bar) for r in futures[i].result()]
+            futures = {t: pool.submit(_check_one, *t, eng.name, settings) for t in sorted(todo, key=lambda t: -cost(t[1]))}
+            return [r for t in tqdm(todo, **bar) for r in futures[t].result()]
     tasks, rows, worlds = tqdm(todo, **bar), [], {}  # worlds: one random KV cache per world shape, for every target
     for entry, kind in tasks:
         tasks.set_postfix_str(f"{entry.name}/{entry.variant} {kind.label}")
@@ -197,11 +191,21 @@ def run_checks(
 def table(rows: list[CheckRecord]) -> str:
     """The records as the CLI prints them: one line per row, its findings below it."""
     cols = "backend variant pattern mode bs engine cap=rep graph=eager oracle ref glue history status".split()
-    v = lambda x: "-" if x is None else ("ok" if x else "FAIL")
+    v = {None: "-", True: "ok", False: "FAIL"}
     glue = {None: "-", True: "yes", False: "no"}  # (e) is not pass / fail
     cells = [
-        (r.backend, r.variant, r.pattern, r.mode, "-" if r.skipped else str(r.bs), r.engine, *map(v, r.verdicts[:4]))
-        + (glue[r.glue_equals_eager], v(r.history_ok), r.status)
+        (
+            r.backend,
+            r.variant,
+            r.pattern,
+            r.mode,
+            "-" if r.skipped else str(r.bs),
+            r.engine,
+            *map(v.get, r.verdicts[:4]),
+            glue[r.glue_equals_eager],
+            v[r.history_ok],
+            r.status,
+        )
         for r in rows
     ]
     width = [max(map(len, column)) for column in zip(cols, *cells)]
@@ -212,7 +216,7 @@ def table(rows: list[CheckRecord]) -> str:
     return "\n".join(lines)
 
 
-def _glue_line(finding: str) -> str:
+def _glue_line(finding):
     """A verdict (e) finding as information: the row's status does not depend on it."""
     what, _, rest = finding.partition(": ")
     if what == "not glue-safe":

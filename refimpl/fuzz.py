@@ -21,8 +21,8 @@ from .backends import REGISTRY, BackendEntry, GraphModeNotSupported, find, load_
 from .config import CHAIN, TREE, SpecConfig
 from .graphs import GraphEngine, make_engine
 from .kernels.bounds import bounds_guard
-from .layout import KINDS, GraphKind
-from .rig.core import Rig, entries, graph_buffers, live_masks, poison_value, raised, state_after
+from .layout import GraphKind
+from .rig.core import Names, Rig, graph_buffers, live_masks, poison_value, raised, selection, state_after
 from .spec import DraftTree
 
 CAPTURE_BS = (1, 2, 4, 8)
@@ -47,7 +47,7 @@ class FuzzReport:
     skipped: list[str] = field(default_factory=list)
 
 
-def _label(entry, kind: str, spec) -> str:
+def _label(entry, kind, spec):
     """``backend/variant/mode/chain`` or ``.../tree``: a target's name in reports and reproducers."""
     return f"{entry.name}/{entry.variant}/{kind}/{'tree' if spec.topk > 1 else 'chain'}"
 
@@ -61,7 +61,6 @@ class FuzzTarget:
         kind: str,
         spec: SpecConfig,
         engine: GraphEngine,
-        dtype=None,
         seed=0,
         capture_bs: tuple[int, ...] = CAPTURE_BS,
         num_layers: int | None = None,
@@ -78,7 +77,6 @@ class FuzzTarget:
             self.kind,
             spec,
             engine,
-            dtype=dtype,
             seed=seed,
             worlds=worlds,
             capture_bs=capture_bs,
@@ -100,7 +98,7 @@ class FuzzTarget:
         lo = self.kind.rows(s) + 1 if mode.is_any_draft_extend() else 1
         hi, P = world.max_context_len - self.kind.span(s), max(world.page_size, 16)
 
-        def length() -> int:
+        def length():
             kind = rng.choice("short boundary boundary uniform max".split())
             if kind == "short":
                 return rng.randint(lo, min(hi, lo + 4))
@@ -156,18 +154,17 @@ class FuzzTarget:
 
 
 def targets(
-    backends: Iterable[str] | None = None,
-    modes: Iterable[str] | None = None,
-    variants: Iterable[str] | None = None,
-    given: Iterable[BackendEntry] | None = None,
+    backends: Names = None, modes: Names = None, variants: Names = None, given: Iterable[BackendEntry] | None = None
 ) -> list[tuple[BackendEntry, str, SpecConfig]]:
-    """Every (entry, mode, spec) to fuzz: the ``given`` entries (``--backend-class``), else the registered ones, whose
-    shapes default to every one that must pass (not the historical ``legacy`` / ``as-upstream``). Entries that cannot run
-    here, or modes a backend does not capture, are left to ``FuzzTarget`` to refuse."""
-    kinds = [GraphKind.parse(m).label for m in modes] if modes else list(KINDS)
-    chosen = entries(backends, variants) if given is None else given
+    """Every (entry, mode, spec) to fuzz: ``rig.selection``'s (entry, kind) pairs (by default every shape that must pass),
+    with a chain, and a tree too where the mode has topk > 1 trees. Entries that cannot run here, or modes a backend does
+    not capture, are left to ``FuzzTarget`` to refuse."""
     trees = ("target_verify", "draft_decode", "draft_extend_v2")  # the modes with topk > 1 trees; chains everywhere
-    return [(e, kind, spec) for e in chosen for kind in kinds for spec in ((CHAIN, TREE) if kind in trees else (CHAIN,))]
+    return [
+        (e, k.label, spec)
+        for e, k in selection(backends, modes, variants, given)
+        for spec in ((CHAIN, TREE) if k.label in trees else (CHAIN,))
+    ]
 
 
 @bounds_guard()  # metadata pointing outside a buffer: a finding, not a crash (kernels/bounds.py)
@@ -184,9 +181,9 @@ def reproduce(label: str, params: dict, seed: int = 0, engine: str = "auto", bac
 def fuzz(
     n: int,
     seed: int = 0,
-    backends: Iterable[str] | None = None,
-    modes: Iterable[str] | None = None,
-    variants: Iterable[str] | None = None,
+    backends: Names = None,
+    modes: Names = None,
+    variants: Names = None,
     engine: str = "auto",
     progress: bool = False,
     given: Iterable[BackendEntry] | None = None,
@@ -194,7 +191,7 @@ def fuzz(
     """``n`` random batches per (backend, shape, mode, spec) target (``targets``; ``given``: backends under review)."""
     eng, worlds, report = make_engine(engine), {}, FuzzReport()
 
-    def mismatch(line: str) -> None:
+    def mismatch(line):
         report.mismatches.append(line)
         if progress:
             print(f"MISMATCH {line}", flush=True)

@@ -124,7 +124,7 @@ class DraftTree:
         return cls(parents)
 
 
-def tree_positions(tree: DraftTree, device: str | torch.device = "cpu") -> torch.Tensor:
+def tree_positions(tree: DraftTree, device: _Device = "cpu") -> torch.Tensor:
     """Depth of every node (draft q sits at position ``prefix_len + depth(q)``).  # [N] int64"""
     return torch.tensor(tree.depths(), dtype=torch.int64, device=device)
 
@@ -139,10 +139,9 @@ def build_custom_mask(seq_lens: _Lens, trees: Sequence[DraftTree], device: _Devi
     if not trees:
         raise ValueError("need at least one request to build a verify mask")
     n = trees[0].num_nodes
-    for i, t in enumerate(trees):
+    for i, (s, t) in enumerate(zip(lens, trees)):
         if t.num_nodes != n:
             raise ValueError(f"tree {i} has {t.num_nodes} nodes, tree 0 has {n}: N must be uniform")
-    for i, s in enumerate(lens):
         if s < 0:
             raise ValueError(f"seq_lens[{i}]={s} must be >= 0")
     ones = lambda s: torch.ones(n, s, dtype=torch.bool, device="cpu")  # [N, s]: the prefix columns

@@ -66,12 +66,17 @@ def _tensor(field: str, t: Any, dtype: torch.dtype, n: int | None, device: torch
         raise _refuse(f"{field} entries", t.numel(), f"expected {n}")
 
 
+def _need(spec, cls: type, who: str) -> None:
+    """Refuse a spec input that is not a ``cls``."""
+    if not isinstance(spec, cls):
+        raise _refuse("spec_info", type(spec).__name__, f"{who} needs a {cls.__name__}")
+
+
 def _check_spec(fb, mode, cfg: SpecConfig | None, multi_step: bool) -> int:
     """The mode's spec input (host side); returns the r2t columns a request spans past ``seq_lens``."""
     spec, bs, dev = fb.spec_info, fb.batch_size, fb.world.device
     if mode.is_target_verify():
-        if not isinstance(spec, VerifyInput):
-            raise _refuse("spec_info", type(spec).__name__, "TARGET_VERIFY needs a VerifyInput")
+        _need(spec, VerifyInput, mode.name)
         n = _int("spec_info.draft_token_num", spec.draft_token_num)
         if cfg is not None:
             verify_n(spec, cfg, BatchRefused)
@@ -85,8 +90,7 @@ def _check_spec(fb, mode, cfg: SpecConfig | None, multi_step: bool) -> int:
             _tensor("spec_info.custom_mask", mask, torch.bool, None, dev)  # its device
         return n
     if mode.is_any_draft_extend():
-        if not isinstance(spec, DraftExtendInput):
-            raise _refuse("spec_info", type(spec).__name__, f"{mode.name} needs a DraftExtendInput")
+        _need(spec, DraftExtendInput, mode.name)
         version = 2 if mode.is_draft_extend_v2() else 1
         if _int("spec_info.version", spec.version) != version:
             raise _refuse("spec_info.version", spec.version, f"{mode.name} is version {version}")
@@ -136,14 +140,13 @@ def _launch_device_checks(fb, per: int, extra: int, row_req, draft_extend: bool,
         custom_mask=mask,
         live_rows=world.req_to_token_pool.live,
     )
-    acc, ext = (spec.accept_length, spec.extend_seq_lens) if draft_extend else (None, None)
+    copies = dict(accept_length=spec.accept_length, extend_seq_lens=spec.extend_seq_lens) if draft_extend else {}
     if world.device.type == "cpu":
         res = {"first": batch_check_ref(*tensors, **kw), "seq_lens": fb.seq_lens.tolist()}
-        if draft_extend:
-            res.update(accept_length=acc.tolist(), extend_seq_lens=ext.tolist())
+        res.update({k: t.tolist() for k, t in copies.items()})
         return lambda: res
     out = _scratch(world.device, result_size(bs, n, m))
-    batch_check(out, *tensors, **kw, accept_length=acc, extend_seq_lens=ext)
+    batch_check(out, *tensors, **kw, **copies)
     return lambda: read_result(out, bs, n, m)
 
 
@@ -162,8 +165,8 @@ def validate_batch(fb, spec: SpecConfig | None = None, kind: layout.GraphKind | 
     if not isinstance(mode, ForwardMode):
         raise _refuse("ForwardBatch.forward_mode", f"{type(mode).__name__} {mode}", "must be a ForwardMode")
     multi = (kind or fb.kind).multi_step
-    if multi and not isinstance(spec_info, DraftDecodeInput):
-        raise _refuse("spec_info", type(spec_info).__name__, "draft decode needs a DraftDecodeInput")
+    if multi:
+        _need(spec_info, DraftDecodeInput, "draft decode")
     dev, i64, i32, n, bs = world.device, torch.int64, torch.int32, fb.num_tokens, _int("ForwardBatch.batch_size", fb.batch_size)
     for name, dtype, count, device in (  # seq_lens_cpu: the host copy
         ("input_ids", i64, None, dev),
@@ -273,9 +276,9 @@ def _check_draft_indices(fb, seq: list[int], span: int) -> None:
         raise _refuse(f"spec_info.kv_indptr row {i} length", lens[i], f"exceeds its request's {held[i // topk]} positions")
     S, used = world.kv_cache.num_slots, idx[: ptr[-1]].to(torch.int64)
     req = (torch.arange(rows, device=dev) // topk).repeat_interleave(torch.tensor(lens, device=dev))  # each entry's request
-    table = world.req_to_token[fb.req_pool_indices].to(torch.int64)  # [bs, L]: the batch's rows, held columns only
-    table = table.masked_fill(torch.arange(table.shape[1], device=dev) >= torch.tensor(held, device=dev)[:, None], 0)
-    owned = torch.isin(req * S + used, torch.arange(bs, device=dev)[:, None] * S + table)  # keys: request * S + slot
+    keys = world.req_to_token[fb.req_pool_indices] + torch.arange(bs, device=dev)[:, None] * S  # [bs, L]: request * S + slot
+    cols = torch.arange(keys.shape[1], device=dev) < torch.tensor(held, device=dev)[:, None]  # the columns each one holds
+    owned = torch.isin(req * S + used, keys[cols])
     if (bad := (used < 1) | (used >= S) | ~owned).any():
         j = int(bad.nonzero()[0])
         r, v = int(req[j]), int(used[j])
@@ -286,12 +289,13 @@ def _check_draft_indices(fb, seq: list[int], span: int) -> None:
 def _report_device_findings(fb, first: dict, seq: list[int], extra: int, per: int, row_req):
     """The first bad entry of each device rule, in order, as its refusal (values read back only here)."""
     world, rpi, loc, n = fb.world, fb.req_pool_indices, fb.out_cache_loc, fb.num_tokens
-    for name, t, lo, hi, twice in (  # a range [lo, hi) (0 is reserved: a padded row's), what a duplicate means
-        ("req_pool_indices", rpi, 1, f"pool={world.req_to_token_pool.size}", "a request appears twice in the batch"),
-        ("input_ids", fb.input_ids, 0, world.cfg.vocab_size, None),
-        ("positions", fb.positions, 0, world.max_context_len, None),
-        ("out_cache_loc", loc, 1, world.kv_cache.num_slots, "two rows would write the same KV slot"),
+    for name, lo, hi, twice in (  # a range [lo, hi) (0 is reserved: a padded row's), what a duplicate means
+        ("req_pool_indices", 1, f"pool={world.req_to_token_pool.size}", "a request appears twice in the batch"),
+        ("input_ids", 0, world.cfg.vocab_size, None),
+        ("positions", 0, world.max_context_len, None),
+        ("out_cache_loc", 1, world.kv_cache.num_slots, "two rows would write the same KV slot"),
     ):
+        t = getattr(fb, name)
         if (i := first[f"{name} range"]) is not None:
             v = int(t[i])
             zero = f"{'row' if t is rpi else 'slot'} 0 is reserved for padded rows"

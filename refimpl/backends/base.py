@@ -50,6 +50,17 @@ def live_csr_state(md: Any, **scalars: Any) -> dict[str, Any]:
     return state
 
 
+def dense_forward(backend: AttentionBackend, q, k, v, layer: int, fb: ForwardBatch, mha_op, mla_op, *args, **kw):
+    """Write this layer's KV at ``fb.out_cache_loc``, then attend with ``mha_op(q, k_cache, v_cache, *args, **kw)``, or on
+    an MLA model ``mla_op(q_nope, q_rope, kv_cache, *args, **kw)`` (torch_native's and the oracle's ``forward``)."""
+    cache, r = backend.world.kv_cache, backend.cfg.kv_lora_rank
+    if backend.cfg.is_mla:
+        cache.set_kv(layer, fb.out_cache_loc, k)
+        return mla_op(q[..., :r], q[..., r:], cache.kv[layer], *args, **kw)
+    cache.set_kv(layer, fb.out_cache_loc, k, v)
+    return mha_op(q, cache.k[layer], cache.v[layer], *args, **kw)
+
+
 class GraphModeNotSupported(ValueError):
     """A backend was asked to capture a mode it does not support under graphs."""
 
@@ -157,10 +168,11 @@ class AttentionBackend(ABC):
 
     def check_graph_mode(self, mode: ForwardMode) -> None:
         if mode not in self.graph_modes:
-            supported = ", ".join(sorted(m.label for m in self.graph_modes))
-            raise GraphModeNotSupported(
-                f"{self.name}/{self.variant} does not support {mode.label} under graphs (supported: {supported})"
-            )
+            raise self._unsupported(mode.label)
+
+    def _unsupported(self, what: str) -> GraphModeNotSupported:
+        supported = ", ".join(sorted(m.label for m in self.graph_modes))
+        return GraphModeNotSupported(f"{self.name}/{self.variant} does not support {what} under graphs (supported: {supported})")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(variant={self.variant!r}, pattern={self.pattern!r})"

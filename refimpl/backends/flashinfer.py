@@ -55,13 +55,14 @@ def write_kv(req_to_token, rpi, kv_lens, kv_indptr, kv_indices) -> None:
     build_kv_indices(req_to_token, rpi[: len(kv_lens)], kv_lens, kv_indptr, kv_indices)
 
 
-def csr_reference(backend, fb: ForwardBatch) -> tuple:
-    """The checker's view of a single-step batch, from the batch alone: rows per request, the attended kv lengths (host;
-    verify: prefix + the N drafts), their ``csr_ref`` and the uniform ``qo_indptr``."""
+def csr_reference(backend, fb: ForwardBatch) -> dict[str, torch.Tensor]:
+    """The checker's view of a single-step batch, from the batch alone, in FlashInfer-MLA's names: the uniform
+    ``qo_indptr``, the attended kv lengths ``kv_len_arr`` (host; verify: prefix + the N drafts) and their ``csr_ref``
+    (``kv_indptr``, ``kv_indices``)."""
     rows = layout.rows_per_request(fb.forward_mode, backend.spec)  # verify: N
     kv = layout.attended_kv_lens(fb.forward_mode, fb.seq_lens_cpu, rows)
-    csr = csr_ref(backend.world.req_to_token, fb.req_pool_indices, kv)
-    return rows, kv, csr, torch.arange(0, fb.batch_size * rows + 1, rows, device="cpu")
+    qo_indptr = torch.arange(0, fb.batch_size * rows + 1, rows, device="cpu")
+    return {"qo_indptr": qo_indptr, "kv_len_arr": kv, **csr_ref(backend.world.req_to_token, fb.req_pool_indices, kv)}
 
 
 @dataclass
@@ -124,10 +125,10 @@ class FlashInferAttnBackend(AttentionBackend):
     # --- the update paths (eager, capture and replay all use them) -----------------------------
     def _host_indptr_of(self, lens: torch.Tensor, reuse: bool = True) -> torch.Tensor:
         """``[0, cumsum(lens)]`` int32 on the host. ``reuse``: in one buffer shared by every fast plan (each reads it
-        before returning); a full plan may keep what it is given (``x.to(device)`` on a CPU run), so it gets its own, as do
-        multi-step rows (bs * topk may pass the pool)."""
+        before returning; sized like ``kv_indptr``, so it holds any batch's rows, a multi-step row's bs * topk too); a
+        full plan may keep what it is given (``x.to(device)`` on a CPU run), so it gets its own."""
         n = len(lens)
-        out = self._host_indptr[: n + 1] if reuse and n < len(self._host_indptr) else lens.new_zeros(n + 1, dtype=torch.int32)
+        out = self._host_indptr[: n + 1] if reuse else lens.new_zeros(n + 1, dtype=torch.int32)
         torch.cumsum(lens, 0, dtype=torch.int32, out=out[1:])
         return out
 
@@ -285,9 +286,8 @@ class FlashInferAttnBackend(AttentionBackend):
         state = {"paged_kv_indptr": indptr, "paged_kv_indices": w._paged_kv_indices_buf[: int(indptr[-1])]}
         if isinstance(md, PrefillMetadata):
             state.update(qo_indptr=w._qo_indptr_buf, causal=md.causal)
-            if getattr(w, "_custom_mask_buf", None) is not None:
-                mask_indptr = w._mask_indptr_buf
-                state.update(mask_indptr=mask_indptr, custom_mask=w._custom_mask_buf[: int(mask_indptr[-1])])
+            if (mask := w._custom_mask_buf) is not None:
+                state.update(mask_indptr=w._mask_indptr_buf, custom_mask=mask[: int(w._mask_indptr_buf[-1])])
         return state
 
     def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any] | None:
@@ -295,15 +295,17 @@ class FlashInferAttnBackend(AttentionBackend):
         stand-ins (the real library packs it into bits)."""
         if fb.kind.multi_step:
             return None  # the multi-step wrapper gives the per-step reference
-        mode, (rows, _, csr, qo_indptr) = fb.forward_mode, csr_reference(self, fb)
+        mode, csr = fb.forward_mode, csr_reference(self, fb)
         ref = self.draft_step_reference(csr["kv_indptr"], csr["kv_indices"], fb)
         if mode.is_decode_or_idle():
             return ref
-        ref.update(qo_indptr=qo_indptr, causal=not mode.is_target_verify())
-        w = self.forward_metadata.wrappers[0]
-        if getattr(w, "_custom_mask_buf", None) is not None and is_standin(w):
-            ref["mask_indptr"] = layout.mask_indptr(fb.seq_lens_cpu, rows)
-            ref["custom_mask"] = fb.spec_info.custom_mask.to(torch.uint8)  # the live requests' blocks
+        ref.update(qo_indptr=csr["qo_indptr"], causal=not mode.is_target_verify())
+        w, spec = self.forward_metadata.wrappers[0], fb.spec_info
+        if w._custom_mask_buf is not None and is_standin(w):  # the live requests' blocks
+            ref.update(
+                mask_indptr=layout.mask_indptr(fb.seq_lens_cpu, spec.draft_token_num),
+                custom_mask=spec.custom_mask.to(torch.uint8),
+            )
         return ref
 
     def draft_step_reference(self, indptr: torch.Tensor, indices: torch.Tensor, fb) -> dict:

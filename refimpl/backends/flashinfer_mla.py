@@ -232,8 +232,7 @@ class FlashInferMLAAttnBackend(AttentionBackend):
 
     def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any] | None:
         """What the wrapper's bound buffers must hold, from the batch alone."""
-        _, kv, csr, qo_indptr = csr_reference(self, fb)  # kv: verify's prefix + the N drafts
-        return {"qo_indptr": qo_indptr, "kv_indptr": csr["kv_indptr"], "kv_len_arr": kv, "kv_indices": csr["kv_indices"]}
+        return csr_reference(self, fb)  # kv_len_arr: verify's prefix + the N drafts
 
     # --- the captured step --------------------------------------------------------------------
     def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:

@@ -39,7 +39,10 @@ class MultiStepDraftBackend(MultiStepBackend):
             self.step_cls(world, spec, kv_indptr_buf=self.kv_indptr[i], skip_prefill=True, **step_kw) for i in range(self.S - 1)
         ]
 
-    def _check_spec(self, spec_info: Any) -> None:
+    # --- index generation (common_template) -----------------------------------------------------
+    def _common_template(self, bs, rpi, seq_lens, spec_info, kv_indices=None, kv_indptr=None) -> list[DraftDecodeInput]:
+        """After checking the batch's spec input: every step's rows in one launch (default: into the graph buffers); the
+        steps' spec inputs, each pointing at its step's row."""
         if not hasattr(spec_info, "num_steps"):
             raise ValueError(f"multi-step draft decode needs a DraftDecodeInput, got {spec_info!r}")
         if (spec_info.topk, spec_info.num_steps) != (self.topk, self.S):
@@ -47,19 +50,13 @@ class MultiStepDraftBackend(MultiStepBackend):
                 f"draft batch has topk={spec_info.topk}, num_steps={spec_info.num_steps}; the "
                 f"backend was built for topk={self.topk}, num_steps={self.S}"
             )
-
-    # --- index generation (common_template) -----------------------------------------------------
-    def _common_template(self, bs, rpi, seq_lens, spec_info, kv_indices=None, kv_indptr=None) -> list[DraftDecodeInput]:
-        """After ``_check_spec``: every step's rows in one launch (default: into the graph buffers); the steps' spec
-        inputs, each pointing at its step's row."""
-        self._check_spec(spec_info)
         if kv_indices is None:
             kv_indices, kv_indptr = self.cuda_graph_kv_indices, self.kv_indptr
-        rows, r2t = bs * self.topk, self.world.req_to_token
+        r2t = self.world.req_to_token
         draft_decode_kv_indices(rpi[:bs], r2t, seq_lens[:bs], kv_indices, kv_indptr, topk=self.topk, num_steps=self.S)
         # the full row, not SGLang's [:used_len] slice: no host value decides a view's size
         return [
-            DraftDecodeInput(self.topk, self.S, kv_indptr[i, : rows + 1], kv_indices[i], extra={"step": i})
+            DraftDecodeInput(self.topk, self.S, kv_indptr[i, : bs * self.topk + 1], kv_indices[i], extra={"step": i})
             for i in range(self.S - 1)
         ]
 

@@ -22,7 +22,7 @@ from .. import layout
 from ..batch import ForwardBatch
 from ..kernels import mha_oracle, mla_oracle
 from ..spec import DraftTree, build_custom_mask
-from .base import AttentionBackend
+from .base import AttentionBackend, dense_forward
 
 
 class OracleBackend(AttentionBackend):
@@ -62,8 +62,8 @@ class OracleBackend(AttentionBackend):
             ranges = [r2t[r, :n] for r, n in zip(rpi, kv_lens)]
         kv_indices = torch.cat([r2t.new_zeros(0), *ranges]).to(torch.int64)
         # mha_oracle's arguments after the cache: qo_indptr, kv_indptr, kv_indices, sm_scale, mask, mask_indptr, causal
-        csr = indptr(q_rows), indptr(x.numel() for x in ranges), kv_indices
-        self.forward_metadata = (*csr, self.cfg.sm_scale, mask, mask_indptr, causal)
+        kv_indptr = indptr(x.numel() for x in ranges)
+        self.forward_metadata = (indptr(q_rows), kv_indptr, kv_indices, self.cfg.sm_scale, mask, mask_indptr, causal)
 
     @staticmethod
     def _trees(spec, bs: int) -> list[DraftTree]:
@@ -73,25 +73,16 @@ class OracleBackend(AttentionBackend):
             return [DraftTree.chain(n)] * bs
         if len(spec.parents) != bs or any(len(p) != n for p in spec.parents):
             raise ValueError(f"spec_info.parents: expected {bs} trees of {n} nodes, got {[len(p) for p in spec.parents]}")
-        return [DraftTree(list(p)) for p in spec.parents]
+        return [DraftTree(p) for p in spec.parents]
 
     def _eager_only(self, *a, **k):
         raise NotImplementedError("the oracle runs eagerly only")
 
-    init_cuda_graph_state = init_forward_metadata_capture_cuda_graph = _eager_only
-    init_forward_metadata_replay_cuda_graph = _eager_only
+    init_cuda_graph_state = init_forward_metadata_capture_cuda_graph = init_forward_metadata_replay_cuda_graph = _eager_only
 
     def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
-        cache, cfg = self.world.kv_cache, self.cfg
         args = [t.to(q.device) if isinstance(t, torch.Tensor) else t for t in self.forward_metadata]
-        if cfg.is_mla:
-            cache.set_kv(layer, fb.out_cache_loc, k)
-            r = cfg.kv_lora_rank
-            out = mla_oracle(q[..., :r], q[..., r:], cache.kv[layer], *args)
-        else:
-            cache.set_kv(layer, fb.out_cache_loc, k, v)
-            out = mha_oracle(q, cache.k[layer], cache.v[layer], *args)
-        return out.to(q.dtype)
+        return dense_forward(self, q, k, v, layer, fb, mha_oracle, mla_oracle, *args).to(q.dtype)
 
 
 class OracleMultiStep(OracleBackend):

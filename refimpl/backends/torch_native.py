@@ -27,7 +27,7 @@ from ..batch import ForwardBatch
 from ..kernels import build_kv_indices, csr_ref, dense_paged_attention, dense_paged_mla_attention
 from ..modes import ForwardMode
 from ..spec import DraftTree, VerifyInput, build_custom_mask, require_spec, verify_n
-from .base import COPIES_MASK, AttentionBackend, live_csr_state
+from .base import COPIES_MASK, AttentionBackend, dense_forward, live_csr_state
 
 
 @dataclass
@@ -93,9 +93,10 @@ class TorchNativeBackend(AttentionBackend):
         )
         n, mask = self._rows_and_mask(forward_mode, spec_info)
         masks = (None, None) if mask is None else (self.cuda_graph_custom_mask, self.cuda_graph_mask_indptr[: bs + 1])
-        csr = (self.cuda_graph_kv_indptr[: bs + 1], self.cuda_graph_kv_indices)
-        # q_per_req = n; max_kv_len = L: valid for any future batch
-        self.forward_metadata = TorchNativeMetadata(*csr, n, self.world.max_context_len, *masks)
+        # the views; q_per_req = n; max_kv_len = L: valid for any future batch
+        self.forward_metadata = TorchNativeMetadata(
+            self.cuda_graph_kv_indptr[: bs + 1], self.cuda_graph_kv_indices, n, self.world.max_context_len, *masks
+        )
 
     def init_forward_metadata_replay_cuda_graph(
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
@@ -126,15 +127,9 @@ class TorchNativeBackend(AttentionBackend):
         return ref
 
     def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
-        cache, cfg, r = self.world.kv_cache, self.cfg, self.cfg.kv_lora_rank
-        out = q.new_empty(q.shape[0], cfg.num_heads, cfg.out_head_dim)
-        kw = dict(vars(self.forward_metadata), out=out, sm_scale=cfg.sm_scale)  # the metadata's fields: the op's arguments
-        if cfg.is_mla:
-            cache.set_kv(layer, fb.out_cache_loc, k)
-            dense_paged_mla_attention(q[..., :r], q[..., r:], cache.kv[layer], **kw)
-        else:
-            cache.set_kv(layer, fb.out_cache_loc, k, v)
-            dense_paged_attention(q, cache.k[layer], cache.v[layer], **kw)
+        out = q.new_empty(q.shape[0], self.cfg.num_heads, self.cfg.out_head_dim)
+        kw = dict(vars(self.forward_metadata), out=out, sm_scale=self.cfg.sm_scale)  # the metadata's fields: the op's arguments
+        dense_forward(self, q, k, v, layer, fb, dense_paged_attention, dense_paged_mla_attention, **kw)
         return out
 
 

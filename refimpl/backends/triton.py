@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from .. import layout
 from ..batch import ForwardBatch, World
@@ -47,8 +48,15 @@ class TritonAttnBackend(AttentionBackend):
     variant = "unified"
     pattern = "A"
     # the eager kv_indptr / qo_indptr / mask_indptr too: some graphs read them (as SGLang's do)
-    graph_buffer_names = ("kv_indptr", "qo_indptr", "mask_indptr") + tuple(
-        f"cuda_graph_{b}" for b in ("attn_logits", "attn_lse", "num_kv_splits", "kv_indices", "custom_mask")
+    graph_buffer_names = (
+        "kv_indptr",
+        "qo_indptr",
+        "mask_indptr",
+        "cuda_graph_attn_logits",
+        "cuda_graph_attn_lse",
+        "cuda_graph_num_kv_splits",
+        "cuda_graph_kv_indices",
+        "cuda_graph_custom_mask",
     )
     graph_modes = frozenset(GRAPH_MODES)  # every one: decode, idle, target verify, draft extend v1 / v2
     page_sizes = (1,)  # it indexes tokens
@@ -71,9 +79,11 @@ class TritonAttnBackend(AttentionBackend):
         self.core_count = torch.cuda.get_device_properties(self.device).multi_processor_count if self.device.type == "cuda" else 8
 
     def _split_kw(self) -> dict:  # the split-count heuristic's constants
-        cfg = self.cfg
         return dict(
-            num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, max_kv_splits=self.max_kv_splits, core_count=self.core_count
+            num_heads=self.cfg.num_heads,
+            num_kv_heads=self.cfg.num_kv_heads,
+            max_kv_splits=self.max_kv_splits,
+            core_count=self.core_count,
         )
 
     def get_num_kv_splits(self, num_kv_splits: torch.Tensor, seq_lens: torch.Tensor) -> None:
@@ -109,8 +119,7 @@ class TritonAttnBackend(AttentionBackend):
             kv_indptr, kv_indices = spec.kv_indptr, spec.kv_indices
         else:
             kv_lens = layout.prefix_kv_lens(mode, seq, rows)
-            kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
-            kv_indptr[1:] = torch.cumsum(kv_lens, 0)
+            kv_indptr = F.pad(torch.cumsum(kv_lens, 0, dtype=torch.int32), (1, 0))  # [0, cumsum(kv_lens)]
             kv_indices = torch.zeros(max(kv_total, 1), dtype=self.kv_indices_dtype, device=dev)
             build_kv_indices(self.world.req_to_token, fb.req_pool_indices, kv_lens, kv_indptr, kv_indices)
         if mode.is_decode_or_idle():  # the decode fields: kv, logits, lse, split counts (one per row)
@@ -121,8 +130,7 @@ class TritonAttnBackend(AttentionBackend):
                 kv_indptr, kv_indices, *self._split_kv_scratch(splits.numel(), torch.empty), splits
             )
             return
-        qo = torch.zeros(bs + 1, dtype=self.qo_indptr_dtype, device=dev)
-        qo[1:] = torch.cumsum(rows, 0)
+        qo = F.pad(torch.cumsum(rows, 0, dtype=self.qo_indptr_dtype), (1, 0))
         self.forward_metadata = TritonMetadata(kv_indptr, kv_indices, max_extend_len=max_len, qo_indptr=qo, **mask)
 
     def _split_kv_scratch(self, rows: int, alloc=torch.zeros) -> tuple[torch.Tensor, torch.Tensor]:
@@ -262,8 +270,9 @@ class TritonAttnBackend(AttentionBackend):
             return out
         kc, vc, csr = cache.k[layer], cache.v[layer], (md.kv_indptr, md.kv_indices)
         if md.num_kv_splits is not None:  # decode / idle / draft decode; the split-KV buffers, max_kv_splits
-            splits = md.attn_logits, md.attn_lse, md.num_kv_splits, md.attn_logits.shape[2]
-            decode_attention(q, kc, vc, out, *csr, *splits, cfg.sm_scale)
+            decode_attention(
+                q, kc, vc, out, *csr, md.attn_logits, md.attn_lse, md.num_kv_splits, md.attn_logits.shape[2], cfg.sm_scale
+            )
         else:  # target verify / draft extend / extend: new tokens' k, v passed directly; the mask, its indptr, causal
             mask = md.custom_mask, md.mask_indptr, md.custom_mask is None
             extend_attention(q, k, v, out, kc, vc, md.qo_indptr, *csr, *mask, md.max_extend_len, cfg.sm_scale)

@@ -8,7 +8,6 @@ from __future__ import annotations
 from ..batch import ForwardBatch
 from ..kernels import fused_graph_metadata_args, launch_fused_graph_metadata
 from ..modes import ForwardMode
-from .base import GraphModeNotSupported
 from .triton import TritonAttnBackend, TritonMetadata
 
 
@@ -35,30 +34,25 @@ class TritonAttnBackendFused(TritonAttnBackend):
         key = (seq_lens.shape[0], n, mask is not None)
         plan = self._fused_plans.get(key)
         if plan is None or plan[0] is not seq_lens or plan[1] is not req_pool_indices:
-            csr = (self.world.req_to_token, req_pool_indices, seq_lens, self.kv_indptr, self.cuda_graph_kv_indices)
             if n is None:
                 kw = dict(num_kv_splits=self.cuda_graph_num_kv_splits, **self._split_kw())
             else:
-                custom_mask = None if mask is None else self.cuda_graph_custom_mask
                 kw = dict(
                     num_draft_tokens=n,
                     qo_indptr=self.qo_indptr,
                     mask_indptr=self.mask_indptr,
                     custom_mask_src=mask,
-                    custom_mask=custom_mask,
+                    custom_mask=None if mask is None else self.cuda_graph_custom_mask,
                 )
-            args = fused_graph_metadata_args(*csr, **kw)
-            plan = self._fused_plans[key] = (seq_lens, req_pool_indices, args)
+            csr = (self.world.req_to_token, req_pool_indices, seq_lens, self.kv_indptr, self.cuda_graph_kv_indices)
+            plan = self._fused_plans[key] = (seq_lens, req_pool_indices, fused_graph_metadata_args(*csr, **kw))
         launch_fused_graph_metadata(plan[2], mask)
 
     def init_forward_metadata_capture_cuda_graph(
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
     ) -> None:
         if forward_mode.is_decode_or_idle() and spec_info is not None:  # a draft step
-            supported = ", ".join(sorted(m.label for m in self.graph_modes))
-            raise GraphModeNotSupported(
-                f"{self.name}/{self.variant} does not support multi-step draft decode under graphs (supported: {supported})"
-            )
+            raise self._unsupported("multi-step draft decode")
         super().init_forward_metadata_capture_cuda_graph(
             bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
         )  # the graph-mode check, the replay hook, then the unified shape's views

@@ -43,25 +43,23 @@ class WaveAttnBackend(TritonAttnBackend):
             # Wave's verify hooks copy the spec's mask unconditionally ([facts#wave])
             raise ValueError("wave: target verify under graphs needs a tree mask (custom_mask)")
 
-    def _copy_draft_rows(self, bs, seq_lens, spec_info) -> None:
-        """Multi-step draft decode: copy the wrapper's rows into Wave's buffers, then compute the splits."""
-        n, m = spec_info.kv_indptr.numel(), spec_info.kv_indices.numel()
-        if (rows := n - 1) > self.cuda_graph_num_kv_splits.numel():
-            raise ValueError(
-                f"wave: {rows} draft rows exceed its decode buffers of max_bs="
-                f"{self.cuda_graph_num_kv_splits.numel()} rows (Wave sizes them by batch size)"
-            )
-        self.kv_indptr[:n].copy_(spec_info.kv_indptr)  # self-copies when the wrapper lent the buffers
-        self.cuda_graph_kv_indices[:m].copy_(spec_info.kv_indices)
-        self.get_num_kv_splits(self.cuda_graph_num_kv_splits[:rows], seq_lens[:bs])
-
     def init_forward_metadata_replay_cuda_graph(
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
     ) -> None:
-        if forward_mode.is_decode_or_idle() and spec_info is not None:  # multi-step
-            return self._copy_draft_rows(bs, seq_lens, spec_info)
+        if forward_mode.is_decode_or_idle() and spec_info is not None:
+            # multi-step draft decode: copy the wrapper's rows into Wave's buffers, then compute the splits
+            n = spec_info.kv_indptr.numel()
+            if (rows := n - 1) > self.cuda_graph_num_kv_splits.numel():
+                raise ValueError(
+                    f"wave: {rows} draft rows exceed its decode buffers of max_bs="
+                    f"{self.cuda_graph_num_kv_splits.numel()} rows (Wave sizes them by batch size)"
+                )
+            self.kv_indptr[:n].copy_(spec_info.kv_indptr)  # self-copies when the wrapper lent the buffers
+            self.cuda_graph_kv_indices[: spec_info.kv_indices.numel()].copy_(spec_info.kv_indices)
+            self.get_num_kv_splits(self.cuda_graph_num_kv_splits[:rows], seq_lens[:bs])
+            return
         self._require_mask(forward_mode, spec_info)
-        return super().init_forward_metadata_replay_cuda_graph(
+        super().init_forward_metadata_replay_cuda_graph(
             bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
         )
 

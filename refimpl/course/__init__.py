@@ -35,8 +35,7 @@ def _display():
 
 def render(obj) -> None:
     """``obj``'s rich form in a notebook, its text in a script."""
-    display = _display()
-    print(obj) if display is None else display(obj)
+    (_display() or print)(obj)
 
 
 def show(fig, name: str) -> None:

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 
-from .. import viz
-from ..backends.base import GraphModeNotSupported
+from .. import ForwardMode, viz
+from ..backends import GraphModeNotSupported
 from ..backends.triton import TritonAttnBackend
 from ..backends.wave import WaveAttnBackend
 from ..batch import ForwardBatch, World
@@ -19,9 +19,7 @@ from ..flashinfer_wrappers import read_partition
 from ..graphs import GraphEngine, make_engine
 from ..graphs.runner import GraphRunner, call_capture_hook, call_replay_hook
 from ..model import TinyDecoder
-from ..modes import ForwardMode
-from ..rig.core import state_after
-from ..rig.verdicts import capture_vs_replay
+from ..rig import capture_vs_replay, state_after
 from .triton_modes import Lab
 
 BS, LIVE, L = 4, 3, 40  # the bs-4 graph replays a raw batch of 3; max_context_len
@@ -69,12 +67,11 @@ def replay_hooks(backend, mode: ForwardMode, fb: ForwardBatch, s: Setting) -> tu
     return backend.graph_state(padded.batch_size, mode), padded
 
 
-def both_paths(
-    cls: type, spec: SpecConfig | None, mode: ForwardMode, fb: ForwardBatch, s: Setting, world: World | None = None
-) -> tuple[dict, dict]:
-    """Verdict (a)'s two states for ``fb`` on fresh ``cls`` backends: path P (the capture hook on the padded batch) and
-    path Q (the capture hook on the runner's capture batch, then the replay hook), as ``refimpl.check`` builds them."""
-    new = partial(cls, world or s.world, spec)
+def both_paths(cls: type, spec: SpecConfig | None, mode: ForwardMode, fb: ForwardBatch, s: Setting) -> tuple[dict, dict]:
+    """Verdict (a)'s two states for ``fb`` on fresh ``cls`` backends (the GQA world): path P (the capture hook on the
+    padded batch) and path Q (the capture hook on the runner's capture batch, then the replay hook), as
+    ``refimpl.check`` builds them."""
+    new = partial(cls, s.world, spec)
     run = runner(new(), mode, s)
     return tuple(state_after(new, run, run.padded_batch(fb), replay=r)[1] for r in (False, True))
 
@@ -135,8 +132,10 @@ def graph_buffers(world: World, B: int, N: int) -> dict[str, tuple[torch.Tensor,
 
 def sizes_table(world: World, B: int, N: int) -> Table:
     """``graph_buffers`` as a table: each cell the symbolic shape, its number of entries and its dtype."""
-    cell = lambda sym, t: f"{sym} = {t.numel()} {str(t.dtype).removeprefix('torch.')}"  # noqa: E731
-    rows = [[f"`{n}`", *(cell(sym, t) for sym, t in zip(SIZES[n], ts))] for n, ts in graph_buffers(world, B, N).items()]
+    rows = [
+        [f"`{n}`", *(f"{sym} = {t.numel()} {str(t.dtype).removeprefix('torch.')}" for sym, t in zip(SIZES[n], ts))]
+        for n, ts in graph_buffers(world, B, N).items()
+    ]
     return Table([f"buffer (B = {B}, T = B*N = {B * N}, L = {world.max_context_len})", "Triton", "Wave"], rows)
 
 

@@ -19,13 +19,14 @@ from ..config import CHAIN
 from ..graphs import make_engine
 from ..kernels.indices import build_kv_indices
 from ..layout import KINDS
-from ..rig.core import Rig
+from ..rig import Rig
 from ..viz.measure import HOST_PARTS
 from . import ROOT, entry, results
 
 SHAPES = {"faithful": "unified", "fused": "fused", "in-graph": "in_graph", "glued": "unified+glue"}  # Triton decode
 COLORS = {"faithful": "#1f77b4", "fused": "#ff7f0e", "in-graph": "#2ca02c", "glued": "#9467bd"}
 REPLAY = "graph.replay()"  # the glue graph's launch, and the step graph's
+BATCH_SIZES = (1, 8, 64, 256)  # the sizes the step tables and lines show
 
 
 _json = cache(results)  # read once per process
@@ -83,14 +84,14 @@ def priced_as(op: str) -> str:
     return "refimpl kernel, as a hook calls it" if op.startswith("refimpl.") else REPLAY if op == REPLAY else "eager op"
 
 
-def hook_launches(ctx: int = 64) -> dict[str, dict[str, int]]:
+def hook_launches() -> dict[str, dict[str, int]]:
     """Per Triton decode shape, the ops its replay hook launches (``aten.cumsum``, ``refimpl.build_kv_indices``, ...),
-    counted here (CPU emulator) with ``bench.launches`` on a bs-2 graph. The glued hook is one replay of its glue graph
-    (``GraphRunner.replay_hook``): on a GPU it launches nothing else, and the emulator replays a graph by running its
-    ops again, so it is not counted."""
+    counted here (CPU emulator) with ``bench.launches`` on a bs-2 graph (context 64). The glued hook is one replay of its
+    glue graph (``GraphRunner.replay_hook``): on a GPU it launches nothing else, and the emulator replays a graph by
+    running its ops again, so it is not counted."""
     engine, out = make_engine("auto"), {}
     for shape in ("faithful", "fused", "in-graph"):
-        rig, fb = _loaded_rig(SHAPES[shape], engine, 2, ctx, pool_size=8)
+        rig, fb = _loaded_rig(SHAPES[shape], engine, 2, 64, pool_size=8)
         ops = bench.launches(partial(rig.runner.replay_hook, fb, 2))
         out[shape] = {op.removesuffix(".default"): n for op, n in ops.items()}
     return out | {"glued": {REPLAY: 1}}
@@ -120,37 +121,39 @@ def measured_hooks() -> dict[str, tuple[float, float]]:
     }
 
 
-def host_gpu(variant: str, mode: str = "decode", backend: str = "triton", ctx: int = 512) -> dict[int, dict]:
-    """bs -> host µs of the replay path (copies + hook + launch), GPU µs of the graph and the synchronised graph step,
-    medians from ``results.json``."""
+def host_gpu(variant: str, mode: str = "decode") -> dict[int, dict]:
+    """bs -> host µs of the replay path (copies + hook + launch), GPU µs of the graph and the synchronised graph step of
+    Triton's ``variant`` at context 512, medians from ``results.json``."""
     return {
         r["bs"]: dict(
             host=r["host_us"]["path"]["median"], gpu=r["gpu_us"]["graph"]["median"], step=r["step_us"]["graph"]["median"]
         )
         for r in sorted(sweep()[1], key=lambda r: r["bs"])
-        if (r["backend"], r["variant"], r["mode"], r["context"]) == (backend, variant, mode, ctx)
+        if (r["backend"], r["variant"], r["mode"], r["context"]) == ("triton", variant, mode, 512)
     }
 
 
-def host_bound(variant: str, mode: str = "decode", batch_sizes=(1, 8, 64, 256)) -> set[int]:
-    """The batch sizes among ``batch_sizes`` whose host path is longer than the GPU time of the graph."""
-    return {bs for bs, p in host_gpu(variant, mode).items() if bs in batch_sizes and p["host"] > p["gpu"]}
+def host_bound(variant: str, mode: str = "decode") -> set[int]:
+    """The batch sizes among ``BATCH_SIZES`` whose host path is longer than the GPU time of the graph."""
+    return {bs for bs, p in host_gpu(variant, mode).items() if bs in BATCH_SIZES and p["host"] > p["gpu"]}
 
 
-def gpu_line(variant: str, mode: str = "decode", batch_sizes=(1, 8, 64, 256)) -> str:
-    """The GPU µs of the graph at each of ``batch_sizes``, one line."""
-    return ", ".join(f"bs {bs}: {p['gpu']:.0f}" for bs, p in host_gpu(variant, mode).items() if bs in batch_sizes)
+def gpu_line(variant: str, mode: str = "decode") -> str:
+    """The GPU µs of the graph at each of ``BATCH_SIZES``, one line."""
+    return ", ".join(f"bs {bs}: {p['gpu']:.0f}" for bs, p in host_gpu(variant, mode).items() if bs in BATCH_SIZES)
 
 
-def step_table(variant: str, mode: str = "decode", batch_sizes=(1, 8, 64, 256)) -> str:
-    """One line per bs: host, GPU, their sum against the measured synchronised step, and max(host, GPU): the step a
-    host that runs ahead would reach."""
+def step_table(variant: str, mode: str = "decode") -> str:
+    """One line per bs of ``BATCH_SIZES``: host, GPU, their sum against the measured synchronised step, and max(host,
+    GPU): the step a host that runs ahead would reach."""
     lines = [f"triton/{variant} {mode}, context 512, µs: host + GPU vs the measured step; max(host, GPU)"]
     for bs, p in host_gpu(variant, mode).items():
-        if bs in batch_sizes:
+        if bs in BATCH_SIZES:
             h, g, s = p.values()  # host, GPU, step
-            bound = "host-bound" if h > g else "GPU-bound"
-            lines.append(f"  bs {bs:>3}: {h:4.0f} + {g:4.0f} = {h + g:5.0f} vs {s:5.0f} measured; max {max(h, g):4.0f}  {bound}")
+            bound = "host" if h > g else "GPU"
+            lines.append(
+                f"  bs {bs:>3}: {h:4.0f} + {g:4.0f} = {h + g:5.0f} vs {s:5.0f} measured; max {max(h, g):4.0f}  {bound}-bound"
+            )
     return "\n".join(lines)
 
 
@@ -165,10 +168,11 @@ BREAKDOWN = [  # (label, backend, variant, mode) of the breakdown figure
 ]
 
 
-def draw_breakdown(bs: int = 8) -> Figure:
-    """``viz.draw_replay_breakdown`` of the ``BREAKDOWN`` rows at context 512: copies, hook, launch, and the GPU bar."""
+def draw_breakdown() -> Figure:
+    """``viz.draw_replay_breakdown`` of the ``BREAKDOWN`` rows at bs 8, context 512: copies, hook, launch, and the GPU
+    bar."""
     env, rows = sweep()
-    return viz.draw_replay_breakdown(rows, env, bs, 512, [k[1:] for k in BREAKDOWN], [k[0] for k in BREAKDOWN], HOST_PARTS)
+    return viz.draw_replay_breakdown(rows, env, 8, 512, [k[1:] for k in BREAKDOWN], [k[0] for k in BREAKDOWN], HOST_PARTS)
 
 
 def draw_host_vs_gpu() -> Figure:

@@ -12,13 +12,12 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch
 
 
-def scratch_addresses(shared_pool: bool, n: int = 1 << 22) -> list[int]:
+def scratch_addresses(shared_pool: bool) -> list[int]:
     """Capture a bs-8 step, then a bs-4 step, each ``relu(x).sum(1)``; return the address of each capture's scratch
     (``relu(x)``, freed when the step returns). Largest first into one pool, the bs-4 capture is handed the bs-8
     capture's freed scratch: only one of them replays at a time, so they may share it."""
     pool = torch.cuda.graph_pool_handle() if shared_pool else None
-    seen = []
-    keep = []  # graphs, inputs and outputs stay alive: they are read at replay
+    seen, keep = [], []  # keep: graphs, inputs and outputs stay alive, they are read at replay
 
     def step(x):
         h = torch.relu(x)  # scratch
@@ -26,7 +25,7 @@ def scratch_addresses(shared_pool: bool, n: int = 1 << 22) -> list[int]:
         return h.sum(1)  # the static output
 
     for bs in (8, 4):
-        x, g = torch.randn(bs, n, device="cuda"), torch.cuda.CUDAGraph()
+        x, g = torch.randn(bs, 1 << 22, device="cuda"), torch.cuda.CUDAGraph()  # 4 Mi floats per row
         step(x)  # warm-up, outside the pool
         with torch.cuda.graph(g, pool=pool):
             y = step(x)
@@ -34,11 +33,11 @@ def scratch_addresses(shared_pool: bool, n: int = 1 << 22) -> list[int]:
     return seen[1::2]  # the two captures' scratch (the warm-ups' come first)
 
 
-def output_after_other_replay(keep_output: bool, n: int = 1 << 20) -> float:
+def output_after_other_replay(keep_output: bool) -> float:
     """Graph A writes ``x * 2``, graph B ``x * 3``, both in one pool, A captured first. If nothing keeps A's output
     alive, B's capture may be handed its memory; replaying A then writes over B's output. Returns B's output after B,
     then A, replay: 3.0 when intact."""
-    pool, x = torch.cuda.graph_pool_handle(), torch.ones(n, device="cuda")
+    pool, x = torch.cuda.graph_pool_handle(), torch.ones(1 << 20, device="cuda")
     g_a, g_b = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
     with torch.cuda.graph(g_a, pool=pool):
         out_a = x * 2
@@ -60,7 +59,7 @@ def draw_graph_kinds() -> Figure:
     ax = fig.add_subplot()
     ops = "hook qkv attn mlp qkv attn mlp".split()
     rows = [  # per op: in a graph, eager, or not there
-        ("whole graph\n(decode: this course)", ["eager"] + ["graph"] * 6),
+        ("whole graph\n(decode: this course)", "eager graph graph graph graph graph graph".split()),
         ("piecewise / breakable\n(vLLM PIECEWISE, SGLang BCG)", "none graph eager graph graph eager graph".split()),
     ]
     colors = {"graph": "#9ecae1", "eager": "#fdae6b"}

@@ -40,20 +40,19 @@ def three_requests(page_size: int) -> tuple[World, ForwardBatch]:
     return w, BatchGenerator(w, CHAIN, seed=P).decode(3, seq_lens=[P - 1, P, min(2 * P + 1, L)])
 
 
-def draw_block_tables(panels: Sequence[tuple], max_pages: int = 8) -> Figure:
-    """One panel per ``(backend, P, req_to_token, req_pool_indices, seq_lens, table)``, one row per request: the
-    entries it reads (``cdiv(len, P)``) in its colour, the others grey; a read entry that is not
+def draw_block_tables(panels: Sequence[tuple]) -> Figure:
+    """One panel per ``(backend, P, req_to_token, req_pool_indices, seq_lens, table)``, one row per request, at most 8
+    pages: the entries it reads (``cdiv(len, P)``) in its colour, the others grey; a read entry that is not
     ``req_to_token[rpi[i], p * P] // P`` is marked (gid ``"differs"``)."""
-    fig = Figure(figsize=(max_pages * C.CELL_IN * 1.6 + 3.0, len(panels) * 1.25 + 0.8), layout="constrained")
+    fig = Figure(figsize=(8 * C.CELL_IN * 1.6 + 3.0, len(panels) * 1.25 + 0.8), layout="constrained")
     for k, (name, P, r2t, rpi, lens, table) in enumerate(panels):
         r2t, rpi, lens, table = (C.to_numpy(x) for x in (r2t, rpi, lens, table))
-        ax, bs, pages = fig.add_subplot(len(panels), 1, k + 1), len(rpi), min(table.shape[1], max_pages)
+        ax, bs, pages = fig.add_subplot(len(panels), 1, k + 1), len(rpi), min(table.shape[1], 8)
         C.grid_axes(ax, pages, bs)
         for i in range(bs):
             read = -(-int(lens[i]) // P)
             for p in range(pages):
-                color, ink = (C.owner_color(i, False), "black") if p < read else (C.UNUSED_COLOR, "#969696")
-                C.cell(ax, p, i, color, C.fmt(table[i, p]), fontsize=7, text_color=ink)
+                C.role_cell(ax, p, i, i if p < read else "unread", C.fmt(table[i, p]), fontsize=7)  # request i's colour, or grey
                 if p < read and int(table[i, p]) != int(r2t[rpi[i], p * P]) // P:
                     C.differs_mark(ax, p, i)
         ax.set_yticks(range(bs), [f"req {i}: len {int(n)}, reads {-(-int(n) // P)}" for i, n in enumerate(lens)], fontsize=7)
@@ -89,10 +88,10 @@ def verdict_line(rec: CheckRecord) -> str:
     return f"{rec.backend}/{rec.variant} {rec.mode} bs {rec.bs}: {shown}; findings: {', '.join(about) or 'none'}"
 
 
-def h200_results(run: int = 2) -> dict[str, Any]:
-    """The committed H200 results of ``benchmarks/trtllm_mla_draft_extend.py`` (two runs; run 1 has host-noise spikes,
+def h200_results() -> dict[str, Any]:
+    """The committed H200 results of ``benchmarks/trtllm_mla_draft_extend.py``, run 2 (run 1 has host-noise spikes,
     ``benchmarks/results/trtllm_mla_draft_extend/README.md``)."""
-    return results(f"trtllm_mla_draft_extend/run{run}_results.json")
+    return results("trtllm_mla_draft_extend/run2_results.json")
 
 
 def _host_us(rows):

@@ -77,22 +77,21 @@ def dispatch_counts() -> dict[str, dict[str, int]]:
     blanks), ``if/elif forward_mode.is_...`` branches, direct plan calls (``_update_decode`` / ``_update_prefill``) and
     calls of the replay body."""
     L, U = FlashInferAttnBackendLegacy, FlashInferAttnBackend
-    hooks = {
-        "legacy capture": [getattr(L, CAP)],
-        "legacy replay": [getattr(L, REP)],
-        "unified capture + prepare": [getattr(U, CAP), U._prepare_cuda_graph_metadata],
-        "unified replay": [getattr(U, REP)],
+    hooks = {  # name: the code lines of the hook
+        "legacy capture": hook_code(getattr(L, CAP)),
+        "legacy replay": hook_code(getattr(L, REP)),
+        "unified capture + prepare": hook_code(getattr(U, CAP)) + hook_code(U._prepare_cuda_graph_metadata),
+        "unified replay": hook_code(getattr(U, REP)),
     }
-    out = {}
-    for name, fns in hooks.items():
-        lines = [line for fn in fns for line in hook_code(fn)]
-        out[name] = {
+    return {
+        name: {
             "lines": len(lines),
             "mode branches": sum(bool(BRANCH.match(line)) for line in lines),
             "plan calls": sum(line.count(p) for line in lines for p in PLANS),
             "replay-body calls": sum(line.count(f"self.{REP}(") for line in lines),
         }
-    return out
+        for name, lines in hooks.items()
+    }
 
 
 def dispatch_table() -> str:
@@ -116,14 +115,20 @@ def draw_plan_state(panels: list[tuple[str, list[tuple[int, int]], list[tuple[in
     """One panel per ``(title, needed, read)``: per request, the kv-index range it needs (grey) and the one ``run``
     reads (blue where it is the needed one, red where not)."""
     fig = Figure(figsize=(9, 1.25 + 1.15 * len(panels)))
-    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    axes = fig.subplots(len(panels), sharex=True, squeeze=False)[:, 0]
     end = max(s + n for _, needed, read in panels for s, n in needed + read)
     for ax, (title, needed, read) in zip(axes, panels):
         for i, ((s, n), (rs, rn)) in enumerate(zip(needed, read)):
             right = (s, n) == (rs, rn)
-            ax.barh(i, n, left=s, height=0.8, color="#d9d9d9", label="keys the request needs" if i == 0 else None)
-            label = f"keys run reads: {'the' if right else 'not the'} needed ones"
-            ax.barh(i, rn, left=rs, height=0.34, color="#3182bd" if right else "#d62728", label=label)
+            ax.barh(i, n, left=s, color="#d9d9d9", label="keys the request needs")  # the legend: one per label
+            ax.barh(
+                i,
+                rn,
+                left=rs,
+                height=0.34,
+                color="#3182bd" if right else "#d62728",
+                label=f"keys run reads: {'the' if right else 'not the'} needed ones",
+            )
             ax.text(end * 1.05, i, f"needs [{s}, {s + n}), reads [{rs}, {rs + rn})", va="center", fontsize=7.5)
         ax.set_yticks(range(len(needed)), [f"request {i}" for i in range(len(needed))], fontsize=8)
         ax.set(ylim=(len(needed) - 0.4, -0.6), xlim=(0, end * 1.5))

@@ -14,8 +14,8 @@ from .. import viz
 from ..batch import ForwardBatch
 from ..check import CheckRecord, CheckSettings, row_lengths, run_checks, table
 from ..graphs import CPUEmulatorEngine
-from ..layout import GraphKind
-from ..rig.core import Rig, state_after
+from ..layout import KINDS
+from ..rig import Rig, state_after
 from ..viz.cells import ancestry
 from . import ROOT, entry  # noqa: F401  (entry: notebooks import it from here too)
 
@@ -33,10 +33,10 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     return res
 
 
-def check(backend: str | type, modes: list[str], glue: bool = True, settings: CheckSettings = SETTINGS) -> list[CheckRecord]:
+def check(backend: str | type, modes: list[str], glue: bool = True) -> list[CheckRecord]:
     """The checker's records for one backend on ``modes`` (the CPU emulator, ``SETTINGS``), printed as the CLI prints
     them; ``glue=False``: without verdict (e)."""
-    settings = settings if glue else dataclasses.replace(settings, glue_replays=0)
+    settings = SETTINGS if glue else dataclasses.replace(SETTINGS, glue_replays=0)
     rows = run_checks(modes=modes, engine="cpu-emulator", settings=settings, entries=[entry(backend)])
     print(table(rows))
     return rows
@@ -64,17 +64,12 @@ def _host(state):
 SMALL = dataclasses.replace(SETTINGS, max_context_len=48, num_slots=None)  # the figures' world: a mask one can read
 
 
-def paths(backend: str | type, raw_bs: int = 3, mode: str = "target_verify", settings: CheckSettings = SMALL) -> Paths:
-    """A batch of ``raw_bs`` requests drawn as the checker draws its row's (``settings``' world, seed and earlier draws;
-    by default a 48-position world, so the figures stay readable) through paths P and Q."""
-    rig = Rig.build(
-        entry(backend), GraphKind.parse(mode), settings.spec, CPUEmulatorEngine(), capture=False, **settings.rig_args()
-    )
-    for earlier in settings.raw_bs[: settings.raw_bs.index(raw_bs)]:  # the checker's earlier rows drew first
-        rig.gen.lengths = row_lengths(earlier)
-        rig.gen.release(rig.gen.for_mode(rig.kind, earlier))
-    rig.gen.lengths = row_lengths(raw_bs)
-    fb = rig.gen.for_mode(rig.kind, raw_bs)
+def paths(backend: str | type) -> Paths:
+    """A target-verify batch of 3 requests drawn as the checker draws its only row with ``SMALL`` (its world and seed: a
+    48-position world, so the figures stay readable) through paths P and Q."""
+    rig = Rig.build(entry(backend), KINDS["target_verify"], SMALL.spec, CPUEmulatorEngine(), capture=False, **SMALL.rig_args())
+    rig.gen.lengths = row_lengths(3)
+    fb = rig.gen.for_mode(rig.kind, 3)
     padded = rig.runner.padded_batch(fb)
     (p, cap), (q, rep) = (state_after(rig.new_backend, rig.runner, padded, replay=r) for r in (False, True))
     return Paths(fb, padded, p, q, _host(cap), _host(rep), _host(q.reference_graph_state(padded)))
@@ -100,7 +95,7 @@ def draw_paths(s: Paths, n: int) -> Figure:
     wrong = "replay" if not torch.equal(rep, ref) else "capture" if not torch.equal(cap, ref) else ""
     verdict = f"the {wrong} path's mask_indptr is not the reference's" if wrong else "both paths match the reference"
     title = f"verify, {live} requests padded to bs {bs}: {verdict}"
-    marks = dict.fromkeys(["mask_indptr: capture path (P)", "mask_indptr: replay path (Q)"], (cap != rep).tolist())
+    marks = dict.fromkeys(["mask_indptr: capture path (P)", "mask_indptr: replay path (Q)"], cap != rep)
     return viz.draw_buffers(rows, title, roles=roles, differs=marks, differs_label="(a) capture path != replay path")
 
 
@@ -109,7 +104,7 @@ def mask_as_read(backend: Any, padded: ForwardBatch, i: int, n: int) -> tuple[to
     (from ``mask_indptr[i]``, row-major), and the block its draft tree asks for."""
     md = backend.forward_metadata
     kv_len = int(md.kv_indptr[i + 1] - md.kv_indptr[i])
-    flat = int(md.mask_indptr[i]) + torch.arange(n)[:, None] * kv_len + torch.arange(kv_len)
+    flat = int(md.mask_indptr[i]) + torch.arange(n * kv_len).view(n, kv_len)  # row-major from the block's start
     mask = md.custom_mask.cpu()
     read = mask[flat.clamp(0, mask.numel() - 1)].bool()
     tree = torch.as_tensor(ancestry(padded.spec_info.parents[i]))

@@ -8,15 +8,13 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 
-from .. import layout, viz
+from .. import ForwardMode, GraphConfig, ModelConfig, SpecConfig, layout, viz
 from ..batch import ForwardBatch, World
 from ..batchgen import BatchGenerator
-from ..config import GraphConfig, ModelConfig, SpecConfig
 from ..graphs import GraphEngine
 from ..graphs.runner import GraphRunner
 from ..model import MultiStepDraftProgram, TinyDecoder
-from ..modes import ForwardMode
-from ..rig.verdicts import capture_vs_replay
+from ..rig import capture_vs_replay
 
 RAW_BS = 3  # every replay below: 3 live requests, served by the bs-4 graph (one padded row)
 
@@ -87,8 +85,7 @@ class Lab:
         runner.capture()
         frozen = getattr(backend, "forward_metadata", None)
         fb = self.gen(spec).for_mode(kind, RAW_BS, **batch_kw)
-        graph = runner.replay(fb).clone()  # clone: the next replay rewrites the static output
-        return Replayed(runner, fb, frozen, graph, runner.eager(fb))
+        return Replayed(runner, fb, frozen, runner.replay(fb).clone(), runner.eager(fb))  # clone: the next replay rewrites it
 
     def check(self, backend_cls: type, mode: ForwardMode, spec: SpecConfig) -> Verdicts:
         """``backend_cls`` through verdicts (a) and (d) (``refimpl.check.capture_vs_replay``) and (b) on a batch of
@@ -123,6 +120,10 @@ def draw_draft_extend_strides(v1: Replayed, v2: Replayed, title: str = "") -> Fi
     live = v2.batch.batch_size
     roles = {k: viz.batch_roles(bs + 1, live, bs, indptr=True) for k in state if "indptr" in k}
     roles["v1 accept_length (live)"] = viz.batch_roles(live, live)
-    differs = {"v2 qo_indptr before #27545": wrong != qo_v2}
-    title = title or "draft extend (Triton): one uniform stride per version"
-    return viz.draw_buffers(state, title, roles=roles, differs=differs, differs_label="differs from the stride-N layout")
+    return viz.draw_buffers(
+        state,
+        title or "draft extend (Triton): one uniform stride per version",
+        roles=roles,
+        differs={"v2 qo_indptr before #27545": wrong != qo_v2},
+        differs_label="differs from the stride-N layout",
+    )

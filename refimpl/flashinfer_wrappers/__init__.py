@@ -47,7 +47,6 @@ def _import_error():
         import flashinfer  # noqa: F401
     except Exception as e:  # ImportError, or a broken install failing at import time
         return f"flashinfer does not import: {type(e).__name__}: {e}"
-    return None
 
 
 def flashinfer_available() -> str | None:

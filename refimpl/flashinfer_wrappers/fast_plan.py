@@ -51,8 +51,8 @@ def _require_planned(wrapper, what):
 
 def _start(wrapper, what, **host):
     """A fast plan's first checks: the wrapper planned once, the ``host`` tensors 1-D on the CPU, the last one ``[bs]``, the
-    indptrs before it ``[bs+1]``. Returns the kernel module and the batch size."""
-    module = _require_planned(wrapper, what)
+    indptrs before it ``[bs+1]``. Returns the batch size."""
+    _require_planned(wrapper, what)
     for name, t in host.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -65,7 +65,7 @@ def _start(wrapper, what, **host):
     for name, t in indptrs:
         if len(t) != len(lens) + 1:
             raise ValueError(f"{name} has {len(t)} entries: it must have {len(lens) + 1} entries ({last}: {len(lens)})")
-    return module, len(lens)
+    return len(lens)
 
 
 def _require_alias(name, given, bound):
@@ -135,9 +135,10 @@ def _plan_decode(wrapper, indptr_cpu, last_page_len_cpu, heads, head_dim, window
         if not graph and hasattr(wrapper, "_max_kv_len"):
             wrapper._max_kv_len = int(pages.max()) * page_size if bs else 0
         dtypes = (wrapper._cached_q_data_type, wrapper._cached_kv_data_type)
-        empties = (torch.empty(0, dtype=dt, device="cpu") for dt in dtypes)
-        args = (indptr_cpu, bs, *heads, window_left, soft_cap, head_dim, head_dim, *empties)  # head_dim_qk, head_dim_vo
-        return wrapper._cached_module.plan(*_ws(wrapper), *args)
+        empties = (torch.empty(0, dtype=dt, device="cpu") for dt in dtypes)  # head_dims: qk, vo
+        return wrapper._cached_module.plan(
+            *_ws(wrapper), indptr_cpu, bs, *heads, window_left, soft_cap, head_dim, head_dim, *empties
+        )
     kv_lens_cpu = torch.where(pages > 0, (pages - 1) * page_size + last_page_len_cpu, 0).to(I32)
     wrapper._max_kv_len = int(kv_lens_cpu.max()) if bs else 0
     qo_cpu = torch.arange(bs + 1, dtype=I32, device="cpu")
@@ -172,7 +173,7 @@ def fast_decode_plan(
     """Re-plan a ``BatchDecodeWithPagedKVCacheWrapper`` from host ``indptr_cpu [bs+1]`` and ``last_page_len_cpu [bs]``; the
     device ``indptr`` / ``indices`` / ``last_page_len`` follow contract (2): the bound buffers in cuda-graph mode, else
     required and rebound."""
-    _, bs = _start(wrapper, "fast_decode_plan", indptr_cpu=indptr_cpu, last_page_len_cpu=last_page_len_cpu)
+    bs = _start(wrapper, "fast_decode_plan", indptr_cpu=indptr_cpu, last_page_len_cpu=last_page_len_cpu)
     soft_cap = float(logits_soft_cap or 0)
     dtypes = _same_kernel(wrapper, q_data_type, kv_data_type, window_left, soft_cap)
     graph = bool(wrapper.is_cuda_graph_enabled)
@@ -225,7 +226,7 @@ def fast_prefill_plan(
     mask, ``custom_mask`` (device, ``q_len_i * kv_len_i`` entries per request) is packed into ``_custom_mask_buf`` as the
     full plan packs it and ``_mask_indptr_buf`` gets its offsets (host-computed); then the module's scheduling call."""
     host = dict(qo_indptr_cpu=qo_indptr_cpu, kv_indptr_cpu=kv_indptr_cpu, kv_lens_cpu=kv_lens_cpu)
-    _, bs = _start(wrapper, "fast_prefill_plan", **host)
+    bs = _start(wrapper, "fast_prefill_plan", **host)
     if not wrapper.is_cuda_graph_enabled:
         raise ValueError("fast_prefill_plan needs a wrapper in cuda-graph mode (run reads the bound buffers)")
     _same_batch(bs, wrapper._fixed_batch_size)
@@ -380,7 +381,7 @@ def fast_mla_decode_plan(
     the plan on the backend object its full plan chose (``wrapper._planned_backend``; the wrapper mirrors its module and
     workspaces), and its modules schedule through ``plan_with_staged_workspace_bytes``: the plan lands there."""
     host = dict(qo_indptr_cpu=qo_indptr_cpu, kv_indptr_cpu=kv_indptr_cpu, kv_len_arr_cpu=kv_len_arr_cpu)
-    module, bs = _start(wrapper, "fast_mla_decode_plan", **host)
+    bs, module = _start(wrapper, "fast_mla_decode_plan", **host), wrapper._cached_module
     target = getattr(wrapper, "_planned_backend", None) or wrapper
     if not getattr(wrapper, "_use_cuda_graph", False):  # run reads the bound kv_indices
         raise ValueError("fast_mla_decode_plan needs a wrapper in cuda-graph mode")
@@ -423,8 +424,20 @@ def _fast_mla_plan_entry(
     if getattr(wrapper, "_use_cuda_graph", False):
         _require_alias("kv_indices", kv_indices, wrapper._kv_indices_buf)
         _fits("kv_indices", kv_indices, "kv_indices", wrapper._kv_indices_buf)
-    heads = (num_heads, head_dim_ckv, head_dim_kpe, page_size)
-    fast_mla_decode_plan(wrapper, qo_indptr, kv_indptr, kv_len_arr, *heads, causal, sm_scale, q_data_type, kv_data_type)
+    fast_mla_decode_plan(
+        wrapper,
+        qo_indptr,
+        kv_indptr,
+        kv_len_arr,
+        num_heads,
+        head_dim_ckv,
+        head_dim_kpe,
+        page_size,
+        causal,
+        sm_scale,
+        q_data_type,
+        kv_data_type,
+    )
 
 
 def install_fast_mla_decode_plan(wrapper: Any) -> Any:

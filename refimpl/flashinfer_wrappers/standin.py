@@ -61,11 +61,11 @@ def _lens(name, indptr_host, batch_size=None, indices=None) -> list[int]:
 # the work partition, and the stand-in JIT modules that write it
 def _write_partition(int_ws, pinned_ws, q_lens, kv_lens, rows):
     """Stage int32 ``q_len ++ kv_len`` in the pinned buffer, copy it into the int workspace (both uint8, at byte 0); the
-    plan info: byte offset, batch size, rows, max q_len, max kv_len."""
+    plan info: byte offset, batch size, rows, max kv_len."""
     n = 8 * len(kv_lens)
     pinned_ws[:n].view(I32).copy_(torch.tensor(q_lens + kv_lens, dtype=I32, device="cpu"))
     int_ws[:n].copy_(pinned_ws[:n])
-    return [0, len(kv_lens), rows, max(q_lens, default=0), max(kv_lens, default=0)]
+    return [0, len(kv_lens), rows, max(kv_lens, default=0)]
 
 
 def read_partition(wrapper: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,15 +89,28 @@ def keys_read(wrapper: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class _DecodeModule:
-    """flashinfer's CUDA-core decode module (``get_batch_decode_module``): 15-argument plan."""
+    """flashinfer's CUDA-core decode module (``get_batch_decode_module``): its 15-argument plan."""
 
-    def plan(self, *args):
-        if len(args) != 15:
-            raise TypeError(f"decode module plan takes 15 arguments, got {len(args)}")
-        _, int_ws, pinned_ws, indptr_host, batch_size, _, _, page_size = args[:8]
+    def plan(
+        self,
+        float_ws,
+        int_ws,
+        pinned_ws,
+        indptr,
+        batch_size,
+        num_qo_heads,
+        num_kv_heads,
+        page_size,
+        cuda_graph,
+        window_left,
+        soft_cap,
+        head_dim_qk,
+        head_dim_vo,
+        q_empty,
+        kv_empty,
+    ):
         _page_size_1(page_size)
-        kv_lens = _lens("indptr", indptr_host, batch_size)
-        return _write_partition(int_ws, pinned_ws, [1] * batch_size, kv_lens, batch_size)
+        return _write_partition(int_ws, pinned_ws, [1] * batch_size, _lens("indptr", indptr, batch_size), batch_size)
 
 
 class _PrefillModule:
@@ -157,11 +170,13 @@ def set_kv_window(wrapper: Any, max_kv_len: int) -> bool:
 
 
 class _Standin:
-    """What the three stand-ins share: binding (``_BUFS``, among them the indices buffer ``_INDICES``), the plan
-    bookkeeping, run."""
+    """What the three stand-ins share: binding (``_BUFS``: the attributes a plan's tensors bind, in its order, among them
+    the indices buffer ``_INDICES``), the plan bookkeeping, run."""
 
     IS_STANDIN = True
-    _custom_mask_buf = _mask_indptr_buf = None  # a prefill wrapper binds / plans a custom mask; decode never
+    # a prefill wrapper binds / plans a custom mask, decode never; decode binds no qo_indptr (tensor cores, eager: its plan
+    # binds 0, 1, ..., bs)
+    _custom_mask_buf = _mask_indptr_buf = _qo_indptr_buf = None
     # before the first plan (flashinfer's names: the fast plans read them)
     _cached_module = _plan_info = _sm_scale = None
     _window_left, _logits_soft_cap, _causal, _backend = -1, 0.0, False, "auto"
@@ -175,9 +190,11 @@ class _Standin:
                 raise ValueError(f"{name} should be a torch.Tensor in cuda graph mode")
             setattr(self, attr, buf)
         self._float_workspace_buffer, self.device, self._use_cuda_graph = float_ws, float_ws.device, use_cuda_graph
-        n, pin = INT_WORKSPACE_BYTES, self.device.type == "cuda"
+        n = INT_WORKSPACE_BYTES
         self._int_workspace_buffer = float_ws.new_empty(n, dtype=torch.uint8)
-        self._pin_memory_int_workspace_buffer = torch.empty(n, dtype=torch.uint8, pin_memory=pin, device="cpu")
+        self._pin_memory_int_workspace_buffer = torch.empty(
+            n, dtype=torch.uint8, pin_memory=self.device.type == "cuda", device="cpu"
+        )
         if use_cuda_graph:  # the bound batch size and kv window
             self._fixed_batch_size = self._bound_batch_size()
             self._kv_window = max(1, len(getattr(self, self._INDICES)))
@@ -199,7 +216,7 @@ class _Standin:
         host = kv_indptr.to("cpu")
         kv_lens = _lens(indptr_name, host, bs, indices)
         if self._use_cuda_graph:
-            _same_batch(len(kv_lens), self._fixed_batch_size)
+            _same_batch(bs, self._fixed_batch_size)
             _fits(name, indices, buf_name, getattr(self, self._INDICES))
             for i, n in enumerate(kv_lens):
                 if n > self._kv_window:
@@ -208,18 +225,15 @@ class _Standin:
                     )
         return host, kv_lens
 
-    def _store(self, non_blocking, *tensors, **extra):
-        """Bind ``tensors`` (as ``_BUFS``) and ``extra`` (attribute name -> tensor): copy into the bound buffer, or keep
-        ``x.to``."""
-        for attr, x in (*zip(self._BUFS, tensors), *extra.items()):
+    def _keep(self, tensors, module, kv_lens, sm_scale, q_data_type, kv_data_type, causal=False, non_blocking=True):
+        """What a plan keeps: ``tensors`` bound as ``_BUFS`` (copied into the bound buffers, else ``x.to``), the kernel
+        module it selects (real: JIT-compiles; backend ``auto`` is fa2), dtypes (o = q), batch size, max kv_len, scale,
+        causal."""
+        for attr, x in zip(self._BUFS, tensors):
             if self._use_cuda_graph:
                 getattr(self, attr)[: len(x)].copy_(x, non_blocking=non_blocking)
             else:
                 setattr(self, attr, x.to(self.device, non_blocking=non_blocking))
-
-    def _record(self, module, kv_lens, sm_scale, q_data_type, kv_data_type, causal=False):
-        """What a plan keeps: the kernel module it selects (real: JIT-compiles; backend ``auto`` is fa2), dtypes (o = q),
-        batch size, max kv_len, scale, causal."""
         q = _dtype(q_data_type or "float16")
         self._cached_module, self._backend = module, "fa2" if self._backend == "auto" else self._backend
         self._cached_q_data_type = self._cached_o_data_type = q
@@ -228,7 +242,7 @@ class _Standin:
         self._sm_scale, self._causal = sm_scale, causal
 
     def _window(self):
-        return self._kv_window if self._use_cuda_graph else max(1, self._plan_info[4])
+        return self._kv_window if self._use_cuda_graph else max(1, self._plan_info[3])
 
     def _spans(self, q_len, kv_len):
         """Per request, ``(q_start, q_len, kv_start, kv_len, kv_cover)`` as the decode / prefill kernels read them:
@@ -236,21 +250,20 @@ class _Standin:
         last_page_len[b]``, 0 without pages); query rows from the bound ``qo_indptr`` (decode: row ``b``); ``kv_cover``,
         the keys the plan's tiles reach: the planned ``kv_len`` rounded up to :data:`KV_CHUNK`. (MLA overrides.)"""
         bs = len(kv_len)
-        ptr = self._paged_kv_indptr_buf[: bs + 1].to(torch.int64)
+        ptr = self._paged_kv_indptr_buf[: bs + 1].long()
         pages = ptr.diff()
         n_kv = torch.where(pages > 0, pages - 1 + self._paged_kv_last_page_len_buf[:bs], 0)
         cover = (kv_len.clamp(min=1) + KV_CHUNK - 1) // KV_CHUNK * KV_CHUNK
-        qo = getattr(self, "_qo_indptr_buf", None)  # decode binds none (tensor cores: 0, 1, ..., bs)
+        qo = self._qo_indptr_buf  # decode: row b
         qo = torch.arange(bs + 1, device=ptr.device) if qo is None else qo[: bs + 1]
         return qo[:-1], qo.diff().clamp(min=0), ptr[:-1], n_kv, cover
 
-    def _per_row_csr(self, num_rows, window):
+    def _per_row_csr(self, q_len, kv_len, num_rows, window):
         """The batch as ``num_rows`` one-row requests, from device ops only (nothing reads the host). The partition
         (planned ``q_len``) enumerates the work: output row ``r`` is query row ``j`` of request ``b``. :meth:`_spans` say
         where it lies: the query row read, the keys ``indices[kv_start + t]`` for ``t < min(kv_len, kv_cover)``, rows
         ``j >= q_len`` left empty; causal alignment and the mask's row stride use the spans' lengths. Returns ``row_indptr
         [T+1]``, ``row_indices [T*window]``, ``row_mask [T+1]`` (None without a mask), ``q_rows [T]``."""
-        q_len, kv_len = read_partition(self)
         indices = getattr(self, self._INDICES)
         dev = indices.device
         indices = indices if indices.numel() else indices.new_zeros(1)  # the op needs >= 1 entry
@@ -276,9 +289,7 @@ class _Standin:
         """A run: check the inputs against the plan, then ``kernel`` over the per-row CSR into a zeroed ``[T, H, dv]``
         (an idle batch: no launch). A custom mask, bound or planned (flashinfer's CUSTOM mode), governs, else
         ``causal`` (always False for decode; MLA: causal only)."""
-        q = qs[0]
-        if self._plan_info is None:
-            raise RuntimeError(f"{type(self).__name__}: call plan() before run()")
+        q, (q_len, kv_len) = qs[0], read_partition(self)
         if (q.dtype, caches[0].dtype) != (self._cached_q_data_type, self._cached_kv_data_type):
             raise ValueError(
                 f"q / kv dtypes {q.dtype} / {caches[0].dtype} do not match the q_data_type "
@@ -290,10 +301,20 @@ class _Standin:
         out = q.new_zeros(*q.shape[:-1], dv, dtype=self._cached_o_data_type)
         if bs and len(q):
             window = self._window()
-            row_indptr, row_indices, row_mask, q_rows = self._per_row_csr(len(q), window)
+            row_indptr, row_indices, row_mask, q_rows = self._per_row_csr(q_len, kv_len, len(q), window)
             sm_scale = float(1 / math.sqrt(q.shape[-1]) if self._sm_scale is None else self._sm_scale)
-            kw = dict(sm_scale=sm_scale, max_kv_len=window, q_per_req=1, custom_mask=self._custom_mask_buf, mask_indptr=row_mask)
-            kernel(*(x[q_rows] for x in qs), *caches, row_indptr, row_indices, out, **kw)
+            kernel(
+                *(x[q_rows] for x in qs),
+                *caches,
+                row_indptr,
+                row_indices,
+                out,
+                sm_scale=sm_scale,
+                max_kv_len=window,
+                q_per_req=1,
+                custom_mask=self._custom_mask_buf,
+                mask_indptr=row_mask,
+            )
         return out
 
     def run(self, q: torch.Tensor, paged_kv_cache: Any) -> torch.Tensor:
@@ -319,9 +340,13 @@ class BatchDecodeWithPagedKVCacheWrapper(_Standin):
         paged_kv_indices_buffer=None,
         paged_kv_last_page_len_buffer=None,
     ) -> None:
-        names = "paged_kv_indptr_buffer paged_kv_indices_buffer paged_kv_last_page_len_buffer"
-        bufs = (paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer)
-        self._setup(float_workspace_buffer, use_cuda_graph, names, bufs, kv_layout)
+        self._setup(
+            float_workspace_buffer,
+            use_cuda_graph,
+            "paged_kv_indptr_buffer paged_kv_indices_buffer paged_kv_last_page_len_buffer",
+            (paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer),
+            kv_layout,
+        )
         self.use_tensor_cores = use_tensor_cores
 
     def plan(
@@ -343,10 +368,10 @@ class BatchDecodeWithPagedKVCacheWrapper(_Standin):
         indptr_host, kv_lens = self._kv_lens(
             page_size, indptr, len(last_page_len), indices, "indptr indices paged_kv_indices_buffer"
         )
-        self._store(non_blocking, indptr, indices, last_page_len)
         # flashinfer plans tensor-core decode with the prefill module; explicit q / kv dtypes win over data_type
         module = _PrefillModule() if self.use_tensor_cores else _DecodeModule()
-        self._record(module, kv_lens, sm_scale, q_data_type or data_type, kv_data_type or data_type)
+        dtypes = (q_data_type or data_type, kv_data_type or data_type)
+        self._keep((indptr, indices, last_page_len), module, kv_lens, sm_scale, *dtypes, non_blocking=non_blocking)
         heads = (num_qo_heads, num_kv_heads, 1, self._use_cuda_graph)
         last_page_len_host = torch.ones(len(kv_lens), dtype=I32, device="cpu")  # page size 1: every page full
         self._plan_info = _plan_decode(self, indptr_host, last_page_len_host, heads, head_dim)
@@ -361,7 +386,14 @@ class BatchPrefillWithPagedKVCacheWrapper(_Standin):
     """Stand-in for ``flashinfer.BatchPrefillWithPagedKVCacheWrapper`` (ragged queries)."""
 
     _INDICES = "_paged_kv_indices_buf"
-    _BUFS = ("_qo_indptr_buf", "_paged_kv_indptr_buf", _INDICES, "_paged_kv_last_page_len_buf")
+    _BUFS = (  # then the planned mask's two (bound or not)
+        "_qo_indptr_buf",
+        "_paged_kv_indptr_buf",
+        _INDICES,
+        "_paged_kv_last_page_len_buf",
+        "_custom_mask_buf",
+        "_mask_indptr_buf",
+    )
 
     def __init__(
         self,
@@ -375,9 +407,13 @@ class BatchPrefillWithPagedKVCacheWrapper(_Standin):
         custom_mask_buf=None,
         mask_indptr_buf=None,
     ) -> None:
-        names = "qo_indptr_buf paged_kv_indptr_buf paged_kv_indices_buf paged_kv_last_page_len_buf"
-        bufs = (qo_indptr_buf, paged_kv_indptr_buf, paged_kv_indices_buf, paged_kv_last_page_len_buf)
-        self._setup(float_workspace_buffer, use_cuda_graph, names, bufs, kv_layout)
+        self._setup(
+            float_workspace_buffer,
+            use_cuda_graph,
+            "qo_indptr_buf paged_kv_indptr_buf paged_kv_indices_buf paged_kv_last_page_len_buf",
+            (qo_indptr_buf, paged_kv_indptr_buf, paged_kv_indices_buf, paged_kv_last_page_len_buf),
+            kv_layout,
+        )
         if use_cuda_graph and (custom_mask_buf is None) != (mask_indptr_buf is None):
             raise ValueError("custom_mask_buf and mask_indptr_buf are bound together or not")
         self._custom_mask_buf, self._mask_indptr_buf = custom_mask_buf, mask_indptr_buf
@@ -401,10 +437,11 @@ class BatchPrefillWithPagedKVCacheWrapper(_Standin):
         non_blocking: bool = True,
     ) -> None:
         bs, qo_host = len(qo_indptr) - 1, qo_indptr.to("cpu")
-        names = "paged_kv_indptr paged_kv_indices paged_kv_indices_buf"
-        kv_host, kv_lens = self._kv_lens(page_size, paged_kv_indptr, bs, paged_kv_indices, names)
-        q_lens = _lens("qo_indptr", qo_host, bs)
-        mask = {}
+        kv_host, kv_lens = self._kv_lens(
+            page_size, paged_kv_indptr, bs, paged_kv_indices, "paged_kv_indptr paged_kv_indices paged_kv_indices_buf"
+        )
+        q_lens = _lens("qo_indptr", qo_host)
+        tensors = [qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len]
         if custom_mask is not None:
             sizes = [a * b for a, b in zip(q_lens, kv_lens)]
             if custom_mask.numel() != sum(sizes):
@@ -416,17 +453,13 @@ class BatchPrefillWithPagedKVCacheWrapper(_Standin):
                 if self._custom_mask_buf is None:
                     raise ValueError("a custom mask in cuda graph mode needs custom_mask_buf")
                 _fits("custom_mask", custom_mask, "custom_mask_buf", self._custom_mask_buf)
-            mask = {  # one byte per entry and element offsets (flashinfer: bits, byte offsets)
-                "_custom_mask_buf": custom_mask.reshape(-1).to(torch.uint8),
-                "_mask_indptr_buf": torch.tensor([0, *itertools.accumulate(sizes)], dtype=I32, device="cpu"),
-            }
+            offsets = torch.tensor([0, *itertools.accumulate(sizes)], dtype=I32, device="cpu")
+            tensors += [custom_mask.reshape(-1).to(torch.uint8), offsets]  # a byte per entry (flashinfer: bits, byte offsets)
         if not self._use_cuda_graph:  # a plan without a mask unbinds the last one
             self._custom_mask_buf = self._mask_indptr_buf = None
-        self._store(non_blocking, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, **mask)
-        self._record(_PrefillModule(), kv_lens, sm_scale, q_data_type, kv_data_type, causal)
+        self._keep(tensors, _PrefillModule(), kv_lens, sm_scale, q_data_type, kv_data_type, causal, non_blocking)
         heads = (num_qo_heads, num_kv_heads, 1, self._use_cuda_graph)
-        kv_lens_host = torch.tensor(kv_lens, dtype=I32, device="cpu")
-        self._plan_info = _plan_prefill(self, qo_host, kv_host, kv_lens_host, sum(q_lens), heads, head_dim_qk, causal)
+        self._plan_info = _plan_prefill(self, qo_host, kv_host, kv_host.diff(), sum(q_lens), heads, head_dim_qk, causal)
 
     begin_forward = plan
 
@@ -456,7 +489,7 @@ class BatchMLAPagedAttentionWrapper(_Standin):
     def _spans(self, q_len, kv_len):
         """The MLA kernel takes its query and kv positions from the plan's work list, not the bound indptrs: it covers
         exactly the planned keys."""
-        ql, kl = q_len.to(torch.int64), kv_len.to(torch.int64)
+        ql, kl = q_len.long(), kv_len.long()
         return ql.cumsum(0) - ql, ql, kl.cumsum(0) - kl, kl, kl
 
     def plan(
@@ -476,11 +509,10 @@ class BatchMLAPagedAttentionWrapper(_Standin):
     ) -> None:
         # the host reads (in a graph replay they hung: SGLang #3987, see fast_plan.py)
         kv_host, kv_lens = self._kv_lens(page_size, kv_indptr, len(qo_indptr) - 1, kv_indices, "kv_indptr kv_indices kv_indices")
-        qo_host, kv_len_host = qo_indptr.to("cpu"), kv_len_arr.to("cpu")
         module = _MLAModule()  # it validates qo_indptr and kv_len_arr before anything is copied
-        self._plan_info = module.plan(*_ws(self), qo_host, kv_host, kv_len_host, num_heads, head_dim_ckv, causal)
-        self._store(True, qo_indptr, kv_indptr, kv_indices, kv_len_arr)
-        self._record(module, kv_lens, sm_scale, q_data_type, kv_data_type, causal)
+        host = (qo_indptr.to("cpu"), kv_host, kv_len_arr.to("cpu"))
+        self._plan_info = module.plan(*_ws(self), *host, num_heads, head_dim_ckv, causal)
+        self._keep((qo_indptr, kv_indptr, kv_indices, kv_len_arr), module, kv_lens, sm_scale, q_data_type, kv_data_type, causal)
 
     def run(self, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor):
         kv_cache = _joined_mla_cache(ckv_cache, kpe_cache)

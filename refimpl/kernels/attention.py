@@ -19,14 +19,14 @@ from .bounds import guard_csr
 
 def _gather_window(kv_indptr, kv_indices, max_kv_len: int, q_per_req: int, custom_mask, mask_indptr, causal: bool):
     """Fixed-shape key window per request, M = max_kv_len: ``slots [bs, M]`` int64 (cache rows, 0 where invalid), ``key_ok
-    [bs, M]`` bool (inside the kv range) and ``allowed [bs, Q, M]`` (key_ok AND masks)."""
+    [bs, M]`` bool (inside the kv range) and ``allowed [bs, Q, M]`` (key_ok AND masks; ``[bs, 1, M]`` without any)."""
     bs, device, indptr = kv_indptr.shape[0] - 1, kv_indptr.device, kv_indptr.long()  # [bs+1]
     kv_start, kv_len = indptr[:-1], indptr.diff()  # [bs], [bs]
     t, j = torch.arange(max_kv_len, device=device), torch.arange(q_per_req, device=device)  # [M] key, [Q] query row
     key_ok = t < kv_len[:, None]  # [bs, M]
     pos = (kv_start[:, None] + t).clamp(0, kv_indices.shape[0] - 1)  # [bs, M]
     slots = torch.where(key_ok, kv_indices[pos].long(), 0)  # [bs, M] int64
-    allowed = key_ok[:, None, :].expand(bs, q_per_req, max_kv_len)  # [bs, Q, M]
+    allowed = key_ok[:, None]  # [bs, 1, M]: broadcasts over Q
     if causal:
         limit = kv_len[:, None] - q_per_req + j[None, :] + 1  # [bs, Q] keys visible to row j
         allowed = allowed & (t < limit[..., None])
@@ -38,12 +38,12 @@ def _gather_window(kv_indptr, kv_indices, max_kv_len: int, q_per_req: int, custo
 
 def _masked_attention(q, k, v, key_ok, allowed, sm_scale: float) -> Tensor:
     """float32 ``q [bs, Q, Hkv, G, Dk]`` (G = query heads per kv head), ``k [bs, M, Hkv, Dk]``, ``v [bs, M, Hkv, Dv]``,
-    bool ``key_ok [bs, M]``, ``allowed [bs, Q, M]`` -> ``[bs, Q, Hkv, G, Dv]``."""
+    bool ``key_ok [bs, M]``, ``allowed [bs, Q or 1, M]`` -> ``[bs, Q, Hkv, G, Dv]``."""
     # Slots outside the window may hold NaN/inf: a NaN key only spoils its own score, which the
     # where() below replaces; a NaN value would spoil the whole row (0 * NaN), so zero it.
     v = torch.where(key_ok[:, :, None, None], v, 0.0)
     scores = torch.einsum("bqhgd,bmhd->bhgqm", q, k) * sm_scale  # [bs, Hkv, G, Q, M]
-    allow = allowed[:, None, None]  # [bs, 1, 1, Q, M]
+    allow = allowed[:, None, None]  # [bs, 1, 1, Q or 1, M]
     scores = torch.where(allow, scores, float("-inf"))
     row_max = scores.amax(-1, keepdim=True)  # [bs, Hkv, G, Q, 1]
     row_max = torch.where(torch.isfinite(row_max), row_max, 0.0)  # empty rows: -inf -> 0
@@ -115,8 +115,20 @@ def dense_paged_attention(
     kv_indptr[bs]], out [bs*q_per_req, H, Dv]; GQA; sm_scale / max_kv_len / q_per_req Python numbers, causal a bool."""
     check_paged_qkvo(q, k_cache, v_cache, out, ("q", "k_cache", "v_cache", "out"))
     check(k_cache.shape[0] >= 1, f"k_cache.shape[0]={k_cache.shape[0]}: must be >= 1")
-    args = (kv_indptr, kv_indices, out, sm_scale, max_kv_len, q_per_req, custom_mask, mask_indptr, causal)
-    _launch("dense_paged_attention", _dense_paged_attention_op, (q, k_cache, v_cache), *args)
+    _launch(
+        "dense_paged_attention",
+        _dense_paged_attention_op,
+        (q, k_cache, v_cache),
+        kv_indptr,
+        kv_indices,
+        out,
+        sm_scale,
+        max_kv_len,
+        q_per_req,
+        custom_mask,
+        mask_indptr,
+        causal,
+    )
 
 
 # MLA: key = full latent|rope row, value = latent part ([facts#memory-pools])
@@ -135,9 +147,21 @@ def _dense_paged_mla_attention_op(
     mask_indptr: Tensor | None,
     causal: bool,
 ) -> None:
-    args = (kv_indptr, kv_indices, out, sm_scale, max_kv_len, q_per_req, custom_mask, mask_indptr, causal)
     q = torch.cat([q_nope, q_rope], dim=-1)  # the MHA op's body, on the cache (key) and its latent columns (value)
-    _dense_paged_attention_op.fn(q, kv_cache, kv_cache[..., : q_nope.shape[-1]], *args)
+    _dense_paged_attention_op.fn(
+        q,
+        kv_cache,
+        kv_cache[..., : q_nope.shape[-1]],
+        kv_indptr,
+        kv_indices,
+        out,
+        sm_scale,
+        max_kv_len,
+        q_per_req,
+        custom_mask,
+        mask_indptr,
+        causal,
+    )
 
 
 def dense_paged_mla_attention(
@@ -165,8 +189,23 @@ def dense_paged_mla_attention(
         q_rope.shape[:2] == (rows, num_heads),
         f"q_rope.shape={tuple(q_rope.shape)}: must start with {(rows, num_heads)} like q_nope",
     )
-    ok = kv_cache.shape[0] >= 1 and kv_cache.shape[1:] == (1, rank + rope)
-    check(ok, f"kv_cache.shape={tuple(kv_cache.shape)}: must be [slots >= 1, 1, {rank} + {rope}]")
+    slots, *tail = kv_cache.shape
+    check(
+        slots >= 1 and tail == [1, rank + rope],
+        f"kv_cache.shape={tuple(kv_cache.shape)}: must be [slots >= 1, 1, {rank} + {rope}]",
+    )
     check(out.shape == (rows, num_heads, rank), f"out.shape={tuple(out.shape)}: must be {(rows, num_heads, rank)}")
-    args = (kv_indptr, kv_indices, out, sm_scale, max_kv_len, q_per_req, custom_mask, mask_indptr, causal)
-    _launch("dense_paged_mla_attention", _dense_paged_mla_attention_op, (q_nope, q_rope, kv_cache), *args)
+    _launch(
+        "dense_paged_mla_attention",
+        _dense_paged_mla_attention_op,
+        (q_nope, q_rope, kv_cache),
+        kv_indptr,
+        kv_indices,
+        out,
+        sm_scale,
+        max_kv_len,
+        q_per_req,
+        custom_mask,
+        mask_indptr,
+        causal,
+    )

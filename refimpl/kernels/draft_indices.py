@@ -14,6 +14,7 @@ from torch import Tensor
 from ._checks import INDEX_DTYPES, check, check_int, check_pool_inputs, check_tensor
 from ._op import kernel_op
 from .indices import copy_row, pool_row
+from .triton_decode import outer_strides
 
 COPY_BLOCK = 128  # prefix slots copied per loop iteration
 
@@ -82,10 +83,22 @@ def _draft_decode_kv_indices_op(
     num_seqs = seq_lens.shape[0]
     if num_seqs == 0:  # shape, not data: an empty batch launches nothing
         return
-    args = (req_pool_indices, req_to_token, seq_lens, kv_indices, kv_indptr, req_to_token.stride(0))
-    args += (kv_indices.stride(0), kv_indptr.stride(0), num_seqs, kv_indices.shape[1], kv_indptr.shape[1])
-    args += (*req_to_token.shape, topk, num_steps, triton.next_power_of_2(num_seqs))
-    _draft_decode_kv_indices_kernel[(num_steps, num_seqs, topk)](*args, COPY_BLOCK)
+    _draft_decode_kv_indices_kernel[(num_steps, num_seqs, topk)](
+        req_pool_indices,
+        req_to_token,
+        seq_lens,
+        kv_indices,
+        kv_indptr,
+        *outer_strides(req_to_token, kv_indices, kv_indptr),
+        num_seqs,
+        kv_indices.shape[1],  # width
+        kv_indptr.shape[1],  # indptr_width
+        *req_to_token.shape,  # pool, context_len
+        topk,
+        num_steps,
+        triton.next_power_of_2(num_seqs),  # SEQ_BLOCK
+        COPY_BLOCK,
+    )
 
 
 def draft_decode_kv_indices(req_pool_indices, req_to_token, seq_lens, kv_indices, kv_indptr, *, topk, num_steps):

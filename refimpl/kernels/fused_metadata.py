@@ -211,7 +211,8 @@ def launch_fused_graph_metadata(args: tuple, custom_mask_src: Tensor | None = No
     if custom_mask_src is not None:
         check(args[_MASK_SRC] is not None, "these arguments were prepared without a mask copy")
         check_tensor(custom_mask_src, "custom_mask_src", MASK_DTYPES, 1, args[2].device)
-        args = (*args[:_MASK_SRC], custom_mask_src, *args[_MASK_SRC + 1 :])
+        args = list(args)
+        args[_MASK_SRC] = custom_mask_src
     _fused_graph_metadata_op(*args)
 
 

@@ -23,11 +23,6 @@ CSR_BLOCK = 512  # positions copied per loop iteration ([facts#csr-kv-index-buil
 BLOCK_TABLE_CHUNK = 4096  # positions covered per loop iteration: 4096 // P pages
 
 
-def pages_per_chunk(page_size: int, chunk: int = BLOCK_TABLE_CHUNK) -> int:
-    """Pages a block-table loop iteration covers: about ``chunk // page_size``, a power of 2 (tl.arange)."""
-    return 1 << (max(1, chunk // page_size).bit_length() - 1)
-
-
 # CSR kv indices ([facts#csr-kv-index-builder])
 @triton.jit
 def pool_row(req_to_token_ptr, req_pool_indices_ptr, i, pool, stride):
@@ -50,38 +45,29 @@ def copy_row(src_row, dst_ptr, dst_start, j_lo, j_hi, out_len, BLOCK: tl.constex
 
 
 @triton.jit
-def copy_pages(src_row, dst_row, start, num_pages, row_len, PAGE_SIZE: tl.constexpr, CHUNK: tl.constexpr):
-    """``dst_row[p] = src_row[start + p*P] // P`` (int32) for ``p < num_pages`` whose column lies in ``[0, row_len)``: the
-    per-request row copy of every block-table builder."""
-    for c in range(tl.cdiv(num_pages, CHUNK)):
-        p = c * CHUNK + tl.arange(0, CHUNK).to(tl.int64)  # [CHUNK] pages
-        col = start + p * PAGE_SIZE  # first position of page p in the request's row
-        keep = (p < num_pages) & (col >= 0) & (col < row_len)
-        first_slot = tl.load(src_row + col, mask=keep, other=0).to(tl.int64)
-        tl.store(dst_row + p, (first_slot // PAGE_SIZE).to(tl.int32), mask=keep)
-
-
-@triton.jit
 def _pool_copy_kernel(
     req_to_token_ptr,  # [pool, L] int32/int64, row stride = req_to_token_stride
-    req_pool_indices_ptr,  # [bs] int32/int64
-    lens_ptr,  # [bs] int32/int64
-    kv_start_idx_ptr,  # [bs] (ignored unless HAS_START)
-    dst_ptr,  # CSR: kv_indices [dst_len] int32/int64; table: block_table [bs_max, dst_len] int32; written
-    kv_indptr_ptr,  # CSR: [bs+1] int32/int64, already [0, cumsum(lens)] (table: ignored)
+    req_pool_indices_ptr,  # [>= bs] int32/int64
+    lens_ptr,  # [>= bs] int32/int64
+    kv_start_idx_ptr,  # [>= bs], or None (start 0)
+    dst_ptr,  # CSR: kv_indices [dst_len] int32/int64; table: block_table [>= bs, dst_len] int32; written
+    kv_indptr_ptr,  # CSR: [bs+1] int32/int64, already [0, cumsum(lens)] (table: None)
+    lens_out_ptr,  # table only: [bs] int32/int64, written lens + lens_offset (TRTLLM-MLA's seq_lens_k), or None
     req_to_token_stride,
     dst_stride,  # table: block_table.stride(0) (CSR: ignored)
     dst_len,  # CSR: kv_indices.numel(), stores outside [0, it) are dropped; table: max_blocks, pages past it are not written
     pool,  # req_to_token.shape[0]: request rows outside [0, pool) are never read
     row_len,  # req_to_token.shape[1] = L: columns outside [0, L) are never read
-    HAS_START: tl.constexpr,
+    lens_offset,  # added to every length
     PAGE_SIZE: tl.constexpr,  # 0: CSR kv indices; else a block table of pages of PAGE_SIZE positions
     BLOCK: tl.constexpr,  # positions (CSR) or pages (table) per loop iteration
 ):
-    i = tl.program_id(0)  # one program per request
-    n = tl.load(lens_ptr + i).to(tl.int64)
+    i = tl.program_id(0).to(tl.int64)  # one program per request
+    n = tl.load(lens_ptr + i).to(tl.int64) + lens_offset
+    if lens_out_ptr is not None:  # None pointers: resolved at compile time
+        tl.store(lens_out_ptr + i, n.to(lens_out_ptr.dtype.element_ty))
     start = n * 0  # int64 0
-    if HAS_START:  # constexpr: resolved at compile time
+    if kv_start_idx_ptr is not None:
         start = tl.load(kv_start_idx_ptr + i).to(tl.int64)
     row_ok, src_row = pool_row(req_to_token_ptr, req_pool_indices_ptr, i, pool, req_to_token_stride)
     if PAGE_SIZE == 0:  # CSR ([facts#csr-kv-index-builder])
@@ -89,20 +75,39 @@ def _pool_copy_kernel(
         j_lo = tl.maximum(-start, 0)
         j_hi = tl.where(row_ok, tl.minimum(n, row_len - start), j_lo)
         copy_row(src_row + start, dst_ptr, tl.load(kv_indptr_ptr + i).to(tl.int64), j_lo, j_hi, dst_len, BLOCK)
-    else:  # block table ([facts#block-table-builder])
+    else:  # block table ([facts#block-table-builder]): dst[i, p] = src_row[start + p*P] // P, p < num_pages, column in [0, L)
         num_pages = tl.where(row_ok, tl.minimum(tl.cdiv(n, PAGE_SIZE), dst_len), 0)  # never past the row
-        copy_pages(src_row, dst_ptr + i.to(tl.int64) * dst_stride, start, num_pages, row_len, PAGE_SIZE, BLOCK)
+        for c in range(tl.cdiv(num_pages, BLOCK)):
+            p = c * BLOCK + tl.arange(0, BLOCK).to(tl.int64)  # [BLOCK] pages
+            col = start + p * PAGE_SIZE  # first position of page p in the request's row
+            keep = (p < num_pages) & (col >= 0) & (col < row_len)
+            first_slot = tl.load(src_row + col, mask=keep, other=0).to(tl.int64)
+            tl.store(dst_ptr + i * dst_stride + p, (first_slot // PAGE_SIZE).to(tl.int32), mask=keep)
 
 
-def _pool_copy(req_to_token, req_pool_indices, lens, kv_start_idx, dst, kv_indptr, page_size=0) -> None:
-    """Launch ``_pool_copy_kernel``, one program per request (both builder ops' body): a CSR ``kv_indices`` (page_size
-    0, ``kv_indptr`` its offsets) or a block table (``kv_indptr`` unused)."""
+def pool_copy(req_to_token, req_pool_indices, lens, kv_start_idx, dst, kv_indptr, page_size=0, lens_out=None, lens_offset=0):
+    """Launch ``_pool_copy_kernel``, one program per request (bs = lens.numel()): a CSR ``kv_indices`` (page_size 0,
+    ``kv_indptr`` its offsets) or a block table (``kv_indptr`` None; ``lens_out``: also write ``lens + lens_offset``)."""
     if lens.shape[0] == 0:  # shape, not data: an empty batch launches nothing
         return
-    start = lens if kv_start_idx is None else kv_start_idx  # lens: a dummy pointer, never read
-    block = pages_per_chunk(page_size) if page_size else CSR_BLOCK
-    args = (req_to_token, req_pool_indices, lens, start, dst, kv_indptr, req_to_token.stride(0), dst.stride(0), dst.shape[-1])
-    _pool_copy_kernel[(lens.shape[0],)](*args, *req_to_token.shape, kv_start_idx is not None, page_size, block)
+    # table: about BLOCK_TABLE_CHUNK // page_size pages per iteration, a power of 2 (tl.arange)
+    block = 1 << (max(1, BLOCK_TABLE_CHUNK // page_size).bit_length() - 1) if page_size else CSR_BLOCK
+    _pool_copy_kernel[(lens.shape[0],)](
+        req_to_token,
+        req_pool_indices,
+        lens,
+        kv_start_idx,
+        dst,
+        kv_indptr,
+        lens_out,
+        req_to_token.stride(0),
+        dst.stride(0),
+        dst.shape[-1],  # dst_len
+        *req_to_token.shape,  # pool, row_len
+        lens_offset,
+        page_size,
+        block,
+    )
 
 
 @kernel_op("refimpl::build_kv_indices", mutates_args=("kv_indices",))
@@ -114,7 +119,7 @@ def _build_kv_indices_op(
     kv_indices: Tensor,
     kv_start_idx: Tensor | None,
 ) -> None:
-    _pool_copy(req_to_token, req_pool_indices, lens, kv_start_idx, kv_indices, kv_indptr)
+    pool_copy(req_to_token, req_pool_indices, lens, kv_start_idx, kv_indices, kv_indptr)
 
 
 def build_kv_indices(req_to_token, req_pool_indices, lens, kv_indptr, kv_indices, kv_start_idx=None) -> None:
@@ -145,7 +150,7 @@ def build_kv_indices_ref(req_to_token, req_pool_indices, lens, kv_start_idx=None
 def _build_block_table_op(
     req_to_token: Tensor, req_pool_indices: Tensor, lens: Tensor, block_table: Tensor, page_size: int, kv_start_idx: Tensor | None
 ) -> None:
-    _pool_copy(req_to_token, req_pool_indices, lens, kv_start_idx, block_table, lens, page_size)
+    pool_copy(req_to_token, req_pool_indices, lens, kv_start_idx, block_table, None, page_size)
 
 
 def build_block_table(req_to_token, req_pool_indices, lens, block_table, page_size, kv_start_idx=None) -> None:

@@ -25,13 +25,13 @@ from .. import _env
 from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check, check_float, check_int, check_tensor
 from ._op import kernel_op
 from .bounds import guard_table
-from .indices import build_block_table_ref, copy_pages, pages_per_chunk, pool_row
+from .indices import build_block_table_ref, pool_copy
 from .oracle import attention_from_dense
+from .triton_decode import outer_strides
 
 BLOCK_N = 32  # keys per loop iteration; divides every supported page size (32, 64, 128)
 MAX_HEADS_PER_PROGRAM = 16  # query heads sharing one key/value block load
 DOT_MIN = 16  # tl.dot needs every dim >= 16: heads are padded to 16 rows, R and Rr >= 16
-METADATA_CHUNK = 4096  # positions covered per loop iteration of the metadata kernel
 TRTLLM_PAGE_SIZES = (32, 64)  # what trtllm-gen MLA supports
 TRTLLM_BLOCK_CONSTRAINT = 128  # trtllm-gen: width * P must be a multiple of 128
 CUTLASS_PAGE_SIZE = 128  # what cutlass_mla_decode supports
@@ -130,13 +130,27 @@ def _mla_paged_attention_op(
     if bs * q_len * num_heads == 0:  # shape, not data: an empty batch launches nothing
         return
     heads = min(num_heads, MAX_HEADS_PER_PROGRAM)
-    strides = (*q.stride()[:3], *kv_cache.stride()[:2], block_table.stride(0), *out.stride()[:3])
-    sizes = (q_len, num_heads, block_table.shape[1], max_seq_len, sm_scale, out_scale)
-    # R, RR, PAGE_SIZE, HEADS, BLOCK_H, BLOCK_N, PRECISION
-    consts = (kv_lora_rank, head_dim - kv_lora_rank, kv_cache.shape[1], heads, max(triton.next_power_of_2(heads), DOT_MIN))
-    consts += (BLOCK_N, "ieee" if torch.float32 in (q.dtype, kv_cache.dtype) else "tf32")
     _mla_paged_kernel[(bs * q_len, triton.cdiv(num_heads, heads))](
-        q, kv_cache, block_table, seq_lens, out, *strides, *sizes, *consts, num_warps=4 if kv_lora_rank <= 128 else 8
+        q,
+        kv_cache,
+        block_table,
+        seq_lens,
+        out,
+        *outer_strides(q, kv_cache, block_table, out),
+        q_len,
+        num_heads,
+        block_table.shape[1],
+        max_seq_len,
+        sm_scale,
+        out_scale,
+        kv_lora_rank,  # R
+        head_dim - kv_lora_rank,  # RR
+        kv_cache.shape[1],  # PAGE_SIZE
+        heads,
+        max(triton.next_power_of_2(heads), DOT_MIN),  # BLOCK_H
+        BLOCK_N,
+        "ieee" if torch.float32 in (q.dtype, kv_cache.dtype) else "tf32",  # PRECISION
+        num_warps=4 if kv_lora_rank <= 128 else 8,
     )
 
 
@@ -193,7 +207,7 @@ def mla_paged_attention_ref(q, kv_cache, block_table, seq_lens, max_seq_len, sm_
     return out * out_scale
 
 
-def _check_standin(bs: int, device, table_name: str, table, seq_lens, workspace_name: str, workspace) -> None:
+def _check_standin(bs, device, table_name, table, seq_lens, workspace_name, workspace) -> None:
     """What both stand-ins check alike: an int32 page table ``[bs, width]`` and ``seq_lens [bs]``, and a workspace that
     is any tensor on ``device`` (its contents are the real kernel's business)."""
     for name, t, ndim in ((table_name, table, 2), ("seq_lens", seq_lens, 1)):
@@ -310,8 +324,10 @@ def cutlass_mla_decode(
     )
     _check_standin(bs, device, "page_table", page_table, seq_lens, "workspace", workspace)
     check(page_table.shape[1] >= 1, f"page_table.shape[1]={page_table.shape[1]}: must be >= 1")
-    ok = type(num_kv_splits) is int and (num_kv_splits >= 1 or num_kv_splits == -1)
-    check(ok, f"num_kv_splits={num_kv_splits!r}: must be an int >= 1 (or -1: automatic)")
+    check(
+        type(num_kv_splits) is int and (num_kv_splits >= 1 or num_kv_splits == -1),
+        f"num_kv_splits={num_kv_splits!r}: must be an int >= 1 (or -1: automatic)",
+    )
     if out is None:
         out = q_nope.new_empty(bs, num_heads, rank)
     check_tensor(out, "out", FLOAT_DTYPES, 3, device)  # its shape: mla_paged_attention's check, on out.unsqueeze(1)
@@ -321,33 +337,8 @@ def cutlass_mla_decode(
     return out
 
 
-# fused TRTLLM-MLA graph metadata (https://github.com/sgl-project/sglang/pull/30807)
-@triton.jit
-def _trtllm_mla_graph_metadata_kernel(
-    req_pool_indices_ptr,  # [>= bs] int32/int64
-    seq_lens_ptr,  # [>= bs] int32/int64
-    req_to_token_ptr,  # [pool, L] int32/int64
-    block_table_ptr,  # [>= bs, width] int32, written
-    seq_lens_k_ptr,  # [bs] int32/int64, written
-    req_to_token_stride,
-    block_table_stride,
-    pool,  # rows of req_to_token
-    context_len,  # L
-    width,
-    seqlen_offset,
-    PAGE_SIZE: tl.constexpr,
-    PAGES_PER_CHUNK: tl.constexpr,
-):
-    i = tl.program_id(0).to(tl.int64)  # one program per request
-    n = tl.load(seq_lens_ptr + i).to(tl.int64) + seqlen_offset
-    tl.store(seq_lens_k_ptr + i, n.to(seq_lens_k_ptr.dtype.element_ty))
-    row_ok, src_row = pool_row(req_to_token_ptr, req_pool_indices_ptr, i, pool, req_to_token_stride)
-    num_pages = tl.where(row_ok, tl.minimum(tl.cdiv(n, PAGE_SIZE), width), 0)  # never write past the row
-    copy_pages(  # (copy_pages never reads past L either)
-        src_row, block_table_ptr + i * block_table_stride, 0, num_pages, context_len, PAGE_SIZE, PAGES_PER_CHUNK
-    )
-
-
+# fused TRTLLM-MLA graph metadata (https://github.com/sgl-project/sglang/pull/30807): build_block_table's kernel, also
+# writing seq_lens_k
 @kernel_op("refimpl::trtllm_mla_graph_metadata", mutates_args=("block_table", "seq_lens_k"))
 def _trtllm_mla_graph_metadata_op(
     req_pool_indices: Tensor,
@@ -358,23 +349,8 @@ def _trtllm_mla_graph_metadata_op(
     seqlen_offset: int,
     page_size: int,
 ) -> None:
-    bs = seq_lens_k.shape[0]
-    if bs == 0:
-        return
-    _trtllm_mla_graph_metadata_kernel[(bs,)](
-        req_pool_indices,
-        seq_lens,
-        req_to_token,
-        block_table,
-        seq_lens_k,
-        req_to_token.stride(0),
-        block_table.stride(0),
-        *req_to_token.shape,
-        block_table.shape[1],
-        seqlen_offset,
-        page_size,
-        pages_per_chunk(page_size, METADATA_CHUNK),
-    )
+    lens = seq_lens[: seq_lens_k.shape[0]]  # [bs]: bs = seq_lens_k.numel()
+    pool_copy(req_to_token, req_pool_indices, lens, None, block_table, None, page_size, seq_lens_k, seqlen_offset)
 
 
 def trtllm_mla_graph_metadata(req_pool_indices, seq_lens, req_to_token, block_table, seq_lens_k, *, seqlen_offset, page_size):

@@ -67,7 +67,7 @@ def mla_oracle(
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref|| / max(||ref||, tiny), in float64 (NaN if out holds NaN)."""
     out, ref = out.double(), ref.double()
-    return float(torch.linalg.vector_norm(out - ref)) / max(float(torch.linalg.vector_norm(ref)), torch.finfo(torch.float64).tiny)
+    return float((out - ref).norm()) / max(float(ref.norm()), torch.finfo(torch.float64).tiny)
 
 
 def csr_ref(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, lens) -> dict:

@@ -46,6 +46,21 @@ def _split_range(kv_indptr_ptr, num_kv_splits_ptr, b, MAX_KV_SPLITS: tl.constexp
     return kv_start, seq_len, tl.cdiv(tl.cdiv(seq_len, splits), _MIN_BLOCK_KV_C) * _MIN_BLOCK_KV_C
 
 
+def outer_strides(*tensors: Tensor) -> list[int]:
+    """Each tensor's strides but the last (1: ``check_tensor`` refuses another), in order: a kernel's stride arguments."""
+    return [stride for t in tensors for stride in t.stride()[:-1]]
+
+
+@triton.jit
+def _matmul(a, b, USE_DOT: tl.constexpr):
+    """``a [M, K] @ b [K, N]`` in float32: ``tl.dot`` (IEEE) or, where a dim is below ``DOT_MIN``, a broadcast sum."""
+    if USE_DOT:
+        out = tl.dot(a, b, input_precision="ieee")
+    else:
+        out = tl.sum(a[:, :, None] * b[None, :, :], 1)
+    return out
+
+
 # stage 1: partial attention per (row, head group, split)
 @triton.jit
 def _decode_stage1_kernel(
@@ -105,11 +120,7 @@ def _decode_stage1_kernel(
             mask_n = offs_n < split_end
             slot = tl.load(kv_indices_ptr + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)  # cache rows
             k_t = tl.load(k_ptr + slot[None, :] * stride_ks + k_cols, mask=mask_d2 & mask_n[None, :], other=0.0).to(tl.float32)
-            if USE_DOT:
-                qk = tl.dot(q, k_t, input_precision="ieee")  # [BLOCK_H, BLOCK_N]
-            else:
-                qk = tl.sum(q[:, :, None] * k_t[None, :, :], 1)  # [BLOCK_H, BLOCK_N]
-            qk = qk * sm_scale
+            qk = _matmul(q, k_t, USE_DOT) * sm_scale  # [BLOCK_H, BLOCK_N]
             if USE_CAP:  # logit_cap * tanh(qk / logit_cap), tanh(x) = 2*sigmoid(2x) - 1
                 qk = logit_cap * (2.0 * tl.sigmoid(2.0 * qk / logit_cap) - 1.0)
             qk = tl.where(mask_n[None, :], qk, float("-inf"))
@@ -117,11 +128,7 @@ def _decode_stage1_kernel(
             new_max = tl.maximum(e_max, tl.max(qk, 1))  # [BLOCK_H], finite: every block has a live key
             rescale = tl.exp(e_max - new_max)  # 0 on the first block (exp(-inf))
             p = tl.exp(qk - new_max[:, None])  # [BLOCK_H, BLOCK_N], 0 at masked keys
-            if USE_DOT:
-                pv = tl.dot(p, v, input_precision="ieee")  # [BLOCK_H, BLOCK_DV]
-            else:
-                pv = tl.sum(p[:, :, None] * v[None, :, :], 1)  # [BLOCK_H, BLOCK_DV]
-            acc = acc * rescale[:, None] + pv
+            acc = acc * rescale[:, None] + _matmul(p, v, USE_DOT)  # [BLOCK_H, BLOCK_DV]
             e_sum = e_sum * rescale + tl.sum(p, 1)
             e_max = new_max
         out_ptrs = logits_ptr + b * stride_lt + heads[:, None] * stride_lh + s * stride_ls + offs_dv[None, :]
@@ -150,8 +157,8 @@ def _decode_stage1_op(
     # query heads per program: the group's largest divisor <= MAX_HEADS_PER_PROGRAM (the group itself if that small)
     heads = max(d for d in range(1, min(group, MAX_HEADS_PER_PROGRAM) + 1) if group % d == 0)
     use_dot = group > 1 and head_dim >= DOT_MIN and v_head_dim >= DOT_MIN
-    strides = (*q.stride()[:2], *k_buffer.stride()[:2], *v_buffer.stride()[:2], *attn_logits.stride()[:3])
-    scalars = (*attn_lse.stride()[:2], sm_scale, logit_cap if logit_cap > 0 else 1.0, head_dim, v_head_dim)
+    strides = outer_strides(q, k_buffer, v_buffer, attn_logits, attn_lse)
+    scalars = (sm_scale, logit_cap if logit_cap > 0 else 1.0, head_dim, v_head_dim)
     # GROUP, HEADS, BLOCK_H, BLOCK_D, BLOCK_DV, BLOCK_N, MAX_KV_SPLITS, USE_CAP, USE_DOT
     consts = (group, heads, max(triton.next_power_of_2(heads), DOT_MIN if use_dot else 1), triton.next_power_of_2(head_dim))
     consts += (triton.next_power_of_2(v_head_dim), BLOCK_N, max_kv_splits, logit_cap > 0, use_dot)
@@ -208,14 +215,13 @@ def _decode_stage2_op(
     num_rows, num_heads, v_head_dim = o.shape
     if num_rows == 0:
         return
-    strides = (*attn_logits.stride()[:3], *attn_lse.stride()[:2], *o.stride()[:2])
     _decode_stage2_kernel[(num_rows, num_heads)](  # ..., BLOCK_DV, MAX_KV_SPLITS
         attn_logits,
         attn_lse,
         kv_indptr,
         num_kv_splits,
         o,
-        *strides,
+        *outer_strides(attn_logits, attn_lse, o),
         v_head_dim,
         triton.next_power_of_2(v_head_dim),
         max_kv_splits,

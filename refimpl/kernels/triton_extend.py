@@ -16,7 +16,7 @@ from torch import Tensor
 from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check, check_int, check_mask, check_paged_qkvo, check_tensor
 from ._op import kernel_op
 from .bounds import guard_csr
-from .triton_decode import check_kernel_args, csr_range
+from .triton_decode import check_kernel_args, csr_range, outer_strides
 
 BLOCK_M = 16  # query rows per program (tl.dot needs >= 16)
 BLOCK_N = 32  # keys per loop iteration
@@ -138,10 +138,6 @@ def _extend_attention_op(
     if bs == 0 or num_heads == 0:  # shapes, not data: nothing to launch
         return
     floats = (q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer)
-    strides = [stride for t in floats for stride in t.stride()[:2]]
-    # KV_GROUP, D, DV, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, IS_CAUSAL, USE_CAP
-    consts = (num_heads // k_buffer.shape[1], head_dim, v_head_dim, max(16, triton.next_power_of_2(head_dim)))
-    consts += (max(16, triton.next_power_of_2(v_head_dim)), BLOCK_M, BLOCK_N, is_causal, logit_cap > 0)
     _extend_attention_kernel[(bs, num_heads, triton.cdiv(max_len_extend, BLOCK_M))](
         *floats,
         qo_indptr,
@@ -149,11 +145,19 @@ def _extend_attention_op(
         kv_indices,
         custom_mask,
         mask_indptr,
-        *strides,
+        *outer_strides(*floats),
         sm_scale,
         logit_cap if logit_cap > 0 else 1.0,
         max_len_extend,
-        *consts,
+        num_heads // k_buffer.shape[1],  # KV_GROUP
+        head_dim,
+        v_head_dim,
+        max(16, triton.next_power_of_2(head_dim)),  # BLOCK_D
+        max(16, triton.next_power_of_2(v_head_dim)),  # BLOCK_DV
+        BLOCK_M,
+        BLOCK_N,
+        is_causal,
+        logit_cap > 0,  # USE_CAP
     )
 
 

@@ -252,7 +252,7 @@ def read_result(out: torch.Tensor, bs: int, num_rows: int, num_writes: int) -> d
     "extend_seq_lens": [...]}`` (the copies as the kernel wrote them)."""
     base = num_programs(bs, num_rows, num_writes) * NCAT  # the per-program minima, then the copies
     res = out[: base + 3 * bs].tolist()  # the one device-to-host read
-    got = {k: res[base + i * bs : base + i * bs + bs] for i, k in enumerate(("seq_lens", "accept_length", "extend_seq_lens"))}
+    got = {k: res[base + i * bs :][:bs] for i, k in enumerate(("seq_lens", "accept_length", "extend_seq_lens"))}
     return {"first": {c: (None if (v := min(res[k:base:NCAT])) >= NONE else v) for k, c in enumerate(CATEGORIES)}, **got}
 
 
@@ -294,10 +294,12 @@ def batch_check_ref(
     ``req_to_token`` rows; the held rule reads every live row too (set intersections in C, no Python loop over slots: the
     request table's ``pool * L`` entries, never the KV pool)."""
     pool, L = req_to_token.shape
-    seq, rpi, loc = seq_lens.tolist(), req_pool_indices.tolist(), out_cache_loc.tolist()
-    live = {p for p, a in enumerate([1] * pool if live_rows is None else live_rows.tolist()) if a and p}
+    seq, rpi, ids, pos, loc, rows, mask, live = (
+        None if t is None else t.tolist()
+        for t in (seq_lens, req_pool_indices, input_ids, positions, out_cache_loc, row_req, custom_mask, live_rows)
+    )
+    live = {p for p, a in enumerate([1] * pool if live is None else live) if a and p}
     r2t = {p: req_to_token[p].tolist() for p in live.union(rpi) if 0 <= p < pool}  # the live rows and the batch's
-    ids, pos, rows = input_ids.tolist(), positions.tolist(), row_req.tolist() if row_req is not None else None
     n, per = max(len(ids), 1), max(rows_per_req, 1)
     outside = lambda values, lo, hi: first_bad(values, lambda i, v: not lo <= v < hi)
     repeated = lambda values: first_bad(values, lambda i, v: v in values[:i])
@@ -309,7 +311,6 @@ def batch_check_ref(
     held, want = Counter(), set(loc) - {0}  # written slot -> live positions holding it (0 holds nothing)
     for p in live:
         held.update({v: r2t[p].count(v) for v in want.intersection(r2t[p])})
-    mask = custom_mask.tolist() if custom_mask is not None else None
 
     def blind(e, _):  # verify: draft row e does not see itself (its own entry of the tree mask is False)
         r, j = divmod(e, per)

@@ -24,21 +24,32 @@ from ..config import GraphConfig, SpecConfig, tiny_model_config
 from ..graphs import GraphEngine
 from ..graphs.runner import GraphRunner, call_capture_hook, call_in_graph_hook, call_replay_hook
 from ..kernels import bounds
-from ..layout import GraphKind
+from ..layout import KINDS, GraphKind
 from ..model import MultiStepDraftProgram, TinyDecoder
 from ..validate import BatchRefused
 
-
-def entries(backends: Iterable[str] | None = None, variants: Iterable[str] | None = None) -> list[BackendEntry]:
-    """The registered entries of ``backends`` (default: all); of ``variants``, or by default every shape that must pass
-    (not the historical ``legacy`` / ``as-upstream``)."""
-    variants = set(variants or ())
-    return [e for b in backends or [None] for e in find(b) if (e.variant in variants if variants else must_pass(e.variant))]
+Names = Iterable[str] | None  # a selection by name (backends, variants, modes); None: every one
 
 
-def tolerances(dtype: torch.dtype) -> dict:
-    t = 1e-4 if dtype == torch.float32 else 3e-2
-    return dict(rtol=t, atol=t)
+def selection(
+    backends: Names = None,
+    modes: Names = None,
+    variants: Names = None,
+    given: Iterable[BackendEntry] | None = None,
+    every_variant: bool = False,
+) -> list[tuple[BackendEntry, GraphKind]]:
+    """The (entry, graph kind) pairs a tool runs: the ``given`` entries, else the registered ones of ``backends`` (default:
+    all) and ``variants`` (default: every shape that must pass, not the historical ``legacy`` / ``as-upstream``; with
+    ``every_variant``, every shape); each with every ``layout.KINDS`` kind, or ``modes``."""
+    if given is None:
+        given = [
+            e
+            for b in backends or [None]
+            for e in find(b)
+            if (e.variant in variants if variants else every_variant or must_pass(e.variant))
+        ]
+    kinds = [GraphKind.parse(m) for m in modes] if modes else list(KINDS.values())
+    return [(e, k) for e in given for k in kinds]
 
 
 def close(out: torch.Tensor, ref: torch.Tensor, tol: dict, what: str, findings: list[str]) -> bool:
@@ -49,7 +60,6 @@ def close(out: torch.Tensor, ref: torch.Tensor, tol: dict, what: str, findings: 
     o, r = out.float(), ref.float()
     if torch.allclose(o, r, **tol) and not o.isnan().any():  # (empty tensors are close)
         return True
-    rows = lambda t: t.reshape(len(t), -1).any(1).nonzero().flatten().tolist()  # the rows (tokens) where t holds
     diff = (o - r).abs()
     finite = diff[~(o.isnan() | r.isnan())]
     err = finite.max().item() if finite.numel() else float("nan")
@@ -58,13 +68,13 @@ def close(out: torch.Tensor, ref: torch.Tensor, tol: dict, what: str, findings: 
         (diff > tol["atol"] + tol["rtol"] * r.abs(), "; rows {} differ"),
         (o.isnan() & ~r.isnan(), "; NaN in rows {}"),
     ):
-        if bad := rows(mask):
+        if bad := mask.reshape(len(mask), -1).any(1).nonzero().flatten().tolist():  # the rows (tokens) it marks
             msg += what.format(_first_few(bad))
     findings.append(msg)
     return False
 
 
-def _first_few(xs: list, n: int = 8, name=str) -> str:
+def _first_few(xs, n=8, name=str):
     return ", ".join(map(name, xs[:n])) + (f", ... ({len(xs)} in all)" if len(xs) > n else "")
 
 
@@ -125,11 +135,11 @@ class KVGuard:
                 problems.append(what.format(n) + self._whose(slots[hit], graph_locs, live_rows))
         return problems
 
-    def _whose(self, slots: torch.Tensor, graph_locs, live_rows) -> str:
+    def _whose(self, slots, graph_locs, live_rows):
         """``: slot s (request-table row p, position t; written by graph row r, a padded row), ...``"""
         table = self.world.req_to_token.to(slots.device)
 
-        def whose(s: int) -> str:
+        def whose(s):
             held = (table == s).nonzero().tolist()
             out = f"request-table row {held[0][0]}, position {held[0][1]}" if held else "a free slot"
             if graph_locs is not None:
@@ -179,14 +189,14 @@ def live_masks(backend, state: dict[str, Any]) -> list[torch.Tensor]:
     views = [v for v in state.values() if isinstance(v, torch.Tensor) and v.numel()]
     masks = []
     for _, buf in graph_buffers(backend):
-        flat = torch.arange(buf.numel(), device=buf.device)
-        keep, lo, ptr = torch.zeros_like(flat, dtype=torch.bool), buf.storage_offset(), buf.untyped_storage().data_ptr()
+        keep = torch.zeros(buf.numel(), dtype=torch.bool, device=buf.device)  # laid out as buf's elements
+        lo, ptr = buf.storage_offset(), buf.untyped_storage().data_ptr()
         for v in views:
             off = v.storage_offset()
             end = off + sum((n - 1) * st for n, st in zip(v.shape, v.stride())) + 1
             inside = v.untyped_storage().data_ptr() == ptr and lo <= off and end <= lo + buf.numel()
             if inside and v.dtype == buf.dtype:  # a view inside this buffer
-                keep[torch.as_strided(flat, v.shape, v.stride(), off - lo)] = True
+                keep.as_strided(v.shape, v.stride(), off - lo).fill_(True)
         masks.append(keep)
     return masks
 
@@ -197,7 +207,7 @@ class Verdict:  # one batch replayed, run eagerly and on the oracle: the checker
     eager: torch.Tensor
     graph_ok: bool  # graph == eager and no guarded KV slot written
     oracle_ok: bool  # eager == the dense oracle
-    findings: list[str]
+    findings: list[str]  # why not: empty when both are ok
 
 
 @dataclass
@@ -208,7 +218,6 @@ class Rig:
     kind: GraphKind
     spec: SpecConfig
     world: World
-    backend_cls: type
     backend: Any
     program: Any
     oracle: Any
@@ -245,7 +254,6 @@ class Rig:
         world: World | None = None,
         worlds: dict | None = None,
         capture: bool = True,
-        speculative: bool = True,
         **runner_kw,
     ) -> Rig:
         """World (random KV from ``seed``; or a shared ``world``; or, given a ``worlds`` cache, the KV cache of an earlier
@@ -265,24 +273,24 @@ class Rig:
                 seed=seed,
                 kv_caches={} if worlds is None else worlds,  # {}: a KV cache of its own, drawn at random
             )
-        backend_cls = entry.load(kind.multi_step)
-        backend = backend_cls(world, spec)
+        backend = entry.load(kind.multi_step)(world, spec)
         backend.check_graph_mode(kind.mode)
         model = TinyDecoder(world.cfg, engine.device)
         program = MultiStepDraftProgram(model, spec.num_steps) if kind.multi_step else model
         oracle = (OracleMultiStep if kind.multi_step else OracleBackend)(world, spec)
-        gcfg = GraphConfig(max(capture_bs), tuple(capture_bs), max_context_len=max_context_len, speculative=speculative)
+        gcfg = GraphConfig(max(capture_bs), tuple(capture_bs), max_context_len=max_context_len)
         runner = GraphRunner(program, backend, engine, kind, gcfg, spec, **runner_kw)
         if capture:
             bounds.take()
             runner.capture()
             bounds.take()  # the capture's dummy batches: every replay re-runs (and re-records) what the graph reads
         gen = BatchGenerator(world, spec, seed=seed + 1 if gen_seed is None else gen_seed)
-        return cls(entry, kind, spec, world, backend_cls, backend, program, oracle, runner, gen, tolerances(world.cfg.dtype))
+        t = 1e-4 if world.cfg.dtype == torch.float32 else 3e-2  # the tolerances
+        return cls(entry, kind, spec, world, backend, program, oracle, runner, gen, dict(rtol=t, atol=t))
 
     def new_backend(self):
         """A fresh instance of the rig's backend class on the same world."""
-        return self.backend_cls(self.world, self.spec)
+        return type(self.backend)(self.world, self.spec)
 
     def run(self, fb: ForwardBatch) -> Verdict:
         """Replay ``fb`` under the KV guard, run it eagerly and on the oracle; compare."""
@@ -304,8 +312,8 @@ class Rig:
 
 
 __all__ = [
-    "entries",
-    "tolerances",
+    "Names",
+    "selection",
     "close",
     "raised",
     "KVGuard",

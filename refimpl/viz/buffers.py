@@ -12,6 +12,7 @@ from matplotlib.patches import Patch
 from . import cells as C
 
 OWNER_COLORS = ["#6baed6", "#fd8d3c", "#74c476", "#9e9ac8", "#bdbdbd"]  # draw_buffer_sizes' bars
+State = Mapping[str, torch.Tensor | int | float | str]  # buffers by name: tensors, or scalars drawn as text
 
 
 def draw_csr(
@@ -92,7 +93,6 @@ def draw_tree_mask(
     request: int = 0,
     *,
     parents: Sequence[int] | None = None,
-    legend: bool = True,
     title: str = "",
 ) -> Figure:
     """Request ``request``'s ``[N, seq + N]`` block of a flat target-verify ``custom_mask`` (``mask_indptr``:
@@ -135,39 +135,30 @@ def draw_tree_mask(
     note = f"; {bad} cells disagree with the tree!" if bad else ""
     ax.set_title(f"request {request}: custom_mask[{start}:{end}]\nas [N={N}, seq+N={width}]{note}", fontsize=8)
     if tree:  # the draft tree on the right, depth left to right
-        (ax,), slots, levels = tree_ax, C.tree_slots(parents), range(max(depths) + 1)
-        pos = {q: (d, r - (n - 1) / 2) for q, (d, r, n) in slots.items()}
-        for q, p in enumerate(parents[1:], 1):
-            ax.plot(*zip(pos[p], pos[q]), color="#636363", lw=1.0, zorder=1)
-        ax.scatter(*zip(*map(pos.get, range(N))), s=260, facecolor="white", edgecolor=C.TREE_ON_COLOR, lw=1.5, zorder=2)
-        for q in range(N):
+        (ax,), levels = tree_ax, range(max(depths) + 1)
+        pos = {q: (d, r - (n - 1) / 2) for q, (d, r, n) in C.tree_slots(parents).items()}
+        ax.scatter(*zip(*pos.values()), s=260, facecolor="white", edgecolor=C.TREE_ON_COLOR, lw=1.5, zorder=2)
+        for q, p in enumerate(parents):  # node q's label, the edge to its parent
             ax.text(*pos[q], q, ha="center", va="center", fontsize=8, zorder=3)
-        span = max(n for _, _, n in slots.values())
+            if q:
+                ax.plot(*zip(pos[p], pos[q]), color="#636363", lw=1.0, zorder=1)
+        span = max(map(depths.count, depths))  # the most nodes at one depth
         ax.set(xlim=(-0.5, len(levels) - 0.5), ylim=(span / 2 + 0.1, -span / 2 - 0.1), yticks=[])
         ax.set_xticks(levels, [f"d{d}" for d in levels], fontsize=7)
         C.bare_axes(ax)
         ax.set_title(f"tree: parents = {list(parents)}", fontsize=8)
     C.suptitle(fig, title)
-    if legend:
-        handles = [
-            Patch(facecolor=C.PREFIX_COLOR, edgecolor="white", label="prefix column: always 1"),
-            Patch(facecolor=C.TREE_ON_COLOR, edgecolor="#bdbdbd", label="1: draft q attends it"),
-            Patch(facecolor="white", edgecolor="#bdbdbd", label="0: masked"),
-        ]
-        C.legend(fig, handles + [C.differs_handle("disagrees with the tree")] * bool(bad))
+    handles = [
+        C.swatch(C.PREFIX_COLOR, "white", "prefix column: always 1"),
+        C.swatch(C.TREE_ON_COLOR, "#bdbdbd", "1: draft q attends it"),
+        C.swatch("white", "#bdbdbd", "0: masked"),
+    ]
+    C.legend(fig, handles + [C.differs_handle("disagrees with the tree")] * bool(bad))
     return fig
 
 
-def _lookup(mapping, name, i=None):
-    """``mapping[name]``; for row i of a 2-D buffer ``mapping["name[i]"]`` or ``mapping[name][i]``; None if absent."""
-    if i is not None and f"{name}[{i}]" in mapping:
-        return mapping[f"{name}[{i}]"]
-    whole = mapping.get(name)
-    return whole if whole is None or i is None else whole[i]
-
-
 def draw_buffers(
-    state: Mapping[str, torch.Tensor | int | float | str],
+    state: State,
     title: str = "",
     *,
     max_cells: int = 32,
@@ -178,7 +169,7 @@ def draw_buffers(
 ) -> Figure:
     """1-D buffers as rows of annotated cells (a 2-D one: a row ``name[i]`` per index; past ``max_cells``: a ``+k`` cell),
     scalars as ``name = value`` text. ``roles``: per name, each cell's colour role (``batch_roles`` / ``segment_roles``;
-    ``"name[i]"`` or per-row lists for 2-D). ``differs``: per name, a bool per cell (True for a scalar): marked red (gid
+    per-row lists for 2-D). ``differs``: per name, a bool per cell (True for a scalar): marked red (gid
     ``"differs"``), ``differs_label`` in the legend. ``legend``: by default when ``roles`` or ``differs`` is given."""
     roles, differs = roles or {}, differs or {}
     rows, scalars = [], []  # (label, values, roles, differs per cell) per row; (text, differs) per scalar
@@ -190,11 +181,12 @@ def draw_buffers(
         if v.dim() > 2:
             raise ValueError(f"draw_buffers: {name} has {v.dim()} dims (1-D or 2-D only)")
         shape = f"{list(v.shape)} {str(v.dtype).replace('torch.', '')}"
-        parts = [(name, v, None)] if v.dim() == 1 else [(f"{name}[{i}]", v[i], i) for i in range(v.shape[0])]
-        for label, part, i in parts:
-            vals, bad = C.to_numpy(part), _lookup(differs, name, i)  # bad: a bool per cell, False past its end
-            bad = C.flat([] if bad is None else bad).astype(bool)[: len(vals)]
-            rows.append((f"{label}  {shape}", vals, _lookup(roles, name, i), np.pad(bad, (0, len(vals) - len(bad)))))
+        one = v.dim() == 1  # else a row name[i] per index, its roles / differs: row i of those given
+        for i, part in enumerate([v] if one else v):
+            vals, label = C.to_numpy(part), name if one else f"{name}[{i}]"
+            row_roles, bad = (m.get(name) if one or m.get(name) is None else m[name][i] for m in (roles, differs))
+            bad = C.flat([] if bad is None else bad).astype(bool)[: len(vals)]  # a bool per cell, False past its end
+            rows.append((f"{label}  {shape}", vals, row_roles, np.pad(bad, (0, len(vals) - len(bad)))))
     legend = bool(roles or differs) if legend is None else legend
     width = min(max_cells, max([1] + [len(r[1]) for r in rows]))
     # size the figure so that a cell stays ~0.42 in wide whatever the label / scalar lengths
@@ -203,8 +195,7 @@ def draw_buffers(
     span = max(width, -(-scalar_in // 0.42), 3)  # axes width in cells (scalars may be longer)
     height = 0.42 * len(rows) + 0.28 * len(scalars) + 0.9 + 0.45 * legend
     fig = Figure(figsize=(label_in + 0.42 * span + 0.3, height), layout="constrained")
-    ax = fig.add_subplot()
-    ax.set(xlim=(-0.5, span - 0.5), ylim=(len(rows) - 0.5 + 0.7 * len(scalars), -0.5))
+    ax = fig.add_subplot(xlim=(-0.5, span - 0.5), ylim=(len(rows) - 0.5 + 0.7 * len(scalars), -0.5))
     C.bare_axes(ax)
     used_roles = set()
     for y, (_, vals, row_roles, bad) in enumerate(rows):
@@ -234,22 +225,20 @@ def draw_buffers(
 
 
 def draw_state_diff(
-    first: Mapping[str, torch.Tensor | int | float | str],
-    second: Mapping[str, torch.Tensor | int | float | str],
+    first: State,
+    second: State,
     *,
     labels: tuple[str, str] = ("after the capture path", "after the replay path"),
     keys: Sequence[str] | None = None,
     roles: Mapping[str, Sequence] | None = None,
     title: str = "",
-    max_cells: int = 32,
-    differs_label: str | None = None,
     legend: bool = True,
 ) -> Figure:
     """Two states of the same buffers (e.g. the ``graph_state`` the capture path and the replay path left) through
     ``draw_buffers``: every differing cell or scalar (a shape mismatch: every cell) is marked red in both rows, the
     title counts them. ``keys``: which, in order (default: all, sorted); ``roles``: per key, as in ``draw_buffers``;
     ``legend=False``: no colour legend (a notebook that explained the colours before)."""
-    state, marks, row_roles, total = {}, {}, {}, 0
+    state, marks, row_roles, total, roles = {}, {}, {}, 0, roles or {}
     for key in sorted({*first, *second}) if keys is None else keys:
         a, b = first.get(key), second.get(key)  # bads: a bool per cell of each tensor, or one bool per scalar
         tensors = isinstance(a, torch.Tensor), isinstance(b, torch.Tensor)
@@ -265,13 +254,16 @@ def draw_state_diff(
             name = f"{key}: {lab}"
             state[name] = v.detach().reshape(-1) if isinstance(v, torch.Tensor) else ("(not set)" if v is None else v)
             marks[name] = bad
-            if roles and key in roles:
+            if key in roles:
                 row_roles[name] = roles[key]
     summary = f"{total} cell(s) differ" if total else "no cell differs"
-    label = differs_label or f"differs: {labels[0]} vs {labels[1]}"
-    title = f"{title}\n{summary}" if title else summary
     return draw_buffers(
-        state, title, max_cells=max_cells, roles=row_roles or None, differs=marks, differs_label=label, legend=legend
+        state,
+        f"{title}\n{summary}" if title else summary,
+        roles=row_roles,
+        differs=marks,
+        differs_label=f"differs: {labels[0]} vs {labels[1]}",
+        legend=legend,
     )
 
 
@@ -297,11 +289,10 @@ def draw_buffer_sizes(
         for y, (owner, n) in enumerate(per.items()):
             ax.barh(y, n, color=color[owner], height=0.62, edgecolor="white")
             small = n < need
-            note = f" {notes.get(buf, {}).get(owner, n)}" + "  too small" * small
             ax.text(
                 n + top * 0.01,
                 y,
-                note,
+                f" {notes.get(buf, {}).get(owner, n)}{'  too small' * small}",
                 va="center",
                 fontsize=7,
                 family="monospace",
@@ -323,7 +314,7 @@ def draw_buffer_sizes(
     ax.set_xlabel("entries allocated (each panel its own scale)", fontsize=8)
     handles = [Patch(facecolor=c, label=o) for o, c in color.items()]
     handles += [Line2D([], [], color="black", ls="--", lw=1.0, label="entries a batch needs")] * bool(needed)
-    handles += [Patch(facecolor="none", edgecolor=C.BAD_COLOR, lw=1.8, label="too small for that batch")] * short
+    handles += [C.swatch("none", C.BAD_COLOR, "too small for that batch", lw=1.8)] * short
     C.legend(fig, handles, max_cols=5)
     C.suptitle(fig, title)
     return fig

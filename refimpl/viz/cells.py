@@ -37,10 +37,10 @@ ROLE_LABELS = {role: style[0] for role, style in ROLES.items()}  # what a cell's
 
 def to_numpy(x: torch.Tensor | Sequence | np.ndarray) -> np.ndarray:
     """Host numpy copy of a tensor / list (bool kept, floats as float64, integers as int64)."""
-    if not isinstance(x, torch.Tensor):
-        return np.asarray(x)
-    x = x.detach().cpu()
-    return x.numpy() if x.dtype == torch.bool else x.to(torch.float64 if x.is_floating_point() else torch.int64).numpy()
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        x = x if x.dtype == torch.bool else x.to(torch.float64 if x.is_floating_point() else torch.int64)
+    return np.asarray(x)
 
 
 def flat(x: torch.Tensor | Sequence | np.ndarray) -> np.ndarray:  # ``to_numpy(x)``, 1-D
@@ -66,9 +66,12 @@ def role_handles(roles, live: str = "live request {}", **labels: str) -> list[Pa
     labels, out = {**ROLE_LABELS, **labels}, []
     for r in sorted({r for r in roles if not isinstance(r, str)}) + [r for r in ROLES if r in roles]:
         face, hatch, edge, _ = role_style(r)
-        edge = "#969696" if edge == "white" else edge
-        out.append(Patch(facecolor=face, hatch=hatch, edgecolor=edge, lw=0.6, label=labels.get(r, live.format(r))))
+        out.append(swatch(face, "#969696" if edge == "white" else edge, labels.get(r, live.format(r)), hatch=hatch, lw=0.6))
     return out
+
+
+def swatch(face: str, edge: str, label: str, **style) -> Patch:  # a legend entry: a patch of these colours
+    return Patch(facecolor=face, edgecolor=edge, label=label, **style)
 
 
 _DIFFERS = dict(edgecolor=BAD_COLOR, hatch="//", hatchcolor=DIFF_HATCH_COLOR)  # a differing cell's mark
@@ -164,9 +167,9 @@ def depths(parents: Sequence[int]) -> list[int]:
 
 
 def tree_slots(parents: Sequence[int]) -> dict[int, tuple[int, int, int]]:
-    """Node q -> (its depth d, its rank among the nodes at depth d, their count), by depth then rank."""
+    """Node q -> (its depth d, its rank among the nodes at depth d, their count)."""
     d = depths(parents)
-    return {q: (d[q], d[:q].count(d[q]), d.count(d[q])) for q in sorted(range(len(d)), key=d.__getitem__)}
+    return {q: (d[q], d[:q].count(d[q]), d.count(d[q])) for q in range(len(d))}
 
 
 def ancestry(parents: Sequence[int]) -> np.ndarray:  # [N, N] bool: node k is q or one of its ancestors

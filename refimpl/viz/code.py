@@ -82,8 +82,8 @@ class CodeGrid:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        width, labelled = 100 // len(self.col_titles), any(self.row_titles)
-        head = "".join(f'<th style="{TD};width:{width}%">{html.escape(t)}</th>' for t in self.col_titles)
+        labelled = any(self.row_titles)
+        head = "".join(f'<th style="{TD};width:{100 // len(self.col_titles)}%">{html.escape(t)}</th>' for t in self.col_titles)
         rows = [f"<tr>{'<th></th>' if labelled else ''}{head}</tr>"]
         for r, row_title in enumerate(self.row_titles):
             tds = ""

@@ -11,14 +11,21 @@ from matplotlib.ticker import NullLocator, ScalarFormatter
 
 from .cells import save, suptitle
 
-SHAPE_COLORS = {"legacy": "#d62728", "unified": "#1f77b4", "simplified": "#ff7f0e", "in_graph": "#2ca02c"}
-SHAPE_COLORS |= {"faithful": "#1f77b4", "fused": "#ff7f0e"}  # the bench's variants
+SHAPE_COLORS = {
+    "legacy": "#d62728",
+    "unified": "#1f77b4",
+    "simplified": "#ff7f0e",
+    "in_graph": "#2ca02c",
+    "faithful": "#1f77b4",  # the bench's variants
+    "fused": "#ff7f0e",
+}
 PART_COLORS = {"validate": "#bdbdbd", "copies": "#9ecae1", "hook": "#fd8d3c", "launch": "#31a354"}
 
 
 # small helpers over bench rows (``refimpl.bench`` results)
+Rows = Sequence[Mapping]
 _by_bs = lambda rows: sorted(rows, key=lambda r: r["bs"])
-_stat = lambda rows, group, key, stat: [r[group][key][stat] for r in rows]  # e.g. "host_us", "hook", "median"
+_stat = lambda rows, group, key, stat="median": [r[group][key][stat] for r in rows]  # e.g. "host_us", "hook", "p25"
 _where = lambda env: env.get("device", "") + (" (emulator timings)" if "emulator" in env.get("note", "") else "")
 
 
@@ -30,24 +37,18 @@ def _bs_axis(ax, ylabel):
     ax.set_ylim(bottom=0)
 
 
-def draw_latency_vs_bs(
-    rows: Sequence[Mapping], panels: Sequence[tuple[str, str, str]], title: str = "", second_run: Sequence[Mapping] = ()
-) -> Figure:
+def draw_latency_vs_bs(rows: Rows, panels: Sequence[tuple[str, str, str]], title: str = "") -> Figure:
     """Median (line) and p25–p75 (shaded) against batch size, one line per ``row["shape"]`` of the
     ``bench.time_replay_path`` ``rows``; a panel per ``(group, key, label)``, e.g. ``("host_us", "hook+launch", "host
-    µs")``. ``second_run``: the same measurement repeated, as dotted medians."""
+    µs")``."""
     fig = Figure(figsize=(5.2 * len(panels), 3.6))
     for k, (group, key, label) in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), k + 1)
         for shape in dict.fromkeys(r["shape"] for r in rows):
-            mine, again = (_by_bs(r for r in rs if r["shape"] == shape and group in r) for rs in (rows, second_run))
-            if not mine:
-                continue
-            bs, color = [r["bs"] for r in mine], SHAPE_COLORS.get(shape)
-            ax.plot(bs, _stat(mine, group, key, "median"), marker="o", ms=3, label=shape, color=color)
-            ax.fill_between(bs, _stat(mine, group, key, "p25"), _stat(mine, group, key, "p75"), alpha=0.25, color=color)
-            if again:
-                ax.plot([r["bs"] for r in again], _stat(again, group, key, "median"), ls=":", color=color, alpha=0.8)
+            if mine := _by_bs(r for r in rows if r["shape"] == shape and group in r):
+                bs, color = [r["bs"] for r in mine], SHAPE_COLORS.get(shape)
+                ax.plot(bs, _stat(mine, group, key), marker="o", ms=3, label=shape, color=color)
+                ax.fill_between(bs, _stat(mine, group, key, "p25"), _stat(mine, group, key, "p75"), alpha=0.25, color=color)
         _bs_axis(ax, label)
         ax.legend(fontsize=8)
     suptitle(fig, title)
@@ -64,7 +65,7 @@ _key = itemgetter("backend", "variant", "mode")  # a bench row's key
 
 
 def draw_replay_breakdown(
-    rows: Sequence[Mapping],
+    rows: Rows,
     env: Mapping,
     bs: int,
     context: int,
@@ -102,8 +103,7 @@ def draw_replay_breakdown(
             ax.barh(y + 0.25, g, height=0.18, color=GPU_COLOR)
             ax.text(g, y + 0.25, f" GPU {g:.0f}", va="center", fontsize=7, color=GPU_COLOR)
     ax.set_yticks(range(len(keys)), [f"{b}/{v} {m}" for b, v, m in keys] if labels is None else labels, fontsize=8)
-    ax.set_ylim(len(keys) - 0.5, -0.75)
-    ax.set_xlabel("µs (host: medians of each part; GPU: the graph, CUDA events)")
+    ax.set(ylim=(len(keys) - 0.5, -0.75), xlabel="µs (host: medians of each part; GPU: the graph, CUDA events)")
     ax.grid(axis="x", alpha=0.3)
     ax.set_title(
         f"One replay at bs {bs}, context {context}, {_where(env)}: host-bound where the host bar outruns the black GPU bar",
@@ -112,10 +112,8 @@ def draw_replay_breakdown(
     return fig
 
 
-def draw_host_vs_bs(
-    rows: Sequence[Mapping], env: Mapping, context: int, series: Sequence[Series], mode: str = "decode"
-) -> Figure:
-    """The host µs of the replay path (copies + hook + launch, median) against bs, one line per ``(label, backend,
+def draw_host_vs_bs(rows: Rows, env: Mapping, context: int, series: Sequence[Series]) -> Figure:
+    """The host µs of the decode replay path (copies + hook + launch, median) against bs, one line per ``(label, backend,
     variant, color)`` of ``series`` (at most 6 with the GPU line), and the GPU µs of the first series' graph (black);
     each line labelled at its end. Where a host line lies above the GPU line, the step is host-bound."""
     if len(series) > 5:
@@ -123,23 +121,23 @@ def draw_host_vs_bs(
     fig = Figure(figsize=(7.0, 3.8))
     ax, ends = fig.add_subplot(), []  # (text, x, y, color) of each line's last point
     for k, (label, backend, variant, color) in enumerate(series):
-        pts = _by_bs(r for r in rows if _key(r) == (backend, variant, mode) and r["context"] == context)
-        bs, host = [r["bs"] for r in pts], _stat(pts, "host_us", "path", "median")
+        pts = _by_bs(r for r in rows if _key(r) == (backend, variant, "decode") and r["context"] == context)
+        bs, host = [r["bs"] for r in pts], _stat(pts, "host_us", "path")
         ax.plot(bs, host, marker="o", ms=3, color=color)
         ends.append((f"{label}: host", bs[-1], host[-1], color))
         if k == 0 and all("gpu_us" in r for r in pts):
-            gpu = _stat(pts, "gpu_us", "graph", "median")
+            gpu = _stat(pts, "gpu_us", "graph")
             ax.plot(bs, gpu, color=GPU_COLOR, lw=2.2, ls="--")
             ends.append(("GPU: the graph", bs[-1], gpu[-1], GPU_COLOR))
     _bs_axis(ax, "µs per replay")
-    placed = [-np.inf]  # each label just right of its line's end, nudged apart by at least 6% of the y range
+    last = -np.inf  # each label just right of its line's end, nudged apart by at least 6% of the y range
     for text, x, y, color in sorted(ends, key=lambda t: t[2]):
-        placed.append(max(y, placed[-1] + 0.06 * ax.get_ylim()[1]))
-        ax.annotate(text, (x, placed[-1]), (6, 0), textcoords="offset points", va="center", fontsize=8, color=color)
+        last = max(y, last + 0.06 * ax.get_ylim()[1])
+        ax.annotate(text, (x, last), (6, 0), textcoords="offset points", va="center", fontsize=8, color=color)
     ax.set_xlim(right=ax.get_xlim()[1] * 3)  # room for the labels
     ax.set_xticks(sorted({r["bs"] for r in rows if r["context"] == context}))
     ax.xaxis.set(major_formatter=ScalarFormatter(), minor_locator=NullLocator())
-    where = f"{' / '.join(dict.fromkeys(b for _, b, _, _ in series))} {mode}, context {context}, {_where(env)}"
+    where = f"{' / '.join(dict.fromkeys(b for _, b, _, _ in series))} decode, context {context}, {_where(env)}"
     ax.set_title(f"{where}:\nhost-bound where a host line lies above the GPU line", fontsize=9)
     return fig
 
@@ -159,33 +157,48 @@ def _bar_pairs(rows, env, context, bs, pick, pair, names, fmt, xlabel, title):
     ax.invert_yaxis()
     note = f"upper bar: {names[0]}; lower bar: {names[1]}"
     ax.text(0.99, 0.01, note, transform=ax.transAxes, ha="right", va="bottom", fontsize=7)
-    ax.set_xscale("log")
-    ax.set_xlabel(xlabel)
+    ax.set(xscale="log", xlabel=xlabel)
     ax.set_title(f"{title}, bs {bs}, context {context} — {_where(env)}", fontsize=9)
     return fig
 
 
-def draw_step_graph_vs_eager(rows: Sequence[Mapping], env: Mapping, context: int, bs: int | None = None) -> Figure:
+def draw_step_graph_vs_eager(rows: Rows, env: Mapping, context: int, bs: int | None = None) -> Figure:
     """The whole decoder step (wall µs, synchronised), as a graph and eagerly, one pair of bars per backend x variant x
     mode at one bs (default: the smallest), each value written at its bar's end."""
-    pair = lambda r: (r["step_us"]["graph"]["median"], r["step_us"]["eager"]["median"])
-    xlabel, title = "whole step, wall µs (median, synchronised)", "Graph vs eager, whole decoder step"
-    return _bar_pairs(rows, env, context, bs, min, pair, ("graph", "eager"), "{:.0f}", xlabel, title)
+    return _bar_pairs(
+        rows,
+        env,
+        context,
+        bs,
+        min,
+        lambda r: (r["step_us"]["graph"]["median"], r["step_us"]["eager"]["median"]),
+        ("graph", "eager"),
+        "{:.0f}",
+        "whole step, wall µs (median, synchronised)",
+        "Graph vs eager, whole decoder step",
+    )
 
 
-def draw_capture_cost(rows: Sequence[Mapping], env: Mapping, context: int, bs: int | None = None) -> Figure:
+def draw_capture_cost(rows: Rows, env: Mapping, context: int, bs: int | None = None) -> Figure:
     """Capture time (warm-up + capture) of one batch size (default: the largest), first in the process and again (warm),
     one pair of bars per backend x variant x mode. Memory is not drawn: the bench's ``pool_growth_bytes`` is a
     ``memory_reserved`` difference, which counts every cached block of the process and goes negative when the allocator
     releases some."""
-    pair = lambda r: (r["capture_s"]["first"] * 1e3, r["capture_s"]["warm"] * 1e3)
-    title = "Capture time per batch size"
     return _bar_pairs(
-        rows, env, context, bs, max, pair, ("first capture", "again (warm)"), "{:.1f}", "ms (warm-up + capture)", title
+        rows,
+        env,
+        context,
+        bs,
+        max,
+        lambda r: (r["capture_s"]["first"] * 1e3, r["capture_s"]["warm"] * 1e3),
+        ("first capture", "again (warm)"),
+        "{:.1f}",
+        "ms (warm-up + capture)",
+        "Capture time per batch size",
     )
 
 
-def draw_bench_figures(rows: Sequence[Mapping], env: Mapping, out_dir: str | Path) -> list[Path]:
+def draw_bench_figures(rows: Rows, env: Mapping, out_dir: str | Path) -> list[Path]:
     """The bench plots into ``out_dir`` (file names start with ``replay_``)."""
     ctx = min(r["context"] for r in rows)
     sizes = sorted({r["bs"] for r in rows if r["context"] == ctx})
