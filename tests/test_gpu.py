@@ -99,7 +99,10 @@ def test_bench_hook_agrees_with_a_plain_loop(row):
     Seven short alternating rounds; each side's least disturbed round (its smallest median), since a busy neighbour
     only ever adds time: the median of the per-round ratios failed twice in the gate (1.161 at 15c157a, rounds
     1.08-1.77; 1.178 at a330df9, rounds 1.08-1.95), and three rounds of 300 read 0.835, 1.275, 1.151 at 4c1f39f. An
-    inflation of 1.2x or more, the old bug's, moves every round and so the smallest too."""
+    inflation of 1.2x or more, the old bug's, moves every round and so the smallest too. A ratio outside the bounds is
+    measured again and fails only when the second measurement is outside too (METHOD: two runs agree before a difference
+    is believed): at 970199f one measurement read 0.770 (rounds 0.69-1.37) in the gate's quiet step, and 1.037-1.069 in
+    three runs alone afterwards; single rounds read 0.38-2.1 beside other GPU work (benchmarks/results/hook_parts/)."""
     import random
     import statistics
     import time
@@ -138,21 +141,29 @@ def test_bench_hook_agrees_with_a_plain_loop(row):
 
     import os
 
-    ratios, sides, cpus = [], ([], []), os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {sorted(cpus)[os.getpid() % len(cpus)]})  # one core for both sides (unpinned: 2x swings)
-    try:
-        plain(50)  # warm-up
+    def measure():  # seven alternating rounds: (the least disturbed rounds' ratio, every round's)
+        ratios, sides = [], ([], [])
         for _ in range(7):
             direct = plain()
             timed = bench.time_replay_path(runner, batches, repeats=150, warmup=15)["host_us"]["hook"]["median"]
             ratios.append(round(timed / direct, 3))
             sides[0].append(timed)
             sides[1].append(direct)
+        ratio = round(min(sides[0]) / min(sides[1]), 3)
+        print(row, f"bench / plain loop, least disturbed rounds: {ratio}; per round:", ratios)
+        return ratio, ratios
+
+    agree = lambda r: 1 / 1.15 <= r[0] <= 1.15
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {sorted(cpus)[os.getpid() % len(cpus)]})  # one core for both sides (unpinned: 2x swings)
+    try:
+        plain(50)  # warm-up
+        runs = [measure()]
+        if not agree(runs[0]):  # a difference is believed when a second, independent measurement shows it too
+            runs.append(measure())
     finally:
         os.sched_setaffinity(0, cpus)
-    ratio = min(sides[0]) / min(sides[1])
-    print(row, f"bench / plain loop, least disturbed rounds: {ratio:.3f}; per round:", ratios)
-    assert 1 / 1.15 <= ratio <= 1.15, (row, round(ratio, 3), ratios)
+    assert any(map(agree, runs)), (row, runs)
 
 
 @pytest.mark.parametrize("row", ["triton/unified/decode", "trtllm_mla/in_graph/draft_extend_v2", "flashinfer/unified/decode"])
