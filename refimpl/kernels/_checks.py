@@ -51,7 +51,8 @@ def check_pool_inputs(req_to_token, req_pool_indices, lens, lens_name: str, kv_s
 
 
 def check_int(value, name: str, low: int) -> None:
-    check(isinstance(value, int) and not isinstance(value, bool) and value >= low, f"{name}={value!r}: must be an int >= {low}")
+    if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):  # the message only on a refusal
+        raise ValueError(f"{name}={value!r}: must be an int >= {low}")
 
 
 def check_float(value, name: str) -> None:

@@ -8,6 +8,7 @@ callable runs the function directly when the dispatch-mode stack is empty; both 
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Sequence
 
 import torch
@@ -32,6 +33,16 @@ def kernel_op(name: str, mutates_args: Sequence[str]) -> Callable[[Callable], Ca
         return call
 
     return wrap
+
+
+def no_specialisation(args: int, pointers: int) -> dict:
+    """``triton.jit`` options for a kernel ``direct_launch`` serves: its first ``args`` arguments (``pointers`` of them
+    pointers, first) never specialise one compiled kernel (Triton otherwise compiles a variant per int equal to 1 or
+    divisible by 16 and per 16-byte pointer alignment, and the one cached kernel would be wrong for the others)."""
+    opts = {"do_not_specialize": range(args)}
+    if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
+        opts["do_not_specialize_on_alignment"] = range(pointers)
+    return opts
 
 
 # compiled kernels by key, launched directly by ``direct_launch``: Triton's JITFunction.run binds every argument in Python

@@ -10,21 +10,15 @@ On CUDA it is launched directly (``_op.direct_launch``; ``benchmarks/copies_part
 run in torch (``load_inputs_ref``).
 """
 
-import inspect
-
 import torch
 import triton
 import triton.language as tl
 
-from ._op import direct_launch, kernel_op
+from ._op import direct_launch, kernel_op, no_specialisation
+
 
 # one compiled kernel per (STEPS, BLOCK): no value of a batch may specialise it (a size equal to 1, a pointer's alignment)
-_NO_SPECIALISATION = {"do_not_specialize": range(17)}
-if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
-    _NO_SPECIALISATION["do_not_specialize_on_alignment"] = range(10)  # the pointers
-
-
-@triton.jit(**_NO_SPECIALISATION)
+@triton.jit(**no_specialisation(17, 10))  # the 10 pointers and 7 sizes
 def _load_inputs_kernel(
     ids_src,  # [n] int64, the batch's
     pos_src,  # [n] int64

@@ -12,6 +12,8 @@ with ``tl.dot`` (IEEE fp32) when ``G > 1`` and ``D, Dv >= 16``.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 import triton
@@ -20,7 +22,7 @@ from torch import Tensor
 
 from .. import _env
 from ._checks import INDEX_DTYPES, check, check_float, check_int, check_paged_qkvo, check_tensor
-from ._op import kernel_op
+from ._op import direct_launch, kernel_op, no_specialisation
 from .bounds import guard_csr
 
 MIN_BLOCK_KV = 32  # split ranges are multiples of this many keys ([facts#split-kv-decode])
@@ -294,7 +296,7 @@ def split_counts(lens, live, token_grid, max_kv_splits, core_count):
     return tl.minimum(tl.maximum(splits, 1), max_kv_splits).to(tl.int32)
 
 
-@triton.jit
+@triton.jit(**no_specialisation(7, 2))  # direct_launch: one compiled kernel per (seq_lens dtype, MAX_NUM_SEQ, STATIC)
 def _num_kv_splits_kernel(
     num_kv_splits_ptr,  # [>= num_seq * num_group] int32, written
     seq_lens_ptr,  # [num_seq] int32/int64
@@ -321,12 +323,19 @@ def split_grid(num_seq: int, num_group: int, num_heads, num_kv_heads, max_kv_spl
     """Check the split-count heuristic's Python ints (``get_num_kv_splits``, ``fused_graph_metadata``) and return its
     ``token_grid``: stage-1 programs per split, as the heuristic counts them ([facts#split-count-heuristic]); MHA: one
     head each."""
+    return num_seq * num_group * _programs_per_seq(num_heads, num_kv_heads, max_kv_splits, core_count)
+
+
+@functools.lru_cache(maxsize=64, typed=True)  # a backend's constants: checked once (the replay hook calls this per replay)
+def _programs_per_seq(num_heads, num_kv_heads, max_kv_splits, core_count) -> int:
     check_int(num_heads, "num_heads", 1)
     check_int(num_kv_heads, "num_kv_heads", 1)
-    check(num_heads % num_kv_heads == 0, f"num_kv_heads={num_kv_heads}: must divide num_heads={num_heads}")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_kv_heads={num_kv_heads}: must divide num_heads={num_heads}")
     check_int(max_kv_splits, "max_kv_splits", 1)
-    check(type(core_count) is int, f"core_count={core_count!r}: must be an int (<= 0 means static mode)")
-    return num_seq * num_group * -(-num_heads // min(MAX_HEADS_PER_PROGRAM, num_heads // num_kv_heads))
+    if type(core_count) is not int:
+        raise ValueError(f"core_count={core_count!r}: must be an int (<= 0 means static mode)")
+    return -(-num_heads // min(MAX_HEADS_PER_PROGRAM, num_heads // num_kv_heads))
 
 
 @kernel_op("refimpl::num_kv_splits", mutates_args=("num_kv_splits",))
@@ -336,16 +345,10 @@ def _num_kv_splits_op(
     num_seq = seq_lens.shape[0]
     if num_seq == 0:
         return
-    _num_kv_splits_kernel[(1,)](  # ..., MAX_NUM_SEQ, STATIC
-        num_kv_splits,
-        seq_lens,
-        num_seq,
-        num_group,
-        token_grid,
-        max_kv_splits,
-        core_count,
-        triton.next_power_of_2(num_seq),
-        static or core_count <= 0,
+    consts = (triton.next_power_of_2(num_seq), static or core_count <= 0)  # MAX_NUM_SEQ, STATIC
+    args = (num_kv_splits, seq_lens, num_seq, num_group, token_grid, max_kv_splits, core_count, *consts)
+    direct_launch(
+        _num_kv_splits_kernel, (1,), args, (_num_kv_splits_kernel, seq_lens.device, seq_lens.dtype, *consts), seq_lens.device
     )
 
 
@@ -357,11 +360,8 @@ def get_num_kv_splits(num_kv_splits, seq_lens, *, num_group=1, num_heads, num_kv
     check_tensor(num_kv_splits, "num_kv_splits", (torch.int32,), 1, seq_lens.device)
     check_int(num_group, "num_group", 1)
     grid = split_grid(seq_lens.shape[0], num_group, num_heads, num_kv_heads, max_kv_splits, core_count)
-    want = seq_lens.shape[0] * num_group
-    check(
-        num_kv_splits.shape[0] >= want,
-        f"num_kv_splits.shape[0]={num_kv_splits.shape[0]}: must be >= num_seq * num_group = {want}",
-    )
+    if num_kv_splits.shape[0] < (want := seq_lens.shape[0] * num_group):
+        raise ValueError(f"num_kv_splits.shape[0]={num_kv_splits.shape[0]}: must be >= num_seq * num_group = {want}")
     _num_kv_splits_op(num_kv_splits, seq_lens, num_group, grid, max_kv_splits, core_count, bool(static))
 
 

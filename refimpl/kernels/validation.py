@@ -28,14 +28,13 @@ The held rule scans the request table (``pool * L`` entries), never the KV pool:
 minimum), then copies of ``seq_lens``, ``accept_length``, ``extend_seq_lens`` (``bs`` each).
 """
 
-import inspect
 from collections import Counter
 
 import torch
 import triton
 import triton.language as tl
 
-from ._op import direct_launch, kernel_op
+from ._op import direct_launch, kernel_op, no_specialisation
 
 CATEGORIES = (
     "req_pool_indices range",
@@ -89,16 +88,9 @@ def _has_earlier_equal(x, e, src_ptr, count, CHUNK_: tl.constexpr):
     return dup > 0
 
 
-# sizes, counts and pointer alignments vary per batch: one compiled kernel serves them all (else
-# Triton specialises on ints equal to 1 or divisible by 16 and on 16-byte pointer alignment, and
-# compiles a new variant as batches vary: minutes of compiles in a GPU test run)
-# the first 24 arguments (the 12 pointers, then the sizes): everything but the constexprs
-_NO_SPECIALISATION = {"do_not_specialize": range(24)}
-if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
-    _NO_SPECIALISATION["do_not_specialize_on_alignment"] = range(12)  # the pointers
-
-
-@triton.jit(**_NO_SPECIALISATION)
+# one compiled kernel for every batch (a variant per batch: minutes of compiles in a GPU test run): the first 24
+# arguments, the 12 pointers then the sizes, everything but the constexprs
+@triton.jit(**no_specialisation(24, 12))
 def _batch_check_kernel(
     out_ptr,  # [nprog * NCAT + 3 * bs] int64, written
     r2t_ptr,  # [pool, L] int32 req_to_token
