@@ -16,7 +16,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._checks import INDEX_DTYPES, check, check_int, check_pool_inputs, check_tensor
-from ._op import kernel_op
+from ._op import direct_launch, kernel_op, no_specialisation
 from .oracle import csr_ref
 
 CSR_BLOCK = 512  # positions copied per loop iteration ([facts#csr-kv-index-builder])
@@ -44,7 +44,7 @@ def copy_row(src_row, dst_ptr, dst_start, j_lo, j_hi, out_len, BLOCK: tl.constex
         tl.store(dst_ptr + dst, tl.load(src_row + j, mask=keep), mask=keep)  # cast to dst's dtype
 
 
-@triton.jit
+@triton.jit(**no_specialisation(13, 7))  # direct_launch: one compiled kernel per (dtypes, PAGE_SIZE, BLOCK)
 def _pool_copy_kernel(
     req_to_token_ptr,  # [pool, L] int32/int64, row stride = req_to_token_stride
     req_pool_indices_ptr,  # [>= bs] int32/int64
@@ -92,22 +92,16 @@ def pool_copy(req_to_token, req_pool_indices, lens, kv_start_idx, dst, kv_indptr
         return
     # table: about BLOCK_TABLE_CHUNK // page_size pages per iteration, a power of 2 (tl.arange)
     block = 1 << (max(1, BLOCK_TABLE_CHUNK // page_size).bit_length() - 1) if page_size else CSR_BLOCK
-    _pool_copy_kernel[(lens.shape[0],)](
-        req_to_token,
-        req_pool_indices,
-        lens,
-        kv_start_idx,
-        dst,
-        kv_indptr,
-        lens_out,
+    ptrs = (req_to_token, req_pool_indices, lens, kv_start_idx, dst, kv_indptr, lens_out)
+    sizes = (
         req_to_token.stride(0),
         dst.stride(0),
-        dst.shape[-1],  # dst_len
-        *req_to_token.shape,  # pool, row_len
+        dst.shape[-1],
+        *req_to_token.shape,
         lens_offset,
-        page_size,
-        block,
-    )
+    )  # ..., dst_len, pool, row_len
+    key = (_pool_copy_kernel, lens.device, page_size, block, *(None if t is None else t.dtype for t in ptrs))
+    direct_launch(_pool_copy_kernel, (lens.shape[0],), (*ptrs, *sizes, page_size, block), key, lens.device)
 
 
 @kernel_op("refimpl::build_kv_indices", mutates_args=("kv_indices",))
