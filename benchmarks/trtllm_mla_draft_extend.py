@@ -47,7 +47,7 @@ def sweep(
     engine, spec = make_engine("auto"), CHAIN
     runners, world, gen = {}, None, None
     for shape in shapes:  # one world: every shape replays the same batches
-        kw = dict(max_context_len=context_len, pool_size=(rotate + 1) * max(batch_sizes) + 1, speculative=False)
+        kw = dict(max_context_len=context_len, pool_size=(rotate + 1) * max(batch_sizes) + 1)
         kw.update(world=world, capture_bs=tuple(batch_sizes), gen_seed=1, capture=False)
         rig = Rig.build(find("trtllm_mla", shape)[0], KINDS["draft_extend_v2"], spec, engine, **kw)
         rig.runner.capture(progress=progress)
