@@ -54,8 +54,20 @@ def host_torch(inp, fb, bs):
 
 
 def launch(inp, fb, bs):
-    load_inputs(fb.input_ids, fb.positions, fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc, *inp._whole, bs,
-                inp.rows, inp.steps, inp.fill, layout.PAD_REQ_SLOT, layout.PAD_CACHE_SLOT)  # fmt: skip
+    load_inputs(
+        fb.input_ids,
+        fb.positions,
+        fb.req_pool_indices,
+        fb.seq_lens,
+        fb.out_cache_loc,
+        *inp._whole,
+        bs,
+        inp.rows,
+        inp.steps,
+        inp.fill,
+        layout.PAD_REQ_SLOT,
+        layout.PAD_CACHE_SLOT,
+    )
 
 
 def med(fn, batches, repeats):
@@ -83,8 +95,17 @@ def main():
         ("triton", "unified", "draft_decode"),
         ("trtllm_mla", "in_graph", "draft_extend_v2"),
     ]:
-        rig = Rig.build(find(name, variant)[0], KINDS[kind], CHAIN, engine, capture_bs=(1, 8, 64, 256),
-                        max_context_len=64, pool_size=1100, gen_seed=1, capture=False)  # fmt: skip
+        rig = Rig.build(
+            find(name, variant)[0],
+            KINDS[kind],
+            CHAIN,
+            engine,
+            capture_bs=(1, 8, 64, 256),
+            max_context_len=64,
+            pool_size=1100,
+            gen_seed=1,
+            capture=False,
+        )
         inp = rig.runner.inputs
         for bs in (1, 8, 64, 256):
             batches = [rig.gen.for_mode(rig.kind, bs - (bs > 1), seq_lens=[40] * (bs - (bs > 1))) for _ in range(4)]
@@ -102,8 +123,11 @@ def main():
                     writer(fb, bs)
                     states.append({k: v.clone() for k, v in inp.views(bs).items()})
                 same &= all(torch.equal(states[0][k], states[1][k]) for k in states[0])
-            print(f"{name}/{variant} {kind:<16} bs {bs:>3}:  {t['load']:6.1f} = {t['launch']:6.1f} + {t['host']:4.1f}"
-                  f"  |  {t['foreach']:6.1f}  {same}", flush=True)  # fmt: skip
+            print(
+                f"{name}/{variant} {kind:<16} bs {bs:>3}:  {t['load']:6.1f} = {t['launch']:6.1f} + {t['host']:4.1f}"
+                f"  |  {t['foreach']:6.1f}  {same}",
+                flush=True,
+            )
             for fb in batches:
                 rig.gen.release(fb)
 

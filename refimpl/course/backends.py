@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 
-from .. import ForwardMode, viz
-from ..backends import GraphModeNotSupported
+from .. import viz
+from ..backends.base import GraphModeNotSupported
 from ..backends.triton import TritonAttnBackend
 from ..backends.wave import WaveAttnBackend
 from ..batch import ForwardBatch, World
@@ -19,7 +19,9 @@ from ..flashinfer_wrappers import read_partition
 from ..graphs import GraphEngine, make_engine
 from ..graphs.runner import GraphRunner, call_capture_hook, call_replay_hook
 from ..model import TinyDecoder
-from ..rig import capture_vs_replay, state_after
+from ..modes import ForwardMode
+from ..rig.core import state_after
+from ..rig.verdicts import capture_vs_replay
 from .triton_modes import Lab
 
 BS, LIVE, L = 4, 3, 40  # the bs-4 graph replays a raw batch of 3; max_context_len

@@ -19,7 +19,7 @@ from ..config import CHAIN
 from ..graphs import make_engine
 from ..kernels.indices import build_kv_indices
 from ..layout import KINDS
-from ..rig import Rig
+from ..rig.core import Rig
 from ..viz.measure import HOST_PARTS
 from . import ROOT, entry, results
 

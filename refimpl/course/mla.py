@@ -16,7 +16,7 @@ from ..config import CHAIN, ModelConfig
 from ..graphs import make_engine
 from ..graphs.runner import GraphRunner
 from ..layout import KINDS
-from ..rig import Rig
+from ..rig.core import Rig
 from ..viz import cells as C
 from . import ROOT, entry, results
 

@@ -15,7 +15,7 @@ from ..batch import ForwardBatch
 from ..check import CheckRecord, CheckSettings, row_lengths, run_checks, table
 from ..graphs import CPUEmulatorEngine
 from ..layout import KINDS
-from ..rig import Rig, state_after
+from ..rig.core import Rig, state_after
 from ..viz.cells import ancestry
 from . import ROOT, entry  # noqa: F401  (entry: notebooks import it from here too)
 

@@ -8,13 +8,15 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 
-from .. import ForwardMode, GraphConfig, ModelConfig, SpecConfig, layout, viz
+from .. import layout, viz
 from ..batch import ForwardBatch, World
 from ..batchgen import BatchGenerator
+from ..config import GraphConfig, ModelConfig, SpecConfig
 from ..graphs import GraphEngine
 from ..graphs.runner import GraphRunner
 from ..model import MultiStepDraftProgram, TinyDecoder
-from ..rig import capture_vs_replay
+from ..modes import ForwardMode
+from ..rig.verdicts import capture_vs_replay
 
 RAW_BS = 3  # every replay below: 3 live requests, served by the bs-4 graph (one padded row)
 
