@@ -5,9 +5,10 @@
 Rows ``backend/variant/mode``, ``+glue`` after the variant for its hook replayed from a metadata glue graph (the row is
 measured only when the checker's glue verdict passes on this engine; otherwise the table says why). Default: issue 16's
 Triton decode / target verify, faithful (``unified``), ``fused``, ``in_graph`` and glued, beside FlashInfer's; tiny
-2-layer models, medians of ``--repeats`` iterations after warm-up, 4 rotated batches, no validation inside the timed
-phases. Columns: the replay hook per bs, input copies, ``graph.replay()``, the whole path (copies + hook + launch) per
-bs, the graph's GPU time. A client of ``refimpl.rig`` and ``refimpl.bench.time_replay_path``. Issue 9's before / after
+2-layer models, medians of ``--repeats`` iterations after warm-up, 4 rotated batches. Columns per bs: validation
+(``runner.validate``: the host rules and the device checks' launch, not waited for), the replay hook, input copies
+(under the checks' verdict), ``graph.replay()``, copies + hook + launch, the **default path** (``runner.replay(fb)`` as a
+user calls it, validation on), the graph's GPU time. A client of ``refimpl.rig`` and ``refimpl.bench.time_replay_path``. Issue 9's before / after
 numbers (context 256, 400 repeats) were measured with this file's earlier version.
 """
 
@@ -28,11 +29,11 @@ from refimpl.rig import Rig
 
 ROWS = tuple(f"triton/{v}/{m}" for m in ("decode", "target_verify") for v in ("unified", "fused", "in_graph"))
 ROWS += ("triton/unified+glue/decode", "triton/in_graph+glue/decode", "triton/unified+glue/target_verify")
-ROWS += ("flashinfer/unified/decode", "flashinfer/unified/target_verify")
+ROWS += ("flashinfer/unified/decode", "flashinfer/unified/target_verify", "trtllm_mla/in_graph/draft_extend_v2")
 
 
 def measure(row: str, sizes, repeats: int, warmup: int, ctx: int, rotate: int = 4) -> dict:
-    from refimpl.check import glue_verdict
+    from refimpl.rig.verdicts import glue_verdict
 
     name, variant, mode = row.split("/")
     variant, glue = variant.removesuffix("+glue"), variant.endswith("+glue")
@@ -55,7 +56,7 @@ def measure(row: str, sizes, repeats: int, warmup: int, ctx: int, rotate: int = 
         lens = [ctx - KINDS[mode].span(rig.spec) - i % 7 for i in range(bs)]
         batches = [rig.gen.for_mode(rig.kind, bs, seq_lens=lens) for _ in range(rotate)]
         r = bench.time_replay_path(rig.runner, batches, repeats, warmup)
-        out[bs] = {k: r["host_us"][k]["median"] for k in ("validate", "copies", "hook", "launch", "path")}
+        out[bs] = {k: r["host_us"][k]["median"] for k in ("validate", "copies", "hook", "launch", "path", "default")}
         if "gpu_us" in r:
             out[bs]["gpu_graph"] = r["gpu_us"]["graph"]["median"]
         rig.gen.release_all()
@@ -85,18 +86,16 @@ def main(argv=None) -> int:
             Path(args.out).write_text(json.dumps({"environment": env, "rows": res}, indent=1))
     print(f"{env.get('device')}; {pinned}; context {args.ctx}; medians of {args.repeats}, host µs")
     per_bs = " / ".join(map(str, sizes))
-    print(
-        f"| backend / variant / mode | replay hook, bs {per_bs} | input copies | graph launch | "
-        f"whole path, bs {per_bs} | graph GPU time, bs {per_bs} |"
-    )
-    print("|---|---|---|---|---|---|")
+    cols = ("validate", "hook", "copies", "launch", "path", "default", "gpu_graph")
+    names = ("validation", "replay hook", "input copies", "graph launch", "copies + hook + launch", "default path", "graph GPU")
+    print("| backend / variant / mode | " + " | ".join(f"{c}, bs {per_bs}" for c in names) + " |")
+    print("|---" * (len(cols) + 1) + "|")
     for row, r in res.items():
         if "not_glued" in r:
-            print(f"| {row} | not glue-safe: {r['not_glued']} | | | | |")
+            print(f"| {row} | not glue-safe: {r['not_glued']} |" + " |" * (len(cols) - 1))
             continue
-        rng = lambda k: f"{min(r[b][k] for b in sizes):.1f}–{max(r[b][k] for b in sizes):.1f}"  # noqa: E731
         each = lambda k: " / ".join(f"{r[b][k]:.1f}" if k in r[b] else "-" for b in sizes)  # noqa: E731
-        print(f"| {row} | {each('hook')} | {rng('copies')} | {rng('launch')} | {each('path')} | {each('gpu_graph')} |")
+        print(f"| {row} | " + " | ".join(each(c) for c in cols) + " |")
     return 0
 
 

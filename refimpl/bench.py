@@ -1,7 +1,8 @@
 """Measuring the replay path: what each phase of ``GraphRunner.replay`` costs, host and GPU.
 
 The bench calls the runner's own phases between timers: **validate**, **copies** (``load_inputs``), **hook**
-(``replay_hook``: metadata, outside the graph) and **launch** (``graph.replay()``). Host µs from ``time.perf_counter``
+(``replay_hook``: metadata, outside the graph) and **launch** (``graph.replay()``), then **default**: the whole
+``runner.replay(fb)`` a user calls, validation on (its device checks deferred to the load, ``refimpl.validate``). Host µs from ``time.perf_counter``
 with a synchronisation *between* iterations; GPU µs from CUDA events in passes of their own. Method: warm up, rotate
 inputs, medians with p10/p25/p75/p90, optional pinning to one core, versions recorded beside every number. ``sweep`` adds
 the whole step as a graph vs eagerly, capture time and memory (``python -m refimpl bench``). On CPU (the emulator) the
@@ -144,12 +145,16 @@ def time_replay_path(runner: GraphRunner, batches: Sequence[ForwardBatch], repea
     host = {
         name: host_times(f, batches, repeats, warmup, sync, **kw)
         for name, f, kw in (
-            ("validate", runner.validate, {}),
+            ("validate", runner.validate, dict(before=lambda fb: runner.synchronize())),  # (a verdict no load read)
             ("copies", load, {}),
             ("hook", hook, loaded),
             ("launch", launch, loaded),
         )
     }
+    was, runner.validate_inputs = runner.validate_inputs, True  # the replay a user runs: validation on
+    host["default"] = host_times(runner.replay, batches, repeats, warmup, sync)
+    runner.validate_inputs = was
+    runner.synchronize()
     total = lambda *parts: [sum(x) for x in zip(*(host[p] for p in parts))]  # per iteration
     host["hook+launch"], host["path"] = total("hook", "launch"), total("copies", "hook", "launch")
     gpu = {"hook": [], "graph": []}
@@ -307,7 +312,7 @@ def sweep(settings: BenchSettings, progress: bool = False, sink: Callable[[list]
 
 CSV_COLUMNS = tuple(
     "backend variant pattern mode context bs graph_bs validate_us copies_us hook_us launch_us path_us path_p10 "
-    "path_p90 gpu_graph_us gpu_hook_us graph_step_us eager_step_us eager_over_graph hook_launches copy_launches "
+    "path_p90 default_us gpu_graph_us gpu_hook_us graph_step_us eager_step_us eager_over_graph hook_launches copy_launches "
     "capture_first_s capture_warm_s pool_growth_bytes static_bytes".split()
 )
 
@@ -336,6 +341,7 @@ def csv_row(r: dict[str, Any]) -> list:
         *(r[k] for k in "backend variant pattern mode context bs graph_bs".split()),
         *med(h, "validate", "copies", "hook", "launch", "path"),
         *(round(h["path"][q], 2) for q in ("p10", "p90")),
+        *med(h, "default"),
         *med(g, "graph", "hook"),
         *med(st, "graph", "eager"),
         round(st["eager_over_graph"], 2),

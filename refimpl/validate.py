@@ -16,9 +16,15 @@ field, the value and the limit. The rules:
 | spec inputs | the mode's type (a plain decode / extend batch: none; multi-step draft decode: a ``DraftDecodeInput``); verify: N as captured, a 1-D **bool** mask of ``sum N*(seq+N)`` entries (a graph replay needs one) in which every draft row sees itself (an all-False or self-blind mask is refused unless ``VerifyInput.allow_blind_rows``); draft extend: accept lengths int32 in ``[0, S]`` agreeing with their host copy, the mode's version, rows per request as the graph lays them out; multi-step: topk and steps as captured, and its own ``kv_indptr`` / ``kv_indices``, when given, name only slots its rows' requests hold (``_check_draft_indices``) |
 
 Cost (``refimpl.kernels.validation``): host rules in Python on the host copies, overlapping one kernel launch for the
-device rules over the batch's own entries (the held rule: the request table's live rows), whose small result is read
-once (one sync per replay, work proportional to the batch and the request table, never to the KV pool; an eager ragged
-batch reads its row counts first).
+device rules over the batch's own entries (the held rule: the request table's live rows), work proportional to the
+batch and the request table, never to the KV pool. ``validate_batch`` reads that launch's small result at once (one
+sync; an eager ragged batch reads its row counts first). A graph replay does not wait for it (``check_batch`` with
+``out``, ``GraphRunner.validate``): the host rules run now, the device rules (then also "``seq_lens`` equals
+``seq_lens_cpu``", against a staged copy of the host values) go to the runner's verdict buffer, the input load reads the
+verdict on the device and loads a refused batch as padded rows only (``refimpl.kernels.inputs``), and the runner raises
+the refusal, named as ``validate_batch`` names it, at its next call or ``synchronize()``. A draft-extend batch (its
+hooks read the batch's own accept lengths), a multi-step batch carrying its own kv indices, and eager runs are
+validated at once.
 ``GraphRunner(validate_inputs=False)`` switches validation off; the capture configuration is checked once, up front
 (``check_capture_config``).
 """
@@ -34,7 +40,18 @@ import torch
 
 from . import layout
 from .config import SpecConfig
-from .kernels.validation import batch_check, batch_check_ref, first_bad, read_result, result_size, write_target
+from .kernels.validation import (
+    CATEGORIES,
+    NCAT,
+    NONE,
+    batch_check,
+    batch_check_ref,
+    first_bad,
+    num_programs,
+    read_result,
+    result_size,
+    write_target,
+)
 from .modes import ForwardMode
 from .spec import DraftDecodeInput, DraftExtendInput, VerifyInput, verify_n
 
@@ -125,10 +142,12 @@ def _scratch(device: torch.device, size: int) -> torch.Tensor:
     return buf
 
 
-def _launch_device_checks(fb, per: int, extra: int, row_req, draft_extend: bool, mask):
+def _launch_device_checks(fb, per: int, extra: int, row_req, draft_extend: bool, mask, out=None, host=None):
     """The device rules: one ``batch_check`` launch now; the returned callable reads its result (the one device read), so
     the host rules run meanwhile. On the CPU: ``batch_check_ref`` (the interpreted kernel costs ms per batch;
-    ``tests/test_batch_check.py`` holds the two to the same answers). The held rule reads the pool's live rows."""
+    ``tests/test_batch_check.py`` holds the two to the same answers). The held rule reads the pool's live rows.
+    ``out`` / ``host`` (a deferred replay's): the result goes to ``out`` (on the CPU: one program's minima), the host's
+    ``seq_lens`` (``host``, on the device) are compared too, and the callable returns the verdict's entries instead."""
     world, spec, bs, n, m = fb.world, fb.spec_info, fb.batch_size, fb.num_tokens, fb.out_cache_loc.numel()
     tensors = (world.req_to_token, fb.seq_lens, fb.req_pool_indices, fb.input_ids, fb.positions, fb.out_cache_loc)
     kw = dict(
@@ -141,6 +160,14 @@ def _launch_device_checks(fb, per: int, extra: int, row_req, draft_extend: bool,
         live_rows=world.req_to_token_pool.live,
     )
     copies = dict(accept_length=spec.accept_length, extend_seq_lens=spec.extend_seq_lens) if draft_extend else {}
+    if out is not None:
+        kw["host_seq_lens"] = host
+        if world.device.type == "cpu":
+            first = [NONE if i is None else i for i in batch_check_ref(*tensors, **kw).values()]
+            out[:NCAT] = torch.tensor(first, device=out.device)
+            return lambda: NCAT
+        batch_check(out, *tensors, **kw)
+        return lambda: num_programs(bs, n, m) * NCAT
     if world.device.type == "cpu":
         res = {"first": batch_check_ref(*tensors, **kw), "seq_lens": fb.seq_lens.tolist()}
         res.update({k: t.tolist() for k, t in copies.items()})
@@ -156,6 +183,15 @@ def validate_batch(fb, spec: SpecConfig | None = None, kind: layout.GraphKind | 
     ``ForwardBatch.kind``); ``for_graph``: also the graph's uniform row layout (an eager
     batch may be ragged); ``world``: the ``World`` the batch must belong to (the runner's). Returns ``fb``, or a copy of it
     with its strided tensors made contiguous."""
+    return check_batch(fb, spec, kind, for_graph, world)[0]
+
+
+def check_batch(fb, spec=None, kind=None, for_graph=False, world=None, out=None, host=None):
+    """``validate_batch``'s rules, of which a graph replay's device rules may go unread: with ``out`` (an int64 buffer of
+    ``result_size`` entries for the runner's largest batch) and ``host`` (a callable that stages ``seq_lens_cpu`` on the
+    device and returns it), a batch that may be deferred (the module docstring) has its host rules checked now and its
+    device rules launched into ``out``; returns ``(fb, entries)``, ``entries`` the verdict's length in ``out`` (for
+    ``load_inputs``), else ``(fb, None)`` after every rule was checked."""
     if world is not None and fb.world is not world:
         raise BatchRefused(
             f"ForwardBatch.world is another World (id {id(fb.world):#x}) than the runner's: the runner writes its own world's"
@@ -186,7 +222,7 @@ def validate_batch(fb, spec: SpecConfig | None = None, kind: layout.GraphKind | 
     cfg = spec if for_graph else None
     extra = _check_spec(fb, mode, cfg, multi)
     if bs == 0:
-        return fb
+        return fb, None
     draft_extend = mode.is_any_draft_extend()
     # rows per request: uniform in a graph and in decode / verify; an eager extend may be ragged
     # (its lengths are read first: one more device read, on the eager path only)
@@ -201,7 +237,13 @@ def validate_batch(fb, spec: SpecConfig | None = None, kind: layout.GraphKind | 
     if (want := per * bs if rows is None else sum(rows)) != n:
         raise _refuse("num_tokens", n, f"expected {want} rows for the batch's {bs} requests in {mode.name}")
     mask = spec_info.custom_mask if mode.is_target_verify() else None
-    read = _launch_device_checks(fb, per, extra, row_req, draft_extend, mask if mask is None or mask.dim() == 1 else None)
+    on_device = mask if mask is None or mask.dim() == 1 else None  # (a blind mask the batch allows: not a device rule)
+    defer = out is not None and for_graph and not draft_extend
+    defer &= not (multi and (spec_info.kv_indptr is not None or spec_info.kv_indices is not None))
+    if defer and getattr(spec_info, "allow_blind_rows", False):
+        on_device = None
+    staged = host(fb.seq_lens_cpu) if defer else None
+    read = _launch_device_checks(fb, per, extra, row_req, draft_extend, on_device, out if defer else None, staged)
     # host rules, in order, while the kernel runs; then the device results
     if (lo := min(seq)) < 1:  # builtins over host ints: the usual case costs no Python loop
         raise _refuse(f"seq_lens[{seq.index(lo)}]", lo, "must be >= 1")
@@ -221,6 +263,8 @@ def validate_batch(fb, spec: SpecConfig | None = None, kind: layout.GraphKind | 
                 list(mask.shape),
                 f"expected 1-D [{want}]: sum over requests of N*(seq_len+N) entries",
             )
+    if defer:
+        return fb, read()
     res = read()
     if res["seq_lens"] != seq:
         raise _refuse("seq_lens (device)", res["seq_lens"], f"disagrees with seq_lens_cpu={seq}")
@@ -241,7 +285,13 @@ def validate_batch(fb, spec: SpecConfig | None = None, kind: layout.GraphKind | 
     _report_device_findings(fb, res["first"], seq, extra, per, row_req)
     if multi and (spec_info.kv_indptr is not None or spec_info.kv_indices is not None):
         _check_draft_indices(fb, seq, extra)
-    return fb
+    return fb, None
+
+
+def refused_categories(out: torch.Tensor, entries: int) -> list[str]:
+    """The device checks' categories with a bad entry in a deferred verdict (``out[:entries]``; one read)."""
+    least = out[:entries].view(-1, NCAT).amin(0).tolist()
+    return [c for c, v in zip(CATEGORIES, least) if v < NONE]
 
 
 def _contiguous(fb):

@@ -170,8 +170,8 @@ def test_planted_no_padded_row_reset_is_caught(monkeypatch):
     runner, gen = make_runner("triton", "unified", capture_bs=(4,))
     real = StaticInputs.load
 
-    def no_padding(self, fb, bs):
-        real(self, fb, fb.batch_size)  # rows fb.batch_size..bs keep what they held
+    def no_padding(self, fb, bs, *verdict):
+        real(self, fb, fb.batch_size, *verdict)  # rows fb.batch_size..bs keep what they held
 
     monkeypatch.setattr(StaticInputs, "load", no_padding)
     problems = padding_after_full_problems(runner, gen)

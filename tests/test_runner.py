@@ -121,7 +121,8 @@ def test_bad_input_errors_name_value_and_limit():
     with pytest.raises(ValueError, match=rf"seq_lens\[0\]={L + 1}: exceeds max_context_len={L}"):
         runner.replay(long)
     with pytest.raises(ValueError, match="disagrees with seq_lens_cpu"):  # host copy looks fine
-        runner.replay(fb.replace(seq_lens=long_cpu.to(fb.device)))
+        runner.replay(fb.replace(seq_lens=long_cpu.to(fb.device)))  # a device rule: raised at the next call
+        runner.synchronize()
     with pytest.raises(ValueError, match="input_ids.device=meta: expected"):
         runner.replay(fb.replace(input_ids=fb.input_ids.to("meta")))
     wrong_tokens = fb.replace(input_ids=fb.input_ids.repeat(2), positions=fb.positions.repeat(2))

@@ -68,11 +68,13 @@ class StaticInputs:
         """A batch of views of the first ``bs`` requests (fresh each call; the views are made once)."""
         return ForwardBatch(mode, bs, **self.views(bs), seq_lens_sum=seq_lens_sum, world=world, spec_info=spec_info)
 
-    def load(self, fb: ForwardBatch, bs: int) -> None:
+    def load(self, fb: ForwardBatch, bs: int, verdict=None, record=None) -> None:
         """``fb`` into the first ``bs`` requests, rows ``fb.batch_size..bs`` reset to padded rows, in one launch on CUDA
-        (``refimpl.kernels.inputs``), plus the host mirror. Dtypes are ``refimpl.validate``'s to check."""
-        load_inputs(fb.input_ids, fb.positions, fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc, *self._whole, bs,
-                    self.rows, self.steps, self.fill, layout.PAD_REQ_SLOT, layout.PAD_CACHE_SLOT)  # fmt: skip
+        (``refimpl.kernels.inputs``; under a device-check ``verdict``, a refused batch as padded rows only, ``record``
+        set), plus the host mirror. Dtypes are ``refimpl.validate``'s to check."""
+        src = (fb.input_ids, fb.positions, fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc)
+        pads = (layout.PAD_REQ_SLOT, layout.PAD_CACHE_SLOT)
+        load_inputs(*src, *self._whole, bs, self.rows, self.steps, self.fill, *pads, verdict, record)
         mirror, raw_bs = self._mirror, fb.batch_size  # numpy: 4.6 µs against 11.1 for torch's copy + fill (H200)
         mirror[:raw_bs] = fb.seq_lens_cpu.numpy()
         mirror[raw_bs:bs] = self.fill

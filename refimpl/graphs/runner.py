@@ -35,9 +35,10 @@ import torch
 from .. import layout
 from ..batch import ForwardBatch
 from ..config import GraphConfig, SpecConfig
+from ..kernels.validation import result_size
 from ..modes import ForwardMode
 from ..spec import dummy_spec_input
-from ..validate import BatchRefused, check_capture_config, validate_batch
+from ..validate import BatchRefused, check_batch, check_capture_config, refused_categories, validate_batch
 from .engine import GraphCaptureError, GraphEngine, GraphReplayError
 from .inputs import StaticInputs
 
@@ -137,6 +138,17 @@ class GraphRunner:
         self.validate_inputs = validate_inputs  # False: timing runs (refimpl.validate's cost)
         check_capture_config(self)  # before any allocation
         self.inputs = StaticInputs(self.kind, spec_cfg, self.max_bs, self.fill_value, self.device)
+        # a replay's device checks, acted on by the load and read at the next call (``validate``, ``synchronize``): the
+        # verdict buffer, seq_lens_cpu staged for the device (pinned on CUDA), the load's record (1: refused) and its
+        # host copy, two events (staged copy done, record copied), and the pending (batch, verdict entries, loaded)
+        pin, dev, i32 = self.device.type == "cuda", self.device, torch.int32
+        n, m = self.inputs.input_ids.numel(), self.inputs.out_cache_loc.numel()
+        self._verdict = torch.empty(result_size(self.max_bs, n, m), dtype=torch.int64, device=dev)
+        self._staged = torch.empty(self.max_bs, dtype=i32, device="cpu", pin_memory=pin)
+        self._host_seq, self._record = torch.empty(self.max_bs, dtype=i32, device=dev), torch.zeros(1, dtype=i32, device=dev)
+        self._record_host = torch.zeros(1, dtype=i32, device="cpu", pin_memory=True) if pin else self._record
+        self._events = (torch.cuda.Event(), torch.cuda.Event()) if pin else None
+        self._pending = None
         backend._graph_runner = weakref.ref(self)
         backend.init_cuda_graph_state(self.max_bs, self.max_num_tokens)
         self.graphs, self.outputs = {}, {}  # bs -> its graph / the graph's static output (logits)
@@ -245,8 +257,53 @@ class GraphRunner:
 
     def load_inputs(self, fb: ForwardBatch, bs: int) -> None:
         """Replay phase 2: the batch into the static inputs (``StaticInputs.load``, one launch on CUDA), the padded rows reset to
-        padded rows. ``padded_batch`` (what the checker feeds the hooks) runs the same writer into fresh inputs."""
-        self.inputs.load(fb, bs)
+        padded rows. ``padded_batch`` (what the checker feeds the hooks) runs the same writer into fresh inputs. A batch
+        whose device checks ``validate`` left pending is loaded under their verdict: refused, as padded rows only."""
+        if (p := self._pending) is None or p[0] is not fb:
+            return self.inputs.load(fb, bs)
+        self.inputs.load(fb, bs, self._verdict[: p[1]], self._record)
+        if self._events is not None:
+            self._record_host.copy_(self._record, non_blocking=True)
+            self._events[1].record()
+        p[2] = True
+
+    def _stage(self, seq_lens_cpu: torch.Tensor) -> torch.Tensor:
+        """``seq_lens_cpu`` on the device, for the device checks, without a sync (a pinned buffer, reused once the last
+        copy out of it has run)."""
+        k = seq_lens_cpu.numel()
+        if self._events is not None:
+            self._events[0].synchronize()
+        self._staged[:k].copy_(seq_lens_cpu)
+        self._host_seq[:k].copy_(self._staged[:k], non_blocking=True)
+        if self._events is not None:
+            self._events[0].record()
+        return self._host_seq[:k]
+
+    def synchronize(self) -> None:
+        """Raise the refusal the last replay's device checks found (``refimpl.validate``), if any: the message
+        ``validate_batch`` gives that batch, plus where it was found. Every ``validate`` calls it first; call it after a
+        replay to know at once (it waits for that replay's input load, not for its graph)."""
+        if (p := self._pending) is None:
+            return
+        self._pending = None
+        fb, entries, loaded = p
+        if loaded:
+            if self._events is not None:
+                self._events[1].synchronize()
+            if not int(self._record_host[0]):
+                return
+        if not (found := refused_categories(self._verdict, entries)):
+            return
+        where = (
+            "(found by the device checks of the last replay, which ran as padded rows only: no KV slot of a request was written)"
+        )
+        try:
+            validate_batch(fb, self.spec_cfg, self.kind, True, world=self.world)
+        except BatchRefused as e:
+            raise BatchRefused(f"{e} {where}") from None
+        raise BatchRefused(
+            f"a replayed batch broke the device rules {found} {where}; its tensors changed before they could be named"
+        )
 
     def _replay_batch(self, fb: ForwardBatch, bs: int, inputs: StaticInputs | None = None) -> ForwardBatch:
         """The static batch of size ``bs`` the replay hook sees after ``load_inputs(fb)`` (into ``inputs``, default the
@@ -257,7 +314,10 @@ class GraphRunner:
     # --- the replay's phases: replay() runs them in order, the bench times each -------------------
     def validate(self, fb: ForwardBatch, for_graph: bool = True) -> ForwardBatch:
         """Phase 1: refuse ``fb`` before anything is written (``refimpl.validate``), and a graph replay after the world's
-        KV cache or request table was rebound (identity checks); returns ``fb`` with any non-contiguous tensor copied."""
+        KV cache or request table was rebound (identity checks); returns ``fb`` with any non-contiguous tensor copied.
+        A graph replay's device rules are not waited for: ``load_inputs`` acts on them, ``synchronize`` (the next call's
+        first step) raises what they found."""
+        self.synchronize()
         # every replay: identity checks over a tuple; the names are built only for a refusal
         if for_graph and self._captured_with and any(map(operator.is_not, bound := self._bound(), self._captured_with)):
             names = (
@@ -269,7 +329,11 @@ class GraphRunner:
             moved = [k for k, a, b in zip(names, bound, self._captured_with) if a is not b]
             why = "the graphs write and read the objects bound at capture: restore them or build and capture a new runner"
             raise BatchRefused(f"{', '.join(moved)} rebound after capture: {why}")
-        return validate_batch(fb, self.spec_cfg, self.kind, for_graph, world=self.world)
+        if not for_graph:
+            return validate_batch(fb, self.spec_cfg, self.kind, False, world=self.world)
+        fb, entries = check_batch(fb, self.spec_cfg, self.kind, True, self.world, self._verdict, self._stage)
+        self._pending = None if entries is None else [fb, entries, False]
+        return fb
 
     def replay_hook(self, fb: ForwardBatch, bs: int) -> ForwardBatch:
         """Phase 3: the backend's replay hook on the static batch (after ``load_inputs``), or its glue graph."""

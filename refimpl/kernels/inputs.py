@@ -6,6 +6,11 @@ static tensors, and writes rows ``raw_bs..bs`` (requests) and ``n..g`` (cache wr
 rows: request slot ``pad_req``, ``seq_len`` ``fill``, cache slot ``pad_slot`` (``refimpl.layout``). Rows past ``n`` of
 ``input_ids`` / ``positions`` keep what they held (a padded row's token and position are never written to a live slot).
 
+Given a ``verdict`` (the device checks' per-program minima, ``refimpl.kernels.validation``: an entry below ``NONE``
+is a bad batch) it reads the verdict first: a refused batch is loaded as ``raw_bs = n = 0`` (every row a padded row,
+so its KV writes go to the reserved slot and nothing of the batch is read downstream) and ``record[0]`` is set to 1
+(else 0). That is how a replay acts on its device checks without waiting for them (``GraphRunner.validate``).
+
 On CUDA it is launched directly (``_op.direct_launch``; ``benchmarks/copies_parts.py`` times it); on a CPU the same writes
 run in torch (``load_inputs_ref``).
 """
@@ -15,10 +20,11 @@ import triton
 import triton.language as tl
 
 from ._op import direct_launch, kernel_op, no_specialisation
+from .validation import NONE
 
 
 # one compiled kernel per (STEPS, BLOCK): no value of a batch may specialise it (a size equal to 1, a pointer's alignment)
-@triton.jit(**no_specialisation(17, 10))  # the 10 pointers and 7 sizes
+@triton.jit(**no_specialisation(20, 12))  # the 12 pointers and 8 sizes
 def _load_inputs_kernel(
     ids_src,  # [n] int64, the batch's
     pos_src,  # [n] int64
@@ -30,6 +36,8 @@ def _load_inputs_kernel(
     rpi_dst,  # [>= bs] int64
     seq_dst,  # [>= bs] int32
     loc_dst,  # [>= steps * g] int64, [step][graph row]
+    verdict,  # [nv] int64, read when VERDICT
+    record,  # [1] int32, written when VERDICT: 1 = refused
     n,
     raw_bs,
     bs,
@@ -37,10 +45,20 @@ def _load_inputs_kernel(
     fill,
     pad_req,
     pad_slot,
+    nv,
+    VERDICT: tl.constexpr,
+    NONE_: tl.constexpr,
     STEPS: tl.constexpr,
     BLOCK: tl.constexpr,  # pow2 >= every row count
 ):
     r = tl.arange(0, BLOCK)
+    if VERDICT:  # a refused batch: every row a padded row
+        least = tl.full([BLOCK], NONE_, tl.int64)
+        for v0 in range(0, nv, BLOCK):
+            least = tl.minimum(least, tl.load(verdict + v0 + r, mask=v0 + r < nv, other=NONE_))
+        refused = tl.min(least, 0) < NONE_
+        tl.store(record, refused.to(tl.int32))
+        n, raw_bs = tl.where(refused, 0, n), tl.where(refused, 0, raw_bs)
     live, live_req, req, rows = r < n, r < raw_bs, r < bs, r < g
     tl.store(ids_dst + r, tl.load(ids_src + r, mask=live), mask=live)
     tl.store(pos_dst + r, tl.load(pos_src + r, mask=live), mask=live)
@@ -50,7 +68,9 @@ def _load_inputs_kernel(
         tl.store(loc_dst + s * g + r, tl.load(loc_src + s * n + r, mask=live, other=pad_slot), mask=rows)
 
 
-@kernel_op("refimpl::load_inputs", mutates_args=("input_ids", "positions", "req_pool_indices", "seq_lens", "out_cache_loc"))
+@kernel_op(
+    "refimpl::load_inputs", mutates_args=("input_ids", "positions", "req_pool_indices", "seq_lens", "out_cache_loc", "record")
+)
 def load_inputs(
     src_input_ids: torch.Tensor,
     src_positions: torch.Tensor,
@@ -68,28 +88,41 @@ def load_inputs(
     fill: int,
     pad_req: int,
     pad_slot: int,
+    verdict: torch.Tensor | None = None,
+    record: torch.Tensor | None = None,
 ) -> None:
     """The batch (``src_*``: ``raw_bs = src_seq_lens.numel()`` requests, ``n = src_input_ids.numel()`` rows) into the
-    static tensors' first ``bs`` requests (``rows`` query rows each; ``steps`` cache-write blocks), the rest of them
-    padded rows (module docstring). The caller (``StaticInputs.load``) has checked sizes and dtypes
-    (``refimpl.validate``); the static tensors are whole (their sizes set the block)."""
+        static tensors' first ``bs`` requests (``rows`` query rows each; ``steps`` cache-write blocks), the rest of them
+        padded rows (module docstring). The caller (``StaticInputs.load``) has checked sizes and dtypes
+        (``refimpl.validate``); the static tensors are whole (their sizes set the block). ``verdict`` / ``record``: the
+    module docstring (given together)."""
     src = (src_input_ids, src_positions, src_req_pool_indices, src_seq_lens, src_out_cache_loc)
     dst = (input_ids, positions, req_pool_indices, seq_lens, out_cache_loc)
-    (launch_load_inputs if input_ids.is_cuda else load_inputs_ref)(src, dst, bs, rows, steps, fill, pad_req, pad_slot)
+    load = launch_load_inputs if input_ids.is_cuda else load_inputs_ref
+    load(src, dst, bs, rows, steps, fill, pad_req, pad_slot, verdict, record)
 
 
-def launch_load_inputs(src: tuple, dst: tuple, bs: int, rows: int, steps: int, fill: int, pad_req: int, pad_slot: int):
+def launch_load_inputs(src: tuple, dst: tuple, bs, rows, steps, fill, pad_req, pad_slot, verdict=None, record=None):
     """The Triton kernel over ``load_inputs``' sources and destinations (CUDA; on a CPU the interpreter takes about 9 ms
     a call, so ``load_inputs`` runs ``load_inputs_ref`` there, and a test holds this kernel to it)."""
     n, raw_bs, dev = src[0].numel(), src[3].numel(), dst[0].device
     block = triton.next_power_of_2(max(dst[0].numel(), dst[2].numel()))
     src = dst if raw_bs == 0 else src  # an idle batch's sources are empty and never read (every mask is off)
-    sizes = (n, raw_bs, bs, bs * rows, fill, pad_req, pad_slot, steps, block)
-    direct_launch(_load_inputs_kernel, (1,), (*src, *dst, *sizes), (_load_inputs_kernel, dev, steps, block), dev)
+    judged = verdict is not None
+    flags = (0 if verdict is None else verdict.numel(), judged, NONE, steps, block)
+    verdict = (verdict, record) if judged else dst[:2]  # (not read)
+    sizes = (n, raw_bs, bs, bs * rows, fill, pad_req, pad_slot, *flags)
+    direct_launch(
+        _load_inputs_kernel, (1,), (*src, *dst, *verdict, *sizes), (_load_inputs_kernel, dev, judged, steps, block), dev
+    )
 
 
-def load_inputs_ref(src: tuple, dst: tuple, bs: int, rows: int, steps: int, fill: int, pad_req: int, pad_slot: int):
+def load_inputs_ref(src: tuple, dst: tuple, bs, rows, steps, fill, pad_req, pad_slot, verdict=None, record=None):
     """The same writes in torch: copies of the batch's rows, fills of the padded rows."""
+    if verdict is not None:
+        refused = bool((verdict < NONE).any())
+        record.fill_(int(refused))
+        src = tuple(t[:0] for t in src) if refused else src
     n, raw_bs, g = src[0].numel(), src[3].numel(), bs * rows
     for s, d in zip(src[:2], dst[:2]):
         d[:n].copy_(s)

@@ -13,6 +13,7 @@ table) and writes a few int64s:
 | ``out_cache_loc duplicate`` | ``loc[e] == loc[f]`` for some ``f < e`` |
 | ``out_cache_loc slot`` | ``loc[e] != req_to_token[rpi[r], col(e)]``: the write is not its row's own new position |
 | ``custom_mask self`` | verify (a mask given): draft row ``e`` (request ``r = e // N``, draft ``j = e % N``) does not see itself: its entry ``N * sum(seq_lens[:r]) + r*N*N + j*(seq_r + N) + seq_r + j`` of the tree mask is False (an all-False mask, too) |
+| ``seq_lens host`` | ``seq_lens[i] != host_seq_lens[i]`` (a deferred replay's check that the device copy equals ``seq_lens_cpu``, staged to the device: ``refimpl.validate``) |
 | ``out_cache_loc held`` | a live row ``p`` (``live_rows``: the pool's allocation state; default every row but 0) holds ``loc[e]`` at a position ``(p, c)`` other than ``e``'s own ``(rpi[r], col(e))``: that KV would be overwritten (a freed row is zeroed; 0 holds nothing) |
 
 Write ``e`` is row ``e % n`` of step ``e // n`` (S = m / n steps: multi-step draft decode; else 1), row ``j`` of its
@@ -45,6 +46,7 @@ CATEGORIES = (
     "out_cache_loc duplicate",
     "out_cache_loc slot",
     "custom_mask self",
+    "seq_lens host",
     "out_cache_loc held",
 )
 NCAT = len(CATEGORIES)
@@ -90,7 +92,7 @@ def _has_earlier_equal(x, e, src_ptr, count, CHUNK_: tl.constexpr):
 
 # one compiled kernel for every batch (a variant per batch: minutes of compiles in a GPU test run): the first 24
 # arguments, the 12 pointers then the sizes, everything but the constexprs
-@triton.jit(**no_specialisation(24, 12))
+@triton.jit(**no_specialisation(25, 13))
 def _batch_check_kernel(
     out_ptr,  # [nprog * NCAT + 3 * bs] int64, written
     r2t_ptr,  # [pool, L] int32 req_to_token
@@ -104,6 +106,7 @@ def _batch_check_kernel(
     row_req_ptr,  # [2, n] each row's request, then j - per_r (read when HAS_ROW_REQ)
     mask_ptr,  # [mask_size] bool tree mask (read when HAS_MASK)
     live_ptr,  # [pool] bool: the live request rows (read when HAS_LIVE)
+    host_ptr,  # [bs] int32 seq_lens_cpu, staged to the device (read when HAS_HOST)
     r2t_stride,
     pool,
     L,
@@ -121,6 +124,7 @@ def _batch_check_kernel(
     HAS_ROW_REQ: tl.constexpr,
     HAS_MASK: tl.constexpr,
     HAS_LIVE: tl.constexpr,
+    HAS_HOST: tl.constexpr,
     BLOCK_: tl.constexpr,
     CHUNK_: tl.constexpr,
     TABLE_CHUNK_: tl.constexpr,
@@ -152,7 +156,12 @@ def _batch_check_kernel(
         copies = out_ptr + nprog * NCAT_ + e
         # per request: the host's copies, req_pool_indices in range and distinct
         in_b = e < bs
-        tl.store(copies, _ld(seq_ptr, e, in_b, 0), mask=in_b)
+        seq_b = _ld(seq_ptr, e, in_b, 0)
+        tl.store(copies, seq_b, mask=in_b)
+        if HAS_HOST:
+            _put(res + 8, in_b & (seq_b != _ld(host_ptr, e, in_b, 0)), e, NONE_)
+        else:
+            tl.store(res + 8, NONE_)
         if HAS_ACC:
             tl.store(copies + bs, _ld(acc_ptr, e, in_b, 0), mask=in_b)
         if HAS_EXT:
@@ -219,14 +228,15 @@ def batch_check(
     row_req: torch.Tensor | None = None,
     custom_mask: torch.Tensor | None = None,
     live_rows: torch.Tensor | None = None,
+    host_seq_lens: torch.Tensor | None = None,
 ) -> None:
     """Launch the checks into ``out`` (int64, >= ``result_size`` entries). The caller (``refimpl.validate``) has checked
     dtypes, devices (``out``'s) and sizes: ``seq_lens`` / ``req_pool_indices`` / ``accept_length`` / ``extend_seq_lens``
     hold ``bs`` entries, ``input_ids`` / ``positions`` ``n``, ``row_req`` ``[2, n]``, ``out_cache_loc`` ``m``,
-    ``live_rows`` (bool) ``pool``."""
+    ``live_rows`` (bool) ``pool``, ``host_seq_lens`` (int32, on the device) ``bs``."""
     bs, n, m = seq_lens.numel(), input_ids.numel(), out_cache_loc.numel()
     nprog = num_programs(bs, n, m)
-    optional = (accept_length, extend_seq_lens, row_req, custom_mask, live_rows)
+    optional = (accept_length, extend_seq_lens, row_req, custom_mask, live_rows, host_seq_lens)
     flags = tuple(t is not None for t in optional)
     mask_size = 0 if custom_mask is None else custom_mask.numel()
     args = (out, req_to_token, seq_lens, req_pool_indices, input_ids, positions, out_cache_loc)
@@ -281,14 +291,15 @@ def batch_check_ref(
     row_req=None,
     custom_mask=None,
     live_rows=None,
+    host_seq_lens=None,
 ) -> dict:
     """The first bad index per category, straight from the table above, in host Python over the batch's own
     ``req_to_token`` rows; the held rule reads every live row too (set intersections in C, no Python loop over slots: the
     request table's ``pool * L`` entries, never the KV pool)."""
     pool, L = req_to_token.shape
-    seq, rpi, ids, pos, loc, rows, mask, live = (
+    seq, rpi, ids, pos, loc, rows, mask, live, host = (
         None if t is None else t.tolist()
-        for t in (seq_lens, req_pool_indices, input_ids, positions, out_cache_loc, row_req, custom_mask, live_rows)
+        for t in (seq_lens, req_pool_indices, input_ids, positions, out_cache_loc, row_req, custom_mask, live_rows, host_seq_lens)
     )
     live = {p for p, a in enumerate([1] * pool if live is None else live) if a and p}
     r2t = {p: req_to_token[p].tolist() for p in live.union(rpi) if 0 <= p < pool}  # the live rows and the batch's
@@ -323,6 +334,7 @@ def batch_check_ref(
                 repeated(loc),
                 first_bad(loc, lambda e, v: not own_slot(e, v)),
                 None if mask is None else first_bad(ids, blind),
+                None if host is None else first_bad(seq, lambda i, v: v != host[i]),
                 first_bad(loc, lambda e, v: held[v] > own_slot(e, v, live)),  # another live position holds it
             ),
         )

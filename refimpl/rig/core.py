@@ -297,6 +297,7 @@ class Rig:
         guard = KVGuard(self.world, fb)
         try:
             graph = self.runner.replay(fb).clone()
+            self.runner.synchronize()  # a refusal its device checks found: now
         finally:  # restore the guarded slots even when the replay raised; a multi-step graph's static targets hold every
             # step: no single live-row boundary
             findings = guard.check(self.runner.inputs.out_cache_loc, None if self.kind.multi_step else fb.out_cache_loc.numel())
