@@ -18,6 +18,7 @@ from refimpl.config import CHAIN
 from refimpl.graphs import make_engine
 from refimpl.kernels import _op, load_inputs
 from refimpl.kernels.inputs import _load_inputs_kernel, launch_load_inputs
+from refimpl.kernels.validation import NONE
 from refimpl.layout import KINDS
 from refimpl.rig import Rig
 
@@ -51,15 +52,16 @@ for kind in ("decode", "draft_decode"):
     inp = rig.runner.inputs
     fb = rig.gen.for_mode(rig.kind, 7, seq_lens=[40] * 7)
     src = (fb.input_ids, fb.positions, fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc)
-    a = (*src, *inp._whole, 8, inp.rows, inp.steps, 1, 0, 0)
+    a = (*src, *inp._whole, 8, inp.rows, inp.steps, 1, 0, 0, *inp._unjudged)
     inp.load(fb, 8)
     inp.load(fb, 8)
-    key = next(k for k in _op._COMPILED if k[0] is _load_inputs_kernel and k[2] == inp.steps)
+    key = next(k for k in _op._COMPILED if k[0] is _load_inputs_kernel and not k[2] and k[3] == inp.steps)
     k = _op._COMPILED[key]
     n, raw = fb.num_tokens, fb.batch_size
-    block = key[3]
-    args = (*src, *inp._whole, n, raw, 8, 8 * inp.rows, 1, 0, 0, inp.steps, block)
-    iargs = (*(t.data_ptr() for t in src + inp._whole), n, raw, 8, 8 * inp.rows, 1, 0, 0, inp.steps, block)
+    block = key[4]
+    args = (*src, *inp._whole, *inp._whole[:2], n, raw, 8, 8 * inp.rows, 1, 0, 0, 0, False, NONE, inp.steps, block)
+    ptrs = (t.data_ptr() for t in src + inp._whole + inp._whole[:2])
+    iargs = (*ptrs, n, raw, 8, 8 * inp.rows, 1, 0, 0, 0, False, NONE, inp.steps, block)
     stream = torch._C._cuda_getCurrentRawStream(0)
     r = {
         "StaticInputs.load": med(lambda: inp.load(fb, 8)),

@@ -67,6 +67,7 @@ def launch(inp, fb, bs):
         inp.fill,
         layout.PAD_REQ_SLOT,
         layout.PAD_CACHE_SLOT,
+        *inp._unjudged,
     )
 
 

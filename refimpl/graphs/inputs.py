@@ -39,6 +39,7 @@ class StaticInputs:
         self.out_cache_loc = torch.empty(self.steps * n, **i64)  # [steps * rows] int64, [step][row]
         self._whole = (self.input_ids, self.positions, self.req_pool_indices, self.seq_lens, self.out_cache_loc)
         self._mirror = self.seq_lens_cpu.numpy()  # the host mirror's memory, as numpy
+        self._unjudged = torch.empty(0, **i64), torch.zeros(1, dtype=torch.int32, device=self.device)  # no verdict
         self._views = {}  # views by bs, made once each
         self.rest()
 
@@ -74,7 +75,8 @@ class StaticInputs:
         set), plus the host mirror. Dtypes are ``refimpl.validate``'s to check."""
         src = (fb.input_ids, fb.positions, fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc)
         pads = (layout.PAD_REQ_SLOT, layout.PAD_CACHE_SLOT)
-        load_inputs(*src, *self._whole, bs, self.rows, self.steps, self.fill, *pads, verdict, record)
+        judged = self._unjudged if verdict is None else (verdict, record)
+        load_inputs(*src, *self._whole, bs, self.rows, self.steps, self.fill, *pads, *judged)
         mirror, raw_bs = self._mirror, fb.batch_size  # numpy: 4.6 µs against 11.1 for torch's copy + fill (H200)
         mirror[:raw_bs] = fb.seq_lens_cpu.numpy()
         mirror[raw_bs:bs] = self.fill

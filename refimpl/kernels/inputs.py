@@ -88,18 +88,19 @@ def load_inputs(
     fill: int,
     pad_req: int,
     pad_slot: int,
-    verdict: torch.Tensor | None = None,
-    record: torch.Tensor | None = None,
+    verdict: torch.Tensor,
+    record: torch.Tensor,
 ) -> None:
     """The batch (``src_*``: ``raw_bs = src_seq_lens.numel()`` requests, ``n = src_input_ids.numel()`` rows) into the
         static tensors' first ``bs`` requests (``rows`` query rows each; ``steps`` cache-write blocks), the rest of them
         padded rows (module docstring). The caller (``StaticInputs.load``) has checked sizes and dtypes
         (``refimpl.validate``); the static tensors are whole (their sizes set the block). ``verdict`` / ``record``: the
-    module docstring (given together)."""
+    module docstring (an empty verdict: nothing to act on, ``record`` untouched; both always given, since a custom op's
+    mutated argument may not be None on every torch)."""
     src = (src_input_ids, src_positions, src_req_pool_indices, src_seq_lens, src_out_cache_loc)
     dst = (input_ids, positions, req_pool_indices, seq_lens, out_cache_loc)
     load = launch_load_inputs if input_ids.is_cuda else load_inputs_ref
-    load(src, dst, bs, rows, steps, fill, pad_req, pad_slot, verdict, record)
+    load(src, dst, bs, rows, steps, fill, pad_req, pad_slot, verdict if verdict.numel() else None, record)
 
 
 def launch_load_inputs(src: tuple, dst: tuple, bs, rows, steps, fill, pad_req, pad_slot, verdict=None, record=None):
