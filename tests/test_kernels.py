@@ -575,7 +575,7 @@ def test_load_inputs_kernel_writes_what_its_reference_writes(label):
 
     raw_bs, bs = (0, 4) if kind.mode.is_idle() else (3, 4)
     n = raw_bs * rows
-    src = tuple(torch.randint(1, 1000, (k,), generator=g).to(DEVICE) for k in (n, n, raw_bs, raw_bs, steps * n))
+    src = tuple(torch.randint(1, 1000, (k,), generator=g, device="cpu").to(DEVICE) for k in (n, n, raw_bs, raw_bs, steps * n))
     src = (*src[:3], src[3].int(), src[4])
     for bad_at in (None, 0, 199):
         verdict = torch.full((200,), NONE, dtype=torch.int64, device=DEVICE)

@@ -23,7 +23,7 @@ multi-step (extra topk*S) ``seq + k*S + step`` for branch k. A ragged batch pass
 request and ``j - per_r`` (its column is ``seq_lens[r] + extra + j - per_r``). A write outside ``[0, L)`` owns nothing.
 
 The held rule scans the request table (``pool * L`` entries), never the KV pool: program ``(b, q)`` checks entry block
-``b`` against table part ``q`` of ``TABLE_SPLIT`` (``TABLE_CHUNK`` entries an iteration), so the parts run in parallel.
+``b`` against table part ``q`` of ``table_split`` (``TABLE_CHUNK`` entries an iteration), so the parts run in parallel.
 
 ``out`` (int64): ``[nprog, len(CATEGORIES)]`` per-program smallest bad index (``NONE``: none; the host takes the
 minimum), then copies of ``seq_lens``, ``accept_length``, ``extend_seq_lens`` (``bs`` each).
@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import _env
 from ._op import direct_launch, kernel_op, no_specialisation
 
 CATEGORIES = (
@@ -54,17 +55,31 @@ assert NCAT <= 17 and CATEGORIES[-1] == "out_cache_loc held"  # the kernel's tab
 NONE = 1 << 62  # "no bad entry" in a category
 BLOCK = 16  # entries per program
 CHUNK = 256  # compared entries per loop iteration: few, wide iterations
-TABLE_CHUNK, TABLE_SPLIT = 1024, 4  # the held rule's scan: table entries per iteration; programs per entry block
+TABLE_CHUNK = 1024  # the held rule's scan: table entries per iteration
+# ... in at least MIN_SPLIT parts per entry block, and parts enough for about PROGRAMS programs in all (an H200 has 132
+# SMs): with 4 parts, a bs-1 batch scanned a 322 x 4096 table in 1.8 ms of GPU time, ten times its decode graph
+# (the interpreter runs programs one after another: 8 there)
+MIN_SPLIT, PROGRAMS = 4, 8 if _env.INTERPRET else 256
+
+
+def _blocks(bs: int, num_rows: int, num_writes: int) -> int:
+    return triton.cdiv(max(bs, num_rows, num_writes, 1), BLOCK)
+
+
+def table_split(blocks: int) -> int:
+    """Table parts per entry block."""
+    return max(MIN_SPLIT, -(-PROGRAMS // blocks))
 
 
 def num_programs(bs: int, num_rows: int, num_writes: int) -> int:
     """Programs (entry block, table part): rows of ``out``."""
-    return triton.cdiv(max(bs, num_rows, num_writes, 1), BLOCK) * TABLE_SPLIT
+    return (blocks := _blocks(bs, num_rows, num_writes)) * table_split(blocks)
 
 
 def result_size(bs: int, num_rows: int, num_writes: int) -> int:
-    """int64 entries ``out`` needs: the per-program minima, then three ``[bs]`` copies."""
-    return num_programs(bs, num_rows, num_writes) * NCAT + 3 * bs
+    """int64 entries ``out`` needs: the per-program minima, then three ``[bs]`` copies; never less for larger sizes (a
+    buffer sized for a runner's largest batch holds every smaller one's)."""
+    return (PROGRAMS + MIN_SPLIT * _blocks(bs, num_rows, num_writes)) * NCAT + 3 * bs
 
 
 @triton.jit
@@ -92,7 +107,7 @@ def _has_earlier_equal(x, e, src_ptr, count, CHUNK_: tl.constexpr):
 
 # one compiled kernel for every batch (a variant per batch: minutes of compiles in a GPU test run): the first 24
 # arguments, the 12 pointers then the sizes, everything but the constexprs
-@triton.jit(**no_specialisation(25, 13))
+@triton.jit(**no_specialisation(26, 13))
 def _batch_check_kernel(
     out_ptr,  # [nprog * NCAT + 3 * bs] int64, written
     r2t_ptr,  # [pool, L] int32 req_to_token
@@ -119,6 +134,7 @@ def _batch_check_kernel(
     extra,  # columns a request spans past seq_lens (verify N, multi-step topk * S)
     mask_size,
     nprog,
+    split,  # table parts per entry block (table_split)
     HAS_ACC: tl.constexpr,
     HAS_EXT: tl.constexpr,
     HAS_ROW_REQ: tl.constexpr,
@@ -128,13 +144,12 @@ def _batch_check_kernel(
     BLOCK_: tl.constexpr,
     CHUNK_: tl.constexpr,
     TABLE_CHUNK_: tl.constexpr,
-    TABLE_SPLIT_: tl.constexpr,
     NCAT_: tl.constexpr,
     NONE_: tl.constexpr,
 ):
     blk, part = tl.program_id(0), tl.program_id(1)  # entry block; table part (part 0 also checks every other rule)
     e = blk * BLOCK_ + tl.arange(0, BLOCK_).to(tl.int64)  # [BLOCK] entry indices
-    res = out_ptr + (blk * TABLE_SPLIT_ + part) * NCAT_
+    res = out_ptr + (blk * split + part) * NCAT_
     # per cache write: the row's own new position in req_to_token (its request's row, column)
     in_m = e < m
     loc = _ld(loc_ptr, e, in_m, 1)
@@ -197,7 +212,7 @@ def _batch_check_kernel(
         tl.store(res + k, NONE_, mask=k < NCAT_ - 1)
     # ... and no other position of a live request holds the slot (the last category): this part of the request table
     held = tl.zeros([BLOCK_], dtype=tl.int32)
-    for t0 in range(part * TABLE_CHUNK_, pool * L, TABLE_SPLIT_ * TABLE_CHUNK_):
+    for t0 in range(part * TABLE_CHUNK_, pool * L, split * TABLE_CHUNK_):
         t = t0 + tl.arange(0, TABLE_CHUNK_).to(tl.int64)
         p, c = t // L, t % L
         in_t = (t < pool * L) & (p >= 1)
@@ -242,11 +257,10 @@ def batch_check(
     args = (out, req_to_token, seq_lens, req_pool_indices, input_ids, positions, out_cache_loc)
     # the optional pointers (seq_lens: a dummy, never read), then the sizes
     args += (*(seq_lens if t is None else t for t in optional), req_to_token.stride(0), *req_to_token.shape)
-    args += (vocab, num_slots, bs, n, m, max(rows_per_req, 1), extra, mask_size, nprog, *flags)
-    args += (BLOCK, CHUNK, TABLE_CHUNK, TABLE_SPLIT, NCAT, NONE)
-    direct_launch(
-        _batch_check_kernel, (nprog // TABLE_SPLIT, TABLE_SPLIT), args, (_batch_check_kernel, out.device, *flags), out.device
-    )
+    split = table_split(nprog_blocks := _blocks(bs, n, m))
+    args += (vocab, num_slots, bs, n, m, max(rows_per_req, 1), extra, mask_size, nprog, split, *flags)
+    args += (BLOCK, CHUNK, TABLE_CHUNK, NCAT, NONE)
+    direct_launch(_batch_check_kernel, (nprog_blocks, split), args, (_batch_check_kernel, out.device, *flags), out.device)
 
 
 def read_result(out: torch.Tensor, bs: int, num_rows: int, num_writes: int) -> dict:
