@@ -59,8 +59,8 @@ for kind in ("decode", "draft_decode"):
     k = _op._COMPILED[key]
     n, raw = fb.num_tokens, fb.batch_size
     block = key[4]
-    args = (*src, *inp._whole, *inp._whole[:2], n, raw, 8, 8 * inp.rows, 1, 0, 0, 0, False, NONE, inp.steps, block)
-    ptrs = (t.data_ptr() for t in src + inp._whole + inp._whole[:2])
+    args = (*src, *inp._whole, *inp._whole[:3], n, raw, 8, 8 * inp.rows, 1, 0, 0, 0, False, NONE, inp.steps, block)
+    ptrs = (t.data_ptr() for t in src + inp._whole + inp._whole[:3])
     iargs = (*ptrs, n, raw, 8, 8 * inp.rows, 1, 0, 0, 0, False, NONE, inp.steps, block)
     stream = torch._C._cuda_getCurrentRawStream(0)
     r = {

@@ -146,7 +146,7 @@ def time_replay_path(runner: GraphRunner, batches: Sequence[ForwardBatch], repea
         name: host_times(f, batches, repeats, warmup, sync, **kw)
         for name, f, kw in (
             ("validate", runner.validate, dict(before=lambda fb: runner.synchronize())),  # (a verdict no load read)
-            ("copies", load, {}),
+            ("copies", load, dict(before=lambda fb: runner.synchronize())),  # (the validate pass's last verdict read)
             ("hook", hook, loaded),
             ("launch", launch, loaded),
         )

@@ -138,6 +138,7 @@ class FuzzTarget:
                 buf.view(-1)[~keep] = poison_value(buf, high)
                 n += int((~keep).sum())
         again = self.runner.replay(fb)
+        self.runner.synchronize()  # (a refusal its device checks found: now)
         if torch.allclose(again, graph, rtol=0, atol=0, equal_nan=True):  # bit for bit, NaN where NaN
             return []
         err = (again.float() - graph.float()).abs().nan_to_num(float("inf")).max().item()

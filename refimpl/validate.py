@@ -238,7 +238,7 @@ def check_batch(fb, spec=None, kind=None, for_graph=False, world=None, out=None,
         raise _refuse("num_tokens", n, f"expected {want} rows for the batch's {bs} requests in {mode.name}")
     mask = spec_info.custom_mask if mode.is_target_verify() else None
     on_device = mask if mask is None or mask.dim() == 1 else None  # (a blind mask the batch allows: not a device rule)
-    defer = out is not None and for_graph and not draft_extend
+    defer = out is not None and for_graph and not draft_extend and result_size(bs, n, fb.out_cache_loc.numel()) <= out.numel()
     defer &= not (multi and (spec_info.kv_indptr is not None or spec_info.kv_indices is not None))
     if defer and getattr(spec_info, "allow_blind_rows", False):
         on_device = None

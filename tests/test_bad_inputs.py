@@ -343,6 +343,13 @@ CASES = [
         r"out_cache_loc\[1\]=1000000: outside \[1, \d+\)",
     ),
     Case(
+        "same, FlashInfer decode (its plan follows the host lengths)",
+        "decode",
+        lambda s, fb: fb.replace(out_cache_loc=_set(fb.out_cache_loc, 1, 10**6)),
+        r"out_cache_loc\[1\]=1000000: outside \[1, \d+\)",
+        on="flashinfer",
+    ),
+    Case(
         "two rows write one slot",
         "decode",
         lambda s, fb: fb.replace(out_cache_loc=fb.out_cache_loc[:1].repeat(2)),
@@ -634,6 +641,7 @@ DEFERRED = {
     "out_cache_loc of another row's position of the same request",
     "out_cache_loc at the reserved slot 0",
     "out_cache_loc past the cache",
+    "same, FlashInfer decode (its plan follows the host lengths)",
     "two rows write one slot",
     "multi-step: last step's slot past the cache (no step half-replayed)",
     "req_pool_indices past the request table",
@@ -664,7 +672,8 @@ def test_bad_input_is_refused_before_any_write(case: Case):
             assert torch.equal(s.world.req_to_token, next(old for t, old in snap if t is s.world.req_to_token))
             inputs = s.runner.inputs
             assert (inputs.req_pool_indices == 0).all() and (inputs.out_cache_loc == 0).all()
-            assert (inputs.seq_lens == s.runner.fill_value).all(), "a refused batch loads as padded rows only"
+            # each request at its host length, as the host mirror says (a plan made from it agrees with the device)
+            assert torch.equal(inputs.seq_lens.cpu(), inputs.seq_lens_cpu), "device and host lengths of a refused batch differ"
             with pytest.raises(case.exc, match=case.fragment + ".*found by the device checks of the last replay"):
                 s.runner.synchronize()
             s.runner.synchronize()  # raised once

@@ -582,10 +582,12 @@ def test_load_inputs_kernel_writes_what_its_reference_writes(label):
         if bad_at is not None:
             verdict[bad_at] = 5
         records = [torch.full((1,), -1, dtype=torch.int32, device=DEVICE) for _ in statics]
+        host = torch.arange(20, 20 + raw_bs, dtype=torch.int32, device=DEVICE)  # the batch's host lengths
         for writer, inputs, record in zip((launch_load_inputs, load_inputs_ref), statics, records):
-            writer(src, inputs._whole, bs, rows, steps, 7, 0, 0, verdict, record)
+            writer(src, inputs._whole, bs, rows, steps, 7, 0, 0, verdict, record, host)
         assert [int(r) for r in records] == [int(bad_at is not None)] * 2, (label, bad_at)
         for name, a, b in zip(names, *(inputs._whole for inputs in statics)):
             assert torch.equal(a, b), (label, bad_at, name, a.tolist(), b.tolist())
-        if bad_at is not None:
-            assert (statics[0].seq_lens[:bs] == 7).all() and (statics[0].out_cache_loc[: steps * bs * rows] == 0).all()
+        if bad_at is not None:  # padded rows: the reserved request row, slot 0; each request at its host length
+            assert statics[0].seq_lens[:bs].tolist() == host.tolist() + [7] * (bs - raw_bs)
+            assert (statics[0].req_pool_indices[:bs] == 0).all() and (statics[0].out_cache_loc[: steps * bs * rows] == 0).all()

@@ -261,10 +261,10 @@ class GraphRunner:
         whose device checks ``validate`` left pending is loaded under their verdict: refused, as padded rows only."""
         if (p := self._pending) is None or p[0] is not fb:
             return self.inputs.load(fb, bs)
-        self.inputs.load(fb, bs, self._verdict[: p[1]], self._record)
+        self.inputs.load(fb, bs, self._verdict[: p[1]], self._record, self._host_seq[: fb.batch_size])
         if self._events is not None:
             self._record_host.copy_(self._record, non_blocking=True)
-            self._events[1].record()
+            self._events[1].record(torch.cuda.current_stream(self.device))
         p[2] = True
 
     def _stage(self, seq_lens_cpu: torch.Tensor) -> torch.Tensor:
@@ -276,7 +276,7 @@ class GraphRunner:
         self._staged[:k].copy_(seq_lens_cpu)
         self._host_seq[:k].copy_(self._staged[:k], non_blocking=True)
         if self._events is not None:
-            self._events[0].record()
+            self._events[0].record(torch.cuda.current_stream(self.device))
         return self._host_seq[:k]
 
     def synchronize(self) -> None:
@@ -296,6 +296,8 @@ class GraphRunner:
             return
         where = (
             "(found by the device checks of the last replay, which ran as padded rows only: no KV slot of a request was written)"
+            if loaded
+            else "(found by the device checks of the last validate; that batch was never loaded)"
         )
         try:
             validate_batch(fb, self.spec_cfg, self.kind, True, world=self.world)

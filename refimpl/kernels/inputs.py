@@ -7,9 +7,11 @@ rows: request slot ``pad_req``, ``seq_len`` ``fill``, cache slot ``pad_slot`` (`
 ``input_ids`` / ``positions`` keep what they held (a padded row's token and position are never written to a live slot).
 
 Given a ``verdict`` (the device checks' per-program minima, ``refimpl.kernels.validation``: an entry below ``NONE``
-is a bad batch) it reads the verdict first: a refused batch is loaded as ``raw_bs = n = 0`` (every row a padded row,
-so its KV writes go to the reserved slot and nothing of the batch is read downstream) and ``record[0]`` is set to 1
-(else 0). That is how a replay acts on its device checks without waiting for them (``GraphRunner.validate``).
+is a bad batch) it reads the verdict first: a refused batch's rows are loaded as padded rows (request row
+``pad_req``, every KV write to ``pad_slot``; its token ids and positions not copied), each of its requests keeping its
+*host* length (``host_seq``, staged to the device and checked on the host: a plan made from the host mirror, such as
+FlashInfer's, then agrees with the device; a length of ``fill`` under a host length of 1,000 made FlashInfer's decode
+chunking wrap), and ``record[0]`` is set to 1 (else 0). That is how a replay acts on its device checks without waiting for them (``GraphRunner.validate``).
 
 On CUDA it is launched directly (``_op.direct_launch``; ``benchmarks/copies_parts.py`` times it); on a CPU the same writes
 run in torch (``load_inputs_ref``).
@@ -24,7 +26,7 @@ from .validation import NONE
 
 
 # one compiled kernel per (STEPS, BLOCK): no value of a batch may specialise it (a size equal to 1, a pointer's alignment)
-@triton.jit(**no_specialisation(20, 12))  # the 12 pointers and 8 sizes
+@triton.jit(**no_specialisation(21, 13))  # the 13 pointers and 8 sizes
 def _load_inputs_kernel(
     ids_src,  # [n] int64, the batch's
     pos_src,  # [n] int64
@@ -38,6 +40,7 @@ def _load_inputs_kernel(
     loc_dst,  # [>= steps * g] int64, [step][graph row]
     verdict,  # [nv] int64, read when VERDICT
     record,  # [1] int32, written when VERDICT: 1 = refused
+    host_seq,  # [raw_bs] int32, the batch's host lengths on the device (read when VERDICT, on a refusal)
     n,
     raw_bs,
     bs,
@@ -52,18 +55,23 @@ def _load_inputs_kernel(
     BLOCK: tl.constexpr,  # pow2 >= every row count
 ):
     r = tl.arange(0, BLOCK)
-    if VERDICT:  # a refused batch: every row a padded row
+    live_req = r < raw_bs
+    rpi = tl.load(rpi_src + r, mask=live_req, other=pad_req)
+    seq = tl.load(seq_src + r, mask=live_req, other=fill)
+    if VERDICT:  # a refused batch: padded rows, each request at its host length
         least = tl.full([BLOCK], NONE_, tl.int64)
         for v0 in range(0, nv, BLOCK):
             least = tl.minimum(least, tl.load(verdict + v0 + r, mask=v0 + r < nv, other=NONE_))
         refused = tl.min(least, 0) < NONE_
         tl.store(record, refused.to(tl.int32))
-        n, raw_bs = tl.where(refused, 0, n), tl.where(refused, 0, raw_bs)
-    live, live_req, req, rows = r < n, r < raw_bs, r < bs, r < g
+        n = tl.where(refused, 0, n)
+        rpi = tl.where(refused, pad_req, rpi)
+        seq = tl.where(refused, tl.load(host_seq + r, mask=live_req, other=fill), seq)
+    live, req, rows = r < n, r < bs, r < g
     tl.store(ids_dst + r, tl.load(ids_src + r, mask=live), mask=live)
     tl.store(pos_dst + r, tl.load(pos_src + r, mask=live), mask=live)
-    tl.store(rpi_dst + r, tl.load(rpi_src + r, mask=live_req, other=pad_req), mask=req)
-    tl.store(seq_dst + r, tl.load(seq_src + r, mask=live_req, other=fill), mask=req)
+    tl.store(rpi_dst + r, rpi, mask=req)
+    tl.store(seq_dst + r, seq, mask=req)
     for s in tl.static_range(STEPS):
         tl.store(loc_dst + s * g + r, tl.load(loc_src + s * n + r, mask=live, other=pad_slot), mask=rows)
 
@@ -90,20 +98,22 @@ def load_inputs(
     pad_slot: int,
     verdict: torch.Tensor,
     record: torch.Tensor,
+    host_seq_lens: torch.Tensor,
 ) -> None:
     """The batch (``src_*``: ``raw_bs = src_seq_lens.numel()`` requests, ``n = src_input_ids.numel()`` rows) into the
         static tensors' first ``bs`` requests (``rows`` query rows each; ``steps`` cache-write blocks), the rest of them
         padded rows (module docstring). The caller (``StaticInputs.load``) has checked sizes and dtypes
-        (``refimpl.validate``); the static tensors are whole (their sizes set the block). ``verdict`` / ``record``: the
+        (``refimpl.validate``); the static tensors are whole (their sizes set the block). ``verdict`` / ``record`` / ``host_seq_lens``: the
     module docstring (an empty verdict: nothing to act on, ``record`` untouched; both always given, since a custom op's
     mutated argument may not be None on every torch)."""
     src = (src_input_ids, src_positions, src_req_pool_indices, src_seq_lens, src_out_cache_loc)
     dst = (input_ids, positions, req_pool_indices, seq_lens, out_cache_loc)
     load = launch_load_inputs if input_ids.is_cuda else load_inputs_ref
-    load(src, dst, bs, rows, steps, fill, pad_req, pad_slot, verdict if verdict.numel() else None, record)
+    judged = (verdict, record, host_seq_lens) if verdict.numel() else ()
+    load(src, dst, bs, rows, steps, fill, pad_req, pad_slot, *judged)
 
 
-def launch_load_inputs(src: tuple, dst: tuple, bs, rows, steps, fill, pad_req, pad_slot, verdict=None, record=None):
+def launch_load_inputs(src: tuple, dst: tuple, bs, rows, steps, fill, pad_req, pad_slot, verdict=None, record=None, host=None):
     """The Triton kernel over ``load_inputs``' sources and destinations (CUDA; on a CPU the interpreter takes about 9 ms
     a call, so ``load_inputs`` runs ``load_inputs_ref`` there, and a test holds this kernel to it)."""
     n, raw_bs, dev = src[0].numel(), src[3].numel(), dst[0].device
@@ -111,19 +121,20 @@ def launch_load_inputs(src: tuple, dst: tuple, bs, rows, steps, fill, pad_req, p
     src = dst if raw_bs == 0 else src  # an idle batch's sources are empty and never read (every mask is off)
     judged = verdict is not None
     flags = (0 if verdict is None else verdict.numel(), judged, NONE, steps, block)
-    verdict = (verdict, record) if judged else dst[:2]  # (not read)
+    verdict = (verdict, record, host if raw_bs else dst[3]) if judged else dst[:3]  # (dst: never read)
     sizes = (n, raw_bs, bs, bs * rows, fill, pad_req, pad_slot, *flags)
     direct_launch(
         _load_inputs_kernel, (1,), (*src, *dst, *verdict, *sizes), (_load_inputs_kernel, dev, judged, steps, block), dev
     )
 
 
-def load_inputs_ref(src: tuple, dst: tuple, bs, rows, steps, fill, pad_req, pad_slot, verdict=None, record=None):
+def load_inputs_ref(src: tuple, dst: tuple, bs, rows, steps, fill, pad_req, pad_slot, verdict=None, record=None, host=None):
     """The same writes in torch: copies of the batch's rows, fills of the padded rows."""
     if verdict is not None:
         refused = bool((verdict < NONE).any())
         record.fill_(int(refused))
-        src = tuple(t[:0] for t in src) if refused else src
+        if refused:  # no ids, positions or KV writes; the reserved request row at each request's host length
+            src = (src[0][:0], src[1][:0], torch.full_like(src[2], pad_req), host, src[4][:0])
     n, raw_bs, g = src[0].numel(), src[3].numel(), bs * rows
     for s, d in zip(src[:2], dst[:2]):
         d[:n].copy_(s)
