@@ -23,12 +23,12 @@ from .. import layout
 from ..batch import ForwardBatch, World
 from ..config import SpecConfig
 from ..kernels import build_block_table, build_block_table_ref, trtllm_batch_decode_with_kv_cache_mla, trtllm_mla_graph_metadata
+from ..kernels.mla_paged import TRTLLM_BLOCK_CONSTRAINT  # trtllm-gen: the table covers a multiple of 128 positions
 from ..modes import GRAPH_MODES, ForwardMode
 from ..spec import DraftExtendInput, VerifyInput, require_spec, verify_n
 from .base import AttentionBackend, GraphModeNotSupported, MultiStepBackend
 from .flashinfer_mla import FlashInferMLAAttnBackend, new_block_table
 
-TRTLLM_BLOCK_CONSTRAINT = 128  # trtllm-gen: the table must cover a multiple of 128 positions
 FLASHMLA_BLOCK = 4096  # positions per block-table chunk (get_num_page_per_block_flashmla)
 WORKSPACE_BYTES = 1 << 20  # upstream: a shared 150 MB int8 workspace; the stand-in ignores it
 
