@@ -2,8 +2,8 @@
 
 The bench calls the runner's own phases between timers: **validate**, **copies** (``load_inputs``), **hook**
 (``replay_hook``: metadata, outside the graph) and **launch** (``graph.replay()``), then **default**: the whole
-``runner.replay(fb)`` a user calls, validation on (its device checks deferred to the load, ``refimpl.validate``). Host µs from ``time.perf_counter``
-with a synchronisation *between* iterations; GPU µs from CUDA events in passes of their own. Method: warm up, rotate
+``runner.replay(fb)`` a user calls, validation on (its device checks acted on by the load, ``refimpl.validate``). Host
+µs from ``time.perf_counter`` with a synchronisation *between* iterations; GPU µs from CUDA events in passes of their own. Method: warm up, rotate
 inputs, medians with p10/p25/p75/p90, optional pinning to one core, versions recorded beside every number. ``sweep`` adds
 the whole step as a graph vs eagerly, capture time and memory (``python -m refimpl bench``). On CPU (the emulator) the
 numbers say what the Python costs, not what a GPU launch costs.

@@ -21,7 +21,8 @@ batch and the request table, never to the KV pool. ``validate_batch`` reads that
 sync; an eager ragged batch reads its row counts first). A graph replay does not wait for it (``check_batch`` with
 ``out``, ``GraphRunner.validate``): the host rules run now, the device rules (then also "``seq_lens`` equals
 ``seq_lens_cpu``", against a staged copy of the host values) go to the runner's verdict buffer, the input load reads the
-verdict on the device and loads a refused batch as padded rows only (``refimpl.kernels.inputs``), and the runner raises
+verdict on the device and loads a refused batch as padded rows (each request at its host length;
+``refimpl.kernels.inputs``), and the runner raises
 the refusal, named as ``validate_batch`` names it, at its next call or ``synchronize()``. A draft-extend batch (its
 hooks read the batch's own accept lengths), a multi-step batch carrying its own kv indices, and eager runs are
 validated at once.

@@ -10,8 +10,8 @@ Given a ``verdict`` (the device checks' per-program minima, ``refimpl.kernels.va
 is a bad batch) it reads the verdict first: a refused batch's rows are loaded as padded rows (request row
 ``pad_req``, every KV write to ``pad_slot``; its token ids and positions not copied), each of its requests keeping its
 *host* length (``host_seq``, staged to the device and checked on the host: a plan made from the host mirror, such as
-FlashInfer's, then agrees with the device; a length of ``fill`` under a host length of 1,000 made FlashInfer's decode
-chunking wrap), and ``record[0]`` is set to 1 (else 0). That is how a replay acts on its device checks without waiting for them (``GraphRunner.validate``).
+FlashInfer's, then agrees with the device), and ``record[0]`` is set to 1 (else 0). That is how a replay acts on its
+device checks without waiting for them (``GraphRunner.validate``).
 
 On CUDA it is launched directly (``_op.direct_launch``; ``benchmarks/copies_parts.py`` times it); on a CPU the same writes
 run in torch (``load_inputs_ref``).
@@ -101,11 +101,11 @@ def load_inputs(
     host_seq_lens: torch.Tensor,
 ) -> None:
     """The batch (``src_*``: ``raw_bs = src_seq_lens.numel()`` requests, ``n = src_input_ids.numel()`` rows) into the
-        static tensors' first ``bs`` requests (``rows`` query rows each; ``steps`` cache-write blocks), the rest of them
-        padded rows (module docstring). The caller (``StaticInputs.load``) has checked sizes and dtypes
-        (``refimpl.validate``); the static tensors are whole (their sizes set the block). ``verdict`` / ``record`` / ``host_seq_lens``: the
-    module docstring (an empty verdict: nothing to act on, ``record`` untouched; both always given, since a custom op's
-    mutated argument may not be None on every torch)."""
+    static tensors' first ``bs`` requests (``rows`` query rows each; ``steps`` cache-write blocks), the rest of them
+    padded rows (module docstring). The caller (``StaticInputs.load``) has checked sizes and dtypes
+    (``refimpl.validate``); the static tensors are whole (their sizes set the block). ``verdict`` / ``record`` /
+    ``host_seq_lens``: the module docstring (an empty verdict: nothing to act on, ``record`` untouched; all three always
+    given, since torch 2.11's custom op cannot mark a mutated argument that is None)."""
     src = (src_input_ids, src_positions, src_req_pool_indices, src_seq_lens, src_out_cache_loc)
     dst = (input_ids, positions, req_pool_indices, seq_lens, out_cache_loc)
     load = launch_load_inputs if input_ids.is_cuda else load_inputs_ref

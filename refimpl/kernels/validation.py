@@ -105,8 +105,8 @@ def _has_earlier_equal(x, e, src_ptr, count, CHUNK_: tl.constexpr):
     return dup > 0
 
 
-# one compiled kernel for every batch (a variant per batch: minutes of compiles in a GPU test run): the first 24
-# arguments, the 12 pointers then the sizes, everything but the constexprs
+# one compiled kernel for every batch (a variant per batch: minutes of compiles in a GPU test run): the first 26
+# arguments, the 13 pointers then the sizes, everything but the constexprs
 @triton.jit(**no_specialisation(26, 13))
 def _batch_check_kernel(
     out_ptr,  # [nprog * NCAT + 3 * bs] int64, written
