@@ -57,7 +57,7 @@ def _ints(bad, lo=1, hi=2**63 - 1, many=None):
 
     def parse(text):
         try:
-            values = tuple(int(x) for x in text.split(",")) if many else (int(text),)
+            values = tuple(map(int, text.split(",") if many else [text]))
         except ValueError:
             form = f"a comma-separated list of {many} (e.g. 1,3,4)" if many else "an integer"
             raise argparse.ArgumentTypeError(f"{text!r} is not {form}") from None

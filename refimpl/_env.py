@@ -15,9 +15,10 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+Device = str | torch.device  # a device, or its name
 
 
-def _patch_lang_once_per_launch() -> None:
+def _patch_lang_once_per_launch():
     """Make the interpreter's nested ``@triton.jit`` calls cheap. The interpreter re-patches ``triton.language`` (every
     builtin, found by ``inspect.getmembers``) on *every* call of a device function: ``tl.max`` and ``tl.sum`` are such
     functions, so a kernel's inner loop paid about 1.7 ms per reduction, more than half of a CPU check's kernel time
@@ -56,20 +57,20 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() and not INTERPRET else "cpu")
 
 
-def resolve_device(device: str | torch.device | None = None) -> torch.device:
+def resolve_device(device: Device | None = None) -> torch.device:
     """``device`` (None: ``default_device()``), a bare ``"cuda"`` given the current index: tensors report one, so
     devices then compare exactly."""
     dev = torch.device(device) if device is not None else default_device()
     return torch.device("cuda", torch.cuda.current_device()) if dev.type == "cuda" and dev.index is None else dev
 
 
-def default_dtype(device: torch.device | str) -> torch.dtype:
+def default_dtype(device: Device) -> torch.dtype:
     """The model dtype the backends run on ``device``: bfloat16 on a GPU (what the real kernels take), float32 on the CPU
     (the Triton interpreter mishandles bf16)."""
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
-def check_cpu_dtype(t: torch.Tensor, name: str) -> None:
+def check_cpu_dtype(t: torch.Tensor, name: str):
     """Refuse bf16 on the Triton interpreter instead of returning garbage silently."""
     if INTERPRET and t.dtype == torch.bfloat16:
         raise TypeError(

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ._env import resolve_device
+from ._env import Device, resolve_device
 from .config import ModelConfig
 from .layout import GraphKind
 from .memory import MHAKVCache, MLAKVCache, ReqToTokenPool, TokenSlotAllocator, make_kv_cache
@@ -39,7 +39,7 @@ class World:
         pool_size: int = 64,
         num_slots: int | None = None,
         page_size: int = 1,
-        device: str | torch.device | None = None,
+        device: Device | None = None,
         seed: int = 0,
         kv_caches: dict | None = None,
     ) -> "World":
@@ -52,7 +52,7 @@ class World:
         num_slots = -(-num_slots // page_size) * page_size
         dev = resolve_device(device)
         key = (cfg, dev, num_slots, seed)  # not the page size: a cache is per slot
-        shared = None if kv_caches is None else kv_caches.get(key)
+        shared = (kv_caches or {}).get(key)
         pool, kv_cache = ReqToTokenPool(pool_size, max_context_len, dev), shared or make_kv_cache(cfg, num_slots, dev)
         world = cls(cfg, pool, TokenSlotAllocator(num_slots, page_size, seed), kv_cache, dev)
         if kv_caches is not None and shared is None:
@@ -82,24 +82,22 @@ class World:
         self.req_to_token[slot, :num_tokens] = slots.to(self.device, torch.int32)
         return slot
 
-    def randomize_kv(self, seed: int = 0, scale: float = 1.0) -> None:
+    def randomize_kv(self, seed: int = 0):
         """Fill every KV slot (slot 0 too: nothing live reads it) with random values, as if all prefixes had been
         prefilled."""
         host = torch.Generator(device="cpu").manual_seed(seed)  # one stream over every host-drawn buffer
         for buf in self.kv_cache.buffers():
             big = buf.is_cuda and buf.numel() > 1 << 24  # large GPU caches: drawn on the device, each from seed
             g = torch.Generator(device=buf.device).manual_seed(seed) if big else host
-            buf.copy_(torch.randn(buf.shape, generator=g, device=g.device) * scale)
+            buf.copy_(torch.randn(buf.shape, generator=g, device=g.device))
 
-    def clone_to(self, device: str | torch.device) -> "World":
+    def clone_to(self, device: Device) -> "World":
         """A copy on another device with the same tables, cache contents and free lists."""
-        twin, dev = copy.deepcopy(self), resolve_device(device)  # small pools: a deep copy is simplest and exact
-        pool = twin.req_to_token_pool
-        twin.device, pool.device, pool.req_to_token, pool.live = dev, dev, pool.req_to_token.to(dev), pool.live.to(dev)
-        cache = twin.kv_cache
-        for name in ("k", "v", "kv"):
-            if hasattr(cache, name):
-                setattr(cache, name, [b.to(dev) for b in getattr(cache, name)])
+        dev, pool = resolve_device(device), self.req_to_token_pool
+        # a deep copy whose memo already maps every tensor to its copy on dev (deepcopy reuses what its memo holds)
+        moved = {id(t): t.to(dev, copy=True) for t in (pool.req_to_token, pool.live, *self.kv_cache.buffers())}
+        twin = copy.deepcopy(self, moved)
+        twin.device = twin.req_to_token_pool.device = dev
         return twin
 
     def live_slots(self) -> torch.Tensor:
@@ -148,12 +146,12 @@ class ForwardBatch:
     def to_world(self, world: "World") -> "ForwardBatch":
         """The same batch against ``world`` (e.g. a ``World.clone_to('cuda')`` twin)."""
         move = lambda x: x.to(world.device) if isinstance(x, torch.Tensor) else x
-        spec = self.spec_info
-        if is_dataclass(spec):
-            spec = replace(spec, **{f.name: move(getattr(spec, f.name)) for f in fields(spec)})
-        skip = ("world", "spec_info", "seq_lens_cpu")  # the host mirror stays on the host
-        moved = {f.name: move(getattr(self, f.name)) for f in fields(self) if f.name not in skip}
-        return replace(self, **moved, world=world, spec_info=spec)
+
+        def moved(obj, **given):  # a copy of dataclass obj: the fields in given as given, every other tensor moved
+            return replace(obj, **{f.name: move(getattr(obj, f.name)) for f in fields(obj) if f.name not in given}, **given)
+
+        spec = moved(self.spec_info) if is_dataclass(self.spec_info) else self.spec_info
+        return moved(self, world=world, spec_info=spec, seq_lens_cpu=self.seq_lens_cpu)  # the host mirror stays
 
     def replace(self, **kw) -> "ForwardBatch":
         return replace(self, **kw)

@@ -37,19 +37,14 @@ __all__ = ["BatchGenerator"]
 _Lens = Sequence[int] | None
 
 
-LENGTHS = ("mixed", "one long", "short")  # how a batch's lengths are drawn when not given (``BatchGenerator.lengths``)
-
-
 class BatchGenerator:
-    """Random batches per mode over ``world``; ``spec`` is needed by the speculative modes. ``lengths``, when a batch's
-    lengths are not given: ``"mixed"`` (every request short, long, near a page boundary or uniform), ``"one long"``
+    """Random batches per mode over ``world``; ``spec`` is needed by the speculative modes. The attribute ``lengths``, when
+    a batch's lengths are not given: ``"mixed"`` (every request short, long, near a page boundary or uniform), ``"one long"``
     (request 0 within 8 of the longest the mode allows, the others short or near a small page boundary: long
     contexts at the cost of one request, what the checker draws) or ``"short"`` (every request so)."""
 
-    def __init__(self, world: World, spec: SpecConfig | None = None, seed: int = 0, lengths: str = "mixed"):
-        if lengths not in LENGTHS:
-            raise ValueError(f"lengths={lengths!r}: expected one of {LENGTHS}")
-        self.world, self.spec, self.lengths = world, spec, lengths
+    def __init__(self, world: World, spec: SpecConfig | None = None, seed: int = 0):
+        self.world, self.spec, self.lengths = world, spec, "mixed"  # callers set lengths to "one long" or "short"
         self.rng = random.Random(seed)
         self.torch_gen = torch.Generator().manual_seed(seed)
         self._owned = {}  # request slot -> tokens allocated in its row
@@ -71,8 +66,7 @@ class BatchGenerator:
                 raise ValueError(f"request {i}: prefix_len {p} + extend_len {e} = {p + e} exceeds max_context_len={L}")
         seq = [p + e for p, e in zip(pre, ext)]
         i32 = lambda v: torch.tensor(v, dtype=torch.int32, device=self.world.device)  # [bs] int32
-        meta = dict(prefix_lens=pre, extend_lens=ext)
-        return self._assemble(ForwardMode.EXTEND, seq, ext, extend_seq_lens=i32(ext), extend_prefix_lens=i32(pre), meta=meta)
+        return self._assemble(ForwardMode.EXTEND, seq, ext, extend_seq_lens=i32(ext), extend_prefix_lens=i32(pre))
 
     def decode(self, bs: int, seq_lens: _Lens = None) -> ForwardBatch:
         """DECODE: one row per request at position ``seq_len - 1`` (seq_lens incl. the token)."""
@@ -94,9 +88,7 @@ class BatchGenerator:
             raise ValueError(f"trees[0] has {trees[0].num_nodes} nodes, expected N={N}")
         # the N draft slots after the prefix: KV column = prefix + node index; position = prefix + depth
         pos = [s + d for s, t in zip(seq, trees) for d in t.depths()]
-        return self._assemble(
-            ForwardMode.TARGET_VERIFY, seq, [N] * bs, N, pos, spec_info, meta=dict(trees=trees, draft_token_num=N)
-        )
+        return self._assemble(ForwardMode.TARGET_VERIFY, seq, [N] * bs, N, pos, spec_info)
 
     def draft_extend(
         self, bs: int, version: int, seq_lens: _Lens = None, accept_length: _Lens = None, ragged: bool = False
@@ -110,9 +102,7 @@ class BatchGenerator:
         spec_info = make_draft_extend_input(version, acc, spec, self.world.device, ragged)
         rows = spec_info.extend_seq_lens.tolist()  # at least one verified token before the new rows
         seq = self._lens(seq_lens, bs, "seq_lens", [r + 1 for r in rows], self.world.max_context_len, "max_context_len")
-        return self._assemble(
-            mode, seq, rows, spec_info=spec_info, meta=dict(accept_length=acc, rows_per_req=rows, ragged=ragged)
-        )
+        return self._assemble(mode, seq, rows, spec_info=spec_info, meta=dict(accept_length=acc, ragged=ragged))
 
     def draft_decode(self, bs: int, seq_lens: _Lens = None) -> ForwardBatch:
         """Multi-step draft DECODE over ``bs`` sequences (layout in the module docstring)."""
@@ -123,9 +113,7 @@ class BatchGenerator:
         # [step][seq][branch]: S blocks of bs*topk writes; the rows' step-0 positions are the prefix lengths
         writes = [(i, layout.draft_column(s, k, j, spec)) for j in range(S) for i, s in enumerate(seq) for k in range(topk)]
         pos = [s for s in seq for _ in range(topk)]
-        return self._assemble(
-            ForwardMode.DECODE, seq, (), width, pos, DraftDecodeInput(topk, S), writes, meta=dict(num_seqs=bs, rows=bs * topk)
-        )
+        return self._assemble(ForwardMode.DECODE, seq, (), width, pos, DraftDecodeInput(topk, S), writes)
 
     def for_mode(self, kind: layout.GraphKind | ForwardMode | str, bs: int, **kw) -> ForwardBatch:
         """Dispatch on a graph kind (a ``GraphKind``, its label or a forward mode; ``"draft_decode"``: multi-step draft
@@ -137,14 +125,14 @@ class BatchGenerator:
             kw["version"] = 2 if kind.mode.is_draft_extend_v2() else 1
         return getattr(self, kind.label.removesuffix("_v2"))(bs, **kw)
 
-    def release(self, batch: ForwardBatch) -> None:
+    def release(self, batch: ForwardBatch):
         """Give the batch's request slots and their pages back to the world."""
         slots = batch.req_pool_indices.tolist()
         if foreign := [s for s in slots if s not in self._owned]:
             raise ValueError(f"request slots {foreign} were not allocated by this generator (or were already released)")
         self._free(slots)
 
-    def release_all(self) -> None:
+    def release_all(self):
         """Free every request this generator still holds."""
         self._free(list(self._owned))
 

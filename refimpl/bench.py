@@ -71,7 +71,7 @@ def environment() -> dict[str, Any]:
 def _run(*cmd):
     """A command's stripped stdout (run beside this file), or None."""
     try:
-        out = subprocess.run(cmd, cwd=os.path.dirname(os.path.abspath(__file__)), capture_output=True, text=True)
+        out = subprocess.run(cmd, cwd=os.path.dirname(__file__), capture_output=True, text=True)
     except OSError:
         return None
     return out.stdout.strip() or None
@@ -140,15 +140,16 @@ def time_replay_path(runner: GraphRunner, batches: Sequence[ForwardBatch], repea
     bs = runner.pick_bs(raw_bs)
     load = lambda fb: runner.load_inputs(fb, bs)
     hook = lambda fb: runner.replay_hook(fb, bs)
-    launch = lambda fb: runner.launch(bs)
+    # validate: a verdict no load read; copies: the validate pass's last verdict read
+    settled = dict(before=lambda fb: runner.synchronize())
     loaded = dict(before=load, run=RUN)  # the hook and the launch: on a loaded batch, RUN calls each
     host = {
         name: host_times(f, batches, repeats, warmup, sync, **kw)
         for name, f, kw in (
-            ("validate", runner.validate, dict(before=lambda fb: runner.synchronize())),  # (a verdict no load read)
-            ("copies", load, dict(before=lambda fb: runner.synchronize())),  # (the validate pass's last verdict read)
+            ("validate", runner.validate, settled),
+            ("copies", load, settled),
             ("hook", hook, loaded),
-            ("launch", launch, loaded),
+            ("launch", lambda fb: runner.launch(bs), loaded),
         )
     }
     was, runner.validate_inputs = runner.validate_inputs, True  # the replay a user runs: validation on
@@ -324,7 +325,7 @@ def summary_table(rows: Sequence[dict[str, Any]]) -> str:
     units = "host µs, medians: valid(ation) / copies / hook / launch; gpu: the graph's GPU µs; graph / eager: the whole step"
     lines = [units + ", wall µs; x: eager / graph", head, "-" * len(head)]
     for r in rows:
-        g, st, name = r.get("gpu_us"), r["step_us"], r["backend"] + "/" + r["variant"]
+        g, st, name = r.get("gpu_us"), r["step_us"], f"{r['backend']}/{r['variant']}"
         gpu = f"{g['graph']['median']:8.1f}" if g else f"{'-':>8}"
         parts = " ".join(f"{r['host_us'][k]['median']:7.1f}" for k in ("validate", "copies", "hook", "launch"))
         lines.append(

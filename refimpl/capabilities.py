@@ -21,7 +21,6 @@ from .config import CHAIN
 from .layout import KINDS, GraphKind
 from .rig.core import Rig
 
-SPEC = CHAIN
 MODES = tuple(KINDS)  # decode, idle, target_verify, draft_extend, draft_extend_v2, draft_decode
 L = 160  # room for a 128-token page
 
@@ -37,14 +36,14 @@ def capability(entry: BackendEntry, kind: str | GraphKind, world=None) -> tuple[
     probe releases the requests it draws)."""
     kind, world = GraphKind.parse(kind), world or _world(entry)
     try:
-        backend = entry.load(kind.multi_step)(world, SPEC)
+        backend = entry.load(kind.multi_step)(world, CHAIN)
         backend.check_graph_mode(kind.mode)
         return "graph", backend.glue_refusal(kind.mode)
     except GraphModeNotSupported:
         pass
     if kind.multi_step:
         return "—", None  # multi-step draft decode exists only as graphs of its step backends
-    backend, gen = entry.load()(world, SPEC), BatchGenerator(world, SPEC)
+    backend, gen = entry.load()(world, CHAIN), BatchGenerator(world, CHAIN)
     try:  # does the eager hook serve a batch?
         backend.init_forward_metadata(gen.for_mode(kind.mode, 1))
         return "eager", None

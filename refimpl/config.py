@@ -40,7 +40,7 @@ class ModelConfig:
     dtype: torch.dtype = torch.float32
     seed: int = 0
 
-    def __post_init__(self) -> None:
+    def __post_init__(self):
         if self.kind not in ("mha", "mla"):
             raise ValueError(f"ModelConfig.kind must be 'mha' or 'mla', got {self.kind!r}")
         if self.kind == "mha" and self.num_heads % self.num_kv_heads:
@@ -82,7 +82,7 @@ class SpecConfig:
     topk: int = 1
     num_draft_tokens: int = 4  # N
 
-    def __post_init__(self) -> None:
+    def __post_init__(self):
         n, S, k = self.num_draft_tokens, self.num_steps, self.topk
         if S < 1 or k < 1 or n < 2:
             raise ValueError(f"invalid SpecConfig {self}: need num_steps>=1, topk>=1, N>=2")

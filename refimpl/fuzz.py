@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import shlex
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
@@ -42,7 +43,7 @@ class FuzzParams:
 
 @dataclass
 class FuzzReport:
-    batches: dict[str, int] = field(default_factory=dict)  # "backend/variant/mode/spec" -> count
+    batches: Counter[str] = field(default_factory=Counter)  # "backend/variant/mode/spec" -> count
     mismatches: list[str] = field(default_factory=list)  # reproducers
     skipped: list[str] = field(default_factory=list)
 
@@ -213,12 +214,12 @@ def fuzz(
                 problems = target.check(params)
             except Exception as e:  # noqa: BLE001 - the review tool survives the code it reviews: a finding, not a crash
                 problems = [raised(e)]
-            report.batches[label] = report.batches.get(label, 0) + 1
+            report.batches[label] += 1
             if problems:
                 cls = "" if entry in REGISTRY else f', backend_class="{entry.target}"'
                 call = f'reproduce("{label}", {asdict(params)}, seed={seed}{cls})'
                 how = "python -c " + shlex.quote(f"from refimpl.fuzz import reproduce; print({call})")  # a shell line
                 mismatch(f"{label} batch {i}: {'; '.join(problems)}\n    reproduce: {how}")
         if progress:
-            print(f"fuzz {label}: {report.batches.get(label, 0)} batches", flush=True)
+            print(f"fuzz {label}: {report.batches[label]} batches", flush=True)
     return report

@@ -57,9 +57,8 @@ class GraphKind:
     def span(self, spec: SpecConfig | None) -> int:
         """Columns of ``req_to_token`` a request spans past ``seq_lens``: verify ``N`` (its drafts), multi-step draft
         decode ``topk * S`` (each branch's S steps), every other mode 0."""
-        if self.multi_step:
-            return _need_spec(self.mode, spec).topk * spec.num_steps
-        return _need_spec(self.mode, spec).num_draft_tokens if self.mode.is_target_verify() else 0
+        drafts = self.multi_step or self.mode.is_target_verify()
+        return self.rows(spec) * self.cache_writes(spec) if drafts else 0  # the columns its rows write
 
     def cache_writes(self, spec: SpecConfig | None) -> int:
         """KV slots each query row writes: S in multi-step draft decode (one per step), else 1."""
@@ -154,7 +153,7 @@ def mask_indptr(seq_lens: torch.Tensor, num_draft_tokens: int, out: torch.Tensor
     return out[: bs + 1]
 
 
-def check_mask_fits(mask: torch.Tensor, buffer: torch.Tensor) -> None:
+def check_mask_fits(mask: torch.Tensor, buffer: torch.Tensor):
     """Refuse a tree mask larger than the static buffer a graph reads it from."""
     if mask.numel() > buffer.numel():
         raise ValueError(

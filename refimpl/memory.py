@@ -15,6 +15,7 @@ from collections import deque
 
 import torch
 
+from ._env import Device
 from .config import RESERVED_REQ_SLOT, ModelConfig
 
 
@@ -22,7 +23,7 @@ class ReqToTokenPool:
     """``req_to_token[size, max_context_len]`` int32 with request slot 0 reserved; ``live[size]`` bool (device): the rows
     allocated now (validation reads it: a new slot no other live request holds). A freed row is zeroed."""
 
-    def __init__(self, size: int, max_context_len: int, device: str | torch.device = "cpu"):
+    def __init__(self, size: int, max_context_len: int, device: Device = "cpu"):
         if size < 2:
             raise ValueError(f"ReqToTokenPool size={size}: need >= 2 (slot 0 is reserved)")
         self.size, self.max_context_len, self.device = size, max_context_len, torch.device(device)
@@ -43,7 +44,7 @@ class ReqToTokenPool:
         self.live[out] = True
         return out
 
-    def free(self, slots: list[int]) -> None:
+    def free(self, slots: list[int]):
         if RESERVED_REQ_SLOT in slots:
             raise ValueError("request slot 0 is reserved and cannot be freed")
         self.req_to_token[slots] = 0  # a freed row must not leak stale slot ids
@@ -75,7 +76,7 @@ class TokenSlotAllocator:
             raise RuntimeError(f"TokenSlotAllocator: asked for {n} pages of {self.page_size} slots, only {free} free")
         return [self._free_pages.popleft() for _ in range(n)]  # O(n), not O(free)
 
-    def free_page_ids(self, pages: list[int]) -> None:
+    def free_page_ids(self, pages: list[int]):
         if 0 in pages:
             raise ValueError("page 0 is reserved and cannot be freed")
         self._free_pages.extend(pages)
@@ -92,14 +93,14 @@ class TokenSlotAllocator:
 class MHAKVCache:
     """Per layer ``k[slots, Hkv, D]`` and ``v[slots, Hkv, Dv]`` ("NHD", page size folded in)."""
 
-    def __init__(self, cfg: ModelConfig, num_slots: int, device: str | torch.device = "cpu"):
+    def __init__(self, cfg: ModelConfig, num_slots: int, device: Device):
         self.cfg, self.num_slots = cfg, num_slots
         per_layer = lambda d: [
             torch.zeros(num_slots, cfg.num_kv_heads, d, dtype=cfg.dtype, device=device) for _ in range(cfg.num_layers)
         ]
         self.k, self.v = per_layer(cfg.head_dim), per_layer(cfg.v_head_dim)
 
-    def set_kv(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    def set_kv(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         # loc: [tokens] int64; k: [tokens, Hkv, D]; an in-place scatter (graph-safe)
         for cache, x in ((self.k[layer], k), (self.v[layer], v)):
             cache.index_copy_(0, loc, x.to(cache.dtype))
@@ -111,12 +112,12 @@ class MHAKVCache:
 class MLAKVCache:
     """Per layer ``kv[slots, 1, kv_lora_rank + rope]``: latent in ``[..., :512]``, rope after."""
 
-    def __init__(self, cfg: ModelConfig, num_slots: int, device: str | torch.device = "cpu"):
+    def __init__(self, cfg: ModelConfig, num_slots: int, device: Device):
         self.cfg, self.num_slots = cfg, num_slots
         shape = (num_slots, 1, cfg.kv_row_width)
         self.kv = [torch.zeros(shape, dtype=cfg.dtype, device=device) for _ in range(cfg.num_layers)]
 
-    def set_kv(self, layer: int, loc: torch.Tensor, latent_and_rope: torch.Tensor) -> None:
+    def set_kv(self, layer: int, loc: torch.Tensor, latent_and_rope: torch.Tensor):
         # latent_and_rope: [tokens, 576] or [tokens, 1, 576]
         row = latent_and_rope.reshape(-1, 1, self.cfg.kv_row_width)
         self.kv[layer].index_copy_(0, loc, row.to(self.kv[layer].dtype))
@@ -125,5 +126,5 @@ class MLAKVCache:
         return list(self.kv)
 
 
-def make_kv_cache(cfg: ModelConfig, num_slots: int, device: str | torch.device = "cpu"):
+def make_kv_cache(cfg: ModelConfig, num_slots: int, device: Device):
     return (MLAKVCache if cfg.is_mla else MHAKVCache)(cfg, num_slots, device)

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from ._env import resolve_device
+from ._env import Device, resolve_device
 from .batch import ForwardBatch
 from .config import ModelConfig
 
@@ -25,7 +25,7 @@ def _rms_norm(x):
 class TinyDecoder:
     """Weights are random but fixed by ``cfg.seed``; logits are ``[num_tokens, vocab]``."""
 
-    def __init__(self, cfg: ModelConfig, device: str | torch.device | None = None):
+    def __init__(self, cfg: ModelConfig, device: Device | None = None):
         self.cfg = cfg
         device = resolve_device(device)
         g = torch.Generator().manual_seed(cfg.seed)

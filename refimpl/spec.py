@@ -28,11 +28,11 @@ from typing import TypeVar
 import torch
 
 from . import layout
+from ._env import Device
 from .config import SpecConfig, eagle_max_tree_nodes
 from .modes import ForwardMode
 
-_Generator = _random.Random | torch.Generator | int | None  # a seed, or where to draw one from
-_Lens, _Device = Sequence[int] | torch.Tensor, str | torch.device
+_Lens = Sequence[int] | torch.Tensor
 
 
 # --- draft trees --------------------------------------------------------------------------------
@@ -42,7 +42,7 @@ class DraftTree:
 
     parents: list[int]
 
-    def __post_init__(self) -> None:
+    def __post_init__(self):
         self.parents = [int(p) for p in self.parents]
         if not self.parents:
             raise ValueError("DraftTree needs at least one node (the root), got parents=[]")
@@ -92,10 +92,10 @@ class DraftTree:
         return cls.chain(n) if spec.topk == 1 else cls.random(n, spec.topk, spec.num_steps, rng)
 
     @classmethod
-    def random(cls, num_draft_tokens: int, topk: int, num_steps: int, generator: _Generator = None) -> DraftTree:
+    def random(cls, num_draft_tokens: int, topk: int, num_steps: int, generator: _random.Random | int | None = None) -> DraftTree:
         """A random EAGLE-like tree of exactly ``num_draft_tokens`` nodes: depth <= ``num_steps``, every node <= ``topk``
         children, each depth >= 2 hanging off <= ``topk`` parents (EAGLE's beams, so <= ``topk*topk`` nodes a level).
-        Nodes are numbered level by level, grouped by parent."""
+        Nodes are numbered level by level, grouped by parent. ``generator``: a ``random.Random`` or a seed (None: fresh)."""
         n, limit = num_draft_tokens, eagle_max_tree_nodes(topk, num_steps)
         if topk < 1 or num_steps < 1:
             raise ValueError(f"need topk >= 1 and num_steps >= 1, got topk={topk}, S={num_steps}")
@@ -103,8 +103,6 @@ class DraftTree:
             raise ValueError(
                 f"num_draft_tokens={n} is not drawable: {num_steps} steps of topk={topk} draft at most {limit} nodes incl. the root"
             )
-        if isinstance(generator, torch.Generator):  # draw a seed from it
-            generator = int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=generator.device))
         rng = generator if isinstance(generator, _random.Random) else _random.Random(generator)
         cap = lambda prev: topk * min(topk, prev)  # level d holds at most topk*min(topk, n_{d-1})
         # max nodes levels d+1..S can hold: cap(n_d), then cap(cap(n_d)) (topk*topk or 0) per level
@@ -124,13 +122,13 @@ class DraftTree:
         return cls(parents)
 
 
-def tree_positions(tree: DraftTree, device: _Device = "cpu") -> torch.Tensor:
+def tree_positions(tree: DraftTree, device: Device = "cpu") -> torch.Tensor:
     """Depth of every node (draft q sits at position ``prefix_len + depth(q)``).  # [N] int64"""
     return torch.tensor(tree.depths(), dtype=torch.int64, device=device)
 
 
 # --- custom mask (target verify, [facts#target-verify-custom-mask]) ----------------------------
-def build_custom_mask(seq_lens: _Lens, trees: Sequence[DraftTree], device: _Device = "cpu") -> torch.Tensor:
+def build_custom_mask(seq_lens: _Lens, trees: Sequence[DraftTree], device: Device = "cpu") -> torch.Tensor:
     """Verify custom mask: request blocks ``[N, seq_lens[i] + N]`` flattened and concatenated, after checking one tree of
     a uniform N per request and ``seq_lens >= 0``. Returns ``# [sum_i N*(seq_lens[i]+N)] bool, device``."""
     lens = [int(x) for x in seq_lens]
@@ -161,7 +159,7 @@ class VerifyInput:
     allow_blind_rows: bool = False  # validation refuses a draft row that does not see itself unless this is set
 
 
-def make_verify_input(seq_lens: _Lens, trees: Sequence[DraftTree], device: _Device = "cpu", topk=None) -> VerifyInput:
+def make_verify_input(seq_lens: _Lens, trees: Sequence[DraftTree], device: Device = "cpu", topk=None) -> VerifyInput:
     """VerifyInput for prefix lengths ``seq_lens`` and one draft tree per request; ``topk`` defaults to the largest child
     count of any node (1 for chains)."""
     mask, n = build_custom_mask(seq_lens, trees, device), trees[0].num_nodes  # (the trees checked)
@@ -184,13 +182,13 @@ class DraftExtendInput:
     extend_seq_lens: torch.Tensor  # [bs] int32, device: query rows per request
     num_tokens_per_req: int  # the uniform stride in a graph: S+1 (v1) or N (v2)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self):
         if self.version not in (1, 2):
             raise ValueError(f"DraftExtendInput.version must be 1 or 2, got {self.version!r}")
 
 
 def make_draft_extend_input(
-    version: int, accept_length: Sequence[int], spec: SpecConfig, device: _Device = "cpu", ragged: bool = False
+    version: int, accept_length: Sequence[int], spec: SpecConfig, device: Device = "cpu", ragged: bool = False
 ) -> DraftExtendInput:
     """DraftExtendInput for accepted lengths in ``[0, S]``: ``layout.rows_per_request`` rows per request, or
     (``ragged=True``, v1 only) accept+1, the old eager layout."""
@@ -219,7 +217,7 @@ class DraftDecodeInput:
 
 
 def dummy_spec_input(
-    kind: layout.GraphKind, bs: int, spec: SpecConfig | None, fill_value: int, device: _Device
+    kind: layout.GraphKind, bs: int, spec: SpecConfig | None, fill_value: int, device: Device
 ) -> VerifyInput | DraftExtendInput | DraftDecodeInput | None:
     """The spec input of a capture batch of ``kind`` (every row padded, ``seq_len = fill_value``): verify, a chain mask per
     request (SGLang captures with a dummy mask too); draft extend, nothing accepted, uniform rows; multi-step draft

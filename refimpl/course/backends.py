@@ -3,9 +3,7 @@ Wave-vs-Triton size table and the notebook's figures. ``tests/test_course_backen
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
-import torch
 from matplotlib.figure import Figure
 
 from .. import viz
@@ -22,9 +20,9 @@ from ..model import TinyDecoder
 from ..modes import ForwardMode
 from ..rig.core import state_after
 from ..rig.verdicts import capture_vs_replay
-from .triton_modes import Lab
+from .triton_modes import L, Lab
 
-BS, LIVE, L = 4, 3, 40  # the bs-4 graph replays a raw batch of 3; max_context_len
+BS, LIVE = 4, 3  # the bs-4 graph replays a raw batch of 3
 
 
 @dataclass
@@ -42,7 +40,7 @@ class Setting:
 
 
 def setting(engine: str = "auto") -> Setting:
-    lab = Lab.create(make_engine(engine), L)  # the CPU emulator here, CUDA graphs on a GPU; graphs for bs 1 and BS
+    lab = Lab.create(make_engine(engine))  # the CPU emulator here, CUDA graphs on a GPU; graphs for bs 1 and BS
     cfg_mla = ModelConfig(kind="mla", num_layers=1, hidden_size=32)  # latent 512 + rope 64
     world_mla = World.create(cfg_mla, max_context_len=L, pool_size=16, device=lab.engine.device)
     world_mla.randomize_kv(0)
@@ -55,7 +53,7 @@ def runner(backend, mode: ForwardMode, s: Setting) -> GraphRunner:
     return GraphRunner(None, backend, s.engine, mode, s.graphs, backend.spec)
 
 
-def replay_hooks(backend, mode: ForwardMode, fb: ForwardBatch, s: Setting) -> tuple[dict[str, Any], ForwardBatch]:
+def replay_hooks(backend, mode: ForwardMode, fb: ForwardBatch, s: Setting) -> tuple[dict, ForwardBatch]:
     """The capture hooks as a runner calls them (bs 4, then 1), then the replay hook on ``fb`` padded to 4; returns what
     the bs-4 graph reads (``graph_state``) and the padded batch."""
     run = runner(backend, mode, s)
@@ -123,7 +121,7 @@ SIZES = {  # buffer: its shape in Triton, in Wave (splits: max_kv_splits)
 }
 
 
-def graph_buffers(world: World, B: int, N: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def graph_buffers(world: World, B: int, N: int) -> dict[str, tuple]:
     """``SIZES``' buffers (Triton's, Wave's) as each allocates them for a target-verify runner: B requests, N rows."""
     spec = SpecConfig(num_steps=N - 1, topk=1, num_draft_tokens=N)
     backends = [cls(world, spec) for cls in (TritonAttnBackend, WaveAttnBackend)]
@@ -146,7 +144,7 @@ def _roles(name, t):
     return viz.batch_roles(t.numel(), LIVE, BS, indptr="indptr" in name)
 
 
-def flashinfer_rows(fi_decode, fi_verify) -> tuple[dict[str, torch.Tensor], dict[str, list]]:
+def flashinfer_rows(fi_decode, fi_verify) -> tuple[dict, dict]:
     """The rows of ``draw_flashinfer_wrappers`` and their colour roles: the decode wrappers' plans (bs 4 and bs 1) and
     the bs-4 verify wrapper's bound buffers, after ``replay_hooks``."""
     w4, w1 = (fi_decode.decode_cuda_graph_metadata[b][0] for b in (BS, 1))
@@ -170,7 +168,7 @@ def draw_flashinfer_wrappers(fi_decode, fi_verify) -> Figure:
     return viz.draw_buffers(rows, title, roles=roles, legend=False)
 
 
-def mla_rows(up, uni, padded: ForwardBatch) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def mla_rows(up, uni, padded: ForwardBatch) -> tuple[dict, dict]:
     """The rows of ``draw_mla_stale`` after ``replay_hooks`` on the as-upstream (``up``) and unified (``uni``) backends,
     and per row the cells that differ from what ``padded`` needs."""
     ref = up.reference_graph_state(padded)

@@ -8,7 +8,6 @@ Every number comes from a file under ``benchmarks/results/``: ``launch_cost/laun
 
 import sys
 from functools import cache, partial
-from typing import Any
 
 import torch
 from matplotlib.figure import Figure
@@ -20,11 +19,10 @@ from ..graphs import make_engine
 from ..kernels.indices import build_kv_indices
 from ..layout import KINDS
 from ..rig.core import Rig
-from ..viz.measure import HOST_PARTS
+from ..viz.measure import HOST_PARTS, SHAPE_COLORS
 from . import ROOT, entry, results
 
 SHAPES = {"faithful": "unified", "fused": "fused", "in-graph": "in_graph", "glued": "unified+glue"}  # Triton decode
-COLORS = {"faithful": "#1f77b4", "fused": "#ff7f0e", "in-graph": "#2ca02c", "glued": "#9467bd"}
 REPLAY = "graph.replay()"  # the glue graph's launch, and the step graph's
 BATCH_SIZES = (1, 8, 64, 256)  # the sizes the step tables and lines show
 
@@ -38,13 +36,13 @@ def _range(values):
     return min(values), max(values)
 
 
-def sweep() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def sweep() -> tuple[dict, list[dict]]:
     """The environment and the 900 rows of ``replay_cost/results.json`` (H200, 2026-12-01, medians of 30)."""
     data = _json("replay_cost/results.json")
     return data["environment"], data["rows"]
 
 
-def launch_costs() -> dict[str, tuple[float, float]]:
+def launch_costs() -> dict[str, tuple]:
     """Host µs per call of each item of ``launch_cost.json``: (lowest, highest) median over its rounds; the two
     ``graph.replay()`` rows (1 and 64 kernels) merged as ``REPLAY``, the kernel's GPU time as
     ``"kernel on the GPU"``."""
@@ -84,7 +82,7 @@ def priced_as(op: str) -> str:
     return "refimpl kernel, as a hook calls it" if op.startswith("refimpl.") else REPLAY if op == REPLAY else "eager op"
 
 
-def hook_launches() -> dict[str, dict[str, int]]:
+def hook_launches() -> dict[str, dict]:
     """Per Triton decode shape, the ops its replay hook launches (``aten.cumsum``, ``refimpl.build_kv_indices``, ...),
     counted here (CPU emulator) with ``bench.launches`` on a bs-2 graph (context 64). The glued hook is one replay of its
     glue graph (``GraphRunner.replay_hook``): on a GPU it launches nothing else, and the emulator replays a graph by
@@ -111,7 +109,7 @@ def span(low: float, high: float) -> str:
     return f"{low:.0f}" if round(low) == round(high) else f"{low:.0f}-{high:.0f}"
 
 
-def measured_hooks() -> dict[str, tuple[float, float]]:
+def measured_hooks() -> dict[str, tuple]:
     """Per Triton decode shape, the lowest and highest median host µs of its replay hook at bs 1 / 8 / 64
     (``replay_path/replay_table.json``: H200, context 4096, medians of 600)."""
     rows = _json("replay_path/replay_table.json")["rows"]
@@ -150,9 +148,9 @@ def step_table(variant: str, mode: str = "decode") -> str:
     for bs, p in host_gpu(variant, mode).items():
         if bs in BATCH_SIZES:
             h, g, s = p.values()  # host, GPU, step
-            bound = "host" if h > g else "GPU"
             lines.append(
-                f"  bs {bs:>3}: {h:4.0f} + {g:4.0f} = {h + g:5.0f} vs {s:5.0f} measured; max {max(h, g):4.0f}  {bound}-bound"
+                f"  bs {bs:>3}: {h:4.0f} + {g:4.0f} = {h + g:5.0f} vs {s:5.0f} measured; max {max(h, g):4.0f}  "
+                f"{'host' if h > g else 'GPU'}-bound"
             )
     return "\n".join(lines)
 
@@ -178,7 +176,8 @@ def draw_breakdown() -> Figure:
 def draw_host_vs_gpu() -> Figure:
     """``viz.draw_host_vs_bs``: the four Triton decode shapes' host paths and the graph's GPU time, context 512."""
     env, rows = sweep()
-    series = [(shape, "triton", variant, COLORS[shape]) for shape, variant in SHAPES.items()]
+    # the bench figures' colour of each variant; glued (not a bench variant): purple
+    series = [(shape, "triton", variant, SHAPE_COLORS.get(variant, "#9467bd")) for shape, variant in SHAPES.items()]
     return viz.draw_host_vs_bs(rows, env, 512, series)
 
 

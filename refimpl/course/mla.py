@@ -4,7 +4,6 @@ on a GPU)."""
 
 import runpy
 from collections.abc import Sequence
-from typing import Any
 
 from matplotlib.figure import Figure
 
@@ -46,7 +45,7 @@ def draw_block_tables(panels: Sequence[tuple]) -> Figure:
     ``req_to_token[rpi[i], p * P] // P`` is marked (gid ``"differs"``)."""
     fig = Figure(figsize=(8 * C.CELL_IN * 1.6 + 3.0, len(panels) * 1.25 + 0.8), layout="constrained")
     for k, (name, P, r2t, rpi, lens, table) in enumerate(panels):
-        r2t, rpi, lens, table = (C.to_numpy(x) for x in (r2t, rpi, lens, table))
+        r2t, rpi, lens, table = map(C.to_numpy, (r2t, rpi, lens, table))
         ax, bs, pages = fig.add_subplot(len(panels), 1, k + 1), len(rpi), min(table.shape[1], 8)
         C.grid_axes(ax, pages, bs)
         for i in range(bs):
@@ -88,7 +87,7 @@ def verdict_line(rec: CheckRecord) -> str:
     return f"{rec.backend}/{rec.variant} {rec.mode} bs {rec.bs}: {shown}; findings: {', '.join(about) or 'none'}"
 
 
-def h200_results() -> dict[str, Any]:
+def h200_results() -> dict:
     """The committed H200 results of ``benchmarks/trtllm_mla_draft_extend.py``, run 2 (run 1 has host-noise spikes,
     ``benchmarks/results/trtllm_mla_draft_extend/README.md``)."""
     return results("trtllm_mla_draft_extend/run2_results.json")
@@ -99,7 +98,7 @@ def _host_us(rows):
     return {(r["shape"], r["bs"]): r["host_us"]["hook+launch"]["median"] for r in rows}
 
 
-def savings(rows: Sequence[dict]) -> dict[str, tuple[float, float]]:
+def savings(rows: Sequence[dict]) -> dict[str, tuple]:
     """The least and most median host µs each step saves over the batch sizes: ``"#29077"`` (unified -> simplified),
     ``"in-graph"`` (simplified -> in_graph)."""
     host = _host_us(rows)
@@ -126,7 +125,7 @@ def medians(rows: Sequence[dict], batch_sizes: Sequence[int] = (1, 16, 256)) -> 
     return "\n".join(f"bs {bs:>3}: " + ", ".join(f"{s} {host[s, bs]:.0f} µs" for s in SHAPES) for bs in batch_sizes)
 
 
-def live_sweep(batch_sizes: Sequence[int] = (1, 16, 64)) -> list[dict[str, Any]]:
+def live_sweep(batch_sizes: Sequence[int] = (1, 16, 64)) -> list[dict]:
     """A short run of the #29077 benchmark's ``sweep`` on this machine (a GPU: the emulator's timings mean little)."""
     sweep = runpy.run_path(str(ROOT / "benchmarks" / "trtllm_mla_draft_extend.py"))["sweep"]
     return sweep(batch_sizes=tuple(batch_sizes), repeats=20, warmup=5, rotate=2)

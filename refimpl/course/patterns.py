@@ -4,7 +4,6 @@ the checker's failing verdicts for a class a notebook defines. ``tests/test_cour
 
 import re
 from itertools import accumulate
-from typing import Any
 
 import torch
 from matplotlib.figure import Figure
@@ -72,7 +71,7 @@ def side_by_side() -> CodeGrid:
     return CodeGrid(titles, ["capture hook", "replay hook"], cells, tags)
 
 
-def dispatch_counts() -> dict[str, dict[str, int]]:
+def dispatch_counts() -> dict[str, dict]:
     """Per FlashInfer hook (legacy and unified; unified capture with its prepare step): code lines (no comments or
     blanks), ``if/elif forward_mode.is_...`` branches, direct plan calls (``_update_decode`` / ``_update_prefill``) and
     calls of the replay body."""
@@ -102,7 +101,7 @@ def dispatch_table() -> str:
     return "\n".join(f"{name:<26}" + "".join(f"{v[c]:>{len(c) + 3}}" for c in header) for name, v in rows.items())
 
 
-def key_spans(wrapper: Any, fb: ForwardBatch) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+def key_spans(wrapper, fb: ForwardBatch) -> tuple[list, list]:
     """For ``fb``'s live requests: the keys each needs (start, count in the kv indices: the batch's own CSR) and the
     keys the stand-in ``wrapper``'s captured ``run`` reads now (``keys_read``: the bound buffers within the plan's
     tiles)."""
@@ -111,7 +110,7 @@ def key_spans(wrapper: Any, fb: ForwardBatch) -> tuple[list[tuple[int, int]], li
     return list(zip(accumulate(lens, initial=0), lens)), list(zip(start, count))
 
 
-def draw_plan_state(panels: list[tuple[str, list[tuple[int, int]], list[tuple[int, int]]]]) -> Figure:
+def draw_plan_state(panels: list[tuple]) -> Figure:
     """One panel per ``(title, needed, read)``: per request, the kv-index range it needs (grey) and the one ``run``
     reads (blue where it is the needed one, red where not)."""
     fig = Figure(figsize=(9, 1.25 + 1.15 * len(panels)))
@@ -142,7 +141,7 @@ def draw_plan_state(panels: list[tuple[str, list[tuple[int, int]], list[tuple[in
     return fig
 
 
-def plan_cost() -> dict[str, Any]:
+def plan_cost() -> dict:
     """``benchmarks/results/plan_cost/plan_cost.json`` (``benchmarks/plan_cost.py`` on an H200: the full ``plan()`` and
     the fast plan, host µs per call, two runs)."""
     return results("plan_cost/plan_cost.json")
@@ -153,7 +152,7 @@ def _series(run, kind):
     return [[r[k] for r in run if r["kind"] == kind] for k in ("bs", "full_plan_us", "fast_plan_us")]
 
 
-def plan_cost_summary(bench: dict[str, Any]) -> list[str]:
+def plan_cost_summary(bench: dict) -> list[str]:
     """Per run: the decode ``plan()`` range (µs) and the fast / full ratios, decode and MLA."""
     out = []
     for i, run in enumerate(bench["runs"], 1):
@@ -166,7 +165,7 @@ def plan_cost_summary(bench: dict[str, Any]) -> list[str]:
     return out
 
 
-def draw_plan_cost(bench: dict[str, Any]) -> Figure:
+def draw_plan_cost(bench: dict) -> Figure:
     """Host µs per plan call against batch size, decode and MLA decode: both runs, full (red) and fast (blue)."""
     fig = Figure(figsize=(10, 3.8))
     axes = fig.subplots(1, 2, sharey=True)

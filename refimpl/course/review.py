@@ -51,9 +51,9 @@ class Paths:
     padded: ForwardBatch  # what the hooks see: padded to the captured size
     p: Any  # path P: a fresh backend after the capture hook on the padded batch
     q: Any  # path Q: a fresh backend after the capture hook on the runner's capture batch, then the replay hook
-    capture: dict[str, Any]
-    replay: dict[str, Any]
-    reference: dict[str, Any]
+    capture: dict
+    replay: dict
+    reference: dict
 
 
 def _host(state):
@@ -99,7 +99,7 @@ def draw_paths(s: Paths, n: int) -> Figure:
     return viz.draw_buffers(rows, title, roles=roles, differs=marks, differs_label="(a) capture path != replay path")
 
 
-def mask_as_read(backend: Any, padded: ForwardBatch, i: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+def mask_as_read(backend, padded: ForwardBatch, i: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Request ``i``'s ``[n, kv_len]`` mask block as the captured ``forward`` reads it through ``backend``'s metadata
     (from ``mask_indptr[i]``, row-major), and the block its draft tree asks for."""
     md = backend.forward_metadata
@@ -111,7 +111,7 @@ def mask_as_read(backend: Any, padded: ForwardBatch, i: int, n: int) -> tuple[to
     return read, torch.cat([torch.ones(n, kv_len - n), tree], 1).bool()  # what it should read: the prefix, then the tree
 
 
-def draw_mask_as_read(backend: Any, padded: ForwardBatch, i: int, n: int, path: str) -> Figure:
+def draw_mask_as_read(backend, padded: ForwardBatch, i: int, n: int, path: str) -> Figure:
     """Request ``i``'s mask block as the captured ``forward`` reads it through ``backend``'s metadata (``path`` names
     whose), against its draft tree: ``viz.draw_tree_mask`` frames every cell the tree disagrees with."""
     md = backend.forward_metadata

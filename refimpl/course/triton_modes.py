@@ -19,6 +19,7 @@ from ..modes import ForwardMode
 from ..rig.verdicts import capture_vs_replay
 
 RAW_BS = 3  # every replay below: 3 live requests, served by the bs-4 graph (one padded row)
+L = 40  # max_context_len
 
 
 @dataclass
@@ -64,14 +65,14 @@ class Lab:
     world: World
     model: TinyDecoder
     graphs: GraphConfig
-    gens: dict[SpecConfig | None, BatchGenerator] = field(default_factory=dict)  # one per spec, seeded in order
+    gens: dict = field(default_factory=dict)  # spec -> its BatchGenerator, seeded in order
 
     @classmethod
-    def create(cls, engine: GraphEngine, max_context_len: int = 40) -> "Lab":
+    def create(cls, engine: GraphEngine) -> "Lab":
         cfg = ModelConfig(num_layers=1)  # 4 query heads sharing 2 KV heads, head dim 16, fp32
-        world = World.create(cfg, max_context_len=max_context_len, pool_size=32, device=engine.device)
+        world = World.create(cfg, max_context_len=L, pool_size=32, device=engine.device)
         world.randomize_kv(0)  # every prefix "already prefilled"
-        graphs = GraphConfig(max_bs=4, capture_bs=(1, 4), max_context_len=max_context_len)
+        graphs = GraphConfig(max_bs=4, capture_bs=(1, 4), max_context_len=L)
         return cls(engine, world, TinyDecoder(cfg, engine.device), graphs)
 
     def gen(self, spec: SpecConfig | None) -> BatchGenerator:

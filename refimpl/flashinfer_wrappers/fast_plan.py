@@ -46,7 +46,6 @@ def _require_planned(wrapper, what):
             f"{what} needs a wrapper planned once with its full plan(): it reuses wrapper._cached_module (the kernel "
             f"module plan selects and JIT-compiles); {type(wrapper).__name__} has none yet"
         )
-    return wrapper._cached_module
 
 
 def _start(wrapper, what, **host):
@@ -249,13 +248,20 @@ def fast_prefill_plan(
     wrapper._causal, wrapper._batch_size = causal, bs  # run's max q / kv lengths: the graph holds the capture's
 
 
+def _mask_offsets(mask, sizes):
+    """The element offset of each request's block of ``mask`` (``sizes[i]`` entries for request i: a host integer
+    tensor), int64 ``[bs+1]``; the stand-ins' full plans share it."""
+    offsets = F.pad(sizes.cumsum(0), (1, 0))
+    if mask.numel() != offsets[-1]:
+        raise ValueError(f"custom_mask has {mask.numel()} entries, expected sum(q_len_i * kv_len_i) = {int(offsets[-1])}")
+    return offsets
+
+
 def _write_mask(wrapper, mask, sizes):
     """``mask`` (``sizes[i]`` entries for request i, host sizes) into the bound mask buffers: flashinfer packs each
     request's block into bits (little bit order, whole bytes per request) at byte offsets; the stand-ins keep a byte per
     entry at element offsets."""
-    elem = F.pad(sizes.cumsum(0), (1, 0))
-    if mask.numel() != elem[-1]:
-        raise ValueError(f"custom_mask has {mask.numel()} entries, expected sum(q_len_i * kv_len_i) = {int(elem[-1])}")
+    elem = _mask_offsets(mask, sizes)
     real = not getattr(wrapper, "IS_STANDIN", False)
     offsets = F.pad(((sizes + 7) // 8).cumsum(0), (1, 0)) if real else elem
     used, buf = int(offsets[-1]), wrapper._custom_mask_buf
@@ -359,7 +365,7 @@ def _install(wrapper, what, entry, *names):
 def install_fast_decode_plan(wrapper: Any) -> Any:
     """Route ``wrapper.plan`` and ``begin_forward`` (after the first full plan) to the fast plan: flashinfer's decode
     ``plan`` arguments plus ``global_override_indptr_cpu=`` (the host indptr; omit it only when ``indptr`` is on the
-    CPU). Sets ``wrapper._refimpl_fast = True``."""
+    CPU). Sets ``wrapper._refimpl_fast = True``; returns the wrapper."""
     return _install(wrapper, "install_fast_decode_plan", _fast_decode_plan_entry, "plan", "begin_forward")
 
 
@@ -443,7 +449,7 @@ def _fast_mla_plan_entry(
 def install_fast_mla_decode_plan(wrapper: Any) -> Any:
     """Route ``wrapper.plan`` (after the first full plan) to the fast MLA plan: flashinfer's MLA ``plan`` arguments,
     ``qo_indptr`` / ``kv_indptr`` / ``kv_len_arr`` on the host and ``kv_indices`` the bound buffer, already written.
-    Sets ``wrapper._refimpl_fast = True``."""
+    Sets ``wrapper._refimpl_fast = True``; returns the wrapper."""
     return _install(wrapper, "install_fast_mla_decode_plan", _fast_mla_plan_entry, "plan")
 
 

@@ -23,13 +23,12 @@ cuda-graph mode iff ``custom_mask_buf`` was bound; MLA: causal only. A byte per 
 
 import itertools
 import math
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from ..kernels.attention import dense_paged_attention, dense_paged_mla_attention
-from .fast_plan import I32, _dtype, _fits, _plan_decode, _plan_prefill, _same_batch, _ws
+from .fast_plan import I32, _dtype, _fits, _mask_offsets, _plan_decode, _plan_prefill, _same_batch, _ws
 
 INT_WORKSPACE_BYTES = 8 * 1024 * 1024  # what flashinfer's constructors allocate
 # flashinfer's smallest kv chunk at page size 1 in cuda-graph mode (scheduler.cuh: ``128 / page_size`` pages; the binary
@@ -42,7 +41,7 @@ def _page_size_1(page_size):
         raise NotImplementedError(f"refimpl flashinfer stand-in: page_size={page_size} (only 1)")
 
 
-def _lens(name, indptr_host, batch_size=None, indices=None) -> list[int]:
+def _lens(name, indptr_host, batch_size=None, indices=None):
     """Lengths from a host indptr: bs+1 entries, from 0, non-decreasing, within ``indices``."""
     v = indptr_host.tolist()
     if batch_size is not None and len(v) != batch_size + 1:
@@ -68,7 +67,7 @@ def _write_partition(int_ws, pinned_ws, q_lens, kv_lens, rows):
     return [0, len(kv_lens), rows, max(kv_lens, default=0)]
 
 
-def read_partition(wrapper: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def read_partition(wrapper):
     """The planned ``(q_len[bs], kv_len[bs])``: int32 views into a stand-in's int workspace (graph-safe)."""
     if not is_standin(wrapper):
         raise TypeError("read_partition reads the stand-ins' partition format only")
@@ -79,7 +78,7 @@ def read_partition(wrapper: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return part[:bs], part[bs:]
 
 
-def keys_read(wrapper: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def keys_read(wrapper):
     """Per planned request, where a stand-in's ``run`` starts reading its keys in the bound indices and how many it
     reads (int64 ``start[bs]``, ``count[bs]``): what the bound buffers say, within the plan's tiles (MLA: the
     plan's)."""
@@ -153,12 +152,12 @@ def _joined_mla_cache(ckv, kpe):
 
 
 # the wrappers
-def is_standin(wrapper_or_class: Any) -> bool:
+def is_standin(wrapper_or_class) -> bool:
     """True for the stand-in classes and their instances (``IS_STANDIN = True``)."""
     return bool(getattr(wrapper_or_class, "IS_STANDIN", False))
 
 
-def set_kv_window(wrapper: Any, max_kv_len: int) -> bool:
+def set_kv_window(wrapper, max_kv_len) -> bool:
     """Set a stand-in's kv window, the longest kv any later plan may have (before capture: the dense op's work grows with
     it). Returns False (no-op) for a real flashinfer wrapper."""
     if not is_standin(wrapper):
@@ -195,12 +194,10 @@ class _Standin:
         self._pin_memory_int_workspace_buffer = torch.empty(
             n, dtype=torch.uint8, pin_memory=self.device.type == "cuda", device="cpu"
         )
-        if use_cuda_graph:  # the bound batch size and kv window
-            self._fixed_batch_size = self._bound_batch_size()
+        if use_cuda_graph:  # the bound batch size (decode binds no qo_indptr: its last_page_len's) and kv window
+            qo = self._qo_indptr_buf
+            self._fixed_batch_size = len(self._paged_kv_last_page_len_buf) if qo is None else len(qo) - 1
             self._kv_window = max(1, len(getattr(self, self._INDICES)))
-
-    def _bound_batch_size(self):
-        return len(self._qo_indptr_buf) - 1
 
     @property
     def is_cuda_graph_enabled(self) -> bool:
@@ -274,9 +271,9 @@ class _Standin:
         q0, n_q, k0, n_kv, cover = (s[req] for s in self._spans(q_len, kv_len))  # per output row
         j, no_mask = r - (q_end - q_len)[req], self._custom_mask_buf is None
         causal = self._causal and no_mask  # a custom mask wins (see _attend)
-        row_len = torch.minimum((n_kv - n_q + j + 1).clamp(min=0), n_kv) if causal else n_kv  # bottom-right aligned
-        row_len = torch.minimum(row_len, cover).clamp(max=window)  # the planned tiles reach no further
-        row_len = torch.where(inside & (j < n_q), row_len, 0)
+        row_len = (n_kv - n_q + j + 1).clamp(min=0) if causal else n_kv  # bottom-right aligned
+        reach = torch.minimum(n_kv, cover).clamp(max=window)  # the planned tiles reach no further
+        row_len = torch.where(inside & (j < n_q), torch.minimum(row_len, reach), 0)
         row_indptr = F.pad(row_len.cumsum(0), (1, 0))
         p = torch.arange(num_rows * window, device=dev)
         row_of_p = torch.searchsorted(row_indptr[1:], p, right=True).clamp(max=num_rows - 1)
@@ -317,7 +314,7 @@ class _Standin:
             )
         return out
 
-    def run(self, q: torch.Tensor, paged_kv_cache: Any) -> torch.Tensor:
+    def run(self, q, paged_kv_cache):
         """Decode and prefill (MLA has its own)."""
         if not isinstance(paged_kv_cache, tuple):
             raise TypeError("the stand-ins take the kv cache as a tuple (k, v), [slots, Hkv, D]")
@@ -332,14 +329,14 @@ class BatchDecodeWithPagedKVCacheWrapper(_Standin):
 
     def __init__(
         self,
-        float_workspace_buffer: torch.Tensor,
-        kv_layout: str = "NHD",
-        use_cuda_graph: bool = False,
-        use_tensor_cores: bool = False,
+        float_workspace_buffer,
+        kv_layout="NHD",
+        use_cuda_graph=False,
+        use_tensor_cores=False,
         paged_kv_indptr_buffer=None,
         paged_kv_indices_buffer=None,
         paged_kv_last_page_len_buffer=None,
-    ) -> None:
+    ):
         self._setup(
             float_workspace_buffer,
             use_cuda_graph,
@@ -354,32 +351,29 @@ class BatchDecodeWithPagedKVCacheWrapper(_Standin):
         indptr,
         indices,
         last_page_len,
-        num_qo_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        page_size: int,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
+        page_size,
         *,
         q_data_type="float16",
         kv_data_type=None,
         data_type=None,
         sm_scale=None,
-        non_blocking: bool = True,
-    ) -> None:
+        non_blocking=True,
+    ):
         indptr_host, kv_lens = self._kv_lens(
             page_size, indptr, len(last_page_len), indices, "indptr indices paged_kv_indices_buffer"
         )
         # flashinfer plans tensor-core decode with the prefill module; explicit q / kv dtypes win over data_type
         module = _PrefillModule() if self.use_tensor_cores else _DecodeModule()
-        dtypes = (q_data_type or data_type, kv_data_type or data_type)
+        dtypes = q_data_type or data_type, kv_data_type or data_type
         self._keep((indptr, indices, last_page_len), module, kv_lens, sm_scale, *dtypes, non_blocking=non_blocking)
         heads = (num_qo_heads, num_kv_heads, 1, self._use_cuda_graph)
         last_page_len_host = torch.ones(len(kv_lens), dtype=I32, device="cpu")  # page size 1: every page full
         self._plan_info = _plan_decode(self, indptr_host, last_page_len_host, heads, head_dim)
 
     begin_forward = plan
-
-    def _bound_batch_size(self):
-        return len(self._paged_kv_last_page_len_buf)
 
 
 class BatchPrefillWithPagedKVCacheWrapper(_Standin):
@@ -397,16 +391,16 @@ class BatchPrefillWithPagedKVCacheWrapper(_Standin):
 
     def __init__(
         self,
-        float_workspace_buffer: torch.Tensor,
-        kv_layout: str = "NHD",
-        use_cuda_graph: bool = False,
+        float_workspace_buffer,
+        kv_layout="NHD",
+        use_cuda_graph=False,
         qo_indptr_buf=None,
         paged_kv_indptr_buf=None,
         paged_kv_indices_buf=None,
         paged_kv_last_page_len_buf=None,
         custom_mask_buf=None,
         mask_indptr_buf=None,
-    ) -> None:
+    ):
         self._setup(
             float_workspace_buffer,
             use_cuda_graph,
@@ -424,42 +418,36 @@ class BatchPrefillWithPagedKVCacheWrapper(_Standin):
         paged_kv_indptr,
         paged_kv_indices,
         paged_kv_last_page_len,
-        num_qo_heads: int,
-        num_kv_heads: int,
-        head_dim_qk: int,
-        page_size: int,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim_qk,
+        page_size,
         *,
         custom_mask=None,
-        causal: bool = False,
+        causal=False,
         sm_scale=None,
         q_data_type="float16",
         kv_data_type=None,
-        non_blocking: bool = True,
-    ) -> None:
+        non_blocking=True,
+    ):
         bs, qo_host = len(qo_indptr) - 1, qo_indptr.to("cpu")
         kv_host, kv_lens = self._kv_lens(
             page_size, paged_kv_indptr, bs, paged_kv_indices, "paged_kv_indptr paged_kv_indices paged_kv_indices_buf"
         )
-        q_lens = _lens("qo_indptr", qo_host)
+        rows = sum(_lens("qo_indptr", qo_host))
         tensors = [qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len]
         if custom_mask is not None:
-            sizes = [a * b for a, b in zip(q_lens, kv_lens)]
-            if custom_mask.numel() != sum(sizes):
-                raise ValueError(
-                    f"custom_mask has {custom_mask.numel()} entries, expected sum(q_len_i * kv_len_i) = {sum(sizes)} "
-                    f"for q_len={q_lens}, kv_len={kv_lens}"
-                )
+            offsets = _mask_offsets(custom_mask, qo_host.diff() * kv_host.diff()).to(I32)
             if self._use_cuda_graph:
                 if self._custom_mask_buf is None:
                     raise ValueError("a custom mask in cuda graph mode needs custom_mask_buf")
                 _fits("custom_mask", custom_mask, "custom_mask_buf", self._custom_mask_buf)
-            offsets = torch.tensor([0, *itertools.accumulate(sizes)], dtype=I32, device="cpu")
             tensors += [custom_mask.reshape(-1).to(torch.uint8), offsets]  # a byte per entry (flashinfer: bits, byte offsets)
         if not self._use_cuda_graph:  # a plan without a mask unbinds the last one
             self._custom_mask_buf = self._mask_indptr_buf = None
         self._keep(tensors, _PrefillModule(), kv_lens, sm_scale, q_data_type, kv_data_type, causal, non_blocking)
         heads = (num_qo_heads, num_kv_heads, 1, self._use_cuda_graph)
-        self._plan_info = _plan_prefill(self, qo_host, kv_host, kv_host.diff(), sum(q_lens), heads, head_dim_qk, causal)
+        self._plan_info = _plan_prefill(self, qo_host, kv_host, kv_host.diff(), rows, heads, head_dim_qk, causal)
 
     begin_forward = plan
 
@@ -472,14 +460,14 @@ class BatchMLAPagedAttentionWrapper(_Standin):
 
     def __init__(
         self,
-        float_workspace_buffer: torch.Tensor,
-        use_cuda_graph: bool = False,
+        float_workspace_buffer,
+        use_cuda_graph=False,
         qo_indptr=None,
         kv_indptr=None,
         kv_indices=None,
         kv_len_arr=None,
-        backend: str = "auto",
-    ) -> None:
+        backend="auto",
+    ):
         if backend not in ("auto", "fa2", "fa3"):
             raise NotImplementedError(f"refimpl flashinfer stand-in: backend={backend!r}")
         bufs = (qo_indptr, kv_indptr, kv_indices, kv_len_arr)  # flashinfer checks them later
@@ -498,15 +486,15 @@ class BatchMLAPagedAttentionWrapper(_Standin):
         kv_indptr,
         kv_indices,
         kv_len_arr,
-        num_heads: int,
-        head_dim_ckv: int,
-        head_dim_kpe: int,
-        page_size: int,
-        causal: bool,
-        sm_scale: float,
-        q_data_type: torch.dtype,
-        kv_data_type: torch.dtype,
-    ) -> None:
+        num_heads,
+        head_dim_ckv,
+        head_dim_kpe,
+        page_size,
+        causal,
+        sm_scale,
+        q_data_type,
+        kv_data_type,
+    ):
         # the host reads (in a graph replay they hung: SGLang #3987, see fast_plan.py)
         kv_host, kv_lens = self._kv_lens(page_size, kv_indptr, len(qo_indptr) - 1, kv_indices, "kv_indptr kv_indices kv_indices")
         module = _MLAModule()  # it validates qo_indptr and kv_len_arr before anything is copied
@@ -514,6 +502,6 @@ class BatchMLAPagedAttentionWrapper(_Standin):
         self._plan_info = module.plan(*_ws(self), *host, num_heads, head_dim_ckv, causal)
         self._keep((qo_indptr, kv_indptr, kv_indices, kv_len_arr), module, kv_lens, sm_scale, q_data_type, kv_data_type, causal)
 
-    def run(self, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor):
+    def run(self, q_nope, q_pe, ckv_cache, kpe_cache):
         kv_cache = _joined_mla_cache(ckv_cache, kpe_cache)
         return self._attend(dense_paged_mla_attention, (q_nope, q_pe), (kv_cache,), q_nope.shape[-1])

@@ -26,7 +26,7 @@ from .recorder import record_ops
 class CUDAGraphHandle(Graph):
     engine_name = "cuda"
 
-    def __init__(self, engine: "CUDAGraphEngine") -> None:
+    def __init__(self, engine: "CUDAGraphEngine"):
         super().__init__()
         self.engine = engine
         self.graph = torch.cuda.CUDAGraph()
@@ -79,7 +79,7 @@ class CUDAGraphHandle(Graph):
         self.graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize(eng.device)
 
-    def replay(self) -> None:
+    def replay(self):
         self._check_captured()
         self.graph.replay()
 
@@ -87,7 +87,7 @@ class CUDAGraphHandle(Graph):
 class CUDAGraphEngine(GraphEngine):
     name = "cuda"
 
-    def __init__(self, device: str | torch.device = "cuda") -> None:
+    def __init__(self, device: str | torch.device = "cuda"):
         if not torch.cuda.is_available():
             raise RuntimeError("CUDAGraphEngine needs a CUDA device; use CPUEmulatorEngine")
         dev = torch.device(device)
@@ -102,7 +102,7 @@ class CUDAGraphEngine(GraphEngine):
     def new_graph(self) -> CUDAGraphHandle:
         return CUDAGraphHandle(self)
 
-    def warmup(self, fn: Callable[[], Any], n: int) -> None:
+    def warmup(self, fn: Callable[[], Any], n: int):
         cur = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(cur)
         with torch.cuda.stream(self.stream):
@@ -111,7 +111,7 @@ class CUDAGraphEngine(GraphEngine):
         cur.wait_stream(self.stream)
         torch.cuda.synchronize(self.device)
 
-    def synchronize(self) -> None:
+    def synchronize(self):
         torch.cuda.synchronize(self.device)
 
     def memory_in_use(self) -> int:

@@ -48,7 +48,7 @@ def refuse_host_reads():
 class EmulatedGraph(Graph):
     engine_name = "cpu-emulator"
 
-    def __init__(self) -> None:
+    def __init__(self):
         super().__init__()
         self._steps: list[Step] = []
 
@@ -60,7 +60,7 @@ class EmulatedGraph(Graph):
         self._steps, self._op_log, self.captured = rec.steps, rec.names, True  # (a refused capture keeps none)
         return out
 
-    def replay(self) -> None:
+    def replay(self):
         self._check_captured()
         with torch.no_grad():
             for step in self._steps:
@@ -74,14 +74,14 @@ class CPUEmulatorEngine(GraphEngine):
     """The emulator engine: CPU tensors where Triton runs interpreted; on a CUDA machine the same op log runs on CUDA
     tensors (``"emulator-cuda"``), so a GPU run can compare it with real graphs."""
 
-    def __init__(self, device: str | torch.device | None = None) -> None:
+    def __init__(self, device: str | torch.device | None = None):
         self.device = resolve_device(device)
         self.name = "cpu-emulator" if self.device.type == "cpu" else f"emulator-{self.device.type}"
 
     def new_graph(self) -> EmulatedGraph:
         return EmulatedGraph()
 
-    def warmup(self, fn, n: int) -> None:
+    def warmup(self, fn, n: int):
         """One eager run before capture, not SGLang's two: the second is for what a GPU initialises lazily (cuBLAS
         handles, Triton's compiles, the allocator's pools), which the emulator has none of. On the interpreter a step
         costs seconds, and every capture in the test suite pays it."""

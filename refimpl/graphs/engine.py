@@ -28,7 +28,7 @@ class GraphReplayError(RuntimeError):
 class Graph(ABC):
     engine_name: str = "?"
 
-    def __init__(self) -> None:
+    def __init__(self):
         self.captured = False
         # (op name, launches work at replay): views and pure allocations do not
         self._op_log: list[tuple[str, bool]] = []
@@ -37,7 +37,7 @@ class Graph(ABC):
     def capture(self, fn: Callable[[], Any]) -> Any: ...
 
     @abstractmethod
-    def replay(self) -> None: ...
+    def replay(self): ...
 
     def ops(self) -> list[str]:
         """Every recorded op, in order (views and allocations included)."""
@@ -51,7 +51,7 @@ class Graph(ABC):
         """Only refimpl's own registered kernels (``refimpl.*`` custom ops)."""
         return Counter({k: v for k, v in self.kernels().items() if k.startswith("refimpl.")})
 
-    def _check_captured(self) -> None:
+    def _check_captured(self):
         if not self.captured:
             raise GraphReplayError(f"{self.engine_name} graph replayed before capture")
 
@@ -65,12 +65,12 @@ class GraphEngine(ABC):
     @abstractmethod
     def new_graph(self) -> Graph: ...
 
-    def warmup(self, fn: Callable[[], Any], n: int) -> None:
+    def warmup(self, fn: Callable[[], Any], n: int):
         """Run the step ``n`` times eagerly before capture (SGLang runs it twice, [facts#capture])."""
         for _ in range(n):
             fn()
 
-    def synchronize(self) -> None:  # noqa: B027 - a no-op on engines without streams
+    def synchronize(self):  # noqa: B027 - a no-op on engines without streams
         """Wait for the engine's queued work (CUDA: its device)."""
 
     def memory_in_use(self) -> int | None:

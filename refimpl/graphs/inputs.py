@@ -27,7 +27,7 @@ class StaticInputs:
     fill: int  # a padded row's seq_len (the backend's fill value)
     device: torch.device
 
-    def __post_init__(self) -> None:
+    def __post_init__(self):
         # the six tensors, of rows = bs * kind.rows(spec) query rows and steps = kind.cache_writes(spec) (multi-step
         # draft decode: S, else 1) KV writes per row
         self.rows, self.steps = self.kind.rows(self.spec), self.kind.cache_writes(self.spec)  # (rows: per request)
@@ -48,7 +48,7 @@ class StaticInputs:
         """Fresh inputs for ``bs`` requests, every row a padded row."""
         return dataclasses.replace(self, bs=bs)
 
-    def rest(self) -> None:
+    def rest(self):
         """In place: every row becomes a padded row."""
         self.req_pool_indices.fill_(layout.PAD_REQ_SLOT)
         self.seq_lens.fill_(self.fill)
@@ -70,7 +70,7 @@ class StaticInputs:
         """A batch of views of the first ``bs`` requests (fresh each call; the views are made once)."""
         return ForwardBatch(mode, bs, **self.views(bs), seq_lens_sum=seq_lens_sum, world=world, spec_info=spec_info)
 
-    def load(self, fb: ForwardBatch, bs: int, verdict=None, record=None, host_seq_lens=None) -> None:
+    def load(self, fb: ForwardBatch, bs: int, verdict=None, record=None, host_seq_lens=None):
         """``fb`` into the first ``bs`` requests, rows ``fb.batch_size..bs`` reset to padded rows, in one launch on CUDA
         (``refimpl.kernels.inputs``; under a device-check ``verdict``, a refused batch as padded rows only, ``record``
         set; its requests at their host lengths ``host_seq_lens``), plus the host mirror. Dtypes are ``refimpl.validate``'s to check."""

@@ -55,7 +55,7 @@ class Step:
         else:  # a functional op: recompute and write the result into the captured output
             self.copy_back = [i for i, a in enumerate(aliased) if not a]
 
-    def replay(self) -> None:
+    def replay(self):
         if not self.rerun:
             return
         result = self.func(*self.args, **self.kwargs)

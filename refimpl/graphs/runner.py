@@ -61,19 +61,19 @@ class RunResult:
 
 
 # --- the backend hooks, called from a batch (SGLang's argument lists) ----------------------------
-def call_capture_hook(backend, fb: ForwardBatch) -> None:
+def call_capture_hook(backend, fb: ForwardBatch):
     backend.init_forward_metadata_capture_cuda_graph(
         fb.batch_size, fb.num_tokens, fb.req_pool_indices, fb.seq_lens, None, fb.forward_mode, fb.spec_info
     )
 
 
-def call_replay_hook(backend, fb: ForwardBatch) -> None:
+def call_replay_hook(backend, fb: ForwardBatch):
     backend.init_forward_metadata_replay_cuda_graph(
         fb.batch_size, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_sum, None, fb.forward_mode, fb.spec_info, fb.seq_lens_cpu
     )
 
 
-def call_in_graph_hook(backend, fb: ForwardBatch) -> None:
+def call_in_graph_hook(backend, fb: ForwardBatch):
     """The metadata a backend rebuilds *inside* the graph (``AttentionBackend.init_forward_metadata_in_graph``, a no-op
     for most), first thing in the captured step."""
     backend.init_forward_metadata_in_graph(fb)
@@ -255,7 +255,7 @@ class GraphRunner:
             raise GraphReplayError(why)
         return self._replay(fb)
 
-    def load_inputs(self, fb: ForwardBatch, bs: int) -> None:
+    def load_inputs(self, fb: ForwardBatch, bs: int):
         """Replay phase 2: the batch into the static inputs (``StaticInputs.load``, one launch on CUDA), the padded rows reset to
         padded rows. ``padded_batch`` (what the checker feeds the hooks) runs the same writer into fresh inputs. A batch
         whose device checks ``validate`` left pending is loaded under their verdict: refused, as padded rows only."""
@@ -279,7 +279,7 @@ class GraphRunner:
             self._events[0].record(torch.cuda.current_stream(self.device))
         return self._host_seq[:k]
 
-    def synchronize(self) -> None:
+    def synchronize(self):
         """Raise the refusal the last replay's device checks found (``refimpl.validate``), if any: the message
         ``validate_batch`` gives that batch, plus where it was found. Every ``validate`` calls it first; call it after a
         replay to know at once (it waits for that replay's input load, not for its graph)."""
@@ -322,12 +322,8 @@ class GraphRunner:
         self.synchronize()
         # every replay: identity checks over a tuple; the names are built only for a refusal
         if for_graph and self._captured_with and any(map(operator.is_not, bound := self._bound(), self._captured_with)):
-            names = (
-                "world.kv_cache",
-                "world.req_to_token_pool",
-                "world.req_to_token_pool.req_to_token",
-                *(f"world.kv_cache.buffers()[{i}]" for i in range(len(bound) - 3)),
-            )
+            names = "world.kv_cache world.req_to_token_pool world.req_to_token_pool.req_to_token".split()
+            names += [f"world.kv_cache.buffers()[{i}]" for i in range(len(bound) - 3)]
             moved = [k for k, a, b in zip(names, bound, self._captured_with) if a is not b]
             why = "the graphs write and read the objects bound at capture: restore them or build and capture a new runner"
             raise BatchRefused(f"{', '.join(moved)} rebound after capture: {why}")

@@ -48,7 +48,7 @@ def selection(
             for e in find(b)
             if (e.variant in variants if variants else every_variant or must_pass(e.variant))
         ]
-    kinds = [GraphKind.parse(m) for m in modes] if modes else list(KINDS.values())
+    kinds = [GraphKind.parse(m) for m in modes] if modes else KINDS.values()
     return [(e, k) for e in given for k in kinds]
 
 
@@ -84,7 +84,7 @@ def raised(e: Exception) -> str:
     first = (str(e).strip().splitlines() or [""])[0]
     if isinstance(e, BatchRefused):  # the generator validated the batch: what changed it since ran in between
         return f"the runner refused a batch that was valid when drawn (did the backend change its input?): {first}"
-    outside = isinstance(e, IndexError) or any(w in first for w in ("out of bounds", "out of range"))
+    outside = isinstance(e, IndexError) or "out of bounds" in first or "out of range" in first
     return f"the batch raised {type(e).__name__}: {first}" + (" (metadata pointing outside a buffer?)" if outside else "")
 
 
@@ -143,9 +143,9 @@ class KVGuard:
             held = (table == s).nonzero().tolist()
             out = f"request-table row {held[0][0]}, position {held[0][1]}" if held else "a free slot"
             if graph_locs is not None:
-                writers = (graph_locs.to(slots.device) == s).nonzero().flatten().tolist()
-                pad = lambda r: ", a padded row" if live_rows is not None and r >= live_rows else ""
-                out += "".join(f"; written by graph row {r}{pad(r)}" for r in writers[:2])
+                writers = (graph_locs.to(slots.device) == s).nonzero().flatten().tolist()[:2]  # the first two
+                for r in writers:
+                    out += f"; written by graph row {r}" + (", a padded row" if live_rows is not None and r >= live_rows else "")
             return f"slot {s} ({out})"
 
         return ": " + _first_few(slots.tolist(), 4, whose)

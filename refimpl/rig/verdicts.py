@@ -50,7 +50,7 @@ class CheckSettings:
 
     def rig_args(self) -> dict[str, Any]:
         """``Rig.build``'s sizes, dtype and seed (the world's slot count is the caller's: a glue rig builds a small one)."""
-        return {k: getattr(self, k) for k in ("capture_bs", "max_context_len", "dtype", "seed")}
+        return {k: getattr(self, k) for k in "capture_bs max_context_len dtype seed".split()}
 
     def slots_needed(self) -> int:
         """The fewest KV slots that hold the rig's request pool (``Rig.build``: 4 * max bs + 8 requests, slot 0 too),
@@ -172,7 +172,10 @@ def _batch_defined(state, raw_bs):
     return {**state, "custom_mask": state["custom_mask"][:end]}
 
 
-def glue_vs_eager(rig: Rig, batches: list[ForwardBatch]) -> tuple[bool | None, list[str]]:
+GlueVerdict = tuple[bool | None, list[str]]  # verdict (e): True glue-safe, False not, None refused; the findings
+
+
+def glue_vs_eager(rig: Rig, batches: list[ForwardBatch]) -> GlueVerdict:
     """Verdict (e) for ``batches`` of one raw size, replayed in turn: a fresh backend's replay hook captured once into a
     glue graph on static inputs at rest (as the runner does), then per batch the replay's ``load_inputs`` and the glue
     graph, against a twin backend with the same history run eagerly: its capture hook and the replay hook on the
@@ -209,7 +212,7 @@ def glue_vs_eager(rig: Rig, batches: list[ForwardBatch]) -> tuple[bool | None, l
     return not failed, [f"{what}: {d}" for d in first or ()]
 
 
-def glue_per_size(rig: Rig, sizes, replays: int) -> list[tuple[bool | None, list[str]]]:
+def glue_per_size(rig: Rig, sizes, replays: int) -> list[GlueVerdict]:
     """Verdict (e) per raw size, each on ``replays`` fresh batches (drawn after every other verdict's)."""
     out = []
     for raw_bs in sizes:
@@ -222,7 +225,7 @@ def glue_per_size(rig: Rig, sizes, replays: int) -> list[tuple[bool | None, list
 
 def glue_verdict(
     entry: BackendEntry, kind: str | GraphKind, engine: GraphEngine, settings: CheckSettings | None = None
-) -> tuple[bool | None, list[str]]:
+) -> GlueVerdict:
     """Verdict (e) alone for one entry and graph kind, at every raw size of ``settings`` (no step graph is captured):
     True when the shape may be glued, None when the hook is refused (or the kind not captured), with the findings."""
     settings, kind = settings or CheckSettings(), GraphKind.parse(kind)
@@ -285,20 +288,20 @@ def _reads(backend, masks, batch):
     return _snapshot(bufs | {f"static input {k}": getattr(batch, k) for k in inputs})
 
 
-def long_run(rig: Rig, n: int = LONG_RUN, distinct: int = 2) -> tuple[int, list[tuple[int, list[str]]]]:
-    """``n`` replays through the smallest graph, rotating ``distinct`` short batches in turn, so no batch follows
-    itself (two: they alternate). A batch's first replay is held to (b) and (c). Every later one runs the replay path up to the launch
-    (inputs, hook, the in-graph metadata) and compares what the graph would read with what a fresh backend's hooks
+def long_run(rig: Rig):
+    """``LONG_RUN`` replays through the smallest graph, alternating two short batches, so no batch follows itself. A
+    batch's first replay is held to (b) and (c). Every later one runs the replay path up to the launch (inputs, hook,
+    the in-graph metadata) and compares what the graph would read with what a fresh backend's hooks
     leave for that batch (verdict (a)'s replay path), on the elements those hooks write (a second fresh backend, its
     buffers poisoned first, tells them apart: a block table's columns past a request's pages are left as they were, and
     no kernel reads them): a captured graph's output is a function of what it reads, so equal reads are an equal
     replay, at a hook's cost instead of a forward pass's. Where a read differs the graph runs and is held to (b)
     against the batch's eager output. ``(graph size, [(replay, findings)])``."""
     gen, runner, bs = rig.gen, rig.runner, rig.runner.capture_bs[0]
-    batches = [_short(gen, rig.kind, bs) for _ in range(distinct)]
+    batches = [_short(gen, rig.kind, bs) for _ in range(2)]
     first, out = {}, []
-    for j in range(1, n + 1):
-        i = (j - 1) % distinct  # in turn: no batch follows itself
+    for j in range(1, LONG_RUN + 1):
+        i = (j - 1) % 2  # in turn: no batch follows itself
         fb, findings = batches[i], []
         try:
             if i not in first:  # the batch's first replay (or a retry of one that raised)

@@ -53,7 +53,7 @@ def draw_csr(
         if lens[i] > 0:
             C.frame(top, 0, i, lens[i], 1, "#e6550d" if role == "pad" else "#08519c", lw=1.8)
     labels = [f"{'pad' if r == 'pad' else f'req {i}'}: row {rpi[i]}, len {lens[i]}" for i, r in enumerate(roles)]
-    top.set_yticks(range(bs), labels, fontsize=7)
+    C.yticks(top, labels)
     ticks = range(0, ncols, 5)
     top.set_xticks(ticks, ticks, fontsize=6)
     top.xaxis.tick_top()
@@ -131,7 +131,7 @@ def draw_tree_mask(
             C.frame(ax, c, q)
     ax.axvline(seq - 0.5, color="black", lw=1.2)
     ax.set_xticks([seq / 2 - 0.5, seq + N / 2 - 0.5], [f"prefix: {seq} columns (all 1)", f"tree: {N} columns"], fontsize=7)
-    ax.set_yticks(range(N), [f"draft {q}" + f" (depth {d})" * tree for q, d in enumerate(depths)], fontsize=7)
+    C.yticks(ax, [f"draft {q}" + f" (depth {d})" * tree for q, d in enumerate(depths)])
     note = f"; {bad} cells disagree with the tree!" if bad else ""
     ax.set_title(f"request {request}: custom_mask[{start}:{end}]\nas [N={N}, seq+N={width}]{note}", fontsize=8)
     if tree:  # the draft tree on the right, depth left to right
@@ -209,7 +209,7 @@ def draw_buffers(
                 C.role_cell(ax, x, y, role, C.fmt(vals[x]), fontsize=7, lw=1.0)
             if bad[x]:
                 C.differs_mark(ax, x, y)
-    ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
+    C.yticks(ax, [r[0] for r in rows], 8)
     ticks = range(0, width, 4 if width > 12 else 1)
     ax.set_xticks(ticks, ticks, fontsize=6)
     ax.xaxis.tick_top()
@@ -306,7 +306,7 @@ def draw_buffer_sizes(
             ax.axvline(need, color="black", ls="--", lw=1.0)
             ax.text(need, -0.55, f" {what}: {need}", fontsize=7, va="bottom", gid="need")
         ax.set(xlim=(0, top * 1.75), ylim=(len(per) - 0.5, -0.5 - (0.9 if buf in needed else 0.3)))
-        ax.set_yticks(range(len(per)), list(per), fontsize=8)
+        C.yticks(ax, list(per), 8)
         ax.set_title(buf, loc="left", fontsize=8.5, family="monospace")
         ax.tick_params(axis="x", labelsize=7)
         ax.grid(axis="x", alpha=0.3)

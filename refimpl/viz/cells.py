@@ -47,14 +47,10 @@ def flat(x: torch.Tensor | Sequence | np.ndarray) -> np.ndarray:  # ``to_numpy(x
     return to_numpy(x).reshape(-1)
 
 
-def owner_color(i: int, pad: bool) -> str:  # request i's colour, or the padded row's
-    return PAD_COLOR if pad else REQ_COLORS[i % len(REQ_COLORS)]
-
-
 def role_style(role) -> tuple[str, str | None, str, str]:
     """(face colour, hatch, edge colour, text colour) of a cell role (an int or a ``ROLE_LABELS`` key)."""
     if isinstance(role, (int, np.integer)) and not isinstance(role, bool):
-        return owner_color(role, False), None, "white", "black"
+        return REQ_COLORS[role % len(REQ_COLORS)], None, "white", "black"
     if isinstance(role, str) and role in ROLES:
         return ROLES[role][1:]
     raise ValueError(f"unknown cell role {role!r}: an int (live request), {sorted(ROLE_LABELS)}")
@@ -150,6 +146,10 @@ def grid_axes(ax, width: int, height: int) -> None:
     """Axes of ``width`` x ``height`` unit cells, row 0 on top."""
     ax.set(xlim=(-0.5, width - 0.5), ylim=(height - 0.5, -0.5), aspect="equal")
     bare_axes(ax)
+
+
+def yticks(ax, labels: Sequence[str], fontsize: float = 7) -> None:  # a labelled tick per row 0, 1, ...
+    ax.set_yticks(range(len(labels)), labels, fontsize=fontsize)
 
 
 def bare_axes(ax) -> None:  # no spines, no tick marks

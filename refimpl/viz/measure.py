@@ -9,16 +9,10 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator, ScalarFormatter
 
-from .cells import save, suptitle
+from .cells import save, suptitle, yticks
 
-SHAPE_COLORS = {
-    "legacy": "#d62728",
-    "unified": "#1f77b4",
-    "simplified": "#ff7f0e",
-    "in_graph": "#2ca02c",
-    "faithful": "#1f77b4",  # the bench's variants
-    "fused": "#ff7f0e",
-}
+# a TRTLLM-MLA variant's line (draw_latency_vs_bs)
+SHAPE_COLORS = {"legacy": "#d62728", "unified": "#1f77b4", "simplified": "#ff7f0e", "in_graph": "#2ca02c"}
 PART_COLORS = {"validate": "#bdbdbd", "copies": "#9ecae1", "hook": "#fd8d3c", "launch": "#31a354"}
 
 
@@ -102,7 +96,7 @@ def draw_replay_breakdown(
             g = at[k]["gpu_us"]["graph"]["median"]
             ax.barh(y + 0.25, g, height=0.18, color=GPU_COLOR)
             ax.text(g, y + 0.25, f" GPU {g:.0f}", va="center", fontsize=7, color=GPU_COLOR)
-    ax.set_yticks(range(len(keys)), [f"{b}/{v} {m}" for b, v, m in keys] if labels is None else labels, fontsize=8)
+    yticks(ax, [f"{b}/{v} {m}" for b, v, m in keys] if labels is None else labels, 8)
     ax.set(ylim=(len(keys) - 0.5, -0.75), xlabel="µs (host: medians of each part; GPU: the graph, CUDA events)")
     ax.grid(axis="x", alpha=0.3)
     ax.set_title(
@@ -153,7 +147,7 @@ def _bar_pairs(rows, env, context, bs, pick, pair, names, fmt, xlabel, title):
         for dy, v, color in zip((-0.18, 0.18), pair(r), ("#1f77b4", "#d62728")):
             ax.barh(y + dy, v, height=0.34, color=color)
             ax.text(v, y + dy, " " + fmt.format(v), va="center", fontsize=6)
-    ax.set_yticks(range(len(mine)), [f"{r['backend']}/{r['variant']} {r['mode']}" for r in mine], fontsize=7)
+    yticks(ax, [f"{r['backend']}/{r['variant']} {r['mode']}" for r in mine])
     ax.invert_yaxis()
     note = f"upper bar: {names[0]}; lower bar: {names[1]}"
     ax.text(0.99, 0.01, note, transform=ax.transAxes, ha="right", va="bottom", fontsize=7)

@@ -234,7 +234,7 @@ def draw_draft_decode_indices(
             labels.append(f"{'seq' if r < live else 'pad'} {r} br {k}  [{a}:{b}]")
             if k == topk - 1 and row < rows - 1:
                 ax.axhline(row + 0.5, color="black", lw=0.8)
-        ax.set_yticks(range(rows), labels, fontsize=7)
+        C.yticks(ax, labels)
         areas = [pmax / 2 - 0.5, pmax + 1 + (num_steps - 1) / 2]  # the middle of the prefix area | of the draft area
         ax.set_xticks(areas, [f"prefix slots (seq_lens, up to {pmax})", "draft slots"], fontsize=7)
         note = "  (filled, but no step backend reads it)" * (used_steps is not None and i >= used_steps)
