@@ -20,7 +20,7 @@ device rules over the batch's own entries (the held rule: the request table's li
 batch and the request table, never to the KV pool. ``validate_batch`` reads that launch's small result at once (one
 sync; an eager ragged batch reads its row counts first). A graph replay does not wait for it (``check_batch`` with
 ``out``, ``GraphRunner.validate``): the host rules run now, the device rules (then also "``seq_lens`` equals
-``seq_lens_cpu``", against a staged copy of the host values) go to the runner's verdict buffer, the input load reads the
+``seq_lens_cpu``", against the host values staged in pinned memory, which the kernels read in place) go to the runner's verdict buffer, the input load reads the
 verdict on the device and loads a refused batch as padded rows (each request at its host length;
 ``refimpl.kernels.inputs``), and the runner raises
 the refusal, named as ``validate_batch`` names it, at its next call or ``synchronize()``. A draft-extend batch (its
@@ -189,8 +189,8 @@ def validate_batch(fb, spec: SpecConfig | None = None, kind: layout.GraphKind | 
 
 def check_batch(fb, spec=None, kind=None, for_graph=False, world=None, out=None, host=None):
     """``validate_batch``'s rules, of which a graph replay's device rules may go unread: with ``out`` (an int64 buffer of
-    ``result_size`` entries for the runner's largest batch) and ``host`` (a callable that stages ``seq_lens_cpu`` on the
-    device and returns it), a batch that may be deferred (the module docstring) has its host rules checked now and its
+    ``result_size`` entries for the runner's largest batch) and ``host`` (a callable that stages ``seq_lens_cpu`` where the
+    device checks read it and returns it), a batch that may be deferred (the module docstring) has its host rules checked now and its
     device rules launched into ``out``; returns ``(fb, entries)``, ``entries`` the verdict's length in ``out`` (for
     ``load_inputs``), else ``(fb, None)`` after every rule was checked."""
     if world is not None and fb.world is not world:

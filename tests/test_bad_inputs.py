@@ -94,7 +94,7 @@ def _tensors(obj, seen: set[int], out: list[torch.Tensor]) -> None:
 
 # the runner's device-check scratch (the verdict, the staged host lengths, the load's record): written by every
 # validation, read by no graph
-CHECK_SCRATCH = ("_verdict", "_staged", "_host_seq", "_record", "_record_host")
+CHECK_SCRATCH = ("_verdict", "_staged", "_record")
 
 
 def snapshot(s: Setup) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -255,7 +255,7 @@ MUTANTS = [
     Mutant(
         "deferred validation: a refusal found is never raised",
         "refimpl.graphs.runner:GraphRunner.synchronize",
-        "if not int(self._record_host[0]):",
+        "if not int(self._record[0]):",
         "if True:",
         "out_cache_loc past the cache",
     ),

@@ -139,15 +139,16 @@ class GraphRunner:
         check_capture_config(self)  # before any allocation
         self.inputs = StaticInputs(self.kind, spec_cfg, self.max_bs, self.fill_value, self.device)
         # a replay's device checks, acted on by the load and read at the next call (``validate``, ``synchronize``): the
-        # verdict buffer, seq_lens_cpu staged for the device (pinned on CUDA), the load's record (1: refused) and its
-        # host copy, two events (staged copy done, record copied), and the pending (batch, verdict entries, loaded)
-        pin, dev, i32 = self.device.type == "cuda", self.device, torch.int32
+        # verdict buffer; seq_lens_cpu staged for the device checks and the load's record (1: refused), both in pinned
+        # host memory on CUDA, which the kernels read and write in place (no copies); an event after the last kernel
+        # that reads or writes them; the pending (batch, verdict entries, loaded)
+        pin, i32 = self.device.type == "cuda", torch.int32
         n, m = self.inputs.input_ids.numel(), self.inputs.out_cache_loc.numel()
-        self._verdict = torch.empty(result_size(self.max_bs, n, m), dtype=torch.int64, device=dev)
-        self._staged = torch.empty(self.max_bs, dtype=i32, device="cpu", pin_memory=pin)
-        self._host_seq, self._record = torch.empty(self.max_bs, dtype=i32, device=dev), torch.zeros(1, dtype=i32, device=dev)
-        self._record_host = torch.zeros(1, dtype=i32, device="cpu", pin_memory=True) if pin else self._record
-        self._events = (torch.cuda.Event(), torch.cuda.Event()) if pin else None
+        self._verdict = torch.empty(result_size(self.max_bs, n, m), dtype=torch.int64, device=self.device)
+        self._staged = torch.empty(self.max_bs, dtype=i32, device="cpu", pin_memory=pin)  # (device: never the ambient one)
+        self._record = torch.zeros(1, dtype=i32, device="cpu", pin_memory=pin)
+        self._staged_np = self._staged.numpy() if pin else None
+        self._done = torch.cuda.Event() if pin else None
         self._pending = None
         backend._graph_runner = weakref.ref(self)
         backend.init_cuda_graph_state(self.max_bs, self.max_num_tokens)
@@ -261,23 +262,24 @@ class GraphRunner:
         whose device checks ``validate`` left pending is loaded under their verdict: refused, as padded rows only."""
         if (p := self._pending) is None or p[0] is not fb:
             return self.inputs.load(fb, bs)
-        self.inputs.load(fb, bs, self._verdict[: p[1]], self._record, self._host_seq[: fb.batch_size])
-        if self._events is not None:
-            self._record_host.copy_(self._record, non_blocking=True)
-            self._events[1].record(torch.cuda.current_stream(self.device))
+        self.inputs.load(fb, bs, self._verdict[: p[1]], self._record, self._staged[: fb.batch_size])
+        self._mark_done()
         p[2] = True
 
     def _stage(self, seq_lens_cpu: torch.Tensor) -> torch.Tensor:
-        """``seq_lens_cpu`` on the device, for the device checks, without a sync (a pinned buffer, reused once the last
-        copy out of it has run)."""
+        """``seq_lens_cpu`` where the device checks read it, without a sync: on CUDA the pinned buffer the kernels read
+        in place (rewritten once the last kernel that reads it has run: ``_done``)."""
         k = seq_lens_cpu.numel()
-        if self._events is not None:
-            self._events[0].synchronize()
-        self._staged[:k].copy_(seq_lens_cpu)
-        self._host_seq[:k].copy_(self._staged[:k], non_blocking=True)
-        if self._events is not None:
-            self._events[0].record(torch.cuda.current_stream(self.device))
-        return self._host_seq[:k]
+        if self._done is None:
+            return self._staged[:k].copy_(seq_lens_cpu)
+        self._done.synchronize()  # (validate's synchronize() waited for it already, unless the last batch was never loaded)
+        self._staged_np[:k] = seq_lens_cpu.numpy()  # numpy: a few µs less than torch's copy_
+        return self._staged[:k]
+
+    def _mark_done(self):
+        """Record ``_done`` after the kernels just launched (the device checks, the load) on the runner's stream."""
+        if self._done is not None:
+            self._done.record(torch.cuda.current_stream(self.device))
 
     def synchronize(self):
         """Raise the refusal the last replay's device checks found (``refimpl.validate``), if any: the message
@@ -288,9 +290,9 @@ class GraphRunner:
         self._pending = None
         fb, entries, loaded = p
         if loaded:
-            if self._events is not None:
-                self._events[1].synchronize()
-            if not int(self._record_host[0]):
+            if self._done is not None:
+                self._done.synchronize()  # the load has written the record
+            if not int(self._record[0]):
                 return
         if not (found := refused_categories(self._verdict, entries)):
             return
@@ -330,6 +332,8 @@ class GraphRunner:
         if not for_graph:
             return validate_batch(fb, self.spec_cfg, self.kind, False, world=self.world)
         fb, entries = check_batch(fb, self.spec_cfg, self.kind, True, self.world, self._verdict, self._stage)
+        if entries is not None:
+            self._mark_done()  # the device checks read the staged lengths
         self._pending = None if entries is None else [fb, entries, False]
         return fb
 

@@ -13,7 +13,7 @@ table) and writes a few int64s:
 | ``out_cache_loc duplicate`` | ``loc[e] == loc[f]`` for some ``f < e`` |
 | ``out_cache_loc slot`` | ``loc[e] != req_to_token[rpi[r], col(e)]``: the write is not its row's own new position |
 | ``custom_mask self`` | verify (a mask given): draft row ``e`` (request ``r = e // N``, draft ``j = e % N``) does not see itself: its entry ``N * sum(seq_lens[:r]) + r*N*N + j*(seq_r + N) + seq_r + j`` of the tree mask is False (an all-False mask, too) |
-| ``seq_lens host`` | ``seq_lens[i] != host_seq_lens[i]`` (a deferred replay's check that the device copy equals ``seq_lens_cpu``, staged to the device: ``refimpl.validate``) |
+| ``seq_lens host`` | ``seq_lens[i] != host_seq_lens[i]`` (a deferred replay's check that the device copy equals ``seq_lens_cpu``, staged in pinned host memory the kernel reads in place: ``refimpl.validate``) |
 | ``out_cache_loc held`` | a live row ``p`` (``live_rows``: the pool's allocation state; default every row but 0) holds ``loc[e]`` at a position ``(p, c)`` other than ``e``'s own ``(rpi[r], col(e))``: that KV would be overwritten (a freed row is zeroed; 0 holds nothing) |
 
 Write ``e`` is row ``e % n`` of step ``e // n`` (S = m / n steps: multi-step draft decode; else 1), row ``j`` of its
@@ -121,7 +121,7 @@ def _batch_check_kernel(
     row_req_ptr,  # [2, n] each row's request, then j - per_r (read when HAS_ROW_REQ)
     mask_ptr,  # [mask_size] bool tree mask (read when HAS_MASK)
     live_ptr,  # [pool] bool: the live request rows (read when HAS_LIVE)
-    host_ptr,  # [bs] int32 seq_lens_cpu, staged to the device (read when HAS_HOST)
+    host_ptr,  # [bs] int32 seq_lens_cpu, staged in pinned host memory (read in place when HAS_HOST)
     r2t_stride,
     pool,
     L,
