@@ -71,6 +71,8 @@ def test_host_vs_gpu_labels_each_line_at_its_end():
     assert set(labels) == {f"{s}: host" for s in costs.SHAPES} | {"GPU: the graph"} and not ax.get_legend()
     ys = sorted(t.xy[1] for t in ax.texts)
     assert all(b - a >= 0.06 * ax.get_ylim()[1] - 1e-6 for a, b in zip(ys, ys[1:]))  # nudged apart
+    colors = [line.get_color() for line in ax.lines]
+    assert len(set(colors)) == len(colors), colors  # one colour per line: read in one look
     with pytest.raises(ValueError, match="at most 5"):
         viz.draw_host_vs_bs([], {}, 512, [("x", "triton", "unified", "k")] * 6)
 

@@ -19,10 +19,11 @@ from ..graphs import make_engine
 from ..kernels.indices import build_kv_indices
 from ..layout import KINDS
 from ..rig.core import Rig
-from ..viz.measure import HOST_PARTS, SHAPE_COLORS
+from ..viz.measure import HOST_PARTS
 from . import ROOT, entry, results
 
 SHAPES = {"faithful": "unified", "fused": "fused", "in-graph": "in_graph", "glued": "unified+glue"}  # Triton decode
+COLORS = {"faithful": "#1f77b4", "fused": "#ff7f0e", "in-graph": "#2ca02c", "glued": "#9467bd"}
 REPLAY = "graph.replay()"  # the glue graph's launch, and the step graph's
 BATCH_SIZES = (1, 8, 64, 256)  # the sizes the step tables and lines show
 
@@ -176,8 +177,7 @@ def draw_breakdown() -> Figure:
 def draw_host_vs_gpu() -> Figure:
     """``viz.draw_host_vs_bs``: the four Triton decode shapes' host paths and the graph's GPU time, context 512."""
     env, rows = sweep()
-    # the bench figures' colour of each variant; glued (not a bench variant): purple
-    series = [(shape, "triton", variant, SHAPE_COLORS.get(variant, "#9467bd")) for shape, variant in SHAPES.items()]
+    series = [(shape, "triton", variant, COLORS[shape]) for shape, variant in SHAPES.items()]
     return viz.draw_host_vs_bs(rows, env, 512, series)
 
 
