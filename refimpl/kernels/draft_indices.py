@@ -12,7 +12,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._checks import INDEX_DTYPES, check, check_int, check_pool_inputs, check_tensor
-from ._op import kernel_op
+from ._op import kernel_op, next_power_of_2
 from .indices import copy_row, pool_row
 from .triton_decode import outer_strides
 
@@ -96,7 +96,7 @@ def _draft_decode_kv_indices_op(
         *req_to_token.shape,  # pool, context_len
         topk,
         num_steps,
-        triton.next_power_of_2(num_seqs),  # SEQ_BLOCK
+        next_power_of_2(num_seqs),  # SEQ_BLOCK
         COPY_BLOCK,
     )
 

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from .. import layout
 from ._checks import INDEX_DTYPES, MASK_DTYPES, check, check_int, check_pool_inputs, check_tensor
-from ._op import kernel_op
+from ._op import kernel_op, next_power_of_2
 from .indices import CSR_BLOCK, copy_row, pool_row
 from .oracle import csr_ref
 from .triton_decode import get_num_kv_splits_ref, split_counts, split_grid
@@ -141,7 +141,7 @@ def _fused_graph_metadata_op(
         max_kv_splits,
         core_count,
         num_draft_tokens,
-        triton.next_power_of_2(bs),
+        next_power_of_2(bs),
         CSR_BLOCK,
         MASK_BLOCK,
         static or core_count <= 0,

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._op import direct_launch, kernel_op, no_specialisation
+from ._op import direct_launch, kernel_op, next_power_of_2, no_specialisation
 from .validation import NONE
 
 
@@ -117,7 +117,7 @@ def launch_load_inputs(src: tuple, dst: tuple, bs, rows, steps, fill, pad_req, p
     """The Triton kernel over ``load_inputs``' sources and destinations (CUDA; on a CPU the interpreter takes about 9 ms
     a call, so ``load_inputs`` runs ``load_inputs_ref`` there, and a test holds this kernel to it)."""
     n, raw_bs, dev = src[0].numel(), src[3].numel(), dst[0].device
-    block = triton.next_power_of_2(max(dst[0].numel(), dst[2].numel()))
+    block = next_power_of_2(max(dst[0].numel(), dst[2].numel()))
     src = dst if raw_bs == 0 else src  # an idle batch's sources are empty and never read (every mask is off)
     judged = verdict is not None
     flags = (0 if verdict is None else verdict.numel(), judged, NONE, steps, block)

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from .. import _env
 from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check, check_float, check_int, check_tensor
-from ._op import kernel_op
+from ._op import cdiv, kernel_op, next_power_of_2
 from .bounds import guard_table
 from .indices import build_block_table_ref, pool_copy
 from .oracle import attention_from_dense
@@ -130,7 +130,7 @@ def _mla_paged_attention_op(
     if bs * q_len * num_heads == 0:  # shape, not data: an empty batch launches nothing
         return
     heads = min(num_heads, MAX_HEADS_PER_PROGRAM)
-    _mla_paged_kernel[(bs * q_len, triton.cdiv(num_heads, heads))](
+    _mla_paged_kernel[(bs * q_len, cdiv(num_heads, heads))](
         q,
         kv_cache,
         block_table,
@@ -147,7 +147,7 @@ def _mla_paged_attention_op(
         head_dim - kv_lora_rank,  # RR
         kv_cache.shape[1],  # PAGE_SIZE
         heads,
-        max(triton.next_power_of_2(heads), DOT_MIN),  # BLOCK_H
+        max(next_power_of_2(heads), DOT_MIN),  # BLOCK_H
         BLOCK_N,
         "ieee" if torch.float32 in (q.dtype, kv_cache.dtype) else "tf32",  # PRECISION
         num_warps=4 if kv_lora_rank <= 128 else 8,

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .. import _env
 from ._checks import INDEX_DTYPES, check, check_float, check_int, check_paged_qkvo, check_tensor
-from ._op import direct_launch, kernel_op, no_specialisation
+from ._op import direct_launch, kernel_op, next_power_of_2, no_specialisation
 from .bounds import guard_csr
 
 MIN_BLOCK_KV = 32  # split ranges are multiples of this many keys ([facts#split-kv-decode])
@@ -162,8 +162,8 @@ def _decode_stage1_op(
     strides = outer_strides(q, k_buffer, v_buffer, attn_logits, attn_lse)
     scalars = (sm_scale, logit_cap if logit_cap > 0 else 1.0, head_dim, v_head_dim)
     # GROUP, HEADS, BLOCK_H, BLOCK_D, BLOCK_DV, BLOCK_N, MAX_KV_SPLITS, USE_CAP, USE_DOT
-    consts = (group, heads, max(triton.next_power_of_2(heads), DOT_MIN if use_dot else 1), triton.next_power_of_2(head_dim))
-    consts += (triton.next_power_of_2(v_head_dim), BLOCK_N, max_kv_splits, logit_cap > 0, use_dot)
+    consts = (group, heads, max(next_power_of_2(heads), DOT_MIN if use_dot else 1), next_power_of_2(head_dim))
+    consts += (next_power_of_2(v_head_dim), BLOCK_N, max_kv_splits, logit_cap > 0, use_dot)
     _decode_stage1_kernel[(num_rows, num_heads // heads, max_kv_splits)](
         q, k_buffer, v_buffer, kv_indptr, kv_indices, num_kv_splits, attn_logits, attn_lse, *strides, *scalars, *consts
     )
@@ -225,7 +225,7 @@ def _decode_stage2_op(
         o,
         *outer_strides(attn_logits, attn_lse, o),
         v_head_dim,
-        triton.next_power_of_2(v_head_dim),
+        next_power_of_2(v_head_dim),
         max_kv_splits,
     )
 
@@ -345,7 +345,7 @@ def _num_kv_splits_op(
     num_seq = seq_lens.shape[0]
     if num_seq == 0:
         return
-    consts = (triton.next_power_of_2(num_seq), static or core_count <= 0)  # MAX_NUM_SEQ, STATIC
+    consts = (next_power_of_2(num_seq), static or core_count <= 0)  # MAX_NUM_SEQ, STATIC
     args = (num_kv_splits, seq_lens, num_seq, num_group, token_grid, max_kv_splits, core_count, *consts)
     direct_launch(
         _num_kv_splits_kernel, (1,), args, (_num_kv_splits_kernel, seq_lens.device, seq_lens.dtype, *consts), seq_lens.device

@@ -14,7 +14,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check, check_int, check_mask, check_paged_qkvo, check_tensor
-from ._op import kernel_op
+from ._op import cdiv, kernel_op, next_power_of_2
 from .bounds import guard_csr
 from .triton_decode import check_kernel_args, csr_range, outer_strides
 
@@ -138,7 +138,7 @@ def _extend_attention_op(
     if bs == 0 or num_heads == 0:  # shapes, not data: nothing to launch
         return
     floats = (q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer)
-    _extend_attention_kernel[(bs, num_heads, triton.cdiv(max_len_extend, BLOCK_M))](
+    _extend_attention_kernel[(bs, num_heads, cdiv(max_len_extend, BLOCK_M))](
         *floats,
         qo_indptr,
         kv_indptr,
@@ -152,8 +152,8 @@ def _extend_attention_op(
         num_heads // k_buffer.shape[1],  # KV_GROUP
         head_dim,
         v_head_dim,
-        max(16, triton.next_power_of_2(head_dim)),  # BLOCK_D
-        max(16, triton.next_power_of_2(v_head_dim)),  # BLOCK_DV
+        max(16, next_power_of_2(head_dim)),  # BLOCK_D
+        max(16, next_power_of_2(v_head_dim)),  # BLOCK_DV
         BLOCK_M,
         BLOCK_N,
         is_causal,

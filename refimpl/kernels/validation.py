@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from .. import _env
-from ._op import direct_launch, kernel_op, no_specialisation
+from ._op import cdiv, direct_launch, kernel_op, no_specialisation
 
 CATEGORIES = (
     "req_pool_indices range",
@@ -63,7 +63,7 @@ MIN_SPLIT, PROGRAMS = 4, 8 if _env.INTERPRET else 256
 
 
 def _blocks(bs: int, num_rows: int, num_writes: int) -> int:
-    return triton.cdiv(max(bs, num_rows, num_writes, 1), BLOCK)
+    return cdiv(max(bs, num_rows, num_writes, 1), BLOCK)
 
 
 def table_split(blocks: int) -> int:
