@@ -223,20 +223,6 @@ def test_draw_state_diff_marks_every_differing_cell_in_both_rows():
     assert len(_differs(odd.axes[0])) == 2 + 3
 
 
-def test_draw_buffer_sizes_flags_short_buffers():
-    fig = viz.draw_buffer_sizes(
-        {"splits": {"Triton": 24, "Wave": 4}, "mask": {"Triton": 960, "Wave": 960}},
-        notes={"splits": {"Triton": "[T]", "Wave": "[B]"}},
-        needed={"splits": (8, "draft rows"), "mask": (400, "verify")},
-        title="sizes",
-    )
-    assert len(fig.axes) == 2
-    short = [t.get_text() for ax in fig.axes for t in ax.texts if t.get_gid() == "too_small"]
-    assert short == [" [B]  too small"]
-    assert [t.get_text() for t in fig.axes[0].texts if t.get_gid() == "need"] == [" draft rows: 8"]
-    assert _legend_texts(fig) == ["Triton", "Wave", "entries a batch needs", "too small for that batch"]
-
-
 def test_draw_eagle_iteration_names_every_graph_mode():
     fig = viz.draw_eagle_iteration([-1, 0, 0, 1, 1, 3], [1, 3], num_steps=3, topk=2)
     (ax,) = fig.axes

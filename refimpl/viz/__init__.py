@@ -8,7 +8,7 @@ framed red and the title counts them. ``batch_roles`` / ``segment_roles`` give t
 writes a figure reproducibly.
 """
 
-from .buffers import draw_buffer_sizes, draw_buffers, draw_csr, draw_state_diff, draw_tree_mask
+from .buffers import draw_buffers, draw_csr, draw_state_diff, draw_tree_mask
 from .cells import BAD_COLOR, PAD_COLOR, REQ_COLORS, ROLE_LABELS, batch_roles, save, segment_roles
 from .measure import (
     draw_bench_figures,
@@ -29,7 +29,6 @@ __all__ = [
     "save",
     "segment_roles",
     "draw_buffers",
-    "draw_buffer_sizes",
     "draw_csr",
     "draw_state_diff",
     "draw_tree_mask",

@@ -1,17 +1,14 @@
-"""Buffers drawn: CSR ``kv_indices``, block tables, the tree mask, 1-D buffers and their diffs, sizes."""
+"""Buffers drawn: CSR ``kv_indices``, block tables, the tree mask and 1-D buffers and their diffs."""
 
 from collections.abc import Mapping, Sequence
-from itertools import cycle
 
 import numpy as np
 import torch
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.patches import Patch
 
 from . import cells as C
 
-OWNER_COLORS = ["#6baed6", "#fd8d3c", "#74c476", "#9e9ac8", "#bdbdbd"]  # draw_buffer_sizes' bars
 State = Mapping[str, torch.Tensor | int | float | str]  # buffers by name: tensors, or scalars drawn as text
 
 
@@ -265,56 +262,3 @@ def draw_state_diff(
         differs_label=f"differs: {labels[0]} vs {labels[1]}",
         legend=legend,
     )
-
-
-def draw_buffer_sizes(
-    sizes: Mapping[str, Mapping[str, int]],
-    *,
-    notes: Mapping[str, Mapping[str, str]] | None = None,
-    needed: Mapping[str, tuple[int, str]] | None = None,
-    title: str = "",
-) -> Figure:
-    """Allocated entries of the same buffers in several backends: a panel per buffer, a bar per owner
-    (``sizes[buffer][owner]``), ``notes[buffer][owner]`` after it (gid ``"note"``). ``needed[buffer] = (entries, what
-    needs them)``: a dashed line (gid ``"need"``); a shorter bar is framed red, "too small"."""
-    notes, needed = notes or {}, needed or {}
-    color = dict(zip(dict.fromkeys(o for per in sizes.values() for o in per), cycle(OWNER_COLORS)))  # owner -> colour
-    heights = [len(per) for per in sizes.values()]
-    fig = Figure(figsize=(9.0, sum(0.32 * h + 0.55 for h in heights) + 0.9), layout="constrained")
-    axes = fig.subplots(len(sizes), squeeze=False, height_ratios=[h + 1.2 for h in heights])
-    short = False
-    for ax, (buf, per) in zip(axes.flat, sizes.items()):  # a buffer's bars against its need
-        need, what = needed.get(buf, (0, None))
-        top = max([*per.values(), need])
-        for y, (owner, n) in enumerate(per.items()):
-            ax.barh(y, n, color=color[owner], height=0.62, edgecolor="white")
-            small = n < need
-            ax.text(
-                n + top * 0.01,
-                y,
-                f" {notes.get(buf, {}).get(owner, n)}{'  too small' * small}",
-                va="center",
-                fontsize=7,
-                family="monospace",
-                gid="too_small" if small else "note",
-                color=C.BAD_COLOR if small else None,
-            )
-            if small:
-                short = True
-                C.frame(ax, 0.5, y + 0.19, n, 0.62, lw=1.8)  # around the bar: x 0..n, y - 0.31..y + 0.31
-        if buf in needed:
-            ax.axvline(need, color="black", ls="--", lw=1.0)
-            ax.text(need, -0.55, f" {what}: {need}", fontsize=7, va="bottom", gid="need")
-        ax.set(xlim=(0, top * 1.75), ylim=(len(per) - 0.5, -0.5 - (0.9 if buf in needed else 0.3)))
-        C.yticks(ax, list(per), 8)
-        ax.set_title(buf, loc="left", fontsize=8.5, family="monospace")
-        ax.tick_params(axis="x", labelsize=7)
-        ax.grid(axis="x", alpha=0.3)
-        ax.spines[["top", "right"]].set_visible(False)
-    ax.set_xlabel("entries allocated (each panel its own scale)", fontsize=8)
-    handles = [Patch(facecolor=c, label=o) for o, c in color.items()]
-    handles += [Line2D([], [], color="black", ls="--", lw=1.0, label="entries a batch needs")] * bool(needed)
-    handles += [C.swatch("none", C.BAD_COLOR, "too small for that batch", lw=1.8)] * short
-    C.legend(fig, handles, max_cols=5)
-    C.suptitle(fig, title)
-    return fig
