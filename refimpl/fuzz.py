@@ -43,7 +43,9 @@ class FuzzParams:
 
 @dataclass
 class FuzzReport:
-    batches: Counter[str] = field(default_factory=Counter)  # "backend/variant/mode/spec" -> count
+    batches: Counter[str] = field(
+        default_factory=Counter
+    )  # "backend/variant/mode/spec" -> count (serialise with vars(): asdict turns a Counter into pairs)
     mismatches: list[str] = field(default_factory=list)  # reproducers
     skipped: list[str] = field(default_factory=list)
 

@@ -93,7 +93,7 @@ class TokenSlotAllocator:
 class MHAKVCache:
     """Per layer ``k[slots, Hkv, D]`` and ``v[slots, Hkv, Dv]`` ("NHD", page size folded in)."""
 
-    def __init__(self, cfg: ModelConfig, num_slots: int, device: Device):
+    def __init__(self, cfg: ModelConfig, num_slots: int, device: Device = "cpu"):
         self.cfg, self.num_slots = cfg, num_slots
         per_layer = lambda d: [
             torch.zeros(num_slots, cfg.num_kv_heads, d, dtype=cfg.dtype, device=device) for _ in range(cfg.num_layers)
@@ -112,7 +112,7 @@ class MHAKVCache:
 class MLAKVCache:
     """Per layer ``kv[slots, 1, kv_lora_rank + rope]``: latent in ``[..., :512]``, rope after."""
 
-    def __init__(self, cfg: ModelConfig, num_slots: int, device: Device):
+    def __init__(self, cfg: ModelConfig, num_slots: int, device: Device = "cpu"):
         self.cfg, self.num_slots = cfg, num_slots
         shape = (num_slots, 1, cfg.kv_row_width)
         self.kv = [torch.zeros(shape, dtype=cfg.dtype, device=device) for _ in range(cfg.num_layers)]
@@ -126,5 +126,5 @@ class MLAKVCache:
         return list(self.kv)
 
 
-def make_kv_cache(cfg: ModelConfig, num_slots: int, device: Device):
+def make_kv_cache(cfg: ModelConfig, num_slots: int, device: Device = "cpu"):
     return (MLAKVCache if cfg.is_mla else MHAKVCache)(cfg, num_slots, device)

@@ -92,10 +92,12 @@ class DraftTree:
         return cls.chain(n) if spec.topk == 1 else cls.random(n, spec.topk, spec.num_steps, rng)
 
     @classmethod
-    def random(cls, num_draft_tokens: int, topk: int, num_steps: int, generator: _random.Random | int | None = None) -> DraftTree:
+    def random(
+        cls, num_draft_tokens: int, topk: int, num_steps: int, generator: _random.Random | torch.Generator | int | None = None
+    ) -> DraftTree:
         """A random EAGLE-like tree of exactly ``num_draft_tokens`` nodes: depth <= ``num_steps``, every node <= ``topk``
         children, each depth >= 2 hanging off <= ``topk`` parents (EAGLE's beams, so <= ``topk*topk`` nodes a level).
-        Nodes are numbered level by level, grouped by parent. ``generator``: a ``random.Random`` or a seed (None: fresh)."""
+        Nodes are numbered level by level, grouped by parent. ``generator``: a ``random.Random``, a ``torch.Generator`` (a seed drawn from it) or a seed (None: fresh)."""
         n, limit = num_draft_tokens, eagle_max_tree_nodes(topk, num_steps)
         if topk < 1 or num_steps < 1:
             raise ValueError(f"need topk >= 1 and num_steps >= 1, got topk={topk}, S={num_steps}")
@@ -103,6 +105,8 @@ class DraftTree:
             raise ValueError(
                 f"num_draft_tokens={n} is not drawable: {num_steps} steps of topk={topk} draft at most {limit} nodes incl. the root"
             )
+        if isinstance(generator, torch.Generator):  # draw a seed from it
+            generator = int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=generator.device))
         rng = generator if isinstance(generator, _random.Random) else _random.Random(generator)
         cap = lambda prev: topk * min(topk, prev)  # level d holds at most topk*min(topk, n_{d-1})
         # max nodes levels d+1..S can hold: cap(n_d), then cap(cap(n_d)) (topk*topk or 0) per level

@@ -148,7 +148,7 @@ def _launch_device_checks(fb, per: int, extra: int, row_req, draft_extend: bool,
     the host rules run meanwhile. On the CPU: ``batch_check_ref`` (the interpreted kernel costs ms per batch;
     ``tests/test_batch_check.py`` holds the two to the same answers). The held rule reads the pool's live rows.
     ``out`` / ``host`` (a deferred replay's): the result goes to ``out`` (on the CPU: one program's minima), the host's
-    ``seq_lens`` (``host``, on the device) are compared too, and the callable returns the verdict's entries instead."""
+    ``seq_lens`` (``host``: staged where the kernel reads it, pinned host memory on CUDA) are compared too, and the callable returns the verdict's entries instead."""
     world, spec, bs, n, m = fb.world, fb.spec_info, fb.batch_size, fb.num_tokens, fb.out_cache_loc.numel()
     tensors = (world.req_to_token, fb.seq_lens, fb.req_pool_indices, fb.input_ids, fb.positions, fb.out_cache_loc)
     kw = dict(

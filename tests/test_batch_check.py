@@ -70,7 +70,7 @@ def test_kernel_matches_its_definition(case):
         if mask is not None and trial:  # a few entries switched off: a diagonal one makes a self-blind row
             mask[torch.tensor([rnd.randrange(mask.numel()) for _ in range(rnd.randint(0, 6))], dtype=torch.long)] = False
         kw["custom_mask"] = mask
-        if trial % 2:  # a deferred replay's host lengths, staged to the device: one of them off by one at times
+        if trial % 2:  # a deferred replay's host lengths, as staged for the kernel: one of them off by one at times
             host = fb.seq_lens.clone()
             host[rnd.randrange(host.numel())] += rnd.choice([0, 1])
             kw["host_seq_lens"] = host

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+import triton
 from helpers import DEVICE, RecordOps, on_device, rng  # noqa: F401  (on_device: autouse)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -591,3 +592,12 @@ def test_load_inputs_kernel_writes_what_its_reference_writes(label):
         if bad_at is not None:  # padded rows: the reserved request row, slot 0; each request at its host length
             assert statics[0].seq_lens[:bs].tolist() == host.tolist() + [7] * (bs - raw_bs)
             assert (statics[0].req_pool_indices[:bs] == 0).all() and (statics[0].out_cache_loc[: steps * bs * rows] == 0).all()
+
+
+@pytest.mark.parametrize("n", [*range(-3, 70), 127, 128, 129, 1023, 1024, 1025, (1 << 40) - 1, 1 << 40, (1 << 40) + 1])
+def test_host_cdiv_and_next_power_of_2_equal_tritons(n):
+    """The launch wrappers' host helpers (kernels/_op.py) size blocks and grids exactly as Triton's own would."""
+    from refimpl.kernels._op import cdiv, next_power_of_2
+
+    assert next_power_of_2(n) == triton.next_power_of_2(n)
+    assert all(cdiv(n, b) == triton.cdiv(n, b) for b in (1, 2, 3, 16, 64, 1000))

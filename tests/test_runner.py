@@ -128,6 +128,8 @@ def test_bad_input_errors_name_value_and_limit():
     wrong_tokens = fb.replace(input_ids=fb.input_ids.repeat(2), positions=fb.positions.repeat(2))
     with pytest.raises(GraphReplayError, match="1 per request"):
         runner.replay(wrong_tokens)
+    with pytest.raises(ValueError, match="batch_size=5: exceeds the largest captured size 4"):
+        runner.validate(gen.decode(5))  # a direct validate: before anything is staged for the device checks
 
 
 def test_missing_spec_input_is_an_error():

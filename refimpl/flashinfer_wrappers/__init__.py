@@ -34,7 +34,7 @@ class FlashInferClasses:
     reason: str | None = None  # why the stand-ins were chosen (None when real or asked for)
 
     @classmethod
-    def _of(cls, module, real):  # module: flashinfer or .standin
+    def _of(cls, module, real: bool) -> FlashInferClasses:  # module: flashinfer or .standin
         return cls(*(getattr(module, f.name) for f in fields(cls)[:3]), real)
 
 
@@ -63,7 +63,7 @@ def real_wrapper_classes() -> FlashInferClasses:
     return FlashInferClasses._of(flashinfer, True)
 
 
-def wrapper_classes(prefer_real=True, dtype=None) -> FlashInferClasses:
+def wrapper_classes(prefer_real: bool = True, dtype: torch.dtype | None = None) -> FlashInferClasses:
     """The real classes when ``prefer_real``, :func:`flashinfer_available` is None and ``dtype`` (the model's) has
     flashinfer kernels; else the stand-ins, whose ``reason`` says why when real ones were preferred (flashinfer has no
     float32 attention kernels: the stand-ins serve it, on a GPU too)."""
@@ -75,7 +75,7 @@ def wrapper_classes(prefer_real=True, dtype=None) -> FlashInferClasses:
     return real_wrapper_classes() if why is None else replace(_STANDINS, reason=why)
 
 
-def make_workspace(device, size_bytes=None, *, real=None):
+def make_workspace(device: torch.device | str, size_bytes: int | None = None, *, real: bool | None = None):
     """A zeroed uint8 float workspace on ``device`` (flashinfer needs it zero before first use): by default 128 MiB when
     the real library will use it (``real``, default: a CUDA device and flashinfer available), else 1 MiB."""
     if size_bytes is None:

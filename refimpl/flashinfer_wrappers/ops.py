@@ -7,6 +7,7 @@ wrapper it captured. (For the stand-ins, one extra ``copy_``.)
 """
 
 import weakref
+from typing import Any
 
 import torch
 
@@ -17,7 +18,7 @@ _WRAPPERS = weakref.WeakValueDictionary()
 Tensor = torch.Tensor
 
 
-def handle_of(wrapper) -> int:
+def handle_of(wrapper: Any) -> int:
     """A stable integer handle for ``wrapper`` (``id``; valid while the wrapper lives)."""
     h = id(wrapper)
     _WRAPPERS[h] = wrapper
@@ -34,14 +35,14 @@ def _fi_mla_run(handle: int, q_nope: Tensor, q_pe: Tensor, ckv: Tensor, kpe: Ten
     out.copy_(_WRAPPERS[handle].run(q_nope, q_pe, ckv, kpe))
 
 
-def fi_run(wrapper, q, k_cache, v_cache):
+def fi_run(wrapper: Any, q: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
     """Decode or prefill ``wrapper.run(q, (k, v))`` -> ``[tokens, H, Dv]``."""
     out = q.new_empty(*q.shape[:2], v_cache.shape[-1])
     _fi_run(handle_of(wrapper), q, k_cache, v_cache, out)
     return out
 
 
-def fi_mla_run(wrapper, q_nope, q_pe, ckv, kpe):
+def fi_mla_run(wrapper: Any, q_nope, q_pe, ckv, kpe) -> Tensor:
     """MLA ``wrapper.run(q_nope, q_pe, ckv, kpe)`` -> ``[tokens, H, kv_lora_rank]``."""
     out = torch.empty_like(q_nope)
     _fi_mla_run(handle_of(wrapper), q_nope, q_pe, ckv, kpe, out)

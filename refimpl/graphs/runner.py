@@ -145,7 +145,8 @@ class GraphRunner:
         pin, i32 = self.device.type == "cuda", torch.int32
         n, m = self.inputs.input_ids.numel(), self.inputs.out_cache_loc.numel()
         self._verdict = torch.empty(result_size(self.max_bs, n, m), dtype=torch.int64, device=self.device)
-        self._staged = torch.empty(self.max_bs, dtype=i32, device="cpu", pin_memory=pin)  # (device: never the ambient one)
+        # device="cpu" explicit: a torch.set_default_device never moves them
+        self._staged = torch.empty(self.max_bs, dtype=i32, device="cpu", pin_memory=pin)
         self._record = torch.zeros(1, dtype=i32, device="cpu", pin_memory=pin)
         self._staged_np = self._staged.numpy() if pin else None
         self._done = torch.cuda.Event() if pin else None
@@ -272,7 +273,7 @@ class GraphRunner:
         k = seq_lens_cpu.numel()
         if self._done is None:
             return self._staged[:k].copy_(seq_lens_cpu)
-        self._done.synchronize()  # (validate's synchronize() waited for it already, unless the last batch was never loaded)
+        self._done.synchronize()  # usually complete: validate's synchronize() waited for the last load
         self._staged_np[:k] = seq_lens_cpu.numpy()  # numpy: a few µs less than torch's copy_
         return self._staged[:k]
 
@@ -331,9 +332,12 @@ class GraphRunner:
             raise BatchRefused(f"{', '.join(moved)} rebound after capture: {why}")
         if not for_graph:
             return validate_batch(fb, self.spec_cfg, self.kind, False, world=self.world)
-        fb, entries = check_batch(fb, self.spec_cfg, self.kind, True, self.world, self._verdict, self._stage)
-        if entries is not None:
-            self._mark_done()  # the device checks read the staged lengths
+        if type(raw_bs := fb.batch_size) is int and raw_bs > self.max_bs:  # (replay's can_run says so first)
+            raise BatchRefused(f"ForwardBatch.batch_size={raw_bs}: exceeds the largest captured size {self.max_bs}")
+        try:
+            fb, entries = check_batch(fb, self.spec_cfg, self.kind, True, self.world, self._verdict, self._stage)
+        finally:  # the device checks read the staged lengths, also when a host rule refused the batch after their launch
+            self._mark_done()
         self._pending = None if entries is None else [fb, entries, False]
         return fb
 

@@ -42,7 +42,7 @@ def cdiv(a: int, b: int) -> int:
 
 
 def next_power_of_2(n: int) -> int:
-    """The smallest power of 2 >= ``n`` (0 for 0), as ``triton.next_power_of_2``, on the host (``cdiv``)."""
+    """The smallest power of 2 >= ``n`` (0 for 0), as ``triton.next_power_of_2``, on the host (why: ``cdiv``)."""
     return 1 << (n - 1).bit_length() if n > 0 else 0
 
 

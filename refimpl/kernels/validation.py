@@ -248,7 +248,7 @@ def batch_check(
     """Launch the checks into ``out`` (int64, >= ``result_size`` entries). The caller (``refimpl.validate``) has checked
     dtypes, devices (``out``'s) and sizes: ``seq_lens`` / ``req_pool_indices`` / ``accept_length`` / ``extend_seq_lens``
     hold ``bs`` entries, ``input_ids`` / ``positions`` ``n``, ``row_req`` ``[2, n]``, ``out_cache_loc`` ``m``,
-    ``live_rows`` (bool) ``pool``, ``host_seq_lens`` (int32, on the device) ``bs``."""
+    ``live_rows`` (bool) ``pool``, ``host_seq_lens`` (int32; on CUDA pinned host memory, read in place) ``bs``."""
     bs, n, m = seq_lens.numel(), input_ids.numel(), out_cache_loc.numel()
     nprog = num_programs(bs, n, m)
     optional = (accept_length, extend_seq_lens, row_req, custom_mask, live_rows, host_seq_lens)
