@@ -20,10 +20,10 @@ device rules over the batch's own entries (the held rule: the request table's li
 batch and the request table, never to the KV pool. ``validate_batch`` reads that launch's small result at once (one
 sync; an eager ragged batch reads its row counts first). A graph replay does not wait for it (``check_batch`` with
 ``out``, ``GraphRunner.validate``): the host rules run now, the device rules (then also "``seq_lens`` equals
-``seq_lens_cpu``", against the host values staged in pinned memory, which the kernels read in place) go to the runner's verdict buffer, the input load reads the
-verdict on the device and loads a refused batch as padded rows (each request at its host length;
-``refimpl.kernels.inputs``), and the runner raises
-the refusal, named as ``validate_batch`` names it, at its next call or ``synchronize()``. A draft-extend batch (its
+``seq_lens_cpu``", against the host values staged in pinned memory, which the kernels read in place) go to the
+runner's verdict buffer, the input load reads the verdict on the device and loads a refused batch as padded rows (each
+request at its host length; ``refimpl.kernels.inputs``), and the runner raises the refusal, named as ``validate_batch``
+names it, at its next call or ``synchronize()``. A draft-extend batch (its
 hooks read the batch's own accept lengths), a multi-step batch carrying its own kv indices, and eager runs are
 validated at once.
 ``GraphRunner(validate_inputs=False)`` switches validation off; the capture configuration is checked once, up front
@@ -148,7 +148,8 @@ def _launch_device_checks(fb, per: int, extra: int, row_req, draft_extend: bool,
     the host rules run meanwhile. On the CPU: ``batch_check_ref`` (the interpreted kernel costs ms per batch;
     ``tests/test_batch_check.py`` holds the two to the same answers). The held rule reads the pool's live rows.
     ``out`` / ``host`` (a deferred replay's): the result goes to ``out`` (on the CPU: one program's minima), the host's
-    ``seq_lens`` (``host``: staged where the kernel reads it, pinned host memory on CUDA) are compared too, and the callable returns the verdict's entries instead."""
+    ``seq_lens`` (``host``: staged where the kernel reads it, pinned host memory on CUDA) are compared too, and the
+    callable returns the verdict's entries instead."""
     world, spec, bs, n, m = fb.world, fb.spec_info, fb.batch_size, fb.num_tokens, fb.out_cache_loc.numel()
     tensors = (world.req_to_token, fb.seq_lens, fb.req_pool_indices, fb.input_ids, fb.positions, fb.out_cache_loc)
     kw = dict(
@@ -189,9 +190,9 @@ def validate_batch(fb, spec: SpecConfig | None = None, kind: layout.GraphKind | 
 
 def check_batch(fb, spec=None, kind=None, for_graph=False, world=None, out=None, host=None):
     """``validate_batch``'s rules, of which a graph replay's device rules may go unread: with ``out`` (an int64 buffer of
-    ``result_size`` entries for the runner's largest batch) and ``host`` (a callable that stages ``seq_lens_cpu`` where the
-    device checks read it and returns it), a batch that may be deferred (the module docstring) has its host rules checked now and its
-    device rules launched into ``out``; returns ``(fb, entries)``, ``entries`` the verdict's length in ``out`` (for
+    ``result_size`` entries for the runner's largest batch) and ``host`` (a callable that stages ``seq_lens_cpu`` where
+    the device checks read it and returns it), a batch that may be deferred (the module docstring) has its host rules
+    checked now and its device rules launched into ``out``; returns ``(fb, entries)``, ``entries`` the verdict's length in ``out`` (for
     ``load_inputs``), else ``(fb, None)`` after every rule was checked."""
     if world is not None and fb.world is not world:
         raise BatchRefused(

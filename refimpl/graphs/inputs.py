@@ -73,7 +73,8 @@ class StaticInputs:
     def load(self, fb: ForwardBatch, bs: int, verdict=None, record=None, host_seq_lens=None):
         """``fb`` into the first ``bs`` requests, rows ``fb.batch_size..bs`` reset to padded rows, in one launch on CUDA
         (``refimpl.kernels.inputs``; under a device-check ``verdict``, a refused batch as padded rows only, ``record``
-        set; its requests at their host lengths ``host_seq_lens``), plus the host mirror. Dtypes are ``refimpl.validate``'s to check."""
+        set; its requests at their host lengths ``host_seq_lens``), plus the host mirror. Dtypes are
+        ``refimpl.validate``'s to check."""
         src = (fb.input_ids, fb.positions, fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc)
         pads = (layout.PAD_REQ_SLOT, layout.PAD_CACHE_SLOT)
         judged = self._unjudged if verdict is None else (verdict, record, host_seq_lens)

@@ -9,8 +9,8 @@ rows: request slot ``pad_req``, ``seq_len`` ``fill``, cache slot ``pad_slot`` (`
 Given a ``verdict`` (the device checks' per-program minima, ``refimpl.kernels.validation``: an entry below ``NONE``
 is a bad batch) it reads the verdict first: a refused batch's rows are loaded as padded rows (request row
 ``pad_req``, every KV write to ``pad_slot``; its token ids and positions not copied), each of its requests keeping its
-*host* length (``host_seq``: pinned host memory on CUDA, read in place; checked on the host: a plan made from the host mirror, such as
-FlashInfer's, then agrees with the device), and ``record[0]`` is set to 1 (else 0). That is how a replay acts on its
+*host* length (``host_seq``: pinned host memory on CUDA, read in place; checked on the host: a plan made from the
+host mirror, such as FlashInfer's, then agrees with the device), and ``record[0]`` is set to 1 (else 0). That is how a replay acts on its
 device checks without waiting for them (``GraphRunner.validate``).
 
 On CUDA it is launched directly (``_op.direct_launch``; ``benchmarks/copies_parts.py`` times it); on a CPU the same writes
