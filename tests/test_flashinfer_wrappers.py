@@ -14,6 +14,7 @@ import sys
 import flashinfer_full_api as full_api
 import pytest
 import torch
+from refs import relative_error
 
 from refimpl.flashinfer_wrappers import (
     STANDIN_WORKSPACE_BYTES,
@@ -35,7 +36,7 @@ from refimpl.flashinfer_wrappers.fast_plan import (
     is_fast_plan_installed,
 )
 from refimpl.graphs import CPUEmulatorEngine
-from refimpl.kernels import mha_oracle, mla_oracle, relative_error
+from refimpl.kernels import mha_oracle, mla_oracle
 
 Decode = standin.BatchDecodeWithPagedKVCacheWrapper
 Prefill = standin.BatchPrefillWithPagedKVCacheWrapper

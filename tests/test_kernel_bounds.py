@@ -28,6 +28,7 @@ inputs into ref inputs that express exactly this.
 import pytest
 import torch
 from helpers import RecordOps
+from refs import trtllm_mla_graph_metadata_ref
 
 from refimpl._env import default_device  # refimpl first: sets TRITON_INTERPRET on CPU
 from refimpl.graphs import make_engine
@@ -43,7 +44,6 @@ from refimpl.kernels import (
     draft_decode_kv_indices_ref,
     mla_paged_attention,
     trtllm_mla_graph_metadata,
-    trtllm_mla_graph_metadata_ref,
 )
 
 DEVICE = default_device()  # cpu (Triton interpreter) here; cuda on a GPU machine

@@ -12,10 +12,10 @@ import triton
 from helpers import DEVICE, RecordOps, on_device, rng  # noqa: F401  (on_device: autouse)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from refs import block_table_to_kv_indices, relative_error
 
 from refimpl.kernels import (
     KERNEL_OPS,
-    block_table_to_kv_indices,
     build_block_table,
     build_block_table_ref,
     build_kv_indices,
@@ -24,7 +24,6 @@ from refimpl.kernels import (
     dense_paged_mla_attention,
     mha_oracle,
     mla_oracle,
-    relative_error,
 )
 from refimpl.kernels import attention as attention_mod
 

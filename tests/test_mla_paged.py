@@ -12,17 +12,16 @@ import inspect
 import pytest
 import torch
 from helpers import DEVICE, RecordOps, on_device, rng  # noqa: F401  (on_device: autouse)
+from refs import mla_paged_attention_ref, relative_error, trtllm_mla_graph_metadata_ref
 
 from refimpl._env import INTERPRET
 from refimpl.graphs import CPUEmulatorEngine, make_engine
-from refimpl.kernels import KERNEL_OPS, relative_error
+from refimpl.kernels import KERNEL_OPS
 from refimpl.kernels.mla_paged import (
     cutlass_mla_decode,
     mla_paged_attention,
-    mla_paged_attention_ref,
     trtllm_batch_decode_with_kv_cache_mla,
     trtllm_mla_graph_metadata,
-    trtllm_mla_graph_metadata_ref,
 )
 from refimpl.memory import TokenSlotAllocator
 

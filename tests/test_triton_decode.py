@@ -12,8 +12,9 @@ import torch
 from helpers import DEVICE, RecordOps, on_device, rng  # noqa: F401  (on_device: autouse)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from refs import relative_error
 
-from refimpl.kernels import mha_oracle, relative_error
+from refimpl.kernels import mha_oracle
 from refimpl.kernels.triton_decode import MIN_BLOCK_KV, decode_attention, get_num_kv_splits, get_num_kv_splits_ref
 
 # Bounds on relative_error(out, oracle) = ||out - ref|| / ||ref|| (float64), per output dtype:

@@ -13,12 +13,13 @@ import math
 import pytest
 import torch
 from helpers import DEVICE, RecordOps, gate, on_device, rng  # noqa: F401  (on_device: autouse)
+from refs import draft_decode_used_len, relative_error
 
 from refimpl.batch import World
 from refimpl.batchgen import BatchGenerator
 from refimpl.config import ModelConfig, SpecConfig
-from refimpl.kernels.draft_indices import draft_decode_kv_indices, draft_decode_kv_indices_ref, draft_decode_used_len
-from refimpl.kernels.oracle import mha_oracle, relative_error
+from refimpl.kernels.draft_indices import draft_decode_kv_indices, draft_decode_kv_indices_ref
+from refimpl.kernels.oracle import mha_oracle
 from refimpl.kernels.triton_extend import BLOCK_M, extend_attention
 
 POISON = -7

@@ -17,6 +17,7 @@ import random
 import pytest
 import torch
 from helpers import RecordOps, gate
+from refs import fused_graph_metadata_ref
 
 from refimpl._env import default_device  # refimpl first: sets TRITON_INTERPRET on CPU
 from refimpl.backends import GraphModeNotSupported, find, must_pass
@@ -34,7 +35,6 @@ from refimpl.kernels import (
     build_kv_indices,
     fused_graph_metadata,
     fused_graph_metadata_args,
-    fused_graph_metadata_ref,
     get_num_kv_splits,
     launch_fused_graph_metadata,
 )

@@ -8,19 +8,12 @@ MLA), ``validation`` (batch checks), ``inputs`` (a batch into a graph's static i
 """
 
 from .attention import dense_paged_attention, dense_paged_mla_attention
-from .draft_indices import draft_decode_kv_indices, draft_decode_kv_indices_ref, draft_decode_used_len
-from .fused_metadata import fused_graph_metadata, fused_graph_metadata_args, fused_graph_metadata_ref, launch_fused_graph_metadata
-from .indices import block_table_to_kv_indices, build_block_table, build_block_table_ref, build_kv_indices, build_kv_indices_ref
+from .draft_indices import draft_decode_kv_indices, draft_decode_kv_indices_ref
+from .fused_metadata import fused_graph_metadata, fused_graph_metadata_args, launch_fused_graph_metadata
+from .indices import build_block_table, build_block_table_ref, build_kv_indices, build_kv_indices_ref
 from .inputs import load_inputs
-from .mla_paged import (
-    cutlass_mla_decode,
-    mla_paged_attention,
-    mla_paged_attention_ref,
-    trtllm_batch_decode_with_kv_cache_mla,
-    trtllm_mla_graph_metadata,
-    trtllm_mla_graph_metadata_ref,
-)
-from .oracle import attention_from_dense, csr_ref, mha_oracle, mla_oracle, relative_error
+from .mla_paged import cutlass_mla_decode, mla_paged_attention, trtllm_batch_decode_with_kv_cache_mla, trtllm_mla_graph_metadata
+from .oracle import attention_from_dense, csr_ref, mha_oracle, mla_oracle
 from .triton_decode import decode_attention, get_num_kv_splits, get_num_kv_splits_ref
 from .triton_extend import extend_attention
 from .validation import batch_check, batch_check_ref
@@ -39,7 +32,6 @@ __all__ = [
     "attention_from_dense",
     "batch_check",
     "batch_check_ref",
-    "block_table_to_kv_indices",
     "build_block_table",
     "build_block_table_ref",
     "build_kv_indices",
@@ -49,11 +41,9 @@ __all__ = [
     "decode_attention",
     "draft_decode_kv_indices",
     "draft_decode_kv_indices_ref",
-    "draft_decode_used_len",
     "extend_attention",
     "fused_graph_metadata",
     "fused_graph_metadata_args",
-    "fused_graph_metadata_ref",
     "get_num_kv_splits",
     "get_num_kv_splits_ref",
     "dense_paged_attention",
@@ -61,11 +51,8 @@ __all__ = [
     "mha_oracle",
     "mla_oracle",
     "mla_paged_attention",
-    "mla_paged_attention_ref",
     "launch_fused_graph_metadata",
     "load_inputs",
-    "relative_error",
     "trtllm_batch_decode_with_kv_cache_mla",
     "trtllm_mla_graph_metadata",
-    "trtllm_mla_graph_metadata_ref",
 ]

@@ -1,9 +1,9 @@
 """Multi-step draft-decode kv indices, one launch for all steps ([facts#multi-step-draft-decode-indices]).
 
 Step i of row ``r*topk + k`` attends ``req_to_token[rpi[r], :seq_lens[r]]`` then branch k's ``i + 1`` draft slots at
-columns ``seq_lens[r] + k*S + j`` (branch-major, as ``refimpl.batchgen``); step i uses ``draft_decode_used_len``
-(SGLang's ``draft_kv_indices_used_len``) entries. Grid ``(num_steps, num_seqs, topk)`` like SGLang's
-``generate_draft_decode_kv_indices``, offsets from a masked prefix sum (no host reads).
+columns ``seq_lens[r] + k*S + j`` (branch-major, as ``refimpl.batchgen``); step i uses
+``sum(seq_lens)*topk + num_seqs*topk*(i+1)`` entries (SGLang's ``draft_kv_indices_used_len``). Grid
+``(num_steps, num_seqs, topk)`` like SGLang's ``generate_draft_decode_kv_indices``, offsets from a masked prefix sum (no host reads).
 """
 
 import torch
@@ -17,11 +17,6 @@ from .indices import copy_row, pool_row
 from .triton_decode import outer_strides
 
 COPY_BLOCK = 128  # prefix slots copied per loop iteration
-
-
-def draft_decode_used_len(seq_lens_sum: int, num_seqs: int, topk: int, step: int) -> int:
-    """Entries of step ``step``'s kv_indices row in use: ``seq_lens_sum*topk + num_seqs*topk*(step+1)``."""
-    return seq_lens_sum * topk + num_seqs * topk * (step + 1)
 
 
 @triton.jit
@@ -121,7 +116,7 @@ def draft_decode_kv_indices_ref(
     req_pool_indices: Tensor, req_to_token: Tensor, seq_lens: Tensor, *, topk: int, num_steps: int
 ) -> tuple[list[Tensor], list[Tensor]]:
     """Expected ``(kv_indptr, kv_indices)``, one int64 tensor per step (python loops): ``[num_seqs*topk + 1]`` and
-    ``[draft_decode_used_len(sum(seq_lens), num_seqs, topk, i)]``."""
+    ``[sum(seq_lens)*topk + num_seqs*topk*(i+1)]``."""
     rows = [req_to_token[r].tolist() for r in req_pool_indices[: seq_lens.numel()].tolist()]  # the batch's rows
     indptrs, indices, as_tensor = [], [], lambda xs: torch.tensor(xs, dtype=torch.int64, device=req_to_token.device)
     for i in range(num_steps):

@@ -18,12 +18,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .. import layout
 from ._checks import INDEX_DTYPES, MASK_DTYPES, check, check_int, check_pool_inputs, check_tensor
 from ._op import kernel_op, next_power_of_2
 from .indices import CSR_BLOCK, copy_row, pool_row
-from .oracle import csr_ref
-from .triton_decode import get_num_kv_splits_ref, split_counts, split_grid
+from .triton_decode import split_counts, split_grid
 
 MASK_BLOCK = 1024  # mask entries copied per loop iteration
 _MASK_SRC = 8  # position of custom_mask_src in the op's arguments
@@ -214,38 +212,3 @@ def launch_fused_graph_metadata(args: tuple, custom_mask_src: Tensor | None = No
         args = list(args)
         args[_MASK_SRC] = custom_mask_src
     _fused_graph_metadata_op(*args)
-
-
-def fused_graph_metadata_ref(
-    req_to_token: Tensor,
-    req_pool_indices: Tensor,
-    seq_lens: Tensor,
-    *,
-    num_heads: int = 1,
-    num_kv_heads: int = 1,
-    max_kv_splits: int = 1,
-    core_count: int = 0,
-    static: bool = False,
-    num_draft_tokens: int | None = None,
-    custom_mask_src: Tensor | None = None,
-) -> dict[str, Tensor]:
-    """What ``fused_graph_metadata`` writes for valid inputs, on the host, int64 (``custom_mask``: the source's first
-    ``min(src numel, mask_indptr[bs])`` entries as uint8)."""
-    lens = seq_lens.cpu().long()
-    bs, n = lens.numel(), num_draft_tokens
-    out = csr_ref(req_to_token, req_pool_indices[:bs], lens)  # kv_indptr, kv_indices
-    if n is None:
-        splits = get_num_kv_splits_ref(
-            lens.tolist(),
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            max_kv_splits=max_kv_splits,
-            core_count=core_count,
-            static=static,
-        )
-        return out | {"num_kv_splits": torch.tensor(splits, device="cpu")}  # (int64)
-    out["qo_indptr"] = torch.arange(0, (bs + 1) * n, n, device="cpu")
-    out["mask_indptr"] = layout.mask_indptr(lens, n)
-    if custom_mask_src is not None:  # (slicing stops at the source's end)
-        out["custom_mask"] = custom_mask_src.cpu()[: int(out["mask_indptr"][-1])].to(torch.uint8)
-    return out

@@ -3,8 +3,7 @@
 graph-safe (no allocation, no host sync, bounds from shapes or Python ints):
 
 - ``build_kv_indices``:  ``kv_indices[kv_indptr[i] + j] = req_to_token[rpi[i], start_i + j]``, ``j < lens[i]``;
-- ``build_block_table``: ``block_table[i, p] = req_to_token[rpi[i], start_i + p*P] // P``, ``p < cdiv(lens[i], P)``;
-- ``block_table_to_kv_indices``: host-side inverse view of a block table, for oracles and tests.
+- ``build_block_table``: ``block_table[i, p] = req_to_token[rpi[i], start_i + p*P] // P``, ``p < cdiv(lens[i], P)``.
 
 Lengths, starts and request indices are device data a replay may fill with anything, so every load and store is masked
 to its tensor and every loop bounded by a shape: what falls outside is dropped, never clamped onto another entry.
@@ -17,7 +16,6 @@ from torch import Tensor
 
 from ._checks import INDEX_DTYPES, check, check_int, check_pool_inputs, check_tensor
 from ._op import direct_launch, kernel_op, no_specialisation
-from .oracle import csr_ref
 
 CSR_BLOCK = 512  # positions copied per loop iteration ([facts#csr-kv-index-builder])
 BLOCK_TABLE_CHUNK = 4096  # positions covered per loop iteration: 4096 // P pages
@@ -165,17 +163,3 @@ def build_block_table_ref(req_to_token, req_pool_indices, lens, block_table, pag
         for p in range(min(-(-n // page_size), out.shape[1])):  # its pages, within the width
             out[i, p] = int(req_to_token[r, s + p * page_size]) // page_size
     return out
-
-
-def block_table_to_kv_indices(block_table: Tensor, seq_lens: Tensor, page_size: int) -> tuple[Tensor, Tensor]:
-    """Host-side token-level CSR view of a block table: position t of request i is slot ``block_table[i, t // P] * P + t %
-    P``. Returns int64 ``(kv_indptr [bs+1], kv_indices [sum(seq_lens)])``, bs = seq_lens.numel()."""
-    bs, dev = seq_lens.numel(), block_table.device
-    assert block_table.dim() == 2 and block_table.shape[0] >= bs, "block_table must be [>=bs, *]"
-    room = block_table.shape[1] * page_size  # W*P positions
-    if bs and (longest := int(seq_lens.max())) > room:
-        raise ValueError(f"seq_lens up to {longest} positions exceed the block table's {room} (pages x page_size)")
-    t = torch.arange(room, device=dev)  # [W*P] positions
-    slots = block_table[:bs, t // page_size].long() * page_size + t % page_size  # [bs, W*P]: each position's slot
-    csr = csr_ref(slots, torch.arange(bs, device=dev), seq_lens)  # request i's first seq_lens[i] slots (host)
-    return csr["kv_indptr"].to(dev), csr["kv_indices"].to(dev)

@@ -25,8 +25,7 @@ from .. import _env
 from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check, check_float, check_int, check_tensor
 from ._op import cdiv, kernel_op, next_power_of_2
 from .bounds import guard_table
-from .indices import build_block_table_ref, pool_copy
-from .oracle import attention_from_dense
+from .indices import pool_copy
 from .triton_decode import outer_strides
 
 BLOCK_N = 32  # keys per loop iteration; divides every supported page size (32, 64, 128)
@@ -190,23 +189,6 @@ def mla_paged_attention(q, kv_cache, block_table, seq_lens, out, max_seq_len, sm
     return out
 
 
-def mla_paged_attention_ref(q, kv_cache, block_table, seq_lens, max_seq_len, sm_scale, kv_lora_rank, out_scale=1.0):
-    """What ``mla_paged_attention`` must write, in float64 (``attention_from_dense`` per request): request i's keys are its
-    first ``min(seq_lens[i], max_seq_len, width * P)`` positions (slots ``bt[i, t // P] * P + t % P``); row j's causal
-    bound ``t < seq_lens[i] - N + j + 1`` uses the *untruncated* length. Host reads: never call inside a graph."""
-    bs, q_len, num_heads, _ = q.shape
-    page_size, device = kv_cache.shape[1], q.device
-    cap = min(max_seq_len, block_table.shape[1] * page_size)
-    out = q.new_zeros(bs, q_len, num_heads, kv_lora_rank, dtype=torch.float64)
-    for i, n in enumerate(seq_lens[:bs].tolist()):
-        t = torch.arange(max(min(n, cap), 0), device=device)  # the keys request i may read
-        # [n_k, 1, R + Rr]: key = the whole cache row, value = its first R columns
-        rows = kv_cache[block_table[i, t // page_size].long(), t % page_size, None]
-        mask = q.new_ones(q_len, t.numel(), dtype=torch.bool).tril(n - q_len)  # t < n - N + j + 1
-        out[i] = attention_from_dense(q[i], rows, rows[..., :kv_lora_rank], sm_scale, mask)
-    return out * out_scale
-
-
 def _check_standin(bs, device, table_name, table, seq_lens, workspace_name, workspace) -> None:
     """What both stand-ins check alike: an int32 page table ``[bs, width]`` and ``seq_lens [bs]``, and a workspace that
     is any tensor on ``device`` (its contents are the real kernel's business)."""
@@ -368,9 +350,3 @@ def trtllm_mla_graph_metadata(req_pool_indices, seq_lens, req_to_token, block_ta
     check_int(page_size, "page_size", 1)
     check(type(seqlen_offset) is int, f"seqlen_offset={seqlen_offset!r}: must be a Python int")
     _trtllm_mla_graph_metadata_op(req_pool_indices, seq_lens, req_to_token, block_table, seq_lens_k, seqlen_offset, page_size)
-
-
-def trtllm_mla_graph_metadata_ref(req_pool_indices, seq_lens, req_to_token, block_table, seq_lens_k, *, seqlen_offset, page_size):
-    """Expected ``(block_table, seq_lens_k)`` after the fused rebuild (copies; inputs untouched)."""
-    lens_k = (seq_lens[: seq_lens_k.numel()].to(torch.int64) + seqlen_offset).to(seq_lens_k.dtype)
-    return build_block_table_ref(req_to_token, req_pool_indices, lens_k, block_table, page_size), lens_k

@@ -64,12 +64,6 @@ def mla_oracle(
     )
 
 
-def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref|| / max(||ref||, tiny), in float64 (NaN if out holds NaN)."""
-    out, ref = out.double(), ref.double()
-    return float((out - ref).norm()) / max(float(ref.norm()), torch.finfo(torch.float64).tiny)
-
-
 def csr_ref(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, lens) -> dict:
     """``{"kv_indptr": [0, cumsum(lens)], "kv_indices": the rows' first lens slots}`` on the host (int64): what a CSR
     builder must leave, from the request table alone."""
