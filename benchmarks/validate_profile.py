@@ -3,7 +3,7 @@ lengths, the device checks' launch, the input load; on a GPU nothing waits for t
 ``runner.replay(fb)`` a user calls (``--replay``: a synchronisation after each call, as the bench's default column
 has), on one Triton decode and one verify rig; on a GPU also the device checks' and the load's GPU time.
 
-    python benchmarks/validate_profile.py [--bs 1] [--ctx 4096] [--calls 2000] [--top 18] [--variant in_graph] [--replay]
+    python benchmarks/validate_profile.py [--bs 1] [--ctx 4096] [--calls 2000] [--top 18] [--variant in_graph] [--replay] [--trace]
 
 Prints per shape the mean µs per call with the profiler off, the functions with the most own time (``tottime``), and
 (CUDA) the median GPU µs of ``runner.validate`` (the ``batch_check`` launch) and of ``load_inputs`` between CUDA events,
@@ -56,6 +56,7 @@ def main(argv=None) -> int:
     p.add_argument("--pin", type=int, default=None)
     p.add_argument("--variant", default="unified", help="the Triton variant (unified, fused, in_graph)")
     p.add_argument("--replay", action="store_true", help="profile runner.replay(fb) with a synchronisation after each")
+    p.add_argument("--trace", action="store_true", help="(CUDA) also torch.profiler over 200 calls: GPU µs per kernel")
     args = p.parse_args(argv)
     print(bench.pin_to_core(args.pin), bench.environment().get("device"))
     for mode in ("decode", "target_verify"):
@@ -94,6 +95,13 @@ def main(argv=None) -> int:
         what = "replay + synchronize" if args.replay else "validate + load_inputs"
         print(f"\n== triton/{args.variant}/{mode}, bs {args.bs}, ctx {args.ctx}: {per_call:.1f} µs per {what}")
         pstats.Stats(prof).sort_stats("tottime").print_stats(args.top)
+        if cuda and args.trace:
+            acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            with torch.profiler.profile(activities=acts) as tp:
+                for _ in range(200):
+                    runner.replay(fb) if args.replay else (runner.validate(fb), runner.load_inputs(fb, args.bs))
+                    sync()
+            print(tp.key_averages().table(sort_by="self_device_time_total", row_limit=args.top, max_name_column_width=60))
         if cuda:
             gpu = gpu_us(runner, fb, args.bs, min(args.calls, 300))
             print("GPU µs, medians:", ", ".join(f"{k} {v:.1f}" for k, v in gpu.items()))
