@@ -570,15 +570,17 @@ def test_load_inputs_kernel_writes_what_its_reference_writes(label):
         for name, a, b in zip(names, *(inputs._whole for inputs in statics)):
             assert torch.equal(a, b), (label, raw_bs, bs, name, a.tolist(), b.tolist())
     # under a device-check verdict (per-program minima; NONE: no bad entry): a clean one loads the batch, a refused one
-    # loads padded rows only and sets the record; a verdict longer than the kernel's block is read whole
+    # loads padded rows only and sets the record; a verdict longer than the kernel's step (VERDICT_BLOCK) is read whole
+    from refimpl.kernels.inputs import VERDICT_BLOCK
     from refimpl.kernels.validation import NONE
 
     raw_bs, bs = (0, 4) if kind.mode.is_idle() else (3, 4)
     n = raw_bs * rows
     src = tuple(torch.randint(1, 1000, (k,), generator=g, device="cpu").to(DEVICE) for k in (n, n, raw_bs, raw_bs, steps * n))
     src = (*src[:3], src[3].int(), src[4])
-    for bad_at in (None, 0, 199):
-        verdict = torch.full((200,), NONE, dtype=torch.int64, device=DEVICE)
+    nv = VERDICT_BLOCK + 200
+    for bad_at in (None, 0, nv - 1):
+        verdict = torch.full((nv,), NONE, dtype=torch.int64, device=DEVICE)
         if bad_at is not None:
             verdict[bad_at] = 5
         records = [torch.full((1,), -1, dtype=torch.int32, device=DEVICE) for _ in statics]

@@ -24,6 +24,8 @@ import triton.language as tl
 from ._op import direct_launch, kernel_op, next_power_of_2, no_specialisation
 from .validation import NONE
 
+VERDICT_BLOCK = 4096  # verdict entries one step of the load's reduction reads (a verdict is about 2,600 at most sizes)
+
 
 # one compiled kernel per (STEPS, BLOCK): no value of a batch may specialise it (a size equal to 1, a pointer's alignment)
 @triton.jit(**no_specialisation(21, 13))  # the 13 pointers and 8 sizes
@@ -53,15 +55,17 @@ def _load_inputs_kernel(
     NONE_: tl.constexpr,
     STEPS: tl.constexpr,
     BLOCK: tl.constexpr,  # pow2 >= every row count
+    VBLOCK: tl.constexpr,  # verdict entries per step: pow2, at most VERDICT_BLOCK
 ):
     r = tl.arange(0, BLOCK)
     live_req = r < raw_bs
     rpi = tl.load(rpi_src + r, mask=live_req, other=pad_req)
     seq = tl.load(seq_src + r, mask=live_req, other=fill)
     if VERDICT:  # a refused batch: padded rows, each request at its host length
-        least = tl.full([BLOCK], NONE_, tl.int64)
-        for v0 in range(0, nv, BLOCK):
-            least = tl.minimum(least, tl.load(verdict + v0 + r, mask=v0 + r < nv, other=NONE_))
+        v = tl.arange(0, VBLOCK)  # the verdict in few, wide steps (its ~2,600 entries at BLOCK, 2 at bs 1: 125 µs)
+        least = tl.full([VBLOCK], NONE_, tl.int64)
+        for v0 in range(0, nv, VBLOCK):
+            least = tl.minimum(least, tl.load(verdict + v0 + v, mask=v0 + v < nv, other=NONE_))
         refused = tl.min(least, 0) < NONE_
         tl.store(record, refused.to(tl.int32))
         n = tl.where(refused, 0, n)
@@ -120,11 +124,13 @@ def launch_load_inputs(src: tuple, dst: tuple, bs, rows, steps, fill, pad_req, p
     block = next_power_of_2(max(dst[0].numel(), dst[2].numel()))
     src = dst if raw_bs == 0 else src  # an idle batch's sources are empty and never read (every mask is off)
     judged = verdict is not None
-    flags = (0 if verdict is None else verdict.numel(), judged, NONE, steps, block)
+    nv = 0 if verdict is None else verdict.numel()
+    vblock = min(next_power_of_2(max(nv, 1)), VERDICT_BLOCK)
+    flags = (nv, judged, NONE, steps, block, vblock)
     verdict = (verdict, record, host if raw_bs else dst[3]) if judged else dst[:3]  # (dst: never read)
     sizes = (n, raw_bs, bs, bs * rows, fill, pad_req, pad_slot, *flags)
     direct_launch(
-        _load_inputs_kernel, (1,), (*src, *dst, *verdict, *sizes), (_load_inputs_kernel, dev, judged, steps, block), dev
+        _load_inputs_kernel, (1,), (*src, *dst, *verdict, *sizes), (_load_inputs_kernel, dev, judged, steps, block, vblock), dev
     )
 
 
