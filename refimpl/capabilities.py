@@ -32,13 +32,13 @@ def _world(entry):
 
 def capability(entry: BackendEntry, kind: str | GraphKind, world=None) -> tuple[str, str | None]:
     """``"graph"``, ``"eager"`` or ``"—"`` for one entry and one ``layout.KINDS`` kind, and for a captured kind the
-    backend's ``glue_refusal`` (``None``: it may be glued). ``world``: one from ``_world(entry)`` to reuse (an eager
+    backend's ``glue_refusal`` (``None``: it may be glued; a split hook's device phase may be). ``world``: one from ``_world(entry)`` to reuse (an eager
     probe releases the requests it draws)."""
     kind, world = GraphKind.parse(kind), world or _world(entry)
     try:
         backend = entry.load(kind.multi_step)(world, CHAIN)
         backend.check_graph_mode(kind.mode)
-        return "graph", backend.glue_refusal(kind.mode)
+        return "graph", None if backend.splits_hook(kind.mode) else backend.glue_refusal(kind.mode)  # split: its device phase
     except GraphModeNotSupported:
         pass
     if kind.multi_step:

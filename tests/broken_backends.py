@@ -1,5 +1,5 @@
 """Deliberately broken out-of-tree backends: each plants one classic capture/replay bug in the
-example backend (``examples/paged_decode_backend.py``). ``tests/test_backend_class.py`` loads
+example backend (``examples/paged_decode_backend.py``), or (the last) in FlashInfer's split replay hook. ``tests/test_backend_class.py`` loads
 them the way a reviewer would, through ``--backend-class``, and asserts the checker names the
 buffer or the cause."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from examples.paged_decode_backend import PagedDecodeBackend, PagedDecodeMetadata
+from refimpl.backends.flashinfer import FlashInferAttnBackend
 from refimpl.kernels import build_kv_indices
 
 
@@ -186,3 +187,24 @@ class EveryKthReplaySkips(PagedDecodeBackend):
         self._replays = getattr(self, "_replays", 0) + 1
         if self._replays % self.K:
             super().init_forward_metadata_replay_cuda_graph(*args, **kwargs)
+
+
+class SplitDevicePhaseReadsHostArray(FlashInferAttnBackend):
+    """The host/device split done wrong, as in the DFlash failure SGLang PR #39825 describes (``[facts#host-device-split]``):
+    the host phase fills a fresh host array (the cumulative lengths) and the device phase copies it into ``kv_indptr``
+    (host to device) instead of summing ``seq_lens`` on the device. Run eagerly the phases follow each other and every
+    unglued verdict passes; a glue graph copies from the array it saw at capture, so ``paged_kv_indptr`` keeps the
+    capture batch's lengths: verdict (e) names it."""
+
+    name = "bug_split_device_phase_reads_host_array"
+
+    def _plan_decode(self, bs, seq_lens_cpu, wrapper, mode, spec_info, kv=None):
+        super()._plan_decode(bs, seq_lens_cpu, wrapper, mode, spec_info, kv)
+        host = torch.cumsum(seq_lens_cpu[:bs], 0, dtype=torch.int32)  # fresh each replay
+        self._indptr_host = host.pin_memory() if self.device.type == "cuda" else host  # (a graph copies only pinned)
+
+    def _write_decode(self, bs, rpi, seq_lens, wrapper, mode, spec_info, kv=None):
+        super()._write_decode(bs, rpi, seq_lens, wrapper, mode, spec_info, kv)
+        host = getattr(self, "_indptr_host", None)  # (a capture hook's first device phase: none yet, or another bs's)
+        if wrapper.is_cuda_graph_enabled and host is not None and host.numel() == bs:
+            self.kv_indptr[1 : bs + 1].copy_(host, non_blocking=True)  # the bug: the host's array, not the device's sum

@@ -73,8 +73,8 @@ def test_flashinfer_mla_legacy_branches_are_identical_and_merged_after():
         legacy = branches(getattr(FlashInferMLAAttnBackendLegacy, hook))
         assert legacy["is_target_verify"] == legacy["is_any_draft_extend"]
     assert "is_any_draft_extend" not in branches(getattr(FlashInferMLAAttnBackendAsUpstream, CAPTURE))  # merged
-    replay = textwrap.dedent(inspect.getsource(FlashInferMLAAttnBackend.init_forward_metadata_replay_cuda_graph))
-    assert "forward_mode.is_target_verify() or forward_mode.is_any_draft_extend()" in replay  # one merged branch
+    replay = textwrap.dedent(inspect.getsource(FlashInferMLAAttnBackend._host_phase))  # (the replay hook's first phase)
+    assert "mode.is_target_verify() or mode.is_any_draft_extend()" in replay  # one merged branch
     assert (
         FlashInferMLAAttnBackendAsUpstream.init_forward_metadata_replay_cuda_graph
         is FlashInferMLAAttnBackend.init_forward_metadata_replay_cuda_graph

@@ -56,8 +56,8 @@ def test_flashinfer_dispatch_counts():
     assert cap["plan calls"] == 0 and cap["replay-body calls"] == 1  # capture plans through the replay body only
     assert rep["mode branches"] == 2 and rep["plan calls"] == 2  # verify and draft extend merged
     assert c["legacy capture"]["lines"] > 2 * cap["lines"]
-    merged = "forward_mode.is_target_verify() or forward_mode.is_any_draft_extend()"
-    assert any(merged in line for line in patterns.hook_code(getattr(FlashInferAttnBackend, REP)))
+    merged = "mode.is_target_verify() or mode.is_any_draft_extend()"  # in _phases, the unified replay's one dispatch
+    assert any(merged in line for line in patterns.hook_code(FlashInferAttnBackend._phases))
     legacy_replay = patterns.hook_code(getattr(FlashInferAttnBackendLegacy, REP))
     assert sum("self._update_prefill(" in line for line in legacy_replay) == 2  # two branches, one body
     table = patterns.dispatch_table().splitlines()

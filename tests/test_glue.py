@@ -70,15 +70,56 @@ def test_a_hook_that_cannot_be_captured_stays_eager_and_says_why():
 
 
 @pytest.mark.parametrize(
-    "name, case",
-    [("flashinfer", "decode"), ("flashinfer_mla", "decode"), ("flashinfer", "draft_extend"), ("flashinfer", "draft_decode")],
+    "entry, case",
+    [
+        (("flashinfer", "legacy"), "decode"),
+        (("flashinfer_mla", "as-upstream"), "decode"),
+        (("flashinfer", "legacy"), "draft_extend"),
+        (("flashinfer", "unified"), "draft_decode"),
+    ],
 )
-def test_flashinfer_plan_in_the_hook_is_refused_with_the_reason(name, case):
-    """Every FlashInfer re-plan, fast ones included (draft extend's calls only the kernel module's scheduling), and the
-    step backends' wrappers of multi-step draft decode, five levels down (on the H200 a walk that stopped at four let
-    that glue graph through once its capture stopped reading the host)."""
-    ok, findings = glue_verdict(find(name, "unified")[0], case, CPUEmulatorEngine(), FAST)
+def test_flashinfer_plan_in_the_hook_is_refused_with_the_reason(entry, case):
+    """Every FlashInfer re-plan in a hook glued whole, fast ones included (draft extend's calls only the kernel
+    module's scheduling), and the step backends' wrappers of multi-step draft decode, five levels down (on the H200 a
+    walk that stopped at four let that glue graph through once its capture stopped reading the host)."""
+    ok, findings = glue_verdict(find(*entry)[0], case, CPUEmulatorEngine(), FAST)
     assert ok is None and findings and all("plan()" in f for f in findings), findings
+
+
+@pytest.mark.parametrize("name", ["flashinfer", "flashinfer_mla"])
+@pytest.mark.parametrize("case", ["decode", "idle", "target_verify", "draft_extend", "draft_extend_v2"])
+def test_flashinfer_split_hook_glues_its_device_phase(name, case):
+    """The unified FlashInfer hooks in two phases (SGLang PR #39825's shape): the plan (and FlashInfer's tree mask) stay
+    eager, the kv indices and lengths are glued; verdict (e) finds the glued replays' state equal to the eager hook's."""
+    ok, findings = glue_verdict(find(name, "unified")[0], case, CPUEmulatorEngine(), FAST)
+    assert ok is True and not findings, findings
+
+
+@pytest.mark.parametrize("name, case", [("flashinfer", "decode"), ("flashinfer", "target_verify"), ("flashinfer_mla", "decode")])
+def test_glued_flashinfer_runner_plans_eagerly_and_matches_eager(name, case):
+    rig = glued_rig(find(name, "unified")[0], case)
+    runner = rig.runner
+    assert runner.glue_split and set(runner.glue_graphs) == set(runner.capture_bs) and not runner.glue_refused
+    for raw_bs in (1, 3, 4, 2):
+        fb = rig.gen.for_mode(KINDS[case], raw_bs)
+        torch.testing.assert_close(runner.replay(fb), runner.eager(fb))
+        rig.gen.release(fb)
+    assert runner.replays == {"glue": 4}
+
+
+def test_planted_split_reading_a_host_array_passes_four_verdicts_and_fails_the_glue_verdict_naming_the_buffer():
+    """DFlash's failure (#39825): a device phase fed by a host array is right eagerly and frozen once glued."""
+    rows = run_checks(
+        modes=["decode"],
+        engine="cpu-emulator",
+        settings=FAST,
+        entries=[load_backend_class("broken_backends:SplitDevicePhaseReadsHostArray")],
+    )
+    assert [r.bs for r in rows] == [1, 3]
+    for r in rows:
+        assert r.passed and r.replay_matches_reference and not r.findings, r.findings  # (a)-(d): nothing wrong unglued
+        assert r.glue_equals_eager is False
+        assert any(f.split("; first: ", 1)[1].startswith("paged_kv_indptr:") for f in r.glue_findings), r.glue_findings
 
 
 @pytest.mark.parametrize(

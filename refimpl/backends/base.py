@@ -142,6 +142,22 @@ class AttentionBackend(ABC):
         ``None``: it may be glued. The checker's verdict (e) tests the claim (``tests/test_glue.py``)."""
         return None
 
+    def splits_hook(self, mode: ForwardMode) -> bool:
+        """Whether the replay hook of ``mode`` is split in two ([facts#host-device-split], SGLang PR #39825, open): a
+        host phase (``prepare_host_metadata``: plans, host arrays), which a glued replay runs eagerly every time, and a
+        device phase (``apply_device_metadata``: device writes computed from device tensors only), which the glue graph
+        captures. False (the default): one phase, glued whole (``glue_refusal`` says whether) or not at all."""
+        return False
+
+    def prepare_host_metadata(self, fb: ForwardBatch) -> None:
+        """The split hook's host phase for the static batch ``fb`` (``splits_hook``); eager, every replay."""
+        raise NotImplementedError(f"{type(self).__name__} does not split its replay hook")
+
+    def apply_device_metadata(self, fb: ForwardBatch) -> None:
+        """The split hook's device phase for the static batch ``fb``: nothing the host computed may reach it (a glue graph
+        would keep the value it had at capture, the failure #39825 describes)."""
+        raise NotImplementedError(f"{type(self).__name__} does not split its replay hook")
+
     def graph_buffers(self) -> dict[str, torch.Tensor]:
         """The static device tensors a captured ``forward`` may read (``graph_buffer_names``; no host mirrors). The fuzzer
         poisons what a batch leaves unread; the bench counts bytes."""

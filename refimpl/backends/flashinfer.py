@@ -23,6 +23,7 @@ tree mask; draft extend indexes ``seq_lens`` causally, rows at the graph's unifo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,44 +133,67 @@ class FlashInferAttnBackend(AttentionBackend):
         torch.cumsum(lens, 0, dtype=torch.int32, out=out[1:])
         return out
 
-    def _update_decode(self, bs, rpi, seq_lens, seq_lens_cpu, wrappers, spec_info) -> None:
-        wrapper = wrappers[0]
+    # each update has a device part (the kv indices, from device tensors: ``write_kv``) and a host part (the plan, from
+    # host lengths), sharing ``kv``, the device tensors: eager and the legacy hooks run device, then host
+    # (``_update_*``); the unified hooks host, then device (``init_forward_metadata_replay_cuda_graph``)
+    def _decode_kv(self, bs, wrapper, spec_info, host_lens=None) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """Decode's device ``(kv_indptr, kv_indices, ours)``: a multi-step step's own (written by its step kernel: not
+        ours), else ``kv_indptr[:bs+1]`` and the bound indices (a graph wrapper) or fresh ones of ``sum(host_lens)``."""
         if spec_info is not None and spec_info.kv_indptr is not None:
-            kv_indptr, kv_indices = spec_info.kv_indptr, spec_info.kv_indices  # multi-step rows: bs * topk
-            host_lens = (seq_lens_cpu[:bs] + spec_info.extra["step"] + 1).repeat_interleave(spec_info.topk)
-        else:
-            kv_indptr, host_lens = self.kv_indptr[: bs + 1], seq_lens_cpu[:bs]
-            if wrapper.is_cuda_graph_enabled:  # the Triton kernel writes the bound buffer itself
-                kv_indices = wrapper._paged_kv_indices_buf
-            else:
-                kv_indices = torch.empty(max(int(host_lens.sum()), 1), dtype=torch.int32, device=self.device)
+            return spec_info.kv_indptr, spec_info.kv_indices, False
+        if wrapper.is_cuda_graph_enabled:  # the Triton kernel writes the bound buffer itself
+            return self.kv_indptr[: bs + 1], wrapper._paged_kv_indices_buf, True
+        return self.kv_indptr[: bs + 1], torch.empty(max(int(host_lens.sum()), 1), dtype=torch.int32, device=self.device), True
+
+    def _write_decode(self, bs, rpi, seq_lens, wrapper, mode, spec_info, kv=None) -> None:
+        kv_indptr, kv_indices, ours = kv or self._decode_kv(bs, wrapper, spec_info)
+        if ours:
             write_kv(self.world.req_to_token, rpi, seq_lens[:bs], kv_indptr, kv_indices)
+
+    def _plan_decode(self, bs, seq_lens_cpu, wrapper, mode, spec_info, kv=None) -> None:
+        kv_indptr, kv_indices, _ = kv or self._decode_kv(bs, wrapper, spec_info)
+        host_lens = seq_lens_cpu[:bs]
+        if spec_info is not None and spec_info.kv_indptr is not None:  # multi-step rows: bs * topk
+            host_lens = (host_lens + spec_info.extra["step"] + 1).repeat_interleave(spec_info.topk)
         kw = dict(data_type=self.cfg.dtype, q_data_type=self.cfg.dtype, sm_scale=self.cfg.sm_scale, non_blocking=True)
         if is_fast_plan_installed(wrapper):  # the fast plan takes the host indptr (no device-to-host copy); a full plan
             kw["global_override_indptr_cpu"] = self._host_indptr_of(host_lens)  # reads the device one
         wrapper.plan(kv_indptr, kv_indices, self.kv_last_page_len[: len(host_lens)], *self._heads, **kw)
 
-    def _update_prefill(self, bs, rpi, seq_lens, seq_lens_cpu, wrappers, mode, spec_info) -> None:
-        """Verify and draft extend (one merged branch). Indices go into the bound buffer. A graph wrapper planned once
-        re-plans with ``fast_prefill_plan`` (unified): host indptrs, the mask packed on the device, nothing read back.
-        Otherwise a full ``plan``: without a mask it gets host indptrs (SGLang passes device ones, a sync each:
-        [facts#where-refimpl-deliberately-differs-from-upstream]); with one they stay on the device, where it packs the
-        mask (the spec mask covers the live requests; padded ones get allow-all blocks)."""
-        wrapper, verify = wrappers[0], mode.is_target_verify()
+    def _update_decode(self, bs, rpi, seq_lens, seq_lens_cpu, wrappers, spec_info) -> None:
+        kv = self._decode_kv(bs, wrappers[0], spec_info, seq_lens_cpu[:bs])
+        self._write_decode(bs, rpi, seq_lens, wrappers[0], None, spec_info, kv)
+        self._plan_decode(bs, seq_lens_cpu, wrappers[0], None, spec_info, kv)
+
+    def _prefill_rows(self, mode, spec_info) -> tuple[Any, int]:
+        """Verify's / draft extend's spec input and rows per request (verify: N drafts over prefix + N keys)."""
+        verify = mode.is_target_verify()
         spec = require_spec(mode, spec_info, VerifyInput if verify else DraftExtendInput)
-        n = verify_n(spec, self.spec) if verify else layout.rows_per_request(mode, self.spec)  # verify: prefix + N drafts
+        return spec, verify_n(spec, self.spec) if verify else layout.rows_per_request(mode, self.spec)
+
+    def _prefill_kv(self, bs, wrapper, total: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """The device ``(kv_indptr, kv_indices)``: a graph wrapper's bound buffers, else fresh ones (``total`` indices)."""
+        if wrapper.is_cuda_graph_enabled:  # the Triton kernel writes the bound buffers itself
+            return wrapper._paged_kv_indptr_buf[: bs + 1], wrapper._paged_kv_indices_buf
+        return torch.zeros(bs + 1, dtype=torch.int32, device=self.device), torch.empty(
+            total, dtype=torch.int32, device=self.device
+        )
+
+    def _write_prefill(self, bs, rpi, seq_lens, wrapper, mode, spec_info, kv=None) -> None:
+        kv_lens = layout.attended_kv_lens(mode, seq_lens[:bs], self._prefill_rows(mode, spec_info)[1])
+        write_kv(self.world.req_to_token, rpi, kv_lens, *(kv or self._prefill_kv(bs, wrapper)))
+
+    def _plan_prefill(self, bs, seq_lens_cpu, wrapper, mode, spec_info, kv=None) -> None:
+        """Verify and draft extend. A graph wrapper planned once re-plans with ``fast_prefill_plan`` (unified): host
+        indptrs, the mask packed on the device, nothing read back. Otherwise a full ``plan``: without a mask it gets host
+        indptrs (SGLang passes device ones, a sync each: [facts#where-refimpl-deliberately-differs-from-upstream]); with
+        one they stay on the device, where it packs the mask (the spec mask covers the live requests; padded ones get
+        allow-all blocks)."""
+        (spec, n), (kv_indptr, kv_indices) = self._prefill_rows(mode, spec_info), kv or self._prefill_kv(bs, wrapper)
         kv_lens_cpu = layout.attended_kv_lens(mode, seq_lens_cpu[:bs], n)  # host
-        graph = wrapper.is_cuda_graph_enabled  # the Triton kernel writes the bound buffers itself
-        fast = self.fast_prefill_replan and graph and wrapper._cached_module is not None
+        fast = self.fast_prefill_replan and wrapper.is_cuda_graph_enabled and wrapper._cached_module is not None
         kv_indptr_cpu = self._host_indptr_of(kv_lens_cpu, reuse=fast)
-        total = max(int(kv_indptr_cpu[-1]), 1)
-        if graph:
-            kv_indptr, kv_indices = wrapper._paged_kv_indptr_buf[: bs + 1], wrapper._paged_kv_indices_buf
-        else:
-            kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=self.device)
-            kv_indices = torch.empty(total, dtype=torch.int32, device=self.device)
-        write_kv(self.world.req_to_token, rpi, layout.attended_kv_lens(mode, seq_lens[:bs], n), kv_indptr, kv_indices)
-        mask = spec.custom_mask if verify else None
+        mask = spec.custom_mask if mode.is_target_verify() else None
         if mask is not None:
             ends = layout.mask_indptr(seq_lens_cpu[:bs], n).tolist()  # host values: [0, cumsum(N * (seq + N))]
             if mask.numel() not in ends:
@@ -186,8 +210,14 @@ class FlashInferAttnBackend(AttentionBackend):
         else:  # plan copies only the live part of kv_indices
             last_page_len = (self.kv_last_page_len_cpu if host else self.kv_last_page_len)[:bs]
             kw.update(sm_scale=self.cfg.sm_scale, kv_data_type=self.cfg.dtype, non_blocking=True)
-            kv_indptr = kv_indptr_cpu if host else kv_indptr
-            wrapper.plan(qo_indptr, kv_indptr, kv_indices[:total], last_page_len, *self._heads, **kw)
+            total = max(int(kv_indptr_cpu[-1]), 1)
+            wrapper.plan(qo_indptr, kv_indptr_cpu if host else kv_indptr, kv_indices[:total], last_page_len, *self._heads, **kw)
+
+    def _update_prefill(self, bs, rpi, seq_lens, seq_lens_cpu, wrappers, mode, spec_info) -> None:
+        wrapper, n = wrappers[0], self._prefill_rows(mode, spec_info)[1]
+        kv = self._prefill_kv(bs, wrapper, max(int(layout.attended_kv_lens(mode, seq_lens_cpu[:bs], n).sum()), 1))
+        self._write_prefill(bs, rpi, seq_lens, wrapper, mode, spec_info, kv)
+        self._plan_prefill(bs, seq_lens_cpu, wrapper, mode, spec_info, kv)
 
     # --- eager --------------------------------------------------------------------------------
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
@@ -259,6 +289,8 @@ class FlashInferAttnBackend(AttentionBackend):
         self.check_graph_mode(forward_mode)
         seq_lens_cpu = seq_lens[:bs].cpu()  # capture may sync; steady state may not
         self._prepare_cuda_graph_metadata(bs, num_tokens, forward_mode, spec_info)
+        wrapper, _, write = self._phases(bs, forward_mode)
+        write(bs, req_pool_indices, seq_lens, wrapper, forward_mode, spec_info)  # the first plan, a full one, reads them
         self.init_forward_metadata_replay_cuda_graph(
             bs, req_pool_indices, seq_lens, None, encoder_lens, forward_mode, spec_info, seq_lens_cpu
         )
@@ -269,13 +301,31 @@ class FlashInferAttnBackend(AttentionBackend):
     def init_forward_metadata_replay_cuda_graph(
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
     ) -> None:
-        args = (bs, req_pool_indices, seq_lens, seq_lens_cpu)
-        if forward_mode.is_decode_or_idle():
-            self._update_decode(*args, self.decode_cuda_graph_metadata[bs], spec_info)
-        elif forward_mode.is_target_verify() or forward_mode.is_any_draft_extend():
-            self._update_prefill(*args, self.prefill_cuda_graph_metadata[bs], forward_mode, spec_info)
-        else:
-            raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")
+        wrapper, plan, write = self._phases(bs, forward_mode)
+        plan(bs, seq_lens_cpu, wrapper, forward_mode, spec_info)  # the host phase: re-plan the registered wrapper
+        write(bs, req_pool_indices, seq_lens, wrapper, forward_mode, spec_info)  # the device phase: its bound buffers
+
+    def _phases(self, bs: int, mode: ForwardMode) -> tuple[Any, Callable, Callable]:
+        """``(wrapper, plan, write)`` of a ``bs`` graph in ``mode``: its registered wrapper, the host phase and the device
+        phase (SGLang PR #39825's split, [facts#host-device-split]); verify and draft extend share one."""
+        if mode.is_decode_or_idle():
+            return self.decode_cuda_graph_metadata[bs][0], self._plan_decode, self._write_decode
+        if mode.is_target_verify() or mode.is_any_draft_extend():
+            return self.prefill_cuda_graph_metadata[bs][0], self._plan_prefill, self._write_prefill
+        raise GraphModeNotSupported(f"{self.name}: {mode.label} is not captured")
+
+    def splits_hook(self, mode: ForwardMode) -> bool:
+        return type(self).init_forward_metadata_replay_cuda_graph is FlashInferAttnBackend.init_forward_metadata_replay_cuda_graph
+
+    def prepare_host_metadata(self, fb: ForwardBatch) -> None:
+        """The plan (a fast one: host lengths in, the bound buffers only named) and verify's tree mask packed."""
+        wrapper, plan, _ = self._phases(fb.batch_size, fb.forward_mode)
+        plan(fb.batch_size, fb.seq_lens_cpu, wrapper, fb.forward_mode, fb.spec_info)
+
+    def apply_device_metadata(self, fb: ForwardBatch) -> None:
+        """The kv indptr and indices into the bound buffers, from ``req_pool_indices`` and ``seq_lens``."""
+        wrapper, _, write = self._phases(fb.batch_size, fb.forward_mode)
+        write(fb.batch_size, fb.req_pool_indices, fb.seq_lens, wrapper, fb.forward_mode, fb.spec_info)
 
     # --- checker support ----------------------------------------------------------------------
     def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:

@@ -113,43 +113,69 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         write_kv(self.world.req_to_token, rpi, seq, kv_indptr, kv_indices)
         self._plan(wrapper, self.q_indptr_decode[: bs + 1], kv_indptr, kv_indices, seq.to(torch.int32), False)
 
-    def _fast_decode_replay(self, bs, rpi, seq_lens, seq_lens_cpu) -> None:
-        """Decode replay: indices into the bound buffer, host indptrs into the fast plan."""
-        kv_len_cpu, seq = seq_lens_cpu[:bs].to(torch.int32), seq_lens[:bs]
+    # decode replays and unified verify / draft extend replays split in two ([facts#host-device-split]): a host phase
+    # (host indptrs, the plan) and a device phase (the indices and lengths into the bound buffers, from device tensors)
+    def _decode_host(self, bs, seq_lens_cpu) -> None:
+        """Decode replay's plan: host indptrs into the fast plan."""
+        kv_len_cpu = seq_lens_cpu[:bs].to(torch.int32)
         kv_indptr_cpu = self.cuda_graph_kv_indptr_cpu[: bs + 1]
         kv_indptr_cpu[1:] = kv_len_cpu.cumsum(0)  # host
-        kv_indptr = self.kv_indptr  # the eager buffer (#37975) ...
-        if self.writes_bound_kv_indptr:  # ... or the bound one, kept current with the bound kv_len_arr
-            kv_indptr = self.cuda_graph_kv_indptr
-            self.cuda_graph_kv_lens[:bs].copy_(seq)
-        write_kv(self.world.req_to_token, rpi, seq, kv_indptr[: bs + 1], self.cuda_graph_kv_indices)
         qo_indptr_cpu = self.cuda_graph_qo_indptr_cpu[: bs + 1]  # arange: one query per request
         wrapper = self.decode_cuda_graph_metadata[bs]
         self._plan(wrapper, qo_indptr_cpu, kv_indptr_cpu, self.cuda_graph_kv_indices, kv_len_cpu, False)
 
-    def _prefill_plan(self, bs, rpi, seq_lens, seq_lens_cpu, wrapper, mode, spec_info) -> None:
-        """Verify and draft extend (generate_attn_arg_prefill): fresh args, full plan."""
+    def _decode_device(self, bs, rpi, seq_lens) -> None:
+        """Decode replay's indices into the bound buffer, its indptr into the eager buffer (#37975) or the bound one,
+        kept current with the bound kv_len_arr."""
+        seq, kv_indptr = seq_lens[:bs], self.kv_indptr
+        if self.writes_bound_kv_indptr:
+            kv_indptr = self.cuda_graph_kv_indptr
+            self.cuda_graph_kv_lens[:bs].copy_(seq)
+        write_kv(self.world.req_to_token, rpi, seq, kv_indptr[: bs + 1], self.cuda_graph_kv_indices)
+
+    def _fast_decode_replay(self, bs, rpi, seq_lens, seq_lens_cpu) -> None:
+        """Decode replay in one body (the legacy hooks): the indices, then the plan."""
+        self._decode_device(bs, rpi, seq_lens)
+        self._decode_host(bs, seq_lens_cpu)
+
+    def _prefill_args(self, bs, seq_lens_cpu, mode, spec_info):
+        """Verify's / draft extend's rows per request and host ``(kv_lens, qo_indptr, kv_indptr)``, int32 (verify: prefix
+        + N drafts)."""
         require_spec(mode, spec_info, VerifyInput if mode.is_target_verify() else DraftExtendInput)
         n = layout.rows_per_request(mode, self.spec)
-        kv_lens = layout.attended_kv_lens(mode, seq_lens[:bs], n)  # verify: prefix + N drafts
-        # plan gets host indptrs / lengths (SGLang: device ones, a sync per replay:
-        # [facts#where-refimpl-deliberately-differs-from-upstream]); the indices come from device data
         kv_lens_cpu = layout.attended_kv_lens(mode, seq_lens_cpu[:bs], n).to(torch.int32)
         qo_indptr_cpu = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device="cpu")
         kv_indptr_cpu = torch.zeros(bs + 1, dtype=torch.int32, device="cpu")
         kv_indptr_cpu[1:] = kv_lens_cpu.cumsum(0)
-        total = max(int(kv_indptr_cpu[-1]), 1)
-        fast = is_fast_plan_installed(wrapper)  # unified graphs after capture: bound buffers written here, in place
+        return n, kv_lens_cpu, qo_indptr_cpu, kv_indptr_cpu
+
+    def _prefill_device(self, bs, rpi, seq_lens, wrapper, mode, n, total: int = 1) -> torch.Tensor:
+        """The indices from device data: a graph wrapper's into its bound buffer (and, once it plans fast, the bound
+        indptr and kv_len_arr, which the fast plan does not copy), else into fresh ones of ``total``; returns them."""
+        fast, kv_lens = is_fast_plan_installed(wrapper), layout.attended_kv_lens(mode, seq_lens[:bs], n)
         kv_indptr = (self.cuda_graph_kv_indptr if fast else self.kv_indptr)[: bs + 1]  # else scratch for the kernel
-        # a graph wrapper: build straight into its bound buffer
-        kv_indices = (
-            torch.empty(total, dtype=torch.int32, device=self.device) if wrapper is self._eager else self.cuda_graph_kv_indices
-        )
+        graph = wrapper is not self._eager
+        kv_indices = self.cuda_graph_kv_indices if graph else torch.empty(total, dtype=torch.int32, device=self.device)
         write_kv(self.world.req_to_token, rpi, kv_lens, kv_indptr, kv_indices)
-        if fast:  # what the full plan would copy: the fast plan copies nothing
+        if fast:
             self.cuda_graph_kv_lens[:bs].copy_(kv_lens)
-            self.cuda_graph_qo_indptr[: bs + 1].copy_(qo_indptr_cpu, non_blocking=True)
+        return kv_indices
+
+    def _prefill_host(self, wrapper, args, kv_indices) -> None:
+        """The plan from host indptrs / lengths (SGLang: device ones, a sync per replay:
+        [facts#where-refimpl-deliberately-differs-from-upstream]); a fast plan's qo_indptr copied first (it copies
+        nothing itself)."""
+        _, kv_lens_cpu, qo_indptr_cpu, kv_indptr_cpu = args
+        if is_fast_plan_installed(wrapper):
+            self.cuda_graph_qo_indptr[: len(qo_indptr_cpu)].copy_(qo_indptr_cpu, non_blocking=True)
+        total = max(int(kv_indptr_cpu[-1]), 1)
         self._plan(wrapper, qo_indptr_cpu, kv_indptr_cpu, kv_indices[:total], kv_lens_cpu, True)
+
+    def _prefill_plan(self, bs, rpi, seq_lens, seq_lens_cpu, wrapper, mode, spec_info) -> None:
+        """Verify and draft extend (generate_attn_arg_prefill): the indices, then the plan."""
+        args = self._prefill_args(bs, seq_lens_cpu, mode, spec_info)
+        kv_indices = self._prefill_device(bs, rpi, seq_lens, wrapper, mode, args[0], max(int(args[3][-1]), 1))
+        self._prefill_host(wrapper, args, kv_indices)
 
     # --- eager --------------------------------------------------------------------------------
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
@@ -209,15 +235,41 @@ class FlashInferMLAAttnBackend(AttentionBackend):
     def init_forward_metadata_replay_cuda_graph(
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
     ) -> None:
-        if forward_mode.is_decode_or_idle():
-            if seq_lens_cpu is None:
-                raise ValueError(f"{self.name}: decode replay plans from seq_lens_cpu (host)")
-            self._fast_decode_replay(bs, req_pool_indices, seq_lens, seq_lens_cpu)
-        elif forward_mode.is_target_verify() or forward_mode.is_any_draft_extend():
-            wrapper = self.prefill_cuda_graph_metadata[bs]
-            self._prefill_plan(bs, req_pool_indices, seq_lens, seq_lens_cpu, wrapper, forward_mode, spec_info)
+        if seq_lens_cpu is None:
+            raise ValueError(f"{self.name}: a replay plans from seq_lens_cpu (host)")
+        self._host_phase(bs, seq_lens_cpu, forward_mode, spec_info)
+        self._device_phase(bs, req_pool_indices, seq_lens, forward_mode, spec_info)
+
+    def _host_phase(self, bs, seq_lens_cpu, mode, spec_info) -> None:
+        if mode.is_decode_or_idle():
+            self._decode_host(bs, seq_lens_cpu)
+        elif mode.is_target_verify() or mode.is_any_draft_extend():
+            self._prefill_host(
+                self.prefill_cuda_graph_metadata[bs],
+                self._prefill_args(bs, seq_lens_cpu, mode, spec_info),
+                self.cuda_graph_kv_indices,
+            )
         else:
-            raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")
+            raise GraphModeNotSupported(f"{self.name}: {mode.label} is not captured")
+
+    def _device_phase(self, bs, rpi, seq_lens, mode, spec_info) -> None:
+        if mode.is_decode_or_idle():
+            self._decode_device(bs, rpi, seq_lens)
+        else:  # (n: the graph's rows per request, a Python int fixed by the spec config)
+            self._prefill_device(
+                bs, rpi, seq_lens, self.prefill_cuda_graph_metadata[bs], mode, layout.rows_per_request(mode, self.spec)
+            )
+
+    def splits_hook(self, mode: ForwardMode) -> bool:
+        return (
+            type(self).init_forward_metadata_replay_cuda_graph is FlashInferMLAAttnBackend.init_forward_metadata_replay_cuda_graph
+        )
+
+    def prepare_host_metadata(self, fb: ForwardBatch) -> None:
+        self._host_phase(fb.batch_size, fb.seq_lens_cpu, fb.forward_mode, fb.spec_info)
+
+    def apply_device_metadata(self, fb: ForwardBatch) -> None:
+        self._device_phase(fb.batch_size, fb.req_pool_indices, fb.seq_lens, fb.forward_mode, fb.spec_info)
 
     # --- checker support ----------------------------------------------------------------------
     def graph_state(self, bs: int, mode: ForwardMode) -> dict[str, Any]:
@@ -255,6 +307,9 @@ class FlashInferMLAAttnBackendAsUpstream(FlashInferMLAAttnBackend):
     variant = "as-upstream"
     pattern = "C, merged branches"
     writes_bound_kv_indptr = False
+
+    def splits_hook(self, mode: ForwardMode) -> bool:
+        return False  # the split is refimpl's (#39825 is open): upstream glues the hook whole or not at all
 
     def init_forward_metadata_capture_cuda_graph(
         self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info

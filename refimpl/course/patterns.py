@@ -19,7 +19,7 @@ from . import entry, results
 
 CAP, REP = "init_forward_metadata_capture_cuda_graph", "init_forward_metadata_replay_cuda_graph"
 BRANCH = re.compile(r"^\s*(if|elif)\b.*\b(forward_)?mode\.is_")
-PLANS = ("self._update_decode(", "self._update_prefill(")
+PLANS = ("self._update_decode(", "self._update_prefill(", "self._plan_decode", "self._plan_prefill")
 
 
 def calls(fn, name: str) -> int:
@@ -59,7 +59,7 @@ def side_by_side() -> CodeGrid:
                 ("self._update_decode_kv_buffers(", "fill the static buffers"),
                 ("self.get_num_kv_splits(", "split counts: capture runs them too"),
             ],
-            [("self._update_decode(", "re-plan the registered wrapper"), ("self._update_prefill(", "re-plan")],
+            [("plan(bs,", "host phase: re-plan the registered wrapper"), ("write(bs,", "device phase: fill its bound buffers")],
             [("self.get_num_kv_splits(", "(1) split counts"), ("torch.cumsum(real, 0)", "(2) ragged stride")],
         ],
     ]
@@ -73,14 +73,14 @@ def side_by_side() -> CodeGrid:
 
 def dispatch_counts() -> dict[str, dict]:
     """Per FlashInfer hook (legacy and unified; unified capture with its prepare step): code lines (no comments or
-    blanks), ``if/elif forward_mode.is_...`` branches, direct plan calls (``_update_decode`` / ``_update_prefill``) and
-    calls of the replay body."""
+    blanks), ``if/elif forward_mode.is_...`` branches, direct plan calls (``_update_decode`` / ``_update_prefill``; the
+    unified replay picks ``_plan_decode`` / ``_plan_prefill`` in ``_phases``) and calls of the replay body."""
     L, U = FlashInferAttnBackendLegacy, FlashInferAttnBackend
     hooks = {  # name: the code lines of the hook
         "legacy capture": hook_code(getattr(L, CAP)),
         "legacy replay": hook_code(getattr(L, REP)),
         "unified capture + prepare": hook_code(getattr(U, CAP)) + hook_code(U._prepare_cuda_graph_metadata),
-        "unified replay": hook_code(getattr(U, REP)),
+        "unified replay": hook_code(getattr(U, REP)) + hook_code(U._phases),
     }
     return {
         name: {

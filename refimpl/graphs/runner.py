@@ -81,18 +81,23 @@ def call_in_graph_hook(backend, fb: ForwardBatch):
 
 def capture_glue(engine: GraphEngine, backend, fb: ForwardBatch, warmups: int, refusal=None) -> tuple[Any, str | None]:
     """The replay hook fed ``fb`` (views of static inputs) captured into a graph of its own, after ``warmups`` eager
-    calls: ``(graph, None)``, or ``(None, why)`` when it may not be (``refusal()`` after the warm-ups; default: the
-    backend's own ``glue_refusal``, which the checker's verdict (e) tests by passing what it saw instead) or cannot be
-    (a failed capture, contained)."""
+    calls: ``(graph, None)``, or ``(None, why)`` when it may not be or cannot be (a failed capture, contained). A hook
+    split in two (``splits_hook``) has its host phase run (as before every glued replay) and only its device phase
+    captured. ``refusal(run)``: why the part to glue may not be, given a callable that runs it once (the checker's
+    verdict (e) counts the plans it makes); default: the backend's ``glue_refusal`` for a whole hook, none for a device
+    phase."""
     for _ in range(warmups):
         call_replay_hook(backend, fb)
-    if why := refusal() if refusal else backend.glue_refusal(fb.forward_mode):
+    if split := backend.splits_hook(fb.forward_mode):
+        backend.prepare_host_metadata(fb)
+    glued = (lambda: backend.apply_device_metadata(fb)) if split else (lambda: call_replay_hook(backend, fb))
+    if why := refusal(glued) if refusal else None if split else backend.glue_refusal(fb.forward_mode):
         return None, why
     graph = engine.new_graph()
     try:
         with warnings.catch_warnings():  # a hook that launches nothing (in-graph shapes) makes an empty graph: fine
             warnings.filterwarnings("ignore", "The CUDA Graph is empty")
-            graph.capture(lambda: call_replay_hook(backend, fb))
+            graph.capture(glued)
     except GraphCaptureError as e:
         return None, f"the replay hook cannot be captured: {e}"
     return graph, None
@@ -155,6 +160,7 @@ class GraphRunner:
         backend.init_cuda_graph_state(self.max_bs, self.max_num_tokens)
         self.graphs, self.outputs = {}, {}  # bs -> its graph / the graph's static output (logits)
         self.glue, self.glue_graphs, self.glue_refused = glue, {}, {}  # bs -> glue graph / why the hook stays eager
+        self.glue_split = glue and backend.splits_hook(self.mode)  # the glue graphs hold the device phase only
         self.replays = Counter()  # "glue" / "hook": how each replay's metadata was made
         self.capture_records = []  # a CaptureRecord per captured size
         self._captured_with = ()  # the world objects the graphs write and read (``_bound``), set by capture
@@ -347,6 +353,8 @@ class GraphRunner:
         if glue is None:
             call_replay_hook(self.backend, view)
         else:
+            if self.glue_split:  # a split hook: its host phase eagerly, then the glued device phase
+                self.backend.prepare_host_metadata(view)
             glue.replay()
         self.replays["hook" if glue is None else "glue"] += 1
         return view

@@ -179,7 +179,8 @@ def glue_vs_eager(rig: Rig, batches: list[ForwardBatch]) -> GlueVerdict:
     """Verdict (e) for ``batches`` of one raw size, replayed in turn: a fresh backend's replay hook captured once into a
     glue graph on static inputs at rest (as the runner does), then per batch the replay's ``load_inputs`` and the glue
     graph, against a twin backend with the same history run eagerly: its capture hook and the replay hook on the
-    capture batch (the glue capture's warm-up), then the replay hook on each padded batch in turn. Parts no kernel reads
+    capture batch (the glue capture's warm-up), then the replay hook on each padded batch in turn; a split hook's host
+    phase runs eagerly before each glue replay (only its device phase is glued). Parts no kernel reads
     (a block table's columns past a request's pages) keep the same stale values on both sides. ``(None, [why])`` when
     the hook cannot be glued."""
     from ..flashinfer_wrappers import count_plans
@@ -191,14 +192,22 @@ def glue_vs_eager(rig: Rig, batches: list[ForwardBatch]) -> GlueVerdict:
     for b in (glued, twin):
         b.init_cuda_graph_state(runner.max_bs, runner.max_num_tokens)
         call_capture_hook(b, static)
-    with count_plans(glued) as plans:  # what the hook does, not what the backend declares (its glue_refusal)
-        graph, why = capture_glue(runner.engine, glued, static, runner.graph_cfg.num_warmups, lambda: plans[0] and PLANS)
+
+    def planned(run):  # what the part to glue does, not what the backend declares (its glue_refusal)
+        with count_plans(glued) as plans:
+            run()
+        return plans[0] and PLANS
+
+    graph, why = capture_glue(runner.engine, glued, static, runner.graph_cfg.num_warmups, planned)
     if graph is None:
         return None, [f"glue refused: {why}"]
     call_replay_hook(twin, static)
+    split = glued.splits_hook(runner.mode)
     failed, first = [], None  # the numbers of the replays that differ; the first one's lines
     for i, fb in enumerate(batches, 1):
         inputs.load(fb, bs)
+        if split:  # the host phase, eager, as the runner runs it before each glue replay
+            glued.prepare_host_metadata(runner._replay_batch(fb, bs, inputs))
         graph.replay()
         call_in_graph_hook(glued, static)
         got = _batch_defined(_snapshot(glued.graph_state(bs, runner.mode)), raw_bs)
