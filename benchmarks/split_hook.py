@@ -6,15 +6,17 @@ device phase), beside the host phase alone (the plan: the floor while the plan s
 
 Per row and batch size, host µs (medians of ``--repeats`` calls after ``--warmup``, ``rotate`` batches, each loaded
 untimed before a run of ``bench.RUN`` calls, a synchronisation before each call outside the timer, as
-``refimpl.bench.time_replay_path`` times its hook): ``eager hook`` (``call_replay_hook``), ``host phase``
-(``prepare_host_metadata``), ``glue replay`` (the device phase's graph alone), ``glued hook`` (``runner.replay_hook``:
-host phase + glue replay, what a glued replay runs). The goal: ``glued hook`` at most ``host phase`` + 15 µs.
+``refimpl.bench.time_replay_path`` times its hook): ``eager hook`` (``call_replay_hook``: both phases eagerly); then, in
+one pass, each call timed in parts: ``host phase`` (``prepare_host_metadata``), ``glue replay`` (the device phase's
+graph) and ``glued hook`` (the two: what ``runner.replay_hook`` runs when glued). Timing the parts inside the same call
+keeps a noisy host's drift out of their difference. The goal: ``glued hook`` at most ``host phase`` + 15 µs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 from refimpl import bench
@@ -48,17 +50,23 @@ def measure(row: str, sizes, repeats: int, warmup: int, ctx: int, rotate: int = 
     for bs in sizes:
         lens = [ctx - KINDS[mode].span(rig.spec) - i % 7 for i in range(bs)]
         batches = [rig.gen.for_mode(rig.kind, bs, seq_lens=lens) for _ in range(rotate)]
-        view = lambda fb: runner._replay_batch(fb, bs)  # noqa: E731 - the static batch the hook sees
-        parts = (
-            lambda fb: call_replay_hook(runner.backend, view(fb)),
-            lambda fb: runner.backend.prepare_host_metadata(view(fb)),
-            lambda fb: runner.glue_graphs[bs].replay(),
-            lambda fb: runner.replay_hook(fb, bs),
-        )
+        glue, backend, xs = runner.glue_graphs[bs], runner.backend, {k: [] for k in PARTS}
+
+        def split(fb):  # what runner.replay_hook runs for a split hook, its two parts timed apart in the same call
+            t0 = time.perf_counter()
+            backend.prepare_host_metadata(runner._replay_batch(fb, bs))
+            t1 = time.perf_counter()
+            glue.replay()
+            t2 = time.perf_counter()
+            xs["host phase"].append((t1 - t0) * 1e6)
+            xs["glue replay"].append((t2 - t1) * 1e6)
+            xs["glued hook"].append((t2 - t0) * 1e6)
+
         loaded = dict(before=lambda fb: runner.load_inputs(fb, bs), run=bench.RUN)
-        out[bs] = {
-            k: bench.spread(bench.host_times(f, batches, repeats, warmup, sync, **loaded))["median"] for k, f in zip(PARTS, parts)
-        }
+        eager = lambda fb: call_replay_hook(backend, runner._replay_batch(fb, bs))  # noqa: E731
+        xs["eager hook"] = bench.host_times(eager, batches, repeats, warmup, sync, **loaded)
+        bench.host_times(split, batches, repeats, warmup, sync, **loaded)
+        out[bs] = {k: bench.spread(v[-repeats:])["median"] for k, v in xs.items()}  # (split: its warm-up calls dropped)
         rig.gen.release_all()
     return out
 
