@@ -15,7 +15,7 @@
 # %% [markdown]
 # # MLA backends and the redundant-copy removal
 #
-# Reading time: about 18 minutes. Run All takes about 20 s on a 2-core CPU.
+# Reading time: about 20 minutes. Run All takes about 20 s on a 2-core CPU.
 #
 # **The question:** what do the block-table MLA backends refill before each replay, and what did
 # SGLang [#29077](https://github.com/sgl-project/sglang/pull/29077) save on each draft-extend replay?
@@ -37,6 +37,7 @@ import torch
 from refimpl import ForwardMode
 from refimpl.backends import find
 from refimpl.backends.cutlass_mla import CutlassMLAAttnBackend, CutlassMLAAttnBackendLegacy
+from refimpl.backends.flashinfer_mla import FlashInferMLAAttnBackend
 from refimpl.backends.trtllm_mla import TRTLLMMLAAttnBackend, TRTLLMMLAAttnBackendInGraph, TRTLLMMLAAttnBackendSimplified
 from refimpl.bench import launches
 from refimpl.check import CheckSettings, check_entry_mode
@@ -214,3 +215,28 @@ print(f"you predicted {predicted_launches}; the recorder counts {sum(counts.valu
 assert sum(counts.values()) == 5  # 7 minus sub and add; arange + copy_ and fill_ stay: #29077 removed those too
 out = runner.replay(fb).clone()
 assert torch.allclose(out, runner.eager(fb), atol=1e-4)  # the identity was one: the graph still equals eager
+
+# %% [markdown]
+# ## 7. Gluing a hook that plans: the host/device split
+#
+# A glue graph (notebook 06) cannot hold FlashInfer's `plan()`, host work. SGLang's open
+# [#39825](https://github.com/sgl-project/sglang/pull/39825) splits the hook: the plan runs eagerly, the device
+# phase is glued ([facts](../docs/sglang_facts.md#host-device-split)). FlashInfer-MLA's unified hook:
+
+# %%
+show_code(FlashInferMLAAttnBackend.init_forward_metadata_replay_cuda_graph)
+rig = mla.glued_rig()  # FlashInfer-MLA unified, decode, captured at bs 4 with a glue graph
+fb = rig.gen.for_mode(rig.kind, 3)
+assert torch.allclose(rig.runner.replay(fb), rig.runner.eager(fb), atol=1e-4)
+print(rig.runner.glue_split, dict(rig.runner.replays), dict(rig.runner.glue_graphs[4].kernels()))
+
+# %% [markdown]
+# The glue graph holds no plan. A device phase that reads a host value keeps the capture's: #39825's failure
+# (accept length near 1), which verdict (e) names (`tests/broken_backends.py`). H200, run 2 of two
+# (`benchmarks/results/split_hook/`; run 1 disagrees):
+
+# %%
+print(mla.split_hook_table())
+
+# %% [markdown]
+# Glued, the metadata costs its plan plus 6 to 14 µs.

@@ -1,6 +1,6 @@
 """Notebook 05's helpers: the MLA world and batches it builds, the block-table figure, the draft-extend runner whose
-replay hook it counts, one line per checker record, and the committed H200 results of SGLang #29077 (with a live sweep
-on a GPU)."""
+replay hook it counts, one line per checker record, the committed H200 results of SGLang #29077 (with a live sweep
+on a GPU), and FlashInfer-MLA's split hook glued (its runner and the committed H200 cost)."""
 
 import runpy
 from collections.abc import Sequence
@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from matplotlib.figure import Figure
 
 from .. import viz
+from ..backends import find
 from ..batch import ForwardBatch, World
 from ..batchgen import BatchGenerator
 from ..check import CheckRecord
@@ -137,3 +138,19 @@ def hook_launches(rows: Sequence[dict]) -> dict[str, set[int]]:
     for r in rows:
         out.setdefault(r["shape"], set()).add(sum(r["hook_launches"].values()))
     return out
+
+
+def glued_rig(name: str = "flashinfer_mla") -> Rig:
+    """``name``'s unified backend captured for decode at bs 4 with a glue graph per size (``GraphRunner(glue=True)``)."""
+    return Rig.build(find(name, "unified")[0], KINDS["decode"], CHAIN, ENGINE, capture_bs=(4,), max_context_len=L, glue=True)
+
+
+def split_hook_table(run: str = "run2.json") -> str:
+    """The committed H200 cost of the split hooks (``benchmarks/split_hook.py``; run 2 of two, which do not agree:
+    ``benchmarks/results/split_hook/README.md``): host µs at bs 1 / 8 / 64 of the eager hook (before), the host phase
+    (the plan) and the glued hook (after: host phase + glue replay)."""
+    rows, parts = results(f"split_hook/{run}")["rows"], ("eager hook", "host phase", "glued hook")
+    lines = [f"{'host µs, bs 1 / 8 / 64':<30}" + "".join(f"{p:>20}" for p in parts)]
+    for row, r in rows.items():
+        lines.append(f"{row:<30}" + "".join(f"{' / '.join(f'{r[bs][p]:.0f}' for bs in ('1', '8', '64')):>20}" for p in parts))
+    return "\n".join(lines)

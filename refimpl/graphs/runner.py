@@ -13,8 +13,10 @@ is refused (``validate``).
 After each step graph, the replay hook fed the static inputs is captured into a small graph of its own
 (``capture_glue``), which ``replay_hook`` replays instead of running the hook's Python. Whatever the hook computed on the
 host (a Python scalar, a spec input's tensor) is frozen at that capture, so the backend says which modes may be glued
-(``glue_refusal``; the checker's verdict (e) tests each claim). A hook it refuses (FlashInfer's ``plan()``) or that a
-graph cannot record stays eager for that size (``glue_refused``); ``replays`` counts glued and eager hook replays.
+(``glue_refusal``; the checker's verdict (e) tests each claim). A hook it refuses (a FlashInfer ``plan()``) or that a
+graph cannot record stays eager for that size (``glue_refused``); ``replays`` counts glued and eager hook replays. A
+hook split in two (``splits_hook``: FlashInfer's and FlashInfer-MLA's unified ones, SGLang PR #39825's shape) runs its
+host phase (the plan) eagerly before each glue replay; the glue graph holds its device phase (``glue_split``).
 """
 
 from __future__ import annotations

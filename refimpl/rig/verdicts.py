@@ -8,7 +8,8 @@
     ``reference_graph_state``: a bug in a body both hooks share, invisible to (a).
 (e) ``glue_vs_eager``: the replay hook captured once into a metadata glue graph (``graphs.runner.capture_glue``) and
     replayed for rotated batches in turn leaves, after each, the graph-read state the eager hook leaves: the proof that
-    the shape may be glued (``None``: refused, e.g. a FlashInfer ``plan()``). Information, not a pass/fail verdict.
+    the shape may be glued (``None``: refused, e.g. a FlashInfer ``plan()`` in the part to glue; a split hook's device
+    phase is glued with its host phase run eagerly first). Information, not a pass/fail verdict.
 (f) ``history_verdict``: on the largest size, the same graphs replay a sequence, each replay held to (b) and (c): a
     replay that depends on the previous one fails there and nowhere else.
 
