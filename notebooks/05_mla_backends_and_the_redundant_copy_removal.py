@@ -227,7 +227,7 @@ assert torch.allclose(out, runner.eager(fb), atol=1e-4)  # the identity was one:
 show_code(FlashInferMLAAttnBackend.init_forward_metadata_replay_cuda_graph)
 rig = mla.glued_rig()  # FlashInfer-MLA unified, decode, captured at bs 4 with a glue graph
 fb = rig.gen.for_mode(rig.kind, 3)
-assert torch.allclose(rig.runner.replay(fb), rig.runner.eager(fb), atol=1e-4)
+torch.testing.assert_close(rig.runner.replay(fb), rig.runner.eager(fb), **rig.tol)  # (bf16 on a GPU: 3e-2)
 print(rig.runner.glue_split, dict(rig.runner.replays), dict(rig.runner.glue_graphs[4].kernels()))
 
 # %% [markdown]
