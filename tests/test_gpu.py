@@ -166,10 +166,14 @@ def test_bench_hook_agrees_with_a_plain_loop(row):
     assert any(map(agree, runs)), (row, runs)
 
 
-@pytest.mark.parametrize("row", ["triton/unified/decode", "trtllm_mla/in_graph/draft_extend_v2", "flashinfer/unified/decode"])
+@pytest.mark.parametrize(
+    "row",
+    ["triton/unified/decode", "trtllm_mla/in_graph/draft_extend_v2", "flashinfer/unified/decode", "flashinfer/legacy/decode"],
+)
 def test_glue_graph_on_cuda(row):
     """On real CUDA graphs: a glue-safe hook replayed from its glue graph gives the eager output on fresh batches, one
-    glue replay each; a FlashInfer hook (real wrappers: bf16) is refused for its plan() and stays eager."""
+    glue replay each; FlashInfer's unified hook (real wrappers: bf16) glues its device phase, its plan run eagerly
+    first (the split); the legacy hook, one phase that plans, is refused for its plan() and stays eager."""
     from refimpl.backends import find
     from refimpl.layout import KINDS
     from refimpl.rig import Rig
@@ -179,9 +183,10 @@ def test_glue_graph_on_cuda(row):
     rig = Rig.build(
         find(name, variant)[0], KINDS[mode], spec, make_engine("cuda"), capture_bs=(1, 2, 4), max_context_len=64, glue=True
     )
-    runner, planned = rig.runner, name == "flashinfer"
+    runner, planned = rig.runner, variant == "legacy"
     assert bool(runner.glue_refused) == planned, runner.glue_refused
     assert all("plan()" in why for why in runner.glue_refused.values())
+    assert runner.glue_split == (row == "flashinfer/unified/decode")
     for raw_bs in (1, 3, 4):
         fb = rig.gen.for_mode(KINDS[mode], raw_bs)
         torch.testing.assert_close(runner.replay(fb).float(), runner.eager(fb).float(), **rig.tol)
