@@ -208,3 +208,14 @@ class SplitDevicePhaseReadsHostArray(FlashInferAttnBackend):
         host = getattr(self, "_indptr_host", None)  # (a capture hook's first device phase: none yet, or another bs's)
         if wrapper.is_cuda_graph_enabled and host is not None and host.numel() == bs:
             self.kv_indptr[1 : bs + 1].copy_(host, non_blocking=True)  # the bug: the host's array, not the device's sum
+
+
+class SplitHostPhaseSkipped(FlashInferAttnBackend):
+    """A split whose glued replays never re-plan (``prepare_host_metadata`` does nothing): the bound buffers are right,
+    the plan is the capture batch's. The hook itself plans, so every unglued verdict passes; verdict (e) compares the
+    plans too and names them."""
+
+    name = "bug_split_host_phase_skipped"
+
+    def prepare_host_metadata(self, fb):
+        pass  # the bug

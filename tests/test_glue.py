@@ -19,8 +19,10 @@ FAST = CheckSettings(
 )  # (f): its own tests
 
 
-def glued_rig(entry, case="decode", **kw):
-    return Rig.build(entry, KINDS[case], SPEC, CPUEmulatorEngine(), capture_bs=CAPTURE_BS, max_context_len=32, glue=True, **kw)
+def glued_rig(entry, case="decode", max_context_len=32, **kw):
+    return Rig.build(
+        entry, KINDS[case], SPEC, CPUEmulatorEngine(), capture_bs=CAPTURE_BS, max_context_len=max_context_len, glue=True, **kw
+    )
 
 
 def test_planted_host_value_passes_four_verdicts_and_fails_the_glue_verdict_naming_the_buffer():
@@ -97,14 +99,25 @@ def test_flashinfer_split_hook_glues_its_device_phase(name, case):
 
 @pytest.mark.parametrize("name, case", [("flashinfer", "decode"), ("flashinfer", "target_verify"), ("flashinfer_mla", "decode")])
 def test_glued_flashinfer_runner_plans_eagerly_and_matches_eager(name, case):
-    rig = glued_rig(find(name, "unified")[0], case)
+    """Lengths past one 128-key tile (a replay that kept the capture's plan reads too few keys), a plan per replay."""
+    from refimpl.flashinfer_wrappers import count_plans
+
+    rig = glued_rig(find(name, "unified")[0], case, max_context_len=400)
     runner = rig.runner
     assert runner.glue_split and set(runner.glue_graphs) == set(runner.capture_bs) and not runner.glue_refused
-    for raw_bs in (1, 3, 4, 2):
-        fb = rig.gen.for_mode(KINDS[case], raw_bs)
-        torch.testing.assert_close(runner.replay(fb), runner.eager(fb))
+    for raw_bs, lens in ((1, [390]), (3, [300, 20, 350]), (4, [200, 390, 20, 300]), (2, [150, 5])):
+        fb = rig.gen.for_mode(KINDS[case], raw_bs, seq_lens=lens)
+        with count_plans(runner.backend) as plans:
+            out = runner.replay(fb)
+        assert plans[0] >= 1, "a glued replay that did not re-plan"
+        torch.testing.assert_close(out, runner.eager(fb))
         rig.gen.release(fb)
     assert runner.replays == {"glue": 4}
+
+
+def test_planted_split_that_skips_its_host_phase_fails_the_glue_verdict_naming_the_plan():
+    ok, findings = glue_verdict(load_backend_class("broken_backends:SplitHostPhaseSkipped"), "decode", CPUEmulatorEngine(), FAST)
+    assert ok is False and any(f.split("; first: ", 1)[1].startswith("plan[") for f in findings), findings
 
 
 def test_planted_split_reading_a_host_array_passes_four_verdicts_and_fails_the_glue_verdict_naming_the_buffer():

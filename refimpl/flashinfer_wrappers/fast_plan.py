@@ -220,8 +220,9 @@ def fast_prefill_plan(
 ) -> None:
     """Re-plan a cuda-graph ``BatchPrefillWithPagedKVCacheWrapper`` (verify, draft extend) from host ``qo_indptr_cpu`` /
     ``kv_indptr_cpu [bs+1]`` and ``kv_lens_cpu [bs]``: no device-to-host read, no per-element Python. refimpl's own: SGLang
-    re-plans these wrappers fully. Contract (2): the caller has written the bound ``_paged_kv_indptr_buf`` and
-    ``_paged_kv_indices_buf`` on the device. This plan writes ``_qo_indptr_buf`` (one host-to-device copy); with a bound
+    re-plans these wrappers fully. Contract (2): the caller writes the bound ``_paged_kv_indptr_buf`` and
+    ``_paged_kv_indices_buf`` on the device before the kernel runs (before or after this plan, which reads only host
+    data: a split hook writes them after it). This plan writes ``_qo_indptr_buf`` (one host-to-device copy); with a bound
     mask, ``custom_mask`` (device, ``q_len_i * kv_len_i`` entries per request) is packed into ``_custom_mask_buf`` as the
     full plan packs it and ``_mask_indptr_buf`` gets its offsets (host-computed); then the module's scheduling call."""
     host = dict(qo_indptr_cpu=qo_indptr_cpu, kv_indptr_cpu=kv_indptr_cpu, kv_lens_cpu=kv_lens_cpu)

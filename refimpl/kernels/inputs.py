@@ -27,7 +27,7 @@ from .validation import NONE
 VERDICT_BLOCK = 4096  # verdict entries one step of the load's reduction reads (a verdict is about 2,600 at most sizes)
 
 
-# one compiled kernel per (STEPS, BLOCK): no value of a batch may specialise it (a size equal to 1, a pointer's alignment)
+# one compiled kernel per (STEPS, BLOCK, VBLOCK): no value of a batch may specialise it (a size equal to 1, a pointer's alignment)
 @triton.jit(**no_specialisation(21, 13))  # the 13 pointers and 8 sizes
 def _load_inputs_kernel(
     ids_src,  # [n] int64, the batch's

@@ -181,10 +181,11 @@ def glue_vs_eager(rig: Rig, batches: list[ForwardBatch]) -> GlueVerdict:
     glue graph on static inputs at rest (as the runner does), then per batch the replay's ``load_inputs`` and the glue
     graph, against a twin backend with the same history run eagerly: its capture hook and the replay hook on the
     capture batch (the glue capture's warm-up), then the replay hook on each padded batch in turn; a split hook's host
-    phase runs eagerly before each glue replay (only its device phase is glued). Parts no kernel reads
+    phase runs eagerly before each glue replay (only its device phase is glued) and its plans are compared too
+    (``flashinfer_wrappers.plan_state``). Parts no kernel reads
     (a block table's columns past a request's pages) keep the same stale values on both sides. ``(None, [why])`` when
     the hook cannot be glued."""
-    from ..flashinfer_wrappers import count_plans
+    from ..flashinfer_wrappers import count_plans, plan_state
 
     runner, raw_bs = rig.runner, batches[0].batch_size
     bs, glued, twin = runner.pick_bs(raw_bs), rig.new_backend(), rig.new_backend()
@@ -194,16 +195,20 @@ def glue_vs_eager(rig: Rig, batches: list[ForwardBatch]) -> GlueVerdict:
         b.init_cuda_graph_state(runner.max_bs, runner.max_num_tokens)
         call_capture_hook(b, static)
 
-    def planned(run):  # what the part to glue does, not what the backend declares (its glue_refusal)
-        with count_plans(glued) as plans:
-            run()
-        return plans[0] and PLANS
+    split = glued.splits_hook(runner.mode)
+    with count_plans(glued) as plans:  # what the part to glue does, not what the backend declares (its glue_refusal)
 
-    graph, why = capture_glue(runner.engine, glued, static, runner.graph_cfg.num_warmups, planned)
+        def planned(run):  # a whole hook: its plans in the warm-ups and this run; a split one's device phase: in the run
+            before = plans[0] if split else 0
+            run()
+            return plans[0] > before and PLANS
+
+        graph, why = capture_glue(runner.engine, glued, static, runner.graph_cfg.num_warmups, planned)
     if graph is None:
         return None, [f"glue refused: {why}"]
     call_replay_hook(twin, static)
-    split = glued.splits_hook(runner.mode)
+    # a split hook's plan too: the bound buffers say nothing of it
+    state = (lambda b: b.graph_state(bs, runner.mode) | plan_state(b)) if split else (lambda b: b.graph_state(bs, runner.mode))
     failed, first = [], None  # the numbers of the replays that differ; the first one's lines
     for i, fb in enumerate(batches, 1):
         inputs.load(fb, bs)
@@ -211,10 +216,10 @@ def glue_vs_eager(rig: Rig, batches: list[ForwardBatch]) -> GlueVerdict:
             glued.prepare_host_metadata(runner._replay_batch(fb, bs, inputs))
         graph.replay()
         call_in_graph_hook(glued, static)
-        got = _batch_defined(_snapshot(glued.graph_state(bs, runner.mode)), raw_bs)
+        got = _batch_defined(_snapshot(state(glued)), raw_bs)
         call_replay_hook(twin, padded := runner.padded_batch(fb))
         call_in_graph_hook(twin, padded)
-        want = _batch_defined(twin.graph_state(bs, runner.mode), raw_bs)
+        want = _batch_defined(state(twin), raw_bs)
         if diffs := diff_states(want, got, paths=("the eager hook", "the glued hook")):
             failed.append(str(i))
             first = first or diffs
