@@ -117,7 +117,7 @@ def plan_state(backend) -> dict[str, torch.Tensor]:
         if (info := getattr(w, "_plan_info", None)) is None:
             continue
         try:
-            out[f"plan[{i}].info"] = torch.tensor([int(x) for x in info])
+            out[f"plan[{i}].info"] = torch.tensor([int(x) for x in info], device="cpu")  # (never an ambient device)
         except (TypeError, ValueError):  # a plan info that is not a sequence of ints: not compared
             continue
         if is_standin(w):
