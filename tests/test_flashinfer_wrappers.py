@@ -971,3 +971,38 @@ def test_count_plans_leaves_a_wrapper_without_a_kernel_module_as_it_was():
         backend.wrapper.plan(1)
     assert calls[0] == 1 and not hasattr(backend.wrapper, "_cached_module")
     assert "plan" not in backend.wrapper.__dict__  # the class's plan again
+
+
+def test_plan_state_tells_two_plans_apart_when_the_plan_info_does_not():
+    """In CUDA-graph mode flashinfer's plan info is offsets fixed by the batch size (the H200 gate at d9938fa: a split
+    hook that never re-planned kept an equal ``_plan_info``): the integer inputs of the last plan, and of the kernel
+    module's scheduling it ran, are what differ. The uint8 workspaces and float arguments are not recorded."""
+    from types import SimpleNamespace
+
+    from refimpl.flashinfer_wrappers import count_plans, plan_state
+
+    class Module:
+        def plan(self, workspace, indptr_host, batch_size, scale):
+            return [0, 64, 128]
+
+    class Wrapper:
+        __module__ = "flashinfer.decode"
+
+        def __init__(self):
+            self._cached_module, self._plan_info = Module(), None
+
+        def plan(self, indptr, workspace, scale=1.0):
+            self._plan_info = self._cached_module.plan(workspace, indptr.to("cpu"), len(indptr) - 1, scale)
+
+    def planned(indptr):
+        backend = SimpleNamespace(wrapper=Wrapper())
+        with count_plans(backend):
+            backend.wrapper.plan(
+                torch.tensor(indptr, dtype=torch.int32, device="cpu"), torch.zeros(8, dtype=torch.uint8, device="cpu")
+            )
+        return plan_state(backend)
+
+    a, b = planned([0, 5, 9]), planned([0, 7, 9])
+    assert torch.equal(a["plan[0].info"], b["plan[0].info"])
+    assert a["plan[0].plan"].tolist() == [0, 5, 9] and a["plan[0].module.plan"].tolist() == [0, 5, 9, 2]
+    assert not torch.equal(a["plan[0].plan"], b["plan[0].plan"])

@@ -110,7 +110,9 @@ def test_glued_flashinfer_runner_plans_eagerly_and_matches_eager(name, case):
         with count_plans(runner.backend) as plans:
             out = runner.replay(fb)
         assert plans[0] >= 1, "a glued replay that did not re-plan"
-        torch.testing.assert_close(out, runner.eager(fb))
+        # the rig's tolerance: on the GPU the eager prefill wrapper splits the keys otherwise (bf16 rounding); a replay
+        # on the capture's plan is off by 0.14-1.56
+        torch.testing.assert_close(out, runner.eager(fb), **rig.tol)
         rig.gen.release(fb)
     assert runner.replays == {"glue": 4}
 

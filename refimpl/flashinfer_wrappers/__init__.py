@@ -14,6 +14,7 @@ import functools
 from dataclasses import dataclass, fields, replace
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from . import standin
 from .standin import is_standin, read_partition, set_kv_window  # noqa: F401  (re-exported)
@@ -109,9 +110,11 @@ def _wrappers(obj, seen, depth=0):
 
 
 def plan_state(backend) -> dict[str, torch.Tensor]:
-    """What the last plan of each wrapper ``backend`` holds leaves on the host, by the wrapper's position: its plan info
-    (the work partition's host summary) and, for a stand-in, the planned lengths. Verdict (e) compares a split hook's
-    host phase through it: the bound buffers say nothing of the plan."""
+    """What the last plan of each wrapper ``backend`` holds, by the wrapper's position: its plan info (the work
+    partition's host summary), for a stand-in the planned lengths, and the integer inputs of its last plan calls made
+    inside :func:`count_plans` (in CUDA-graph mode flashinfer's plan info is offsets fixed by the batch size: only the
+    inputs tell one plan from another). Verdict (e) compares a split hook's host phase through it: the bound buffers say
+    nothing of the plan."""
     out = {}
     for i, w in enumerate(_wrappers(backend, set())):
         if (info := getattr(w, "_plan_info", None)) is None:
@@ -122,12 +125,31 @@ def plan_state(backend) -> dict[str, torch.Tensor]:
             continue
         if is_standin(w):
             out[f"plan[{i}].q_len"], out[f"plan[{i}].kv_len"] = (t.cpu() for t in read_partition(w))
+        for name, inputs in w.__dict__.get("_planned_from", {}).items():
+            out[f"plan[{i}].{name}"] = inputs
     return out
 
 
-def _counted(fn, calls):
+def _int_inputs(args, kw) -> torch.Tensor:
+    """The integer values a plan call was given (ints, integer and bool tensors but the uint8 workspaces), in order,
+    as one int64 tensor on the host."""
+    parts = []
+    for a in (*args, *kw.values()):
+        if isinstance(a, torch.Tensor) and (a.dtype == torch.bool or (a.dtype != torch.uint8 and not a.is_floating_point())):
+            parts.append(a.detach().reshape(-1).to("cpu", torch.int64))
+        elif isinstance(a, int):
+            parts.append(torch.tensor([int(a)], device="cpu"))
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64, device="cpu")
+
+
+def _counted(fn, calls, w=None, name="plan"):
     def counted(*args, **kw):
         calls[0] += 1
+        if w is not None and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+            if name == "plan":  # a wrapper's plan: what its kernel module's scheduling records next belongs to it
+                w._planned_from = {}
+            with _disable_current_modes():  # (never an op of a graph the emulator records)
+                w.__dict__.setdefault("_planned_from", {})[name] = _int_inputs(args, kw)
         return fn(*args, **kw)
 
     return counted
@@ -135,14 +157,14 @@ def _counted(fn, calls):
 
 class _CountedModule:
     """A wrapper's kernel module whose ``plan`` / ``plan_with_staged_workspace_bytes`` (flashinfer 0.7.2's MLA: the host
-    scheduling every plan ends in, fast ones included) count."""
+    scheduling every plan ends in, fast ones included) count, and record their inputs on the wrapper."""
 
-    def __init__(self, module, calls):
-        self._module, self._calls = module, calls
+    def __init__(self, module, calls, w):
+        self._module, self._calls, self._w = module, calls, w
 
     def __getattr__(self, name):
         attr = getattr(self._module, name)
-        return _counted(attr, self._calls) if name.startswith("plan") else attr
+        return _counted(attr, self._calls, self._w, f"module.{name}") if name.startswith("plan") else attr
 
 
 @contextlib.contextmanager
@@ -152,9 +174,9 @@ def count_plans(backend):
     calls, shadowed = [0], []
     for w in _wrappers(backend, set()):
         own = w.__dict__.get("plan")  # a fast plan installs itself as an instance attribute
-        w.plan, module = _counted(w.plan, calls), getattr(w, "_cached_module", None)
+        w.plan, module = _counted(w.plan, calls, w), getattr(w, "_cached_module", None)
         if module is not None:
-            w._cached_module = _CountedModule(module, calls)
+            w._cached_module = _CountedModule(module, calls, w)
         shadowed.append((w, own, module))
     try:
         yield calls

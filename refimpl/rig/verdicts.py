@@ -196,7 +196,8 @@ def glue_vs_eager(rig: Rig, batches: list[ForwardBatch]) -> GlueVerdict:
         call_capture_hook(b, static)
 
     split = glued.splits_hook(runner.mode)
-    with count_plans(glued) as plans:  # what the part to glue does, not what the backend declares (its glue_refusal)
+    # both backends' plans counted and their inputs recorded (plan_state) from here on: the same history on each side
+    with count_plans(glued) as plans, count_plans(twin):
 
         def planned(run):  # a whole hook: its plans in the warm-ups and this run; a split one's device phase: in the run
             before = plans[0] if split else 0
@@ -204,25 +205,27 @@ def glue_vs_eager(rig: Rig, batches: list[ForwardBatch]) -> GlueVerdict:
             return plans[0] > before and PLANS
 
         graph, why = capture_glue(runner.engine, glued, static, runner.graph_cfg.num_warmups, planned)
-    if graph is None:
-        return None, [f"glue refused: {why}"]
-    call_replay_hook(twin, static)
-    # a split hook's plan too: the bound buffers say nothing of it
-    state = (lambda b: b.graph_state(bs, runner.mode) | plan_state(b)) if split else (lambda b: b.graph_state(bs, runner.mode))
-    failed, first = [], None  # the numbers of the replays that differ; the first one's lines
-    for i, fb in enumerate(batches, 1):
-        inputs.load(fb, bs)
-        if split:  # the host phase, eager, as the runner runs it before each glue replay
-            glued.prepare_host_metadata(runner._replay_batch(fb, bs, inputs))
-        graph.replay()
-        call_in_graph_hook(glued, static)
-        got = _batch_defined(_snapshot(state(glued)), raw_bs)
-        call_replay_hook(twin, padded := runner.padded_batch(fb))
-        call_in_graph_hook(twin, padded)
-        want = _batch_defined(state(twin), raw_bs)
-        if diffs := diff_states(want, got, paths=("the eager hook", "the glued hook")):
-            failed.append(str(i))
-            first = first or diffs
+        if graph is None:
+            return None, [f"glue refused: {why}"]
+        call_replay_hook(twin, static)
+
+        def state(b):  # a split hook's plan too: the bound buffers say nothing of it
+            return b.graph_state(bs, runner.mode) | (plan_state(b) if split else {})
+
+        failed, first = [], None  # the numbers of the replays that differ; the first one's lines
+        for i, fb in enumerate(batches, 1):
+            inputs.load(fb, bs)
+            if split:  # the host phase, eager, as the runner runs it before each glue replay
+                glued.prepare_host_metadata(runner._replay_batch(fb, bs, inputs))
+            graph.replay()
+            call_in_graph_hook(glued, static)
+            got = _batch_defined(_snapshot(state(glued)), raw_bs)
+            call_replay_hook(twin, padded := runner.padded_batch(fb))
+            call_in_graph_hook(twin, padded)
+            want = _batch_defined(state(twin), raw_bs)
+            if diffs := diff_states(want, got, paths=("the eager hook", "the glued hook")):
+                failed.append(str(i))
+                first = first or diffs
     what = f"not glue-safe: replays {', '.join(failed)} of {len(batches)} left other state than the eager hook; first"
     return not failed, [f"{what}: {d}" for d in first or ()]
 
