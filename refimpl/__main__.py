@@ -21,7 +21,8 @@ VERDICTS = """verdicts (one row per backend x variant x mode x batch size; - = n
   cap=rep      (a) the capture path fills what the replay path fills (the state the graph reads)
   graph=eager  (b) the graph's output is eager's, and no other request's KV slot is written
   oracle       (c) eager matches a dense float64 oracle
-  ref          (d) the replayed state matches the backend's first-principles reference
+  ref          (d) the replayed state keeps the padded-row invariants (indptr from 0, never decreasing; lengths
+               >= 0) and matches the backend's first-principles reference
   glue         (e) information, not pass/fail: yes, the replay hook may run from a glue graph; no, it may not
                (it copies a spec input or reads a host value: correct unglued); - refused (e.g. a plan())
   history      (f) one sequence of replays, each right (on the largest batch size's row): A, that row's replay;

@@ -9,7 +9,9 @@ import torch
 
 from examples.paged_decode_backend import PagedDecodeBackend, PagedDecodeMetadata
 from refimpl.backends.flashinfer import FlashInferAttnBackend
+from refimpl.backends.triton import TritonAttnBackend
 from refimpl.kernels import build_kv_indices
+from refimpl.layout import PAD_REQ_SLOT
 
 
 class CaptureSkipsAFill(PagedDecodeBackend):
@@ -219,3 +221,21 @@ class SplitHostPhaseSkipped(FlashInferAttnBackend):
 
     def prepare_host_metadata(self, fb):
         pass  # the bug
+
+
+class PaddedMaskIndptrZeroed(TritonAttnBackend):
+    """Triton's verify replay marks the padded rows empty by zeroing their ``mask_indptr`` entries, as if the buffer held
+    lengths: a padded row then reads the first request's mask, every live output stays right and no kernel reads out of
+    bounds (the bounds guard sees ``kv_indptr`` only). It has no reference state (optional for a reviewer's backend,
+    and SGLang's classes have none): only the padded-row invariant (SGLang's attention test kit: each indptr starts at
+    0 and never decreases) names it."""
+
+    name = "bug_padded_mask_indptr_zeroed"
+
+    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, mode, *rest):
+        super().init_forward_metadata_replay_cuda_graph(bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, mode, *rest)
+        if mode.is_target_verify():
+            self.mask_indptr[1 : bs + 1].masked_fill_(req_pool_indices[:bs] == PAD_REQ_SLOT, 0)  # the bug
+
+    def reference_graph_state(self, fb):
+        return None

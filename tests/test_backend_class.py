@@ -165,3 +165,17 @@ def test_every_in_tree_class_can_be_passed_to_backend_class():
         assert got.load().model_kind == entry.load().model_kind, entry
     (row,) = check("refimpl.backends.torch_native:TorchNativeBackend", modes=("decode",))[:1]
     assert row.passed, row.findings
+
+
+def test_padded_rows_breaking_the_indptr_invariant_are_named():
+    """Zeroed padded ``mask_indptr`` entries: every live output right, nothing read out of bounds, no reference to
+    compare with; SGLang's kit's invariant names the buffer and the entry, on a padded batch only (raw bs 3 in the bs-4
+    graph). Unplanted, Triton's verify keeps it at both sizes."""
+    rows = {r.bs: r for r in check("broken_backends:PaddedMaskIndptrZeroed", modes=["target_verify"])}
+    assert rows[1].passed and not rows[1].findings, rows[1].findings  # bs 1: its graph has no padded row
+    bad = rows[3]
+    assert bad.capture_equals_replay and bad.graph_equals_eager and bad.matches_oracle, bad.findings  # (a)-(c)
+    assert bad.replay_matches_reference is False and len(bad.findings) == 1, bad.findings  # (d), without a reference
+    assert re.fullmatch(r"invariant: mask_indptr\[4\] = 0 < mask_indptr\[3\] = \d+: must never decrease", bad.findings[0])
+    good = run_checks(modes=["target_verify"], engine="cpu-emulator", settings=FAST, backends=["triton"], variants=["unified"])
+    assert all(r.passed and not r.findings for r in good), [r.findings for r in good]

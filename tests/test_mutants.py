@@ -124,6 +124,13 @@ MUTANTS = [
         "test_backend_class.py::test_fresh_tensor_at_replay_is_named",
     ),
     Mutant(
+        "verdict (d) without the padded-row invariants",
+        "refimpl.rig.verdicts:padded_row_invariants",
+        "    return out",
+        "    return []",
+        "test_backend_class.py::test_padded_rows_breaking_the_indptr_invariant_are_named",
+    ),
+    Mutant(
         "verdict (f) the history replays nothing",
         "refimpl.rig.verdicts:history_verdict",
         "    steps, findings = history_steps(rig, big, a), []",

@@ -4,8 +4,9 @@
     capture-then-*replay* hooks (Q) leave identical graph-read state (buffer views + frozen scalars), by buffer and index.
 (b) / (c) ``Rig.run``: a batch replayed through the graph gives the eager output and writes no KV slot but its own;
     eager output equals the dense float64 oracle.
-(d) ``capture_vs_replay`` too: after the replay hook the graph-read state equals the backend's first-principles
-    ``reference_graph_state``: a bug in a body both hooks share, invisible to (a).
+(d) ``capture_vs_replay`` too: after the replay hook the graph-read state keeps the padded-row invariants (every
+    backend) and equals the backend's first-principles ``reference_graph_state``: a bug in a body both hooks share,
+    invisible to (a).
 (e) ``glue_vs_eager``: the replay hook captured once into a metadata glue graph (``graphs.runner.capture_glue``) and
     replayed for rotated batches in turn leaves, after each, the graph-read state the eager hook leaves: the proof that
     the shape may be glued (``None``: refused, e.g. a FlashInfer ``plan()`` in the part to glue; a split hook's device
@@ -143,12 +144,35 @@ def diff_reference(state: dict[str, Any], ref: dict[str, Any], rows=None) -> lis
     return out
 
 
+def padded_row_invariants(state: dict[str, Any]) -> list[str]:
+    """Verdict (d)'s rules for every backend, reference or not (SGLang's attention test kit asserts them after every
+    replay init: ``assert_cg_metadata_well_formed``, [facts#padding]): in the state of the captured size, padded rows
+    included, each ``*indptr`` / ``cu_seqlens*`` starts at 0 and never decreases and each length (``*len*``) is >= 0.
+    A kernel loops zero times over a negative range, so no output shows a break; this names the buffer and the entry."""
+    out = []
+    for key, v in state.items():
+        name, t = key.rsplit(".", 1)[-1], torch.tensor(v, device="cpu") if type(v) is int else v
+        if not isinstance(t, torch.Tensor) or t.is_floating_point() or t.dtype == torch.bool or not t.numel():
+            continue
+        t = t.reshape(-1).to("cpu", torch.int64)
+        if name.endswith("indptr") or name.startswith("cu_seqlens"):
+            drops = (t[1:] < t[:-1]).nonzero().flatten().tolist()
+            if int(t[0]):
+                out.append(f"invariant: {key}[0] = {int(t[0])}, must be 0")
+            elif drops:
+                i = drops[0] + 1
+                out.append(f"invariant: {key}[{i}] = {int(t[i])} < {key}[{i - 1}] = {int(t[i - 1])}: must never decrease")
+        elif "len" in name and (neg := (t < 0).nonzero().flatten().tolist()):
+            out.append(f"invariant: {key}[{neg[0]}] = {int(t[neg[0]])}: a length, must be >= 0")
+    return out
+
+
 def capture_vs_replay(
     new_backend: Callable[[], Any], runner: GraphRunner, fb: ForwardBatch
 ) -> tuple[list[str], list[str] | None]:
     """Verdicts (a) and (d) for one batch: P (capture hook fed the batch) vs Q (capture, then replay); Q's state against
-    its reference (None when the backend gives none). Backends that rebuild metadata inside the graph get their in-graph
-    hook after the last out-of-graph one."""
+    the padded-row invariants and its reference (None when the backend gives none and the invariants hold). Backends
+    that rebuild metadata inside the graph get their in-graph hook after the last out-of-graph one."""
     padded = runner.padded_batch(fb)
     live_p = _batch_defined(_snapshot(state_after(new_backend, runner, padded, replay=False)[1]), fb.batch_size)  # before Q
     q, state_q = state_after(new_backend, runner, padded, replay=True)
@@ -159,7 +183,8 @@ def capture_vs_replay(
     if diffs:  # which of them the replay path kept from the capture batch (Q's first step, on a fresh backend)
         kept = _snapshot(state_after(new_backend, runner, runner.capture_batch(padded.batch_size), replay=False)[1])
         diffs = diff_states(live_p, live_q, rows=rows, stale=kept)
-    return diffs, None if ref is None else diff_reference(state_q, ref, rows=rows)
+    found = padded_row_invariants(state_q) + ([] if ref is None else diff_reference(state_q, ref, rows=rows))
+    return diffs, found or (None if ref is None else [])
 
 
 def _batch_defined(state, raw_bs):
