@@ -9,7 +9,7 @@ import torch
 
 from examples.paged_decode_backend import PagedDecodeBackend, PagedDecodeMetadata
 from refimpl.backends.flashinfer import FlashInferAttnBackend
-from refimpl.backends.triton import TritonAttnBackend
+from refimpl.backends.triton import TritonAttnBackend, TritonMultiStepDraftBackend
 from refimpl.kernels import build_kv_indices
 from refimpl.layout import PAD_REQ_SLOT
 
@@ -239,3 +239,19 @@ class PaddedMaskIndptrZeroed(TritonAttnBackend):
 
     def reference_graph_state(self, fb):
         return None
+
+
+class MultiStepSkipsSplitsDraft(TritonMultiStepDraftBackend):
+    """The multi-step replay regenerates every step's indices but skips ``get_num_kv_splits``: the shared split buffer
+    keeps the ``max_kv_splits`` it was filled with, so every step splits each row as far as it may. Outputs stay right
+    (only the reduction's grouping changes: slower, not wrong); verdict (d) names the buffer."""
+
+    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, *rest):
+        self._common_template(bs, req_pool_indices, seq_lens, rest[3])  # the indices ... and no split counts
+
+
+class MultiStepSkipsSplits(TritonAttnBackend):
+    """Triton's unified step backend, its multi-step wrapper the one above (what ``--backend-class`` loads)."""
+
+    name = "bug_multi_step_skips_splits"
+    multi_step_class = "broken_backends:MultiStepSkipsSplitsDraft"

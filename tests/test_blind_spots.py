@@ -5,7 +5,8 @@ the keys, never the result, so computing them with half ``max_kv_splits`` passed
 comparison. And a runner that stops resetting its padded rows passes every test that replays a
 padded batch into freshly captured buffers: the bug shows only when a full batch came first and
 left its rows behind. Each check below is a function returning the problems it finds, so the
-planted-bug tests at the bottom can show that it does find them.
+planted-bug tests at the bottom can show that it does find them. A multi-step replay that skips its split counts
+entirely is named by verdict (d) (the last test).
 """
 
 from __future__ import annotations
@@ -273,3 +274,27 @@ def test_findings_name_rows_columns_padded_rows_and_nan_rows():
     findings: list[str] = []
     assert not close(out, ref, dict(rtol=1e-4, atol=1e-4), "graph vs eager", findings)
     assert findings == ["graph vs eager: max abs difference 1 (rtol 0.0001, atol 0.0001); rows 1 differ; NaN in rows 3"]
+
+
+def test_a_multi_step_replay_that_skips_its_split_counts_is_named():
+    """Invisible in every output: the multi-step replay regenerates the indices but never calls ``get_num_kv_splits``,
+    so the shared buffer keeps ``max_kv_splits`` (the split count groups the keys of one reduction: right, slower).
+    (a)-(c) pass; (d) names each step's ``num_kv_splits`` at every size, the padded row too."""
+    from refimpl.backends import load_backend_class
+    from refimpl.check import CheckSettings, run_checks
+
+    settings = CheckSettings(capture_bs=(1, 4), raw_bs=(1, 3), max_context_len=32, num_slots=None, history=False)
+    rows = run_checks(
+        modes=["draft_decode"],
+        engine="cpu-emulator",
+        settings=settings,
+        entries=[load_backend_class("broken_backends:MultiStepSkipsSplits")],
+    )
+    assert [r.bs for r in rows] == [1, 3]
+    for r in rows:
+        assert r.capture_equals_replay and r.graph_equals_eager and r.matches_oracle, r.findings  # the output: fine
+        assert r.replay_matches_reference is False
+        assert [f.split(":")[:2] for f in r.findings] == [
+            ["reference", " step0.num_kv_splits"],
+            ["reference", " step1.num_kv_splits"],
+        ]
