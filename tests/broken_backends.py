@@ -255,3 +255,15 @@ class MultiStepSkipsSplits(TritonAttnBackend):
 
     name = "bug_multi_step_skips_splits"
     multi_step_class = "broken_backends:MultiStepSkipsSplitsDraft"
+
+
+class PlanOverCapacity(FlashInferAttnBackend):
+    """Its verify and draft-extend plans take the request count from the host mirror's length (``seq_lens_cpu.numel()``)
+    instead of ``bs``: right through views of the bucket (refimpl's runner, SGLang's after PR #36913); through SGLang
+    0.5.23's draft-extend views, whose ``seq_lens_cpu`` keeps the buffer's full capacity, it plans rows past the
+    bucket."""
+
+    name = "bug_plan_over_capacity"
+
+    def _plan_prefill(self, bs, seq_lens_cpu, *rest, **kw):
+        super()._plan_prefill(seq_lens_cpu.numel(), seq_lens_cpu, *rest, **kw)  # the bug

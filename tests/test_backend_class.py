@@ -179,3 +179,16 @@ def test_padded_rows_breaking_the_indptr_invariant_are_named():
     assert re.fullmatch(r"invariant: mask_indptr\[4\] = 0 < mask_indptr\[3\] = \d+: must never decrease", bad.findings[0])
     good = run_checks(modes=["target_verify"], engine="cpu-emulator", settings=FAST, backends=["triton"], variants=["unified"])
     assert all(r.passed and not r.findings for r in good), [r.findings for r in good]
+
+
+def test_a_plan_sized_by_the_host_mirror_fails_under_max_capacity_views():
+    """SGLang 0.5.23's draft-extend views keep ``seq_lens_cpu`` at full capacity (PR #36913): a plan sized by the mirror's
+    length instead of ``bs`` plans rows past the bucket. refimpl's own runner hands views of the bucket, so (b)-(d)
+    pass; (a) replays through both and names it where the bucket is smaller than the capacity (bs 1 of 4)."""
+    for mode in ("target_verify", "draft_extend_v2"):
+        rows = {r.bs: r for r in check("broken_backends:PlanOverCapacity", modes=[mode])}
+        assert rows[3].passed and not rows[3].findings, rows[3].findings  # the bs-4 bucket is the capacity
+        bad = rows[1]
+        assert bad.graph_equals_eager and bad.matches_oracle and bad.replay_matches_reference, bad.findings
+        assert bad.capture_equals_replay is False and len(bad.findings) == 1, bad.findings
+        assert bad.findings[0].startswith("max-capacity views (SGLang #36913): the batch raised ValueError: batch_size=4")

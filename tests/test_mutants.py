@@ -124,6 +124,13 @@ MUTANTS = [
         "test_backend_class.py::test_fresh_tensor_at_replay_is_named",
     ),
     Mutant(
+        "verdict (a) without the max-capacity views",
+        "refimpl.rig.verdicts:max_capacity_views",
+        "    try:\n        a, b = state(exact), state(full)",
+        "    try:\n        a = b = state(exact)",
+        "test_backend_class.py::test_a_plan_sized_by_the_host_mirror_fails_under_max_capacity_views",
+    ),
+    Mutant(
         "verdict (d) without the padded-row invariants",
         "refimpl.rig.verdicts:padded_row_invariants",
         "    return out",

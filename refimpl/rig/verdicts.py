@@ -1,7 +1,8 @@
 """The verdicts, in one place: what the checker, the fuzzer, the bench and the review tools conclude from a rig.
 
 (a) ``capture_vs_replay``: fed the same padded batch, a fresh backend's *capture* hook (P) and another's
-    capture-then-*replay* hooks (Q) leave identical graph-read state (buffer views + frozen scalars), by buffer and index.
+    capture-then-*replay* hooks (Q) leave identical graph-read state (buffer views + frozen scalars), by buffer and index;
+    a verify or draft-extend replay leaves the same through SGLang 0.5.23's max-capacity views (``max_capacity_views``).
 (b) / (c) ``Rig.run``: a batch replayed through the graph gives the eager output and writes no KV slot but its own;
     eager output equals the dense float64 oracle.
 (d) ``capture_vs_replay`` too: after the replay hook the graph-read state keeps the padded-row invariants (every
@@ -167,6 +168,29 @@ def padded_row_invariants(state: dict[str, Any]) -> list[str]:
     return out
 
 
+def max_capacity_views(new_backend: Callable[[], Any], runner: GraphRunner, fb: ForwardBatch) -> list[str]:
+    """SGLang 0.5.23's draft-extend replay (open PR #36913): the views it hands a backend report the bucket as
+    ``batch_size`` but keep ``req_pool_indices``, ``seq_lens`` and ``seq_lens_cpu`` at the buffers' full capacity (rows
+    past the bucket: at rest here). A hook that slices by ``bs`` leaves the same state (a plan included) through them
+    as through views of the bucket; one that reads a tensor's length may not. The two states' differences, named."""
+    bs = runner.pick_bs(fb.batch_size)
+    inputs = runner.inputs.at_rest(runner.max_bs)  # the runner's capacity, rows past bs at rest
+    inputs.load(fb, bs)
+    exact = runner._replay_batch(fb, bs, inputs)
+    full = exact.replace(req_pool_indices=inputs.req_pool_indices, seq_lens=inputs.seq_lens, seq_lens_cpu=inputs.seq_lens_cpu)
+    from ..flashinfer_wrappers import plan_state
+
+    def state(batch):  # the graph-read state and a FlashInfer plan's
+        b, graph_read = state_after(new_backend, runner, batch, replay=True)
+        return _batch_defined(_snapshot(graph_read | plan_state(b)), fb.batch_size)
+
+    try:
+        a, b = state(exact), state(full)
+    except Exception as e:  # noqa: BLE001 - the hook fails on full-capacity views: a finding
+        return [f"max-capacity views (SGLang #36913): {raised(e)}"]
+    return [f"max-capacity views (SGLang #36913): {d}" for d in diff_states(a, b, paths=("bucket views", "max-capacity views"))]
+
+
 def capture_vs_replay(
     new_backend: Callable[[], Any], runner: GraphRunner, fb: ForwardBatch
 ) -> tuple[list[str], list[str] | None]:
@@ -183,6 +207,8 @@ def capture_vs_replay(
     if diffs:  # which of them the replay path kept from the capture batch (Q's first step, on a fresh backend)
         kept = _snapshot(state_after(new_backend, runner, runner.capture_batch(padded.batch_size), replay=False)[1])
         diffs = diff_states(live_p, live_q, rows=rows, stale=kept)
+    if padded.forward_mode.is_target_verify() or padded.forward_mode.is_any_draft_extend():
+        diffs += max_capacity_views(new_backend, runner, fb)
     found = padded_row_invariants(state_q) + ([] if ref is None else diff_reference(state_q, ref, rows=rows))
     return diffs, found or (None if ref is None else [])
 
