@@ -225,10 +225,10 @@ class SplitHostPhaseSkipped(FlashInferAttnBackend):
 
 class PaddedMaskIndptrZeroed(TritonAttnBackend):
     """Triton's verify replay marks the padded rows empty by zeroing their ``mask_indptr`` entries, as if the buffer held
-    lengths: a padded row then reads the first request's mask, every live output stays right and no kernel reads out of
-    bounds (the bounds guard sees ``kv_indptr`` only). It has no reference state (optional for a reviewer's backend,
-    and SGLang's classes have none): only the padded-row invariant (SGLang's attention test kit: each indptr starts at
-    0 and never decreases) names it."""
+    lengths: a padded row's range then ends at 0, below its start. The kernel reads only each row's start, so every live
+    output stays right and nothing is read out of bounds (the bounds guard sees ``kv_indptr`` only). It has no reference
+    state (optional for a reviewer's backend, and SGLang's classes have none): only the padded-row invariant (each
+    indptr starts at 0 and never decreases) names it."""
 
     name = "bug_padded_mask_indptr_zeroed"
 
@@ -259,9 +259,9 @@ class MultiStepSkipsSplits(TritonAttnBackend):
 
 class PlanOverCapacity(FlashInferAttnBackend):
     """Its verify and draft-extend plans take the request count from the host mirror's length (``seq_lens_cpu.numel()``)
-    instead of ``bs``: right through views of the bucket (refimpl's runner, SGLang's after PR #36913); through SGLang
-    0.5.23's draft-extend views, whose ``seq_lens_cpu`` keeps the buffer's full capacity, it plans rows past the
-    bucket."""
+    instead of ``bs``: right through views of the bucket (refimpl's runner; SGLang 0.5.23's for verify, and for draft
+    extend after PR #36913); through SGLang 0.5.23's draft-extend views, whose ``seq_lens_cpu`` keeps the buffer's full
+    capacity, it plans rows past the bucket."""
 
     name = "bug_plan_over_capacity"
 

@@ -184,8 +184,11 @@ def test_padded_rows_breaking_the_indptr_invariant_are_named():
 def test_a_plan_sized_by_the_host_mirror_fails_under_max_capacity_views():
     """SGLang 0.5.23's draft-extend views keep ``seq_lens_cpu`` at full capacity (PR #36913): a plan sized by the mirror's
     length instead of ``bs`` plans rows past the bucket. refimpl's own runner hands views of the bucket, so (b)-(d)
-    pass; (a) replays through both and names it where the bucket is smaller than the capacity (bs 1 of 4)."""
-    for mode in ("target_verify", "draft_extend_v2"):
+    pass; (a) replays through both and names it where the bucket is smaller than the capacity (bs 1 of 4). Verify,
+    which SGLang 0.5.23 hands views of the bucket, passes."""
+    rows = check("broken_backends:PlanOverCapacity", modes=["target_verify"])
+    assert all(r.passed and not r.findings for r in rows), [r.findings for r in rows]
+    for mode in ("draft_extend", "draft_extend_v2"):
         rows = {r.bs: r for r in check("broken_backends:PlanOverCapacity", modes=[mode])}
         assert rows[3].passed and not rows[3].findings, rows[3].findings  # the bs-4 bucket is the capacity
         bad = rows[1]

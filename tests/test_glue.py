@@ -1,6 +1,8 @@
 """The metadata glue graph (issue 16): the runner replays a backend's replay hook from a small graph of its own, and the
 checker's verdict (e) proves which shapes may be glued, naming the frozen buffer of those that may not."""
 
+from unittest import mock
+
 import pytest
 import torch
 from helpers import CAPTURE_BS, gate
@@ -120,6 +122,36 @@ def test_glued_flashinfer_runner_plans_eagerly_and_matches_eager(name, case):
 def test_planted_split_that_skips_its_host_phase_fails_the_glue_verdict_naming_the_plan():
     ok, findings = glue_verdict(load_backend_class("broken_backends:SplitHostPhaseSkipped"), "decode", CPUEmulatorEngine(), FAST)
     assert ok is False and any(f.split("; first: ", 1)[1].startswith("plan[") for f in findings), findings
+
+
+def test_a_hook_whose_first_warm_up_launches_other_work_than_its_capture_is_refused():
+    """vLLM PR #42444's class (a lazily run plan: the warm-up ran it, the capture recorded the "already planned" branch,
+    no replay planned again): these hooks rebuild only when the size changes, so the glue capture's first warm-up
+    launches work its capture does not record. Verdict (e) refuses them, naming the ops; the correct hooks above glue."""
+    for name in ("RefreshOnlyWhenSizeChanges", "IndptrOnlyWhenSizeChanges"):
+        ok, findings = glue_verdict(load_backend_class(f"broken_backends:{name}"), "decode", CPUEmulatorEngine(), FAST)
+        assert ok is None and findings, findings
+        for f in findings:
+            assert (
+                f.startswith("glue refused: capture order: ")
+                and "aten.cumsum.default x1 in the first warm-up, not in the graph" in f
+            )
+
+
+def test_a_skipped_host_phase_is_named_by_its_plan_inputs_alone():
+    """Real FlashInfer wrappers in CUDA-graph mode keep a plan info of offsets fixed by the batch size and no planned
+    lengths (the H200 gate at d9938fa passed the skipped host phase on them): with only the recorded plan inputs left
+    to compare, verdict (e) still names the plan."""
+    import refimpl.flashinfer_wrappers as fw
+
+    full = fw.plan_state
+    inputs_only = lambda b: {k: v for k, v in full(b).items() if not k.endswith((".info", "_len"))}  # noqa: E731
+    with mock.patch.object(fw, "plan_state", inputs_only):  # (no fixture: the mutant list calls this test too)
+        ok, findings = glue_verdict(
+            load_backend_class("broken_backends:SplitHostPhaseSkipped"), "decode", CPUEmulatorEngine(), FAST
+        )
+    assert ok is False and findings, findings
+    assert all(f.split("; first: ", 1)[1].startswith(("plan[0].plan:", "plan[0].module.plan")) for f in findings), findings
 
 
 def test_planted_split_reading_a_host_array_passes_four_verdicts_and_fails_the_glue_verdict_naming_the_buffer():

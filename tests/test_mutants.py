@@ -19,6 +19,7 @@ import test_bad_inputs
 import test_blind_spots
 import test_checker
 import test_emulator
+import test_glue
 import test_history
 import torch
 from helpers import gate
@@ -79,6 +80,18 @@ CATCHING = {
     "test_history.py::test_the_history_replays_every_captured_graph": (
         test_history.test_the_history_replays_every_captured_graph
     ),
+    "test_backend_class.py::test_padded_rows_breaking_the_indptr_invariant_are_named": (
+        test_backend_class.test_padded_rows_breaking_the_indptr_invariant_are_named
+    ),
+    "test_backend_class.py::test_a_plan_sized_by_the_host_mirror_fails_under_max_capacity_views": (
+        test_backend_class.test_a_plan_sized_by_the_host_mirror_fails_under_max_capacity_views
+    ),
+    "test_glue.py::test_a_hook_whose_first_warm_up_launches_other_work_than_its_capture_is_refused": (
+        test_glue.test_a_hook_whose_first_warm_up_launches_other_work_than_its_capture_is_refused
+    ),
+    "test_glue.py::test_a_skipped_host_phase_is_named_by_its_plan_inputs_alone": (
+        test_glue.test_a_skipped_host_phase_is_named_by_its_plan_inputs_alone
+    ),
     **{
         f"test_history.py::test_each_history_step_is_the_first_to_catch_the_bug_it_exists_for[{bug}]": (
             lambda bug=bug, step=step: test_history.test_each_history_step_is_the_first_to_catch_the_bug_it_exists_for(bug, step)
@@ -129,6 +142,20 @@ MUTANTS = [
         "    try:\n        a, b = state(exact), state(full)",
         "    try:\n        a = b = state(exact)",
         "test_backend_class.py::test_a_plan_sized_by_the_host_mirror_fails_under_max_capacity_views",
+    ),
+    Mutant(
+        "verdict (e) without the capture order",
+        "refimpl.graphs.runner:capture_glue",
+        "if first is not None and (lost",
+        "if False and (lost",
+        "test_glue.py::test_a_hook_whose_first_warm_up_launches_other_work_than_its_capture_is_refused",
+    ),
+    Mutant(
+        "verdict (e) without the plans' recorded inputs",
+        "refimpl.flashinfer_wrappers:_counted",
+        'w.__dict__.setdefault("_planned_from", {})[name] = _int_inputs(args, kw)',
+        "pass",
+        "test_glue.py::test_a_skipped_host_phase_is_named_by_its_plan_inputs_alone",
     ),
     Mutant(
         "verdict (d) without the padded-row invariants",
@@ -286,9 +313,10 @@ def test_mutant_is_caught(mutant: Mutant, monkeypatch):
     if mutant.cpu_only and torch.cuda.is_available():
         pytest.skip(mutant.cpu_only)
     monkeypatch.setattr(test_bad_inputs, "_SETUPS", {})  # runners of their own: a mutant may let a bad batch write
+    catching = _catching(mutant)  # (a catching test missing from CATCHING fails here, not inside the raises)
     mutant.apply(monkeypatch)
     with pytest.raises((Exception, pytest.fail.Exception)):  # a failed assert, "DID NOT RAISE", or a crash
-        _catching(mutant)()
+        catching()
 
 
 def test_docs_lists_every_mutant():

@@ -117,6 +117,8 @@ def plan_state(backend) -> dict[str, torch.Tensor]:
     nothing of the plan."""
     out = {}
     for i, w in enumerate(_wrappers(backend, set())):
+        for name, inputs in w.__dict__.get("_planned_from", {}).items():
+            out[f"plan[{i}].{name}"] = inputs
         if (info := getattr(w, "_plan_info", None)) is None:
             continue
         try:
@@ -125,8 +127,6 @@ def plan_state(backend) -> dict[str, torch.Tensor]:
             continue
         if is_standin(w):
             out[f"plan[{i}].q_len"], out[f"plan[{i}].kv_len"] = (t.cpu() for t in read_partition(w))
-        for name, inputs in w.__dict__.get("_planned_from", {}).items():
-            out[f"plan[{i}].{name}"] = inputs
     return out
 
 

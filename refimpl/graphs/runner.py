@@ -22,6 +22,7 @@ host phase (the plan) eagerly before each glue replay; the glue graph holds its 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import gc
 import operator
 import time
@@ -43,6 +44,7 @@ from ..spec import dummy_spec_input
 from ..validate import BatchRefused, check_batch, check_capture_config, refused_categories, validate_batch
 from .engine import GraphCaptureError, GraphEngine, GraphReplayError
 from .inputs import StaticInputs
+from .recorder import record_ops
 
 
 @dataclass
@@ -87,12 +89,19 @@ def capture_glue(engine: GraphEngine, backend, fb: ForwardBatch, warmups: int, r
     split in two (``splits_hook``) has its host phase run (as before every glued replay) and only its device phase
     captured. ``refusal(run)``: why the part to glue may not be, given a callable that runs it once (the checker's
     verdict (e) counts the plans it makes); default: the backend's ``glue_refusal`` for a whole hook, none for a device
-    phase."""
-    for _ in range(warmups):
-        call_replay_hook(backend, fb)
-    if split := backend.splits_hook(fb.forward_mode):
-        backend.prepare_host_metadata(fb)
+    phase. The capture order: the part to glue launches in the graph what it launched in the first warm-up (a step it
+    ran only then, say a lazy plan, vLLM #42444, would never replay)."""
+    split = backend.splits_hook(fb.forward_mode)
     glued = (lambda: backend.apply_device_metadata(fb)) if split else (lambda: call_replay_hook(backend, fb))
+    first = None
+    for _ in range(warmups):  # each the whole replay hook: a split one's host phase, then the part to glue
+        if split:
+            backend.prepare_host_metadata(fb)
+        with record_ops(None, refuse=False) if first is None else contextlib.nullcontext() as rec:
+            glued()
+        first = first if rec is None else Counter(name for name, launches in rec.names if launches)
+    if split:
+        backend.prepare_host_metadata(fb)
     if why := refusal(glued) if refusal else None if split else backend.glue_refusal(fb.forward_mode):
         return None, why
     graph = engine.new_graph()
@@ -102,6 +111,10 @@ def capture_glue(engine: GraphEngine, backend, fb: ForwardBatch, warmups: int, r
             graph.capture(glued)
     except GraphCaptureError as e:
         return None, f"the replay hook cannot be captured: {e}"
+    if first is not None and (lost := first - graph.kernels()) | (extra := graph.kernels() - first):
+        what = [f"{n} x{k} in the first warm-up, not in the graph" for n, k in lost.items()]
+        what += [f"{n} x{k} in the graph, not in the first warm-up" for n, k in extra.items()]
+        return None, f"capture order: the hook launched other work in its first warm-up than in its capture: {'; '.join(what)}"
     return graph, None
 
 

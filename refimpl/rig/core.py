@@ -8,6 +8,7 @@ notebooks are its clients. Beside it lives what their verdicts share: tolerances
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -160,21 +161,27 @@ def poison_value(t: torch.Tensor, high: bool = False):
     return torch.iinfo(t.dtype).max if high else -1
 
 
-def state_after(new_backend: Callable[[], Any], runner: GraphRunner, padded: ForwardBatch, replay: bool, poisoned=False):
+def state_after(
+    new_backend: Callable[[], Any], runner: GraphRunner, padded: ForwardBatch, replay: bool, poisoned=False, plans=False
+):
     """``(backend, graph_state)`` of a fresh backend fed ``padded`` as a graph would see it: through the capture hook
     (``replay=False``), or through the capture hook on the runner's capture batch and then the replay hook
     (``replay=True``, what a replay does). Backends that rebuild metadata inside the graph get their in-graph hook after
     the last out-of-graph one. ``poisoned``: every graph buffer poisoned first (``poison_value``): what still holds the
-    poison the hooks never wrote (an index buffer gets its dtype's largest value, not the -1 a block table starts at)."""
+    poison the hooks never wrote (an index buffer gets its dtype's largest value, not the -1 a block table starts at).
+    ``plans``: the replay hook's FlashInfer plans too (``flashinfer_wrappers.plan_state``, their inputs recorded)."""
+    from ..flashinfer_wrappers import count_plans, plan_state
+
     b, bs = new_backend(), padded.batch_size
     b.init_cuda_graph_state(runner.max_bs, runner.max_num_tokens)
     for _, buf in graph_buffers(b) if poisoned else ():
         buf.fill_(poison_value(buf, high=True))  # not -1: a block table starts at -1
     call_capture_hook(b, runner.capture_batch(bs) if replay else padded)
     if replay:
-        call_replay_hook(b, padded)
+        with count_plans(b) if plans else contextlib.nullcontext():
+            call_replay_hook(b, padded)
     call_in_graph_hook(b, padded)  # what a graph's own metadata nodes would do first
-    return b, b.graph_state(bs, runner.mode)
+    return b, b.graph_state(bs, runner.mode) | (plan_state(b) if plans else {})
 
 
 def graph_buffers(backend) -> list[tuple[str, torch.Tensor]]:

@@ -2,7 +2,7 @@
 
 (a) ``capture_vs_replay``: fed the same padded batch, a fresh backend's *capture* hook (P) and another's
     capture-then-*replay* hooks (Q) leave identical graph-read state (buffer views + frozen scalars), by buffer and index;
-    a verify or draft-extend replay leaves the same through SGLang 0.5.23's max-capacity views (``max_capacity_views``).
+    a draft-extend replay leaves the same through SGLang 0.5.23's max-capacity views (``max_capacity_views``).
 (b) / (c) ``Rig.run``: a batch replayed through the graph gives the eager output and writes no KV slot but its own;
     eager output equals the dense float64 oracle.
 (d) ``capture_vs_replay`` too: after the replay hook the graph-read state keeps the padded-row invariants (every
@@ -145,44 +145,47 @@ def diff_reference(state: dict[str, Any], ref: dict[str, Any], rows=None) -> lis
     return out
 
 
-def padded_row_invariants(state: dict[str, Any]) -> list[str]:
-    """Verdict (d)'s rules for every backend, reference or not (SGLang's attention test kit asserts them after every
-    replay init: ``assert_cg_metadata_well_formed``, [facts#padding]): in the state of the captured size, padded rows
-    included, each ``*indptr`` / ``cu_seqlens*`` starts at 0 and never decreases and each length (``*len*``) is >= 0.
-    A kernel loops zero times over a negative range, so no output shows a break; this names the buffer and the entry."""
+def padded_row_invariants(state: dict[str, Any], rows: int) -> list[str]:
+    """Verdict (d)'s rules for every backend, reference or not, over the first ``rows`` rows of the captured size (padded
+    rows included): each CSR pointer (``*indptr``, ``*cu_seqlens*``) starts at 0 and never decreases over its first
+    ``rows + 1`` entries, each length (a name holding ``len`` or ``seqused``) is >= 0 over its first ``rows``. A kernel
+    loops zero times over a negative range, so no output shows a break; this names the buffer and the entry. SGLang
+    0.5.23's attention test kit asserts the same after each decode replay init (``assert_cg_metadata_well_formed``, over
+    its own list of field names: [facts#padding])."""
     out = []
     for key, v in state.items():
         name, t = key.rsplit(".", 1)[-1], torch.tensor(v, device="cpu") if type(v) is int else v
         if not isinstance(t, torch.Tensor) or t.is_floating_point() or t.dtype == torch.bool or not t.numel():
             continue
         t = t.reshape(-1).to("cpu", torch.int64)
-        if name.endswith("indptr") or name.startswith("cu_seqlens"):
+        if name.endswith("indptr") or "cu_seqlens" in name:
+            t = t[: rows + 1]
             drops = (t[1:] < t[:-1]).nonzero().flatten().tolist()
             if int(t[0]):
                 out.append(f"invariant: {key}[0] = {int(t[0])}, must be 0")
             elif drops:
                 i = drops[0] + 1
                 out.append(f"invariant: {key}[{i}] = {int(t[i])} < {key}[{i - 1}] = {int(t[i - 1])}: must never decrease")
-        elif "len" in name and (neg := (t < 0).nonzero().flatten().tolist()):
+        elif ("len" in name or "seqused" in name) and (neg := (t[:rows] < 0).nonzero().flatten().tolist()):
             out.append(f"invariant: {key}[{neg[0]}] = {int(t[neg[0]])}: a length, must be >= 0")
     return out
 
 
 def max_capacity_views(new_backend: Callable[[], Any], runner: GraphRunner, fb: ForwardBatch) -> list[str]:
-    """SGLang 0.5.23's draft-extend replay (open PR #36913): the views it hands a backend report the bucket as
-    ``batch_size`` but keep ``req_pool_indices``, ``seq_lens`` and ``seq_lens_cpu`` at the buffers' full capacity (rows
-    past the bucket: at rest here). A hook that slices by ``bs`` leaves the same state (a plan included) through them
-    as through views of the bucket; one that reads a tensor's length may not. The two states' differences, named."""
+    """SGLang 0.5.23's draft-extend replay (``eagle_draft_extend_cuda_graph_runner``; open PR #36913): the views it hands
+    a backend report the bucket as ``batch_size`` but keep ``req_pool_indices``, ``seq_lens`` and ``seq_lens_cpu`` at
+    the buffers' full capacity (its decode and verify runner slices them to the bucket). A hook that slices by ``bs``
+    leaves the same state (its FlashInfer plans included) through them as through views of the bucket; one that takes a
+    count from a tensor's length may not. Rows past the bucket are at rest here (SGLang's may hold an earlier batch's).
+    The two states' differences, named."""
     bs = runner.pick_bs(fb.batch_size)
     inputs = runner.inputs.at_rest(runner.max_bs)  # the runner's capacity, rows past bs at rest
     inputs.load(fb, bs)
     exact = runner._replay_batch(fb, bs, inputs)
     full = exact.replace(req_pool_indices=inputs.req_pool_indices, seq_lens=inputs.seq_lens, seq_lens_cpu=inputs.seq_lens_cpu)
-    from ..flashinfer_wrappers import plan_state
 
-    def state(batch):  # the graph-read state and a FlashInfer plan's
-        b, graph_read = state_after(new_backend, runner, batch, replay=True)
-        return _batch_defined(_snapshot(graph_read | plan_state(b)), fb.batch_size)
+    def state(batch):  # the graph-read state and the replay hook's plans
+        return _batch_defined(_snapshot(state_after(new_backend, runner, batch, replay=True, plans=True)[1]), fb.batch_size)
 
     try:
         a, b = state(exact), state(full)
@@ -207,9 +210,11 @@ def capture_vs_replay(
     if diffs:  # which of them the replay path kept from the capture batch (Q's first step, on a fresh backend)
         kept = _snapshot(state_after(new_backend, runner, runner.capture_batch(padded.batch_size), replay=False)[1])
         diffs = diff_states(live_p, live_q, rows=rows, stale=kept)
-    if padded.forward_mode.is_target_verify() or padded.forward_mode.is_any_draft_extend():
+    if padded.forward_mode.is_any_draft_extend():
         diffs += max_capacity_views(new_backend, runner, fb)
-    found = padded_row_invariants(state_q) + ([] if ref is None else diff_reference(state_q, ref, rows=rows))
+    per_request = runner.spec_cfg.topk if runner.kind.multi_step else 1  # multi-step draft decode: a row per branch
+    found = padded_row_invariants(state_q, padded.batch_size * per_request)
+    found += [] if ref is None else diff_reference(state_q, ref, rows=rows)
     return diffs, found or (None if ref is None else [])
 
 
