@@ -18,8 +18,8 @@ from .backends import REGISTRY, load_backend_class
 from .layout import KINDS
 
 VERDICTS = """verdicts (one row per backend x variant x mode x batch size; - = not asked):
-  cap=rep      (a) the capture path fills what the replay path fills (the state the graph reads); verify and draft
-               extend also through SGLang 0.5.23's max-capacity views (PR #36913)
+  cap=rep      (a) the capture path fills what the replay path fills (the state the graph reads); draft extend
+               also through SGLang 0.5.23's max-capacity views (PR #36913)
   graph=eager  (b) the graph's output is eager's, and no other request's KV slot is written
   oracle       (c) eager matches a dense float64 oracle
   ref          (d) the replayed state keeps the padded-row invariants (indptr from 0, never decreasing; lengths

@@ -267,3 +267,21 @@ class PlanOverCapacity(FlashInferAttnBackend):
 
     def _plan_prefill(self, bs, seq_lens_cpu, *rest, **kw):
         super()._plan_prefill(seq_lens_cpu.numel(), seq_lens_cpu, *rest, **kw)  # the bug
+
+
+class CachesAConstant(PagedDecodeBackend):
+    """Not a bug: the control for the capture order. The replay hook makes a constant on its first call and reuses it
+    (a fresh tensor, nothing it wrote before), and its capture hook does not run the replay body, so the glue capture's
+    first warm-up makes the constant and its capture does not; both write the same buffers."""
+
+    name = "control_caches_a_constant"
+
+    def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens, *rest):
+        self.forward_metadata = PagedDecodeMetadata(
+            self.cuda_graph_kv_indptr[: bs + 1], self.cuda_graph_kv_indices, self.world.max_context_len
+        )
+
+    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, *rest):
+        if getattr(self, "_ones", None) is None:  # made once, then read
+            self._ones = torch.ones(self.cuda_graph_kv_indptr.numel() - 1, dtype=torch.int32, device=self.device)
+        super().init_forward_metadata_replay_cuda_graph(bs, req_pool_indices, seq_lens * self._ones[: seq_lens.numel()], *rest)

@@ -994,8 +994,14 @@ def test_plan_state_tells_two_plans_apart_when_the_plan_info_does_not():
         def plan(self, indptr, workspace, scale=1.0):
             self._plan_info = self._cached_module.plan(workspace, indptr.to("cpu"), len(indptr) - 1, scale)
 
-    def planned(indptr):
-        backend = SimpleNamespace(wrapper=Wrapper())
+    class KeepsNoInfo(Wrapper):  # a plan info that is not kept (or not a list of ints): the inputs still compare
+        __module__ = "flashinfer.decode"
+
+        def plan(self, indptr, workspace, scale=1.0):
+            self._cached_module.plan(workspace, indptr.to("cpu"), len(indptr) - 1, scale)
+
+    def planned(indptr, cls=Wrapper):
+        backend = SimpleNamespace(wrapper=cls())
         with count_plans(backend):
             backend.wrapper.plan(
                 torch.tensor(indptr, dtype=torch.int32, device="cpu"), torch.zeros(8, dtype=torch.uint8, device="cpu")
@@ -1006,3 +1012,5 @@ def test_plan_state_tells_two_plans_apart_when_the_plan_info_does_not():
     assert torch.equal(a["plan[0].info"], b["plan[0].info"])
     assert a["plan[0].plan"].tolist() == [0, 5, 9] and a["plan[0].module.plan"].tolist() == [0, 5, 9, 2]
     assert not torch.equal(a["plan[0].plan"], b["plan[0].plan"])
+    c = planned([0, 5, 9], KeepsNoInfo)
+    assert "plan[0].info" not in c and torch.equal(c["plan[0].plan"], a["plan[0].plan"])

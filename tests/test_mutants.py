@@ -86,8 +86,8 @@ CATCHING = {
     "test_backend_class.py::test_a_plan_sized_by_the_host_mirror_fails_under_max_capacity_views": (
         test_backend_class.test_a_plan_sized_by_the_host_mirror_fails_under_max_capacity_views
     ),
-    "test_glue.py::test_a_hook_whose_first_warm_up_launches_other_work_than_its_capture_is_refused": (
-        test_glue.test_a_hook_whose_first_warm_up_launches_other_work_than_its_capture_is_refused
+    "test_glue.py::test_a_hook_whose_first_warm_up_writes_otherwise_than_its_capture_is_refused": (
+        test_glue.test_a_hook_whose_first_warm_up_writes_otherwise_than_its_capture_is_refused
     ),
     "test_glue.py::test_a_skipped_host_phase_is_named_by_its_plan_inputs_alone": (
         test_glue.test_a_skipped_host_phase_is_named_by_its_plan_inputs_alone
@@ -148,7 +148,7 @@ MUTANTS = [
         "refimpl.graphs.runner:capture_glue",
         "if first is not None and (lost",
         "if False and (lost",
-        "test_glue.py::test_a_hook_whose_first_warm_up_launches_other_work_than_its_capture_is_refused",
+        "test_glue.py::test_a_hook_whose_first_warm_up_writes_otherwise_than_its_capture_is_refused",
     ),
     Mutant(
         "verdict (e) without the plans' recorded inputs",

@@ -14,7 +14,8 @@ After each step graph, the replay hook fed the static inputs is captured into a 
 (``capture_glue``), which ``replay_hook`` replays instead of running the hook's Python. Whatever the hook computed on the
 host (a Python scalar, a spec input's tensor) is frozen at that capture, so the backend says which modes may be glued
 (``glue_refusal``; the checker's verdict (e) tests each claim). A hook it refuses (a FlashInfer ``plan()``) or that a
-graph cannot record stays eager for that size (``glue_refused``); ``replays`` counts glued and eager hook replays. A
+graph cannot record, or whose first warm-up writes otherwise than its capture (the capture order), stays eager for
+that size (``glue_refused``); ``replays`` counts glued and eager hook replays. A
 hook split in two (``splits_hook``: FlashInfer's and FlashInfer-MLA's unified ones, SGLang PR #39825's shape) runs its
 host phase (the plan) eagerly before each glue replay; the glue graph holds its device phase (``glue_split``).
 """
@@ -89,8 +90,9 @@ def capture_glue(engine: GraphEngine, backend, fb: ForwardBatch, warmups: int, r
     split in two (``splits_hook``) has its host phase run (as before every glued replay) and only its device phase
     captured. ``refusal(run)``: why the part to glue may not be, given a callable that runs it once (the checker's
     verdict (e) counts the plans it makes); default: the backend's ``glue_refusal`` for a whole hook, none for a device
-    phase. The capture order: the part to glue launches in the graph what it launched in the first warm-up (a step it
-    ran only then, say a lazy plan, vLLM #42444, would never replay)."""
+    phase. With warm-ups, the capture order too: the part to glue writes in the graph what it wrote in its first warm-up
+    (a write a first call alone makes, a lazily run plan's, would never replay: vLLM PR #42444's class; ops counted by
+    name, so a branch inside one op is not seen)."""
     split = backend.splits_hook(fb.forward_mode)
     glued = (lambda: backend.apply_device_metadata(fb)) if split else (lambda: call_replay_hook(backend, fb))
     first = None
@@ -99,7 +101,7 @@ def capture_glue(engine: GraphEngine, backend, fb: ForwardBatch, warmups: int, r
             backend.prepare_host_metadata(fb)
         with record_ops(None, refuse=False) if first is None else contextlib.nullcontext() as rec:
             glued()
-        first = first if rec is None else Counter(name for name, launches in rec.names if launches)
+        first = first if rec is None else _writes(rec.names)
     if split:
         backend.prepare_host_metadata(fb)
     if why := refusal(glued) if refusal else None if split else backend.glue_refusal(fb.forward_mode):
@@ -111,11 +113,24 @@ def capture_glue(engine: GraphEngine, backend, fb: ForwardBatch, warmups: int, r
             graph.capture(glued)
     except GraphCaptureError as e:
         return None, f"the replay hook cannot be captured: {e}"
-    if first is not None and (lost := first - graph.kernels()) | (extra := graph.kernels() - first):
+    if first is not None and (lost := first - (got := _writes(graph._op_log))) | (extra := got - first):
         what = [f"{n} x{k} in the first warm-up, not in the graph" for n, k in lost.items()]
         what += [f"{n} x{k} in the graph, not in the first warm-up" for n, k in extra.items()]
-        return None, f"capture order: the hook launched other work in its first warm-up than in its capture: {'; '.join(what)}"
+        return None, f"capture order: the hook wrote otherwise in its first warm-up than in its capture: {'; '.join(what)}"
     return graph, None
+
+
+def _writes(names) -> Counter:
+    """The ops of an op log (``(name, launches)`` pairs) that launch work and write a tensor they were given (in place,
+    ``out=``, a custom op's mutated arguments), counted: what a hook leaves in the buffers. A fresh tensor (a cache a
+    first call makes and later calls reuse) writes nothing that existed."""
+
+    def writes(name):
+        ns, op, overload = name.split(".")
+        schema = getattr(getattr(getattr(torch.ops, ns), op), overload)._schema
+        return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+    return Counter(name for name, launches in names if launches and writes(name))
 
 
 class GraphRunner:
