@@ -207,3 +207,26 @@ def test_a_backend_serves_one_live_runner():
     assert torch.allclose(runner.replay(fb), runner.eager(fb), atol=1e-5, rtol=1e-5)
     del runner
     again().capture()
+
+
+def test_the_capture_order_counts_writes_and_an_unknown_op_as_one():
+    """``capture_glue``'s capture order compares writes: in place, ``out=``, a custom op's mutated arguments; a fresh
+    result is not one; an op whose schema cannot be found (a name of another form) counts as one (the glue refused,
+    never a crash)."""
+    from refimpl.graphs.runner import _writes
+
+    log = [
+        ("aten.copy_.default", True),
+        ("aten.cumsum.default", True),
+        ("aten.ones.default", True),
+        ("refimpl.build_kv_indices.default", True),
+        ("aten.copy_.default", False),  # launches nothing at replay: not counted
+        ("somelib.op_without_an_overload", True),
+        ("nosuchns.nosuchop.default", True),
+    ]
+    assert _writes(log) == {
+        "aten.copy_.default": 1,
+        "refimpl.build_kv_indices.default": 1,
+        "somelib.op_without_an_overload": 1,
+        "nosuchns.nosuchop.default": 1,
+    }

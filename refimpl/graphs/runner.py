@@ -125,9 +125,12 @@ def _writes(names) -> Counter:
     ``out=``, a custom op's mutated arguments), counted: what a hook leaves in the buffers. A fresh tensor (a cache a
     first call makes and later calls reuse) writes nothing that existed."""
 
-    def writes(name):
-        ns, op, overload = name.split(".")
-        schema = getattr(getattr(getattr(torch.ops, ns), op), overload)._schema
+    def writes(name):  # an op whose schema cannot be found counts as a write (a refusal errs on the eager side)
+        try:
+            ns, op, overload = name.split(".")
+            schema = getattr(getattr(getattr(torch.ops, ns), op), overload)._schema
+        except (ValueError, AttributeError, RuntimeError):
+            return True
         return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
 
     return Counter(name for name, launches in names if launches and writes(name))
