@@ -1,6 +1,7 @@
 """The capture/replay equivalence checker: the verdicts (``refimpl.rig.verdicts``: (a) capture equals replay, (b) graph
 equals eager, (c) eager matches the oracle, (d) replay keeps the padded-row invariants and matches the reference, (e)
-the glue graph equals eager, (f) a history of replays) per backend x variant x graph kind x batch size, as records, and the table of them.
+the glue graph equals eager, (f) a history of replays) per backend x variant x graph kind x batch size, as records, and
+the table of them.
 """
 
 from __future__ import annotations

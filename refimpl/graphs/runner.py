@@ -23,7 +23,6 @@ host phase (the plan) eagerly before each glue replay; the glue graph holds its 
 from __future__ import annotations
 
 import bisect
-import contextlib
 import gc
 import operator
 import time
@@ -95,13 +94,16 @@ def capture_glue(engine: GraphEngine, backend, fb: ForwardBatch, warmups: int, r
     name, so a branch inside one op is not seen)."""
     split = backend.splits_hook(fb.forward_mode)
     glued = (lambda: backend.apply_device_metadata(fb)) if split else (lambda: call_replay_hook(backend, fb))
-    first = None
-    for _ in range(warmups):  # each the whole replay hook: a split one's host phase, then the part to glue
+    first = None  # the first warm-up's writes
+    for i in range(warmups):  # each the whole replay hook: a split one's host phase, then the part to glue
         if split:
             backend.prepare_host_metadata(fb)
-        with record_ops(None, refuse=False) if first is None else contextlib.nullcontext() as rec:
+        if i:
             glued()
-        first = first if rec is None else _writes(rec.names)
+            continue
+        with record_ops(None, refuse=False) as rec:
+            glued()
+        first = _writes(rec.names)
     if split:
         backend.prepare_host_metadata(fb)
     if why := refusal(glued) if refusal else None if split else backend.glue_refusal(fb.forward_mode):
