@@ -145,8 +145,8 @@ def glued_rig(name: str = "flashinfer_mla") -> Rig:
     return Rig.build(find(name, "unified")[0], KINDS["decode"], CHAIN, ENGINE, capture_bs=(4,), max_context_len=L, glue=True)
 
 
-def split_hook_table(run: str = "run2.json") -> str:
-    """The committed H200 cost of the split hooks (``benchmarks/split_hook.py``; run 2 of two, which do not agree:
+def split_hook_table(run: str = "run3.json") -> str:
+    """The committed H200 cost of the split hooks (``benchmarks/split_hook.py``; run 3 of seven, on a quiet host:
     ``benchmarks/results/split_hook/README.md``): host µs at bs 1 / 8 / 64 of the eager hook (before), the host phase
     (the plan) and the glued hook (after: host phase + glue replay)."""
     rows, parts = results(f"split_hook/{run}")["rows"], ("eager hook", "host phase", "glued hook")
