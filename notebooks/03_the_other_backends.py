@@ -15,28 +15,27 @@
 # %% [markdown]
 # # The other backends, and two historical bugs
 #
-# Reading time: about 20 minutes. Run All takes about 15 s on a 2-core CPU.
+# Reading time: about 22 minutes. Run All takes about 15 s on a 2-core CPU.
 #
 # **The question:** do Wave, FlashInfer and FlashInfer-MLA lay out a graph's metadata as Triton does, and when a
-# backend's [capture hook](../docs/glossary.md#capture-hook) and [replay hook](../docs/glossary.md#replay-hook) drift
-# apart, when is the answer wrong?
+# backend's capture and replay hooks drift apart, when is the answer wrong?
 #
-# Set-up as in [notebook 02](02_triton_through_every_mode.ipynb): a one-layer [GQA](../docs/glossary.md#gqa) model, a
-# chain and a tree of [N](../docs/glossary.md#s-topk-n) = 4 and 6 nodes, graphs of bs 1 and 4, batches of 3
-# [padded](../docs/glossary.md#padding) to 4. Hatched grey: stale; red frame: differs.
+# Set-up as in [notebook 02](02_triton_through_every_mode.ipynb): a one-layer GQA model, a chain and a
+# tree of N = 4 and 6 nodes, graphs of bs 1 and 4, batches of 3 padded to 4. Hatched grey: stale; red frame: differs.
 
 # %%
 import torch
 
 from refimpl import ForwardMode
 from refimpl.backends import find
+from refimpl.backends.base import hook_interface
 from refimpl.backends.flashinfer import FlashInferAttnBackend
 from refimpl.backends.flashinfer_mla import FlashInferMLAAttnBackend, FlashInferMLAAttnBackendAsUpstream
-from refimpl.backends.triton import TritonAttnBackend, TritonAttnBackendLegacy
+from refimpl.backends.triton import TritonAttnBackend, TritonAttnBackendLegacy, TritonAttnBackendOutGraph
 from refimpl.backends.wave import WaveAttnBackend, WaveAttnBackendLegacy, WaveMultiStepDraftBackend
 from refimpl.check import CheckSettings, check_entry_mode
 from refimpl.course import backends as nb
-from refimpl.course import render, show
+from refimpl.course import render, show, show_code
 from refimpl.flashinfer_wrappers import read_partition
 from refimpl.graphs.runner import GraphRunner
 from refimpl.viz import draw_csr
@@ -66,9 +65,8 @@ for key in ("qo_indptr", "kv_indptr", "mask_indptr", "custom_mask"):
 
 # %% [markdown]
 # For a target-verify runner of B = 4 requests, N = 6 rows each, Wave sizes its
-# [split-KV](../docs/glossary.md#split-kv) counts, decode scratch and kv indices ([static
-# buffers](../docs/glossary.md#static-buffer)) by **B**, Triton by **T** = B·N rows. So [multi-step draft
-# decode](../docs/glossary.md#multi-step-draft-decode), bs·topk rows, fits Wave's `[B]` split buffer for chains only.
+# split-KV counts, decode scratch and kv indices by **B**, Triton by **T** = B·N rows. So multi-step draft decode,
+# bs·topk rows, fits Wave's `[B]` split buffer for chains only.
 # The mask is `[T*L]` in both; upstream Wave's `[B*L]` is too small for a verify batch ([why refimpl
 # differs](../docs/sglang_facts.md#where-refimpl-deliberately-differs-from-upstream)).
 
@@ -81,7 +79,7 @@ print(nb.refused(WaveMultiStepDraftBackend(s.world, TREE), ForwardMode.DECODE))
 #
 # SGLang's FlashInfer backend ([facts](../docs/sglang_facts.md#flashinfer)) is [Pattern
 # B](../docs/glossary.md#pattern-b): its kernels live in [wrappers](../docs/glossary.md#wrapper) **bound** to their
-# buffers when constructed, one per [captured size](../docs/glossary.md#captured-size). Before each replay the hook
+# buffers when constructed, one per captured size. Before each replay the hook
 # writes the batch's CSR (and verify's mask) into the bound buffers and calls [`plan()`](../docs/glossary.md#plan),
 # which writes a work partition into the wrapper's workspace. The decode kernel takes each request's keys from the
 # bound `kv_indptr` / `kv_indices` and splits the work as the partition says. refimpl's stand-in wrappers run without
@@ -179,9 +177,8 @@ show(nb.draw_legacy_paths((wave_p, wave_q), (tri_p, tri_q)), "03_legacy_findings
 # %% [markdown]
 # ### Exercise (about 6 minutes): benign drift or a wrong answer?
 #
-# Verdict (a) fails for both. But the kernel reads `num_kv_splits[b]` when it runs, and the [graph
-# runner](../docs/glossary.md#graph-runner) copies each request's rows into its static inputs at the stride captured.
-# Predict verdict (b), graph == [eager](../docs/glossary.md#eager), for each.
+# Verdict (a) fails for both. But the kernel reads `num_kv_splits[b]` when it runs, and the graph runner copies each request's rows into its static inputs at the stride captured.
+# Predict verdict (b), graph == eager, for each.
 
 # %%
 predict = {"wave decode": None, "triton draft_extend": None}  # <- change this: True (graph == eager) or False
@@ -207,6 +204,22 @@ assert all(p is None or p == verdict_b[k] for k, p in predict.items()), f"the ch
 # S + 1, so with a ragged `qo_indptr` every request after the first reads other rows, while eager, and verdict (c),
 # stay right. A drift in a buffer the kernel re-reads is benign; a drift against a layout the graph baked in is not.
 #
+# ## 5. Three stages of one hook
+#
+# Upstream rewrote these hooks twice ([facts](../docs/sglang_facts.md#three-stages-of-the-hooks)): two bodies
+# (`legacy`), one body behind the pair (`unified`), then 0.5.23's single `init_forward_metadata_out_graph(fb,
+# in_capture)` (`out_graph`). refimpl's runner calls only that; the base class maps it onto the pair. Open #28765 folds
+# the eager body in too.
+
+# %%
+show_code(TritonAttnBackendOutGraph.init_forward_metadata_out_graph)
+stages = (TritonAttnBackendLegacy, TritonAttnBackend, TritonAttnBackendOutGraph)
+states = [nb.replay_hooks(cls(s.world, None), ForwardMode.DECODE, fb_dec, s)[0] for cls in stages]
+for cls, st in zip(stages, states):
+    print(f"{cls.variant:>9} ({hook_interface(cls)}): num_kv_splits {st['num_kv_splits'].tolist()}")
+assert all(torch.equal(st[k], states[0][k]) for st in states for k in ("kv_indptr", "kv_indices", "num_kv_splits"))
+
+# %% [markdown]
 # ## Summary
 #
 # * **Wave**: Triton's layout, buffers sized by B; chains only in multi-step draft decode.

@@ -8,8 +8,9 @@ from __future__ import annotations
 import torch
 
 from examples.paged_decode_backend import PagedDecodeBackend, PagedDecodeMetadata
+from refimpl.backends.base import AttentionBackend
 from refimpl.backends.flashinfer import FlashInferAttnBackend
-from refimpl.backends.triton import TritonAttnBackend, TritonMultiStepDraftBackend
+from refimpl.backends.triton import TritonAttnBackend, TritonAttnBackendOutGraph, TritonMultiStepDraftBackend
 from refimpl.kernels import build_kv_indices
 from refimpl.layout import PAD_REQ_SLOT
 
@@ -285,3 +286,23 @@ class CachesAConstant(PagedDecodeBackend):
         if getattr(self, "_ones", None) is None:  # made once, then read
             self._ones = torch.ones(self.cuda_graph_kv_indptr.numel() - 1, dtype=torch.int32, device=self.device)
         super().init_forward_metadata_replay_cuda_graph(bs, req_pool_indices, seq_lens * self._ones[: seq_lens.numel()], *rest)
+
+
+class NeitherInterface(PagedDecodeBackend):
+    """Not a backend: its capture hook is the base class's again, and it has no ``init_forward_metadata_out_graph``."""
+
+    init_forward_metadata_capture_cuda_graph = AttentionBackend.init_forward_metadata_capture_cuda_graph
+
+
+class OutGraphSkipsSplitsAtCapture(TritonAttnBackendOutGraph):
+    """Stage 3 (SGLang 0.5.23's one entry point) with Wave's old drift inside it: a decode capture fills the CSR but no
+    split counts, so the buffer keeps ``max_kv_splits`` (benign: every replay writes them first). One entry point does
+    not make drift impossible: a branch on ``in_capture`` is a second body, and verdict (a) names the buffer."""
+
+    name = "bug_out_graph_skips_splits"
+
+    def init_forward_metadata_out_graph(self, fb, in_capture=False):
+        if not (in_capture and fb.forward_mode.is_decode_or_idle()):
+            return super().init_forward_metadata_out_graph(fb, in_capture)
+        self._update_decode_kv_buffers(fb.batch_size, fb.seq_lens, fb.req_pool_indices)  # ... and no get_num_kv_splits
+        self.forward_metadata = self._build_cuda_graph_forward_metadata(fb.batch_size, fb.forward_mode, None)

@@ -71,6 +71,7 @@ def test_foreign_kv_write_is_caught_by_the_guard():
         ("examples.no_such_module:X", "cannot import 'examples.no_such_module'"),
         ("examples.paged_decode_backend:NoSuchClass", "has no class 'NoSuchClass'"),
         ("broken_backends:NoGraphState", "missing: graph_state"),
+        ("broken_backends:NeitherInterface", "implements neither init_forward_metadata_out_graph"),
         ("examples.paged_decode_backend", "expected package.module:ClassName"),
     ],
 )

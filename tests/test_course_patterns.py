@@ -2,6 +2,7 @@
 pattern labels against the code, the plan-state figure and the committed plan-cost measurement."""
 
 from refimpl.backends import REGISTRY
+from refimpl.backends.base import hook_interface
 from refimpl.backends.flashinfer import FlashInferAttnBackend, FlashInferAttnBackendLegacy
 from refimpl.backends.triton import TritonAttnBackend, TritonAttnBackendLegacy
 from refimpl.backends.wave import WaveAttnBackend
@@ -29,7 +30,10 @@ def test_side_by_side_tags_each_shape_in_order():
 
 def _pattern_from_code(cls) -> str:
     """A capture hook that never calls the replay body is C; one that does is A, or B when it first prepares graph-bound
-    objects. A hook that only adds checks and hands over to ``super()``'s follows its parent's."""
+    objects. A hook that only adds checks and hands over to ``super()``'s follows its parent's. One entry point
+    (``init_forward_metadata_out_graph``, SGLang 0.5.23) that calls its body once for capture and replay alike is A."""
+    if hook_interface(cls) == "out_graph":
+        return "A" if calls(cls.init_forward_metadata_out_graph, "self._apply_cuda_graph_metadata") == 1 else "C"
     for owner in [c for c in cls.__mro__ if CAP in vars(c)]:
         cap = vars(owner)[CAP]
         if calls(cap, f"self.{REP}") or not calls(cap, f"super().{CAP}"):

@@ -11,7 +11,7 @@ import importlib
 import inspect
 from dataclasses import dataclass
 
-from .base import AttentionBackend, GraphModeNotSupported
+from .base import NEITHER_INTERFACE, AttentionBackend, GraphModeNotSupported, hook_interface
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,8 @@ def load_backend_class(spec: str) -> BackendEntry:
     if inspect.isabstract(backend_cls):
         left = ", ".join(sorted(backend_cls.__abstractmethods__))
         raise BackendLoadError(f"--backend-class {spec!r}: {cls_name} is abstract: it leaves {left} unimplemented")
+    if hook_interface(backend_cls) is None:
+        raise BackendLoadError(f"--backend-class {spec!r}: {cls_name} {NEITHER_INTERFACE}")
     missing = [m for m in CONTRACT if not callable(getattr(backend_cls, m, None))]
     if missing:
         raise BackendLoadError(
@@ -88,6 +90,7 @@ REGISTRY: list[BackendEntry] = [
         ("torch_native_mla", "unified", ".torch_native:TorchNativeMLABackend"),
         ("triton", "unified", ".triton:TritonAttnBackend", ".triton:TritonMultiStepDraftBackend"),
         ("triton", "legacy", ".triton:TritonAttnBackendLegacy", ".triton:TritonMultiStepDraftBackendLegacy"),
+        ("triton", "out_graph", ".triton:TritonAttnBackendOutGraph"),
         ("triton", "fused", ".triton_fused:TritonAttnBackendFused"),
         ("triton", "in_graph", ".triton_fused:TritonAttnBackendInGraph"),
         ("wave", "unified", ".wave:WaveAttnBackend", ".wave:WaveMultiStepDraftBackend"),

@@ -6,13 +6,17 @@
 | ``init_cuda_graph_state(max_bs, max_tokens)``  | ``init_capture_graph`` | once, before any capture     |
 | ``init_forward_metadata_capture_cuda_graph``   | ``prepare_for_capture``| once per (bs, mode) capture  |
 | ``init_forward_metadata_replay_cuda_graph``    | ``prepare_for_replay`` | before every replay          |
+| ``init_forward_metadata_out_graph(fb, cap)``   |                        | SGLang 0.5.23: both above    |
+| ``init_forward_metadata_in_graph(fb)``         |                        | first thing in the graph     |
 | ``get_cuda_graph_seq_len_fill_value()``        |                        | padding (1 for all six)      |
 | ``forward(q, k, v, layer, fb)``                | ``forward``            | inside the captured step     |
 
-The capture and replay hooks run **outside** the graph ([facts#capture]); only ``forward`` is recorded. So everything
-``forward`` reads is a static buffer from ``init_cuda_graph_state`` (or a view of one) that replay refills in place
-([facts#what-is-and-is-not-captured]). Every backend has a ``legacy`` shape (upstream before the unification, #26134 /
-#26665) and a ``unified`` one; each class carries one ``PATTERNS`` label ([facts#pattern-vocabulary]).
+The capture and replay hooks run **outside** the graph ([facts#capture]); only ``forward`` (and the in-graph hook) is
+recorded. So everything ``forward`` reads is a static buffer from ``init_cuda_graph_state`` (or a view of one) that
+replay refills in place ([facts#what-is-and-is-not-captured]). Every backend has a ``legacy`` shape (upstream before the unification, #26134 /
+#26665) and a ``unified`` one; each class carries one ``PATTERNS`` label ([facts#pattern-vocabulary]). The runner
+calls ``init_forward_metadata_out_graph``, whose default drives the classic pair: a backend implements either
+(``hook_interface``).
 """
 
 from __future__ import annotations
@@ -61,6 +65,22 @@ def dense_forward(backend: AttentionBackend, q, k, v, layer: int, fb: ForwardBat
     return mha_op(q, cache.k[layer], cache.v[layer], *args, **kw)
 
 
+NEITHER_INTERFACE = (
+    "implements neither init_forward_metadata_out_graph (SGLang 0.5.23) nor the pair "
+    "init_forward_metadata_capture_cuda_graph / init_forward_metadata_replay_cuda_graph"
+)
+
+
+def hook_interface(cls: type) -> str | None:
+    """Which metadata interface a backend class implements: ``"out_graph"`` (stage 3, SGLang 0.5.23), ``"classic"``
+    (the capture / replay pair, stages 1 and 2), or ``None`` (neither: it cannot be captured)."""
+    own = lambda name: getattr(cls, name, None) not in (None, getattr(AttentionBackend, name))  # noqa: E731
+    if own("init_forward_metadata_out_graph"):
+        return "out_graph"
+    pair = ("init_forward_metadata_capture_cuda_graph", "init_forward_metadata_replay_cuda_graph")
+    return "classic" if all(map(own, pair)) else None
+
+
 class GraphModeNotSupported(ValueError):
     """A backend was asked to capture a mode it does not support under graphs."""
 
@@ -102,7 +122,21 @@ class AttentionBackend(ABC):
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         """Allocate every tensor a captured ``forward`` will read, sized for the largest graph."""
 
-    @abstractmethod
+    def init_forward_metadata_out_graph(self, fb: ForwardBatch, in_capture: bool = False) -> None:
+        """SGLang 0.5.23's one entry point, the only metadata call its runners make outside a graph: before capture
+        (``in_capture=True``: the body, then the frozen views) and before every replay, on views of the static inputs
+        ([facts#three-stages-of-the-hooks]). The default adapts the classic pair below with SGLang's argument lists, so
+        every shape written in stage 1 or 2 is driven through it; a stage-3 shape overrides this instead."""
+        if in_capture:
+            self.init_forward_metadata_capture_cuda_graph(
+                fb.batch_size, fb.num_tokens, fb.req_pool_indices, fb.seq_lens, None, fb.forward_mode, fb.spec_info
+            )
+        else:
+            self.init_forward_metadata_replay_cuda_graph(
+                fb.batch_size, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_sum, None, fb.forward_mode, fb.spec_info,
+                fb.seq_lens_cpu,
+            )  # fmt: skip
+
     def init_forward_metadata_capture_cuda_graph(
         self,
         bs: int,
@@ -112,9 +146,11 @@ class AttentionBackend(ABC):
         encoder_lens: torch.Tensor | None,
         forward_mode: ForwardMode,
         spec_info: Any,
-    ) -> None: ...
+    ) -> None:
+        """The classic capture hook (SGLang before 0.5.23): implement it and the replay hook, or
+        ``init_forward_metadata_out_graph``."""
+        raise self._no_classic_pair()
 
-    @abstractmethod
     def init_forward_metadata_replay_cuda_graph(
         self,
         bs: int,
@@ -125,7 +161,17 @@ class AttentionBackend(ABC):
         forward_mode: ForwardMode,
         spec_info: Any,
         seq_lens_cpu: torch.Tensor | None,
-    ) -> None: ...
+    ) -> None:
+        """The classic replay hook (see the capture hook)."""
+        raise self._no_classic_pair()
+
+    def _no_classic_pair(self) -> NotImplementedError:
+        name = type(self).__name__
+        if hook_interface(type(self)) == "out_graph":
+            return NotImplementedError(
+                f"{name} has no capture / replay pair (SGLang 0.5.23 removed it): call init_forward_metadata_out_graph"
+            )
+        return NotImplementedError(f"{name} {NEITHER_INTERFACE}")
 
     def get_cuda_graph_seq_len_fill_value(self) -> int:
         return 1  # all six SGLang backends ([facts#static-inputs]); 0 would give an empty kv range

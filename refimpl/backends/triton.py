@@ -216,6 +216,10 @@ class TritonAttnBackend(AttentionBackend):
     def init_forward_metadata_replay_cuda_graph(
         self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu
     ) -> None:
+        self._apply_cuda_graph_metadata(bs, req_pool_indices, seq_lens, forward_mode, spec_info)
+
+    def _apply_cuda_graph_metadata(self, bs, req_pool_indices, seq_lens, forward_mode, spec_info) -> None:
+        """The one body: the batch's metadata into the static buffers, in place (SGLang 0.5.23's name for it)."""
         if forward_mode.is_decode_or_idle():
             if spec_info is not None:  # a draft step
                 raise ValueError("multi-step draft decode replays through its multi-step wrapper")
@@ -382,6 +386,25 @@ class TritonAttnBackendLegacy(TritonAttnBackend):
             build_kv_indices(r2t, rpi, kv_lens, self.kv_indptr[: bs + 1], self.cuda_graph_kv_indices)
         else:
             raise GraphModeNotSupported(f"{self.name}: {forward_mode.label} is not captured")
+
+
+class TritonAttnBackendOutGraph(TritonAttnBackend):
+    """Stage 3, SGLang 0.5.23's interface (``triton_backend.py``: ``init_forward_metadata_out_graph``): one entry point
+    whose ``in_capture`` adds the frozen views to the one body; the classic pair is gone. Buffers, body, views and
+    ``forward`` are the unified shape's. Open PR #28765 (https://github.com/sgl-project/sglang/pull/28765) goes on to
+    fold the eager body in too (``_compute_forward_metadata``). No multi-step wrapper: SGLang's drives its steps' pair."""
+
+    variant = "out_graph"
+    init_forward_metadata_capture_cuda_graph = AttentionBackend.init_forward_metadata_capture_cuda_graph  # gone in 0.5.23
+    init_forward_metadata_replay_cuda_graph = AttentionBackend.init_forward_metadata_replay_cuda_graph
+
+    def init_forward_metadata_out_graph(self, fb: ForwardBatch, in_capture: bool = False) -> None:
+        mode, spec_info = fb.forward_mode, fb.spec_info
+        if in_capture:
+            self.check_graph_mode(mode)
+        self._apply_cuda_graph_metadata(fb.batch_size, fb.req_pool_indices, fb.seq_lens, mode, spec_info)
+        if in_capture:  # views of the buffers just written, kept by every replay of this size
+            self.forward_metadata = self._build_cuda_graph_forward_metadata(fb.batch_size, mode, spec_info)
 
 
 class TritonMultiStepDraftBackend(MultiStepDraftBackend):

@@ -38,6 +38,7 @@ def side_by_side() -> CodeGrid:
     cells[0][1].append(
         ("... which first calls _prepare_cuda_graph_metadata:", code(FlashInferAttnBackend._prepare_cuda_graph_metadata))
     )
+    cells[1][0].append(("... whose body is _apply_cuda_graph_metadata:", code(TritonAttnBackend._apply_cuda_graph_metadata)))
     replay_body = ("self.init_forward_metadata_replay_cuda_graph(", "the replay body")
     tags = [
         [

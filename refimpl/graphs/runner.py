@@ -64,17 +64,16 @@ class RunResult:
     fallback_reason: str | None = None
 
 
-# --- the backend hooks, called from a batch (SGLang's argument lists) ----------------------------
+# --- the backend hooks, called from a batch, as SGLang 0.5.23's runners call them --------------------
 def call_capture_hook(backend, fb: ForwardBatch):
-    backend.init_forward_metadata_capture_cuda_graph(
-        fb.batch_size, fb.num_tokens, fb.req_pool_indices, fb.seq_lens, None, fb.forward_mode, fb.spec_info
-    )
+    """Before capturing ``fb``'s size: ``init_forward_metadata_out_graph(fb, in_capture=True)`` (a classic backend's
+    capture hook through the base class's default)."""
+    backend.init_forward_metadata_out_graph(fb, in_capture=True)
 
 
 def call_replay_hook(backend, fb: ForwardBatch):
-    backend.init_forward_metadata_replay_cuda_graph(
-        fb.batch_size, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_sum, None, fb.forward_mode, fb.spec_info, fb.seq_lens_cpu
-    )
+    """Before a replay, on the static batch: ``init_forward_metadata_out_graph(fb)`` (a classic backend's replay hook)."""
+    backend.init_forward_metadata_out_graph(fb)
 
 
 def call_in_graph_hook(backend, fb: ForwardBatch):
