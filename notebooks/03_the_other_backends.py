@@ -177,8 +177,8 @@ show(nb.draw_legacy_paths((wave_p, wave_q), (tri_p, tri_q)), "03_legacy_findings
 # %% [markdown]
 # ### Exercise (about 6 minutes): benign drift or a wrong answer?
 #
-# Verdict (a) fails for both. But the kernel reads `num_kv_splits[b]` when it runs, and the graph runner copies each request's rows into its static inputs at the stride captured.
-# Predict verdict (b), graph == eager, for each.
+# Verdict (a) fails for both. But the kernel reads `num_kv_splits[b]` when it runs, and the graph runner copies each
+# request's rows into its static inputs at the stride captured. Predict verdict (b), graph == eager, for each.
 
 # %%
 predict = {"wave decode": None, "triton draft_extend": None}  # <- change this: True (graph == eager) or False
@@ -206,10 +206,10 @@ assert all(p is None or p == verdict_b[k] for k, p in predict.items()), f"the ch
 #
 # ## 5. Three stages of one hook
 #
-# Upstream rewrote these hooks twice ([facts](../docs/sglang_facts.md#three-stages-of-the-hooks)): two bodies
-# (`legacy`), one body behind the pair (`unified`), then 0.5.23's single `init_forward_metadata_out_graph(fb,
-# in_capture)` (`out_graph`). refimpl's runner calls only that; the base class maps it onto the pair. Open #28765 folds
-# the eager body in too.
+# Upstream rewrote the hooks twice ([facts](../docs/sglang_facts.md#three-stages-of-the-hooks)): two bodies
+# (`legacy`), then one body behind the pair (`unified`), then one
+# [`init_forward_metadata_out_graph(fb, in_capture)`](../docs/glossary.md#out-graph-hook). refimpl's runner calls that;
+# the base class maps it onto a pair. Open #28765 merges the eager body too.
 
 # %%
 show_code(TritonAttnBackendOutGraph.init_forward_metadata_out_graph)

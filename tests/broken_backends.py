@@ -1,7 +1,7 @@
 """Deliberately broken out-of-tree backends: each plants one classic capture/replay bug in the
-example backend (``examples/paged_decode_backend.py``), or (the last) in FlashInfer's split replay hook. ``tests/test_backend_class.py`` loads
-them the way a reviewer would, through ``--backend-class``, and asserts the checker names the
-buffer or the cause."""
+example backend (``examples/paged_decode_backend.py``), or in a registry shape (FlashInfer's split replay hook, Triton's
+stage-3 entry point, ...). ``tests/test_backend_class.py`` loads them the way a reviewer would, through
+``--backend-class``, and asserts the checker names the buffer or the cause."""
 
 from __future__ import annotations
 
@@ -306,3 +306,23 @@ class OutGraphSkipsSplitsAtCapture(TritonAttnBackendOutGraph):
             return super().init_forward_metadata_out_graph(fb, in_capture)
         self._update_decode_kv_buffers(fb.batch_size, fb.seq_lens, fb.req_pool_indices)  # ... and no get_num_kv_splits
         self.forward_metadata = self._build_cuda_graph_forward_metadata(fb.batch_size, fb.forward_mode, None)
+
+
+class ReplayFixInADeadHook(TritonAttnBackendOutGraph):
+    """A stage-3 class whose change went into the classic replay hook, which its runner never calls."""
+
+    def init_forward_metadata_replay_cuda_graph(self, *args):
+        raise AssertionError("never called: the runner calls init_forward_metadata_out_graph")
+
+
+# a duck-typed class (no AttentionBackend in its bases) implementing the classic pair only: the example's methods and the
+# base class's defaults, but no init_forward_metadata_out_graph
+DuckClassicPair = type(
+    "DuckClassicPair",
+    (),
+    {
+        k: v
+        for k, v in {**vars(AttentionBackend), **vars(PagedDecodeBackend)}.items()
+        if k not in ("init_forward_metadata_out_graph", "__dict__", "__weakref__", "__abstractmethods__", "_abc_impl")
+    },
+)

@@ -72,6 +72,7 @@ def test_foreign_kv_write_is_caught_by_the_guard():
         ("examples.paged_decode_backend:NoSuchClass", "has no class 'NoSuchClass'"),
         ("broken_backends:NoGraphState", "missing: graph_state"),
         ("broken_backends:NeitherInterface", "implements neither init_forward_metadata_out_graph"),
+        ("broken_backends:ReplayFixInADeadHook", "defines init_forward_metadata_replay_cuda_graph, which the runner never"),
         ("examples.paged_decode_backend", "expected package.module:ClassName"),
     ],
 )

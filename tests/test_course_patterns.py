@@ -7,7 +7,7 @@ from refimpl.backends.flashinfer import FlashInferAttnBackend, FlashInferAttnBac
 from refimpl.backends.triton import TritonAttnBackend, TritonAttnBackendLegacy
 from refimpl.backends.wave import WaveAttnBackend
 from refimpl.course import patterns
-from refimpl.course.patterns import CAP, REP, calls
+from refimpl.course.patterns import CAP, REP, calls, hook_code
 
 
 def test_side_by_side_tags_each_shape_in_order():
@@ -32,8 +32,14 @@ def _pattern_from_code(cls) -> str:
     """A capture hook that never calls the replay body is C; one that does is A, or B when it first prepares graph-bound
     objects. A hook that only adds checks and hands over to ``super()``'s follows its parent's. One entry point
     (``init_forward_metadata_out_graph``, SGLang 0.5.23) that calls its body once for capture and replay alike is A."""
-    if hook_interface(cls) == "out_graph":
-        return "A" if calls(cls.init_forward_metadata_out_graph, "self._apply_cuda_graph_metadata") == 1 else "C"
+    if hook_interface(cls) == "out_graph":  # A: the body once, unindented (capture and replay alike), then the views
+        hook = hook_code(cls.init_forward_metadata_out_graph)
+        body = [line for line in hook if line.startswith("    self._apply_cuda_graph_metadata(")]
+        return (
+            "A"
+            if len(body) == 1 and calls(cls.init_forward_metadata_out_graph, "self._build_cuda_graph_forward_metadata") == 1
+            else "C"
+        )
     for owner in [c for c in cls.__mro__ if CAP in vars(c)]:
         cap = vars(owner)[CAP]
         if calls(cap, f"self.{REP}") or not calls(cap, f"super().{CAP}"):

@@ -8,10 +8,11 @@ from helpers import CAPTURE_BS
 
 from refimpl import ForwardMode
 from refimpl.backends import REGISTRY, load_backend_class
-from refimpl.backends.base import hook_interface
+from refimpl.backends.base import GraphModeNotSupported, hook_interface
 from refimpl.backends.triton import TritonAttnBackend, TritonAttnBackendOutGraph
 from refimpl.check import CheckSettings, run_checks
 from refimpl.course import backends as nb
+from refimpl.graphs.runner import call_capture_hook
 
 FAST = CheckSettings(capture_bs=CAPTURE_BS, raw_bs=(1, 3), max_context_len=32, num_slots=None)
 
@@ -30,35 +31,45 @@ def test_the_stage_3_shape_has_no_classic_pair():
         b.init_forward_metadata_capture_cuda_graph(1, 1, None, None, None, ForwardMode.DECODE, None)
 
 
-@pytest.mark.parametrize("mode", ["decode", "target_verify", "draft_extend", "draft_extend_v2"])
+@pytest.mark.parametrize("mode", ["decode", "target_verify", "draft_extend_v2"])
 def test_stage_3_fills_what_the_unified_shape_fills(mode):
-    s = nb.setting("cpu")
+    """After capture (the frozen views) and after a replay of the same padded batch, both shapes hold the same."""
+    s, m = nb.setting("cpu"), ForwardMode[mode.upper()]
     spec = None if mode == "decode" else nb.CHAIN if mode.startswith("draft") else nb.TREE
     gen = s.gen_chain if mode.startswith("draft") else s.gen
-    fb = {"decode": lambda: gen.decode(3), "target_verify": lambda: gen.target_verify(3)}.get(mode)
-    fb = fb() if fb else gen.for_mode(ForwardMode[mode.upper()], 3)
-    states = [
-        nb.replay_hooks(cls(s.world, spec), ForwardMode[mode.upper()], fb, s)[0]
-        for cls in (TritonAttnBackend, TritonAttnBackendOutGraph)
-    ]
-    assert states[0].keys() == states[1].keys()
-    for k, v in states[0].items():
-        assert torch.equal(torch.as_tensor(v), torch.as_tensor(states[1][k])), k
+    fb = gen.decode(3) if mode == "decode" else gen.target_verify(3) if mode == "target_verify" else gen.for_mode(m, 3)
+    captured, replayed = [], []
+    for cls in (TritonAttnBackend, TritonAttnBackendOutGraph):
+        b = cls(s.world, spec)
+        run = nb.runner(b, m, s)
+        call_capture_hook(b, run.capture_batch(4))
+        captured.append(b.graph_state(4, m))
+        replayed.append(nb.replay_hooks(cls(s.world, spec), m, fb, s)[0])
+    for unified, stage_3 in (captured, replayed):
+        assert unified.keys() == stage_3.keys()
+        for k, v in unified.items():
+            assert torch.equal(torch.as_tensor(v), torch.as_tensor(stage_3[k])), k
+
+
+def test_stage_3_refuses_draft_extend_v1_as_sglang_0_5_23_has_none():
+    with pytest.raises(GraphModeNotSupported):
+        TritonAttnBackendOutGraph(nb.setting("cpu").world, nb.CHAIN).check_graph_mode(ForwardMode.DRAFT_EXTEND)
 
 
 def test_the_checker_drives_a_stage_3_class_and_names_a_drift_inside_it():
-    ok = run_checks(
-        modes=("decode",),
-        engine="cpu-emulator",
-        settings=FAST,
-        entries=[load_backend_class("refimpl.backends.triton:TritonAttnBackendOutGraph")],
-    )
-    assert ok and all(r.passed and not r.findings for r in ok), [r.findings for r in ok]
-    bad = run_checks(
-        modes=("decode",),
-        engine="cpu-emulator",
-        settings=FAST,
-        entries=[load_backend_class("broken_backends:OutGraphSkipsSplitsAtCapture")],
-    )
-    assert all(r.capture_equals_replay is False and r.graph_equals_eager for r in bad)
+    ok = check("refimpl.backends.triton:TritonAttnBackendOutGraph", modes=None)
+    ran = [r for r in ok if not any(f.startswith("skipped") for f in r.findings)]
+    assert {r.mode for r in ran} == {"decode", "idle", "target_verify", "draft_extend_v2"}
+    assert all(r.passed and not r.findings for r in ran), [r.findings for r in ran]
+    bad = check("broken_backends:OutGraphSkipsSplitsAtCapture", modes=("decode",))
+    assert bad and all(r.capture_equals_replay is False and r.graph_equals_eager for r in bad)
     assert all(any(f.startswith("num_kv_splits:") for f in r.findings) for r in bad), [r.findings for r in bad]
+
+
+def test_a_duck_typed_class_with_the_classic_pair_is_driven_through_the_base_default():
+    rows = check("broken_backends:DuckClassicPair")
+    assert rows and all(r.passed and not r.findings for r in rows), [r.findings for r in rows]
+
+
+def check(target, modes=("decode",)):
+    return run_checks(modes=modes, engine="cpu-emulator", settings=FAST, entries=[load_backend_class(target)])

@@ -11,7 +11,7 @@ import importlib
 import inspect
 from dataclasses import dataclass
 
-from .base import NEITHER_INTERFACE, AttentionBackend, GraphModeNotSupported, hook_interface
+from .base import CLASSIC_PAIR, NEITHER_INTERFACE, AttentionBackend, GraphModeNotSupported, dead_classic_hooks, hook_interface
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,10 @@ class BackendEntry:
         return cls(*labels, target, getattr(backend_cls, "multi_step_class", None))  # a duck-typed class may lack it
 
 
-# what --backend-class requires: AttentionBackend's public methods (its abstract hooks and those it defaults)
-CONTRACT = tuple(n for n, v in vars(AttentionBackend).items() if callable(v) and not n.startswith("_"))
+# what --backend-class requires: AttentionBackend's public methods (its abstract hooks and those it defaults), but the
+# metadata hooks, where either interface will do (``hook_interface``)
+HOOKS = ("init_forward_metadata_out_graph", *CLASSIC_PAIR)
+CONTRACT = tuple(n for n, v in vars(AttentionBackend).items() if callable(v) and not n.startswith("_") and n not in HOOKS)
 
 
 class BackendLoadError(ValueError):
@@ -73,6 +75,11 @@ def load_backend_class(spec: str) -> BackendEntry:
         raise BackendLoadError(f"--backend-class {spec!r}: {cls_name} is abstract: it leaves {left} unimplemented")
     if hook_interface(backend_cls) is None:
         raise BackendLoadError(f"--backend-class {spec!r}: {cls_name} {NEITHER_INTERFACE}")
+    if dead := dead_classic_hooks(backend_cls):
+        raise BackendLoadError(
+            f"--backend-class {spec!r}: {cls_name} defines {', '.join(dead)}, which the runner never calls: it implements "
+            "init_forward_metadata_out_graph (SGLang 0.5.23's entry point); put the change there"
+        )
     missing = [m for m in CONTRACT if not callable(getattr(backend_cls, m, None))]
     if missing:
         raise BackendLoadError(

@@ -13,10 +13,10 @@
 
 The capture and replay hooks run **outside** the graph ([facts#capture]); only ``forward`` (and the in-graph hook) is
 recorded. So everything ``forward`` reads is a static buffer from ``init_cuda_graph_state`` (or a view of one) that
-replay refills in place ([facts#what-is-and-is-not-captured]). Every backend has a ``legacy`` shape (upstream before the unification, #26134 /
-#26665) and a ``unified`` one; each class carries one ``PATTERNS`` label ([facts#pattern-vocabulary]). The runner
-calls ``init_forward_metadata_out_graph``, whose default drives the classic pair: a backend implements either
-(``hook_interface``).
+replay refills in place ([facts#what-is-and-is-not-captured]). Every backend has a ``legacy`` shape (upstream before the
+unification, #26134 / #26665) and a ``unified`` one; each class carries one ``PATTERNS`` label
+([facts#pattern-vocabulary]). The runner calls ``init_forward_metadata_out_graph``, whose default drives the classic
+pair: a backend implements either (``hook_interface``).
 """
 
 from __future__ import annotations
@@ -71,14 +71,27 @@ NEITHER_INTERFACE = (
 )
 
 
+CLASSIC_PAIR = ("init_forward_metadata_capture_cuda_graph", "init_forward_metadata_replay_cuda_graph")
+
+
 def hook_interface(cls: type) -> str | None:
     """Which metadata interface a backend class implements: ``"out_graph"`` (stage 3, SGLang 0.5.23), ``"classic"``
     (the capture / replay pair, stages 1 and 2), or ``None`` (neither: it cannot be captured)."""
     own = lambda name: getattr(cls, name, None) not in (None, getattr(AttentionBackend, name))  # noqa: E731
     if own("init_forward_metadata_out_graph"):
         return "out_graph"
-    pair = ("init_forward_metadata_capture_cuda_graph", "init_forward_metadata_replay_cuda_graph")
-    return "classic" if all(map(own, pair)) else None
+    return "classic" if all(map(own, CLASSIC_PAIR)) else None
+
+
+def dead_classic_hooks(cls: type) -> list[str]:
+    """The classic hooks a stage-3 class defines below its ``init_forward_metadata_out_graph``: the runner never calls
+    them (a subclass that plants a bug there would go unseen)."""
+    mro = cls.__mro__
+    owner = next((i for i, c in enumerate(mro) if "init_forward_metadata_out_graph" in vars(c)), None)
+    if owner is None or mro[owner] is AttentionBackend:
+        return []
+    base = {n: getattr(AttentionBackend, n) for n in CLASSIC_PAIR}
+    return sorted({n for c in mro[:owner] for n in CLASSIC_PAIR if vars(c).get(n, base[n]) is not base[n]})
 
 
 class GraphModeNotSupported(ValueError):
@@ -123,10 +136,11 @@ class AttentionBackend(ABC):
         """Allocate every tensor a captured ``forward`` will read, sized for the largest graph."""
 
     def init_forward_metadata_out_graph(self, fb: ForwardBatch, in_capture: bool = False) -> None:
-        """SGLang 0.5.23's one entry point, the only metadata call its runners make outside a graph: before capture
-        (``in_capture=True``: the body, then the frozen views) and before every replay, on views of the static inputs
-        ([facts#three-stages-of-the-hooks]). The default adapts the classic pair below with SGLang's argument lists, so
-        every shape written in stage 1 or 2 is driven through it; a stage-3 shape overrides this instead."""
+        """SGLang 0.5.23's one entry point, the per-batch metadata call its decode and EAGLE runners make outside the
+        graph: before capture (``in_capture=True``) and before every replay, on views of the static inputs
+        ([facts#three-stages-of-the-hooks]). Upstream's default is a no-op and the classic pair is gone from its base
+        class; refimpl's default drives the classic pair below with SGLang's argument lists, so every shape written in
+        stage 1 or 2 runs through it. A stage-3 shape overrides this instead."""
         if in_capture:
             self.init_forward_metadata_capture_cuda_graph(
                 fb.batch_size, fb.num_tokens, fb.req_pool_indices, fb.seq_lens, None, fb.forward_mode, fb.spec_info

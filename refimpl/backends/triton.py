@@ -390,11 +390,14 @@ class TritonAttnBackendLegacy(TritonAttnBackend):
 
 class TritonAttnBackendOutGraph(TritonAttnBackend):
     """Stage 3, SGLang 0.5.23's interface (``triton_backend.py``: ``init_forward_metadata_out_graph``): one entry point
-    whose ``in_capture`` adds the frozen views to the one body; the classic pair is gone. Buffers, body, views and
-    ``forward`` are the unified shape's. Open PR #28765 (https://github.com/sgl-project/sglang/pull/28765) goes on to
-    fold the eager body in too (``_compute_forward_metadata``). No multi-step wrapper: SGLang's drives its steps' pair."""
+    whose ``in_capture`` adds the frozen views to the one body; the classic pair is gone (from 0.5.23's base class too).
+    Buffers, body, views and ``forward`` are the unified shape's. Open PR #28765
+    (https://github.com/sgl-project/sglang/pull/28765) goes on to fold the eager body in too (``_compute_forward_metadata``).
+    Modes as 0.5.23's: no draft extend v1 (its ``ForwardMode`` has none). Not modelled: upstream's multi-step wrapper (it calls each step's out-graph hook at
+    capture, whose spec-input branch only takes views of the wrapper's buffers), sliding-window refills, dLLM modes."""
 
     variant = "out_graph"
+    graph_modes = frozenset(GRAPH_MODES) - {ForwardMode.DRAFT_EXTEND}
     init_forward_metadata_capture_cuda_graph = AttentionBackend.init_forward_metadata_capture_cuda_graph  # gone in 0.5.23
     init_forward_metadata_replay_cuda_graph = AttentionBackend.init_forward_metadata_replay_cuda_graph
 

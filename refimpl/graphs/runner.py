@@ -31,11 +31,13 @@ import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 
 from .. import layout
+from ..backends.base import AttentionBackend
 from ..batch import ForwardBatch
 from ..config import GraphConfig, SpecConfig
 from ..kernels.validation import result_size
@@ -68,12 +70,17 @@ class RunResult:
 def call_capture_hook(backend, fb: ForwardBatch):
     """Before capturing ``fb``'s size: ``init_forward_metadata_out_graph(fb, in_capture=True)`` (a classic backend's
     capture hook through the base class's default)."""
-    backend.init_forward_metadata_out_graph(fb, in_capture=True)
+    _out_graph(backend)(fb, in_capture=True)
 
 
 def call_replay_hook(backend, fb: ForwardBatch):
     """Before a replay, on the static batch: ``init_forward_metadata_out_graph(fb)`` (a classic backend's replay hook)."""
-    backend.init_forward_metadata_out_graph(fb)
+    _out_graph(backend)(fb)
+
+
+def _out_graph(backend):  # a duck-typed --backend-class class may implement only the classic pair
+    own = getattr(backend, "init_forward_metadata_out_graph", None)
+    return own or partial(AttentionBackend.init_forward_metadata_out_graph, backend)
 
 
 def call_in_graph_hook(backend, fb: ForwardBatch):
