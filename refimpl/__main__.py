@@ -17,6 +17,7 @@ from . import _env  # noqa: F401
 from .backends import REGISTRY, load_backend_class
 from .layout import KINDS
 
+SGLANG = {"triton": "SGLangTritonAttnBackend"}  # --sglang NAME: the adapter's class (refimpl/adapters/sglang.py)
 VERDICTS = """verdicts (one row per backend x variant x mode x batch size; - = not asked):
   cap=rep      (a) the capture path fills what the replay path fills (the state the graph reads); draft extend
                also through SGLang 0.5.23's max-capacity views (PR #36913)
@@ -136,6 +137,13 @@ def main(argv: list[str] | None = None) -> int:
         help="check an out-of-tree backend class implementing refimpl's backend contract (repeatable), e.g. "
         "examples.paged_decode_backend:PagedDecodeBackend",
     )
+    arg(
+        "--sglang",
+        action="append",
+        choices=sorted(SGLANG),
+        help="check SGLang 0.5.23's own backend (its graph buffers and metadata hook; refimpl.adapters.sglang), from its "
+        "wheel unpacked by scripts/fetch_sglang.sh (repeatable; with --backend-class, not --backend / --variant)",
+    )
     arg("--json", action="store_true", help="print a JSON list of records")
     arg("--fuzz", type=_count, metavar="N", help="fuzz instead: N random batches per backend x variant x mode x spec")
     arg(
@@ -182,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         c.error("argument --engine: cuda needs a CUDA device and this machine has none (use auto or cpu-emulator)")
 
     named = lambda *given: " / ".join(f for f, v in given if v)  # the flags set among (flag, value) pairs
+    args.backend_class = (args.backend_class or []) + [f"refimpl.adapters.sglang:{SGLANG[n]}" for n in args.sglang or ()]
     if args.backend_class and (given := named(("--backend", args.backends), ("--variant", args.variants))):
         c.error(f"argument --backend-class: not with {given}: it checks the given classes, not registered backends")
     if args.bs and args.all:

@@ -18,6 +18,9 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 Device = str | torch.device  # a device, or its name
 
 
+LAUNCH_CHECKS: list = []  # each called with the kernel before an interpreted launch (the emulator's capture: one)
+
+
 def _patch_lang_once_per_launch():
     """Make the interpreter's nested ``@triton.jit`` calls cheap. The interpreter re-patches ``triton.language`` (every
     builtin, found by ``inspect.getmembers``) on *every* call of a device function: ``tl.max`` and ``tl.sum`` are such
@@ -40,6 +43,8 @@ def _patch_lang_once_per_launch():
         return real_patch(fn)
 
     def launch(self, *args, **kwargs):
+        for check in LAUNCH_CHECKS:
+            check(getattr(self, "fn", None))
         seen.clear()  # the previous launch restored what its own patch set
         try:
             return real_launch(self, *args, **kwargs)

@@ -48,6 +48,15 @@ PY
 } > "$out/versions.txt" 2>&1
 cat "$out/versions.txt"
 
+# SGLang 0.5.23 for tests/test_sglang_adapter.py, when carried (benchmarks/sglang_probe/pack_h200.sh: .sgl/full, 12 MiB;
+# the device has no network): its wheel without compiled extensions, msgspec and dill for this Python
+if [ -f .sgl/full/site.tgz ] && [ ! -d .sgl/0.5.23/site/sglang ]; then
+  mkdir -p .sgl/0.5.23/site && tar -xzf .sgl/full/site.tgz -C .sgl/0.5.23/site
+  python3 -m pip install -q --no-index --no-deps --target .sgl/0.5.23/deps .sgl/full/wheels/*.whl
+fi
+{ [ -d .sgl/0.5.23/site/sglang ] && echo "sglang 0.5.23 (carried)" || echo "sglang not carried: the adapter test skips"; } \
+  >> "$out/versions.txt"
+
 run_files() {  # one pytest process per file, $1 at a time, a junit report each
   local jobs=$1; shift
   [ $# -gt 0 ] || return 0

@@ -160,3 +160,34 @@ def test_copy_ops_inside_capture_rerun():
     x.copy_(torch.full((2, 3), 10.0))
     g.replay()
     assert torch.equal(a2, torch.full((2, 3), 20.0)) and torch.equal(b1, torch.full((3, 2), 11.0))
+
+
+def test_a_triton_launch_outside_any_torch_op_is_refused_at_capture():
+    """The emulator records torch ops (a refimpl kernel is one custom op): a Triton kernel launched directly (SGLang's
+    own, through ``refimpl.adapters.sglang``) would be skipped at every replay, so its capture is refused by name; the
+    same launch inside a custom op, or outside any capture, runs."""
+    import triton
+    import triton.language as tl
+
+    from refimpl import _env
+
+    if not _env.INTERPRET:
+        pytest.skip("the rule is the interpreter's (a CUDA graph records the launch itself)")
+
+    @triton.jit
+    def add_one(x_ptr, n: tl.constexpr):
+        offs = tl.arange(0, n)
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs) + 1)
+
+    x = torch.zeros(4)
+    add_one[(1,)](x, 4)  # eager: runs
+    with pytest.raises(GraphCaptureError, match=r"Triton kernel launched outside any torch op .*add_one"):
+        capture(lambda: add_one[(1,)](x, 4))
+
+    @torch.library.custom_op("refimpl_test::add_one", mutates_args=("x",))
+    def add_one_op(x: torch.Tensor) -> None:
+        add_one[(1,)](x, 4)
+
+    g, _ = capture(lambda: add_one_op(x))  # inside an op: recorded, replayed
+    g.replay()
+    assert x.tolist() == [3.0] * 4  # eager, capture, replay (the refused capture launched nothing)

@@ -7,7 +7,7 @@ Verify's glue is not timed here: its hook copies the spec input's tree mask, a t
 
     python benchmarks/sglang_probe/hook_timing.py ROOT [decode|target_verify] [--sizes 1,8,64] [--ctx 4096] [--pin 3]
 
-ROOT: ``fetch.sh``'s tree or ``trim.py``'s. On a CPU the hooks run in the Triton interpreter: the printed numbers say
+ROOT: ``scripts/fetch_sglang.sh``'s tree or ``trim.py``'s. On a CPU the hooks run in the Triton interpreter: the printed numbers say
 nothing about a GPU; the buffer comparison holds.
 """
 
@@ -166,7 +166,7 @@ def main() -> int:
 
     pinned = bench.pin_to_core(args.pin)
     rows = measure(args.mode, tuple(int(x) for x in args.sizes.split(",")), args.ctx, args.repeats, args.rounds)
-    import sgl_stubs
+    from refimpl.adapters import sglang_stubs as sgl_stubs
 
     print(f"{bench.environment().get('device')}; {pinned}; context {args.ctx}; host µs, medians of {args.rounds} rounds")
     print(f"SGLang modules stood in for by the fallback finder: {sorted(set(sgl_stubs.FALLBACK)) or 'none'}")

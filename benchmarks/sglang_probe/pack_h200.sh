@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What h200.sh carries, from fetch.sh's tree $1 (default /tmp/sgl): .sgl/full/site.tgz (SGLang 0.5.23's wheel without
+# What h200.sh carries, from scripts/fetch_sglang.sh's tree $1 (default /tmp/sgl): .sgl/full/site.tgz (SGLang 0.5.23's wheel without
 # its compiled extensions, which the attention backends do not import, and without sglang/multimodal_gen: 12 MiB) and
 # .sgl/full/wheels/ (msgspec and dill for the H200's Python 3.12). The whole tree, not trim.py's: trim.py keeps what
 # the CPU probe imported, and on CUDA SGLang imports more (0.5.23's fp8_kernel.py imports per_tensor_quant_fp8 only there).

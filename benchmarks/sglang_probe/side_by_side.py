@@ -2,7 +2,7 @@
 replay through 0.5.23's interface (``init_forward_metadata_out_graph(forward_batch, in_capture)``) beside refimpl's
 unified Triton hooks on the same padded batch (raw bs 3 in the bs-4 graph), graph buffers compared. A probe, not a tool.
 
-    bash benchmarks/sglang_probe/fetch.sh /tmp/sgl
+    bash scripts/fetch_sglang.sh /tmp/sgl
     python benchmarks/sglang_probe/side_by_side.py /tmp/sgl decode    # or target_verify, draft_extend_v2, draft_decode
     python benchmarks/sglang_probe/side_by_side.py /tmp/sgl decode wave    # Wave (the full tree: trim.py keeps Triton's)
 
@@ -37,60 +37,16 @@ class NoneNS(types.SimpleNamespace):
 
 
 def sglang_triton_backend(world, cfg, spec=None, cls=None):
-    """SGLang's ``TritonAttnBackend`` over ``world`` (its stand-in model runner: the pools, a static-pool index
-    translator, the model config), after publishing a dummy-model ``ServerArgs`` (0.5.23 reads process-wide config;
-    ``spec``: EAGLE with its steps, topk and draft tokens; ``cls``: another backend class built the same way, e.g.
-    ``WaveAttnBackend``, which reads its tensor-parallel rank: 0 here)."""
-    import torch
-    from sglang.srt import runtime_context
-    from sglang.srt.configs.model_config import AttentionArch
+    """SGLang's ``TritonAttnBackend`` over ``world`` on the adapter's stand-in model runner
+    (``refimpl.adapters.sglang.model_runner``: the pools, a static-pool index translator, the model config, a published
+    dummy-model ``ServerArgs``; ``spec``: EAGLE with its steps, topk and draft tokens; ``cls``: another backend class
+    built the same way, e.g. ``WaveAttnBackend``, which reads its tensor-parallel rank: 0 here)."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
-    from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
-    from sglang.srt.server_args import ServerArgs
 
-    kw = {} if spec is None else dict(speculative_algorithm="EAGLE", speculative_num_steps=spec.num_steps)
-    kw.update({} if spec is None else dict(speculative_eagle_topk=spec.topk, speculative_num_draft_tokens=spec.num_draft_tokens))
-    dev = world.device.type
-    server_args = ServerArgs(model_path="dummy", device=dev, attention_backend="triton", page_size=world.page_size, **kw)
-    runtime_context.publish(server_args, role="test")
-    runtime_context.get_parallel().override_permanently(tp_rank=0)  # one process, no groups
-    model_config = NoneNS(
-        attention_arch=AttentionArch.MHA,
-        get_max_num_attention_heads=lambda: cfg.num_heads,
-        get_num_kv_heads=lambda *a: cfg.num_kv_heads,
-        context_len=world.max_context_len,
-        head_dim=cfg.head_dim,
-        v_head_dim=cfg.v_head_dim,
-        is_encoder_decoder=False,
-        hf_config=NoneNS(get_text_config=lambda: NoneNS()),
-        num_attention_heads=cfg.num_heads,
-    )
-    pool = types.SimpleNamespace(size=world.req_to_token_pool.size, req_to_token=world.req_to_token)
-    kv = types.SimpleNamespace(
-        get_v_head_dim=lambda: cfg.v_head_dim, start_layer=0, get_value_buffer=lambda i: world.kv_cache.v[i]
-    )
-    translator = KVIndexTranslator(
-        req_to_token=world.req_to_token, token_to_kv_pool_allocator=None, token_to_kv_pool=kv, page_size=1, device=dev
-    )
-    algo = types.SimpleNamespace(is_dspark=lambda: False, is_none=lambda: spec is None, is_eagle=lambda: spec is not None)
-    runner = types.SimpleNamespace(
-        req_to_token_pool=pool,
-        token_to_kv_pool=kv,
-        token_to_kv_pool_allocator=None,
-        page_size=1,
-        kv_index_translator=translator,
-        decode_num_tokens_per_req=lambda: 1 if spec is None else spec.num_draft_tokens,
-        model_config=model_config,
-        device=dev,
-        gpu_id=world.device.index or 0,
-        sliding_window_size=None,
-        is_draft_worker=False,
-        spec_algorithm=algo,
-        kv_cache_dtype=torch.float32,
-        server_args=server_args,
-    )
-    backend = (cls or TritonAttnBackend)(runner)
-    if dev == "cpu":
+    from refimpl.adapters.sglang import model_runner
+
+    backend = (cls or TritonAttnBackend)(model_runner(world, spec))
+    if world.device.type == "cpu":
         backend.device_core_count = 8  # refimpl on a CPU assumes 8 (SGLang sees none there and fills max_kv_splits)
     return backend
 
@@ -98,20 +54,20 @@ def sglang_triton_backend(world, cfg, spec=None, cls=None):
 def setup(root: Path) -> None:
     """SGLang's trimmed or full tree and its two real dependencies on the path, the stand-ins installed (on a CPU,
     refimpl's import sets the Triton interpreter up before any @triton.jit)."""
+    os.environ["REFIMPL_SGLANG"] = str(root)  # where refimpl.adapters.sglang looks, when imported
     sys.path[:0] = [str(HERE), str(root / "site"), str(root / "deps")]
     warnings.filterwarnings("ignore")
-    import sgl_stubs
-
     import refimpl  # noqa: F401
+    from refimpl.adapters import sglang_stubs as sgl_stubs
 
     # SGLANG_PROBE_FALLBACK=1: any module still missing becomes a stand-in (sgl_stubs.FALLBACK lists them)
-    sgl_stubs.install((HERE / "stub_roots.txt").read_text().split(), fallback=os.environ.get("SGLANG_PROBE_FALLBACK") == "1")
+    sgl_stubs.install(sgl_stubs.ROOTS, fallback=os.environ.get("SGLANG_PROBE_FALLBACK") == "1")
 
 
 def sglang_wave_class():
     """SGLang's ``WaveAttnBackend`` class: its kernels need ``wave_lang`` (stand-ins here, like ``iree``), and its
     ``init_cuda_graph_state`` asks them for the split-KV scratch shapes, answered here as the Triton decode's."""
-    import sgl_stubs
+    from refimpl.adapters import sglang_stubs as sgl_stubs
 
     sgl_stubs.install(["wave_lang", "iree"])
     import sglang.srt.layers.attention.wave_ops.decode_attention as wave_decode

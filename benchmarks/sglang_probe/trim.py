@@ -31,11 +31,10 @@ def main(src: Path, dest: Path) -> None:
     sys.path[:0] = [str(HERE), str(site), str(src / "deps")]
     os.environ["TRITON_INTERPRET"] = "1"
     warnings.filterwarnings("ignore")
-    import sgl_stubs
-
     import refimpl  # noqa: F401  (the interpreter set up before any @triton.jit)
+    from refimpl.adapters import sglang_stubs as sgl_stubs
 
-    sgl_stubs.install((HERE / "stub_roots.txt").read_text().split())
+    sgl_stubs.install(sgl_stubs.ROOTS)
     from sglang.srt import runtime_context
     from sglang.srt.server_args import ServerArgs
 

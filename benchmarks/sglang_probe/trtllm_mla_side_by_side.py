@@ -46,13 +46,14 @@ def _host_only_factories(torch) -> None:
 
 
 def sglang_trtllm_mla_backend(world, cfg, spec=None):
-    import sgl_stubs
     import torch
     from sglang.srt import runtime_context
     from sglang.srt.configs.model_config import AttentionArch
     from sglang.srt.layers.attention import flashinfer_mla_backend, trtllm_mla_backend
     from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
     from sglang.srt.server_args import ServerArgs
+
+    from refimpl.adapters import sglang_stubs as sgl_stubs
 
     _host_only_factories(torch)
     trtllm_mla_backend._jit_fixup_module = lambda *a, **k: None

@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 from torch.utils._pytree import tree_flatten
 
+from .. import _env
 from .engine import GraphCaptureError, GraphReplayError
 
 # Ops that need the value of device data on the host (CUDA: a sync, illegal while capturing).
@@ -88,6 +89,26 @@ class Recorder(TorchDispatchMode):
         self.steps = steps  # None: name the ops only (the CUDA engine)
         self.refuse = refuse  # False: count ops outside any capture (host reads allowed)
         self.names: list[tuple[str, bool]] = []  # (op name, launches work at replay)
+
+    def __enter__(self):
+        if self.steps is not None:  # the emulator replays what it recorded, and a raw launch is not recorded
+            _env.LAUNCH_CHECKS.append(self._outside_an_op)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        if self._outside_an_op in _env.LAUNCH_CHECKS:
+            _env.LAUNCH_CHECKS.remove(self._outside_an_op)
+        return super().__exit__(*exc)
+
+    def _outside_an_op(self, kernel):
+        """A Triton launch while this recorder is the innermost mode: not inside a torch op (a refimpl kernel is one),
+        so nothing records it and the emulator's replay would skip it (a CUDA graph records the launch itself)."""
+        if _get_current_dispatch_mode() is self:
+            name = f"{getattr(kernel, '__module__', '?')}.{getattr(kernel, '__name__', kernel)}"
+            raise GraphCaptureError(
+                f"a Triton kernel launched outside any torch op during capture ({name}): the CPU "
+                "emulator records torch ops only and would not replay it"
+            )
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -1,4 +1,5 @@
-"""Stand-in modules for what SGLang's import chain touches and its attention backends never use (probe, not a tool).
+"""Stand-in modules for what SGLang's import chain touches and its attention backends never use
+(``refimpl.adapters.sglang``; the probes in ``benchmarks/sglang_probe/``).
 
 ``install(roots)`` puts a finder first on ``sys.meta_path``: a module named in ``roots`` (a top-level package, or a dotted
 SGLang subpackage such as ``sglang.srt.parser``) imports as a permissive stand-in whose every attribute is a ``_Stub``
@@ -119,6 +120,52 @@ class _StubModule(types.ModuleType):
     def __getattr__(self, name):
         return "0.0.0" if name == "__version__" else _attr(name)
 
+
+# what SGLang 0.5.23's Triton, Wave and TRTLLM-MLA backends import on a CPU and never use: top-level packages, and
+# SGLang subpackages (dotted)
+ROOTS = (
+    "orjson",
+    "pybase64",
+    "starlette",
+    "aiohttp",
+    "transformers",
+    "huggingface_hub",
+    "httpx",
+    "httpx2",
+    "fastapi",
+    "uvicorn",
+    "zmq",
+    "setproctitle",
+    "uvloop",
+    "sgl_kernel",
+    "outlines",
+    "xgrammar",
+    "llguidance",
+    "partial_json_parser",
+    "compressed_tensors",
+    "torchao",
+    "gguf",
+    "openai",
+    "tiktoken",
+    "sentencepiece",
+    "einops",
+    "prometheus_client",
+    "interegular",
+    "pynvml",
+    "datasets",
+    "requests",
+    "PIL",
+    "pydantic_core",
+    "pydantic",
+    "sglang.srt.entrypoints",
+    "sglang.srt.function_call",
+    "sglang.srt.parser",
+    "sglang.srt.constrained",
+    "torchvision",
+    "safetensors",
+    "regex",
+    "tvm_ffi",
+)
 
 FALLBACK: list[str] = []  # modules the last-resort finder stood in for
 

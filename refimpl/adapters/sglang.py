@@ -1,0 +1,173 @@
+"""SGLang 0.5.23's own attention backends under refimpl's runner, checker, history and fuzz (issue 33's adapter).
+
+``python -m refimpl check --sglang triton`` runs every checker verdict on SGLang's ``TritonAttnBackend``: its
+``init_cuda_graph_state`` allocates the graph buffers, its ``init_forward_metadata_out_graph(forward_batch,
+in_capture)`` fills them before capture and before every replay, and its capture-time ``forward_metadata`` (views of
+those buffers) is what the captured step reads. What runs inside the graph is refimpl's Triton ``forward`` over that
+metadata (the same kernels' arguments: SGLang's decode / extend kernels are not imported), and the eager path, the
+graph state and the reference are refimpl's unified Triton's. So a finding names SGLang's hook or buffer; a kernel
+difference could not show up.
+
+SGLang is not a dependency: its 0.5.23 wheel (no dependencies) is unpacked under ``.sgl/0.5.23`` by
+``scripts/fetch_sglang.sh`` (or ``REFIMPL_SGLANG`` names another root with ``site/`` and ``deps/``), and the packages
+its import chain touches but its attention backends never use are stand-ins (``refimpl.adapters.sglang_stubs``). Its
+model runner is a stand-in over a refimpl ``World`` (the pools as SGLang's model runner exposes them,
+``model_runner``). On a CPU, SGLang's ``device_core_count`` is set to the 8 refimpl's split heuristic assumes there.
+Modes: decode, idle, target verify, draft extend v2 (0.5.23 has no draft extend v1); no multi-step draft wrapper yet.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+from pathlib import Path
+
+import torch
+
+from ..backends.base import AttentionBackend
+from ..backends.triton import TritonAttnBackend, TritonMetadata
+from ..modes import ForwardMode
+from . import sglang_stubs
+
+VERSION = "0.5.23"
+ROOT = Path(os.environ.get("REFIMPL_SGLANG", Path(__file__).resolve().parents[2] / ".sgl" / VERSION))
+
+
+class SGLangNotFound(ImportError):
+    """No unpacked SGLang 0.5.23 where ``REFIMPL_SGLANG`` (default ``.sgl/0.5.23``) points."""
+
+
+def setup(root: Path = ROOT) -> None:
+    """Put SGLang's unpacked wheel and its two real dependencies (msgspec, dill) on the path and install the stand-ins
+    (on CUDA also the last-resort finder: SGLang imports GPU-only packages a CPU run never reaches)."""
+    if "sglang" in sys.modules:
+        return
+    if not (root / "site" / "sglang").is_dir():
+        raise SGLangNotFound(
+            f"SGLang {VERSION} not found at {root}: run `bash scripts/fetch_sglang.sh` (network, a 39 MB wheel) or set "
+            "REFIMPL_SGLANG to a folder holding site/sglang and deps/"
+        )
+    sys.path[:0] = [str(root / "site"), str(root / "deps")]
+    sglang_stubs.install(sglang_stubs.ROOTS, fallback=torch.cuda.is_available())
+
+
+setup()  # at import: a missing SGLang is one clear error where the class is loaded
+
+
+class _Config(types.SimpleNamespace):
+    """A config whose unknown fields read as None (what the tiny model does not set)."""
+
+    def __getattr__(self, k):
+        if k.startswith("__"):
+            raise AttributeError(k)
+        return None
+
+
+def model_runner(world, spec):
+    """What SGLang's ``TritonAttnBackend.__init__`` reads of its model runner, over ``world``; publishes a dummy-model
+    ``ServerArgs`` first (0.5.23 reads process-wide config through ``sglang.srt.runtime_context``)."""
+    from sglang.srt import runtime_context
+    from sglang.srt.configs.model_config import AttentionArch
+    from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+    from sglang.srt.server_args import ServerArgs
+
+    cfg, dev = world.cfg, world.device.type
+    kw = {}
+    if spec is not None:
+        kw = dict(speculative_algorithm="EAGLE", speculative_num_steps=spec.num_steps, speculative_eagle_topk=spec.topk)
+        kw["speculative_num_draft_tokens"] = spec.num_draft_tokens
+    server_args = ServerArgs(model_path="dummy", device=dev, attention_backend="triton", page_size=world.page_size, **kw)
+    runtime_context.publish(server_args, role="test")
+    runtime_context.get_parallel().override_permanently(tp_rank=0)  # one process, no groups
+    model_config = _Config(
+        attention_arch=AttentionArch.MHA,
+        get_max_num_attention_heads=lambda: cfg.num_heads,
+        get_num_kv_heads=lambda *a: cfg.num_kv_heads,
+        context_len=world.max_context_len,
+        head_dim=cfg.head_dim,
+        v_head_dim=cfg.v_head_dim,
+        is_encoder_decoder=False,
+        hf_config=_Config(get_text_config=lambda: _Config()),
+        num_attention_heads=cfg.num_heads,
+    )
+    kv = types.SimpleNamespace(
+        get_v_head_dim=lambda: cfg.v_head_dim, start_layer=0, get_value_buffer=lambda i: world.kv_cache.v[i]
+    )
+    translator = KVIndexTranslator(
+        req_to_token=world.req_to_token, token_to_kv_pool_allocator=None, token_to_kv_pool=kv, page_size=1, device=dev
+    )
+    algo = types.SimpleNamespace(is_dspark=lambda: False, is_none=lambda: spec is None, is_eagle=lambda: spec is not None)
+    return types.SimpleNamespace(
+        req_to_token_pool=types.SimpleNamespace(size=world.req_to_token_pool.size, req_to_token=world.req_to_token),
+        token_to_kv_pool=kv,
+        token_to_kv_pool_allocator=None,
+        page_size=1,
+        kv_index_translator=translator,
+        decode_num_tokens_per_req=lambda: 1 if spec is None else spec.num_draft_tokens,
+        model_config=model_config,
+        device=dev,
+        gpu_id=world.device.index or 0,
+        sliding_window_size=None,
+        is_draft_worker=False,
+        spec_algorithm=algo,
+        kv_cache_dtype=world.kv_cache.k[0].dtype,
+        server_args=server_args,
+    )
+
+
+class SGLangTritonAttnBackend(TritonAttnBackend):
+    """SGLang 0.5.23's ``TritonAttnBackend`` (``python/sglang/srt/layers/attention/triton_backend.py``) for its graph
+    buffers and its metadata hook; refimpl's unified Triton for ``forward``, the eager path and the reference."""
+
+    variant = f"sglang-{VERSION}"
+    graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2})
+    # not kv_indptr / qo_indptr / mask_indptr: SGLang allocates them zeroed in __init__ and its hooks never write entry 0;
+    # poisoned (the checker's probe of what a hook writes), its index kernel stores out of bounds, which the Triton
+    # interpreter answers with a segfault, not an error
+    graph_buffer_names = tuple(n for n in TritonAttnBackend.graph_buffer_names if n.startswith("cuda_graph_"))
+    init_forward_metadata_capture_cuda_graph = AttentionBackend.init_forward_metadata_capture_cuda_graph  # not in 0.5.23
+    init_forward_metadata_replay_cuda_graph = AttentionBackend.init_forward_metadata_replay_cuda_graph
+
+    def __init__(self, world, spec=None, **kw):
+        super().__init__(world, spec, **kw)
+        from sglang.srt.layers.attention.triton_backend import TritonAttnBackend as Theirs
+
+        self.sglang = Theirs(model_runner(world, spec))
+        if world.device.type == "cpu":
+            self.sglang.device_core_count = 8  # SGLang sees no cores on a CPU and would fill max_kv_splits
+        self.kv_indptr, self.qo_indptr, self.mask_indptr = self.sglang.kv_indptr, self.sglang.qo_indptr, self.sglang.mask_indptr
+
+    def init_cuda_graph_state(self, max_bs, max_num_tokens, *args) -> None:
+        super().init_cuda_graph_state(max_bs, max_num_tokens)  # the sizes; its buffers are replaced by SGLang's
+        theirs = self.sglang
+        theirs.init_cuda_graph_state(max_bs, max_num_tokens)
+        for name in ("cuda_graph_attn_logits", "cuda_graph_attn_lse", "cuda_graph_num_kv_splits", "cuda_graph_kv_indices"):
+            setattr(self, name, getattr(theirs, name))
+        if theirs._verify_mask is not None:
+            self.cuda_graph_custom_mask = theirs._verify_mask.buffer
+
+    def init_forward_metadata_out_graph(self, fb, in_capture: bool = False) -> None:
+        self.check_graph_mode(fb.forward_mode)
+        self.sglang.init_forward_metadata_out_graph(self._their_batch(fb), in_capture)
+        if in_capture:  # the views SGLang froze, as refimpl's kernels take them
+            md = self.sglang.forward_metadata
+            fields = ("kv_indptr", "kv_indices", "attn_logits", "attn_lse", "num_kv_splits", "max_extend_len", "qo_indptr")
+            self.forward_metadata = TritonMetadata(**{f: getattr(md, f) for f in (*fields, "custom_mask", "mask_indptr")})
+
+    def _their_batch(self, fb):
+        """``fb`` as SGLang's ``ForwardBatch`` fields its Triton hook reads (its ``ForwardMode``, its spec inputs)."""
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode as Theirs
+
+        mode, spec_info = fb.forward_mode, fb.spec_info
+        if mode.is_target_verify():
+            spec_info = _Config(custom_mask=spec_info.custom_mask, num_tokens_per_req=self.spec.num_draft_tokens)
+        elif mode.is_any_draft_extend():  # padded rows extend by N, as 0.5.23's draft-extend runner fills them
+            ext = torch.full((fb.batch_size,), self.spec.num_draft_tokens, dtype=torch.int32, device=self.device)
+            ext[: spec_info.extend_seq_lens.numel()] = spec_info.extend_seq_lens[: fb.batch_size]
+            spec_info = _Config(extend_seq_lens_tensor=ext, accept_length=spec_info.accept_length)
+        fields = dict(batch_size=fb.batch_size, req_pool_indices=fb.req_pool_indices, seq_lens=fb.seq_lens)
+        fields.update(seq_lens_cpu=fb.seq_lens_cpu, seq_lens_sum=fb.seq_lens_sum, out_cache_loc=fb.out_cache_loc)
+        return _Config(
+            **fields, forward_mode=getattr(Theirs, mode.name), spec_info=spec_info, encoder_lens=None, kv_loc_plan=None
+        )

@@ -1,0 +1,55 @@
+"""``python -m refimpl check --sglang triton``: the checker on SGLang 0.5.23's own ``TritonAttnBackend``
+(``refimpl/adapters/sglang.py``), from the wheel ``scripts/fetch_sglang.sh`` unpacks. Run in a child process: the
+stand-ins SGLang's import needs (transformers, PIL, ...) must not reach this one. Skips without the wheel, unless
+``REFIMPL_REQUIRE_SGLANG=1`` (CI sets it)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from refimpl.adapters import sglang_stubs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SGL = os.environ.get("REFIMPL_SGLANG", os.path.join(ROOT, ".sgl", "0.5.23"))
+
+
+def test_check_runs_sglang_s_own_triton_backend():
+    if not os.path.isdir(os.path.join(SGL, "site", "sglang")):
+        if os.environ.get("REFIMPL_REQUIRE_SGLANG") == "1":
+            pytest.fail(f"no SGLang 0.5.23 at {SGL}: bash scripts/fetch_sglang.sh")
+        pytest.skip(f"no SGLang 0.5.23 at {SGL} (bash scripts/fetch_sglang.sh)")
+    cmd = [sys.executable, "-m", "refimpl", "check", "--sglang", "triton", "--json"]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = {r["mode"]: r for r in json.loads(res.stdout)}
+    assert {r["variant"] for r in rows.values()} == {"sglang-0.5.23"}
+    for mode in ("decode", "idle", "target_verify", "draft_extend_v2"):  # what 0.5.23's Triton captures
+        r = rows[mode]
+        verdicts = [r[k] for k in ("capture_equals_replay", "graph_equals_eager", "matches_oracle", "replay_matches_reference")]
+        assert verdicts == [True] * 4 and not r["findings"], (mode, verdicts, r["findings"])
+    assert "does not support draft_extend" in rows["draft_extend"]["findings"][0]  # 0.5.23 has no draft extend v1
+    assert "no multi-step draft backend" in rows["draft_decode"]["findings"][0]
+    if "cpu" in {r["engine"] for r in rows.values()}:  # SGLang's index kernel is a raw Triton launch: no emulated glue
+        assert all(r["glue_equals_eager"] is None for m, r in rows.items() if m in ("decode", "target_verify"))
+
+
+def test_missing_sglang_is_one_clear_line(tmp_path):
+    env = dict(os.environ, REFIMPL_SGLANG=str(tmp_path))
+    res = subprocess.run(
+        [sys.executable, "-m", "refimpl", "check", "--sglang", "triton"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    err = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(err) == 1, res.stderr
+    assert f"SGLang 0.5.23 not found at {tmp_path}: run `bash scripts/fetch_sglang.sh`" in err[0]
+
+
+def test_the_stand_ins_cover_what_sglang_s_attention_backends_import():
+    assert {"transformers", "pydantic", "tvm_ffi", "sgl_kernel"} <= set(sglang_stubs.ROOTS)
