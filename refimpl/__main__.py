@@ -17,7 +17,10 @@ from . import _env  # noqa: F401
 from .backends import REGISTRY, load_backend_class
 from .layout import KINDS
 
-SGLANG = {"triton": "SGLangTritonAttnBackend"}  # --sglang NAME: the adapter's class (refimpl/adapters/sglang.py)
+SGLANG = {
+    "triton": "SGLangTritonAttnBackend",
+    "wave": "SGLangWaveAttnBackend",
+}  # --sglang NAME: the adapter's class (refimpl/adapters/sglang.py)
 VERDICTS = """verdicts (one row per backend x variant x mode x batch size; - = not asked):
   cap=rep      (a) the capture path fills what the replay path fills (the state the graph reads); draft extend
                also through SGLang 0.5.23's max-capacity views (PR #36913)

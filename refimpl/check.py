@@ -119,22 +119,28 @@ def check_entry_mode(
         return [record(0, None, None, None, findings=[f"skipped: {e}"])]
     except Exception as e:  # noqa: BLE001 - the capture (or its warm-up) raised: a failing row, not a crash
         return [record(max(settings.raw_bs), False, None, None, findings=[f"capture: {raised(e)}"])]
-    rows = []
+    rows, raised_on_a_batch = [], False
     sizes = (0,) if kind.mode.is_idle() else settings.raw_bs
     for raw_bs in sizes:
         rig.gen.lengths = row_lengths(raw_bs)
         fb = rig.gen.for_mode(kind, raw_bs)
-        # (a) capture path vs replay path, (d) replay state vs the first-principles reference
-        diffs, ref_diffs = capture_vs_replay(rig.new_backend, rig.runner, fb)
-        # (b) graph replay vs eager, no write into another request's KV; (c) eager vs the oracle
-        v = run_one(rig, fb)
+        try:
+            # (a) capture path vs replay path, (d) replay state vs the first-principles reference
+            diffs, ref_diffs = capture_vs_replay(rig.new_backend, rig.runner, fb)
+            # (b) graph replay vs eager, no write into another request's KV; (c) eager vs the oracle
+            v = run_one(rig, fb)
+        except Exception as e:  # noqa: BLE001 - a hook that raises on a valid batch: a failing row, not a crash
+            rows.append(record(raw_bs, False, None, None, findings=[f"the hooks raised on this batch: {raised(e)}"]))
+            rig.gen.release(fb)
+            raised_on_a_batch = True
+            continue
         ref = None if ref_diffs is None else not ref_diffs
         rows.append(record(raw_bs, not diffs, v.graph_ok, v.oracle_ok, findings=diffs + (ref_diffs or []) + v.findings, ref=ref))
         if settings.history and not kind.mode.is_idle() and raw_bs == max(sizes):  # (f): this replay is its step A
             rows[-1].history_ok, found = history_verdict(rig, raw_bs, a=fb)
             rows[-1].findings += found
         rig.gen.release(fb)
-    if settings.glue_replays:  # (e) last: the other verdicts' batches do not depend on it
+    if settings.glue_replays and not raised_on_a_batch:  # (e) last: the other verdicts' batches do not depend on it
         for row, (ok, found) in zip(rows, glue_per_size(rig, sizes, settings.glue_replays)):
             row.glue_equals_eager, row.glue_findings = ok, found
     return rows

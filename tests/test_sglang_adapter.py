@@ -1,4 +1,4 @@
-"""``python -m refimpl check --sglang triton``: the checker on SGLang 0.5.23's own ``TritonAttnBackend``
+"""``python -m refimpl check --sglang triton`` / ``wave``: the checker on SGLang 0.5.23's own backends
 (``refimpl/adapters/sglang.py``), from the wheel ``scripts/fetch_sglang.sh`` unpacks. Run in a child process: the
 stand-ins SGLang's import needs (transformers, PIL, ...) must not reach this one. Skips without the wheel, unless
 ``REFIMPL_REQUIRE_SGLANG=1`` (CI sets it)."""
@@ -16,24 +16,45 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SGL = os.environ.get("REFIMPL_SGLANG", os.path.join(ROOT, ".sgl", "0.5.23"))
 
 
-def test_check_runs_sglang_s_own_triton_backend():
+def check(name):
+    """``python -m refimpl check --sglang NAME --json`` in a child process: (exit code, rows by mode)."""
     if not os.path.isdir(os.path.join(SGL, "site", "sglang")):
         if os.environ.get("REFIMPL_REQUIRE_SGLANG") == "1":
             pytest.fail(f"no SGLang 0.5.23 at {SGL}: bash scripts/fetch_sglang.sh")
         pytest.skip(f"no SGLang 0.5.23 at {SGL} (bash scripts/fetch_sglang.sh)")
-    cmd = [sys.executable, "-m", "refimpl", "check", "--sglang", "triton", "--json"]
+    cmd = [sys.executable, "-m", "refimpl", "check", "--sglang", name, "--json"]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.startswith("["), res.stderr[-3000:]
     rows = {r["mode"]: r for r in json.loads(res.stdout)}
     assert {r["variant"] for r in rows.values()} == {"sglang-0.5.23"}
+    return res.returncode, rows
+
+
+def passes(row):
+    verdicts = [row[k] for k in ("capture_equals_replay", "graph_equals_eager", "matches_oracle", "replay_matches_reference")]
+    return verdicts == [True] * 4 and not row["findings"]
+
+
+def test_check_runs_sglang_s_own_triton_backend():
+    code, rows = check("triton")
+    assert code == 0
     for mode in ("decode", "idle", "target_verify", "draft_extend_v2"):  # what 0.5.23's Triton captures
-        r = rows[mode]
-        verdicts = [r[k] for k in ("capture_equals_replay", "graph_equals_eager", "matches_oracle", "replay_matches_reference")]
-        assert verdicts == [True] * 4 and not r["findings"], (mode, verdicts, r["findings"])
+        assert passes(rows[mode]), (mode, rows[mode])
     assert "does not support draft_extend" in rows["draft_extend"]["findings"][0]  # 0.5.23 has no draft extend v1
     assert "no multi-step draft backend" in rows["draft_decode"]["findings"][0]
     if "cpu" in {r["engine"] for r in rows.values()}:  # SGLang's index kernel is a raw Triton launch: no emulated glue
         assert all(r["glue_equals_eager"] is None for m, r in rows.items() if m in ("decode", "target_verify"))
+
+
+def test_check_names_the_upstream_bug_in_sglang_s_wave_verify_mask():
+    """0.5.23's Wave sizes its verify mask buffer max_bs * max_context_len; the checker's verify batch needs more (open
+    PR sgl-project/sglang#29581): a failing row naming the upstream file, lines and PR, and exit 1."""
+    code, rows = check("wave")
+    assert code == 1
+    assert passes(rows["decode"]) and passes(rows["idle"])
+    (finding,) = rows["target_verify"]["findings"]
+    assert "upstream bug: SGLang 0.5.23 wave_backend.py _apply_cuda_graph_metadata (line 471)" in finding
+    assert "sized max_bs * max_context_len" in finding and "sgl-project/sglang#29581" in finding
 
 
 def test_missing_sglang_is_one_clear_line(tmp_path):

@@ -18,6 +18,7 @@ Modes: decode, idle, target verify, draft extend v2 (0.5.23 has no draft extend 
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import types
@@ -27,6 +28,7 @@ import torch
 
 from ..backends.base import AttentionBackend
 from ..backends.triton import TritonAttnBackend, TritonMetadata
+from ..backends.wave import WaveAttnBackend
 from ..modes import ForwardMode
 from . import sglang_stubs
 
@@ -116,27 +118,38 @@ def model_runner(world, spec):
     )
 
 
-class SGLangTritonAttnBackend(TritonAttnBackend):
-    """SGLang 0.5.23's ``TritonAttnBackend`` (``python/sglang/srt/layers/attention/triton_backend.py``) for its graph
-    buffers and its metadata hook; refimpl's unified Triton for ``forward``, the eager path and the reference."""
+class _SGLang:
+    """The adapter, mixed into the refimpl shape whose ``forward``, eager path and reference it keeps: SGLang's class
+    ``upstream`` (in ``sglang.srt.layers.attention``) owns the graph buffers and the metadata hook."""
 
+    upstream = ""  # "module.Class" under sglang.srt.layers.attention
     variant = f"sglang-{VERSION}"
-    graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2})
-    # not kv_indptr / qo_indptr / mask_indptr: SGLang allocates them zeroed in __init__ and its hooks never write entry 0;
-    # poisoned (the checker's probe of what a hook writes), its index kernel stores out of bounds, which the Triton
-    # interpreter answers with a segfault, not an error
-    graph_buffer_names = tuple(n for n in TritonAttnBackend.graph_buffer_names if n.startswith("cuda_graph_"))
     init_forward_metadata_capture_cuda_graph = AttentionBackend.init_forward_metadata_capture_cuda_graph  # not in 0.5.23
     init_forward_metadata_replay_cuda_graph = AttentionBackend.init_forward_metadata_replay_cuda_graph
 
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        # not kv_indptr / qo_indptr / mask_indptr: SGLang allocates them zeroed in __init__ and its hooks never write
+        # entry 0; poisoned (the checker's probe of what a hook writes), its index kernel stores out of bounds, which
+        # the Triton interpreter answers with a segfault, not an error
+        cls.graph_buffer_names = tuple(n for n in cls.graph_buffer_names if n.startswith("cuda_graph_"))
+
     def __init__(self, world, spec=None, **kw):
         super().__init__(world, spec, **kw)
-        from sglang.srt.layers.attention.triton_backend import TritonAttnBackend as Theirs
-
-        self.sglang = Theirs(model_runner(world, spec))
+        self._stand_ins()
+        module, name = self.upstream.rsplit(".", 1)
+        theirs = getattr(importlib.import_module(f"sglang.srt.layers.attention.{module}"), name)(model_runner(world, spec))
         if world.device.type == "cpu":
-            self.sglang.device_core_count = 8  # SGLang sees no cores on a CPU and would fill max_kv_splits
-        self.kv_indptr, self.qo_indptr, self.mask_indptr = self.sglang.kv_indptr, self.sglang.qo_indptr, self.sglang.mask_indptr
+            theirs.device_core_count = 8  # SGLang sees no cores on a CPU and would fill max_kv_splits
+        self.sglang, self.kv_indptr, self.qo_indptr, self.mask_indptr = (
+            theirs,
+            theirs.kv_indptr,
+            theirs.qo_indptr,
+            theirs.mask_indptr,
+        )
+
+    def _stand_ins(self) -> None:
+        """What this backend's module needs beyond ``sglang_stubs.ROOTS`` (none)."""
 
     def init_cuda_graph_state(self, max_bs, max_num_tokens, *args) -> None:
         super().init_cuda_graph_state(max_bs, max_num_tokens)  # the sizes; its buffers are replaced by SGLang's
@@ -144,8 +157,8 @@ class SGLangTritonAttnBackend(TritonAttnBackend):
         theirs.init_cuda_graph_state(max_bs, max_num_tokens)
         for name in ("cuda_graph_attn_logits", "cuda_graph_attn_lse", "cuda_graph_num_kv_splits", "cuda_graph_kv_indices"):
             setattr(self, name, getattr(theirs, name))
-        if theirs._verify_mask is not None:
-            self.cuda_graph_custom_mask = theirs._verify_mask.buffer
+        mask = getattr(theirs, "_verify_mask", None)  # Triton's tree-mask scratch; Wave's own buffer
+        self.cuda_graph_custom_mask = mask.buffer if mask is not None else getattr(theirs, "cuda_graph_custom_mask", None)
 
     def init_forward_metadata_out_graph(self, fb, in_capture: bool = False) -> None:
         self.check_graph_mode(fb.forward_mode)
@@ -171,3 +184,37 @@ class SGLangTritonAttnBackend(TritonAttnBackend):
         return _Config(
             **fields, forward_mode=getattr(Theirs, mode.name), spec_info=spec_info, encoder_lens=None, kv_loc_plan=None
         )
+
+
+class SGLangTritonAttnBackend(_SGLang, TritonAttnBackend):
+    """SGLang 0.5.23's ``TritonAttnBackend`` (``triton_backend.py``): decode, idle, target verify, draft extend v2."""
+
+    upstream = "triton_backend.TritonAttnBackend"
+    graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2})
+
+
+class SGLangWaveAttnBackend(_SGLang, WaveAttnBackend):
+    """SGLang 0.5.23's ``WaveAttnBackend`` (``wave_backend.py``; AMD's wave_lang kernels, stand-ins here): decode, idle,
+    target verify. Its verify mask buffer is ``max_bs * max_context_len`` (``init_cuda_graph_state``, line 375), while a
+    verify batch's tree mask holds ``sum N * (seq_len + N)`` entries: ``_apply_cuda_graph_metadata`` (line 471) copies
+    past its end once they exceed it. That is an upstream bug (open PR sgl-project/sglang#29581 sizes the buffer for the
+    mask; #29450 fixed Triton's), named here before the copy instead of a shape error from inside SGLang."""
+
+    upstream = "wave_backend.WaveAttnBackend"
+
+    def _stand_ins(self) -> None:
+        sglang_stubs.install(("wave_lang", "iree"))
+        from sglang.srt.layers.attention.wave_ops import decode_attention
+
+        # its split-KV scratch shapes, asked of wave_lang in init_cuda_graph_state: the Triton decode's
+        decode_attention.decode_attention_intermediate_arrays_shapes = lambda bs, dv, h, s: ((bs, h, s, dv), (bs, h, s))
+
+    def init_forward_metadata_out_graph(self, fb, in_capture: bool = False) -> None:
+        mask = getattr(fb.spec_info, "custom_mask", None) if fb.forward_mode.is_target_verify() else None
+        if mask is not None and mask.numel() > (room := self.sglang.cuda_graph_custom_mask.numel()):
+            raise ValueError(
+                f"upstream bug: SGLang {VERSION} wave_backend.py _apply_cuda_graph_metadata (line 471) copies this batch's "
+                f"tree mask ({mask.numel()} entries) into cuda_graph_custom_mask, sized max_bs * max_context_len = {room} "
+                "(init_cuda_graph_state, line 375): it does not fit (open PR sgl-project/sglang#29581)"
+            )
+        super().init_forward_metadata_out_graph(fb, in_capture)
