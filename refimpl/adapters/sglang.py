@@ -4,7 +4,7 @@
 ``init_cuda_graph_state`` allocates the graph buffers, its ``init_forward_metadata_out_graph(forward_batch,
 in_capture)`` fills them before capture and before every replay, and its capture-time ``forward_metadata`` (views of
 those buffers) is what the captured step reads. What runs inside the graph is refimpl's Triton ``forward`` over that
-metadata (the same kernels' arguments: SGLang's decode / extend kernels are not imported), and the eager path, the
+metadata (the same kernels' arguments: SGLang's decode / extend kernels are imported, never run), and the eager path, the
 graph state and the reference are refimpl's unified Triton's. So a finding names SGLang's hook or buffer; a kernel
 difference could not show up.
 
@@ -129,9 +129,9 @@ class _SGLang:
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
-        # not kv_indptr / qo_indptr / mask_indptr: SGLang allocates them zeroed in __init__ and its hooks never write
-        # entry 0; poisoned (the checker's probe of what a hook writes), its index kernel stores out of bounds, which
-        # the Triton interpreter answers with a segfault, not an error
+        # not the three indptrs SGLang allocates in __init__ (the eager path's too): its hooks never write kv_indptr[0];
+        # poisoned (the checker's probe of what a hook writes), its index kernel stores out of bounds, which the Triton
+        # interpreter answers with a segfault, not an error (a poisoned mask_indptr[0] breaks refimpl's extend kernel)
         cls.graph_buffer_names = tuple(n for n in cls.graph_buffer_names if n.startswith("cuda_graph_"))
 
     def __init__(self, world, spec=None, **kw):
@@ -196,9 +196,10 @@ class SGLangTritonAttnBackend(_SGLang, TritonAttnBackend):
 class SGLangWaveAttnBackend(_SGLang, WaveAttnBackend):
     """SGLang 0.5.23's ``WaveAttnBackend`` (``wave_backend.py``; AMD's wave_lang kernels, stand-ins here): decode, idle,
     target verify. Its verify mask buffer is ``max_bs * max_context_len`` (``init_cuda_graph_state``, line 375), while a
-    verify batch's tree mask holds ``sum N * (seq_len + N)`` entries: ``_apply_cuda_graph_metadata`` (line 471) copies
-    past its end once they exceed it. That is an upstream bug (open PR sgl-project/sglang#29581 sizes the buffer for the
-    mask; #29450 fixed Triton's), named here before the copy instead of a shape error from inside SGLang."""
+    verify batch's tree mask holds ``sum N * (seq_len + N)`` entries: ``_apply_cuda_graph_metadata`` (line 471) fails
+    with a size mismatch once they exceed it. That is an upstream bug (open PR sgl-project/sglang#29581 sizes the buffer
+    for the mask and notes that Wave is not yet wired into the speculative draft-backend factory; merged #32920 fixed
+    Triton's), named here before the copy instead of a size-mismatch error from inside SGLang."""
 
     upstream = "wave_backend.WaveAttnBackend"
 
