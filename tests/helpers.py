@@ -53,3 +53,18 @@ def per_size_settings(spec, raw_bs=RAW_BS):
 
     small = dict(max_context_len=40, num_slots=None, glue_replays=0, history=False)
     return CheckSettings(capture_bs=CAPTURE_BS, raw_bs=raw_bs, spec=spec, **small)
+
+
+def fast_check_settings():
+    """The checker's settings for a backend-class test: the capture sizes above, raw sizes 1 and 3, a short context."""
+    from refimpl.check import CheckSettings
+
+    return CheckSettings(capture_bs=CAPTURE_BS, raw_bs=(1, 3), max_context_len=32, num_slots=None)
+
+
+def check_class(target: str, modes=("decode",)):
+    """The checker's rows for one ``--backend-class`` target (``module:Class``) on the CPU emulator, as the CLI loads it."""
+    from refimpl.backends import load_backend_class
+    from refimpl.check import run_checks
+
+    return run_checks(modes=modes, engine="cpu-emulator", settings=fast_check_settings(), entries=[load_backend_class(target)])

@@ -9,18 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import CAPTURE_BS
+from helpers import check_class as check
+from helpers import fast_check_settings
 
 from refimpl.__main__ import main
 from refimpl.backends import REGISTRY, BackendLoadError, load_backend_class
-from refimpl.check import CheckSettings, run_checks
+from refimpl.check import run_checks
 
-FAST = CheckSettings(capture_bs=CAPTURE_BS, raw_bs=(1, 3), max_context_len=32, num_slots=None)
+FAST = fast_check_settings()
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def check(target: str, modes=("decode",)):
-    return run_checks(modes=modes, engine="cpu-emulator", settings=FAST, entries=[load_backend_class(target)])
 
 
 def test_example_backend_passes_every_mode_it_captures():

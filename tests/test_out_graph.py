@@ -1,20 +1,17 @@
 """The third stage of the hooks (``docs/sglang_facts.md#three-stages-of-the-hooks``): SGLang 0.5.23's one entry point,
-``init_forward_metadata_out_graph(fb, in_capture)``. The runner calls only it; the base class maps it onto a classic
-pair; ``triton/out_graph`` is written as 0.5.23's Triton and fills what the unified shape fills."""
+``init_forward_metadata_out_graph(fb, in_capture)``. The runner calls it before capture and replay; the base class
+maps it onto a classic pair; ``triton/out_graph`` is written as 0.5.23's Triton and fills what the unified shape fills."""
 
 import pytest
 import torch
-from helpers import CAPTURE_BS
+from helpers import check_class as check
 
 from refimpl import ForwardMode
-from refimpl.backends import REGISTRY, load_backend_class
+from refimpl.backends import REGISTRY
 from refimpl.backends.base import GraphModeNotSupported, hook_interface
 from refimpl.backends.triton import TritonAttnBackend, TritonAttnBackendOutGraph
-from refimpl.check import CheckSettings, run_checks
 from refimpl.course import backends as nb
 from refimpl.graphs.runner import call_capture_hook
-
-FAST = CheckSettings(capture_bs=CAPTURE_BS, raw_bs=(1, 3), max_context_len=32, num_slots=None)
 
 
 def test_every_registry_shape_says_which_interface_it_implements():
@@ -69,7 +66,3 @@ def test_the_checker_drives_a_stage_3_class_and_names_a_drift_inside_it():
 def test_a_duck_typed_class_with_the_classic_pair_is_driven_through_the_base_default():
     rows = check("broken_backends:DuckClassicPair")
     assert rows and all(r.passed and not r.findings for r in rows), [r.findings for r in rows]
-
-
-def check(target, modes=("decode",)):
-    return run_checks(modes=modes, engine="cpu-emulator", settings=FAST, entries=[load_backend_class(target)])
