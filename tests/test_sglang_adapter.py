@@ -1,4 +1,4 @@
-"""``python -m refimpl check --sglang triton`` / ``wave``: the checker on SGLang 0.5.23's own backends
+"""``python -m refimpl check --sglang triton`` / ``wave`` / ``trtllm_mla``: the checker on SGLang 0.5.23's own backends
 (``refimpl/adapters/sglang.py``), from the wheel ``scripts/fetch_sglang.sh`` unpacks. Run in a child process: the
 stand-ins SGLang's import needs (transformers, PIL, ...) must not reach this one. Skips without the wheel, unless
 ``REFIMPL_REQUIRE_SGLANG=1`` (CI sets it)."""
@@ -16,14 +16,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SGL = os.environ.get("REFIMPL_SGLANG", os.path.join(ROOT, ".sgl", "0.5.23"))
 
 
-def check(name):
-    """``python -m refimpl check --sglang NAME --json`` in a child process: (exit code, rows by mode)."""
+def check(name, *args):
+    """``python -m refimpl check --sglang NAME --json`` (or ``ARGS`` instead of ``--sglang NAME``) in a child process:
+    (exit code, rows by mode)."""
     if not os.path.isdir(os.path.join(SGL, "site", "sglang")):
         if os.environ.get("REFIMPL_REQUIRE_SGLANG") == "1":
             pytest.fail(f"no SGLang 0.5.23 at {SGL}: bash scripts/fetch_sglang.sh")
         pytest.skip(f"no SGLang 0.5.23 at {SGL} (bash scripts/fetch_sglang.sh)")
-    cmd = [sys.executable, "-m", "refimpl", "check", "--sglang", name, "--json"]
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    cmd = [sys.executable, "-m", "refimpl", "check", *(args or ("--sglang", name)), "--json"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH", "")]))
+    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert res.stdout.startswith("["), res.stderr[-3000:]
     rows = {r["mode"]: r for r in json.loads(res.stdout)}
     assert {r["variant"] for r in rows.values()} == {"sglang-0.5.23"}
@@ -57,6 +59,31 @@ def test_check_names_the_upstream_bug_in_sglang_s_wave_verify_mask():
     (finding,) = rows["target_verify"]["findings"]
     assert "upstream bug: SGLang 0.5.23 wave_backend.py _apply_cuda_graph_metadata (line 471)" in finding
     assert "sized max_bs * max_context_len" in finding and "sgl-project/sglang#29581" in finding
+
+
+def test_check_runs_sglang_s_own_trtllm_mla_backend():
+    """0.5.23's TRTLLMMLABackend (page 64): decode, idle, target verify (a chain) and draft extend v2 pass every verdict,
+    its extra lengths (plain decode's static seq_lens_k, verify's global_seq_lens_k) among the state compared."""
+    code, rows = check("trtllm_mla")
+    assert code == 0
+    for mode in ("decode", "idle", "target_verify", "draft_extend_v2"):
+        assert passes(rows[mode]), (mode, rows[mode])
+    assert "does not support draft_extend" in rows["draft_extend"]["findings"][0]
+    assert "no multi-step draft backend" in rows["draft_decode"]["findings"][0]
+
+
+def test_a_bug_planted_in_sglang_s_own_hook_is_named_by_its_buffer():
+    """The rows read SGLang's per-bs metadata, not refimpl's: its replay leaving decode's seq_lens_k stale fails (a),
+    (b) and (d) naming seq_lens_k; its other modes still pass."""
+    code, rows = check(
+        "", "--backend-class", "sglang_planted:TRTLLMReplayKeepsDecodeLens", "--mode", "decode", "--mode", "target_verify"
+    )
+    assert code == 1
+    bad = rows["decode"]
+    assert bad["capture_equals_replay"] is False and bad["replay_matches_reference"] is False, bad
+    assert bad["graph_equals_eager"] is False, bad
+    assert any("seq_lens_k" in f for f in bad["findings"]), bad["findings"]
+    assert passes(rows["target_verify"]), rows["target_verify"]
 
 
 def test_missing_sglang_is_one_clear_line(tmp_path):

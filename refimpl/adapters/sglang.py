@@ -18,6 +18,8 @@ Modes: decode, idle, target verify, draft extend v2 (0.5.23 has no draft extend 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import importlib
 import os
 import sys
@@ -28,6 +30,7 @@ import torch
 
 from ..backends.base import AttentionBackend
 from ..backends.triton import TritonAttnBackend, TritonMetadata
+from ..backends.trtllm_mla import TRTLLMMLAAttnBackendSimplified, TRTLLMMLADecodeMetadata
 from ..backends.wave import WaveAttnBackend
 from ..modes import ForwardMode
 from . import sglang_stubs
@@ -57,6 +60,19 @@ def setup(root: Path = ROOT) -> None:
 setup()  # at import: a missing SGLang is one clear error where the class is loaded
 
 
+@contextlib.contextmanager
+def _unpinned(on: bool):
+    """While ``on`` (a CPU: no pinned-memory allocator), ``torch.zeros(..., pin_memory=True)`` makes a plain host tensor
+    (0.5.23's FlashInfer-MLA constructor pins its fast-plan host arrays)."""
+    real = torch.zeros
+    if on:
+        torch.zeros = lambda *a, pin_memory=False, **k: real(*a, **k)
+    try:
+        yield
+    finally:
+        torch.zeros = real
+
+
 class _Config(types.SimpleNamespace):
     """A config whose unknown fields read as None (what the tiny model does not set)."""
 
@@ -66,45 +82,52 @@ class _Config(types.SimpleNamespace):
         return None
 
 
-def model_runner(world, spec):
-    """What SGLang's ``TritonAttnBackend.__init__`` reads of its model runner, over ``world``; publishes a dummy-model
-    ``ServerArgs`` first (0.5.23 reads process-wide config through ``sglang.srt.runtime_context``)."""
+def model_runner(world, spec, attention_backend: str = "triton"):
+    """What SGLang's backend constructors read of their model runner, over ``world`` (MHA or MLA); publishes a
+    dummy-model ``ServerArgs`` first (0.5.23 reads process-wide config through ``sglang.srt.runtime_context``)."""
     from sglang.srt import runtime_context
     from sglang.srt.configs.model_config import AttentionArch
     from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
     from sglang.srt.server_args import ServerArgs
 
-    cfg, dev = world.cfg, world.device.type
+    cfg, dev, P = world.cfg, world.device.type, world.page_size
     kw = {}
     if spec is not None:
         kw = dict(speculative_algorithm="EAGLE", speculative_num_steps=spec.num_steps, speculative_eagle_topk=spec.topk)
         kw["speculative_num_draft_tokens"] = spec.num_draft_tokens
-    server_args = ServerArgs(model_path="dummy", device=dev, attention_backend="triton", page_size=world.page_size, **kw)
+    server_args = ServerArgs(model_path="dummy", device=dev, attention_backend=attention_backend, page_size=P, **kw)
     runtime_context.publish(server_args, role="test")
     runtime_context.get_parallel().override_permanently(tp_rank=0)  # one process, no groups
     model_config = _Config(
-        attention_arch=AttentionArch.MHA,
+        attention_arch=AttentionArch.MLA if cfg.is_mla else AttentionArch.MHA,
         get_max_num_attention_heads=lambda: cfg.num_heads,
-        get_num_kv_heads=lambda *a: cfg.num_kv_heads,
+        get_num_kv_heads=lambda *a: 1 if cfg.is_mla else cfg.num_kv_heads,
         context_len=world.max_context_len,
-        head_dim=cfg.head_dim,
+        head_dim=cfg.kv_row_width if cfg.is_mla else cfg.head_dim,
         v_head_dim=cfg.v_head_dim,
         is_encoder_decoder=False,
         hf_config=_Config(get_text_config=lambda: _Config()),
         num_attention_heads=cfg.num_heads,
+        scaling=cfg.sm_scale,
     )
-    kv = types.SimpleNamespace(
-        get_v_head_dim=lambda: cfg.v_head_dim, start_layer=0, get_value_buffer=lambda i: world.kv_cache.v[i]
+    if cfg.is_mla:  # one latent row per token: 512 + 64
+        for f in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim"):
+            setattr(model_config, f, getattr(cfg, f))
+        k = v = world.kv_cache.kv
+    else:
+        k, v = world.kv_cache.k, world.kv_cache.v
+    kv = _Config(
+        get_v_head_dim=lambda: cfg.v_head_dim, start_layer=0, get_key_buffer=lambda i: k[i], get_value_buffer=lambda i: v[i]
     )
     translator = KVIndexTranslator(
-        req_to_token=world.req_to_token, token_to_kv_pool_allocator=None, token_to_kv_pool=kv, page_size=1, device=dev
+        req_to_token=world.req_to_token, token_to_kv_pool_allocator=None, token_to_kv_pool=kv, page_size=P, device=dev
     )
     algo = types.SimpleNamespace(is_dspark=lambda: False, is_none=lambda: spec is None, is_eagle=lambda: spec is not None)
     return types.SimpleNamespace(
         req_to_token_pool=types.SimpleNamespace(size=world.req_to_token_pool.size, req_to_token=world.req_to_token),
         token_to_kv_pool=kv,
         token_to_kv_pool_allocator=None,
-        page_size=1,
+        page_size=P,
         kv_index_translator=translator,
         decode_num_tokens_per_req=lambda: 1 if spec is None else spec.num_draft_tokens,
         model_config=model_config,
@@ -113,7 +136,9 @@ def model_runner(world, spec):
         sliding_window_size=None,
         is_draft_worker=False,
         spec_algorithm=algo,
-        kv_cache_dtype=world.kv_cache.k[0].dtype,
+        kv_cache_dtype=cfg.dtype,
+        dtype=cfg.dtype,
+        max_running_requests=world.req_to_token_pool.size,
         server_args=server_args,
     )
 
@@ -123,53 +148,49 @@ class _SGLang:
     ``upstream`` (in ``sglang.srt.layers.attention``) owns the graph buffers and the metadata hook."""
 
     upstream = ""  # "module.Class" under sglang.srt.layers.attention
+    attention_backend = ""  # ServerArgs.attention_backend
     variant = f"sglang-{VERSION}"
+    adopted: tuple[str, ...] = ()  # the graph buffers SGLang's init_cuda_graph_state allocates (refimpl's names)
     init_forward_metadata_capture_cuda_graph = AttentionBackend.init_forward_metadata_capture_cuda_graph  # not in 0.5.23
     init_forward_metadata_replay_cuda_graph = AttentionBackend.init_forward_metadata_replay_cuda_graph
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
-        # not the three indptrs SGLang allocates in __init__ (the eager path's too): its hooks never write kv_indptr[0];
-        # poisoned (the checker's probe of what a hook writes), its index kernel stores out of bounds, which the Triton
-        # interpreter answers with a segfault, not an error (a poisoned mask_indptr[0] breaks refimpl's extend kernel)
-        cls.graph_buffer_names = tuple(n for n in cls.graph_buffer_names if n.startswith("cuda_graph_"))
+        cls.graph_buffer_names = cls.adopted  # what the checker poisons and snapshots: SGLang's, none of refimpl's
 
     def __init__(self, world, spec=None, **kw):
         super().__init__(world, spec, **kw)
         self._stand_ins()
         module, name = self.upstream.rsplit(".", 1)
-        theirs = getattr(importlib.import_module(f"sglang.srt.layers.attention.{module}"), name)(model_runner(world, spec))
-        if world.device.type == "cpu":
-            theirs.device_core_count = 8  # SGLang sees no cores on a CPU and would fill max_kv_splits
-        self.sglang, self.kv_indptr, self.qo_indptr, self.mask_indptr = (
-            theirs,
-            theirs.kv_indptr,
-            theirs.qo_indptr,
-            theirs.mask_indptr,
-        )
+        theirs = getattr(importlib.import_module(f"sglang.srt.layers.attention.{module}"), name)
+        with _unpinned(world.device.type == "cpu"):
+            self.sglang = theirs(model_runner(world, spec, self.attention_backend))
 
     def _stand_ins(self) -> None:
         """What this backend's module needs beyond ``sglang_stubs.ROOTS`` (none)."""
 
     def init_cuda_graph_state(self, max_bs, max_num_tokens, *args) -> None:
         super().init_cuda_graph_state(max_bs, max_num_tokens)  # the sizes; its buffers are replaced by SGLang's
-        theirs = self.sglang
-        theirs.init_cuda_graph_state(max_bs, max_num_tokens)
-        for name in ("cuda_graph_attn_logits", "cuda_graph_attn_lse", "cuda_graph_num_kv_splits", "cuda_graph_kv_indices"):
-            setattr(self, name, getattr(theirs, name))
-        mask = getattr(theirs, "_verify_mask", None)  # Triton's tree-mask scratch; Wave's own buffer
-        self.cuda_graph_custom_mask = mask.buffer if mask is not None else getattr(theirs, "cuda_graph_custom_mask", None)
+        self.sglang.init_cuda_graph_state(max_bs, max_num_tokens, *self._their_buffers(max_bs))
+        for name in self.adopted:
+            setattr(self, name, getattr(self.sglang, name))
+
+    def _their_buffers(self, max_bs: int) -> tuple:
+        """Buffers passed to SGLang's ``init_cuda_graph_state`` (none: it allocates its own)."""
+        return ()
 
     def init_forward_metadata_out_graph(self, fb, in_capture: bool = False) -> None:
         self.check_graph_mode(fb.forward_mode)
         self.sglang.init_forward_metadata_out_graph(self._their_batch(fb), in_capture)
-        if in_capture:  # the views SGLang froze, as refimpl's kernels take them
-            md = self.sglang.forward_metadata
-            fields = ("kv_indptr", "kv_indices", "attn_logits", "attn_lse", "num_kv_splits", "max_extend_len", "qo_indptr")
-            self.forward_metadata = TritonMetadata(**{f: getattr(md, f) for f in (*fields, "custom_mask", "mask_indptr")})
+        if in_capture:
+            self._take_frozen(fb.batch_size)
+
+    def _take_frozen(self, bs: int) -> None:
+        """The metadata SGLang froze at capture, as refimpl's ``forward`` reads it (the same tensors)."""
+        raise NotImplementedError
 
     def _their_batch(self, fb):
-        """``fb`` as SGLang's ``ForwardBatch`` fields its Triton hook reads (its ``ForwardMode``, its spec inputs)."""
+        """``fb`` as SGLang's ``ForwardBatch`` fields its hooks read (its ``ForwardMode``, its spec inputs)."""
         from sglang.srt.model_executor.forward_batch_info import ForwardMode as Theirs
 
         mode, spec_info = fb.forward_mode, fb.spec_info
@@ -182,18 +203,55 @@ class _SGLang:
         fields = dict(batch_size=fb.batch_size, req_pool_indices=fb.req_pool_indices, seq_lens=fb.seq_lens)
         fields.update(seq_lens_cpu=fb.seq_lens_cpu, seq_lens_sum=fb.seq_lens_sum, out_cache_loc=fb.out_cache_loc)
         return _Config(
-            **fields, forward_mode=getattr(Theirs, mode.name), spec_info=spec_info, encoder_lens=None, kv_loc_plan=None
+            **fields,
+            positions=fb.positions,
+            forward_mode=getattr(Theirs, mode.name),
+            spec_info=spec_info,
+            encoder_lens=None,
+            kv_loc_plan=None,
         )
 
 
-class SGLangTritonAttnBackend(_SGLang, TritonAttnBackend):
+class _SGLangTriton(_SGLang):
+    """Triton's and Wave's: SGLang's ``kv_indptr`` / ``qo_indptr`` / ``mask_indptr`` (allocated in ``__init__``, the eager
+    path's too) are the ones refimpl's kernels read; its tree-mask buffer joins the adopted ones."""
+
+    attention_backend = "triton"
+    adopted = ("cuda_graph_attn_logits", "cuda_graph_attn_lse", "cuda_graph_num_kv_splits", "cuda_graph_kv_indices")
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        # not the three indptrs: SGLang's hooks never write kv_indptr[0]; poisoned (the checker's probe of what a hook
+        # writes), its index kernel stores out of bounds, which the Triton interpreter answers with a segfault, not an
+        # error (a poisoned mask_indptr[0] breaks refimpl's extend kernel)
+        cls.graph_buffer_names = (*cls.adopted, "cuda_graph_custom_mask")
+
+    def __init__(self, world, spec=None, **kw):
+        super().__init__(world, spec, **kw)
+        theirs = self.sglang
+        if world.device.type == "cpu":
+            theirs.device_core_count = 8  # SGLang sees no cores on a CPU and would fill max_kv_splits
+        self.kv_indptr, self.qo_indptr, self.mask_indptr = theirs.kv_indptr, theirs.qo_indptr, theirs.mask_indptr
+
+    def init_cuda_graph_state(self, max_bs, max_num_tokens, *args) -> None:
+        super().init_cuda_graph_state(max_bs, max_num_tokens)
+        mask = getattr(self.sglang, "_verify_mask", None)  # Triton's tree-mask scratch; Wave's own buffer
+        self.cuda_graph_custom_mask = mask.buffer if mask is not None else getattr(self.sglang, "cuda_graph_custom_mask", None)
+
+    def _take_frozen(self, bs: int) -> None:
+        md = self.sglang.forward_metadata
+        fields = ("kv_indptr", "kv_indices", "attn_logits", "attn_lse", "num_kv_splits", "max_extend_len", "qo_indptr")
+        self.forward_metadata = TritonMetadata(**{f: getattr(md, f) for f in (*fields, "custom_mask", "mask_indptr")})
+
+
+class SGLangTritonAttnBackend(_SGLangTriton, TritonAttnBackend):
     """SGLang 0.5.23's ``TritonAttnBackend`` (``triton_backend.py``): decode, idle, target verify, draft extend v2."""
 
     upstream = "triton_backend.TritonAttnBackend"
     graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2})
 
 
-class SGLangWaveAttnBackend(_SGLang, WaveAttnBackend):
+class SGLangWaveAttnBackend(_SGLangTriton, WaveAttnBackend):
     """SGLang 0.5.23's ``WaveAttnBackend`` (``wave_backend.py``; AMD's wave_lang kernels, stand-ins here): decode, idle,
     target verify. Its verify mask buffer is ``max_bs * max_context_len`` (``init_cuda_graph_state``, line 375), while a
     verify batch's tree mask holds ``sum N * (seq_len + N)`` entries: ``_apply_cuda_graph_metadata`` (line 471) fails
@@ -219,3 +277,53 @@ class SGLangWaveAttnBackend(_SGLang, WaveAttnBackend):
                 "(init_cuda_graph_state, line 375): it does not fit (open PR sgl-project/sglang#29581)"
             )
         super().init_forward_metadata_out_graph(fb, in_capture)
+
+
+class SGLangTRTLLMMLABackend(_SGLang, TRTLLMMLAAttnBackendSimplified):
+    """SGLang 0.5.23's ``TRTLLMMLABackend`` (``trtllm_mla_backend.py``): decode, idle, target verify (chains), draft
+    extend v2. Page 64; refimpl's Triton stand-in for FlashInfer's ``trtllm_batch_decode_with_kv_cache_mla`` runs in the
+    graph (the real one needs SM100), over the metadata SGLang froze at capture; refimpl's #29077 shape (``simplified``,
+    what 0.5.23 runs) gives the eager path and the reference. Beyond it, 0.5.23 keeps a static int32 ``seq_lens_k`` for
+    plain decode and a ``global_seq_lens_k`` (= ``seq_lens_k``, for DCP) for target verify: both in the state compared."""
+
+    upstream = "trtllm_mla_backend.TRTLLMMLABackend"
+    attention_backend = "trtllm_mla"
+    # its block table; the FlashInfer-MLA parent's buffers (its graph modes never read them)
+    adopted = ("decode_cuda_graph_kv_indices", "cuda_graph_kv_indices", "cuda_graph_qo_indptr", "cuda_graph_kv_indptr")
+
+    def _stand_ins(self) -> None:
+        from sglang.srt.layers.attention import flashinfer_mla_backend
+        from sglang.srt.layers.attention import trtllm_mla_backend as trt
+
+        # FlashInfer's wrappers (the parent builds them; these modes never plan them), the zero-KV fix-up module it JIT-
+        # compiles at construction, the multi-CTA scratch sized by the GPU's SM count, the fused KV-write kernel check
+        flashinfer_mla_backend.BatchMLAPagedAttentionWrapper = sglang_stubs._Stub
+        flashinfer_mla_backend.BatchPrefillWithRaggedKVCacheWrapper = sglang_stubs._Stub
+        trt._jit_fixup_module = lambda *a, **k: None
+        trt.make_persistent_multi_ctas_kv_counter_buffer = lambda device, *a, **k: torch.zeros(
+            1, dtype=torch.uint8, device=device
+        )
+        trt.can_use_set_mla_kv_concat_q = lambda *a, **k: False
+
+    def _their_buffers(self, max_bs: int) -> tuple:
+        # the parent's kv_indices, as it would allocate them but on the world's device (it hardcodes device="cuda")
+        return (torch.zeros(max_bs * self.world.max_context_len, dtype=torch.int32, device=self.device),)
+
+    def _take_frozen(self, bs: int) -> None:
+        theirs = self.sglang.decode_cuda_graph_metadata[bs]
+        md = TRTLLMMLADecodeMetadata(**{f.name: getattr(theirs, f.name) for f in dataclasses.fields(TRTLLMMLADecodeMetadata)})
+        self.decode_cuda_graph_metadata[bs] = self.forward_metadata = md
+        self.captured_max_seq_len[bs] = md.max_seq_len_k
+
+    def graph_state(self, bs: int, mode: ForwardMode) -> dict:
+        theirs = self.sglang.decode_cuda_graph_metadata[bs]
+        state = {k: v for k, v in vars(theirs).items() if v is not None}
+        return state | {"block_kv_indices": theirs.block_kv_indices[:bs], "max_seq_len_k": self.captured_max_seq_len[bs]}
+
+    def reference_graph_state(self, fb) -> dict:
+        ref, mode = super().reference_graph_state(fb), fb.forward_mode
+        if mode.is_decode_or_idle():
+            ref["seq_lens_k"] = fb.seq_lens_cpu.to(torch.int32)
+        elif mode.is_target_verify():
+            ref["global_seq_lens_k"] = ref["seq_lens_k"]
+        return ref
