@@ -1,19 +1,19 @@
 """SGLang 0.5.23's own attention backends under refimpl's runner, checker, history and fuzz (issue 33's adapter).
 
-``python -m refimpl check --sglang triton`` runs every checker verdict on SGLang's ``TritonAttnBackend``: its
-``init_cuda_graph_state`` allocates the graph buffers, its ``init_forward_metadata_out_graph(forward_batch,
-in_capture)`` fills them before capture and before every replay, and its capture-time ``forward_metadata`` (views of
-those buffers) is what the captured step reads. What runs inside the graph is refimpl's Triton ``forward`` over that
-metadata (the same kernels' arguments: SGLang's decode / extend kernels are imported, never run), and the eager path, the
-graph state and the reference are refimpl's unified Triton's. So a finding names SGLang's hook or buffer; a kernel
-difference could not show up.
+``python -m refimpl check --sglang triton`` (``wave``, ``trtllm_mla``) runs every checker verdict on SGLang's
+``TritonAttnBackend`` (``WaveAttnBackend``, ``TRTLLMMLABackend``): its ``init_cuda_graph_state`` allocates the graph
+buffers, its ``init_forward_metadata_out_graph(forward_batch, in_capture)`` fills them before capture and before every
+replay, and the metadata it freezes at capture (views of those buffers) is what the captured step reads. What runs
+inside the graph is refimpl's ``forward`` over that metadata (the same kernels' arguments: SGLang's attention kernels are
+imported, never run), and the eager path, the graph state's shape and the reference are the refimpl shape's it is
+mixed into. So a finding names SGLang's hook or buffer; a kernel difference could not show up.
 
 SGLang is not a dependency: its 0.5.23 wheel (no dependencies) is unpacked under ``.sgl/0.5.23`` by
 ``scripts/fetch_sglang.sh`` (or ``REFIMPL_SGLANG`` names another root with ``site/`` and ``deps/``), and the packages
 its import chain touches but its attention backends never use are stand-ins (``refimpl.adapters.sglang_stubs``). Its
 model runner is a stand-in over a refimpl ``World`` (the pools as SGLang's model runner exposes them,
-``model_runner``). On a CPU, SGLang's ``device_core_count`` is set to the 8 refimpl's split heuristic assumes there.
-Modes: decode, idle, target verify, draft extend v2 (0.5.23 has no draft extend v1); no multi-step draft wrapper yet.
+``model_runner``). Modes: decode, idle, target verify, draft extend v2 (0.5.23 has no draft extend v1); no multi-step
+draft wrapper yet.
 """
 
 from __future__ import annotations
