@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         choices=sorted(SGLANG),
         help="check SGLang 0.5.23's own backend (its graph buffers and metadata hook; refimpl.adapters.sglang), from its "
-        "wheel unpacked by scripts/fetch_sglang.sh (repeatable; with --backend-class, not --backend / --variant)",
+        "wheel unpacked by scripts/fetch_sglang.sh (repeatable; not with --backend / --variant / --backend-class)",
     )
     arg("--json", action="store_true", help="print a JSON list of records")
     arg("--fuzz", type=_count, metavar="N", help="fuzz instead: N random batches per backend x variant x mode x spec")
@@ -194,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         c.error("argument --engine: cuda needs a CUDA device and this machine has none (use auto or cpu-emulator)")
 
     named = lambda *given: " / ".join(f for f, v in given if v)  # the flags set among (flag, value) pairs
+    if args.sglang and args.backend_class:  # SGLang's stand-ins (transformers, pydantic, ...) would reach the classes too
+        c.error("argument --sglang: not with --backend-class: its stand-ins for SGLang's imports are process-wide")
     args.backend_class = (args.backend_class or []) + [f"refimpl.adapters.sglang:{SGLANG[n]}" for n in args.sglang or ()]
     if args.backend_class and (given := named(("--backend", args.backends), ("--variant", args.variants))):
         c.error(f"argument --backend-class: not with {given}: it checks the given classes, not registered backends")

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from refimpl.adapters import sglang_stubs
 
@@ -101,5 +102,44 @@ def test_missing_sglang_is_one_clear_line(tmp_path):
     assert f"SGLang 0.5.23 not found at {tmp_path}: run `bash scripts/fetch_sglang.sh`" in err[0]
 
 
-def test_the_stand_ins_cover_what_sglang_s_attention_backends_import():
-    assert {"transformers", "pydantic", "tvm_ffi", "sgl_kernel"} <= set(sglang_stubs.ROOTS)
+def test_sglang_is_not_mixed_with_backend_classes(capsys):
+    """Refused before anything is imported: the stand-ins for SGLang's imports would reach the other classes."""
+    from refimpl.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["check", "--sglang", "triton", "--backend-class", "broken_backends:FrozenScalar"])
+    assert e.value.code == 2
+    assert "--sglang: not with --backend-class: its stand-ins for SGLang's imports are process-wide" in capsys.readouterr().err
+    assert "sglang" not in sys.modules
+
+
+STAND_INS = """
+import sys
+from refimpl.adapters import sglang as adapter, sglang_stubs as st
+from refimpl.batch import World
+from refimpl.config import CHAIN, tiny_model_config
+import torch
+for cls, kind, page in ((adapter.SGLangTritonAttnBackend, "mha", 1), (adapter.SGLangWaveAttnBackend, "mha", 1),
+                        (adapter.SGLangTRTLLMMLABackend, "mla", 64)):
+    cls(World.create(tiny_model_config(kind, torch.float32), max_context_len=256, pool_size=8, page_size=page), CHAIN)
+stood = sorted(n for n, m in sys.modules.items() if isinstance(m, st._StubModule))
+print(repr((stood, st.FALLBACK)))
+"""
+
+
+def test_the_stand_ins_are_only_what_sglang_s_backends_import_and_never_a_real_dependency():
+    """After the three adapters are built (a child process): every module stood in is under a root the adapter names
+    (``ROOTS``, Wave's ``wave_lang`` / ``iree``) or, on CUDA, one the last-resort finder names (a GPU-only package
+    missing there); none is a package refimpl or SGLang's backends really use; on a CPU that finder stood in for
+    nothing (every SGLang module the backends reach is real)."""
+    if not os.path.isdir(os.path.join(SGL, "site", "sglang")):
+        pytest.skip(f"no SGLang 0.5.23 at {SGL} (bash scripts/fetch_sglang.sh)")
+    res = subprocess.run([sys.executable, "-c", STAND_INS], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    stood, fallback = eval(res.stdout.strip().splitlines()[-1])  # noqa: S307 - our own child's repr of two lists
+    under = lambda n, roots: any(n == r or n.startswith(r + ".") for r in roots)  # noqa: E731
+    roots = (*sglang_stubs.ROOTS, "wave_lang", "iree")
+    assert stood and all(under(n, roots) or n in fallback for n in stood), stood  # on CUDA: GPU-only packages too
+    assert not [n for n in stood if under(n, ("torch", "triton", "numpy", "msgspec", "dill"))], stood
+    if not torch.cuda.is_available():
+        assert fallback == []

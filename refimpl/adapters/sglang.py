@@ -73,6 +73,14 @@ def _unpinned(on: bool):
         torch.zeros = real
 
 
+class _Strict(types.SimpleNamespace):
+    """Spec inputs holding only the fields given: reading another raises (SGLang's hook needs what the adapter does
+    not pass), where ``getattr(x, name, None)`` still answers None, as on SGLang's own spec input classes."""
+
+    def __getattr__(self, k):
+        raise AttributeError(f"the SGLang adapter passes no spec_info.{k} (only {', '.join(vars(self))})")
+
+
 class _Config(types.SimpleNamespace):
     """A config whose unknown fields read as None (what the tiny model does not set)."""
 
@@ -190,25 +198,29 @@ class _SGLang:
         raise NotImplementedError
 
     def _their_batch(self, fb):
-        """``fb`` as SGLang's ``ForwardBatch`` fields its hooks read (its ``ForwardMode``, its spec inputs)."""
+        """``fb`` as SGLang's own ``ForwardBatch`` (a field it reads that is not passed has upstream's default; a name
+        it does not have raises), with its ``ForwardMode`` and spec inputs holding only the fields passed."""
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch
         from sglang.srt.model_executor.forward_batch_info import ForwardMode as Theirs
 
         mode, spec_info = fb.forward_mode, fb.spec_info
         if mode.is_target_verify():
-            spec_info = _Config(custom_mask=spec_info.custom_mask, num_tokens_per_req=self.spec.num_draft_tokens)
+            spec_info = _Strict(custom_mask=spec_info.custom_mask, num_tokens_per_req=self.spec.num_draft_tokens)
         elif mode.is_any_draft_extend():  # padded rows extend by N, as 0.5.23's draft-extend runner fills them
             ext = torch.full((fb.batch_size,), self.spec.num_draft_tokens, dtype=torch.int32, device=self.device)
             ext[: spec_info.extend_seq_lens.numel()] = spec_info.extend_seq_lens[: fb.batch_size]
-            spec_info = _Config(extend_seq_lens_tensor=ext, accept_length=spec_info.accept_length)
-        fields = dict(batch_size=fb.batch_size, req_pool_indices=fb.req_pool_indices, seq_lens=fb.seq_lens)
-        fields.update(seq_lens_cpu=fb.seq_lens_cpu, seq_lens_sum=fb.seq_lens_sum, out_cache_loc=fb.out_cache_loc)
-        return _Config(
-            **fields,
-            positions=fb.positions,
+            spec_info = _Strict(extend_seq_lens_tensor=ext, accept_length=spec_info.accept_length)
+        return ForwardBatch(
             forward_mode=getattr(Theirs, mode.name),
+            batch_size=fb.batch_size,
+            input_ids=fb.input_ids,
+            req_pool_indices=fb.req_pool_indices,
+            seq_lens=fb.seq_lens,
+            out_cache_loc=fb.out_cache_loc,
+            seq_lens_sum=fb.seq_lens_sum,
+            seq_lens_cpu=fb.seq_lens_cpu,
+            positions=fb.positions,
             spec_info=spec_info,
-            encoder_lens=None,
-            kv_loc_plan=None,
         )
 
 
@@ -229,8 +241,15 @@ class _SGLangTriton(_SGLang):
     def __init__(self, world, spec=None, **kw):
         super().__init__(world, spec, **kw)
         theirs = self.sglang
+        tile = getattr(theirs, "split_tile_size", None)  # Triton's deterministic mode (Wave has none)
+        if theirs.static_kv_splits or tile is not None:  # its environment or its deterministic mode
+            raise ValueError(
+                f"SGLang's split settings (static_kv_splits={theirs.static_kv_splits}, split_tile_size={tile}) are not "
+                "the default heuristic refimpl's eager path and reference implement"
+            )
         if world.device.type == "cpu":
-            theirs.device_core_count = 8  # SGLang sees no cores on a CPU and would fill max_kv_splits
+            theirs.device_core_count = self.core_count  # SGLang sees no cores on a CPU and would fill max_kv_splits
+        self.max_kv_splits, self.core_count = theirs.max_kv_splits, theirs.device_core_count  # one heuristic, two hooks
         self.kv_indptr, self.qo_indptr, self.mask_indptr = theirs.kv_indptr, theirs.qo_indptr, theirs.mask_indptr
 
     def init_cuda_graph_state(self, max_bs, max_num_tokens, *args) -> None:
