@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import re
 import sys
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -107,8 +108,10 @@ def check_entry_mode(
     except GraphModeNotSupported:
         cls = entry.load()
     pattern = getattr(cls, "pattern", "")
+    notes = getattr(cls, "upstream_findings", {})  # {regex: the upstream code a matching finding reproduces}
 
     def record(bs, *verdicts, findings, ref=None):
+        findings = [f + "".join(f" [upstream: {n}]" for p, n in notes.items() if re.search(p, f)) for f in findings]
         return CheckRecord(
             entry.name, entry.variant, kind.label, bs, engine.name, *verdicts, findings, pattern, ref, expected=expected
         )

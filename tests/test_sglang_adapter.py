@@ -40,11 +40,18 @@ def passes(row):
 
 def test_check_runs_sglang_s_own_triton_backend():
     code, rows = check("triton")
-    assert code == 0
+    assert code == 1  # its multi-step draft wrapper: below
     for mode in ("decode", "idle", "target_verify", "draft_extend_v2"):  # what 0.5.23's Triton captures
         assert passes(rows[mode]), (mode, rows[mode])
     assert "does not support draft_extend" in rows["draft_extend"]["findings"][0]  # 0.5.23 has no draft extend v1
-    assert "no multi-step draft backend" in rows["draft_decode"]["findings"][0]
+    # TritonMultiStepDraftBackend: right outputs; its capture path leaves the split counts (a), and its padded request's
+    # kv_indptr comes from positions padded with 0 (d); every finding names what upstream does
+    ms = rows["draft_decode"]
+    assert ms["graph_equals_eager"] and ms["matches_oracle"], ms
+    assert ms["capture_equals_replay"] is False and ms["replay_matches_reference"] is False, ms
+    assert all("[upstream: " in f for f in ms["findings"]), ms["findings"]
+    assert {f.split(":")[0] for f in ms["findings"]} == {"step0.num_kv_splits", "step1.num_kv_splits", "reference"}
+    assert any(f.startswith("reference: step0.kv_indptr") and "padded requests only" in f for f in ms["findings"])
     if "cpu" in {r["engine"] for r in rows.values()}:  # SGLang's index kernel is a raw Triton launch: no emulated glue
         raw = "a Triton kernel launched outside any torch op during capture (sglang.kernels.ops.attention.kv_indices."
         for mode in ("decode", "target_verify", "draft_extend_v2"):

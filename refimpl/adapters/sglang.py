@@ -12,8 +12,8 @@ SGLang is not a dependency: its 0.5.23 wheel (no dependencies) is unpacked under
 ``scripts/fetch_sglang.sh`` (or ``REFIMPL_SGLANG`` names another root with ``site/`` and ``deps/``), and the packages
 its import chain touches but its attention backends never use are stand-ins (``refimpl.adapters.sglang_stubs``). Its
 model runner is a stand-in over a refimpl ``World`` (the pools as SGLang's model runner exposes them,
-``model_runner``). Modes: decode, idle, target verify, draft extend v2 (0.5.23 has no draft extend v1); no multi-step
-draft wrapper yet.
+``model_runner``). Modes: decode, idle, target verify, draft extend v2 (0.5.23 has no draft extend v1); Triton's
+multi-step draft decode.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from ..backends.base import AttentionBackend
-from ..backends.triton import TritonAttnBackend, TritonMetadata
+from ..backends.triton import TritonAttnBackend, TritonMetadata, TritonMultiStepDraftBackend
 from ..backends.trtllm_mla import TRTLLMMLAAttnBackendSimplified, TRTLLMMLADecodeMetadata
 from ..backends.wave import WaveAttnBackend
 from ..modes import ForwardMode
@@ -210,6 +210,8 @@ class _SGLang:
             ext = torch.full((fb.batch_size,), self.spec.num_draft_tokens, dtype=torch.int32, device=self.device)
             ext[: spec_info.extend_seq_lens.numel()] = spec_info.extend_seq_lens[: fb.batch_size]
             spec_info = _Strict(extend_seq_lens_tensor=ext, accept_length=spec_info.accept_length)
+        elif fb.kind.multi_step:  # the wrapper sets each step's kv_indptr / kv_indices on it; no sliding window
+            spec_info = _Strict(topk=self.spec.topk, window_kv_indptr=None, window_kv_indices=None)
         return ForwardBatch(
             forward_mode=getattr(Theirs, mode.name),
             batch_size=fb.batch_size,
@@ -241,15 +243,7 @@ class _SGLangTriton(_SGLang):
     def __init__(self, world, spec=None, **kw):
         super().__init__(world, spec, **kw)
         theirs = self.sglang
-        tile = getattr(theirs, "split_tile_size", None)  # Triton's deterministic mode (Wave has none)
-        if theirs.static_kv_splits or tile is not None:  # its environment or its deterministic mode
-            raise ValueError(
-                f"SGLang's split settings (static_kv_splits={theirs.static_kv_splits}, split_tile_size={tile}) are not "
-                "the default heuristic refimpl's eager path and reference implement"
-            )
-        if world.device.type == "cpu":
-            theirs.device_core_count = self.core_count  # SGLang sees no cores on a CPU and would fill max_kv_splits
-        self.max_kv_splits, self.core_count = theirs.max_kv_splits, theirs.device_core_count  # one heuristic, two hooks
+        _sync_splits(self, theirs)
         self.kv_indptr, self.qo_indptr, self.mask_indptr = theirs.kv_indptr, theirs.qo_indptr, theirs.mask_indptr
 
     def init_cuda_graph_state(self, max_bs, max_num_tokens, *args) -> None:
@@ -258,16 +252,85 @@ class _SGLangTriton(_SGLang):
         self.cuda_graph_custom_mask = mask.buffer if mask is not None else getattr(self.sglang, "cuda_graph_custom_mask", None)
 
     def _take_frozen(self, bs: int) -> None:
-        md = self.sglang.forward_metadata
-        fields = ("kv_indptr", "kv_indices", "attn_logits", "attn_lse", "num_kv_splits", "max_extend_len", "qo_indptr")
-        self.forward_metadata = TritonMetadata(**{f: getattr(md, f) for f in (*fields, "custom_mask", "mask_indptr")})
+        self.forward_metadata = _triton_metadata(self.sglang.forward_metadata)
+
+
+def _sync_splits(ours, theirs) -> None:
+    """One split heuristic on both sides: refimpl's constants taken from SGLang's Triton / Wave backend (on a CPU, SGLang
+    sees no cores and would fill ``max_kv_splits``: it gets refimpl's 8); its static or tiled settings refused."""
+    tile = getattr(theirs, "split_tile_size", None)  # Triton's deterministic mode (Wave has none)
+    if theirs.static_kv_splits or tile is not None:  # its environment or its deterministic mode
+        raise ValueError(
+            f"SGLang's split settings (static_kv_splits={theirs.static_kv_splits}, split_tile_size={tile}) are not "
+            "the default heuristic refimpl's eager path and reference implement"
+        )
+    if ours.device.type == "cpu":
+        theirs.device_core_count = ours.core_count
+    ours.max_kv_splits, ours.core_count = theirs.max_kv_splits, theirs.device_core_count
+
+
+def _triton_metadata(md, **given) -> TritonMetadata:
+    """SGLang's Triton metadata (the tensors it froze) as refimpl's kernels take it; ``given`` replaces fields."""
+    fields = ("kv_indptr", "kv_indices", "attn_logits", "attn_lse", "num_kv_splits", "max_extend_len", "qo_indptr")
+    return TritonMetadata(**{f: getattr(md, f) for f in (*fields, "custom_mask", "mask_indptr")} | given)
 
 
 class SGLangTritonAttnBackend(_SGLangTriton, TritonAttnBackend):
-    """SGLang 0.5.23's ``TritonAttnBackend`` (``triton_backend.py``): decode, idle, target verify, draft extend v2."""
+    """SGLang 0.5.23's ``TritonAttnBackend`` (``triton_backend.py``): decode, idle, target verify, draft extend v2; its
+    multi-step draft wrapper below."""
 
     upstream = "triton_backend.TritonAttnBackend"
+    multi_step_class = "refimpl.adapters.sglang:SGLangTritonMultiStepDraftBackend"
     graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2})
+
+
+class SGLangTritonMultiStepDraftBackend(TritonMultiStepDraftBackend):
+    """SGLang 0.5.23's ``TritonMultiStepDraftBackend`` (``triton_backend.py``), multi-step draft decode: its wrapper
+    allocates every step's ``kv_indptr`` / ``kv_indices`` rows and the shared split buffer, fills them in one launch of
+    ``generate_draft_decode_kv_indices`` (the indptr from the batch's ``positions``, the indices from ``seq_lens``) and
+    computes the split counts once per replay; at capture each of its step backends freezes its metadata. refimpl's
+    unified Triton steps run ``forward`` over that metadata and give the eager path and the reference. A step's frozen
+    ``kv_indices`` is a view sized by the capture batch's ``seq_lens_sum``; its kernel reads by pointer past that view,
+    so refimpl's steps read (and the checker compares) the step's whole row, what the captured kernel reads."""
+
+    upstream = "triton_backend.TritonMultiStepDraftBackend"
+    variant = _SGLang.variant
+    graph_buffer_names = ("cuda_graph_kv_indices", "cuda_graph_num_kv_splits")  # not the indptr: as _SGLangTriton
+    init_forward_metadata_capture_cuda_graph = AttentionBackend.init_forward_metadata_capture_cuda_graph
+    init_forward_metadata_replay_cuda_graph = AttentionBackend.init_forward_metadata_replay_cuda_graph
+    _their_batch = _SGLang._their_batch
+    upstream_findings = {  # what 0.5.23's own wrapper does that these findings show (docs/reference.md has the why)
+        r"^step\d+\.num_kv_splits: .*capture vs replay": "0.5.23 computes split counts on replay only, "
+        "triton_backend.py lines 787 and 2827",
+        r"^reference: step\d+\.kv_ind": "padded requests only: 0.5.23 sums positions, which its draft runner pads with "
+        "0, for kv_indptr and seq_lens, padded with 1, for kv_indices (cache_locs.py line 310; "
+        "eagle_draft_cuda_graph_runner.py lines 592-594)",
+    }
+
+    def __init__(self, world, spec=None):
+        super().__init__(world, spec)
+        from sglang.srt.layers.attention.triton_backend import TritonMultiStepDraftBackend as Theirs
+
+        self.sglang = Theirs(model_runner(world, spec), spec.topk, spec.num_steps)
+        for ours, theirs in zip(self.step_backends, self.sglang.attn_backends):
+            _sync_splits(ours, theirs)
+        self.kv_indptr = self.sglang.kv_indptr
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        super().init_cuda_graph_state(max_bs, max_num_tokens)  # the sizes; the buffers are replaced by SGLang's
+        theirs = self.sglang
+        theirs.init_cuda_graph_state(max_bs, max_num_tokens)
+        self.cuda_graph_kv_indices, self.cuda_graph_num_kv_splits = theirs.cuda_graph_kv_indices, theirs.cuda_graph_num_kv_splits
+        for ours, step in zip(self.step_backends, theirs.attn_backends):
+            for name in _SGLangTriton.adopted:
+                setattr(ours, name, getattr(step, name))
+
+    def init_forward_metadata_out_graph(self, fb, in_capture: bool = False) -> None:
+        self.check_graph_mode(fb.forward_mode)
+        self.sglang.init_forward_metadata_out_graph(self._their_batch(fb), in_capture)
+        if in_capture:
+            for i, (ours, step) in enumerate(zip(self.step_backends, self.sglang.attn_backends)):
+                ours.forward_metadata = _triton_metadata(step.forward_metadata, kv_indices=self.cuda_graph_kv_indices[i])
 
 
 class SGLangWaveAttnBackend(_SGLangTriton, WaveAttnBackend):
