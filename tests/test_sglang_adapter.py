@@ -17,13 +17,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SGL = os.environ.get("REFIMPL_SGLANG", os.path.join(ROOT, ".sgl", "0.5.23"))
 
 
-def check(name, *args):
-    """``python -m refimpl check --sglang NAME --json`` (or ``ARGS`` instead of ``--sglang NAME``) in a child process:
-    (exit code, rows by mode)."""
+def need_sglang():
+    """Skip without the wheel, unless ``REFIMPL_REQUIRE_SGLANG=1`` (CI, and the GPU gate when it carries SGLang)."""
     if not os.path.isdir(os.path.join(SGL, "site", "sglang")):
         if os.environ.get("REFIMPL_REQUIRE_SGLANG") == "1":
             pytest.fail(f"no SGLang 0.5.23 at {SGL}: bash scripts/fetch_sglang.sh")
         pytest.skip(f"no SGLang 0.5.23 at {SGL} (bash scripts/fetch_sglang.sh)")
+
+
+def check(name, *args):
+    """``python -m refimpl check --sglang NAME --json`` (or ``ARGS`` instead of ``--sglang NAME``) in a child process:
+    (exit code, rows by mode)."""
+    need_sglang()
     cmd = [sys.executable, "-m", "refimpl", "check", *(args or ("--sglang", name)), "--json"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH", "")]))
     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -70,8 +75,9 @@ def test_check_names_the_upstream_bug_in_sglang_s_wave_verify_mask():
 
 
 def test_check_runs_sglang_s_own_trtllm_mla_backend():
-    """0.5.23's TRTLLMMLABackend (page 64): decode, idle, target verify (a chain) and draft extend v2 pass every verdict,
-    its extra lengths (plain decode's static seq_lens_k, verify's global_seq_lens_k) among the state compared."""
+    """0.5.23's TRTLLMMLABackend (page 64): decode, idle, target verify (a chain) and draft extend v2 pass every verdict
+    (its extra lengths, plain decode's static seq_lens_k and verify's global_seq_lens_k, among the state compared: the
+    planted bugs below)."""
     code, rows = check("trtllm_mla")
     assert code == 0
     for mode in ("decode", "idle", "target_verify", "draft_extend_v2"):
@@ -80,18 +86,25 @@ def test_check_runs_sglang_s_own_trtllm_mla_backend():
     assert "no multi-step draft backend" in rows["draft_decode"]["findings"][0]
 
 
-def test_a_bug_planted_in_sglang_s_own_hook_is_named_by_its_buffer():
-    """The rows read SGLang's per-bs metadata, not refimpl's: its replay leaving decode's seq_lens_k stale fails (a),
-    (b) and (d) naming seq_lens_k; its other modes still pass."""
-    code, rows = check(
-        "", "--backend-class", "sglang_planted:TRTLLMReplayKeepsDecodeLens", "--mode", "decode", "--mode", "target_verify"
-    )
+@pytest.mark.parametrize("planted", ["TRTLLMReplayKeepsDecodeLens", "TRTLLMReplayRebindsDecodeLens"])
+def test_a_bug_planted_in_sglang_s_own_hook_is_named_by_its_buffer(planted):
+    """The rows read the metadata SGLang froze at capture, every field of it: its replay leaving decode's seq_lens_k
+    stale, or rebinding it, fails (a), (b) and (d) naming seq_lens_k; leaving verify's global_seq_lens_k stale (which no
+    kernel reads) fails (a) and (d) naming it, with the right outputs."""
+    args = "--backend-class", f"sglang_planted:{planted}", "--mode", "decode", "--mode", "target_verify"
+    code, rows = check("", *args)
     assert code == 1
     bad = rows["decode"]
     assert bad["capture_equals_replay"] is False and bad["replay_matches_reference"] is False, bad
     assert bad["graph_equals_eager"] is False, bad
-    assert any("seq_lens_k" in f for f in bad["findings"]), bad["findings"]
-    assert passes(rows["target_verify"]), rows["target_verify"]
+    assert any(f.startswith("seq_lens_k: ") for f in bad["findings"]), bad["findings"]
+    verify = rows["target_verify"]
+    if planted == "TRTLLMReplayRebindsDecodeLens":
+        assert passes(verify), verify
+        return
+    assert verify["graph_equals_eager"] and verify["matches_oracle"], verify
+    assert verify["capture_equals_replay"] is False and verify["replay_matches_reference"] is False, verify
+    assert {f.split(":")[0] for f in verify["findings"]} == {"global_seq_lens_k", "reference"}, verify["findings"]
 
 
 def test_missing_sglang_is_one_clear_line(tmp_path):
@@ -139,8 +152,7 @@ def test_the_stand_ins_are_only_what_sglang_s_backends_import_and_never_a_real_d
     (``ROOTS``, Wave's ``wave_lang`` / ``iree``) or, on CUDA, one the last-resort finder names (a GPU-only package
     missing there); none is a package refimpl or SGLang's backends really use; on a CPU that finder stood in for
     nothing (every SGLang module the backends reach is real)."""
-    if not os.path.isdir(os.path.join(SGL, "site", "sglang")):
-        pytest.skip(f"no SGLang 0.5.23 at {SGL} (bash scripts/fetch_sglang.sh)")
+    need_sglang()
     res = subprocess.run([sys.executable, "-c", STAND_INS], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     stood, fallback = eval(res.stdout.strip().splitlines()[-1])  # noqa: S307 - our own child's repr of two lists

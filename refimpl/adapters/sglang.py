@@ -387,20 +387,25 @@ class SGLangTRTLLMMLABackend(_SGLang, TRTLLMMLAAttnBackendSimplified):
         )
         trt.can_use_set_mla_kv_concat_q = lambda *a, **k: False
 
+    def __init__(self, world, spec=None, **kw):
+        super().__init__(world, spec, **kw)
+        self.frozen = {}  # bs -> SGLang's metadata fields at capture
+
     def _their_buffers(self, max_bs: int) -> tuple:
         # the parent's kv_indices, as it would allocate them but on the world's device (it hardcodes device="cuda")
         return (torch.zeros(max_bs * self.world.max_context_len, dtype=torch.int32, device=self.device),)
 
     def _take_frozen(self, bs: int) -> None:
-        theirs = self.sglang.decode_cuda_graph_metadata[bs]
-        md = TRTLLMMLADecodeMetadata(**{f.name: getattr(theirs, f.name) for f in dataclasses.fields(TRTLLMMLADecodeMetadata)})
+        frozen = dict(vars(self.sglang.decode_cuda_graph_metadata[bs]))  # its fields as captured: tensors, the ints
+        md = TRTLLMMLADecodeMetadata(**{f.name: frozen[f.name] for f in dataclasses.fields(TRTLLMMLADecodeMetadata)})
         self.decode_cuda_graph_metadata[bs] = self.forward_metadata = md
-        self.captured_max_seq_len[bs] = md.max_seq_len_k
+        self.captured_max_seq_len[bs], self.frozen[bs] = md.max_seq_len_k, frozen
 
     def graph_state(self, bs: int, mode: ForwardMode) -> dict:
-        theirs = self.sglang.decode_cuda_graph_metadata[bs]
-        state = {k: v for k, v in vars(theirs).items() if v is not None}
-        return state | {"block_kv_indices": theirs.block_kv_indices[:bs], "max_seq_len_k": self.captured_max_seq_len[bs]}
+        """Every field SGLang's per-bs metadata held at capture (what the graph reads; a replay that rebinds a field
+        instead of writing into it leaves the captured tensor stale, and this shows it)."""
+        state = {k: v for k, v in self.frozen[bs].items() if v is not None}
+        return state | {"block_kv_indices": state["block_kv_indices"][:bs]}
 
     def reference_graph_state(self, fb) -> dict:
         ref, mode = super().reference_graph_state(fb), fb.forward_mode

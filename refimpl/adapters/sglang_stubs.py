@@ -122,7 +122,8 @@ class _StubModule(types.ModuleType):
 
 
 # what SGLang 0.5.23's Triton, Wave and TRTLLM-MLA backends import on a CPU and never use: top-level packages, and
-# SGLang subpackages (dotted)
+# SGLang subpackages (dotted). Also on CUDA, where ``tvm_ffi`` then stands in under the real flashinfer (its JIT loader):
+# harmless while no FlashInfer kernel runs under the adapter
 ROOTS = (
     "orjson",
     "pybase64",
@@ -168,6 +169,9 @@ ROOTS = (
 )
 
 FALLBACK: list[str] = []  # modules the last-resort finder stood in for
+# never stood in, not even a name under them the fallback would take for a module: SGLang's ``from torch.distributed
+# import all_gather_single`` must raise on a torch without it (it falls back to the older name), not import a stand-in
+REAL = ("torch", "triton", "numpy")
 
 
 def _imported_by_sglang() -> bool:
@@ -185,7 +189,7 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def find_spec(self, name, path, target=None):
         dotted = any(name == r or name.startswith(r + ".") for r in self.roots if "." in r)
-        if self.everything and not _imported_by_sglang():
+        if self.everything and (not _imported_by_sglang() or name.split(".")[0] in REAL):
             return None
         if name.split(".")[0] in self.roots or dotted or self.everything:
             if self.everything:
