@@ -124,10 +124,10 @@ def test_missing_sglang_is_one_clear_line(tmp_path):
 
 def test_sglang_is_not_mixed_with_backend_classes(capsys):
     """Refused before anything is imported: the stand-ins for SGLang's imports would reach the other classes."""
-    from refimpl.__main__ import main
+    from refimpl.__main__ import main as cli
 
     with pytest.raises(SystemExit) as e:
-        main(["check", "--sglang", "triton", "--backend-class", "broken_backends:FrozenScalar"])
+        cli(["check", "--sglang", "triton", "--backend-class", "broken_backends:FrozenScalar"])
     assert e.value.code == 2
     assert "--sglang: not with --backend-class: its stand-ins for SGLang's imports are process-wide" in capsys.readouterr().err
     assert "sglang" not in sys.modules
