@@ -112,9 +112,9 @@ except GraphCaptureError as e:
 assert not g.captured
 
 # %% [markdown]
-# **A stale bound buffer.** A backend updates metadata the captured step reads, here `meta.scale`, between steps. The
-# buggy update **rebinds the attribute to a fresh tensor**: eagerly that works, but the graph recorded the *old* tensor.
-# No error, a wrong answer. The fix writes into the captured buffer with `copy_`.
+# **A stale bound buffer.** A backend updates metadata the captured step reads (`meta.scale`) between steps. The buggy
+# update **rebinds the attribute to a fresh tensor**: the graph reads the *old* one (kept, as SGLang's per-size metadata
+# does; freed, the emulator refuses to replay: section 6). The fix: `copy_`.
 
 
 # %%
@@ -129,7 +129,7 @@ for how in ("rebind", "copy_"):
     g = emu.new_graph()
     out = g.capture(lambda meta=meta: x4 * meta.scale)  # captured with scale = 1
     if how == "rebind":
-        meta.scale = torch.full((4,), 3.0)  # a fresh tensor: invisible to the graph
+        kept, meta.scale = meta.scale, torch.full((4,), 3.0)  # a fresh tensor: invisible to the graph
     else:
         meta.scale.copy_(torch.full((4,), 3.0))  # in place: the graph reads it
     g.replay()

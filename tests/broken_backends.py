@@ -5,6 +5,8 @@ stage-3 entry point, ...). ``tests/test_backend_class.py`` loads them the way a 
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from examples.paged_decode_backend import PagedDecodeBackend, PagedDecodeMetadata
@@ -205,6 +207,9 @@ class SplitDevicePhaseReadsHostArray(FlashInferAttnBackend):
         super()._plan_decode(bs, seq_lens_cpu, wrapper, mode, spec_info, kv)
         host = torch.cumsum(seq_lens_cpu[:bs], 0, dtype=torch.int32)  # fresh each replay
         self._indptr_host = host.pin_memory() if self.device.type == "cuda" else host  # (a graph copies only pinned)
+        # every array kept alive, as SGLang keeps its pinned host buffers: the glue graph copies a live, stale array
+        # (freed, the emulator would refuse the replay instead: liveness, tests/test_emulator.py)
+        self.__dict__.setdefault("_kept", []).append(self._indptr_host)
 
     def _write_decode(self, bs, rpi, seq_lens, wrapper, mode, spec_info, kv=None):
         super()._write_decode(bs, rpi, seq_lens, wrapper, mode, spec_info, kv)
@@ -326,3 +331,19 @@ DuckClassicPair = type(
         if k not in ("init_forward_metadata_out_graph", "__dict__", "__weakref__", "__abstractmethods__", "_abc_impl")
     },
 )
+
+
+class ScratchReallocatedAtReplay(TritonAttnBackend):
+    """A liveness bug (vLLM #55341's class: a buffer the graphs baked in, replaced after capture): the replay hook
+    re-allocates the split-KV scratch ("sized for this batch") and points the metadata at the new one. The graph
+    recorded the capture-time scratch, which nothing references any more: on a GPU its kernels write and read freed
+    memory (the output stays right until that memory is handed to another tensor); the emulator refuses the replay."""
+
+    name = "bug_scratch_reallocated_at_replay"
+
+    def init_forward_metadata_replay_cuda_graph(self, bs, *args) -> None:
+        super().init_forward_metadata_replay_cuda_graph(bs, *args)
+        md = self.forward_metadata
+        if md is not None and md.attn_logits is not None:
+            self.cuda_graph_attn_logits = torch.empty_like(self.cuda_graph_attn_logits)
+            self.forward_metadata = dataclasses.replace(md, attn_logits=self.cuda_graph_attn_logits[: md.attn_logits.shape[0]])

@@ -131,6 +131,17 @@ def test_a_bug_that_depends_on_the_previous_replay_is_caught_by_the_history():
     assert all(r.passed for r in quiet)
 
 
+def test_an_input_freed_after_capture_is_named_by_the_emulator_and_a_correct_twin_passes():
+    """Liveness (issue 33): a split-KV scratch re-allocated by the replay hook leaves the graph the capture-time one,
+    freed. The emulator refuses the replay, naming the op and the input; its correct twin (``triton/unified``) passes
+    every verdict (the default checker's rows)."""
+    rows = check("broken_backends:ScratchReallocatedAtReplay")
+    freed = "float32 input of refimpl.decode_attention_stage1.default, in memory the graph did not allocate, was freed after"
+    assert rows and all(r.status == "FAIL" for r in rows)
+    assert all(any(freed in f for f in r.findings) for r in rows), [r.findings for r in rows]
+    assert all(r.passed for r in check("refimpl.backends.triton:TritonAttnBackend"))
+
+
 def test_metadata_pointing_outside_a_buffer_is_a_finding_not_a_crash():
     """The review tool survives the code it reviews: a replay whose kernel would read past the KV cache (an IndexError
     on a CPU; a device-side assert that ends the CUDA context on a GPU) is, on every device, a row that fails naming the

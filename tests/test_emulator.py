@@ -109,10 +109,33 @@ def test_tensors_allocated_after_capture_are_invisible():
     b.buf = torch.tensor([7.0, 7.0])  # a fresh tensor at replay time: the graph never sees it
     g.replay()
     assert y.tolist() == [10.0, 20.0]
-    b_old = g._steps[0].args[0]
-    b_old.copy_(torch.tensor([3.0, 4.0]))  # writing the captured buffer in place does count
+    Backend.buf.copy_(torch.tensor([3.0, 4.0]))  # writing the captured buffer (alive: the class holds it) does count
     g.replay()
     assert y.tolist() == [30.0, 40.0]
+
+
+def test_an_input_freed_or_re_carved_after_capture_fails_the_replay_by_name():
+    """Liveness: the graph holds what it did not allocate by address, as a CUDA graph does. Its owner rebinding it (the
+    old buffer freed: vLLM #55341's workspace grown after capture) or re-carving it in place (``resize_``) fails the
+    next replay, naming the op and the input; an owner that keeps it and writes into it passes."""
+
+    class Backend:
+        def __init__(self):
+            self.buf = torch.tensor([1.0, 2.0])
+
+    b = Backend()
+    g, y = capture(lambda: b.buf * 10)
+    b.buf.copy_(torch.tensor([3.0, 4.0]))  # the right way: in place
+    g.replay()
+    assert y.tolist() == [30.0, 40.0]
+    b.buf.resize_(64)  # grown in place: its storage moves
+    with pytest.raises(GraphReplayError, match=r"a \(2,\) float32 input of aten.mul.Tensor.* moved after capture"):
+        g.replay()
+    b = Backend()
+    g, y = capture(lambda: b.buf * 10)
+    b.buf = torch.zeros(64)  # grown by rebinding: the captured one is freed
+    with pytest.raises(GraphReplayError, match=r"was freed after capture: keep it alive while the graph can replay"):
+        g.replay()
 
 
 def test_custom_op_is_one_recorded_kernel():

@@ -14,10 +14,14 @@ CI and most readers have no GPU, yet every lesson here is about capture and repl
 5. **Fresh tensors are invisible.** Rebinding ``self.buf = new_tensor`` after capture changes nothing at replay: the
    "stale bound buffer" bug class of a GPU.
 
+6. **Addresses, not references.** What the graph did not allocate (the backend's buffers, the runner's inputs, the KV
+   cache, the weights) it holds by address (``recorder.Borrowed``): freed, or re-carved by ``resize_`` / ``set_``,
+   after capture, a replay raises ``GraphReplayError`` where a CUDA graph would read that memory.
+
 Where it differs from a CUDA graph (``tests/test_emulator_parity.py`` runs both): capture
-*executes* the step here; captured tensors stay alive here, where a CUDA graph keeps addresses
-only; graphs sharing one CUDA pool may overwrite each other's outputs, here never; random ops
-draw fresh values at each replay here, from offsets fixed at capture on CUDA.
+*executes* the step here; the graph's own allocations (intermediates, outputs) stay alive here and are never shared,
+where graphs sharing one CUDA pool may overwrite each other's outputs; random ops draw fresh values at each replay
+here, from offsets fixed at capture on CUDA.
 """
 
 from __future__ import annotations
@@ -58,6 +62,9 @@ class EmulatedGraph(Graph):
         with torch.inference_mode(False), torch.no_grad(), refuse_host_reads(), record_ops([]) as rec:
             out = fn()
         self._steps, self._op_log, self.captured = rec.steps, rec.names, True  # (a refused capture keeps none)
+        own = set().union(*(step.fresh for step in self._steps))  # the storages the graph allocated
+        for step in self._steps:
+            step.borrow(own)
         return out
 
     def replay(self):

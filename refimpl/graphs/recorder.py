@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .. import _env
 from .engine import GraphCaptureError, GraphReplayError
@@ -35,13 +36,37 @@ def tensors_in(obj: Any) -> list[torch.Tensor]:
     return [x for x in tree_flatten(obj)[0] if isinstance(x, torch.Tensor)]
 
 
+class Borrowed:
+    """A tensor a captured op read (or viewed) in memory the graph did not allocate, held as a CUDA graph holds it: by
+    address. A weak reference to its storage, and its dtype, offset, sizes and strides; its owner keeps it alive. At
+    replay a storage freed since capture, or moved (``resize_`` / ``set_`` on its owner), raises ``GraphReplayError``:
+    a CUDA graph would read freed or re-carved memory there, often without an error."""
+
+    __slots__ = ("ref", "ptr", "geometry")
+
+    def __init__(self, t: torch.Tensor):
+        storage = t.untyped_storage()
+        self.ref, self.ptr = StorageWeakRef(storage), storage.data_ptr()
+        self.geometry = t.dtype, t.device, t.storage_offset(), t.size(), t.stride()
+
+    def get(self, op) -> torch.Tensor:
+        dtype, device, offset, size, stride = self.geometry
+        what = f"a {tuple(size)} {str(dtype).removeprefix('torch.')} input of {op}, in memory the graph did not allocate,"
+        storage = None if self.ref.expired() else torch.UntypedStorage._new_with_weak_ptr(self.ref.cdata)
+        if storage is None:
+            raise GraphReplayError(f"{what} was freed after capture: keep it alive while the graph can replay (liveness)")
+        if storage.data_ptr() != self.ptr:
+            raise GraphReplayError(f"{what} moved after capture (its storage was re-carved): the graph reads the old address")
+        return torch.empty(0, dtype=dtype, device=device).set_(storage, offset, size, stride)
+
+
 class Step:
     """One recorded op: ``func(*args, **kwargs)`` and how to redo it at replay."""
 
-    __slots__ = ("func", "args", "kwargs", "outs", "rerun", "copy_back")
+    __slots__ = ("func", "args", "kwargs", "outs", "rerun", "copy_back", "fresh", "spec", "leaves")
 
     def __init__(self, func, args, kwargs, out):
-        self.func, self.args, self.kwargs = func, args, kwargs
+        self.func, self.args, self.kwargs, self.spec = func, args, kwargs, None
         name = str(func)
         inputs = {t.untyped_storage().data_ptr() for t in tensors_in((args, kwargs)) if t.numel()}  # storages read
         self.outs = tensors_in(out)
@@ -55,11 +80,35 @@ class Step:
             self.rerun = False  # a view: the captured view object stays valid
         else:  # a functional op: recompute and write the result into the captured output
             self.copy_back = [i for i, a in enumerate(aliased) if not a]
+        # the storages this op allocated (the graph's own memory)
+        self.fresh = {t.untyped_storage().data_ptr() for t, a in zip(self.outs, aliased) if not a}
+
+    def borrow(self, own: set[int]) -> None:
+        """After capture: every tensor in memory outside ``own`` (the storages the graph allocated) becomes a
+        ``Borrowed``; outputs not written back at replay are dropped. Nothing the graph did not allocate stays alive
+        through it."""
+        leaves, self.spec = tree_flatten((self.args, self.kwargs))
+
+        def outside(x):  # a host scalar (a 0-d CPU tensor, `t[i] = 1`'s) is an argument by value, not an address
+            if not isinstance(x, torch.Tensor) or not x.numel() or (x.dim() == 0 and x.device.type == "cpu"):
+                return False
+            return x.untyped_storage().data_ptr() not in own
+
+        self.leaves = [Borrowed(x) if outside(x) else x for x in leaves]
+        self.args = self.kwargs = None
+        self.outs = [t if i in self.copy_back else None for i, t in enumerate(self.outs)]
 
     def replay(self):
         if not self.rerun:
             return
-        result = self.func(*self.args, **self.kwargs)
+        if self.spec is not None:  # borrowed inputs: looked up (and checked) at every replay
+            leaves = [x.get(self.func) if isinstance(x, Borrowed) else x for x in self.leaves]
+            self.args, self.kwargs = tree_unflatten(leaves, self.spec)
+        try:
+            result = self.func(*self.args, **self.kwargs)
+        finally:
+            if self.spec is not None:
+                self.args = self.kwargs = None
         if not self.copy_back:
             return
         fresh = tensors_in(result)

@@ -32,7 +32,7 @@ from ..backends import BackendEntry
 from ..backends.base import PLANS, GraphModeNotSupported
 from ..batch import ForwardBatch
 from ..config import SpecConfig
-from ..graphs import GraphEngine
+from ..graphs import GraphEngine, GraphReplayError
 from ..graphs.runner import GraphRunner, call_capture_hook, call_in_graph_hook, call_replay_hook, capture_glue
 from ..layout import GraphKind
 from .core import KVGuard, Rig, Verdict, close, graph_buffers, live_masks, raised, state_after
@@ -273,7 +273,10 @@ def glue_vs_eager(rig: Rig, batches: list[ForwardBatch]) -> GlueVerdict:
             inputs.load(fb, bs)
             if split:  # the host phase, eager, as the runner runs it before each glue replay
                 glued.prepare_host_metadata(runner._replay_batch(fb, bs, inputs))
-            graph.replay()
+            try:
+                graph.replay()
+            except GraphReplayError as e:  # the glued hook read memory it did not own and let go (liveness)
+                return False, [f"not glue-safe: replay {i} of {len(batches)}: {e}"]
             call_in_graph_hook(glued, static)
             got = _batch_defined(_snapshot(state(glued)), raw_bs)
             call_replay_hook(twin, padded := runner.padded_batch(fb))
