@@ -114,7 +114,7 @@ assert not g.captured
 # %% [markdown]
 # **A stale bound buffer.** A backend updates metadata the captured step reads (`meta.scale`) between steps. The buggy
 # update **rebinds the attribute to a fresh tensor**: the graph reads the *old* one (kept, as SGLang's per-size metadata
-# does; freed, the emulator refuses to replay: section 6). The fix: `copy_`.
+# does; freed, the emulator refuses it: [liveness](../docs/glossary.md#liveness)). Fix: `copy_`.
 
 
 # %%
@@ -208,7 +208,7 @@ if torch.cuda.is_available():
 # | on a GPU | in the emulator |
 # |---|---|
 # | capture records without running; replay runs kernels | capture *runs* the step; replay re-runs its ops in Python |
-# | memory pools, shared scratch, liveness bugs, illegal addresses | every recorded tensor stays alive; no pool |
+# | memory pools, shared scratch, illegal addresses | own tensors alive, no pool; freed inputs refused |
 # | host and device memory; a host read syncs | all tensors on the CPU; every `.tolist()` / `.cpu()` refused in capture ([why](../docs/sglang_facts.md#where-refimpl-deliberately-differs-from-upstream)) |
 # | streams, async copies, their ordering | one thread, in order |
 # | launch costs | meaningless timings: notebook 06 uses the H200's |

@@ -133,12 +133,12 @@ def test_a_bug_that_depends_on_the_previous_replay_is_caught_by_the_history():
 
 def test_an_input_freed_after_capture_is_named_by_the_emulator_and_a_correct_twin_passes():
     """Liveness (issue 33): a split-KV scratch re-allocated by the replay hook leaves the graph the capture-time one,
-    freed. The emulator refuses the replay, naming the op and the input; its correct twin (``triton/unified``) passes
-    every verdict (the default checker's rows)."""
+    freed. The emulator refuses the replay, naming the op's argument (``attn_logits``); its correct twin
+    (``triton/unified``) passes every verdict (the default checker's rows)."""
     rows = check("broken_backends:ScratchReallocatedAtReplay")
-    freed = "float32 input of refimpl.decode_attention_stage1.default, in memory the graph did not allocate, was freed after"
+    op, freed = "refimpl.decode_attention_stage1.default's attn_logits (", "float32, memory the graph did not allocate) was freed"
     assert rows and all(r.status == "FAIL" for r in rows)
-    assert all(any(freed in f for f in r.findings) for r in rows), [r.findings for r in rows]
+    assert all(any(op in f and freed in f for f in r.findings) for r in rows), [r.findings for r in rows]
     assert all(r.passed for r in check("refimpl.backends.triton:TritonAttnBackend"))
 
 

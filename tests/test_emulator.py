@@ -129,13 +129,29 @@ def test_an_input_freed_or_re_carved_after_capture_fails_the_replay_by_name():
     g.replay()
     assert y.tolist() == [30.0, 40.0]
     b.buf.resize_(64)  # grown in place: its storage moves
-    with pytest.raises(GraphReplayError, match=r"a \(2,\) float32 input of aten.mul.Tensor.* moved after capture"):
+    with pytest.raises(GraphReplayError, match=r"aten.mul.Tensor's self \(\(2,\) float32, memory the graph did not.* moved"):
         g.replay()
     b = Backend()
     g, y = capture(lambda: b.buf * 10)
     b.buf = torch.zeros(64)  # grown by rebinding: the captured one is freed
-    with pytest.raises(GraphReplayError, match=r"was freed after capture: keep it alive while the graph can replay"):
+    with pytest.raises(GraphReplayError, match=r"self \(\(2,\) float32, .*\) was freed after capture: keep it alive"):
         g.replay()
+
+
+def test_what_the_graph_itself_made_is_never_borrowed():
+    """A constant lifted inside the captured code, and a 0-element allocation an ``out=`` op grows, are the graph's
+    own memory: kept alive by the graph, replayed without a liveness error."""
+    x = torch.arange(4.0)
+
+    def step():
+        buf = x.new_empty(0)
+        torch.cumsum(x, 0, out=buf)
+        return buf * torch.tensor([1.0, 2.0, 3.0, 4.0])
+
+    g, y = capture(step)
+    x.fill_(1.0)
+    g.replay()
+    assert y.tolist() == [1.0, 4.0, 9.0, 16.0]
 
 
 def test_custom_op_is_one_recorded_kernel():

@@ -1,7 +1,7 @@
 """Notebook 00's helpers: two graphs in one CUDA memory pool (what they share, what must stay alive), and the picture
 of whole, piecewise and breakable graphs.
 
-The pool demos need a GPU: the CPU emulator keeps every tensor it recorded alive and has no pool, so neither the
+The pool demos need a GPU: the CPU emulator keeps every tensor a graph allocated alive and has no pool, so neither the
 sharing nor the bug exists there (``refimpl/graphs/emulator.py``).
 """
 

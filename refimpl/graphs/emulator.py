@@ -7,16 +7,17 @@ CI and most readers have no GPU, yet every lesson here is about capture and repl
    which logs every aten/custom op with the tensor objects it touched (a refimpl kernel is one custom op).
 2. **Replay on captured storage.** ``replay()`` re-executes the log: an op that made a fresh tensor at capture writes
    its new result *into that same tensor* (same "address"); an op that mutates its inputs runs again on the same
-   objects; views and allocations are not re-run.
+   memory; views and allocations are not re-run.
 3. **Frozen Python.** Scalars, shapes and branches are whatever they were at capture.
 4. **No host synchronisation.** ``.item()``, ``bool(tensor)``, ``.tolist()``, ``.cpu()``, ``torch.equal`` and
    value-dependent shapes (``nonzero``, ``unique``...) raise ``GraphCaptureError`` during capture, as CUDA's does.
 5. **Fresh tensors are invisible.** Rebinding ``self.buf = new_tensor`` after capture changes nothing at replay: the
-   "stale bound buffer" bug class of a GPU.
-
+   "stale bound buffer" bug class of a GPU (while something still holds the old tensor: 6).
 6. **Addresses, not references.** What the graph did not allocate (the backend's buffers, the runner's inputs, the KV
-   cache, the weights) it holds by address (``recorder.Borrowed``): freed, or re-carved by ``resize_`` / ``set_``,
-   after capture, a replay raises ``GraphReplayError`` where a CUDA graph would read that memory.
+   cache, the weights) it holds by address (``recorder.Borrowed``): freed after capture (nothing holds it any more)
+   or moved (its storage resized), a replay raises ``GraphReplayError`` naming the op's argument, where a CUDA graph
+   would read that memory. Not covered: what an op reaches other than through its arguments (a FlashInfer stand-in
+   wrapper's bound buffers, looked up by handle, ``refimpl/flashinfer_wrappers/ops.py``).
 
 Where it differs from a CUDA graph (``tests/test_emulator_parity.py`` runs both): capture
 *executes* the step here; the graph's own allocations (intermediates, outputs) stay alive here and are never shared,

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_flatten_with_path, tree_unflatten
 
 from .. import _env
 from .engine import GraphCaptureError, GraphReplayError
@@ -39,25 +39,35 @@ def tensors_in(obj: Any) -> list[torch.Tensor]:
 class Borrowed:
     """A tensor a captured op read (or viewed) in memory the graph did not allocate, held as a CUDA graph holds it: by
     address. A weak reference to its storage, and its dtype, offset, sizes and strides; its owner keeps it alive. At
-    replay a storage freed since capture, or moved (``resize_`` / ``set_`` on its owner), raises ``GraphReplayError``:
-    a CUDA graph would read freed or re-carved memory there, often without an error."""
+    replay a storage freed since capture (its owner rebound or released it) or moved (resized) raises
+    ``GraphReplayError`` naming the op's argument: a CUDA graph would read freed or re-carved memory there, often
+    without an error."""
 
-    __slots__ = ("ref", "ptr", "geometry")
+    __slots__ = ("ref", "ptr", "geometry", "name")
 
-    def __init__(self, t: torch.Tensor):
+    def __init__(self, t: torch.Tensor, name: str):
         storage = t.untyped_storage()
-        self.ref, self.ptr = StorageWeakRef(storage), storage.data_ptr()
+        self.ref, self.ptr, self.name = StorageWeakRef(storage), storage.data_ptr(), name
         self.geometry = t.dtype, t.device, t.storage_offset(), t.size(), t.stride()
 
     def get(self, op) -> torch.Tensor:
         dtype, device, offset, size, stride = self.geometry
-        what = f"a {tuple(size)} {str(dtype).removeprefix('torch.')} input of {op}, in memory the graph did not allocate,"
         storage = None if self.ref.expired() else torch.UntypedStorage._new_with_weak_ptr(self.ref.cdata)
-        if storage is None:
-            raise GraphReplayError(f"{what} was freed after capture: keep it alive while the graph can replay (liveness)")
-        if storage.data_ptr() != self.ptr:
-            raise GraphReplayError(f"{what} moved after capture (its storage was re-carved): the graph reads the old address")
-        return torch.empty(0, dtype=dtype, device=device).set_(storage, offset, size, stride)
+        if storage is None or storage.data_ptr() != self.ptr:
+            what = f"{op}'s {self.name} ({tuple(size)} {str(dtype).removeprefix('torch.')}, memory the graph did not allocate)"
+            if storage is None:
+                raise GraphReplayError(f"{what} was freed after capture: keep it alive while the graph can replay (liveness)")
+            raise GraphReplayError(f"{what} moved after capture (its storage was resized): the graph reads the old address")
+        with torch._C._DisableTorchDispatch():  # not an op of the replay (a capture around it, a launch count)
+            return torch.empty(0, dtype=dtype, device=device).set_(storage, offset, size, stride)
+
+
+def _arg_name(func, path) -> str:
+    """``path`` (into ``(args, kwargs)``) as the op's argument name: ``attn_logits``, ``tensors[1]``."""
+    where, key, *rest = path
+    names = [a.name for a in func._schema.arguments]
+    name = (names[key.idx] if key.idx < len(names) else f"argument {key.idx}") if where.idx == 0 else str(key.key)
+    return name + "".join(f"[{k.idx}]" for k in rest if hasattr(k, "idx"))
 
 
 class Step:
@@ -80,35 +90,36 @@ class Step:
             self.rerun = False  # a view: the captured view object stays valid
         else:  # a functional op: recompute and write the result into the captured output
             self.copy_back = [i for i, a in enumerate(aliased) if not a]
-        # the storages this op allocated (the graph's own memory)
-        self.fresh = {t.untyped_storage().data_ptr() for t, a in zip(self.outs, aliased) if not a}
+        # the storages this op made (the graph's own memory), by identity: a 0-element one a later op grows, a lifted
+        # constant (`torch.tensor(...)` in the captured code) included
+        read = {t.untyped_storage()._cdata for t in tensors_in((args, kwargs))}
+        lifted = name.startswith("aten.lift_fresh")
+        self.fresh = {s._cdata for s in (t.untyped_storage() for t in self.outs) if lifted or s._cdata not in read}
 
     def borrow(self, own: set[int]) -> None:
-        """After capture: every tensor in memory outside ``own`` (the storages the graph allocated) becomes a
-        ``Borrowed``; outputs not written back at replay are dropped. Nothing the graph did not allocate stays alive
-        through it."""
-        leaves, self.spec = tree_flatten((self.args, self.kwargs))
+        """After capture: every tensor in a storage outside ``own`` (those the graph made) becomes a ``Borrowed``, named
+        by the op's argument; outputs not written back at replay are dropped. Nothing the graph did not allocate stays
+        alive through it. Not borrowed: empty tensors (nothing is read) and 0-d CPU tensors (``t[i] = 1``'s scalar; a
+        CUDA graph bakes a host scalar's value at capture, the emulator reads it at each replay)."""
 
-        def outside(x):  # a host scalar (a 0-d CPU tensor, `t[i] = 1`'s) is an argument by value, not an address
+        def outside(x):
             if not isinstance(x, torch.Tensor) or not x.numel() or (x.dim() == 0 and x.device.type == "cpu"):
                 return False
-            return x.untyped_storage().data_ptr() not in own
+            return x.untyped_storage()._cdata not in own
 
-        self.leaves = [Borrowed(x) if outside(x) else x for x in leaves]
-        self.args = self.kwargs = None
+        flat, spec = tree_flatten_with_path((self.args, self.kwargs))
+        if any(outside(x) for _, x in flat):  # else the step keeps its arguments (the graph's own, or scalars)
+            self.leaves = [Borrowed(x, _arg_name(self.func, path)) if outside(x) else x for path, x in flat]
+            self.spec, self.args, self.kwargs = spec, None, None
         self.outs = [t if i in self.copy_back else None for i, t in enumerate(self.outs)]
 
     def replay(self):
         if not self.rerun:
             return
+        args, kwargs = self.args, self.kwargs
         if self.spec is not None:  # borrowed inputs: looked up (and checked) at every replay
-            leaves = [x.get(self.func) if isinstance(x, Borrowed) else x for x in self.leaves]
-            self.args, self.kwargs = tree_unflatten(leaves, self.spec)
-        try:
-            result = self.func(*self.args, **self.kwargs)
-        finally:
-            if self.spec is not None:
-                self.args = self.kwargs = None
+            args, kwargs = tree_unflatten([x.get(self.func) if isinstance(x, Borrowed) else x for x in self.leaves], self.spec)
+        result = self.func(*args, **kwargs)
         if not self.copy_back:
             return
         fresh = tensors_in(result)
