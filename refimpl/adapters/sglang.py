@@ -325,12 +325,11 @@ class SGLangTritonMultiStepDraftBackend(TritonMultiStepDraftBackend):
             for name in _SGLangTriton.adopted:
                 setattr(ours, name, getattr(step, name))
 
-    def init_forward_metadata_out_graph(self, fb, in_capture: bool = False) -> None:
-        self.check_graph_mode(fb.forward_mode)
-        self.sglang.init_forward_metadata_out_graph(self._their_batch(fb), in_capture)
-        if in_capture:
-            for i, (ours, step) in enumerate(zip(self.step_backends, self.sglang.attn_backends)):
-                ours.forward_metadata = _triton_metadata(step.forward_metadata, kv_indices=self.cuda_graph_kv_indices[i])
+    init_forward_metadata_out_graph = _SGLang.init_forward_metadata_out_graph
+
+    def _take_frozen(self, bs: int) -> None:
+        for i, (ours, step) in enumerate(zip(self.step_backends, self.sglang.attn_backends)):
+            ours.forward_metadata = _triton_metadata(step.forward_metadata, kv_indices=self.cuda_graph_kv_indices[i])
 
 
 class SGLangWaveAttnBackend(_SGLangTriton, WaveAttnBackend):

@@ -52,7 +52,7 @@ class Borrowed:
 
     def get(self, op) -> torch.Tensor:
         dtype, device, offset, size, stride = self.geometry
-        storage = None if self.ref.expired() else torch.UntypedStorage._new_with_weak_ptr(self.ref.cdata)
+        storage = torch.UntypedStorage._new_with_weak_ptr(self.ref.cdata)  # None once freed
         if storage is None or storage.data_ptr() != self.ptr:
             what = f"{op}'s {self.name} ({tuple(size)} {str(dtype).removeprefix('torch.')}, memory the graph did not allocate)"
             if storage is None:
@@ -78,7 +78,8 @@ class Step:
     def __init__(self, func, args, kwargs, out):
         self.func, self.args, self.kwargs, self.spec = func, args, kwargs, None
         name = str(func)
-        inputs = {t.untyped_storage().data_ptr() for t in tensors_in((args, kwargs)) if t.numel()}  # storages read
+        ins = tensors_in((args, kwargs))
+        inputs = {t.untyped_storage().data_ptr() for t in ins if t.numel()}  # storages read
         self.outs = tensors_in(out)
         aliased = [t.numel() == 0 or t.untyped_storage().data_ptr() in inputs for t in self.outs]
         self.rerun, self.copy_back = True, []
@@ -92,7 +93,7 @@ class Step:
             self.copy_back = [i for i, a in enumerate(aliased) if not a]
         # the storages this op made (the graph's own memory), by identity: a 0-element one a later op grows, a lifted
         # constant (`torch.tensor(...)` in the captured code) included
-        read = {t.untyped_storage()._cdata for t in tensors_in((args, kwargs))}
+        read = {t.untyped_storage()._cdata for t in ins}
         lifted = name.startswith("aten.lift_fresh")
         self.fresh = {s._cdata for s in (t.untyped_storage() for t in self.outs) if lifted or s._cdata not in read}
 
