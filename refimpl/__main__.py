@@ -149,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
         "wheel unpacked by scripts/fetch_sglang.sh (repeatable; not with --backend / --variant / --backend-class)",
     )
     arg("--json", action="store_true", help="print a JSON list of records")
+    arg(
+        "--arguments",
+        action="store_true",
+        help="per row, which fields of the batch the replay hook and the eager path read and which are dead "
+        "(each varied alone; information, not a verdict)",
+    )
     arg("--fuzz", type=_count, metavar="N", help="fuzz instead: N random batches per backend x variant x mode x spec")
     arg(
         "--seed",
@@ -202,12 +208,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.bs and args.all:
         c.error("argument --all: not with --bs (--all checks raw sizes 1, 2, 3 and 4)")
     given = named(
-        ("--bs", args.bs), ("--all", args.all), ("--topk", args.topk != 1), ("--context", args.context), ("--pool", args.pool)
+        ("--bs", args.bs),
+        ("--all", args.all),
+        ("--topk", args.topk != 1),
+        ("--context", args.context),
+        ("--pool", args.pool),
+        ("--arguments", args.arguments),
     )
     if args.fuzz and given:
         why = "the fuzzer draws batch sizes 1..8 and specs (chains, topk-2 trees) itself, in its own world"
         c.error(f"argument --fuzz: not with {given}: {why}")
-    s = CheckSettings()
+    s = CheckSettings(arguments=args.arguments)
     if args.bs or args.all:
         s.raw_bs = args.bs or tuple(range(1, max(s.capture_bs) + 1))
     s.max_context_len = args.context or s.max_context_len

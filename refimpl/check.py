@@ -23,6 +23,7 @@ from .graphs import GraphEngine, make_engine
 from .kernels.bounds import bounds_guard
 from .layout import GraphKind
 from .modes import ForwardMode
+from .rig.arguments import argument_use, summary
 from .rig.core import Names, Rig, raised, selection
 from .rig.verdicts import (
     CheckSettings,
@@ -50,6 +51,7 @@ class CheckRecord:
     glue_equals_eager: bool | None = None
     glue_findings: list[str] = field(default_factory=list)  # why (e) is "no" or refused: information, fine unglued
     history_ok: bool | None = None  # (f) a sequence of replays through the captured graphs, each right (largest bs row)
+    arguments: dict[str, dict[str, str]] = field(default_factory=dict)  # --arguments: path -> field -> use (information)
 
     expected: bool = False  # a legacy / as-upstream shape: its findings are the historical bugs it reproduces
 
@@ -139,6 +141,8 @@ def check_entry_mode(
             continue
         ref = None if ref_diffs is None else not ref_diffs
         rows.append(record(raw_bs, not diffs, v.graph_ok, v.oracle_ok, findings=diffs + (ref_diffs or []) + v.findings, ref=ref))
+        if settings.arguments and not kind.mode.is_idle():  # what the backend does with each field (information)
+            rows[-1].arguments = argument_use(rig, fb)
         if settings.history and not kind.mode.is_idle() and raw_bs == max(sizes):  # (f): this replay is its step A
             rows[-1].history_ok, found = history_verdict(rig, raw_bs, a=fb)
             rows[-1].findings += found
@@ -228,6 +232,7 @@ def table(rows: list[CheckRecord]) -> str:
     lines = [line(cols), "-" * (sum(width) + len(width) - 1)]
     for r, row in zip(rows, cells):
         lines += [line(row), *(f"    - {f}" for f in r.findings), *map(_glue_line, r.glue_findings)]
+        lines += [f"    (args) {path}: {summary(use)}" for path, use in r.arguments.items()]
     return "\n".join(lines)
 
 

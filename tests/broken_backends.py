@@ -347,3 +347,14 @@ class ScratchReallocatedAtReplay(TritonAttnBackend):
         if md is not None and md.attn_logits is not None:
             self.cuda_graph_attn_logits = torch.empty_like(self.cuda_graph_attn_logits)
             self.forward_metadata = dataclasses.replace(md, attn_logits=self.cuda_graph_attn_logits[: md.attn_logits.shape[0]])
+
+
+class EagerVerifyDropsTheMask(TritonAttnBackend):
+    """SGLang's kit's "M12" class: the eager verify path is handed the tree mask and never uses it (it attends causally
+    among the draft rows). On a chain the tree mask is the causal one, so every output agrees and every verdict passes;
+    ``--arguments`` names ``spec_info.custom_mask`` dead on the eager path (the replay hook reads it)."""
+
+    def init_forward_metadata(self, fb):
+        if fb.forward_mode.is_target_verify():
+            fb = fb.replace(spec_info=dataclasses.replace(fb.spec_info, custom_mask=None))  # None: causal
+        super().init_forward_metadata(fb)

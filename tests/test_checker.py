@@ -172,6 +172,7 @@ def test_run_checks_json_keys_and_unknown_backend():
         "expected",  # issue 17: new fields only
         "status",
         "history_ok",  # issue 18: verdict (f)
+        "arguments",  # issue 33: --arguments (empty without it)
     }
     assert rows[0].pattern == TorchNativeBackend.pattern  # the record carries the class's label
     with pytest.raises(ValueError, match="unknown backend 'nope'"):

@@ -44,6 +44,7 @@ class CheckSettings:
     raw_bs: tuple[int, ...] = (3,)  # padded to the bs-4 graph (the history replays every other); --all: (1, 2, 3, 4)
     glue_replays: int = 3  # verdict (e): rotated batches replayed in turn through one glue graph (0: no verdict)
     history: bool = True  # verdict (f): after the per-size rows, a sequence of replays through the same graphs
+    arguments: bool = False  # per row, what the replay hook and the eager path do with each field (rig.arguments)
     spec: SpecConfig = field(default_factory=SpecConfig)
     max_context_len: int = 640  # L: room for lengths past 512 positions (each batch's first request near L)
     num_slots: int | None = 102_400  # KV slots (a multiple of every page size), in random page order: ids past 65,536;
