@@ -112,10 +112,12 @@ def check_entry_mode(
     pattern = getattr(cls, "pattern", "")
     notes = getattr(cls, "upstream_findings", {})  # {regex: the upstream code a matching finding reproduces}
 
+    def noted(findings):
+        return [f + "".join(f" [upstream: {n}]" for p, n in notes.items() if re.search(p, f)) for f in findings]
+
     def record(bs, *verdicts, findings, ref=None):
-        findings = [f + "".join(f" [upstream: {n}]" for p, n in notes.items() if re.search(p, f)) for f in findings]
         return CheckRecord(
-            entry.name, entry.variant, kind.label, bs, engine.name, *verdicts, findings, pattern, ref, expected=expected
+            entry.name, entry.variant, kind.label, bs, engine.name, *verdicts, noted(findings), pattern, ref, expected=expected
         )
 
     try:
@@ -145,7 +147,7 @@ def check_entry_mode(
             rows[-1].arguments = argument_use(rig, fb)
         if settings.history and not kind.mode.is_idle() and raw_bs == max(sizes):  # (f): this replay is its step A
             rows[-1].history_ok, found = history_verdict(rig, raw_bs, a=fb)
-            rows[-1].findings += found
+            rows[-1].findings += noted(found)
         rig.gen.release(fb)
     if settings.glue_replays and not raised_on_a_batch:  # (e) last: the other verdicts' batches do not depend on it
         for row, (ok, found) in zip(rows, glue_per_size(rig, sizes, settings.glue_replays)):

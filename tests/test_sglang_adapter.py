@@ -77,13 +77,19 @@ def test_check_names_the_upstream_bug_in_sglang_s_wave_verify_mask():
 def test_check_runs_sglang_s_own_trtllm_mla_backend():
     """0.5.23's TRTLLMMLABackend (page 64): decode, idle, target verify (a chain) and draft extend v2 pass every verdict
     (its extra lengths, plain decode's static seq_lens_k and verify's global_seq_lens_k, among the state compared: the
-    planted bugs below)."""
+    planted bugs below). Its multi-step wrapper's steps fill seq_lens_k with the batch's lengths, without the step's
+    drafts: capture and replay agree (a), eager matches the oracle (c), and (d) names seq_lens_k, with upstream's lines."""
     code, rows = check("trtllm_mla")
-    assert code == 0
+    assert code == 1  # the multi-step draft wrapper: below
     for mode in ("decode", "idle", "target_verify", "draft_extend_v2"):
         assert passes(rows[mode]), (mode, rows[mode])
     assert "does not support draft_extend" in rows["draft_extend"]["findings"][0]
-    assert "no multi-step draft backend" in rows["draft_decode"]["findings"][0]
+    ms = rows["draft_decode"]
+    assert ms["capture_equals_replay"] and ms["matches_oracle"], ms
+    assert ms["replay_matches_reference"] is False and ms["graph_equals_eager"] is False, ms
+    assert all("[upstream: " in f for f in ms["findings"]), ms["findings"]
+    lens = [f for f in ms["findings"] if f.startswith("reference: step0.seq_lens_k: ")]
+    assert lens and "trtllm_mla_backend.py lines 639-642" in lens[0], ms["findings"]
 
 
 @pytest.mark.parametrize("planted", ["TRTLLMReplayKeepsDecodeLens", "TRTLLMReplayRebindsDecodeLens"])

@@ -12,8 +12,8 @@ SGLang is not a dependency: its 0.5.23 wheel (no dependencies) is unpacked under
 ``scripts/fetch_sglang.sh`` (or ``REFIMPL_SGLANG`` names another root with ``site/`` and ``deps/``), and the packages
 its import chain touches but its attention backends never use are stand-ins (``refimpl.adapters.sglang_stubs``). Its
 model runner is a stand-in over a refimpl ``World`` (the pools as SGLang's model runner exposes them,
-``model_runner``). Modes: decode, idle, target verify, draft extend v2 (0.5.23 has no draft extend v1); Triton's
-multi-step draft decode.
+``model_runner``). Modes: decode, idle, target verify, draft extend v2 (0.5.23 has no draft extend v1); Triton's and
+TRTLLM-MLA's multi-step draft decode.
 """
 
 from __future__ import annotations
@@ -30,7 +30,11 @@ import torch
 
 from ..backends.base import AttentionBackend
 from ..backends.triton import TritonAttnBackend, TritonMetadata, TritonMultiStepDraftBackend
-from ..backends.trtllm_mla import TRTLLMMLAAttnBackendSimplified, TRTLLMMLADecodeMetadata
+from ..backends.trtllm_mla import (
+    TRTLLMMLAAttnBackendSimplified,
+    TRTLLMMLADecodeMetadata,
+    TRTLLMMLAMultiStepDraftBackendSimplified,
+)
 from ..backends.wave import WaveAttnBackend
 from ..modes import ForwardMode
 from . import sglang_stubs
@@ -61,12 +65,17 @@ setup()  # at import: a missing SGLang is one clear error where the class is loa
 
 
 @contextlib.contextmanager
-def _unpinned(on: bool):
-    """While ``on`` (a CPU: no pinned-memory allocator), ``torch.zeros(..., pin_memory=True)`` makes a plain host tensor
-    (0.5.23's FlashInfer-MLA constructor pins its fast-plan host arrays)."""
+def _on_cpu(on: bool):
+    """While ``on`` (a CPU world: no pinned-memory allocator, no CUDA device), ``torch.zeros`` makes a plain host tensor
+    where SGLang pins one (0.5.23's FlashInfer-MLA constructor, its fast-plan host arrays) and a CPU tensor where it
+    hardcodes ``device="cuda"`` (``flashinfer_mla_backend.py``: both ``init_cuda_graph_state`` methods)."""
     real = torch.zeros
+
+    def zeros(*a, pin_memory=False, device=None, **k):
+        return real(*a, device="cpu" if device == "cuda" else device, **k)
+
     if on:
-        torch.zeros = lambda *a, pin_memory=False, **k: real(*a, **k)
+        torch.zeros = zeros
     try:
         yield
     finally:
@@ -159,6 +168,7 @@ class _SGLang:
     attention_backend = ""  # ServerArgs.attention_backend
     variant = f"sglang-{VERSION}"
     adopted: tuple[str, ...] = ()  # the graph buffers SGLang's init_cuda_graph_state allocates (refimpl's names)
+    in_wrapper = False  # a multi-step wrapper's step: SGLang's wrapper allocates its buffers
     init_forward_metadata_capture_cuda_graph = AttentionBackend.init_forward_metadata_capture_cuda_graph  # not in 0.5.23
     init_forward_metadata_replay_cuda_graph = AttentionBackend.init_forward_metadata_replay_cuda_graph
 
@@ -166,26 +176,27 @@ class _SGLang:
         super().__init_subclass__(**kw)
         cls.graph_buffer_names = cls.adopted  # what the checker poisons and snapshots: SGLang's, none of refimpl's
 
-    def __init__(self, world, spec=None, **kw):
+    def __init__(self, world, spec=None, sglang=None, **kw):
+        """``sglang``: SGLang's backend object to drive (a multi-step wrapper's step); default a new ``upstream``."""
         super().__init__(world, spec, **kw)
         self._stand_ins()
-        module, name = self.upstream.rsplit(".", 1)
-        theirs = getattr(importlib.import_module(f"sglang.srt.layers.attention.{module}"), name)
-        with _unpinned(world.device.type == "cpu"):
-            self.sglang = theirs(model_runner(world, spec, self.attention_backend))
+        if sglang is None:
+            module, name = self.upstream.rsplit(".", 1)
+            theirs = getattr(importlib.import_module(f"sglang.srt.layers.attention.{module}"), name)
+            with _on_cpu(world.device.type == "cpu"):
+                sglang = theirs(model_runner(world, spec, self.attention_backend))
+        self.sglang = sglang
 
     def _stand_ins(self) -> None:
         """What this backend's module needs beyond ``sglang_stubs.ROOTS`` (none)."""
 
     def init_cuda_graph_state(self, max_bs, max_num_tokens, *args) -> None:
         super().init_cuda_graph_state(max_bs, max_num_tokens)  # the sizes; its buffers are replaced by SGLang's
-        self.sglang.init_cuda_graph_state(max_bs, max_num_tokens, *self._their_buffers(max_bs))
+        if not self.in_wrapper:
+            with _on_cpu(self.device.type == "cpu"):
+                self.sglang.init_cuda_graph_state(max_bs, max_num_tokens, *args)
         for name in self.adopted:
             setattr(self, name, getattr(self.sglang, name))
-
-    def _their_buffers(self, max_bs: int) -> tuple:
-        """Buffers passed to SGLang's ``init_cuda_graph_state`` (none: it allocates its own)."""
-        return ()
 
     def init_forward_metadata_out_graph(self, fb, in_capture: bool = False) -> None:
         self.check_graph_mode(fb.forward_mode)
@@ -211,7 +222,7 @@ class _SGLang:
             ext[: spec_info.extend_seq_lens.numel()] = spec_info.extend_seq_lens[: fb.batch_size]
             spec_info = _Strict(extend_seq_lens_tensor=ext, accept_length=spec_info.accept_length)
         elif fb.kind.multi_step:  # the wrapper sets each step's kv_indptr / kv_indices on it; no sliding window
-            spec_info = _Strict(topk=self.spec.topk, window_kv_indptr=None, window_kv_indices=None)
+            spec_info = _Strict(topk=self.spec.topk, window_kv_indptr=None, window_kv_indices=None, is_draft_input=lambda: True)
         return ForwardBatch(
             forward_mode=getattr(Theirs, mode.name),
             batch_size=fb.batch_size,
@@ -369,6 +380,7 @@ class SGLangTRTLLMMLABackend(_SGLang, TRTLLMMLAAttnBackendSimplified):
 
     upstream = "trtllm_mla_backend.TRTLLMMLABackend"
     attention_backend = "trtllm_mla"
+    multi_step_class = "refimpl.adapters.sglang:SGLangTRTLLMMLAMultiStepDraftBackend"
     # its block table; the FlashInfer-MLA parent's buffers (its graph modes never read them)
     adopted = ("decode_cuda_graph_kv_indices", "cuda_graph_kv_indices", "cuda_graph_qo_indptr", "cuda_graph_kv_indptr")
 
@@ -390,10 +402,6 @@ class SGLangTRTLLMMLABackend(_SGLang, TRTLLMMLAAttnBackendSimplified):
         super().__init__(world, spec, **kw)
         self.frozen = {}  # bs -> SGLang's metadata fields at capture
 
-    def _their_buffers(self, max_bs: int) -> tuple:
-        # the parent's kv_indices, as it would allocate them but on the world's device (it hardcodes device="cuda")
-        return (torch.zeros(max_bs * self.world.max_context_len, dtype=torch.int32, device=self.device),)
-
     def _take_frozen(self, bs: int) -> None:
         frozen = dict(vars(self.sglang.decode_cuda_graph_metadata[bs]))  # its fields as captured: tensors, the ints
         md = TRTLLMMLADecodeMetadata(**{f.name: frozen[f.name] for f in dataclasses.fields(TRTLLMMLADecodeMetadata)})
@@ -408,8 +416,58 @@ class SGLangTRTLLMMLABackend(_SGLang, TRTLLMMLAAttnBackendSimplified):
 
     def reference_graph_state(self, fb) -> dict:
         ref, mode = super().reference_graph_state(fb), fb.forward_mode
-        if mode.is_decode_or_idle():
+        if mode.is_decode_or_idle() and self.draft_step is None:  # plain decode (a draft step's is refimpl's)
             ref["seq_lens_k"] = fb.seq_lens_cpu.to(torch.int32)
         elif mode.is_target_verify():
             ref["global_seq_lens_k"] = ref["seq_lens_k"]
         return ref
+
+
+class _SGLangTRTLLMStep(SGLangTRTLLMMLABackend):
+    """A step of SGLang's TRTLLM-MLA multi-step wrapper (its buffers are the wrapper's to allocate)."""
+
+    in_wrapper = True
+
+
+class SGLangTRTLLMMLAMultiStepDraftBackend(TRTLLMMLAMultiStepDraftBackendSimplified):
+    """SGLang 0.5.23's ``TRTLLMMLAMultiStepDraftBackend`` (``trtllm_mla_backend.py``, over
+    ``FlashInferMLAMultiStepDraftBackend``), multi-step draft decode of chains: its wrapper builds S-1 ``TRTLLMMLABackend``
+    steps and allocates their buffers (``init_cuda_graph_state``); capture runs the parent's ``common_template`` (one
+    ``generate_draft_decode_kv_indices`` launch into rows no TRTLLM step reads) and each step's capture; replay calls each
+    step's ``init_forward_metadata_out_graph`` on a DECODE view of the batch (lines 1797-1814). refimpl's steps
+    (``SGLangTRTLLMMLABackend`` over SGLang's) run ``forward`` over what each froze and give the eager path and the
+    reference: step i reads the prefix and the chain's i+1 drafts, ``seq_lens + i + 1``."""
+
+    upstream = "trtllm_mla_backend.TRTLLMMLAMultiStepDraftBackend"
+    step_cls = _SGLangTRTLLMStep  # its labels; each instance's steps drive SGLang's (below)
+    upstream_findings = {  # what 0.5.23's own steps do that these findings show (docs/reference.md has the why)
+        r"^reference: step\d+\.(seq_lens_k|block_kv_indices)": "0.5.23's draft steps take the batch's seq_lens without "
+        "the step's i+1 drafts: trtllm_mla_backend.py lines 639-642 (seq_lens_k) and 651 (the block table), on the "
+        "DECODE view its replay builds (line 1808); flashattention_backend.py line 913 adds speculative_step_id + 1",
+        r"graph vs eager|^history long run: also wrong": "follows from seq_lens_k: 0.5.23's steps attend the committed prefix only",
+    }
+    init_forward_metadata_capture_cuda_graph = AttentionBackend.init_forward_metadata_capture_cuda_graph
+    init_forward_metadata_replay_cuda_graph = AttentionBackend.init_forward_metadata_replay_cuda_graph
+    init_forward_metadata_out_graph = _SGLang.init_forward_metadata_out_graph
+    _their_batch = _SGLang._their_batch
+
+    def __init__(self, world, spec=None):
+        steps = []
+        if spec.topk == 1:  # 0.5.23's wrapper raises on trees; check_graph_mode skips them by name
+            SGLangTRTLLMMLABackend._stand_ins(self)
+            from sglang.srt.layers.attention.trtllm_mla_backend import TRTLLMMLAMultiStepDraftBackend as Theirs
+
+            with _on_cpu(world.device.type == "cpu"):
+                self.sglang = Theirs(model_runner(world, spec, "trtllm_mla"), spec.topk, spec.num_steps)
+            steps = self.sglang.attn_backends
+        self.step_cls = lambda world, spec, draft_step: _SGLangTRTLLMStep(world, spec, draft_step=draft_step, sglang=steps[draft_step])  # fmt: skip
+        super().__init__(world, spec)
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        with _on_cpu(self.device.type == "cpu"):
+            self.sglang.init_cuda_graph_state(max_bs, max_num_tokens)  # every step's, their kv_indices rows its own
+        super().init_cuda_graph_state(max_bs, max_num_tokens)  # refimpl's sizes; each step adopts SGLang's buffers
+
+    def _take_frozen(self, bs: int) -> None:
+        for b in self.step_backends:
+            b._take_frozen(bs)
