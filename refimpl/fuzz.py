@@ -177,7 +177,7 @@ def reproduce(label: str, params: dict, seed: int = 0, engine: str = "auto", bac
     ``module:Class`` of a backend under review)."""
     name, variant, kind, shape = label.split("/")
     entry = load_backend_class(backend_class) if backend_class is not None else find(name, variant)[0]
-    target = FuzzTarget(entry, kind, TREE if shape == "tree" else CHAIN, make_engine(engine), seed=seed)
+    target = FuzzTarget(entry, kind, TREE if shape == "tree" else CHAIN, make_engine(engine, liveness=True), seed=seed)
     return target.check(FuzzParams(**params))
 
 
@@ -193,7 +193,7 @@ def fuzz(
     given: Iterable[BackendEntry] | None = None,
 ) -> FuzzReport:
     """``n`` random batches per (backend, shape, mode, spec) target (``targets``; ``given``: backends under review)."""
-    eng, worlds, report = make_engine(engine), {}, FuzzReport()
+    eng, worlds, report = make_engine(engine, liveness=True), {}, FuzzReport()
 
     def mismatch(line):
         report.mismatches.append(line)

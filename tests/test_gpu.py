@@ -91,6 +91,44 @@ def test_checker_passes_unified_rows_on_cuda():
     assert all(r.passed for r in rows), [(r.backend, r.mode, r.bs, r.findings) for r in rows]
 
 
+def test_cuda_liveness_names_a_freed_input_and_costs_nothing_when_off():
+    """The checker's CUDA engine (``liveness=True``): a graph whose input is freed after capture refuses to replay,
+    naming the op's argument, where a plain CUDA graph would read the freed block; the input kept alive, it replays
+    right. The plain engine (the bench's) keeps no record."""
+    from refimpl.graphs import GraphReplayError
+
+    eng = make_engine("cuda", liveness=True)
+    xs, keep = [torch.ones(8, device="cuda")], torch.ones(8, device="cuda")
+    g, h = eng.new_graph(), eng.new_graph()
+    y = g.capture(lambda: xs[0] * 2)
+    z = h.capture(lambda: keep * 3)
+    xs.clear()  # its only owner: the graph read it and did not allocate it
+    with pytest.raises(GraphReplayError, match=r"aten.mul.Tensor's self \(\(8,\) float32, .*\) was freed after capture"):
+        g.replay()
+    h.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(z, torch.full_like(z, 3.0)) and y.shape == (8,)
+    plain = make_engine("cuda").new_graph()
+    plain.capture(lambda: keep * 4)
+    assert plain._borrowed == []
+
+
+def test_checker_on_cuda_names_a_scratch_reallocated_at_replay():
+    """vLLM #55341's class on the CUDA engine: the replay hook re-allocates the split-KV scratch the graph baked in; the
+    checker's engine refuses the replay, naming ``attn_logits``, as the emulator does; Triton's own passes."""
+    from refimpl.backends import load_backend_class
+
+    settings = CheckSettings(raw_bs=(3,), max_context_len=64, num_slots=None)
+    entry = [load_backend_class("broken_backends:ScratchReallocatedAtReplay")]
+    rows = run_checks(None, ["decode"], None, "cuda", settings, entries=entry)
+    assert rows and all(r.status == "FAIL" for r in rows)
+    assert all(any("attn_logits" in f and "was freed after capture" in f for f in r.findings) for r in rows), [
+        r.findings for r in rows
+    ]
+    good = run_checks(["triton"], ["decode"], ["unified"], "cuda", settings)
+    assert all(r.passed for r in good), [r.findings for r in good]
+
+
 @pytest.mark.timing
 @pytest.mark.parametrize("row", ["triton/unified/decode", "trtllm_mla/unified/draft_extend_v2"])
 def test_bench_hook_agrees_with_a_plain_loop(row):

@@ -9,6 +9,15 @@ stream), every graph captured on the engine's stream bakes that workspace's addr
 one of those graphs frees the workspace of all of them (``CUDAGraph::reset`` clears the capture stream's workspaces,
 pytorch/pytorch#193402). A short-lived graph (the checker's glue graph, a refused capture) dropped while the step graphs
 live made their next replay's split-K GEMM write to freed memory: ``cudaErrorIllegalAddress`` on the H200.
+
+``liveness=True`` (the checker's and the fuzzer's engines) adds the emulator's rule 6: the tensors the captured ops read
+in memory the graph did not allocate (``recorder.borrow_inputs``: a backend's buffers, the runner's inputs, the KV
+cache, the weights; a refimpl kernel's arguments included, as one custom op) are held by weak reference, and a replay
+after one was freed or its storage moved raises ``GraphReplayError`` naming the op's argument instead of reading that
+memory. Not covered: what a Triton kernel launched outside any torch op reads (SGLang's index kernels). PyTorch 2.13's
+``torch.cuda.graph(check_input_liveness=True)`` checks the same for aten ops and misses every kernel launched outside
+PyTorch (its docstring), so refimpl's kernels too; the device's torch 2.11 has no such flag. It costs a weak-reference
+lookup per borrowed storage at every replay, so the bench and the course's engines run without it.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ from typing import Any
 import torch
 
 from .engine import Graph, GraphCaptureError, GraphEngine
-from .recorder import record_ops
+from .recorder import borrow_inputs, record_ops
 
 
 class CUDAGraphHandle(Graph):
@@ -30,6 +39,7 @@ class CUDAGraphHandle(Graph):
         super().__init__()
         self.engine = engine
         self.graph = torch.cuda.CUDAGraph()
+        self._borrowed = []  # liveness: (op, recorder.Borrowed) per storage the graph reads and did not allocate
 
     def capture(self, fn: Callable[[], Any]) -> Any:
         if self.captured:
@@ -48,7 +58,7 @@ class CUDAGraphHandle(Graph):
             with (
                 torch.cuda.graph(self.graph, pool=eng.pool, stream=eng.stream),
                 torch.no_grad(),  # as the emulator captures
-                record_ops() as rec,
+                record_ops([] if eng.liveness else None, raw_launches=True) as rec,
             ):
                 out = fn()
         except BaseException as e:  # a refusal, a kernel error, CUDA's own capture error, ...
@@ -62,6 +72,7 @@ class CUDAGraphHandle(Graph):
         if eng.pool is None:
             eng.pool = self.graph.pool()  # every later capture shares this pool
         self._op_log, self.captured = rec.names, True
+        self._borrowed = borrow_inputs(rec.steps) if eng.liveness else []  # weak references only: the steps go
         return out
 
     def _discard(self, caller_stream):
@@ -81,13 +92,15 @@ class CUDAGraphHandle(Graph):
 
     def replay(self):
         self._check_captured()
+        for op, borrowed in self._borrowed:
+            borrowed.check(op)
         self.graph.replay()
 
 
 class CUDAGraphEngine(GraphEngine):
     name = "cuda"
 
-    def __init__(self, device: str | torch.device = "cuda"):
+    def __init__(self, device: str | torch.device = "cuda", liveness: bool = False):
         if not torch.cuda.is_available():
             raise RuntimeError("CUDAGraphEngine needs a CUDA device; use CPUEmulatorEngine")
         dev = torch.device(device)
@@ -98,6 +111,7 @@ class CUDAGraphEngine(GraphEngine):
         self.stream = torch.cuda.Stream(self.device)
         self.pool = None  # set by the first capture (graph.pool()), shared afterwards
         self.graphs: list[torch.cuda.CUDAGraph] = []  # every graph begun here, alive as long as the engine
+        self.liveness = liveness  # a replay checks that what its graph reads and did not allocate is alive (docstring)
 
     def new_graph(self) -> CUDAGraphHandle:
         return CUDAGraphHandle(self)

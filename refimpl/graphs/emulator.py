@@ -35,7 +35,7 @@ import torch
 
 from .._env import resolve_device
 from .engine import Graph, GraphCaptureError, GraphEngine
-from .recorder import Step, record_ops
+from .recorder import Step, borrow_inputs, record_ops
 
 
 def _refuse(what: str):
@@ -63,9 +63,7 @@ class EmulatedGraph(Graph):
         with torch.inference_mode(False), torch.no_grad(), refuse_host_reads(), record_ops([]) as rec:
             out = fn()
         self._steps, self._op_log, self.captured = rec.steps, rec.names, True  # (a refused capture keeps none)
-        own = set().union(*(step.fresh for step in self._steps))  # the storages the graph allocated
-        for step in self._steps:
-            step.borrow(own)
+        borrow_inputs(self._steps)  # each step looks its borrowed inputs up (and checks them) at replay
         return out
 
     def replay(self):

@@ -50,16 +50,36 @@ class Borrowed:
         self.ref, self.ptr, self.name = StorageWeakRef(storage), storage.data_ptr(), name
         self.geometry = t.dtype, t.device, t.storage_offset(), t.size(), t.stride()
 
-    def get(self, op) -> torch.Tensor:
-        dtype, device, offset, size, stride = self.geometry
+    def check(self, op) -> torch.UntypedStorage:
+        """Its storage, alive at the address captured; else ``GraphReplayError`` naming ``op``'s argument."""
         storage = torch.UntypedStorage._new_with_weak_ptr(self.ref.cdata)  # None once freed
         if storage is None or storage.data_ptr() != self.ptr:
+            dtype, size = self.geometry[0], self.geometry[3]
             what = f"{op}'s {self.name} ({tuple(size)} {str(dtype).removeprefix('torch.')}, memory the graph did not allocate)"
             if storage is None:
                 raise GraphReplayError(f"{what} was freed after capture: keep it alive while the graph can replay (liveness)")
             raise GraphReplayError(f"{what} moved after capture (its storage was resized): the graph reads the old address")
+        return storage
+
+    def get(self, op) -> torch.Tensor:
+        dtype, device, offset, size, stride = self.geometry
+        storage = self.check(op)
         with torch._C._DisableTorchDispatch():  # not an op of the replay (a capture around it, a launch count)
             return torch.empty(0, dtype=dtype, device=device).set_(storage, offset, size, stride)
+
+
+def borrow_inputs(steps: list["Step"]) -> list[tuple[Any, Borrowed]]:
+    """After capture: every step's arguments in storages the graph did not allocate become ``Borrowed`` (``Step.borrow``);
+    returns ``(op, borrowed)`` once per such storage, the first op that read it (what a CUDA graph's replay checks)."""
+    own = set().union(*(step.fresh for step in steps))  # the storages the graph allocated
+    seen, out = set(), []
+    for step in steps:
+        step.borrow(own)
+        for x in step.leaves if step.spec is not None else ():
+            if isinstance(x, Borrowed) and x.ref.cdata not in seen:
+                seen.add(x.ref.cdata)
+                out.append((step.func, x))
+    return out
 
 
 def _arg_name(func, path) -> str:
@@ -143,16 +163,19 @@ def _device_to_host(name: str, args, kwargs) -> bool:
 
 class Recorder(TorchDispatchMode):
     """``with record_ops(steps) as rec:`` records (or, with ``steps=None``, only names in ``rec.names``) the ops run
-    inside the block; ``refuse``: raise ``GraphCaptureError`` on what a capture cannot record (host reads, ...)."""
+    inside the block; ``refuse``: raise ``GraphCaptureError`` on what a capture cannot record (host reads, ...);
+    ``raw_launches``: a Triton kernel launched outside any torch op is allowed (a CUDA graph records it; only its
+    arguments are not among the steps' inputs)."""
 
-    def __init__(self, steps: list[Step] | None = None, refuse: bool = True):
+    def __init__(self, steps: list[Step] | None = None, refuse: bool = True, raw_launches: bool = False):
         super().__init__()
-        self.steps = steps  # None: name the ops only (the CUDA engine)
+        self.steps = steps  # None: name the ops only (the CUDA engine, unless it checks liveness)
         self.refuse = refuse  # False: count ops outside any capture (host reads allowed)
+        self.raw_launches = raw_launches or steps is None  # a CUDA graph records a raw Triton launch; the emulator not
         self.names: list[tuple[str, bool]] = []  # (op name, launches work at replay)
 
     def __enter__(self):
-        if self.steps is not None:  # the emulator replays what it recorded, and a raw launch is not recorded
+        if not self.raw_launches:  # the emulator replays what it recorded, and a raw launch is not recorded
             _env.LAUNCH_CHECKS.append(self._outside_an_op)
         return super().__enter__()
 
