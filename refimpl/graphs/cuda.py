@@ -15,8 +15,9 @@ in memory the graph did not allocate (``recorder.borrow_inputs``: a backend's bu
 cache, the weights; a refimpl kernel's arguments included, as one custom op) are held by weak reference, and a replay
 after one was freed or its storage moved raises ``GraphReplayError`` naming the op's argument instead of reading that
 memory. Not covered: what a Triton kernel launched outside any torch op reads (SGLang's index kernels). PyTorch 2.13's
-``torch.cuda.graph(check_input_liveness=True)`` checks the same for aten ops and misses every kernel launched outside
-PyTorch (its docstring), so refimpl's kernels too; the device's torch 2.11 has no such flag. It costs a weak-reference
+``torch.cuda.graph(check_input_liveness=True)`` is the same rule by the same means (a dispatch mode during capture, a
+check before each replay) with the same blind spot (its docstring: kernels launched outside PyTorch); the device's
+torch 2.11 has no such flag, and the emulator needs the rule without CUDA, so refimpl keeps its own. It costs a weak-reference
 lookup per borrowed storage at every replay, so the bench and the course's engines run without it.
 """
 
