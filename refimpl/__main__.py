@@ -218,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.fuzz and given:
         why = "the fuzzer draws batch sizes 1..8 and specs (chains, topk-2 trees) itself, in its own world"
         c.error(f"argument --fuzz: not with {given}: {why}")
+    if args.arguments and make_engine(args.engine).device.type != "cpu":
+        why = "it varies host lengths apart from the device's, and real FlashInfer kernels on a GPU are not bounds-guarded"
+        c.error(f"argument --arguments: runs on a CPU-only machine (the CPU emulator): {why}")
     s = CheckSettings(arguments=args.arguments)
     if args.bs or args.all:
         s.raw_bs = args.bs or tuple(range(1, max(s.capture_bs) + 1))

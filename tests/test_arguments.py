@@ -46,3 +46,4 @@ def test_an_eager_verify_path_that_drops_the_tree_mask_passes_on_chains_and_is_n
     # the extend kernel takes the new tokens' K and V from its inputs: a rotated out_cache_loc shows in the KV only
     assert eager["out_cache_loc"] == "read: KV written"
     assert eager["positions"] == eager["input_ids"] == "dead"  # the model reads them; the backend does not
+    assert eager["spec_info.topk"] == "not varied"  # a chain: no smaller count

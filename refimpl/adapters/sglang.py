@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from ..backends.base import AttentionBackend
+from ..backends.base import AttentionBackend, GraphModeNotSupported
 from ..backends.triton import TritonAttnBackend, TritonMetadata, TritonMultiStepDraftBackend
 from ..backends.trtllm_mla import (
     TRTLLMMLAAttnBackendSimplified,
@@ -452,14 +452,14 @@ class SGLangTRTLLMMLAMultiStepDraftBackend(TRTLLMMLAMultiStepDraftBackendSimplif
     _their_batch = _SGLang._their_batch
 
     def __init__(self, world, spec=None):
-        steps = []
-        if spec.topk == 1:  # 0.5.23's wrapper raises on trees; check_graph_mode skips them by name
-            SGLangTRTLLMMLABackend._stand_ins(self)
-            from sglang.srt.layers.attention.trtllm_mla_backend import TRTLLMMLAMultiStepDraftBackend as Theirs
+        if spec.topk != 1:  # 0.5.23's wrapper raises on trees: skipped by name, as refimpl's own shapes are
+            raise GraphModeNotSupported(f"{self.name}: multi-step draft decode takes chains only (topk=1), got topk={spec.topk}")
+        SGLangTRTLLMMLABackend._stand_ins(self)
+        from sglang.srt.layers.attention.trtllm_mla_backend import TRTLLMMLAMultiStepDraftBackend as Theirs
 
-            with _on_cpu(world.device.type == "cpu"):
-                self.sglang = Theirs(model_runner(world, spec, "trtllm_mla"), spec.topk, spec.num_steps)
-            steps = self.sglang.attn_backends
+        with _on_cpu(world.device.type == "cpu"):
+            self.sglang = Theirs(model_runner(world, spec, "trtllm_mla"), spec.topk, spec.num_steps)
+        steps = self.sglang.attn_backends
         self.step_cls = lambda world, spec, draft_step: _SGLangTRTLLMStep(world, spec, draft_step=draft_step, sglang=steps[draft_step])  # fmt: skip
         super().__init__(world, spec)
 

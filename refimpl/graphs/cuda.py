@@ -14,7 +14,8 @@ live made their next replay's split-K GEMM write to freed memory: ``cudaErrorIll
 in memory the graph did not allocate (``recorder.borrow_inputs``: a backend's buffers, the runner's inputs, the KV
 cache, the weights; a refimpl kernel's arguments included, as one custom op) are held by weak reference, and a replay
 after one was freed or its storage moved raises ``GraphReplayError`` naming the op's argument instead of reading that
-memory. Not covered: what a Triton kernel launched outside any torch op reads (SGLang's index kernels). PyTorch 2.13's
+memory. Not covered: what a kernel launched outside any torch op reads (SGLang's index kernels; FlashInfer 0.7.2's, whose
+custom-op registration is a no-op). PyTorch 2.13's
 ``torch.cuda.graph(check_input_liveness=True)`` is the same rule by the same means (a dispatch mode during capture, a
 check before each replay) with the same blind spot (its docstring: kernels launched outside PyTorch); the device's
 torch 2.11 has no such flag, and the emulator needs the rule without CUDA, so refimpl keeps its own. It costs a weak-reference
@@ -73,7 +74,9 @@ class CUDAGraphHandle(Graph):
         if eng.pool is None:
             eng.pool = self.graph.pool()  # every later capture shares this pool
         self._op_log, self.captured = rec.names, True
-        self._borrowed = borrow_inputs(rec.steps) if eng.liveness else []  # weak references only: the steps go
+        # weak references only (the steps go); a CPU op ran at capture only: of host memory, a replay reads pinned
+        # buffers (a host-to-device copy's source)
+        self._borrowed = borrow_inputs(rec.steps, host_read=torch.Tensor.is_pinned) if eng.liveness else []
         return out
 
     def _discard(self, caller_stream):

@@ -68,13 +68,14 @@ class Borrowed:
             return torch.empty(0, dtype=dtype, device=device).set_(storage, offset, size, stride)
 
 
-def borrow_inputs(steps: list["Step"]) -> list[tuple[Any, Borrowed]]:
-    """After capture: every step's arguments in storages the graph did not allocate become ``Borrowed`` (``Step.borrow``);
-    returns ``(op, borrowed)`` once per such storage, the first op that read it (what a CUDA graph's replay checks)."""
+def borrow_inputs(steps: list["Step"], **host_read) -> list[tuple[Any, Borrowed]]:
+    """After capture: every step's arguments in storages the graph did not allocate become ``Borrowed`` (``Step.borrow``,
+    which ``host_read`` is passed to); returns ``(op, borrowed)`` once per such storage, the first op that read it (what a
+    CUDA graph's replay checks)."""
     own = set().union(*(step.fresh for step in steps))  # the storages the graph allocated
     seen, out = set(), []
     for step in steps:
-        step.borrow(own)
+        step.borrow(own, **host_read)
         for x in step.leaves if step.spec is not None else ():
             if isinstance(x, Borrowed) and x.ref.cdata not in seen:
                 seen.add(x.ref.cdata)
@@ -117,14 +118,15 @@ class Step:
         lifted = name.startswith("aten.lift_fresh")
         self.fresh = {s._cdata for s in (t.untyped_storage() for t in self.outs) if lifted or s._cdata not in read}
 
-    def borrow(self, own: set[int]) -> None:
+    def borrow(self, own: set[int], host_read=lambda x: x.dim() > 0) -> None:
         """After capture: every tensor in a storage outside ``own`` (those the graph made) becomes a ``Borrowed``, named
         by the op's argument; outputs not written back at replay are dropped. Nothing the graph did not allocate stays
-        alive through it. Not borrowed: empty tensors (nothing is read) and 0-d CPU tensors (``t[i] = 1``'s scalar; a
-        CUDA graph bakes a host scalar's value at capture, the emulator reads it at each replay)."""
+        alive through it. Not borrowed: empty tensors (nothing is read) and host tensors ``host_read`` says a replay
+        does not read (the emulator's default: 0-d ones, ``t[i] = 1``'s scalar, whose value a CUDA graph bakes at
+        capture; the CUDA engine: all but pinned ones, since a CPU op runs at capture only)."""
 
         def outside(x):
-            if not isinstance(x, torch.Tensor) or not x.numel() or (x.dim() == 0 and x.device.type == "cpu"):
+            if not isinstance(x, torch.Tensor) or not x.numel() or (x.device.type == "cpu" and not host_read(x)):
                 return False
             return x.untyped_storage()._cdata not in own
 

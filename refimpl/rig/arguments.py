@@ -2,11 +2,15 @@
 dead argument passed to an eager verify path, its "M12", among the mutations no output comparison can see; a
 buffer-level checker can say why: nothing the backend produces depends on it).
 
-``argument_use(rig, fb)`` varies one field of the batch at a time (and of its spec input), keeping every value inside
-what the batch already holds, and reruns two paths on a fresh backend:
+``argument_use(rig, fb)`` varies one field of the batch at a time (and of its spec input), so that no allocation is
+smaller than what fills it (``_varied``: host values only grow, device values only shrink), and reruns two paths on a
+fresh backend. A kernel planned from a grown host length can then read index entries nothing filled: refimpl's
+kernels are bounds-guarded (``kernels/bounds.py``, a finding), real FlashInfer's on a GPU are not, so the CLI runs
+``--arguments`` on a CPU only. The two paths:
 
 - the **replay hook** (``state_after``: the capture hook on the runner's capture batch, then the replay hook on the
-  padded batch): the graph-read state and the FlashInfer plans;
+  padded batch): the graph-read state and the FlashInfer plans (the captured forward also reads the runner's own
+  ``seq_lens``, ``positions`` and ``out_cache_loc`` directly: a field dead to the hook may still reach the graph);
 - the **eager path** (``init_forward_metadata``, then the model, single-step modes): the output and the KV rows at the
   batch's write targets (a kernel that takes the new tokens' K and V from its inputs never reads them back, so a
   rotated ``out_cache_loc`` shows there only). Only the backend sees the varied field; the model (token embeddings,
@@ -15,7 +19,8 @@ what the batch already holds, and reruns two paths on a fresh backend:
 A field is ``read`` when the state or output changes (the changed buffers are named; the eager path says ``output``),
 ``raised`` when the path raises on it (it looked), ``dead`` when nothing changed, ``dead, yet required`` when nothing
 changed but the path raises when it is None (it looks at the field, asserts it or takes its maximum, and nothing it
-produces depends on it: Cutlass-MLA's legacy replay hook asserts ``seq_lens_cpu``). ``dead`` is a statement about this
+produces depends on it: Cutlass-MLA's legacy replay hook asserts ``seq_lens_cpu``), ``not varied`` when the rule
+leaves it no variation (a rotation of one request, a count of 1). ``dead`` is a statement about this
 batch and this variation: a field read only through a quantity the variation keeps (a length never past a page
 boundary, say) can look dead, so the classification is information, never a verdict.
 """
@@ -32,14 +37,21 @@ from ..kernels import bounds
 from .core import Rig, raised, state_after
 
 Use = dict[str, str]  # field -> "read: <what changed>" | "raised: <error>" | "dead" | "dead, yet required: <error>"
+# | "not varied"
 STRUCTURAL = {"forward_mode", "batch_size", "world", "meta", "spec_info"}  # what selects the path, not an input to it
 
 
+HOST = ("seq_lens_sum",)  # host values besides the *_cpu fields: they size allocations
+
+
 def _varied(name: str, v: Any) -> Any:
-    """``v`` changed, every value still one the batch holds (or a smaller one), or None when no such change exists: the
-    request table's rows and the write targets rotate within the batch, masks flip, counts and lengths past 1 halve (so
-    no read reaches further than the batch itself, and a length crosses page boundaries, changes its batch's sum and
-    maximum)."""
+    """``v`` changed, or None when no change keeps to the rule: device values never ask for more than the batch holds,
+    host values never for less (a host length sizes an allocation the device lengths then fill: smaller, a kernel
+    would write past it). So the request table's rows and the write targets rotate within the batch, masks flip,
+    device counts and lengths past 1 halve, host lengths and sums double (each crosses page boundaries and changes its
+    batch's sum and maximum)."""
+    host = name.endswith("_cpu") or name in HOST
+    change = (lambda x: 2 * x) if host else (lambda x: x // 2 if x > 1 else x)
     if isinstance(v, torch.Tensor):
         if v.dtype == torch.bool:
             new = ~v
@@ -48,26 +60,25 @@ def _varied(name: str, v: Any) -> Any:
         elif name in ("req_pool_indices", "out_cache_loc"):
             new = v.roll(1)
         else:
-            new = torch.where(v > 1, v // 2, v)
+            new = 2 * v if host else torch.where(v > 1, v // 2, v)
         return None if not v.numel() or torch.equal(new, v) else new
     if isinstance(v, bool) or not isinstance(v, (int, list)):
         return None
-    if isinstance(v, int):
-        return v // 2 if v > 1 else None
-    new = [x // 2 if isinstance(x, int) and not isinstance(x, bool) and x > 1 else x for x in v]
+    new = change(v) if isinstance(v, int) else [change(x) if type(x) is int else x for x in v]
     return None if new == v else new
 
 
 def variations(fb: ForwardBatch):
-    """``(name, with(value))`` per field of ``fb`` and of its spec input that can vary: ``with`` makes the batch with
-    that field alone replaced, ``value`` is its variation."""
+    """``(name, with, value)`` per field of ``fb`` and of its spec input that is set: ``with`` makes the batch with that
+    field alone replaced, ``value`` is its variation (None: it has none, ``_varied``)."""
     for f in dataclasses.fields(fb):
-        if f.name not in STRUCTURAL and (new := _varied(f.name, getattr(fb, f.name))) is not None:
-            yield f.name, (lambda x, k=f.name: fb.replace(**{k: x})), new
+        if f.name not in STRUCTURAL and (v := getattr(fb, f.name)) is not None:
+            yield f.name, (lambda x, k=f.name: fb.replace(**{k: x})), _varied(f.name, v)
     spec = fb.spec_info
     for f in dataclasses.fields(spec) if dataclasses.is_dataclass(spec) else ():
-        if (new := _varied(f.name, getattr(spec, f.name))) is not None:
-            yield f"spec_info.{f.name}", (lambda x, k=f.name: fb.replace(spec_info=dataclasses.replace(spec, **{k: x}))), new
+        if (v := getattr(spec, f.name)) is not None:
+            with_ = lambda x, k=f.name: fb.replace(spec_info=dataclasses.replace(spec, **{k: x}))  # noqa: E731
+            yield f"spec_info.{f.name}", with_, _varied(f.name, v)
 
 
 def _changed(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
@@ -104,8 +115,11 @@ def _classify(run, fb) -> Use:
     use = {}
     for name, with_, value in variations(fb):
         try:
-            varied = with_(value)
-        except (TypeError, ValueError):  # the spec input refuses the variation itself: not classified
+            varied = None if value is None else with_(value)
+        except (TypeError, ValueError):  # the spec input refuses the variation itself
+            varied = None
+        if varied is None:
+            use[name] = "not varied"
             continue
         got = attempt(varied)
         if isinstance(got, str):
@@ -166,4 +180,5 @@ def summary(use: Use) -> str:
     for what, label in (("dead, yet required", "required, no effect"), ("read", "read"), ("raised", "raised")):
         got = [f"{k} ({v.partition(': ')[2]})" for k, v in use.items() if v.partition(":")[0] == what]
         parts += [f"{label}: {', '.join(got)}"] if got else []
-    return "; ".join(parts)
+    same = [k for k, v in use.items() if v == "not varied"]
+    return "; ".join(parts + ([f"not varied: {', '.join(same)}"] if same else []))
