@@ -1,7 +1,7 @@
-"""A bug planted in SGLang 0.5.23's own TRTLLM-MLA hook, for ``tests/test_sglang_adapter.py`` (imported by a child
+"""Bugs planted in SGLang 0.5.23's own TRTLLM-MLA and FlashInfer hooks, for ``tests/test_sglang_adapter.py`` (imported by a child
 process only: importing the adapter installs SGLang's stand-ins)."""
 
-from refimpl.adapters.sglang import SGLangTRTLLMMLABackend
+from refimpl.adapters.sglang import SGLangFlashInferAttnBackend, SGLangTRTLLMMLABackend
 
 
 class TRTLLMReplayKeepsDecodeLens(SGLangTRTLLMMLABackend):
@@ -38,6 +38,23 @@ class TRTLLMReplayRebindsDecodeLens(SGLangTRTLLMMLABackend):
                 return real(batch, in_capture)
             kept = md.seq_lens_k
             md.seq_lens_k = kept.clone()  # the hook below writes this one; the captured one keeps its old values
+            real(batch, in_capture)
+
+        theirs.init_forward_metadata_out_graph = planted
+
+
+class FlashInferReplaySkipsThePlan(SGLangFlashInferAttnBackend):
+    """SGLang's FlashInfer hook with the replay's wrapper re-plan skipped (its ``begin_forward`` a no-op after capture):
+    the bound buffers get this batch's indices, the plan keeps the capture batch's partition."""
+
+    def __init__(self, world, spec=None, **kw):
+        super().__init__(world, spec, **kw)
+        theirs, real = self.sglang, self.sglang.init_forward_metadata_out_graph
+
+        def planted(batch, in_capture=False):
+            if not in_capture:
+                for w in theirs.decode_cuda_graph_metadata.get(batch.batch_size, ()):
+                    w.begin_forward = lambda *a, **k: None
             real(batch, in_capture)
 
         theirs.init_forward_metadata_out_graph = planted

@@ -92,6 +92,22 @@ def test_check_runs_sglang_s_own_trtllm_mla_backend():
     assert lens and "trtllm_mla_backend.py lines 639-642" in lens[0], ms["findings"]
 
 
+def test_check_runs_sglang_s_own_flashinfer_backend():
+    """0.5.23's FlashInferAttnBackend: decode and idle pass every verdict, its per-bs wrappers (created, bound and
+    registered at capture, re-planned by flashinfer's fast_decode_plan on replay) run in the graph; a replay whose
+    re-plan is skipped (its wrappers keep the capture batch's partition) fails (b) and (f) on the long request."""
+    code, rows = check("flashinfer")
+    assert code == 0
+    for mode in ("decode", "idle"):
+        assert passes(rows[mode]), (mode, rows[mode])
+    for mode in ("target_verify", "draft_extend_v2"):
+        assert "does not support" in rows[mode]["findings"][0], rows[mode]
+    code, rows = check("", "--backend-class", "sglang_planted:FlashInferReplaySkipsThePlan", "--mode", "decode")
+    bad = rows["decode"]
+    assert code == 1 and bad["graph_equals_eager"] is False and bad["history_ok"] is False, bad
+    assert bad["capture_equals_replay"] and bad["matches_oracle"], bad
+
+
 @pytest.mark.parametrize("planted", ["TRTLLMReplayKeepsDecodeLens", "TRTLLMReplayRebindsDecodeLens"])
 def test_a_bug_planted_in_sglang_s_own_hook_is_named_by_its_buffer(planted):
     """The rows read the metadata SGLang froze at capture, every field of it: its replay leaving decode's seq_lens_k

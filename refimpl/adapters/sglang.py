@@ -1,7 +1,7 @@
 """SGLang 0.5.23's own attention backends under refimpl's runner, checker, history and fuzz (issue 33's adapter).
 
-``python -m refimpl check --sglang triton`` (``wave``, ``trtllm_mla``) runs every checker verdict on SGLang's
-``TritonAttnBackend`` (``WaveAttnBackend``, ``TRTLLMMLABackend``): its ``init_cuda_graph_state`` allocates the graph
+``python -m refimpl check --sglang triton`` (``wave``, ``trtllm_mla``, ``flashinfer``) runs every checker verdict on
+SGLang's ``TritonAttnBackend`` (``WaveAttnBackend``, ``TRTLLMMLABackend``, ``FlashInferAttnBackend``): its ``init_cuda_graph_state`` allocates the graph
 buffers, its ``init_forward_metadata_out_graph(forward_batch, in_capture)`` fills them before capture and before every
 replay, and the metadata it freezes at capture (views of those buffers) is what the captured step reads. What runs
 inside the graph is refimpl's ``forward`` over that metadata (the same kernels' arguments: SGLang's attention kernels are
@@ -12,8 +12,8 @@ SGLang is not a dependency: its 0.5.23 wheel (no dependencies) is unpacked under
 ``scripts/fetch_sglang.sh`` (or ``REFIMPL_SGLANG`` names another root with ``site/`` and ``deps/``), and the packages
 its import chain touches but its attention backends never use are stand-ins (``refimpl.adapters.sglang_stubs``). Its
 model runner is a stand-in over a refimpl ``World`` (the pools as SGLang's model runner exposes them,
-``model_runner``). Modes: decode, idle, target verify, draft extend v2 (0.5.23 has no draft extend v1); Triton's and
-TRTLLM-MLA's multi-step draft decode.
+``model_runner``). Modes: decode, idle, target verify, draft extend v2 (0.5.23 has no draft extend v1; FlashInfer: decode
+and idle); Triton's and TRTLLM-MLA's multi-step draft decode.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import importlib.util
 import os
 import sys
 import types
@@ -29,6 +30,7 @@ from pathlib import Path
 import torch
 
 from ..backends.base import AttentionBackend, GraphModeNotSupported
+from ..backends.flashinfer import DecodeMetadata, FlashInferAttnBackend
 from ..backends.triton import TritonAttnBackend, TritonMetadata, TritonMultiStepDraftBackend
 from ..backends.trtllm_mla import (
     TRTLLMMLAAttnBackendSimplified,
@@ -58,7 +60,8 @@ def setup(root: Path = ROOT) -> None:
             "REFIMPL_SGLANG to a folder holding site/sglang and deps/"
         )
     sys.path[:0] = [str(root / "site"), str(root / "deps")]
-    sglang_stubs.install(sglang_stubs.ROOTS, fallback=torch.cuda.is_available())
+    real = {"tvm_ffi"} if importlib.util.find_spec("tvm_ffi") is not None else set()  # flashinfer's JIT loader's
+    sglang_stubs.install(tuple(r for r in sglang_stubs.ROOTS if r not in real), fallback=torch.cuda.is_available())
 
 
 setup()  # at import: a missing SGLang is one clear error where the class is loaded
@@ -184,8 +187,12 @@ class _SGLang:
             module, name = self.upstream.rsplit(".", 1)
             theirs = getattr(importlib.import_module(f"sglang.srt.layers.attention.{module}"), name)
             with _on_cpu(world.device.type == "cpu"):
-                sglang = theirs(model_runner(world, spec, self.attention_backend))
+                sglang = theirs(self._model_runner(world, spec))
         self.sglang = sglang
+
+    def _model_runner(self, world, spec):
+        """The model runner SGLang's constructor reads (``model_runner``)."""
+        return model_runner(world, spec, self.attention_backend)
 
     def _stand_ins(self) -> None:
         """What this backend's module needs beyond ``sglang_stubs.ROOTS`` (none)."""
@@ -471,3 +478,78 @@ class SGLangTRTLLMMLAMultiStepDraftBackend(TRTLLMMLAMultiStepDraftBackendSimplif
     def _take_frozen(self, bs: int) -> None:
         for b in self.step_backends:
             b._take_frozen(bs)
+
+
+class _FlashInferWrappers:
+    """On a machine without CUDA, the FlashInfer classes 0.5.23's ``flashinfer_backend.py`` builds, as refimpl's
+    stand-ins (``refimpl.flashinfer_wrappers.standin``) taking the keywords SGLang passes and the stand-ins do not model:
+    ``backend=`` (the kernel family; one here) and the decode plan's split settings, left at their defaults (SGLang's
+    deterministic mode sets them: refused)."""
+
+    @staticmethod
+    def install(module) -> None:
+        from ..flashinfer_wrappers import fast_plan, standin
+
+        def takes_backend(cls):
+            def __init__(self, *a, backend="auto", **k):
+                cls.__init__(self, *a, **k)
+
+            return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": __name__})
+
+        decode = takes_backend(standin.BatchDecodeWithPagedKVCacheWrapper)
+
+        def plan(self, *a, fixed_split_size=None, disable_split_kv=False, **k):
+            if fixed_split_size is not None or disable_split_kv:
+                raise ValueError(
+                    f"SGLang's split settings (fixed_split_size={fixed_split_size}, disable_split_kv={disable_split_kv}) "
+                    "are not modelled by refimpl's FlashInfer stand-ins"
+                )
+            return standin.BatchDecodeWithPagedKVCacheWrapper.plan(self, *a, **k)
+
+        decode.plan = decode.begin_forward = plan
+        module.BatchDecodeWithPagedKVCacheWrapper = decode
+        module.BatchPrefillWithPagedKVCacheWrapper = takes_backend(standin.BatchPrefillWithPagedKVCacheWrapper)
+        module.BatchPrefillWithRaggedKVCacheWrapper = sglang_stubs._Stub  # extend only (no graph mode here)
+        module.fast_decode_plan = fast_plan._fast_decode_plan_entry  # flashinfer's arguments, the stand-ins' plan
+
+
+class SGLangFlashInferAttnBackend(_SGLang, FlashInferAttnBackend):
+    """SGLang 0.5.23's ``FlashInferAttnBackend`` (``flashinfer_backend.py``): decode and idle. Its hook creates, binds
+    and registers the per-bs wrappers at capture (Pattern B) and re-plans them on replay, through flashinfer's
+    ``fast_decode_plan`` after the first plan; refimpl's ``forward`` runs those wrappers in the graph (real FlashInfer on a
+    GPU; on a CPU refimpl's stand-ins, ``_FlashInferWrappers``), and refimpl's unified FlashInfer shape gives the eager
+    path and the reference. Its model runner needs, beyond the other backends': the KV pool's quant method (SGLang's own
+    ``UnquantizedKVCacheMethod``), an allocator with no sliding-window pool, the model's architectures (none), and the
+    attention backend names."""
+
+    upstream = "flashinfer_backend.FlashInferAttnBackend"
+    attention_backend = "flashinfer"
+    graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE})
+    # SGLang's (a list, one per wrapper: one here), bound to its wrappers; not the indptr (its hook never writes
+    # kv_indptr[0], as Triton's)
+    adopted = ("cuda_graph_kv_indices",)
+
+    def _stand_ins(self) -> None:
+        from sglang.srt.layers.attention import flashinfer_backend
+
+        if self.device.type != "cuda":  # SGLang imported no FlashInfer (its is_flashinfer_available: CUDA only)
+            _FlashInferWrappers.install(flashinfer_backend)
+
+    def _model_runner(self, world, spec):
+        from sglang.srt.layers.quantization.fp4_kv_cache_quant_method import UnquantizedKVCacheMethod
+
+        runner = model_runner(world, spec, self.attention_backend)
+        runner.token_to_kv_pool.get_kv_cache_quant_method = UnquantizedKVCacheMethod
+        runner.token_to_kv_pool_allocator = _Config(get_kvcache=lambda: None)
+        runner.model_config.hf_config.architectures = []
+        runner.prefill_attention_backend_str = runner.decode_attention_backend_str = self.attention_backend
+        return runner
+
+    def init_cuda_graph_state(self, max_bs, max_num_tokens, *args) -> None:
+        super().init_cuda_graph_state(max_bs, max_num_tokens, *args)
+        theirs = self.sglang
+        self.cuda_graph_kv_indices, self.kv_indptr = theirs.cuda_graph_kv_indices[0], theirs.kv_indptr[0]
+        self.kv_last_page_len = theirs.kv_last_page_len
+
+    def _take_frozen(self, bs: int) -> None:
+        self.forward_metadata = DecodeMetadata(self.sglang.forward_metadata.decode_wrappers)

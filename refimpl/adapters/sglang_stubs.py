@@ -121,9 +121,8 @@ class _StubModule(types.ModuleType):
         return "0.0.0" if name == "__version__" else _attr(name)
 
 
-# what SGLang 0.5.23's Triton, Wave and TRTLLM-MLA backends import on a CPU and never use: top-level packages, and
-# SGLang subpackages (dotted). Also on CUDA, where ``tvm_ffi`` then stands in under the real flashinfer (its JIT loader):
-# harmless while no FlashInfer kernel runs under the adapter
+# what SGLang 0.5.23's attention backends import on a CPU and never use: top-level packages, and SGLang subpackages
+# (dotted). ``tvm_ffi`` only where it is not installed: the real flashinfer's JIT loader needs the real one
 ROOTS = (
     "orjson",
     "pybase64",
