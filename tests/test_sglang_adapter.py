@@ -94,14 +94,17 @@ def test_check_runs_sglang_s_own_trtllm_mla_backend():
 
 def test_check_runs_sglang_s_own_flashinfer_backend():
     """0.5.23's FlashInferAttnBackend: decode and idle pass every verdict, its per-bs wrappers (created, bound and
-    registered at capture, re-planned by flashinfer's fast_decode_plan on replay) run in the graph; a replay whose
-    re-plan is skipped (its wrappers keep the capture batch's partition) fails (b) and (f) on the long request."""
+    registered at capture, re-planned by flashinfer's fast_decode_plan on replay) run in the graph; on the stand-ins, a
+    replay whose re-plan is skipped (its wrappers keep the capture batch's partition) fails (b) and (f) on the long
+    request."""
     code, rows = check("flashinfer")
     assert code == 0
     for mode in ("decode", "idle"):
         assert passes(rows[mode]), (mode, rows[mode])
     for mode in ("target_verify", "draft_extend_v2"):
         assert "does not support" in rows[mode]["findings"][0], rows[mode]
+    if rows["decode"]["engine"] != "cpu-emulator":
+        return  # real FlashInfer: whether a stale partition changes the output depends on its split decision
     code, rows = check("", "--backend-class", "sglang_planted:FlashInferReplaySkipsThePlan", "--mode", "decode")
     bad = rows["decode"]
     assert code == 1 and bad["graph_equals_eager"] is False and bad["history_ok"] is False, bad

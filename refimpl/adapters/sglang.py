@@ -490,6 +490,9 @@ class _FlashInferWrappers:
     def install(module) -> None:
         from ..flashinfer_wrappers import fast_plan, standin
 
+        if getattr(module, "fast_decode_plan", None) is fast_plan._fast_decode_plan_entry:
+            return  # installed by an earlier instance
+
         def takes_backend(cls):
             def __init__(self, *a, backend="auto", **k):
                 cls.__init__(self, *a, **k)
