@@ -22,6 +22,7 @@ SGLANG = {
     "wave": "SGLangWaveAttnBackend",
     "trtllm_mla": "SGLangTRTLLMMLABackend",
     "flashinfer": "SGLangFlashInferAttnBackend",
+    "flashinfer_mla": "SGLangFlashInferMLAAttnBackend",
 }  # --sglang NAME: the adapter's class (refimpl/adapters/sglang.py)
 VERDICTS = """verdicts (one row per backend x variant x mode x batch size; - = not asked):
   cap=rep      (a) the capture path fills what the replay path fills (the state the graph reads); draft extend

@@ -111,6 +111,20 @@ def test_check_runs_sglang_s_own_flashinfer_backend():
     assert bad["capture_equals_replay"] and bad["matches_oracle"], bad
 
 
+def test_check_names_sglang_s_own_flashinfer_mla_stale_bound_buffers():
+    """0.5.23's FlashInferMLAAttnBackend: its decode replay re-plans from host arrays and refreshes the eager kv_indptr,
+    leaving the wrapper's bound kv_indptr and kv_len_arr at the capture batch's values (open PR #37975): (a) and (d)
+    name them, each finding with its upstream note; the output is right (the MLA kernel reads its plan's work list)."""
+    code, rows = check("flashinfer_mla")
+    assert code == 1
+    assert passes(rows["idle"]), rows["idle"]
+    bad = rows["decode"]
+    assert bad["graph_equals_eager"] and bad["matches_oracle"] and bad["history_ok"], bad
+    assert bad["capture_equals_replay"] is False and bad["replay_matches_reference"] is False, bad
+    assert all("sgl-project/sglang#37975" in f for f in bad["findings"]), bad["findings"]
+    assert {"kv_indptr", "kv_len_arr"} <= {f.removeprefix("reference: ").split(":")[0] for f in bad["findings"]}
+
+
 @pytest.mark.parametrize("planted", ["TRTLLMReplayKeepsDecodeLens", "TRTLLMReplayRebindsDecodeLens"])
 def test_a_bug_planted_in_sglang_s_own_hook_is_named_by_its_buffer(planted):
     """The rows read the metadata SGLang froze at capture, every field of it: its replay leaving decode's seq_lens_k

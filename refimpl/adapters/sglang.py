@@ -1,7 +1,8 @@
 """SGLang 0.5.23's own attention backends under refimpl's runner, checker, history and fuzz (issue 33's adapter).
 
-``python -m refimpl check --sglang triton`` (``wave``, ``trtllm_mla``, ``flashinfer``) runs every checker verdict on
-SGLang's ``TritonAttnBackend`` (``WaveAttnBackend``, ``TRTLLMMLABackend``, ``FlashInferAttnBackend``): its ``init_cuda_graph_state`` allocates the graph
+``python -m refimpl check --sglang triton`` (``wave``, ``trtllm_mla``, ``flashinfer``, ``flashinfer_mla``) runs every
+checker verdict on SGLang's ``TritonAttnBackend`` (``WaveAttnBackend``, ``TRTLLMMLABackend``, ``FlashInferAttnBackend``,
+``FlashInferMLAAttnBackend``): its ``init_cuda_graph_state`` allocates the graph
 buffers, its ``init_forward_metadata_out_graph(forward_batch, in_capture)`` fills them before capture and before every
 replay, and the metadata it freezes at capture (views of those buffers) is what the captured step reads. What runs
 inside the graph is refimpl's ``forward`` over that metadata (the same kernels' arguments: SGLang's attention kernels are
@@ -12,14 +13,15 @@ SGLang is not a dependency: its 0.5.23 wheel (no dependencies) is unpacked under
 ``scripts/fetch_sglang.sh`` (or ``REFIMPL_SGLANG`` names another root with ``site/`` and ``deps/``), and the packages
 its import chain touches but its attention backends never use are stand-ins (``refimpl.adapters.sglang_stubs``). Its
 model runner is a stand-in over a refimpl ``World`` (the pools as SGLang's model runner exposes them,
-``model_runner``). Modes: decode, idle, target verify, draft extend v2 (0.5.23 has no draft extend v1; FlashInfer: decode
-and idle); Triton's and TRTLLM-MLA's multi-step draft decode.
+``model_runner``). Modes: decode, idle, target verify, draft extend v2 (0.5.23 has no draft extend v1; FlashInfer and
+FlashInfer-MLA: decode and idle); Triton's and TRTLLM-MLA's multi-step draft decode.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import os
@@ -31,6 +33,7 @@ import torch
 
 from ..backends.base import AttentionBackend, GraphModeNotSupported
 from ..backends.flashinfer import DecodeMetadata, FlashInferAttnBackend
+from ..backends.flashinfer_mla import FlashInferMLAAttnBackend
 from ..backends.triton import TritonAttnBackend, TritonMetadata, TritonMultiStepDraftBackend
 from ..backends.trtllm_mla import (
     TRTLLMMLAAttnBackendSimplified,
@@ -69,20 +72,29 @@ setup()  # at import: a missing SGLang is one clear error where the class is loa
 
 @contextlib.contextmanager
 def _on_cpu(on: bool):
-    """While ``on`` (a CPU world: no pinned-memory allocator, no CUDA device), ``torch.zeros`` makes a plain host tensor
-    where SGLang pins one (0.5.23's FlashInfer-MLA constructor, its fast-plan host arrays) and a CPU tensor where it
-    hardcodes ``device="cuda"`` (``flashinfer_mla_backend.py``: both ``init_cuda_graph_state`` methods)."""
-    real = torch.zeros
+    """While ``on`` (a CPU world: no pinned-memory allocator, no CUDA device), SGLang's device code runs as it would on a
+    GPU: ``torch.zeros`` / ``torch.empty`` make a plain host tensor where it pins one (0.5.23's FlashInfer-MLA
+    fast-plan host arrays) and a CPU one where it hardcodes ``device="cuda"`` (``flashinfer_mla_backend.py``:
+    ``init_cuda_graph_state``, the decode plan's first ``kv_indices``; ``flashinfer_backend.py``:
+    ``init_cuda_graph_state``); ``.to("cpu")`` / ``.cpu()`` copy, as from a GPU (on a CPU they return the tensor
+    itself: FlashInfer-MLA's host mirror of its bound ``kv_indptr`` would be that buffer, and refreshing the mirror would
+    refresh the buffer)."""
+    made, moved = (torch.zeros, torch.empty), (torch.Tensor.to, torch.Tensor.cpu)
 
-    def zeros(*a, pin_memory=False, device=None, **k):
-        return real(*a, device="cpu" if device == "cuda" else device, **k)
+    def on_cpu(make):
+        return lambda *a, pin_memory=False, device=None, **k: make(*a, device="cpu" if device == "cuda" else device, **k)
+
+    def to(t, *a, **k):
+        out = moved[0](t, *a, **k)
+        return out.clone() if out is t and "cpu" in map(str, (*a, k.get("device"))) else out
 
     if on:
-        torch.zeros = zeros
+        torch.zeros, torch.empty = map(on_cpu, made)
+        torch.Tensor.to, torch.Tensor.cpu = to, lambda t, *a, **k: moved[1](t, *a, **k).clone()
     try:
         yield
     finally:
-        torch.zeros = real
+        (torch.zeros, torch.empty), (torch.Tensor.to, torch.Tensor.cpu) = made, moved
 
 
 class _Strict(types.SimpleNamespace):
@@ -207,7 +219,8 @@ class _SGLang:
 
     def init_forward_metadata_out_graph(self, fb, in_capture: bool = False) -> None:
         self.check_graph_mode(fb.forward_mode)
-        self.sglang.init_forward_metadata_out_graph(self._their_batch(fb), in_capture)
+        with _on_cpu(self.device.type == "cpu"):
+            self.sglang.init_forward_metadata_out_graph(self._their_batch(fb), in_capture)
         if in_capture:
             self._take_frozen(fb.batch_size)
 
@@ -480,47 +493,65 @@ class SGLangTRTLLMMLAMultiStepDraftBackend(TRTLLMMLAMultiStepDraftBackendSimplif
             b._take_frozen(bs)
 
 
-class _FlashInferWrappers:
-    """On a machine without CUDA, the FlashInfer classes 0.5.23's ``flashinfer_backend.py`` builds, as refimpl's
-    stand-ins (``refimpl.flashinfer_wrappers.standin``) taking the keywords SGLang passes and the stand-ins do not model:
-    ``backend=`` (the kernel family; one here) and the decode plan's split settings, left at their defaults (SGLang's
-    deterministic mode sets them: refused)."""
+def _flashinfer_classes(module, device: torch.device) -> None:
+    """The FlashInfer classes an SGLang 0.5.23 module (``flashinfer_backend``, ``flashinfer_mla_backend``) builds, set at
+    every construction (a TRTLLM-MLA adapter built before leaves stand-ins in ``flashinfer_mla_backend``): on a GPU
+    flashinfer's own; elsewhere refimpl's stand-ins (SGLang imported no FlashInfer: its ``is_flashinfer_available`` is
+    CUDA only), ``_standin_classes``."""
+    if device.type == "cuda":
+        import flashinfer as source
+    else:
+        source = _standin_classes()
+    for name in (*FLASHINFER_NAMES, "fast_decode_plan"):
+        setattr(module, name, getattr(source, name))
 
-    @staticmethod
-    def install(module) -> None:
-        from ..flashinfer_wrappers import fast_plan, standin
 
-        if getattr(module, "fast_decode_plan", None) is fast_plan._fast_decode_plan_entry:
-            return  # installed by an earlier instance
+FLASHINFER_NAMES = (
+    "BatchDecodeWithPagedKVCacheWrapper",
+    "BatchPrefillWithPagedKVCacheWrapper",
+    "BatchPrefillWithRaggedKVCacheWrapper",
+    "BatchMLAPagedAttentionWrapper",
+)
 
-        def takes_backend(cls):
-            def __init__(self, *a, backend="auto", **k):
-                cls.__init__(self, *a, **k)
 
-            return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": __name__})
+@functools.cache
+def _standin_classes() -> types.SimpleNamespace:
+    """refimpl's stand-ins (``refimpl.flashinfer_wrappers.standin``) under flashinfer's names, taking the keywords SGLang
+    passes that they do not model: ``backend=`` (one kernel family here) and the decode plan's split settings at their
+    defaults (SGLang's deterministic mode sets them: refused); the ragged prefill wrapper, extend's only, a stand-in."""
+    from ..flashinfer_wrappers import fast_plan, standin
 
-        decode = takes_backend(standin.BatchDecodeWithPagedKVCacheWrapper)
+    def takes_backend(cls):
+        def __init__(self, *a, backend="auto", **k):
+            cls.__init__(self, *a, **k)
 
-        def plan(self, *a, fixed_split_size=None, disable_split_kv=False, **k):
-            if fixed_split_size is not None or disable_split_kv:
-                raise ValueError(
-                    f"SGLang's split settings (fixed_split_size={fixed_split_size}, disable_split_kv={disable_split_kv}) "
-                    "are not modelled by refimpl's FlashInfer stand-ins"
-                )
-            return standin.BatchDecodeWithPagedKVCacheWrapper.plan(self, *a, **k)
+        return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": __name__})
 
-        decode.plan = decode.begin_forward = plan
-        module.BatchDecodeWithPagedKVCacheWrapper = decode
-        module.BatchPrefillWithPagedKVCacheWrapper = takes_backend(standin.BatchPrefillWithPagedKVCacheWrapper)
-        module.BatchPrefillWithRaggedKVCacheWrapper = sglang_stubs._Stub  # extend only (no graph mode here)
-        module.fast_decode_plan = fast_plan._fast_decode_plan_entry  # flashinfer's arguments, the stand-ins' plan
+    decode = takes_backend(standin.BatchDecodeWithPagedKVCacheWrapper)
+
+    def plan(self, *a, fixed_split_size=None, disable_split_kv=False, **k):
+        if fixed_split_size is not None or disable_split_kv:
+            raise ValueError(
+                f"SGLang's split settings (fixed_split_size={fixed_split_size}, disable_split_kv={disable_split_kv}) "
+                "are not modelled by refimpl's FlashInfer stand-ins"
+            )
+        return standin.BatchDecodeWithPagedKVCacheWrapper.plan(self, *a, **k)
+
+    decode.plan = decode.begin_forward = plan
+    return types.SimpleNamespace(
+        BatchDecodeWithPagedKVCacheWrapper=decode,
+        BatchPrefillWithPagedKVCacheWrapper=takes_backend(standin.BatchPrefillWithPagedKVCacheWrapper),
+        BatchPrefillWithRaggedKVCacheWrapper=sglang_stubs._Stub,
+        BatchMLAPagedAttentionWrapper=standin.BatchMLAPagedAttentionWrapper,  # takes backend= already
+        fast_decode_plan=fast_plan._fast_decode_plan_entry,  # flashinfer's arguments, the stand-ins' plan
+    )
 
 
 class SGLangFlashInferAttnBackend(_SGLang, FlashInferAttnBackend):
     """SGLang 0.5.23's ``FlashInferAttnBackend`` (``flashinfer_backend.py``): decode and idle. Its hook creates, binds
     and registers the per-bs wrappers at capture (Pattern B) and re-plans them on replay, through flashinfer's
     ``fast_decode_plan`` after the first plan; refimpl's ``forward`` runs those wrappers in the graph (real FlashInfer on a
-    GPU; on a CPU refimpl's stand-ins, ``_FlashInferWrappers``), and refimpl's unified FlashInfer shape gives the eager
+    GPU; on a CPU refimpl's stand-ins, ``_flashinfer_classes``), and refimpl's unified FlashInfer shape gives the eager
     path and the reference. Its model runner needs, beyond the other backends': the KV pool's quant method (SGLang's own
     ``UnquantizedKVCacheMethod``), an allocator with no sliding-window pool, the model's architectures (none), and the
     attention backend names."""
@@ -535,8 +566,7 @@ class SGLangFlashInferAttnBackend(_SGLang, FlashInferAttnBackend):
     def _stand_ins(self) -> None:
         from sglang.srt.layers.attention import flashinfer_backend
 
-        if self.device.type != "cuda":  # SGLang imported no FlashInfer (its is_flashinfer_available: CUDA only)
-            _FlashInferWrappers.install(flashinfer_backend)
+        _flashinfer_classes(flashinfer_backend, self.device)
 
     def _model_runner(self, world, spec):
         from sglang.srt.layers.quantization.fp4_kv_cache_quant_method import UnquantizedKVCacheMethod
@@ -556,3 +586,37 @@ class SGLangFlashInferAttnBackend(_SGLang, FlashInferAttnBackend):
 
     def _take_frozen(self, bs: int) -> None:
         self.forward_metadata = DecodeMetadata(self.sglang.forward_metadata.decode_wrappers)
+
+
+class SGLangFlashInferMLAAttnBackend(_SGLang, FlashInferMLAAttnBackend):
+    """SGLang 0.5.23's ``FlashInferMLAAttnBackend`` (``flashinfer_mla_backend.py``): decode and idle. At capture its hook
+    creates, binds and registers the per-bs wrapper and plans it (then routes its ``plan`` to SGLang's
+    ``fast_mla_decode_plan``); on replay it re-plans from host arrays. refimpl's ``forward`` runs that wrapper in the
+    graph (real FlashInfer on a GPU, refimpl's stand-in on a CPU) and refimpl's unified FlashInfer-MLA shape gives the
+    eager path and the reference. Its replay writes the eager ``kv_indptr``, not the bound one: the bound
+    ``kv_indptr`` / ``kv_len_arr`` keep the capture batch's values (open PR #37975; the MLA kernel reads its plan's work
+    list, so the output does not show it)."""
+
+    upstream = "flashinfer_mla_backend.FlashInferMLAAttnBackend"
+    attention_backend = "flashinfer"
+    graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE})
+    # SGLang's, bound to its wrappers; not the indptrs (its hook never writes kv_indptr[0])
+    adopted = ("cuda_graph_kv_indices", "cuda_graph_kv_lens")
+    upstream_findings = {
+        r"^(reference: )?kv_(indptr|len_arr|indices)": "0.5.23's decode replay refreshes the eager kv_indptr and the "
+        "host arrays, not the wrapper's bound kv_indptr / kv_len_arr (kv_indices is read through the stale kv_indptr): "
+        "flashinfer_mla_backend.py, FlashInferMLAIndicesUpdaterDecode; open PR sgl-project/sglang#37975"
+    }
+
+    def _stand_ins(self) -> None:
+        from sglang.srt.layers.attention import flashinfer_mla_backend
+
+        _flashinfer_classes(flashinfer_mla_backend, self.device)
+
+    def init_cuda_graph_state(self, max_bs, max_num_tokens, *args) -> None:
+        super().init_cuda_graph_state(max_bs, max_num_tokens, *args)
+        theirs = self.sglang
+        self.cuda_graph_qo_indptr, self.cuda_graph_kv_indptr = theirs.cuda_graph_qo_indptr, theirs.cuda_graph_kv_indptr
+
+    def _take_frozen(self, bs: int) -> None:
+        self.forward_metadata = self.sglang.forward_metadata.decode_wrapper
