@@ -48,7 +48,7 @@ PY
 } > "$out/versions.txt" 2>&1
 cat "$out/versions.txt"
 
-# SGLang 0.5.23 for tests/test_sglang_adapter.py, when carried (benchmarks/sglang_probe/pack_h200.sh: .sgl/full, 10 MiB;
+# SGLang 0.5.23 for tests/test_sglang_*adapter.py, when carried (benchmarks/sglang_probe/pack_h200.sh: .sgl/full, 10 MiB;
 # the device has no network): its wheel without compiled extensions, msgspec and dill for this Python
 if [ -f .sgl/full/site.tgz ] && [ ! -d .sgl/0.5.23/site/sglang ]; then
   mkdir -p .sgl/0.5.23/site && tar -xzf .sgl/full/site.tgz -C .sgl/0.5.23/site

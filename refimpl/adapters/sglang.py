@@ -88,9 +88,11 @@ def _on_cpu(on: bool):
         out = moved[0](t, *a, **k)
         return out.clone() if out is t and "cpu" in map(str, (*a, k.get("device"))) else out
 
-    if on:
-        torch.zeros, torch.empty = map(on_cpu, made)
-        torch.Tensor.to, torch.Tensor.cpu = to, lambda t, *a, **k: moved[1](t, *a, **k).clone()
+    if not on:
+        yield
+        return
+    torch.zeros, torch.empty = map(on_cpu, made)
+    torch.Tensor.to, torch.Tensor.cpu = to, lambda t, *a, **k: moved[1](t, *a, **k).clone()
     try:
         yield
     finally:
