@@ -482,7 +482,11 @@ class SGLangTRTLLMMLAMultiStepDraftBackend(TRTLLMMLAMultiStepDraftBackendSimplif
         with _on_cpu(world.device.type == "cpu"):
             self.sglang = Theirs(model_runner(world, spec, "trtllm_mla"), spec.topk, spec.num_steps)
         steps = self.sglang.attn_backends
-        self.step_cls = lambda world, spec, draft_step: _SGLangTRTLLMStep(world, spec, draft_step=draft_step, sglang=steps[draft_step])  # fmt: skip
+
+        def step(world, spec, draft_step):  # refimpl's step i, driving SGLang's
+            return _SGLangTRTLLMStep(world, spec, draft_step=draft_step, sglang=steps[draft_step])
+
+        self.step_cls = step
         super().__init__(world, spec)
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:

@@ -48,8 +48,8 @@ def _varied(name: str, v: Any) -> Any:
     """``v`` changed, or None when no change keeps to the rule: device values never ask for more than the batch holds,
     host values never for less (a host length sizes an allocation the device lengths then fill: smaller, a kernel
     would write past it). So the request table's rows and the write targets rotate within the batch, masks flip,
-    device counts and lengths past 1 halve, host lengths and sums double (each crosses page boundaries and changes its
-    batch's sum and maximum)."""
+    device counts and lengths past 1 halve, host lengths and sums double (the batch's sum and maximum change with them;
+    a long length crosses page boundaries, a short one may not)."""
     host = name.endswith("_cpu") or name in HOST
     change = (lambda x: 2 * x) if host else (lambda x: x // 2 if x > 1 else x)
     if isinstance(v, torch.Tensor):
