@@ -44,16 +44,19 @@ class TRTLLMReplayRebindsDecodeLens(SGLangTRTLLMMLABackend):
 
 
 class FlashInferReplaySkipsThePlan(SGLangFlashInferAttnBackend):
-    """SGLang's FlashInfer hook with the replay's wrapper re-plan skipped (its ``begin_forward`` a no-op after capture):
-    the bound buffers get this batch's indices, the plan keeps the capture batch's partition."""
+    """SGLang's FlashInfer hook with the replay's wrapper re-plan skipped (each captured wrapper's ``begin_forward`` a
+    no-op after capture). Decode: the bound buffers get this batch's indices (the hook writes them), the plan keeps the
+    capture batch's partition. Verify and draft extend: the plan is what copies the indices, mask and indptrs into the
+    bound buffers, so they keep the capture batch's too."""
 
     def __init__(self, world, spec=None, **kw):
         super().__init__(world, spec, **kw)
         theirs, real = self.sglang, self.sglang.init_forward_metadata_out_graph
+        graphs = (theirs.decode_cuda_graph_metadata, theirs.prefill_cuda_graph_metadata, theirs.draft_extend_cuda_graph_metadata)
 
         def planted(batch, in_capture=False):
             if not in_capture:
-                for w in theirs.decode_cuda_graph_metadata.get(batch.batch_size, ()):
+                for w in (w for per_bs in graphs for w in per_bs.get(batch.batch_size, ())):
                     w.begin_forward = lambda *a, **k: None
             real(batch, in_capture)
 

@@ -13,8 +13,9 @@ SGLang is not a dependency: its 0.5.23 wheel (no dependencies) is unpacked under
 ``scripts/fetch_sglang.sh`` (or ``REFIMPL_SGLANG`` names another root with ``site/`` and ``deps/``), and the packages
 its import chain touches but its attention backends never use are stand-ins (``refimpl.adapters.sglang_stubs``). Its
 model runner is a stand-in over a refimpl ``World`` (the pools as SGLang's model runner exposes them,
-``model_runner``). Modes: decode, idle, target verify, draft extend v2 (0.5.23 has no draft extend v1; FlashInfer and
-FlashInfer-MLA: decode and idle); Triton's and TRTLLM-MLA's multi-step draft decode.
+``model_runner``). Modes: what each 0.5.23 backend captures of decode, idle, target verify and draft extend v2 (0.5.23
+has no draft extend v1; Wave: no draft extend; FlashInfer-MLA: verify only); Triton's, FlashInfer's and TRTLLM-MLA's
+multi-step draft decode (Wave and FlashInfer-MLA: not driven here).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 import torch
 
 from ..backends.base import AttentionBackend, GraphModeNotSupported
-from ..backends.flashinfer import DecodeMetadata, FlashInferAttnBackend
+from ..backends.flashinfer import DecodeMetadata, FlashInferAttnBackend, FlashInferMultiStepDraftBackend, PrefillMetadata
 from ..backends.flashinfer_mla import FlashInferMLAAttnBackend
 from ..backends.triton import TritonAttnBackend, TritonMetadata, TritonMultiStepDraftBackend
 from ..backends.trtllm_mla import (
@@ -243,8 +244,10 @@ class _SGLang:
             ext = torch.full((fb.batch_size,), self.spec.num_draft_tokens, dtype=torch.int32, device=self.device)
             ext[: spec_info.extend_seq_lens.numel()] = spec_info.extend_seq_lens[: fb.batch_size]
             spec_info = _Strict(extend_seq_lens_tensor=ext, accept_length=spec_info.accept_length)
-        elif fb.kind.multi_step:  # the wrapper sets each step's kv_indptr / kv_indices on it; no sliding window
-            spec_info = _Strict(topk=self.spec.topk, window_kv_indptr=None, window_kv_indices=None, is_draft_input=lambda: True)
+        elif fb.kind.multi_step:  # the wrapper sets each step's kv_indptr / kv_indices on it; no sliding window, no
+            # ragged verify (SpecInput's class defaults)
+            none = dict.fromkeys(("window_kv_indptr", "window_kv_indices", "ragged_verify_layout"))
+            spec_info = _Strict(topk=self.spec.topk, is_draft_input=lambda: True, **none)
         return ForwardBatch(
             forward_mode=getattr(Theirs, mode.name),
             batch_size=fb.batch_size,
@@ -317,6 +320,12 @@ class SGLangTritonAttnBackend(_SGLangTriton, TritonAttnBackend):
     graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2})
 
 
+_PADDED_DRAFT_ROWS = (  # the multi-step wrappers' shared index launch (Triton's, FlashInfer's)
+    "padded requests only: 0.5.23 sums positions, which its draft runner pads with 0, for kv_indptr and seq_lens, padded "
+    "with 1, for kv_indices (cache_locs.py line 310; eagle_draft_cuda_graph_runner.py lines 592-594)"
+)
+
+
 class SGLangTritonMultiStepDraftBackend(TritonMultiStepDraftBackend):
     """SGLang 0.5.23's ``TritonMultiStepDraftBackend`` (``triton_backend.py``), multi-step draft decode: its wrapper
     allocates every step's ``kv_indptr`` / ``kv_indices`` rows and the shared split buffer, fills them in one launch of
@@ -335,9 +344,7 @@ class SGLangTritonMultiStepDraftBackend(TritonMultiStepDraftBackend):
     upstream_findings = {  # what 0.5.23's own wrapper does that these findings show (docs/reference.md has the why)
         r"^step\d+\.num_kv_splits: .*capture vs replay": "0.5.23 computes split counts on replay only, "
         "triton_backend.py lines 787 and 2827",
-        r"^reference: step\d+\.kv_ind": "padded requests only: 0.5.23 sums positions, which its draft runner pads with "
-        "0, for kv_indptr and seq_lens, padded with 1, for kv_indices (cache_locs.py line 310; "
-        "eagle_draft_cuda_graph_runner.py lines 592-594)",
+        r"^reference: step\d+\.kv_ind": _PADDED_DRAFT_ROWS,
     }
 
     def __init__(self, world, spec=None):
@@ -544,30 +551,79 @@ def _standin_classes() -> types.SimpleNamespace:
         return standin.BatchDecodeWithPagedKVCacheWrapper.plan(self, *a, **k)
 
     decode.plan = decode.begin_forward = plan
+    prefill = takes_backend(standin.BatchPrefillWithPagedKVCacheWrapper)
+
+    def plan_prefill(self, *a, fixed_split_size=None, token_pos_in_items_len=0, window_left=-1, **k):
+        # SGLang passes the multi-item-scoring pointers always (None unless scoring); a window or split setting: refused
+        items = {n: k.pop(n) for n in ("prefix_len_ptr", "token_pos_in_items_ptr", "max_item_len_ptr") if n in k}
+        if (
+            fixed_split_size is not None
+            or token_pos_in_items_len
+            or window_left >= 0
+            or any(map(torch.is_tensor, items.values()))
+        ):
+            raise ValueError(
+                f"SGLang's prefill plan settings (fixed_split_size={fixed_split_size}, window_left={window_left}, "
+                "multi-item scoring) are not modelled by refimpl's FlashInfer stand-ins"
+            )
+        return standin.BatchPrefillWithPagedKVCacheWrapper.plan(self, *a, **k)
+
+    prefill.plan = prefill.begin_forward = plan_prefill
     return types.SimpleNamespace(
         BatchDecodeWithPagedKVCacheWrapper=decode,
-        BatchPrefillWithPagedKVCacheWrapper=takes_backend(standin.BatchPrefillWithPagedKVCacheWrapper),
+        BatchPrefillWithPagedKVCacheWrapper=prefill,
         BatchPrefillWithRaggedKVCacheWrapper=sglang_stubs._Stub,
         BatchMLAPagedAttentionWrapper=standin.BatchMLAPagedAttentionWrapper,  # takes backend= already
         fast_decode_plan=fast_plan._fast_decode_plan_entry,  # flashinfer's arguments, the stand-ins' plan
     )
 
 
+def _eagle_spec_inputs(backend, fb, batch):
+    """``batch`` (SGLang's) with SGLang's own spec inputs for verify and draft extend: the FlashInfer hooks call their
+    ``generate_attn_arg_prefill`` (``eagle_info.py``); the fields no hook reads are None."""
+    from sglang.srt.speculative import eagle_info
+
+    mode, spec = fb.forward_mode, backend.spec
+    if mode.is_target_verify():
+        unread = ("draft_token", "positions", "retrieve_index", "retrieve_next_token", "retrieve_next_sibling")
+        batch.spec_info = eagle_info.EagleVerifyInput(
+            custom_mask=fb.spec_info.custom_mask,
+            retrieve_cum_len=None,
+            spec_steps=spec.num_steps,
+            topk=spec.topk,
+            draft_token_num=spec.num_draft_tokens,
+            capture_hidden_mode=None,
+            seq_lens_sum=fb.seq_lens_sum,
+            seq_lens_cpu=fb.seq_lens_cpu,
+            **dict.fromkeys(unread),
+        )
+    elif mode.is_any_draft_extend():
+        accepted = batch.spec_info.extend_seq_lens_tensor - 1  # per padded row, as _SGLang._their_batch fills them
+        batch.spec_info = eagle_info.EagleDraftExtendInput(
+            num_correct_drafts=accepted, num_accept_tokens=accepted + 1, num_tokens_per_req=spec.num_draft_tokens
+        )
+    return batch
+
+
 class SGLangFlashInferAttnBackend(_SGLang, FlashInferAttnBackend):
-    """SGLang 0.5.23's ``FlashInferAttnBackend`` (``flashinfer_backend.py``): decode and idle. Its hook creates, binds
-    and registers the per-bs wrappers at capture (Pattern B) and re-plans them on replay, through flashinfer's
-    ``fast_decode_plan`` after the first plan; refimpl's ``forward`` runs those wrappers in the graph (real FlashInfer on a
-    GPU; on a CPU refimpl's stand-ins, ``_flashinfer_classes``), and refimpl's unified FlashInfer shape gives the eager
-    path and the reference. Its model runner needs, beyond the other backends': the KV pool's quant method (SGLang's own
-    ``UnquantizedKVCacheMethod``), an allocator with no sliding-window pool, the model's architectures (none), and the
-    attention backend names."""
+    """SGLang 0.5.23's ``FlashInferAttnBackend`` (``flashinfer_backend.py``): decode, idle, target verify, draft extend
+    v2. Its hook creates, binds and registers the per-bs wrappers at capture (Pattern B) and re-plans them on replay:
+    decode through flashinfer's ``fast_decode_plan`` after the first plan, draft extend through SGLang's own
+    ``fast_prefill_plan`` (host lengths, no read-back), verify through a full ``plan`` that packs the tree mask; verify
+    and draft extend take their kv indices from SGLang's own spec inputs (``EagleVerifyInput`` /
+    ``EagleDraftExtendInput.generate_attn_arg_prefill``). refimpl's ``forward`` runs those wrappers in the graph (real
+    FlashInfer on a GPU; on a CPU refimpl's stand-ins, ``_flashinfer_classes``), and refimpl's unified FlashInfer shape
+    gives the eager path and the reference. Its model runner needs, beyond the other backends': the KV pool's quant
+    method (SGLang's own ``UnquantizedKVCacheMethod``), an allocator with no sliding-window pool, the model's
+    architectures (none), and the attention backend names."""
 
     upstream = "flashinfer_backend.FlashInferAttnBackend"
     attention_backend = "flashinfer"
-    graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE})
-    # SGLang's (a list, one per wrapper: one here), bound to its wrappers; not the indptr (its hook never writes
-    # kv_indptr[0], as Triton's)
-    adopted = ("cuda_graph_kv_indices",)
+    multi_step_class = "refimpl.adapters.sglang:SGLangFlashInferMultiStepDraftBackend"
+    graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2})
+    # SGLang's (a list, one per wrapper: one here) and its mask scratch, bound to its wrappers; not the indptrs (its
+    # decode hook never writes kv_indptr[0], as Triton's)
+    adopted = ("cuda_graph_kv_indices", "cuda_graph_custom_mask")
 
     def _stand_ins(self) -> None:
         from sglang.srt.layers.attention import flashinfer_backend
@@ -590,14 +646,80 @@ class SGLangFlashInferAttnBackend(_SGLang, FlashInferAttnBackend):
         self.cuda_graph_kv_indices, self.kv_indptr = theirs.cuda_graph_kv_indices[0], theirs.kv_indptr[0]
         self.kv_last_page_len = theirs.kv_last_page_len
 
+    def _their_batch(self, fb):
+        return _eagle_spec_inputs(self, fb, super()._their_batch(fb))
+
+    def forward(self, q, k, v, layer: int, fb):
+        md = self.forward_metadata
+        if isinstance(md, PrefillMetadata):  # SGLang's forward_extend runs its wrapper causal (a bound mask wins)
+            md.wrappers[0]._causal = True
+        return super().forward(q, k, v, layer, fb)
+
     def _take_frozen(self, bs: int) -> None:
-        self.forward_metadata = DecodeMetadata(self.sglang.forward_metadata.decode_wrappers)
+        md = self.sglang.forward_metadata
+        if hasattr(md, "decode_wrappers"):
+            self.forward_metadata = DecodeMetadata(md.decode_wrappers)
+        else:  # what its kernel does: the mask when bound, else causal (forward above)
+            w = md.prefill_wrappers[0]
+            self.forward_metadata = PrefillMetadata(md.prefill_wrappers, w._custom_mask_buf is None)
+
+
+class _SGLangFlashInferStep(SGLangFlashInferAttnBackend):
+    """A step of SGLang's FlashInfer multi-step wrapper (its buffers are the wrapper's to allocate; decode only, so no
+    mask buffer: SGLang builds its steps with ``skip_prefill=True``)."""
+
+    in_wrapper, adopted = True, ("cuda_graph_kv_indices",)
+
+
+class SGLangFlashInferMultiStepDraftBackend(FlashInferMultiStepDraftBackend):
+    """SGLang 0.5.23's ``FlashInferMultiStepDraftBackend`` (``flashinfer_backend.py``), multi-step draft decode: its
+    wrapper builds S-1 ``FlashInferAttnBackend`` steps over its rows of ``kv_indptr`` and allocates ``cuda_graph_kv_indices``
+    (one row per step); its hook fills every row in one launch of ``generate_draft_decode_kv_indices`` (the indptr from the
+    batch's ``positions``, the indices from ``seq_lens``), reads the indptr back to the host and runs each step's decode
+    hook on the step's rows, which plans the step's wrapper. refimpl's steps (``SGLangFlashInferAttnBackend`` over
+    SGLang's) run ``forward`` over the wrappers each froze and give the eager path and the reference."""
+
+    upstream = "flashinfer_backend.FlashInferMultiStepDraftBackend"
+    attention_backend, variant = "flashinfer", _SGLang.variant
+    graph_buffer_names = ("cuda_graph_kv_indices",)  # not the indptr: as SGLangFlashInferAttnBackend
+    upstream_findings = {r"^reference: step\d+\.paged_kv_ind": _PADDED_DRAFT_ROWS}
+    init_forward_metadata_capture_cuda_graph = AttentionBackend.init_forward_metadata_capture_cuda_graph
+    init_forward_metadata_replay_cuda_graph = AttentionBackend.init_forward_metadata_replay_cuda_graph
+    init_forward_metadata_out_graph = _SGLang.init_forward_metadata_out_graph
+    _their_batch = _SGLang._their_batch
+
+    def __init__(self, world, spec=None):
+        from sglang.srt.layers.attention import flashinfer_backend
+
+        _flashinfer_classes(flashinfer_backend, world.device)
+        runner = SGLangFlashInferAttnBackend._model_runner(self, world, spec)
+        with _on_cpu(world.device.type == "cpu"):
+            self.sglang = flashinfer_backend.FlashInferMultiStepDraftBackend(runner, spec.topk, spec.num_steps)
+        steps = iter(self.sglang.attn_backends)
+
+        def step(world, spec, **kw):  # refimpl's next step, driving SGLang's
+            return _SGLangFlashInferStep(world, spec, sglang=next(steps), **kw)
+
+        self.step_cls = step
+        super().__init__(world, spec)
+        self.kv_indptr = self.sglang.kv_indptr
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        with _on_cpu(self.device.type == "cpu"):
+            self.sglang.init_cuda_graph_state(max_bs, max_num_tokens)  # every step's, their kv_indices rows its own
+        super().init_cuda_graph_state(max_bs, max_num_tokens)  # refimpl's sizes; each step adopts SGLang's buffers
+        self.cuda_graph_kv_indices = self.sglang.cuda_graph_kv_indices
+
+    def _take_frozen(self, bs: int) -> None:
+        for b in self.step_backends:
+            b._take_frozen(bs)
 
 
 class SGLangFlashInferMLAAttnBackend(_SGLang, FlashInferMLAAttnBackend):
-    """SGLang 0.5.23's ``FlashInferMLAAttnBackend`` (``flashinfer_mla_backend.py``): decode and idle. At capture its hook
+    """SGLang 0.5.23's ``FlashInferMLAAttnBackend`` (``flashinfer_mla_backend.py``): decode, idle and target verify
+    (chains: its verify plans ``causal=True``, no tree mask; 0.5.23 captures no draft extend). At capture its hook
     creates, binds and registers the per-bs wrapper and plans it (then routes its ``plan`` to SGLang's
-    ``fast_mla_decode_plan``); on replay it re-plans from host arrays. refimpl's ``forward`` runs that wrapper in the
+    ``fast_mla_decode_plan`` / ``fast_mla_prefill_plan``); on replay it re-plans from host arrays. refimpl's ``forward`` runs that wrapper in the
     graph (real FlashInfer on a GPU, refimpl's stand-in on a CPU) and refimpl's unified FlashInfer-MLA shape gives the
     eager path and the reference. Its replay writes the eager ``kv_indptr``, not the bound one: the bound
     ``kv_indptr`` / ``kv_len_arr`` keep the capture batch's values (open PR #37975; the MLA kernel reads its plan's work
@@ -605,7 +727,7 @@ class SGLangFlashInferMLAAttnBackend(_SGLang, FlashInferMLAAttnBackend):
 
     upstream = "flashinfer_mla_backend.FlashInferMLAAttnBackend"
     attention_backend = "flashinfer"
-    graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE})
+    graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY})
     # SGLang's, bound to its wrappers; not the indptrs (its hook never writes kv_indptr[0])
     adopted = ("cuda_graph_kv_indices", "cuda_graph_kv_lens")
     upstream_findings = {
@@ -624,5 +746,9 @@ class SGLangFlashInferMLAAttnBackend(_SGLang, FlashInferMLAAttnBackend):
         theirs = self.sglang
         self.cuda_graph_qo_indptr, self.cuda_graph_kv_indptr = theirs.cuda_graph_qo_indptr, theirs.cuda_graph_kv_indptr
 
+    def _their_batch(self, fb):
+        return _eagle_spec_inputs(self, fb, super()._their_batch(fb))
+
     def _take_frozen(self, bs: int) -> None:
-        self.forward_metadata = self.sglang.forward_metadata.decode_wrapper
+        md = self.sglang.forward_metadata
+        self.forward_metadata = md.decode_wrapper if hasattr(md, "decode_wrapper") else md.prefill_wrapper

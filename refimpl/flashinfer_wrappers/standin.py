@@ -177,7 +177,7 @@ class _Standin:
     # binds 0, 1, ..., bs)
     _custom_mask_buf = _mask_indptr_buf = _qo_indptr_buf = None
     # before the first plan (flashinfer's names: the fast plans read them)
-    _cached_module = _plan_info = _sm_scale = None
+    _cached_module = _plan_info = _sm_scale = _max_total_num_rows = None
     _window_left, _logits_soft_cap, _causal, _backend = -1, 0.0, False, "auto"
 
     def _setup(self, float_ws, use_cuda_graph, names, bufs, kv_layout="NHD"):
@@ -435,6 +435,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_Standin):
             page_size, paged_kv_indptr, bs, paged_kv_indices, "paged_kv_indptr paged_kv_indices paged_kv_indices_buf"
         )
         rows = sum(_lens("qo_indptr", qo_host))
+        if self._use_cuda_graph:  # flashinfer's rule: the first plan's rows are the graph's most
+            if self._max_total_num_rows is not None and rows > self._max_total_num_rows:
+                raise ValueError(f"qo_indptr has {rows} rows, more than the {self._max_total_num_rows} of the first plan")
+            self._max_total_num_rows = self._max_total_num_rows or rows
         tensors = [qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len]
         if custom_mask is not None:
             offsets = _mask_offsets(custom_mask, qo_host.diff() * kv_host.diff()).to(I32)
