@@ -262,6 +262,47 @@ class _SGLang:
         )
 
 
+class _SGLangMultiStep:
+    """SGLang's multi-step draft wrapper ``upstream``, mixed into the refimpl wrapper whose steps run ``forward``: SGLang's
+    wrapper allocates the buffers and its hook (``_SGLang``'s, on the wrapper) fills every step's; refimpl's steps run
+    over what SGLang's steps froze at capture. A ``step_cls`` that is an ``_SGLang`` adapter drives SGLang's step i (its
+    buffers the wrapper's); otherwise (Triton) the wrapper hands refimpl's own steps SGLang's metadata."""
+
+    attention_backend = ""  # ServerArgs.attention_backend
+    init_forward_metadata_capture_cuda_graph = AttentionBackend.init_forward_metadata_capture_cuda_graph
+    init_forward_metadata_replay_cuda_graph = AttentionBackend.init_forward_metadata_replay_cuda_graph
+    init_forward_metadata_out_graph = _SGLang.init_forward_metadata_out_graph
+    _their_batch = _SGLang._their_batch
+
+    def __init__(self, world, spec=None):
+        adapter, self.device = self.step_cls, world.device  # (the stand-ins read the device)
+        drives = issubclass(adapter, _SGLang)
+        if drives:
+            adapter._stand_ins(self)
+        module, name = self.upstream.rsplit(".", 1)
+        theirs = getattr(importlib.import_module(f"sglang.srt.layers.attention.{module}"), name)
+        runner = (adapter if drives else _SGLang)._model_runner(self, world, spec)
+        with _on_cpu(world.device.type == "cpu"):
+            self.sglang = theirs(runner, spec.topk, spec.num_steps)
+        if drives:
+            steps = iter(self.sglang.attn_backends)
+
+            def step(world, spec, **kw):  # refimpl's next step, driving SGLang's
+                return adapter(world, spec, sglang=next(steps), **kw)
+
+            self.step_cls = step
+        super().__init__(world, spec)
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        with _on_cpu(self.device.type == "cpu"):
+            self.sglang.init_cuda_graph_state(max_bs, max_num_tokens)  # every step's; the steps' kv_indices rows its own
+        super().init_cuda_graph_state(max_bs, max_num_tokens)  # refimpl's sizes; driving steps adopt SGLang's buffers
+
+    def _take_frozen(self, bs: int) -> None:
+        for b in self.step_backends:
+            b._take_frozen(bs)
+
+
 class _SGLangTriton(_SGLang):
     """Triton's and Wave's: SGLang's ``kv_indptr`` / ``qo_indptr`` / ``mask_indptr`` (allocated in ``__init__``, the eager
     path's too) are the ones refimpl's kernels read; its tree-mask buffer joins the adopted ones."""
@@ -326,7 +367,7 @@ _PADDED_DRAFT_ROWS = (  # the multi-step wrappers' shared index launch (Triton's
 )
 
 
-class SGLangTritonMultiStepDraftBackend(TritonMultiStepDraftBackend):
+class SGLangTritonMultiStepDraftBackend(_SGLangMultiStep, TritonMultiStepDraftBackend):
     """SGLang 0.5.23's ``TritonMultiStepDraftBackend`` (``triton_backend.py``), multi-step draft decode: its wrapper
     allocates every step's ``kv_indptr`` / ``kv_indices`` rows and the shared split buffer, fills them in one launch of
     ``generate_draft_decode_kv_indices`` (the indptr from the batch's ``positions``, the indices from ``seq_lens``) and
@@ -335,12 +376,8 @@ class SGLangTritonMultiStepDraftBackend(TritonMultiStepDraftBackend):
     ``kv_indices`` is a view sized by the capture batch's ``seq_lens_sum``; its kernel reads by pointer past that view,
     so refimpl's steps read (and the checker compares) the step's whole row, what the captured kernel reads."""
 
-    upstream = "triton_backend.TritonMultiStepDraftBackend"
-    variant = _SGLang.variant
+    upstream, attention_backend = "triton_backend.TritonMultiStepDraftBackend", "triton"
     graph_buffer_names = ("cuda_graph_kv_indices", "cuda_graph_num_kv_splits")  # not the indptr: as _SGLangTriton
-    init_forward_metadata_capture_cuda_graph = AttentionBackend.init_forward_metadata_capture_cuda_graph
-    init_forward_metadata_replay_cuda_graph = AttentionBackend.init_forward_metadata_replay_cuda_graph
-    _their_batch = _SGLang._their_batch
     upstream_findings = {  # what 0.5.23's own wrapper does that these findings show (docs/reference.md has the why)
         r"^step\d+\.num_kv_splits: .*capture vs replay": "0.5.23 computes split counts on replay only, "
         "triton_backend.py lines 787 and 2827",
@@ -349,23 +386,17 @@ class SGLangTritonMultiStepDraftBackend(TritonMultiStepDraftBackend):
 
     def __init__(self, world, spec=None):
         super().__init__(world, spec)
-        from sglang.srt.layers.attention.triton_backend import TritonMultiStepDraftBackend as Theirs
-
-        self.sglang = Theirs(model_runner(world, spec), spec.topk, spec.num_steps)
         for ours, theirs in zip(self.step_backends, self.sglang.attn_backends):
             _sync_splits(ours, theirs)
         self.kv_indptr = self.sglang.kv_indptr
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        super().init_cuda_graph_state(max_bs, max_num_tokens)  # the sizes; the buffers are replaced by SGLang's
+        super().init_cuda_graph_state(max_bs, max_num_tokens)
         theirs = self.sglang
-        theirs.init_cuda_graph_state(max_bs, max_num_tokens)
         self.cuda_graph_kv_indices, self.cuda_graph_num_kv_splits = theirs.cuda_graph_kv_indices, theirs.cuda_graph_num_kv_splits
         for ours, step in zip(self.step_backends, theirs.attn_backends):
             for name in _SGLangTriton.adopted:
                 setattr(ours, name, getattr(step, name))
-
-    init_forward_metadata_out_graph = _SGLang.init_forward_metadata_out_graph
 
     def _take_frozen(self, bs: int) -> None:
         for i, (ours, step) in enumerate(zip(self.step_backends, self.sglang.attn_backends)):
@@ -458,7 +489,7 @@ class _SGLangTRTLLMStep(SGLangTRTLLMMLABackend):
     in_wrapper = True
 
 
-class SGLangTRTLLMMLAMultiStepDraftBackend(TRTLLMMLAMultiStepDraftBackendSimplified):
+class SGLangTRTLLMMLAMultiStepDraftBackend(_SGLangMultiStep, TRTLLMMLAMultiStepDraftBackendSimplified):
     """SGLang 0.5.23's ``TRTLLMMLAMultiStepDraftBackend`` (``trtllm_mla_backend.py``, over
     ``FlashInferMLAMultiStepDraftBackend``), multi-step draft decode of chains: its wrapper builds S-1 ``TRTLLMMLABackend``
     steps and allocates their buffers (``init_cuda_graph_state``); capture runs the parent's ``common_template`` (one
@@ -467,43 +498,19 @@ class SGLangTRTLLMMLAMultiStepDraftBackend(TRTLLMMLAMultiStepDraftBackendSimplif
     (``SGLangTRTLLMMLABackend`` over SGLang's) run ``forward`` over what each froze and give the eager path and the
     reference: step i reads the prefix and the chain's i+1 drafts, ``seq_lens + i + 1``."""
 
-    upstream = "trtllm_mla_backend.TRTLLMMLAMultiStepDraftBackend"
-    step_cls = _SGLangTRTLLMStep  # its labels; each instance's steps drive SGLang's (below)
+    upstream, attention_backend = "trtllm_mla_backend.TRTLLMMLAMultiStepDraftBackend", "trtllm_mla"
+    step_cls = _SGLangTRTLLMStep
     upstream_findings = {  # what 0.5.23's own steps do that these findings show (docs/reference.md has the why)
         r"^reference: step\d+\.(seq_lens_k|block_kv_indices)": "0.5.23's draft steps take the batch's seq_lens without "
         "the step's i+1 drafts: trtllm_mla_backend.py lines 639-642 (seq_lens_k) and 651 (the block table), on the "
         "DECODE view its replay builds (line 1808); flashattention_backend.py line 913 adds speculative_step_id + 1",
         r"graph vs eager|^history long run: also wrong": "follows from seq_lens_k: 0.5.23's steps attend the committed prefix only",
     }
-    init_forward_metadata_capture_cuda_graph = AttentionBackend.init_forward_metadata_capture_cuda_graph
-    init_forward_metadata_replay_cuda_graph = AttentionBackend.init_forward_metadata_replay_cuda_graph
-    init_forward_metadata_out_graph = _SGLang.init_forward_metadata_out_graph
-    _their_batch = _SGLang._their_batch
 
     def __init__(self, world, spec=None):
         if spec.topk != 1:  # 0.5.23's wrapper raises on trees: skipped by name, as refimpl's own shapes are
             raise GraphModeNotSupported(f"{self.name}: multi-step draft decode takes chains only (topk=1), got topk={spec.topk}")
-        SGLangTRTLLMMLABackend._stand_ins(self)
-        from sglang.srt.layers.attention.trtllm_mla_backend import TRTLLMMLAMultiStepDraftBackend as Theirs
-
-        with _on_cpu(world.device.type == "cpu"):
-            self.sglang = Theirs(model_runner(world, spec, "trtllm_mla"), spec.topk, spec.num_steps)
-        steps = self.sglang.attn_backends
-
-        def step(world, spec, draft_step):  # refimpl's step i, driving SGLang's
-            return _SGLangTRTLLMStep(world, spec, draft_step=draft_step, sglang=steps[draft_step])
-
-        self.step_cls = step
         super().__init__(world, spec)
-
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        with _on_cpu(self.device.type == "cpu"):
-            self.sglang.init_cuda_graph_state(max_bs, max_num_tokens)  # every step's, their kv_indices rows its own
-        super().init_cuda_graph_state(max_bs, max_num_tokens)  # refimpl's sizes; each step adopts SGLang's buffers
-
-    def _take_frozen(self, bs: int) -> None:
-        for b in self.step_backends:
-            b._take_frozen(bs)
 
 
 def _flashinfer_classes(module, device: torch.device) -> None:
@@ -671,7 +678,7 @@ class _SGLangFlashInferStep(SGLangFlashInferAttnBackend):
     in_wrapper, adopted = True, ("cuda_graph_kv_indices",)
 
 
-class SGLangFlashInferMultiStepDraftBackend(FlashInferMultiStepDraftBackend):
+class SGLangFlashInferMultiStepDraftBackend(_SGLangMultiStep, FlashInferMultiStepDraftBackend):
     """SGLang 0.5.23's ``FlashInferMultiStepDraftBackend`` (``flashinfer_backend.py``), multi-step draft decode: its
     wrapper builds S-1 ``FlashInferAttnBackend`` steps over its rows of ``kv_indptr`` and allocates ``cuda_graph_kv_indices``
     (one row per step); its hook fills every row in one launch of ``generate_draft_decode_kv_indices`` (the indptr from the
@@ -679,40 +686,18 @@ class SGLangFlashInferMultiStepDraftBackend(FlashInferMultiStepDraftBackend):
     hook on the step's rows, which plans the step's wrapper. refimpl's steps (``SGLangFlashInferAttnBackend`` over
     SGLang's) run ``forward`` over the wrappers each froze and give the eager path and the reference."""
 
-    upstream = "flashinfer_backend.FlashInferMultiStepDraftBackend"
-    attention_backend, variant = "flashinfer", _SGLang.variant
+    upstream, attention_backend = "flashinfer_backend.FlashInferMultiStepDraftBackend", "flashinfer"
+    step_cls = _SGLangFlashInferStep
     graph_buffer_names = ("cuda_graph_kv_indices",)  # not the indptr: as SGLangFlashInferAttnBackend
     upstream_findings = {r"^reference: step\d+\.paged_kv_ind": _PADDED_DRAFT_ROWS}
-    init_forward_metadata_capture_cuda_graph = AttentionBackend.init_forward_metadata_capture_cuda_graph
-    init_forward_metadata_replay_cuda_graph = AttentionBackend.init_forward_metadata_replay_cuda_graph
-    init_forward_metadata_out_graph = _SGLang.init_forward_metadata_out_graph
-    _their_batch = _SGLang._their_batch
 
     def __init__(self, world, spec=None):
-        from sglang.srt.layers.attention import flashinfer_backend
-
-        _flashinfer_classes(flashinfer_backend, world.device)
-        runner = SGLangFlashInferAttnBackend._model_runner(self, world, spec)
-        with _on_cpu(world.device.type == "cpu"):
-            self.sglang = flashinfer_backend.FlashInferMultiStepDraftBackend(runner, spec.topk, spec.num_steps)
-        steps = iter(self.sglang.attn_backends)
-
-        def step(world, spec, **kw):  # refimpl's next step, driving SGLang's
-            return _SGLangFlashInferStep(world, spec, sglang=next(steps), **kw)
-
-        self.step_cls = step
         super().__init__(world, spec)
         self.kv_indptr = self.sglang.kv_indptr
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        with _on_cpu(self.device.type == "cpu"):
-            self.sglang.init_cuda_graph_state(max_bs, max_num_tokens)  # every step's, their kv_indices rows its own
-        super().init_cuda_graph_state(max_bs, max_num_tokens)  # refimpl's sizes; each step adopts SGLang's buffers
+        super().init_cuda_graph_state(max_bs, max_num_tokens)
         self.cuda_graph_kv_indices = self.sglang.cuda_graph_kv_indices
-
-    def _take_frozen(self, bs: int) -> None:
-        for b in self.step_backends:
-            b._take_frozen(bs)
 
 
 class SGLangFlashInferMLAAttnBackend(_SGLang, FlashInferMLAAttnBackend):
