@@ -6,7 +6,8 @@
 #   - the whole test suite (gpu-marked tests included), one pytest process per test file, six
 #     files side by side (a process that dies takes only its file with it);
 #   - every notebook under nbval with its `gpu` cells executed, as JupyterLab's Run All would;
-#   - the checker on the CUDA engine (`python -m refimpl check --json`);
+#   - the checker on the CUDA engine (`python -m refimpl check --json`), and on SGLang's own backends when SGLang is
+#     carried (`--sglang` for all five: sglang.json, a row per mode, upstream findings counted apart);
 #   - last, alone, the tests marked `timing` (they compare host timings, which busy neighbours move);
 # and ends with one line:
 #   gpu-ci: N passed, N failed, N skipped; notebooks N/N cells ok; checker N rows, N must-pass failed
@@ -15,7 +16,7 @@
 #
 # The record (at most 8 files, what the device tool returns): versions.txt (device, driver,
 # torch / CUDA / triton / flashinfer versions, the commit and the gated tree), suite.log, notebooks.log, check.json,
-# check.log, gpu_ci.txt (the line, then every failing test id). With $OUT set (the device tool)
+# sglang.json, check.log (both checkers' stderr), gpu_ci.txt (the line, then every failing test id). With $OUT set (the device tool)
 # the record goes there; copy it to benchmarks/results/gpu_ci/<sha>/ and commit it.
 # FlashInfer's JIT modules are built once per call: every process shares one workspace, and
 # flashinfer's own file lock makes a second process wait for a module another one is building.
@@ -90,6 +91,13 @@ echo "flashinfer warm-up done at ${SECONDS}s ($(tail -1 "$tmp/warm.log"))" >> "$
 ( timeout "${CHECK_S:-330}" python3 -m refimpl check --json > "$out/check.json" 2> "$tmp/check.err"
   echo "check rc=$?" >> "$tmp/check.err" ) &
 
+#    and SGLang's own backends, every mode (a row that fails only on upstream findings is counted apart)
+if [ -d .sgl/0.5.23/site/sglang ]; then
+  ( sgl=$(printf -- '--sglang %s ' triton wave trtllm_mla flashinfer flashinfer_mla)
+    timeout "${CHECK_S:-330}" python3 -m refimpl check $sgl --jobs 2 --json > "$out/sglang.json" 2> "$tmp/sglang.err"
+    echo "check --sglang rc=$?" >> "$tmp/sglang.err" ) &
+fi
+
 # 2. the rest of the suite
 wait $early_pid
 run_files "${SUITE_JOBS:-6}" $late &
@@ -115,7 +123,7 @@ echo "wall ${SECONDS}s" >> "$out/versions.txt"
 
 for f in "$tmp"/log_*.txt; do echo "=== $(basename "$f")"; cat "$f"; done > "$out/suite.log"
 for f in "$tmp"/nblog_*.txt; do echo "=== $(basename "$f")"; cat "$f"; done > "$out/notebooks.log"
-cp "$tmp/check.err" "$out/check.log"
+cat "$tmp/check.err" $(ls "$tmp/sglang.err" 2>/dev/null) > "$out/check.log"
 
 python3 - "$tmp" "$out" <<'PY' | tee "$out/gpu_ci.txt"
 import glob, json, os, sys
@@ -158,9 +166,24 @@ else:
     cbad = [f"{r['backend']}/{r['variant']} {r['mode']} bs {r['bs']}: {r['findings'][:2]}"
             for r in ran if False in (r["capture_equals_replay"], r["graph_equals_eager"],
                                       r["matches_oracle"], r["replay_matches_reference"])]
+sgl = ""
+if os.path.exists(os.path.join(tmp, "sglang.err")):  # SGLang carried: ok / skipped / upstream findings only / other
+    try:
+        srows = json.load(open(os.path.join(out, "sglang.json")))
+    except Exception as e:  # noqa: BLE001
+        srows, sbad = [], sbad + [f"no --sglang JSON: {e}"]
+    kinds = {"ok": 0, "skipped": 0, "upstream": 0, "other": 0}
+    for r in srows:
+        f = r["findings"]
+        kind = "skipped" if f and f[0].startswith("skipped") else "ok" if not f else \
+            "upstream" if all("upstream" in x for x in f) else "other"
+        kinds[kind] += 1
+        if kind == "other":  # a finding with no upstream note: printed, counted in the sglang part
+            sbad.append(f"--sglang {r['backend']} {r['mode']}: {f[:2]}")
+    sgl = f"; sglang {len(srows)} rows: " + ", ".join(f"{v} {k}" for k, v in kinds.items())
 for b in sbad + nbad + cbad:
     print("FAIL", b)
 ncheck_fail = len(cbad) if rows else 1
 print(f"gpu-ci: {sp} passed, {sf} failed, {ss} skipped; notebooks {np_}/{np_ + nf} cells ok"
-      f"{f' ({ns} skipped)' if ns else ''}; checker {len(rows)} rows, {ncheck_fail} must-pass failed")
+      f"{f' ({ns} skipped)' if ns else ''}; checker {len(rows)} rows, {ncheck_fail} must-pass failed{sgl}")
 PY
