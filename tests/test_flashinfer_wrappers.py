@@ -547,6 +547,24 @@ def test_kv_window_is_fixed_at_construction_in_graph_mode():
     assert eager._window() == 6  # eager: the planned max
 
 
+def test_a_graph_prefill_plan_may_not_have_more_rows_than_the_first():
+    """flashinfer 0.7.2's rule (``prefill.py``, ``_max_total_num_rows``): in cuda-graph mode the first plan's query rows
+    are the most any later plan may have (SGLang's ``fast_prefill_plan`` reads the same attribute)."""
+    g = gen(12)
+    w, _ = bound_prefill(2, with_mask=False)
+
+    def plan(q_lens):
+        indptr, indices = csr([6, 6], g)
+        w.plan(qo(q_lens), indptr, indices, ones(2), H, HKV, D, 1, causal=True, q_data_type=F32)
+
+    plan([2, 2])
+    assert w._max_total_num_rows == 4
+    plan([1, 3])
+    plan([1, 1])  # fewer: fine
+    with pytest.raises(ValueError, match=r"qo_indptr has 5 rows, more than the 4 of the first plan"):
+        plan([2, 3])
+
+
 # ----------------------------------------------------------------------------------------------
 # fast plans
 

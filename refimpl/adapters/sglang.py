@@ -14,8 +14,8 @@ SGLang is not a dependency: its 0.5.23 wheel (no dependencies) is unpacked under
 its import chain touches but its attention backends never use are stand-ins (``refimpl.adapters.sglang_stubs``). Its
 model runner is a stand-in over a refimpl ``World`` (the pools as SGLang's model runner exposes them,
 ``model_runner``). Modes: what each 0.5.23 backend captures of decode, idle, target verify and draft extend v2 (0.5.23
-has no draft extend v1; Wave: no draft extend; FlashInfer-MLA: verify only); Triton's, FlashInfer's and TRTLLM-MLA's
-multi-step draft decode (Wave and FlashInfer-MLA: not driven here).
+has no draft extend v1; Wave and FlashInfer-MLA: no draft extend); Triton's, FlashInfer's and TRTLLM-MLA's multi-step
+draft decode (Wave has no multi-step wrapper in 0.5.23; FlashInfer-MLA's is not driven: refimpl has no such shape).
 """
 
 from __future__ import annotations
@@ -275,6 +275,7 @@ class _SGLangMultiStep:
     _their_batch = _SGLang._their_batch
 
     def __init__(self, world, spec=None):
+        self.require_steps(spec)  # before SGLang reads it
         adapter, self.device = self.step_cls, world.device  # (the stand-ins read the device)
         drives = issubclass(adapter, _SGLang)
         if drives:
@@ -508,7 +509,7 @@ class SGLangTRTLLMMLAMultiStepDraftBackend(_SGLangMultiStep, TRTLLMMLAMultiStepD
     }
 
     def __init__(self, world, spec=None):
-        if spec.topk != 1:  # 0.5.23's wrapper raises on trees: skipped by name, as refimpl's own shapes are
+        if spec is not None and spec.topk != 1:  # 0.5.23's wrapper raises on trees: skipped by name, as refimpl's are
             raise GraphModeNotSupported(f"{self.name}: multi-step draft decode takes chains only (topk=1), got topk={spec.topk}")
         super().__init__(world, spec)
 
@@ -633,8 +634,14 @@ class SGLangFlashInferAttnBackend(_SGLang, FlashInferAttnBackend):
     adopted = ("cuda_graph_kv_indices", "cuda_graph_custom_mask")
 
     def _stand_ins(self) -> None:
+        from sglang.srt.environ import envs
         from sglang.srt.layers.attention import flashinfer_backend
 
+        # opt-in host plans: verify's packs the tree mask into bits (the stand-ins keep a byte per entry), the multi-step
+        # one builds the host indptr from seq_lens_cpu (the padded-request note assumes positions)
+        for switch in ("SGLANG_OPT_FLASHINFER_VERIFY_HOST_PLAN", "SGLANG_OPT_FLASHINFER_DRAFT_HOST_INDPTR"):
+            if getattr(envs, switch).get():
+                raise ValueError(f"{switch} is set: the adapter models SGLang's FlashInfer backend with it off (the default)")
         _flashinfer_classes(flashinfer_backend, self.device)
 
     def _model_runner(self, world, spec):
@@ -681,7 +688,7 @@ class _SGLangFlashInferStep(SGLangFlashInferAttnBackend):
 class SGLangFlashInferMultiStepDraftBackend(_SGLangMultiStep, FlashInferMultiStepDraftBackend):
     """SGLang 0.5.23's ``FlashInferMultiStepDraftBackend`` (``flashinfer_backend.py``), multi-step draft decode: its
     wrapper builds S-1 ``FlashInferAttnBackend`` steps over its rows of ``kv_indptr`` and allocates ``cuda_graph_kv_indices``
-    (one row per step); its hook fills every row in one launch of ``generate_draft_decode_kv_indices`` (the indptr from the
+    (S rows, one for each step's indices); its hook fills every row in one launch of ``generate_draft_decode_kv_indices`` (the indptr from the
     batch's ``positions``, the indices from ``seq_lens``), reads the indptr back to the host and runs each step's decode
     hook on the step's rows, which plans the step's wrapper. refimpl's steps (``SGLangFlashInferAttnBackend`` over
     SGLang's) run ``forward`` over the wrappers each froze and give the eager path and the reference."""

@@ -287,9 +287,13 @@ class MultiStepBackend(AttentionBackend):
             setattr(cls, label, getattr(cls.step_cls, label))
 
     def __init__(self, world: World, spec: SpecConfig | None = None):
+        self.require_steps(spec)
+        super().__init__(world, spec)
+
+    @staticmethod
+    def require_steps(spec: SpecConfig | None) -> None:
         if spec is None or spec.num_steps < 2:
             raise ValueError(f"multi-step draft decode needs a SpecConfig with num_steps >= 2, got {spec}")
-        super().__init__(world, spec)
 
     def step_backend(self, i: int) -> AttentionBackend:
         return self.step_backends[i]

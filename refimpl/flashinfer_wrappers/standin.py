@@ -436,9 +436,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_Standin):
         )
         rows = sum(_lens("qo_indptr", qo_host))
         if self._use_cuda_graph:  # flashinfer's rule: the first plan's rows are the graph's most
-            if self._max_total_num_rows is not None and rows > self._max_total_num_rows:
+            if self._max_total_num_rows is None:
+                self._max_total_num_rows = rows
+            elif rows > self._max_total_num_rows:
                 raise ValueError(f"qo_indptr has {rows} rows, more than the {self._max_total_num_rows} of the first plan")
-            self._max_total_num_rows = self._max_total_num_rows or rows
         tensors = [qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len]
         if custom_mask is not None:
             offsets = _mask_offsets(custom_mask, qo_host.diff() * kv_host.diff()).to(I32)
