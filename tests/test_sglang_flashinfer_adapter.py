@@ -3,7 +3,12 @@ checker (``refimpl/adapters/sglang.py``). Apart from ``tests/test_sglang_adapter
 modules, so the GPU gate runs them after its FlashInfer warm-up, in a file of their own (each ``--sglang`` check is a
 child process importing SGLang: one file with every adapter test ran close to the gate's per-file limit)."""
 
-from test_sglang_adapter import check, passes
+import json
+import os
+import subprocess
+import sys
+
+from test_sglang_adapter import ROOT, check, need_sglang, passes
 
 
 def test_check_runs_sglang_s_own_flashinfer_backend():
@@ -37,6 +42,30 @@ def test_check_runs_sglang_s_own_flashinfer_backend():
         bad = rows["decode"]  # the indices are this batch's, the partition the capture batch's
         assert bad["graph_equals_eager"] is False and bad["history_ok"] is False, bad
         assert bad["capture_equals_replay"] and bad["matches_oracle"], bad
+
+
+def test_sglang_s_flashinfer_mla_draft_steps_read_the_request_before_at_replay():
+    """0.5.23's FlashInferMLAMultiStepDraftBackend: each step's replay plans the committed seq_lens_cpu over indices laid
+    out with the step's i+1 drafts. The checker fails (a), (b), (d) and (f), each finding with its upstream note; the
+    windows its plan gives (tests/sglang_probes.py, the stand-in's MLAPlan) show why: request r reads r*(i+1) keys of
+    request r-1 (its drafts among them) and none of its own drafts."""
+    code, rows = check("", "--sglang", "flashinfer_mla", "--mode", "draft_decode")
+    bad = rows["draft_decode"]
+    assert code == 1 and bad["matches_oracle"] and all("[upstream: " in f for f in bad["findings"]), bad
+    assert False in (bad["capture_equals_replay"], bad["replay_matches_reference"]) and bad["graph_equals_eager"] is False
+    assert any(f.startswith("graph vs eager") and "into the request before it" in f for f in bad["findings"])
+    need_sglang()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH", "")]))
+    res = subprocess.run(
+        [sys.executable, "tests/sglang_probes.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    probe = json.loads(res.stdout.splitlines()[-1])
+    for i, step in enumerate(probe["windows"]):
+        for r, keys in enumerate(step):
+            others, seq = [k for k in keys if k[0] != r], probe["seq"][r]
+            assert len(keys) == seq and all(t < seq for q, t in keys if q == r), (i, r, keys)  # none of its drafts
+            assert len(others) == r * (i + 1) and {q for q, _ in others} <= {r - 1}, (i, r, others)
 
 
 def test_check_names_sglang_s_own_flashinfer_mla_stale_bound_buffers():

@@ -14,8 +14,8 @@ SGLang is not a dependency: its 0.5.23 wheel (no dependencies) is unpacked under
 its import chain touches but its attention backends never use are stand-ins (``refimpl.adapters.sglang_stubs``). Its
 model runner is a stand-in over a refimpl ``World`` (the pools as SGLang's model runner exposes them,
 ``model_runner``). Modes: what each 0.5.23 backend captures of decode, idle, target verify and draft extend v2 (0.5.23
-has no draft extend v1; Wave and FlashInfer-MLA: no draft extend); Triton's, FlashInfer's and TRTLLM-MLA's multi-step
-draft decode (Wave has no multi-step wrapper in 0.5.23; FlashInfer-MLA's is not driven: refimpl has no such shape).
+has no draft extend v1; Wave and FlashInfer-MLA: no draft extend); the multi-step draft decode of every one but Wave
+(0.5.23 has no Wave multi-step wrapper).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ import torch
 
 from ..backends.base import AttentionBackend, GraphModeNotSupported
 from ..backends.flashinfer import DecodeMetadata, FlashInferAttnBackend, FlashInferMultiStepDraftBackend, PrefillMetadata
-from ..backends.flashinfer_mla import FlashInferMLAAttnBackend
+from ..backends.flashinfer_mla import FlashInferMLAAttnBackend, FlashInferMLAMultiStepDraftBackend
+from ..backends.multistep import MultiStepDraftBackend
 from ..backends.triton import TritonAttnBackend, TritonMetadata, TritonMultiStepDraftBackend
 from ..backends.trtllm_mla import (
     TRTLLMMLAAttnBackendSimplified,
@@ -293,11 +294,15 @@ class _SGLangMultiStep:
 
             self.step_cls = step
         super().__init__(world, spec)
+        if isinstance(self, MultiStepDraftBackend):  # its launch fills SGLang's rows: refimpl's read them
+            self.kv_indptr = self.sglang.kv_indptr
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         with _on_cpu(self.device.type == "cpu"):
             self.sglang.init_cuda_graph_state(max_bs, max_num_tokens)  # every step's; the steps' kv_indices rows its own
         super().init_cuda_graph_state(max_bs, max_num_tokens)  # refimpl's sizes; driving steps adopt SGLang's buffers
+        if isinstance(self, MultiStepDraftBackend):
+            self.cuda_graph_kv_indices = self.sglang.cuda_graph_kv_indices
 
     def _take_frozen(self, bs: int) -> None:
         for b in self.step_backends:
@@ -389,12 +394,11 @@ class SGLangTritonMultiStepDraftBackend(_SGLangMultiStep, TritonMultiStepDraftBa
         super().__init__(world, spec)
         for ours, theirs in zip(self.step_backends, self.sglang.attn_backends):
             _sync_splits(ours, theirs)
-        self.kv_indptr = self.sglang.kv_indptr
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         super().init_cuda_graph_state(max_bs, max_num_tokens)
         theirs = self.sglang
-        self.cuda_graph_kv_indices, self.cuda_graph_num_kv_splits = theirs.cuda_graph_kv_indices, theirs.cuda_graph_num_kv_splits
+        self.cuda_graph_num_kv_splits = theirs.cuda_graph_num_kv_splits
         for ours, step in zip(self.step_backends, theirs.attn_backends):
             for name in _SGLangTriton.adopted:
                 setattr(ours, name, getattr(step, name))
@@ -698,13 +702,12 @@ class SGLangFlashInferMultiStepDraftBackend(_SGLangMultiStep, FlashInferMultiSte
     graph_buffer_names = ("cuda_graph_kv_indices",)  # not the indptr: as SGLangFlashInferAttnBackend
     upstream_findings = {r"^reference: step\d+\.paged_kv_ind": _PADDED_DRAFT_ROWS}
 
-    def __init__(self, world, spec=None):
-        super().__init__(world, spec)
-        self.kv_indptr = self.sglang.kv_indptr
 
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        super().init_cuda_graph_state(max_bs, max_num_tokens)
-        self.cuda_graph_kv_indices = self.sglang.cuda_graph_kv_indices
+_PR_37975 = (
+    "0.5.23's decode replay refreshes the eager kv_indptr and the host arrays, not the wrapper's bound kv_indptr / "
+    "kv_len_arr (kv_indices is read through the stale kv_indptr): flashinfer_mla_backend.py, "
+    "FlashInferMLAIndicesUpdaterDecode; open PR sgl-project/sglang#37975"
+)
 
 
 class SGLangFlashInferMLAAttnBackend(_SGLang, FlashInferMLAAttnBackend):
@@ -719,14 +722,11 @@ class SGLangFlashInferMLAAttnBackend(_SGLang, FlashInferMLAAttnBackend):
 
     upstream = "flashinfer_mla_backend.FlashInferMLAAttnBackend"
     attention_backend = "flashinfer"
+    multi_step_class = "refimpl.adapters.sglang:SGLangFlashInferMLAMultiStepDraftBackend"
     graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY})
     # SGLang's, bound to its wrappers; not the indptrs (its hook never writes kv_indptr[0])
     adopted = ("cuda_graph_kv_indices", "cuda_graph_kv_lens")
-    upstream_findings = {
-        r"^(reference: )?kv_(indptr|len_arr|indices)": "0.5.23's decode replay refreshes the eager kv_indptr and the "
-        "host arrays, not the wrapper's bound kv_indptr / kv_len_arr (kv_indices is read through the stale kv_indptr): "
-        "flashinfer_mla_backend.py, FlashInferMLAIndicesUpdaterDecode; open PR sgl-project/sglang#37975"
-    }
+    upstream_findings = {r"^(reference: )?kv_(indptr|len_arr|indices)": _PR_37975}
 
     def _stand_ins(self) -> None:
         from sglang.srt.layers.attention import flashinfer_mla_backend
@@ -744,3 +744,36 @@ class SGLangFlashInferMLAAttnBackend(_SGLang, FlashInferMLAAttnBackend):
     def _take_frozen(self, bs: int) -> None:
         md = self.sglang.forward_metadata
         self.forward_metadata = md.decode_wrapper if hasattr(md, "decode_wrapper") else md.prefill_wrapper
+
+
+class _SGLangFlashInferMLAStep(SGLangFlashInferMLAAttnBackend):
+    """A step of SGLang's FlashInfer-MLA multi-step wrapper (its buffers are the wrapper's to allocate)."""
+
+    in_wrapper = True
+
+
+class SGLangFlashInferMLAMultiStepDraftBackend(_SGLangMultiStep, FlashInferMLAMultiStepDraftBackend):
+    """SGLang 0.5.23's ``FlashInferMLAMultiStepDraftBackend`` (``flashinfer_mla_backend.py``), multi-step draft decode of
+    chains: its wrapper builds S-1 ``FlashInferMLAAttnBackend`` steps over its rows of ``kv_indptr`` and allocates
+    ``cuda_graph_kv_indices``; its hook fills every row in one launch of ``generate_draft_decode_kv_indices`` and runs each
+    step's decode hook on the step's rows (``common_template``), which plans the step's wrapper. refimpl's steps
+    (``SGLangFlashInferMLAAttnBackend`` over SGLang's) run ``forward`` over the wrappers each froze and give the eager path
+    and the reference.
+
+    On replay each step's fast plan takes the batch's committed ``seq_lens_cpu`` (``_apply_cuda_graph_metadata``, lines
+    555-579), while the step's indices, from the wrapper's launch, hold each request's prefix and its i+1 drafts; the
+    fast plan skips flashinfer's kv_len_arr / kv_indptr agreement check (the comment at lines 952-957). The MLA kernel
+    takes each request's key range from its plan (flashinfer's ``scheduler.cuh``, ``MLAPlan``: ``kv_indptr_h`` and
+    ``kv_len_arr_h``), so request 0 attends its committed prefix and request r >= 1 a window r*(i+1) keys early, into
+    the request before it. Its eager path attends the committed prefix (``init_forward_metadata``, lines 424-433, passes
+    no spec input), as TRTLLM-MLA's steps do; refimpl's steps attend prefix + i + 1."""
+
+    upstream, attention_backend = "flashinfer_mla_backend.FlashInferMLAMultiStepDraftBackend", "flashinfer"
+    step_cls = _SGLangFlashInferMLAStep
+    graph_buffer_names = ("cuda_graph_kv_indices",)  # not the indptr: as SGLangFlashInferMLAAttnBackend
+    upstream_findings = {  # what 0.5.23's own steps do that these findings show (docs/reference.md has the why)
+        r"^(reference: )?step\d+\.kv_(indptr|len_arr|indices)": _PR_37975,
+        r"graph vs eager|^history long run: also wrong": "0.5.23 plans each draft step's replay from the committed "
+        "seq_lens_cpu (flashinfer_mla_backend.py lines 555-579) over indices laid out with the i+1 drafts: request 0 "
+        "attends its committed prefix, request r >= 1 a window r*(i+1) keys early, into the request before it",
+    }

@@ -104,7 +104,12 @@ REGISTRY: list[BackendEntry] = [
         ("wave", "legacy", ".wave:WaveAttnBackendLegacy", ".wave:WaveMultiStepDraftBackendLegacy"),
         ("flashinfer", "unified", ".flashinfer:FlashInferAttnBackend", ".flashinfer:FlashInferMultiStepDraftBackend"),
         ("flashinfer", "legacy", ".flashinfer:FlashInferAttnBackendLegacy", ".flashinfer:FlashInferMultiStepDraftBackendLegacy"),
-        ("flashinfer_mla", "unified", ".flashinfer_mla:FlashInferMLAAttnBackend"),
+        (
+            "flashinfer_mla",
+            "unified",
+            ".flashinfer_mla:FlashInferMLAAttnBackend",
+            ".flashinfer_mla:FlashInferMLAMultiStepDraftBackend",
+        ),
         ("flashinfer_mla", "as-upstream", ".flashinfer_mla:FlashInferMLAAttnBackendAsUpstream"),
         ("flashinfer_mla", "legacy", ".flashinfer_mla:FlashInferMLAAttnBackendLegacy"),
         ("cutlass_mla", "unified", ".cutlass_mla:CutlassMLAAttnBackend"),

@@ -18,7 +18,9 @@ with the fast plan too (refimpl's: the bound buffers written in place).
   still writes the eager ``kv_indptr`` (#37975, open): the bound ``kv_indptr`` / ``kv_len_arr`` keep the
   capture-time batch, hidden (the kernel reads the partition) but checker-visible.
 - **unified** (B, refimpl's): prepare the wrapper, run the replay body, install the fast plan; decode
-  replay writes the bound buffers, a fix upstream has not made (#37975).
+  replay writes the bound buffers, a fix upstream has not made (#37975). Its multi-step draft wrapper
+  (``FlashInferMLAMultiStepDraftBackend``, chains only, as upstream's) plans each step over the step's own lengths,
+  prefix + i + 1.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from ..modes import GRAPH_MODES, ForwardMode
 from ..spec import DraftExtendInput, VerifyInput, require_spec
 from .base import PLANS, AttentionBackend, GraphModeNotSupported
 from .flashinfer import csr_reference, init_wrappers, write_kv
+from .multistep import MultiStepDraftBackend
 
 
 def new_block_table(backend: AttentionBackend, rows: int, width: int, fill: int, given=None) -> torch.Tensor:
@@ -67,15 +70,18 @@ class FlashInferMLAAttnBackend(AttentionBackend):
     writes_bound_kv_indptr = True  # False: the #37975 behaviour
     graph_modes = frozenset(GRAPH_MODES)  # every one: decode, idle, target verify, draft extend v1 / v2
     page_sizes = (1,)
+    kv_indices_dtype = torch.int32
     tree_refusal = "verify plans causal=True without a tree mask (upstream TODO: custom mask when topk > 1)"
 
-    def __init__(self, world: World, spec: SpecConfig | None = None, *, prefer_real: bool = True):
+    def __init__(self, world: World, spec: SpecConfig | None = None, *, kv_indptr_buf=None, skip_prefill=False, prefer_real=True):
+        """``kv_indptr_buf``: a multi-step step's row of its wrapper's indptr (``skip_prefill``: its steps decode only)."""
         super().__init__(world, spec)
         if not self.cfg.is_mla:
             raise ValueError(f"{self.name} needs an MLA model, got kind={self.cfg.kind!r}")
         init_wrappers(self, prefer_real)
         pool, dev = world.req_to_token_pool.size, self.device
-        self.kv_indptr = torch.zeros(pool + 1, dtype=torch.int32, device=dev)  # the eager buffer
+        zeros = torch.zeros(pool + 1, dtype=torch.int32, device=dev)
+        self.kv_indptr = zeros if kv_indptr_buf is None else kv_indptr_buf  # the eager buffer
         self.q_indptr_decode = torch.arange(pool + 1, dtype=torch.int32, device=dev)
         self._eager = self.fi.BatchMLAPagedAttentionWrapper(self.workspace, backend="auto")
 
@@ -106,27 +112,45 @@ class FlashInferMLAAttnBackend(AttentionBackend):
             kv_data_type=c.dtype,
         )
 
-    def _full_decode_plan(self, bs, rpi, seq_lens, seq_lens_cpu, wrapper) -> None:
-        """indices_updater_decode.update(init_metadata_replay=False): fresh indices, full plan (device indptrs)."""
-        kv_indptr, seq = self.kv_indptr[: bs + 1], seq_lens[:bs]
-        kv_indices = torch.empty(max(int(seq_lens_cpu[:bs].sum()), 1), dtype=torch.int32, device=self.device)
-        write_kv(self.world.req_to_token, rpi, seq, kv_indptr, kv_indices)
-        self._plan(wrapper, self.q_indptr_decode[: bs + 1], kv_indptr, kv_indices, seq.to(torch.int32), False)
+    @staticmethod
+    def _step_kv(spec_info) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A multi-step step's own device ``(kv_indptr, kv_indices)`` (its wrapper's one launch wrote them), else None."""
+        return None if spec_info is None or spec_info.kv_indptr is None else (spec_info.kv_indptr, spec_info.kv_indices)
+
+    def _full_decode_plan(self, bs, rpi, seq_lens, seq_lens_cpu, wrapper, spec_info=None) -> None:
+        """indices_updater_decode.update(init_metadata_replay=False): fresh indices (a step: its own), full plan (device
+        indptrs; a step's lengths from its indptr: prefix + its drafts)."""
+        if (step := self._step_kv(spec_info)) is not None:
+            kv_indptr, kv_indices = step
+            kv_len = kv_indptr.diff()
+        else:
+            kv_indptr, kv_len = self.kv_indptr[: bs + 1], seq_lens[:bs].to(torch.int32)
+            kv_indices = torch.empty(max(int(seq_lens_cpu[:bs].sum()), 1), dtype=torch.int32, device=self.device)
+            write_kv(self.world.req_to_token, rpi, kv_len, kv_indptr, kv_indices)
+        self._plan(wrapper, self.q_indptr_decode[: bs + 1], kv_indptr, kv_indices, kv_len, False)
 
     # decode replays and unified verify / draft extend replays split in two ([facts#host-device-split]): a host phase
     # (host indptrs, the plan) and a device phase (the indices and lengths into the bound buffers, from device tensors)
-    def _decode_host(self, bs, seq_lens_cpu) -> None:
-        """Decode replay's plan: host indptrs into the fast plan."""
+    def _decode_host(self, bs, seq_lens_cpu, spec_info=None) -> None:
+        """Decode replay's plan: host indptrs into the fast plan (a multi-step step: prefix + its i+1 drafts)."""
         kv_len_cpu = seq_lens_cpu[:bs].to(torch.int32)
+        if self._step_kv(spec_info) is not None:
+            kv_len_cpu = kv_len_cpu + (spec_info.extra["step"] + 1)
         kv_indptr_cpu = self.cuda_graph_kv_indptr_cpu[: bs + 1]
         kv_indptr_cpu[1:] = kv_len_cpu.cumsum(0)  # host
         qo_indptr_cpu = self.cuda_graph_qo_indptr_cpu[: bs + 1]  # arange: one query per request
         wrapper = self.decode_cuda_graph_metadata[bs]
         self._plan(wrapper, qo_indptr_cpu, kv_indptr_cpu, self.cuda_graph_kv_indices, kv_len_cpu, False)
 
-    def _decode_device(self, bs, rpi, seq_lens) -> None:
+    def _decode_device(self, bs, rpi, seq_lens, spec_info=None) -> None:
         """Decode replay's indices into the bound buffer, its indptr into the eager buffer (#37975) or the bound one,
-        kept current with the bound kv_len_arr."""
+        kept current with the bound kv_len_arr. A multi-step step's indices are its wrapper's (its bound buffer is the
+        wrapper's row): only its indptr and lengths are copied."""
+        if (step := self._step_kv(spec_info)) is not None:
+            if self.writes_bound_kv_indptr:
+                self.cuda_graph_kv_indptr[: bs + 1].copy_(step[0])
+                self.cuda_graph_kv_lens[:bs].copy_(step[0].diff())
+            return
         seq, kv_indptr = seq_lens[:bs], self.kv_indptr
         if self.writes_bound_kv_indptr:
             kv_indptr = self.cuda_graph_kv_indptr
@@ -183,7 +207,7 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         args = (bs, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_cpu, self._eager)
         if mode.is_decode_or_idle():
             if bs:  # an empty (idle) batch plans nothing: flashinfer 0.7.2 refuses it, forward runs no kernel
-                self._full_decode_plan(*args)
+                self._full_decode_plan(*args, fb.spec_info)
         elif mode.is_target_verify() or mode.is_any_draft_extend():
             self._prefill_plan(*args, mode, fb.spec_info)
         else:
@@ -191,9 +215,13 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         self.forward_metadata = self._eager  # the metadata: the planned wrapper
 
     # --- graphs -------------------------------------------------------------------------------
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, kv_indices_buf=None, num_kv_splits_buf=None) -> None:
+        """``kv_indices_buf``: a multi-step step's row of its wrapper's indices (no split buffer here)."""
         self.max_bs, self.max_num_tokens = max_bs, max_num_tokens
-        self.cuda_graph_kv_indices = torch.zeros(max_bs * self.world.max_context_len, dtype=torch.int32, device=self.device)
+        n = max_bs * self.world.max_context_len
+        self.cuda_graph_kv_indices = (
+            torch.zeros(n, dtype=torch.int32, device=self.device) if kv_indices_buf is None else kv_indices_buf
+        )
         self.cuda_graph_qo_indptr = self.q_indptr_decode.clone()
         self.cuda_graph_kv_indptr = self.kv_indptr.clone()
         self.cuda_graph_kv_lens = torch.ones(max_bs, dtype=torch.int32, device=self.device)
@@ -242,7 +270,7 @@ class FlashInferMLAAttnBackend(AttentionBackend):
 
     def _host_phase(self, bs, seq_lens_cpu, mode, spec_info) -> None:
         if mode.is_decode_or_idle():
-            self._decode_host(bs, seq_lens_cpu)
+            self._decode_host(bs, seq_lens_cpu, spec_info)
         elif mode.is_target_verify() or mode.is_any_draft_extend():
             self._prefill_host(
                 self.prefill_cuda_graph_metadata[bs],
@@ -254,7 +282,7 @@ class FlashInferMLAAttnBackend(AttentionBackend):
 
     def _device_phase(self, bs, rpi, seq_lens, mode, spec_info) -> None:
         if mode.is_decode_or_idle():
-            self._decode_device(bs, rpi, seq_lens)
+            self._decode_device(bs, rpi, seq_lens, spec_info)
         else:  # (n: the graph's rows per request, a Python int fixed by the spec config)
             self._prefill_device(
                 bs, rpi, seq_lens, self.prefill_cuda_graph_metadata[bs], mode, layout.rows_per_request(mode, self.spec)
@@ -283,8 +311,12 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         }
 
     def reference_graph_state(self, fb: ForwardBatch) -> dict[str, Any] | None:
-        """What the wrapper's bound buffers must hold, from the batch alone."""
-        return csr_reference(self, fb)  # kv_len_arr: verify's prefix + the N drafts
+        """What the wrapper's bound buffers must hold, from the batch alone (a multi-step step's: its wrapper's)."""
+        return None if fb.kind.multi_step else csr_reference(self, fb)  # kv_len_arr: verify's prefix + the N drafts
+
+    def draft_step_reference(self, indptr: torch.Tensor, indices: torch.Tensor, fb) -> dict:
+        """A multi-step step's bound buffers, given its rows' reference indptr and indices."""
+        return {"qo_indptr": torch.arange(len(indptr)), "kv_indptr": indptr, "kv_len_arr": indptr.diff(), "kv_indices": indices}
 
     # --- the captured step --------------------------------------------------------------------
     def forward(self, q, k, v, layer: int, fb: ForwardBatch) -> torch.Tensor:
@@ -298,6 +330,20 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         """Absorbed MLA of ``q`` over this layer's latent cache ``kv`` ``[slots, 1, 576]``, the cache written."""
         r = self.cfg.kv_lora_rank
         return fi_mla_run(self.forward_metadata, q[..., :r], q[..., r:], kv[..., :r], kv[..., r:])
+
+
+class FlashInferMLAMultiStepDraftBackend(MultiStepDraftBackend):
+    """Multi-step draft decode (upstream's ``FlashInferMLAMultiStepDraftBackend``): chains only, as upstream's (it
+    raises for topk > 1); each step re-plans its bound decode wrapper with the fast MLA plan over the step's own
+    lengths, prefix + i + 1, from the host, and keeps its bound indptr current."""
+
+    step_cls = FlashInferMLAAttnBackend
+    share_splits = False
+
+    def __init__(self, world: World, spec: SpecConfig | None = None):
+        if spec is not None and spec.topk != 1:
+            raise GraphModeNotSupported(f"{self.name}: multi-step draft decode takes chains only (topk=1), got topk={spec.topk}")
+        super().__init__(world, spec)
 
 
 class FlashInferMLAAttnBackendAsUpstream(FlashInferMLAAttnBackend):
