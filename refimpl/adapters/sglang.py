@@ -760,20 +760,24 @@ class SGLangFlashInferMLAMultiStepDraftBackend(_SGLangMultiStep, FlashInferMLAMu
     (``SGLangFlashInferMLAAttnBackend`` over SGLang's) run ``forward`` over the wrappers each froze and give the eager path
     and the reference.
 
-    On replay each step's fast plan takes the batch's committed ``seq_lens_cpu`` (``_apply_cuda_graph_metadata``, lines
-    555-579), while the step's indices, from the wrapper's launch, hold each request's prefix and its i+1 drafts; the
-    fast plan skips flashinfer's kv_len_arr / kv_indptr agreement check (the comment at lines 952-957). The MLA kernel
-    takes each request's key range from its plan (flashinfer's ``scheduler.cuh``, ``MLAPlan``: ``kv_indptr_h`` and
-    ``kv_len_arr_h``), so request 0 attends its committed prefix and request r >= 1 a window r*(i+1) keys early, into
-    the request before it. Its eager path attends the committed prefix (``init_forward_metadata``, lines 424-433, passes
-    no spec input), as TRTLLM-MLA's steps do; refimpl's steps attend prefix + i + 1."""
+    Its steps' indices hold each request's prefix and the step's i+1 drafts, but after capture's first, full plan the
+    hook re-plans fast from the committed lengths (``seq_lens.cpu()`` at capture, ``seq_lens_cpu`` on replay:
+    ``_apply_cuda_graph_metadata``, lines 555-579), so the graph runs a committed-length plan over that layout. The MLA
+    kernel takes each request's window from its plan (flashinfer's ``scheduler.cuh``, ``MLAPlan``: ``kv_indptr_h``,
+    ``kv_len_arr_h``): request 0 attends its committed prefix, request r >= 1 a window starting r*(i+1) entries before
+    its range (the requests before it, then its own leading prefix; none of its drafts). Its eager path attends the
+    committed prefix (``init_forward_metadata``, lines 424-433, passes no spec input), as TRTLLM-MLA's steps do;
+    refimpl's steps attend prefix + i + 1. Its steps' bound ``kv_indptr`` / ``kv_len_arr`` go stale as #37975
+    describes, by another route (the wrapper's launch writes each step's eager row)."""
 
     upstream, attention_backend = "flashinfer_mla_backend.FlashInferMLAMultiStepDraftBackend", "flashinfer"
     step_cls = _SGLangFlashInferMLAStep
     graph_buffer_names = ("cuda_graph_kv_indices",)  # not the indptr: as SGLangFlashInferMLAAttnBackend
     upstream_findings = {  # what 0.5.23's own steps do that these findings show (docs/reference.md has the why)
-        r"^(reference: )?step\d+\.kv_(indptr|len_arr|indices)": _PR_37975,
-        r"graph vs eager|^history long run: also wrong": "0.5.23 plans each draft step's replay from the committed "
-        "seq_lens_cpu (flashinfer_mla_backend.py lines 555-579) over indices laid out with the i+1 drafts: request 0 "
-        "attends its committed prefix, request r >= 1 a window r*(i+1) keys early, into the request before it",
+        r"^(reference: )?step\d+\.kv_(indptr|len_arr|indices)": "as in #37975, by another route: 0.5.23's multi-step "
+        "launch writes each step's eager kv_indptr row, its replay plans from host arrays, the bound kv_indptr / "
+        "kv_len_arr keep the capture batch's values (flashinfer_mla_backend.py lines 950-956, 1226, 1274)",
+        r"graph vs eager|^history long run: also wrong": "0.5.23 plans each draft step from the committed seq_lens "
+        "(flashinfer_mla_backend.py lines 352, 395-405, 555-579) over indices laid out with the i+1 drafts: request 0 "
+        "attends its committed prefix, request r >= 1 a window starting r*(i+1) keys early, in the requests before it",
     }

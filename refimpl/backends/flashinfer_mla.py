@@ -115,7 +115,7 @@ class FlashInferMLAAttnBackend(AttentionBackend):
     @staticmethod
     def _step_kv(spec_info) -> tuple[torch.Tensor, torch.Tensor] | None:
         """A multi-step step's own device ``(kv_indptr, kv_indices)`` (its wrapper's one launch wrote them), else None."""
-        return None if spec_info is None or spec_info.kv_indptr is None else (spec_info.kv_indptr, spec_info.kv_indices)
+        return None if getattr(spec_info, "kv_indptr", None) is None else (spec_info.kv_indptr, spec_info.kv_indices)
 
     def _full_decode_plan(self, bs, rpi, seq_lens, seq_lens_cpu, wrapper, spec_info=None) -> None:
         """indices_updater_decode.update(init_metadata_replay=False): fresh indices (a step: its own), full plan (device
