@@ -1,7 +1,7 @@
 """What SGLang 0.5.23's FlashInfer-MLA multi-step draft wrapper's steps read at graph replay, for
 ``tests/test_sglang_flashinfer_adapter.py`` (run as a child process: importing the adapter installs SGLang's stand-ins).
 
-Run without CUDA (the test hides it): the windows are the CPU stand-in's. Prints, as JSON, the live requests' committed lengths and, per step and live request, the keys its planned window holds
+Run on a CPU machine (CI): the windows are the CPU stand-in's. Prints, as JSON, the live requests' committed lengths and, per step and live request, the keys its planned window holds
 as ``[request, position]`` of the request table (the CPU stand-in's window is flashinfer's ``MLAPlan``'s: start and length
 from the plan's host arrays)."""
 
