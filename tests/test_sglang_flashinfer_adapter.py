@@ -45,15 +45,25 @@ def test_check_runs_sglang_s_own_flashinfer_backend():
         assert bad["capture_equals_replay"] and bad["matches_oracle"], bad
 
 
-def test_sglang_s_flashinfer_mla_draft_steps_read_the_request_before_at_replay():
-    """0.5.23's FlashInferMLAMultiStepDraftBackend: each step's replay plans the committed seq_lens_cpu over indices laid
-    out with the step's i+1 drafts. The checker fails (a), (b), (d) and (f), each finding with its upstream note; the
+def test_check_names_sglang_s_own_flashinfer_mla_stale_bound_buffers_and_draft_windows():
+    """0.5.23's FlashInferMLAAttnBackend: idle and target verify pass; its decode replay re-plans from host arrays and
+    refreshes the eager kv_indptr, leaving the wrapper's bound kv_indptr and kv_len_arr at the capture batch's values
+    (open PR #37975): (a) and (d) name them, each finding with its upstream note; the output is right (the MLA kernel
+    reads its plan's work list). Its FlashInferMLAMultiStepDraftBackend plans each step's graph from the committed
+    seq_lens over indices laid out with the step's i+1 drafts: (a), (b), (d) and (f) fail, each finding noted; the
     windows its plan gives (tests/sglang_probes.py, the stand-in's MLAPlan) show why: request r reads r*(i+1) keys
     before its range (here all request r-1's, whose range is longer), its own leading prefix, and none of its drafts."""
-
-    code, rows = check("", "--sglang", "flashinfer_mla", "--mode", "draft_decode")
+    code, rows = check("flashinfer_mla")
+    assert code == 1
+    for mode in ("idle", "target_verify"):  # verify: chains (its plan is causal, no tree mask)
+        assert passes(rows[mode]), (mode, rows[mode])
+    bad = rows["decode"]
+    assert bad["graph_equals_eager"] and bad["matches_oracle"] and bad["history_ok"], bad
+    assert bad["capture_equals_replay"] is False and bad["replay_matches_reference"] is False, bad
+    assert all("sgl-project/sglang#37975" in f for f in bad["findings"]), bad["findings"]
+    assert {"kv_indptr", "kv_len_arr"} <= {f.removeprefix("reference: ").split(":")[0] for f in bad["findings"]}
     bad = rows["draft_decode"]
-    assert code == 1 and bad["matches_oracle"] and all("[upstream: " in f for f in bad["findings"]), bad
+    assert bad["matches_oracle"] and all("[upstream: " in f for f in bad["findings"]), bad
     assert False in (bad["capture_equals_replay"], bad["replay_matches_reference"]) and bad["graph_equals_eager"] is False
     assert any(f.startswith("graph vs eager") and "in the requests before it" in f for f in bad["findings"])
     if torch.cuda.is_available():
@@ -69,21 +79,6 @@ def test_sglang_s_flashinfer_mla_draft_steps_read_the_request_before_at_replay()
             others, seq = [k for k in keys if k[0] != r], probe["seq"][r]
             assert len(keys) == seq and all(t < seq for q, t in keys if q == r), (i, r, keys)  # none of its drafts
             assert len(others) == r * (i + 1) and {q for q, _ in others} <= {r - 1}, (i, r, others)
-
-
-def test_check_names_sglang_s_own_flashinfer_mla_stale_bound_buffers():
-    """0.5.23's FlashInferMLAAttnBackend: idle and target verify pass; its decode replay re-plans from host arrays and refreshes the eager kv_indptr,
-    leaving the wrapper's bound kv_indptr and kv_len_arr at the capture batch's values (open PR #37975): (a) and (d)
-    name them, each finding with its upstream note; the output is right (the MLA kernel reads its plan's work list)."""
-    code, rows = check("flashinfer_mla")
-    assert code == 1
-    for mode in ("idle", "target_verify"):  # verify: chains (its plan is causal, no tree mask)
-        assert passes(rows[mode]), (mode, rows[mode])
-    bad = rows["decode"]
-    assert bad["graph_equals_eager"] and bad["matches_oracle"] and bad["history_ok"], bad
-    assert bad["capture_equals_replay"] is False and bad["replay_matches_reference"] is False, bad
-    assert all("sgl-project/sglang#37975" in f for f in bad["findings"]), bad["findings"]
-    assert {"kv_indptr", "kv_len_arr"} <= {f.removeprefix("reference: ").split(":")[0] for f in bad["findings"]}
 
 
 def test_sglang_s_opt_in_flashinfer_host_plans_are_refused_by_name(monkeypatch):
