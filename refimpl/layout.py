@@ -110,6 +110,12 @@ def draft_column(seq_len, branch, step, spec: SpecConfig):
     return seq_len + branch * spec.num_steps + step
 
 
+def draft_step_kv_lens(seq_lens, step: int, topk: int = 1):
+    """Multi-step draft decode: the keys of step ``step``'s ``bs * topk`` rows (request-major): the prefix and the
+    branch's ``step + 1`` drafts."""
+    return (seq_lens + step + 1).repeat_interleave(topk)
+
+
 def _need_spec(mode, spec) -> SpecConfig:
     if spec is None:
         raise ValueError(f"{mode.label} lays out speculative rows: it needs a SpecConfig")

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from ..backends.base import AttentionBackend, GraphModeNotSupported
+from ..backends.base import AttentionBackend
 from ..backends.flashinfer import DecodeMetadata, FlashInferAttnBackend, FlashInferMultiStepDraftBackend, PrefillMetadata
 from ..backends.flashinfer_mla import FlashInferMLAAttnBackend, FlashInferMLAMultiStepDraftBackend
 from ..backends.multistep import MultiStepDraftBackend
@@ -276,7 +276,7 @@ class _SGLangMultiStep:
     _their_batch = _SGLang._their_batch
 
     def __init__(self, world, spec=None):
-        self.require_steps(spec)  # before SGLang reads it
+        self.require_steps(spec)  # before SGLang reads it (its MLA wrappers raise on trees: refused by name first)
         adapter, self.device = self.step_cls, world.device  # (the stand-ins read the device)
         drives = issubclass(adapter, _SGLang)
         if drives:
@@ -511,11 +511,6 @@ class SGLangTRTLLMMLAMultiStepDraftBackend(_SGLangMultiStep, TRTLLMMLAMultiStepD
         "DECODE view its replay builds (line 1808); flashattention_backend.py line 913 adds speculative_step_id + 1",
         r"graph vs eager|^history long run: also wrong": "follows from seq_lens_k: 0.5.23's steps attend the committed prefix only",
     }
-
-    def __init__(self, world, spec=None):
-        if spec is not None and spec.topk != 1:  # 0.5.23's wrapper raises on trees: skipped by name, as refimpl's are
-            raise GraphModeNotSupported(f"{self.name}: multi-step draft decode takes chains only (topk=1), got topk={spec.topk}")
-        super().__init__(world, spec)
 
 
 def _flashinfer_classes(module, device: torch.device) -> None:

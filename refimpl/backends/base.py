@@ -290,10 +290,14 @@ class MultiStepBackend(AttentionBackend):
         self.require_steps(spec)
         super().__init__(world, spec)
 
-    @staticmethod
-    def require_steps(spec: SpecConfig | None) -> None:
+    chains_only = False  # True: trees (topk > 1) are refused by name, skipped as an unsupported mode (upstream raises)
+
+    @classmethod
+    def require_steps(cls, spec: SpecConfig | None) -> None:
         if spec is None or spec.num_steps < 2:
             raise ValueError(f"multi-step draft decode needs a SpecConfig with num_steps >= 2, got {spec}")
+        if cls.chains_only and spec.topk != 1:
+            raise GraphModeNotSupported(f"{cls.name}: multi-step draft decode takes chains only (topk=1), got topk={spec.topk}")
 
     def step_backend(self, i: int) -> AttentionBackend:
         return self.step_backends[i]

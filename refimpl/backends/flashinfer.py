@@ -154,7 +154,7 @@ class FlashInferAttnBackend(AttentionBackend):
         kv_indptr, kv_indices, _ = kv or self._decode_kv(bs, wrapper, spec_info)
         host_lens = seq_lens_cpu[:bs]
         if spec_info is not None and spec_info.kv_indptr is not None:  # multi-step rows: bs * topk
-            host_lens = (host_lens + spec_info.extra["step"] + 1).repeat_interleave(spec_info.topk)
+            host_lens = layout.draft_step_kv_lens(host_lens, spec_info.extra["step"], spec_info.topk)
         kw = dict(data_type=self.cfg.dtype, q_data_type=self.cfg.dtype, sm_scale=self.cfg.sm_scale, non_blocking=True)
         if is_fast_plan_installed(wrapper):  # the fast plan takes the host indptr (no device-to-host copy); a full plan
             kw["global_override_indptr_cpu"] = self._host_indptr_of(host_lens)  # reads the device one

@@ -135,7 +135,7 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         """Decode replay's plan: host indptrs into the fast plan (a multi-step step: prefix + its i+1 drafts)."""
         kv_len_cpu = seq_lens_cpu[:bs].to(torch.int32)
         if self._step_kv(spec_info) is not None:
-            kv_len_cpu = kv_len_cpu + (spec_info.extra["step"] + 1)
+            kv_len_cpu = layout.draft_step_kv_lens(kv_len_cpu, spec_info.extra["step"])
         kv_indptr_cpu = self.cuda_graph_kv_indptr_cpu[: bs + 1]
         kv_indptr_cpu[1:] = kv_len_cpu.cumsum(0)  # host
         qo_indptr_cpu = self.cuda_graph_qo_indptr_cpu[: bs + 1]  # arange: one query per request
@@ -338,12 +338,7 @@ class FlashInferMLAMultiStepDraftBackend(MultiStepDraftBackend):
     lengths, prefix + i + 1, from the host, and keeps its bound indptr current."""
 
     step_cls = FlashInferMLAAttnBackend
-    share_splits = False
-
-    def __init__(self, world: World, spec: SpecConfig | None = None):
-        if spec is not None and spec.topk != 1:
-            raise GraphModeNotSupported(f"{self.name}: multi-step draft decode takes chains only (topk=1), got topk={spec.topk}")
-        super().__init__(world, spec)
+    share_splits, chains_only = False, True
 
 
 class FlashInferMLAAttnBackendAsUpstream(FlashInferMLAAttnBackend):

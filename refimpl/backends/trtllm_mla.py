@@ -26,7 +26,7 @@ from ..kernels import build_block_table, build_block_table_ref, trtllm_batch_dec
 from ..kernels.mla_paged import TRTLLM_BLOCK_CONSTRAINT  # trtllm-gen: the table covers a multiple of 128 positions
 from ..modes import GRAPH_MODES, ForwardMode
 from ..spec import DraftExtendInput, VerifyInput, require_spec, verify_n
-from .base import AttentionBackend, GraphModeNotSupported, MultiStepBackend
+from .base import AttentionBackend, MultiStepBackend
 from .flashinfer_mla import FlashInferMLAAttnBackend, new_block_table
 
 FLASHMLA_BLOCK = 4096  # positions per block-table chunk (get_num_page_per_block_flashmla)
@@ -320,17 +320,11 @@ class TRTLLMMLAMultiStepDraftBackend(MultiStepBackend):
     (the prefix and the i+1 drafts of the chain), its own block table."""
 
     step_cls: type = TRTLLMMLAAttnBackend
+    chains_only = True
 
     def __init__(self, world: World, spec: SpecConfig | None = None, **kw):
         super().__init__(world, spec)
         self.step_backends = [self.step_cls(world, spec, draft_step=i, **kw) for i in range(spec.num_steps - 1)]
-
-    def check_graph_mode(self, mode: ForwardMode) -> None:
-        super().check_graph_mode(mode)
-        if self.spec.topk != 1:
-            raise GraphModeNotSupported(
-                f"{self.name}: multi-step draft decode takes chains only (topk=1), got topk={self.spec.topk}"
-            )
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         for b in self.step_backends:
