@@ -1,6 +1,7 @@
 """The replay-path table of issues 9 and 16: host µs of each part of the replay path, on a GPU.
 
     python benchmarks/replay_table.py [--rows ...] [--ctx 4096] [--sizes 1,8,64] [--pin CORE] [--repeats 600] [--out F]
+    python benchmarks/replay_table.py --agree RUN1.json[,...] RUN2.json[,...]   # two runs' default paths, point by point
 
 Rows ``backend/variant/mode``, ``+glue`` after the variant for its hook replayed from a metadata glue graph (the row is
 measured only when the checker's glue verdict passes on this engine; otherwise the table says why). Default: issue 16's
@@ -64,8 +65,25 @@ def measure(row: str, sizes, repeats: int, warmup: int, ctx: int, rotate: int = 
     return out
 
 
+def agreement(run1: list[str], run2: list[str], tol: float = 0.15) -> str:
+    """Two runs' default path per row and bs (each run: one or more ``--out`` files, rows merged), the relative
+    difference (larger over smaller, minus 1) and how many points agree within ``tol``."""
+    runs = [{k: v for f in files for k, v in json.loads(Path(f).read_text())["rows"].items()} for files in (run1, run2)]
+    lines, agree, points = ["| row | bs | default, run 1 / run 2 (µs) | difference |", "|---|---|---|---|"], 0, 0
+    for row in runs[0]:
+        for bs, a in runs[0][row].items():
+            b = runs[1].get(row, {}).get(bs) or {}
+            if "default" not in a or "default" not in b:  # the row's replay counts, a row not glued, a missing point
+                continue
+            d = max(a["default"], b["default"]) / min(a["default"], b["default"]) - 1
+            points, agree = points + 1, agree + (d <= tol)
+            lines.append(f"| {row} | {bs} | {a['default']:.0f} / {b['default']:.0f} | {d:.0%}{'' if d <= tol else ' *'} |")
+    return "\n".join([*lines, f"{agree} of {points} points agree within {tol:.0%} (* : outside)"])
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--agree", nargs=2, metavar=("RUN1", "RUN2"), help="compare two runs' --out files (comma-separated)")
     p.add_argument("--rows", default=",".join(ROWS))
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--sizes", default="1,8,64")
@@ -74,6 +92,9 @@ def main(argv=None) -> int:
     p.add_argument("--pin", type=int, default=None)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    if args.agree:
+        print(agreement(*(a.split(",") for a in args.agree)))
+        return 0
     pinned = bench.pin_to_core(args.pin)
     sizes = tuple(int(x) for x in args.sizes.split(","))
     env = {**bench.environment(), "pinning": pinned, "repeats": args.repeats, "context": args.ctx}
