@@ -247,6 +247,29 @@ class PaddedMaskIndptrZeroed(TritonAttnBackend):
         return None
 
 
+class PaddedIndptrZeroedOnceWarm(PaddedMaskIndptrZeroed):
+    """The bug above from the backend's third replay-body call on ("once warm"): a fresh backend fed one batch (capture,
+    then replay: two calls) keeps the invariant, so verdict (d)'s state, taken that way, shows nothing; the runner's own
+    backend (every graph size captured, then replayed) breaks it at its first replay. Only the invariants checked after
+    each of the runner's replays (``Rig.run``) name it. Its reference is Triton's (the one above has none)."""
+
+    name = "bug_padded_indptr_zeroed_once_warm"
+    calls = 0
+
+    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, mode, *rest):
+        self.calls += 1
+        if self.calls > 2:
+            super().init_forward_metadata_replay_cuda_graph(
+                bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, mode, *rest
+            )
+        else:
+            TritonAttnBackend.init_forward_metadata_replay_cuda_graph(
+                self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, mode, *rest
+            )
+
+    reference_graph_state = TritonAttnBackend.reference_graph_state
+
+
 class MultiStepSkipsSplitsDraft(TritonMultiStepDraftBackend):
     """The multi-step replay regenerates every step's indices but skips ``get_num_kv_splits``: the shared split buffer
     keeps the ``max_kv_splits`` it was filled with, so every step splits each row as far as it may. Outputs stay right

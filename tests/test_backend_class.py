@@ -185,10 +185,24 @@ def test_padded_rows_breaking_the_indptr_invariant_are_named():
     assert rows[1].passed and not rows[1].findings, rows[1].findings  # bs 1: its graph has no padded row
     bad = rows[3]
     assert bad.capture_equals_replay and bad.graph_equals_eager and bad.matches_oracle, bad.findings  # (a)-(c)
-    assert bad.replay_matches_reference is False and len(bad.findings) == 1, bad.findings  # (d), without a reference
+    assert bad.replay_matches_reference is False and bad.history_ok is False, bad.findings  # (d) without a reference; (f)
     assert re.fullmatch(r"invariant: mask_indptr\[4\] = 0 < mask_indptr\[3\] = \d+: must never decrease", bad.findings[0])
+    assert all("invariant: mask_indptr[4] = 0 < mask_indptr[3]" in f for f in bad.findings), bad.findings  # nothing else
     good = run_checks(modes=["target_verify"], engine="cpu-emulator", settings=FAST, backends=["triton"], variants=["unified"])
     assert all(r.passed and not r.findings for r in good), [r.findings for r in good]
+
+
+def test_the_invariants_hold_after_every_replay_not_only_on_a_fresh_backend():
+    """The zeroed padded ``mask_indptr`` of a warm backend only: verdict (d)'s fresh backend keeps the invariant (and
+    Triton's reference), the runner's backend breaks it at each replay with a padded row. ``Rig.run`` names it (d) in
+    the padded row, and the history (f) in its replays through the padded graph."""
+    rows = {r.bs: r for r in check("broken_backends:PaddedIndptrZeroedOnceWarm", modes=["target_verify"])}
+    assert rows[1].passed and not rows[1].findings, rows[1].findings  # bs 1: its graph has no padded row
+    bad = rows[3]
+    assert bad.capture_equals_replay and bad.graph_equals_eager and bad.matches_oracle, bad.findings  # (a)-(c)
+    assert bad.replay_matches_reference is False and bad.history_ok is False, bad.findings
+    lines = [f for f in bad.findings if "invariant: mask_indptr[4] = 0 < mask_indptr[3]" in f]
+    assert lines[0].startswith("invariant:") and any(f.startswith("history replay 2 ") for f in lines), bad.findings
 
 
 def test_a_plan_sized_by_the_host_mirror_fails_under_max_capacity_views():

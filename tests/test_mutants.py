@@ -83,6 +83,9 @@ CATCHING = {
     "test_backend_class.py::test_padded_rows_breaking_the_indptr_invariant_are_named": (
         test_backend_class.test_padded_rows_breaking_the_indptr_invariant_are_named
     ),
+    "test_backend_class.py::test_the_invariants_hold_after_every_replay_not_only_on_a_fresh_backend": (
+        test_backend_class.test_the_invariants_hold_after_every_replay_not_only_on_a_fresh_backend
+    ),
     "test_backend_class.py::test_a_plan_sized_by_the_host_mirror_fails_under_max_capacity_views": (
         test_backend_class.test_a_plan_sized_by_the_host_mirror_fails_under_max_capacity_views
     ),
@@ -159,10 +162,17 @@ MUTANTS = [
     ),
     Mutant(
         "verdict (d) without the padded-row invariants",
-        "refimpl.rig.verdicts:padded_row_invariants",
+        "refimpl.rig.core:padded_row_invariants",
         "    return out",
         "    return []",
         "test_backend_class.py::test_padded_rows_breaking_the_indptr_invariant_are_named",
+    ),
+    Mutant(
+        "the padded-row invariants not checked after the runner's replays",
+        "refimpl.rig.core:Rig.run",
+        "    findings += self.invariants(fb.batch_size)",
+        "    pass",
+        "test_backend_class.py::test_the_invariants_hold_after_every_replay_not_only_on_a_fresh_backend",
     ),
     Mutant(
         "verdict (f) the history replays nothing",

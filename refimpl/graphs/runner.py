@@ -23,6 +23,7 @@ host phase (the plan) eagerly before each glue replay; the glue graph holds its 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import gc
 import operator
 import time
@@ -67,6 +68,53 @@ class RunResult:
 
 
 # --- the backend hooks, called from a batch, as SGLang 0.5.23's runners call them --------------------
+_PLAIN = (int, float, bool, str, type(None))
+
+
+def freeze_metadata(backend) -> list[tuple[Any, type, dict[str, Any]]]:
+    """The ``forward_metadata`` of ``backend`` (and of its step backends) as a graph just captured it, held by address
+    as the graph holds it, never by reference (a reference would keep a buffer the backend let go alive: the liveness
+    rule could not see it): each tensor field as ``(buffer name, storage address, offset, size, stride)`` into the
+    backend's graph buffers, plain values as they are. A holder whose metadata holds anything else is left out."""
+    bufs = {t.untyped_storage().data_ptr(): n for n, t in backend.graph_buffers().items()}
+    out = []
+    for h in (backend, *getattr(backend, "step_backends", ())):
+        md, fields = getattr(h, "forward_metadata", None), {}
+        for k, v in getattr(md, "__dict__", {"": object()}).items():
+            if isinstance(v, torch.Tensor) and (name := bufs.get(ptr := v.untyped_storage().data_ptr())):
+                fields[k] = (name, ptr, v.storage_offset(), tuple(v.shape), v.stride())
+            elif isinstance(v, _PLAIN):
+                fields[k] = v
+            else:
+                break
+        else:
+            out.append((h, type(md), fields))
+    return out
+
+
+@contextlib.contextmanager
+def thawed(backend, frozen):
+    """``backend``'s holders with the metadata ``frozen`` describes (views of the same buffers, when each still has
+    the storage the graph captured), restored after."""
+    bufs, kept = backend.graph_buffers(), []
+    for h, cls, fields in frozen:
+        md = object.__new__(cls)
+        for k, v in fields.items():
+            if isinstance(v, tuple):
+                if (buf := bufs.get(v[0])) is None or buf.untyped_storage().data_ptr() != v[1]:
+                    break  # the buffer was replaced: the graph reads memory nobody holds (the liveness rule's finding)
+                v = buf.as_strided(v[3], v[4], v[2])
+            md.__dict__[k] = v
+        else:
+            kept.append((h, h.forward_metadata))
+            h.forward_metadata = md
+    try:
+        yield
+    finally:
+        for h, md in kept:
+            h.forward_metadata = md
+
+
 def call_capture_hook(backend, fb: ForwardBatch):
     """Before capturing ``fb``'s size: ``init_forward_metadata_out_graph(fb, in_capture=True)`` (a classic backend's
     capture hook through the base class's default)."""
@@ -200,6 +248,7 @@ class GraphRunner:
         backend._graph_runner = weakref.ref(self)
         backend.init_cuda_graph_state(self.max_bs, self.max_num_tokens)
         self.graphs, self.outputs = {}, {}  # bs -> its graph / the graph's static output (logits)
+        self.frozen = {}  # bs -> the backend's metadata as that graph captured it, by address (freeze_metadata)
         self.glue, self.glue_graphs, self.glue_refused = glue, {}, {}  # bs -> glue graph / why the hook stays eager
         self.glue_split = glue and backend.splits_hook(self.mode)  # the glue graphs hold the device phase only
         self.replays = Counter()  # "glue" / "hook": how each replay's metadata was made
@@ -255,6 +304,7 @@ class GraphRunner:
             self.engine.warmup(run_once, self.graph_cfg.num_warmups)
             graph = self.engine.new_graph()
             self.outputs[bs] = graph.capture(run_once)
+            self.frozen[bs] = freeze_metadata(self.backend)
             self.graphs[bs] = graph
             if self.glue:
                 self.glue_graphs[bs], why = capture_glue(self.engine, self.backend, fb, self.graph_cfg.num_warmups)

@@ -23,7 +23,7 @@ from ..batch import ForwardBatch, World
 from ..batchgen import BatchGenerator
 from ..config import GraphConfig, SpecConfig, tiny_model_config
 from ..graphs import GraphEngine
-from ..graphs.runner import GraphRunner, call_capture_hook, call_in_graph_hook, call_replay_hook
+from ..graphs.runner import GraphRunner, call_capture_hook, call_in_graph_hook, call_replay_hook, thawed
 from ..kernels import bounds
 from ..layout import KINDS, GraphKind
 from ..model import MultiStepDraftProgram, TinyDecoder
@@ -208,6 +208,35 @@ def live_masks(backend, state: dict[str, Any]) -> list[torch.Tensor]:
     return masks
 
 
+INVARIANT = "invariant:"  # how a padded-row invariant's finding starts
+
+
+def padded_row_invariants(state: dict[str, Any], rows: int) -> list[str]:
+    """Verdict (d)'s rules for every backend, reference or not, checked again after every replay (``Rig.run``, the
+    history's long run), over the first ``rows`` rows of the captured size (padded rows included): each CSR pointer (``*indptr``, ``*cu_seqlens*``) starts at 0 and never decreases over its first
+    ``rows + 1`` entries, each length (a name holding ``len`` or ``seqused``) is >= 0 over its first ``rows``. A kernel
+    loops zero times over a negative range, so no output shows a break; this names the buffer and the entry. SGLang
+    0.5.23's attention test kit asserts the same after each decode replay init (``assert_cg_metadata_well_formed``, over
+    its own list of field names: [facts#padding])."""
+    out = []
+    for key, v in state.items():
+        name, t = key.rsplit(".", 1)[-1], torch.tensor(v, device="cpu") if type(v) is int else v
+        if not isinstance(t, torch.Tensor) or t.is_floating_point() or t.dtype == torch.bool or not t.numel():
+            continue
+        t = t.reshape(-1).to("cpu", torch.int64)
+        if name.endswith("indptr") or "cu_seqlens" in name:
+            t = t[: rows + 1]
+            drops = (t[1:] < t[:-1]).nonzero().flatten().tolist()
+            if int(t[0]):
+                out.append(f"{INVARIANT} {key}[0] = {int(t[0])}, must be 0")
+            elif drops:
+                i = drops[0] + 1
+                out.append(f"{INVARIANT} {key}[{i}] = {int(t[i])} < {key}[{i - 1}] = {int(t[i - 1])}: must never decrease")
+        elif ("len" in name or "seqused" in name) and (neg := (t[:rows] < 0).nonzero().flatten().tolist()):
+            out.append(f"{INVARIANT} {key}[{neg[0]}] = {int(t[neg[0]])}: a length, must be >= 0")
+    return out
+
+
 @dataclass
 class Verdict:  # one batch replayed, run eagerly and on the oracle: the checker's (b) and (c)
     graph: torch.Tensor
@@ -299,6 +328,15 @@ class Rig:
         """A fresh instance of the rig's backend class on the same world."""
         return type(self.backend)(self.world, self.spec)
 
+    def invariants(self, raw_bs: int) -> list[str]:
+        """``padded_row_invariants`` of what the graph for ``raw_bs`` requests reads as the last replay left it: the
+        runner's backend's ``graph_state`` over the metadata that graph captured (``GraphRunner.frozen``; a later
+        capture, eager run or hook may have set another since)."""
+        bs, runner = self.runner.pick_bs(raw_bs), self.runner
+        per = runner.spec_cfg.topk if runner.kind.multi_step else 1  # multi-step draft decode: a row per branch
+        with thawed(runner.backend, runner.frozen[bs]):
+            return padded_row_invariants(runner.backend.graph_state(bs, runner.mode), bs * per)
+
     def run(self, fb: ForwardBatch) -> Verdict:
         """Replay ``fb`` under the KV guard, run it eagerly and on the oracle; compare."""
         guard = KVGuard(self.world, fb)
@@ -308,6 +346,7 @@ class Rig:
         finally:  # restore the guarded slots even when the replay raised; a multi-step graph's static targets hold every
             # step: no single live-row boundary
             findings = guard.check(self.runner.inputs.out_cache_loc, None if self.kind.multi_step else fb.out_cache_loc.numel())
+        findings += self.invariants(fb.batch_size)  # the graph's buffers as this replay left them
         outside = [f"out of bounds: the graph read {f}" for f in bounds.take()]  # (bounds_guard() on: a finding)
         eager = self.runner.eager(fb).clone()
         outside += [f"out of bounds: eager read {f}" for f in bounds.take()]
@@ -329,6 +368,8 @@ __all__ = [
     "state_after",
     "graph_buffers",
     "live_masks",
+    "INVARIANT",
+    "padded_row_invariants",
     "Verdict",
     "Rig",
 ]

@@ -35,7 +35,7 @@ from ..config import SpecConfig
 from ..graphs import GraphEngine, GraphReplayError
 from ..graphs.runner import GraphRunner, call_capture_hook, call_in_graph_hook, call_replay_hook, capture_glue
 from ..layout import GraphKind
-from .core import KVGuard, Rig, Verdict, close, graph_buffers, live_masks, raised, state_after
+from .core import KVGuard, Rig, Verdict, close, graph_buffers, live_masks, padded_row_invariants, raised, state_after
 
 
 @dataclass
@@ -146,32 +146,6 @@ def diff_reference(state: dict[str, Any], ref: dict[str, Any], rows=None) -> lis
     return out
 
 
-def padded_row_invariants(state: dict[str, Any], rows: int) -> list[str]:
-    """Verdict (d)'s rules for every backend, reference or not, over the first ``rows`` rows of the captured size (padded
-    rows included): each CSR pointer (``*indptr``, ``*cu_seqlens*``) starts at 0 and never decreases over its first
-    ``rows + 1`` entries, each length (a name holding ``len`` or ``seqused``) is >= 0 over its first ``rows``. A kernel
-    loops zero times over a negative range, so no output shows a break; this names the buffer and the entry. SGLang
-    0.5.23's attention test kit asserts the same after each decode replay init (``assert_cg_metadata_well_formed``, over
-    its own list of field names: [facts#padding])."""
-    out = []
-    for key, v in state.items():
-        name, t = key.rsplit(".", 1)[-1], torch.tensor(v, device="cpu") if type(v) is int else v
-        if not isinstance(t, torch.Tensor) or t.is_floating_point() or t.dtype == torch.bool or not t.numel():
-            continue
-        t = t.reshape(-1).to("cpu", torch.int64)
-        if name.endswith("indptr") or "cu_seqlens" in name:
-            t = t[: rows + 1]
-            drops = (t[1:] < t[:-1]).nonzero().flatten().tolist()
-            if int(t[0]):
-                out.append(f"invariant: {key}[0] = {int(t[0])}, must be 0")
-            elif drops:
-                i = drops[0] + 1
-                out.append(f"invariant: {key}[{i}] = {int(t[i])} < {key}[{i - 1}] = {int(t[i - 1])}: must never decrease")
-        elif ("len" in name or "seqused" in name) and (neg := (t[:rows] < 0).nonzero().flatten().tolist()):
-            out.append(f"invariant: {key}[{neg[0]}] = {int(t[neg[0]])}: a length, must be >= 0")
-    return out
-
-
 def max_capacity_views(new_backend: Callable[[], Any], runner: GraphRunner, fb: ForwardBatch) -> list[str]:
     """SGLang 0.5.23's draft-extend replay (``eagle_draft_extend_cuda_graph_runner``; open PR #36913): the views it hands
     a backend report the bucket as ``batch_size`` but keep ``req_pool_indices``, ``seq_lens`` and ``seq_lens_cpu`` at
@@ -214,7 +188,7 @@ def capture_vs_replay(
     if padded.forward_mode.is_any_draft_extend():
         diffs += max_capacity_views(new_backend, runner, fb)
     per_request = runner.spec_cfg.topk if runner.kind.multi_step else 1  # multi-step draft decode: a row per branch
-    found = padded_row_invariants(state_q, padded.batch_size * per_request)
+    found = padded_row_invariants(state_q, padded.batch_size * per_request)  # (Rig.run checks them after the graph's replay too)
     found += [] if ref is None else diff_reference(state_q, ref, rows=rows)
     return diffs, found or (None if ref is None else [])
 
@@ -399,6 +373,7 @@ def long_run(rig: Rig):
             runner.load_inputs(fb, bs)
             view = runner.replay_hook(fb, bs)
             call_in_graph_hook(runner.backend, view)
+            findings += rig.invariants(fb.batch_size)
             if diff_states(want, _reads(runner.backend, masks, view)):
                 guard = KVGuard(rig.world, fb)
                 try:
