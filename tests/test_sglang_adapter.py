@@ -63,6 +63,23 @@ def test_check_runs_sglang_s_own_triton_backend():
             assert rows[mode]["glue_equals_eager"] is None and raw in rows[mode]["glue_findings"][0], rows[mode]
 
 
+def test_the_fuzzer_drives_sglang_s_own_backend():
+    """``check --sglang triton --fuzz``: random batches (chains and topk-2 trees, padded sizes) through SGLang's own hooks
+    under refimpl's runner, each replay held to eager, the oracle, the KV guard and the padded-row invariants."""
+    need_sglang()
+    modes = ("decode", "target_verify", "draft_extend_v2")
+    cmd = [sys.executable, "-m", "refimpl", "check", "--sglang", "triton", "--fuzz", "1", "--json"]
+    res = subprocess.run(
+        [*cmd, *(a for m in modes for a in ("--mode", m))], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout)
+    assert out["mismatches"] == [] and out["skipped"] == [], out
+    want = {f"triton/sglang-0.5.23/{m}/{s}" for m in modes for s in ("chain", "tree") if m != "decode" or s == "chain"}
+    assert set(out["batches"]) == want, out  # decode: no spec input, no trees
+    assert all(n == 1 for n in out["batches"].values()), out
+
+
 def test_check_names_the_upstream_bug_in_sglang_s_wave_verify_mask():
     """0.5.23's Wave sizes its verify mask buffer max_bs * max_context_len; the checker's verify batch needs more (open
     PR sgl-project/sglang#29581): a failing row naming the upstream file, lines and PR, and exit 1."""
