@@ -31,6 +31,7 @@ for row in ${rows//,/ }; do
       --warmup 30 --out "$res/table${i}_${row//\//_}.json" >> "$res/table$i.txt" 2>&1
     echo "rc=$?" >> "$res/load.txt"
   done
+  tar -C "$res" -czf "$out/default_path.tgz" .  # after every row: a call cut short still returns the rows it measured
 done
 python3 benchmarks/replay_table.py --agree "$(ls "$res"/table1_*.json | paste -sd,)" \
   "$(ls "$res"/table2_*.json | paste -sd,)" > "$res/agree.txt" 2>&1
