@@ -1,7 +1,7 @@
 """The replay-path table of issues 9 and 16: host µs of each part of the replay path, on a GPU.
 
     python benchmarks/replay_table.py [--rows ...] [--ctx 4096] [--sizes 1,8,64] [--pin CORE] [--repeats 600] [--out F]
-    python benchmarks/replay_table.py --agree RUN1.json[,...] RUN2.json[,...]   # two runs' default paths, point by point
+    python benchmarks/replay_table.py --agree RUN1.json[,...] RUN2.json[,...]   # two runs, point by point, then pooled
 
 Rows ``backend/variant/mode``, ``+glue`` after the variant for its hook replayed from a metadata glue graph (the row is
 measured only when the checker's glue verdict passes on this engine; otherwise the table says why). Default: issue 16's
@@ -9,7 +9,10 @@ Triton decode / target verify, faithful (``unified``), ``fused``, ``in_graph`` a
 2-layer models, medians of ``--repeats`` iterations after warm-up, 4 rotated batches. Columns per bs: validation
 (``runner.validate``: the host rules and the device checks' launch, not waited for), the replay hook, input copies
 (under the checks' verdict), ``graph.replay()``, copies + hook + launch, the **default path** (``runner.replay(fb)`` as a
-user calls it, validation on), the graph's GPU time. A client of ``refimpl.rig`` and ``refimpl.bench.time_replay_path``. Issue 9's before / after
+user calls it, validation on), the graph's GPU time. Each process also times a fixed pure-Python loop before and after its
+rows (``host_probe_us``): the host's own speed in that process, which moved by up to 1.7x from one process to the next on
+the H200 (``results/default_path/interleaved_31184d2/``). A run given to ``--agree`` may be several processes' files:
+each point is then their median. A client of ``refimpl.rig`` and ``refimpl.bench.time_replay_path``. Issue 9's before / after
 numbers (context 256, 400 repeats) were measured with this file's earlier version.
 """
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -65,20 +69,67 @@ def measure(row: str, sizes, repeats: int, warmup: int, ctx: int, rotate: int = 
     return out
 
 
+COLS = {"validate": "validation", "copies": "input copies", "hook": "replay hook", "launch": "graph launch"}
+COLS["default"] = "default path"
+
+
+def host_probe_us(n: int = 200) -> float:
+    """Median µs of a fixed pure-Python loop: no GPU, no allocation, only this process's share of its core."""
+    xs = []
+    for _ in range(n):
+        t0, s = time.perf_counter(), 0
+        for i in range(2000):
+            s += i * i
+        xs.append(time.perf_counter() - t0)
+    return statistics.median(xs) * 1e6
+
+
+def pooled(files: list[str]) -> dict:
+    """``{row: {bs: {column: [value per file]}}}`` over the ``--out`` files of one run (a file may hold any rows)."""
+    out = {}
+    for f in files:
+        for row, r in json.loads(Path(f).read_text())["rows"].items():
+            for bs, point in r.items():  # besides the sizes: the replay counts, a row not glued
+                if isinstance(point, dict) and "default" in point:
+                    for col in COLS:
+                        out.setdefault(row, {}).setdefault(bs, {}).setdefault(col, []).append(point[col])
+    return out
+
+
 def agreement(run1: list[str], run2: list[str], tol: float = 0.15) -> str:
-    """Two runs' default path per row and bs (each run: one or more ``--out`` files, rows merged), the relative
-    difference (larger over smaller, minus 1) and how many points agree within ``tol``."""
-    runs = [{k: v for f in files for k, v in json.loads(Path(f).read_text())["rows"].items()} for files in (run1, run2)]
-    lines, agree, points = ["| row | bs | default, run 1 / run 2 (µs) | difference |", "|---|---|---|---|"], 0, 0
+    """Two runs per row and bs, each point the median of the run's files: every column's two values and their
+    relative difference (larger over smaller, minus 1), how many points agree within ``tol`` per column; then both runs
+    pooled, each point as the median and the range over every file, and each file's host probe."""
+    runs = [pooled(files) for files in (run1, run2)]
+    head = "| row | bs | " + " | ".join(f"{c}, run 1 / run 2 (µs)" for c in COLS.values()) + " |"
+    lines, agree, points = [head, "|---" * (len(COLS) + 2) + "|"], dict.fromkeys(COLS, 0), 0
     for row in runs[0]:
         for bs, a in runs[0][row].items():
-            b = runs[1].get(row, {}).get(bs) or {}
-            if "default" not in a or "default" not in b:  # the row's replay counts, a row not glued, a missing point
+            if not (b := runs[1].get(row, {}).get(bs)):
                 continue
-            d = max(a["default"], b["default"]) / min(a["default"], b["default"]) - 1
-            points, agree = points + 1, agree + (d <= tol)
-            lines.append(f"| {row} | {bs} | {a['default']:.0f} / {b['default']:.0f} | {d:.0%}{'' if d <= tol else ' *'} |")
-    return "\n".join([*lines, f"{agree} of {points} points agree within {tol:.0%} (* : outside)"])
+            points, cells = points + 1, []
+            for col in COLS:
+                x, y = statistics.median(a[col]), statistics.median(b[col])
+                d = max(x, y) / min(x, y) - 1
+                agree[col] += d <= tol
+                cells.append(f"{x:.0f} / {y:.0f} ({d:.0%}{'' if d <= tol else ' *'})")
+            lines.append(f"| {row} | {bs} | " + " | ".join(cells) + " |")
+    lines += [f"{COLS[c]}: {n} of {points} points agree within {tol:.0%} (* : outside)" for c, n in agree.items()]
+    both, n = pooled(run1 + run2), len(run1) + len(run2)
+    lines += [
+        "",
+        f"Both runs pooled ({n} files): median [least - most], host µs",
+        head.replace(", run 1 / run 2", ""),
+        "|---" * (len(COLS) + 2) + "|",
+    ]
+    for row, r in both.items():
+        for bs, p in r.items():
+            cells = [f"{statistics.median(p[c]):.0f} [{min(p[c]):.0f} - {max(p[c]):.0f}]" for c in COLS]
+            lines.append(f"| {row} | {bs} | " + " | ".join(cells) + " |")
+    for f in run1 + run2:
+        probe = json.loads(Path(f).read_text())["environment"].get("host_probe_us", {})
+        lines.append(f"{Path(f).name}: host probe " + ", ".join(f"{k} {v:.1f} µs" for k, v in probe.items()))
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -98,14 +149,16 @@ def main(argv=None) -> int:
     pinned = bench.pin_to_core(args.pin)
     sizes = tuple(int(x) for x in args.sizes.split(","))
     env = {**bench.environment(), "pinning": pinned, "repeats": args.repeats, "context": args.ctx}
-    res = {}
+    env["host_probe_us"], res = {"start": host_probe_us()}, {}
     for row in args.rows.split(","):  # written as they come: a run stopped early keeps what it measured
         t0 = time.perf_counter()
         res[row] = measure(row, sizes, args.repeats, args.warmup, args.ctx)
         print(f"{row}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+        env["host_probe_us"]["end"] = host_probe_us()
         if args.out:
             Path(args.out).write_text(json.dumps({"environment": env, "rows": res}, indent=1))
-    print(f"{env.get('device')}; {pinned}; context {args.ctx}; medians of {args.repeats}, host µs")
+    probe = " / ".join(f"{v:.1f}" for v in env["host_probe_us"].values())
+    print(f"{env.get('device')}; {pinned}; context {args.ctx}; medians of {args.repeats}, host µs; probe {probe} µs")
     per_bs = " / ".join(map(str, sizes))
     cols = ("validate", "hook", "copies", "launch", "path", "default", "gpu_graph")
     names = ("validation", "replay hook", "input copies", "graph launch", "copies + hook + launch", "default path", "graph GPU")

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# On the H200 (device tool): issue 32's default-path table, every glue-safe FlashInfer shape beside Triton's, twice,
-# and the split hooks beside their plan, twice, in one call after FlashInfer's JIT build; pinned to one core.
+# On the H200 (device tool): issue 32's default-path table, every glue-safe FlashInfer shape beside Triton's, in
+# PROCS processes (two runs: odd and even), then the split hooks beside their plan SPLITS times, in one call after
+# FlashInfer's JIT build; pinned to one core.
 # Everything goes into ONE archive, ${OUT:-gpu_out}/default_path.tgz (the device tool returns at most eight files:
 # session 47 lost a run's files to that limit), with device.txt (GPU, driver, library versions), load.txt (uptime
-# before each run) and tree.txt (the carried working tree's hash, as scripts/gpu_ci.sh computes it).
-#   carry [".whl", ".fi/0.7.2"]; about 4-5 minutes on a fresh machine.
+# before each process) and tree.txt (the carried working tree's hash, as scripts/gpu_ci.sh computes it).
+#   carry [".whl", ".fi/0.7.2"]; about 6 minutes on a fresh machine (JIT build ~75 s, a process ~45 s, a split run ~40 s).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/gpu_env.sh
@@ -18,24 +19,26 @@ python3 -c "import torch, triton, flashinfer; print('torch', torch.__version__, 
   >> "$res/device.txt" 2>&1
 # the JIT modules first (every FlashInfer row below would otherwise build them inside its timeout)
 ( time python3 benchmarks/split_hook.py --sizes 1 --repeats 5 --warmup 2 ) > "$res/jit_warmup.txt" 2>&1
-rows=flashinfer/unified+glue/decode,flashinfer/unified+glue/target_verify
-rows=$rows,flashinfer_mla/unified+glue/decode,flashinfer_mla/unified+glue/target_verify
-rows=$rows,triton/in_graph/decode,triton/unified+glue/decode,triton/in_graph/target_verify
-# run 1 and run 2 interleaved row by row, each row in its own process: a host that slows inside the call (sessions
-# 49-50: the Triton rows doubled between two whole-table runs) moves both runs of a row alike, or shows as one row's
-# disagreement instead of every later row's
-for row in ${rows//,/ }; do
-  for i in 1 2; do
-    echo "$(uptime) $row run $i" >> "$res/load.txt"
-    timeout "${ROW_S:-60}" taskset -c 3 python3 benchmarks/replay_table.py --rows "$row" --pin 3 --repeats 300 \
-      --warmup 30 --out "$res/table${i}_${row//\//_}.json" >> "$res/table$i.txt" 2>&1
-    echo "rc=$?" >> "$res/load.txt"
-  done
-  tar -C "$res" -czf "$out/default_path.tgz" .  # after every row: a call cut short still returns the rows it measured
+rows=(flashinfer/unified+glue/decode flashinfer/unified+glue/target_verify flashinfer_mla/unified+glue/decode
+  flashinfer_mla/unified+glue/target_verify triton/in_graph/decode triton/unified+glue/decode triton/in_graph/target_verify)
+# PROCS processes (default 6), one after the other, each measuring every row, its own row order rotated by one (a row
+# is first after start-up in one process only): the host's speed changed by up to 1.7x from one process to the next
+# on one pinned core (interleaved_31184d2/), so one process is one sample. Run 1 is the odd processes, run 2 the even
+# ones, each point the median of its run's processes; `--agree` compares them and pools all. Each process also
+# times a fixed Python loop (its host probe) before and after its rows.
+n=${#rows[@]}
+for p in $(seq 1 "${PROCS:-6}"); do
+  order=$(for k in $(seq 0 $((n - 1))); do echo "${rows[$(((k + p - 1) % n))]}"; done | paste -sd,)
+  echo "$(uptime) process $p: $order" >> "$res/load.txt"
+  timeout "${PROC_S:-120}" taskset -c 3 python3 benchmarks/replay_table.py --rows "$order" --pin 3 \
+    --repeats "${REPEATS:-300}" --warmup 30 --out "$res/proc$p.json" > "$res/proc$p.txt" 2>&1
+  echo "rc=$?" >> "$res/load.txt"
+  tar -C "$res" -czf "$out/default_path.tgz" .  # after every process: a call cut short returns what it measured
 done
-python3 benchmarks/replay_table.py --agree "$(ls "$res"/table1_*.json | paste -sd,)" \
-  "$(ls "$res"/table2_*.json | paste -sd,)" > "$res/agree.txt" 2>&1
-for i in 1 2; do
+runs() { ls "$res"/proc*.json | awk -v r="$1" '{ p = $0; sub(/.*proc/, "", p); if (p % 2 == r) print }' | paste -sd,; }
+python3 benchmarks/replay_table.py --agree "$(runs 1)" "$(runs 0)" > "$res/agree.txt" 2>&1
+tar -C "$res" -czf "$out/default_path.tgz" .
+for i in $(seq 1 "${SPLITS:-2}"); do
   uptime >> "$res/load.txt"
   timeout "${SPLIT_S:-90}" taskset -c 3 python3 benchmarks/split_hook.py --pin 3 --out "$res/split$i.json" \
     > "$res/split$i.txt" 2>&1
