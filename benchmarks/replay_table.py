@@ -101,6 +101,8 @@ def agreement(run1: list[str], run2: list[str], tol: float = 0.15) -> str:
     relative difference (larger over smaller, minus 1), how many points agree within ``tol`` per column; then both runs
     pooled, each point as the median and the range over every file, and each file's host probe."""
     runs = [pooled(files) for files in (run1, run2)]
+    if not (run1 and run2):  # a run without a file (its processes cut short): the pooled table alone
+        runs = [{}, {}]
     head = "| row | bs | " + " | ".join(f"{c}, run 1 / run 2 (µs)" for c in COLS.values()) + " |"
     lines, agree, points = [head, "|---" * (len(COLS) + 2) + "|"], dict.fromkeys(COLS, 0), 0
     for row in runs[0]:
@@ -144,7 +146,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if args.agree:
-        print(agreement(*(a.split(",") for a in args.agree)))
+        print(agreement(*([f for f in a.split(",") if f] for a in args.agree)))
         return 0
     pinned = bench.pin_to_core(args.pin)
     sizes = tuple(int(x) for x in args.sizes.split(","))
@@ -155,8 +157,9 @@ def main(argv=None) -> int:
         res[row] = measure(row, sizes, args.repeats, args.warmup, args.ctx)
         print(f"{row}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
         env["host_probe_us"]["end"] = host_probe_us()
-        if args.out:
-            Path(args.out).write_text(json.dumps({"environment": env, "rows": res}, indent=1))
+        if args.out:  # whole or not at all: a process killed while writing leaves the last complete file
+            Path(args.out + ".tmp").write_text(json.dumps({"environment": env, "rows": res}, indent=1))
+            Path(args.out + ".tmp").replace(args.out)
     probe = " / ".join(f"{v:.1f}" for v in env["host_probe_us"].values())
     print(f"{env.get('device')}; {pinned}; context {args.ctx}; medians of {args.repeats}, host µs; probe {probe} µs")
     per_bs = " / ".join(map(str, sizes))

@@ -24,15 +24,21 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 commit=${REFIMPL_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export OUT=${OUT:-benchmarks/results/gpu_ci/$commit}
+# One deadline for the whole gate, GATE_S (570 s) after its start (the wheels' install included), inside the device call's
+# 600 s: every phase's timeout is cut to what is left of it (`capped`), and a test file, notebook or checker that could
+# not start before it fails as "not started", so the record and the line always come back (31184d2's gate took 582 s).
+export GATE_END=$(($(date +%s) + ${GATE_S:-570}))
+capped() {  # capped SECONDS CMD...: CMD under timeout min(SECONDS, what is left - 20 s), or "not started" if nothing is left
+  local t=$((GATE_END - $(date +%s) - 20))
+  [ "$t" -gt "$1" ] && t=$1
+  shift
+  if [ "$t" -le 1 ]; then echo "[not started: the gate deadline GATE_S] $*" >&2; return 124; fi
+  timeout -k 10 "$t" "$@"
+}
 . scripts/gpu_env.sh  # wheels from .whl/, PYTHONPATH, MAX_JOBS=16, $out
 export REFIMPL_FUZZ_EXAMPLES=${REFIMPL_FUZZ_EXAMPLES:-1}
 tmp=$(mktemp -d)
 t0=$SECONDS
-# One deadline for the whole gate, GATE_S (570 s) after its start, inside the device call's 600 s: every phase's
-# timeout is cut to what is left of it, and a test file or notebook that could not start before it fails as "not
-# started", so the record and the line always come back (31184d2's gate took 582 s, 18 s inside the limit).
-export GATE_END=$(($(date +%s) + ${GATE_S:-570}))
-cap() { local left=$((GATE_END - $(date +%s) - ${2:-20})); echo $((left < $1 ? left : $1)); }  # min($1, left - margin)
 
 {
   echo "commit $commit"
@@ -71,7 +77,7 @@ run_files() {  # one pytest process per file, $1 at a time, a junit report each,
   printf '%s\n' "$@" | xargs -P "$jobs" -I{} sh -c '
     f={}; b=$(basename "$f" .py); t=$((GATE_END - $(date +%s) - 20)); [ $t -gt "${SUITE_S:-330}" ] && t=${SUITE_S:-330}
     if [ $t -le 0 ]; then echo "[$f not started: the gate deadline GATE_S]" > "'"$tmp"'/log_$b.txt"; exit 0; fi
-    timeout "$t" python3 -m pytest -q -p no:cacheprovider -rfEs -m "not timing" "$f" \
+    timeout -k 10 "$t" python3 -m pytest -q -p no:cacheprovider -rfEs -m "not timing" "$f" \
       --junitxml="'"$tmp"'/junit_$b.xml" > "'"$tmp"'/log_$b.txt" 2>&1
     echo "[$f rc=$?]" >> "'"$tmp"'/log_$b.txt"'
 }
@@ -107,7 +113,7 @@ early=$(longest_first $early || echo $early) late=$(longest_first $late || echo 
 #    same head sizes). Without this phase several processes built different modules at once, 16
 #    nvcc jobs each, and the FlashInfer tests and the checker ran past their limits (H200, f63a9c8).
 #    Meanwhile the files that never touch flashinfer run.
-( timeout "$(cap "${WARM_S:-240}")" python3 -m refimpl check --backend flashinfer --backend flashinfer_mla \
+( capped "${WARM_S:-240}" python3 -m refimpl check --backend flashinfer --backend flashinfer_mla \
     --variant unified --bs 1 > "$tmp/warm.log" 2>&1; echo "warm-up rc=$?" >> "$tmp/warm.log" ) &
 warm=$!
 run_files 4 $early &
@@ -116,13 +122,13 @@ wait $warm
 echo "flashinfer warm-up done at ${SECONDS}s ($(tail -1 "$tmp/warm.log"))" >> "$out/versions.txt"
 
 # 1. the checker, CUDA engine
-( timeout "$(cap "${CHECK_S:-330}")" python3 -m refimpl check --json > "$out/check.json" 2> "$tmp/check.err"
+( capped "${CHECK_S:-330}" python3 -m refimpl check --json > "$out/check.json" 2> "$tmp/check.err"
   echo "check rc=$?" >> "$tmp/check.err" ) &
 
 #    and SGLang's own backends, every mode (a row that fails only on upstream findings is counted apart)
 if [ -d .sgl/0.5.23/site/sglang ] && [ "${GPU_CI_SGLANG:-1}" = 1 ]; then  # about 30 s beside the rest (961b157)
   ( sgl=$(printf -- '--sglang %s ' triton wave trtllm_mla flashinfer flashinfer_mla)
-    timeout "$(cap "${CHECK_S:-330}")" python3 -m refimpl check $sgl --jobs 2 --json > "$out/sglang.json" 2> "$tmp/sglang.err"
+    capped "${CHECK_S:-330}" python3 -m refimpl check $sgl --jobs 2 --json > "$out/sglang.json" 2> "$tmp/sglang.err"
     echo "check --sglang rc=$?" >> "$tmp/sglang.err" ) &
 fi
 
@@ -133,7 +139,7 @@ run_files "${SUITE_JOBS:-6}" $late &
 # 3. every notebook under nbval, gpu cells executed (conftest skips them only without CUDA)
 for nb in ${GPU_CI_NOTEBOOKS:-notebooks/*.ipynb}; do
   b=$(basename "$nb" .ipynb)
-  ( timeout "$(cap "${NB_S:-330}")" python3 -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
+  ( capped "${NB_S:-330}" python3 -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
       -rfE "$nb" --junitxml="$tmp/nbjunit_$b.xml" > "$tmp/nblog_$b.txt" 2>&1
     echo "[$nb rc=$?]" >> "$tmp/nblog_$b.txt" ) &
 done
@@ -142,8 +148,8 @@ wait
 # 4. the `timing` tests (host-timing comparisons), alone on a quiet machine: at 8150ddc the bench-vs-loop
 #    ratio read 1.09 / 1.21 / 1.58 in three rounds while six test files, the checker and seven notebooks ran
 timed=$(grep -l "mark.timing" $files)
-if [ -n "$timed" ] && [ "$(cap "${TIMING_S:-120}" 10)" -gt 30 ]; then
-  timeout "$(cap "${TIMING_S:-120}" 10)" python3 -m pytest -q -p no:cacheprovider -rfEs -m timing $timed \
+if [ -n "$timed" ] && [ $((GATE_END - $(date +%s))) -gt 60 ]; then  # else its "not started" line: a failure
+  capped "${TIMING_S:-120}" python3 -m pytest -q -p no:cacheprovider -rfEs -m timing $timed \
     --junitxml="$tmp/junit_zz_timing.xml" > "$tmp/log_zz_timing.txt" 2>&1
   echo "[timing tests rc=$?]" >> "$tmp/log_zz_timing.txt"
 elif [ -n "$timed" ]; then
@@ -171,6 +177,9 @@ def tally(pattern, logs):
             failed += 1
             bad.append(f"{name}: no report ({open(log).read().strip().splitlines()[-1:]})")
             continue
+        if open(log).read().rstrip().endswith(("rc=124]", "rc=137]")):  # its report written, then killed by the timeout
+            failed += 1
+            bad.append(f"{name}: timed out after its report")
         for case in ET.parse(xml).getroot().iter("testcase"):
             tags = {c.tag for c in case}
             cid = f"{case.get('classname')}::{case.get('name')}"

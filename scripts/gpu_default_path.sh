@@ -5,7 +5,8 @@
 # Everything goes into ONE archive, ${OUT:-gpu_out}/default_path.tgz (the device tool returns at most eight files:
 # session 47 lost a run's files to that limit), with device.txt (GPU, driver, library versions), load.txt (uptime
 # before each process) and tree.txt (the carried working tree's hash, as scripts/gpu_ci.sh computes it).
-#   carry [".whl", ".fi/0.7.2"]; about 6 minutes on a fresh machine (JIT build ~75 s, a process ~45 s, a split run ~40 s).
+#   carry [".whl", ".fi/0.7.2"]; about 6 minutes on a fresh machine (07d7951's lease: the JIT build 73 s, a process of
+#   the seven rows 35-42 s, a split run 16 s). No process starts after STOP_S (450 s), no split run after SPLIT_STOP_S (520 s).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/gpu_env.sh
@@ -28,6 +29,7 @@ rows=(flashinfer/unified+glue/decode flashinfer/unified+glue/target_verify flash
 # times a fixed Python loop (its host probe) before and after its rows.
 n=${#rows[@]}
 for p in $(seq 1 "${PROCS:-6}"); do
+  [ "$SECONDS" -lt "${STOP_S:-450}" ] || { echo "process $p and later not started: STOP_S" >> "$res/load.txt"; break; }
   order=$(for k in $(seq 0 $((n - 1))); do echo "${rows[$(((k + p - 1) % n))]}"; done | paste -sd,)
   echo "$(uptime) process $p: $order" >> "$res/load.txt"
   timeout "${PROC_S:-120}" taskset -c 3 python3 benchmarks/replay_table.py --rows "$order" --pin 3 \
@@ -39,6 +41,7 @@ runs() { ls "$res"/proc*.json | awk -v r="$1" '{ p = $0; sub(/.*proc/, "", p); i
 python3 benchmarks/replay_table.py --agree "$(runs 1)" "$(runs 0)" > "$res/agree.txt" 2>&1
 tar -C "$res" -czf "$out/default_path.tgz" .
 for i in $(seq 1 "${SPLITS:-2}"); do
+  [ "$SECONDS" -lt "${SPLIT_STOP_S:-520}" ] || { echo "split $i and later not started: SPLIT_STOP_S" >> "$res/load.txt"; break; }
   uptime >> "$res/load.txt"
   timeout "${SPLIT_S:-90}" taskset -c 3 python3 benchmarks/split_hook.py --pin 3 --out "$res/split$i.json" \
     > "$res/split$i.txt" 2>&1
