@@ -19,7 +19,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$res/device.
 python3 -c "import torch, triton, flashinfer; print('torch', torch.__version__, 'triton', triton.__version__, 'flashinfer', flashinfer.__version__)" \
   >> "$res/device.txt" 2>&1
 # the JIT modules first (every FlashInfer row below would otherwise build them inside its timeout)
-( time python3 benchmarks/split_hook.py --sizes 1 --repeats 5 --warmup 2 ) > "$res/jit_warmup.txt" 2>&1
+( time python3 benchmarks/split_hook.py --sizes 1 --repeats 5 --warmup 2 ${SPLIT_ARGS:-} ) > "$res/jit_warmup.txt" 2>&1
 rows=(flashinfer/unified+glue/decode flashinfer/unified+glue/target_verify flashinfer_mla/unified+glue/decode
   flashinfer_mla/unified+glue/target_verify triton/in_graph/decode triton/unified+glue/decode triton/in_graph/target_verify)
 # PROCS processes (default 6), one after the other, each measuring every row, its own row order rotated by one (a row
@@ -27,13 +27,13 @@ rows=(flashinfer/unified+glue/decode flashinfer/unified+glue/target_verify flash
 # on one pinned core (interleaved_31184d2/), so one process is one sample. Run 1 is the odd processes, run 2 the even
 # ones, each point the median of its run's processes; `--agree` compares them and pools all. Each process also
 # times a fixed Python loop (its host probe) before and after its rows.
-n=${#rows[@]}
+n=${#rows[@]} pin=${PIN:-3}  # TABLE_ARGS / SPLIT_ARGS: options appended (a CPU dry run: PIN=1 TABLE_ARGS="--sizes 1 --ctx 256")
 for p in $(seq 1 "${PROCS:-6}"); do
   [ "$SECONDS" -lt "${STOP_S:-450}" ] || { echo "process $p and later not started: STOP_S" >> "$res/load.txt"; break; }
   order=$(for k in $(seq 0 $((n - 1))); do echo "${rows[$(((k + p - 1) % n))]}"; done | paste -sd,)
   echo "$(uptime) process $p: $order" >> "$res/load.txt"
-  timeout "${PROC_S:-120}" taskset -c 3 python3 benchmarks/replay_table.py --rows "$order" --pin 3 \
-    --repeats "${REPEATS:-300}" --warmup 30 --out "$res/proc$p.json" > "$res/proc$p.txt" 2>&1
+  timeout "${PROC_S:-120}" taskset -c "$pin" python3 benchmarks/replay_table.py --rows "$order" --pin "$pin" \
+    --repeats "${REPEATS:-300}" --warmup 30 --out "$res/proc$p.json" ${TABLE_ARGS:-} > "$res/proc$p.txt" 2>&1
   echo "rc=$?" >> "$res/load.txt"
   tar -C "$res" -czf "$out/default_path.tgz" .  # after every process: a call cut short returns what it measured
 done
@@ -43,7 +43,7 @@ tar -C "$res" -czf "$out/default_path.tgz" .
 for i in $(seq 1 "${SPLITS:-2}"); do
   [ "$SECONDS" -lt "${SPLIT_STOP_S:-520}" ] || { echo "split $i and later not started: SPLIT_STOP_S" >> "$res/load.txt"; break; }
   uptime >> "$res/load.txt"
-  timeout "${SPLIT_S:-90}" taskset -c 3 python3 benchmarks/split_hook.py --pin 3 --out "$res/split$i.json" \
+  timeout "${SPLIT_S:-90}" taskset -c "$pin" python3 benchmarks/split_hook.py --pin "$pin" --out "$res/split$i.json" ${SPLIT_ARGS:-} \
     > "$res/split$i.txt" 2>&1
   echo "split$i rc=$?" >> "$res/load.txt"
 done
