@@ -5,15 +5,10 @@
 Per row (backend / variant / kind, graph bs, one padded row past bs 1): host µs medians of ``StaticInputs.load`` whole,
 of its two parts (the ``load_inputs`` launch, the host mirror), and of the copy before it (``foreach``: byte views of
 every source, then one ``torch._foreach_copy_`` over them and a padded-row buffer, the same host mirror; rebuilt here).
-``same``: both write the same static inputs. Then the launch alone, the compiled kernel's ``run`` with the arguments
-``direct_launch`` passes (``tensors``), and with every tensor replaced by its address (``ints``): Triton's launcher
-calls ``data_ptr()`` and the driver's ``cuPointerGetAttribute`` for each tensor argument (``getPointer`` in the C
-launcher Triton generates) and takes an int as the address itself, so the difference is what the launch's pointer
-checks cost (18 tensors in this kernel; the static inputs' addresses never change).
+``same``: both write the same static inputs.
 """
 
 import argparse
-import importlib
 import statistics
 import time
 
@@ -76,24 +71,6 @@ def launch(inp, fb, bs):
     )
 
 
-def raw_launches(inp, fb, bs):
-    """The compiled kernel's launch with ``load_inputs``' own arguments for ``fb`` (recorded from ``direct_launch``): as
-    tensors, and as addresses (ints)."""
-    mod, seen = importlib.import_module("refimpl.kernels.inputs"), []
-    orig = mod.direct_launch
-    mod.direct_launch = lambda *a: seen.append(a) or orig(*a)
-    try:
-        launch(inp, fb, bs)
-    finally:
-        mod.direct_launch = orig
-    _, grid, args, key, device = seen[0]
-    kernel = importlib.import_module("refimpl.kernels._op")._COMPILED[key]  # compiled by the launches timed before
-    head = (*grid, *(1,) * (3 - len(grid)), torch._C._cuda_getCurrentRawStream(device.index), kernel.function)
-    ints = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
-    tail = (kernel.packed_metadata, None, None, None)
-    return {"tensors": lambda _: kernel.run(*head, *tail, *args), "ints": lambda _: kernel.run(*head, *tail, *ints)}
-
-
 def med(fn, batches, repeats):
     xs = []
     for i in range(repeats + 20):
@@ -111,12 +88,9 @@ def main():
     p.add_argument("--pin", type=int, default=3)
     p.add_argument("--repeats", type=int, default=400)
     a = p.parse_args()
-    if not torch.cuda.is_available():
-        print("copies_parts: CUDA only (the launch's parts are the compiled kernel's)")
-        return
     bench.pin_to_core(a.pin)
     engine = make_engine("auto")
-    print("host µs, medians:       load = launch + host  |  foreach (before)  same  |  launch alone: tensors / ints")
+    print("host µs, medians:       load = launch + host  |  foreach (before)  same")
     for name, variant, kind in [
         ("triton", "in_graph", "decode"),
         ("triton", "unified", "draft_decode"),
@@ -142,13 +116,6 @@ def main():
                 "host": med(lambda fb: host(inp, fb, bs), batches, a.repeats),
                 "foreach": med(lambda fb: foreach_load(inp, fb, bs), batches, a.repeats),
             }
-            try:  # the launch alone: reaches into Triton's compiled kernel, so its failure is printed, not fatal
-                raw = raw_launches(inp, batches[0], bs)
-                for k in ("tensors", "ints", "tensors", "ints"):  # alternated: a host that drifts moves both alike
-                    t.setdefault(k, []).append(med(raw[k], batches[:1], a.repeats))
-                alone = f"{statistics.median(t['tensors']):5.1f} / {statistics.median(t['ints']):5.1f}"
-            except Exception as e:  # noqa: BLE001
-                alone = f"failed: {type(e).__name__}: {e}"
             same = True
             for fb in batches:
                 states = []
@@ -159,7 +126,7 @@ def main():
                 same &= all(torch.equal(states[0][k], states[1][k]) for k in states[0])
             print(
                 f"{name}/{variant} {kind:<16} bs {bs:>3}:  {t['load']:6.1f} = {t['launch']:6.1f} + {t['host']:4.1f}"
-                f"  |  {t['foreach']:6.1f}  {same}  |  {alone}",
+                f"  |  {t['foreach']:6.1f}  {same}",
                 flush=True,
             )
             for fb in batches:

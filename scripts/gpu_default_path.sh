@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the H200 (device tool): issue 32's default-path table, every glue-safe FlashInfer shape beside Triton's, in
-# PROCS processes (two runs: odd and even), the input copies' parts, then the split hooks beside their plan SPLITS
-# times, in one call after FlashInfer's JIT build; pinned to one core.
+# PROCS processes (two runs: odd and even), then the split hooks beside their plan SPLITS times, in one call after
+# FlashInfer's JIT build; pinned to one core.
 # Everything goes into ONE archive, ${OUT:-gpu_out}/default_path.tgz (the device tool returns at most eight files:
 # session 47 lost a run's files to that limit), with device.txt (GPU, driver, library versions), load.txt (uptime
 # before each process) and tree.txt (the carried working tree's hash, as scripts/gpu_ci.sh computes it).
@@ -40,14 +40,6 @@ done
 runs() { ls "$res"/proc*.json | awk -v r="$1" '{ p = $0; sub(/.*proc/, "", p); if (p % 2 == r) print }' | paste -sd,; }
 python3 benchmarks/replay_table.py --agree "$(runs 1)" "$(runs 0)" > "$res/agree.txt" 2>&1
 tar -C "$res" -czf "$out/default_path.tgz" .
-# the input copies' parts, and their launch with tensors against addresses (benchmarks/copies_parts.py: what Triton's
-# per-pointer checks cost), before the split runs (nine of those are committed already: results/split_hook/)
-if [ "${PARTS:-1}" = 1 ] && [ "$SECONDS" -lt "${SPLIT_STOP_S:-520}" ]; then
-  timeout "${PARTS_S:-60}" taskset -c "$pin" python3 benchmarks/copies_parts.py --pin "$pin" --repeats 300 \
-    > "$res/copies_parts.txt" 2>&1
-  echo "copies_parts rc=$?" >> "$res/load.txt"
-  tar -C "$res" -czf "$out/default_path.tgz" .
-fi
 for i in $(seq 1 "${SPLITS:-2}"); do
   [ "$SECONDS" -lt "${SPLIT_STOP_S:-520}" ] || { echo "split $i and later not started: SPLIT_STOP_S" >> "$res/load.txt"; break; }
   uptime >> "$res/load.txt"
