@@ -118,7 +118,7 @@ print(f"{guarded.numel()} live KV slots untouched; the padded row wrote slot 0")
 # ## 4. The six questions the checker asks
 #
 # `python -m refimpl check` (`refimpl/check.py`) asks, per backend, [graph kind](../docs/glossary.md#graph-kind) and
-# raw batch size (default 1, a captured size, and 3, which pads to 4):
+# raw batch size (default 3, padded to 4; `--all`: 1 to 4):
 #
 # | verdict | compares | catches |
 # |---|---|---|
@@ -168,7 +168,9 @@ for r in found:
     print(verdicts(r), *[f for f in r.findings if f.startswith("kv_indptr:")][:1], sep="\n    ")
 print("failing:", sorted(failing(found)), "| your prediction:", sorted(prediction))
 # (a): Q's graph reads the tensor its capture froze, which still holds the capture batch: stale from capture.
-# (b): the graph computes with that stale kv_indptr. (d): the same state against the reference. (c): eager is right.
+# (d): the same state against the reference. (b): rebinding freed the tensor the graph reads, and the checker's engine
+# (CPU emulator or CUDA, `make_engine(liveness=True)`) refuses that replay (liveness, notebook 00): (b) fails and (c),
+# eager against the oracle, is not asked ("-"). Without the rule the graph would compute with the stale kv_indptr.
 assert {"a", "b", "d"} <= failing(found) and "c" not in failing(found)
 
 # %% [markdown]

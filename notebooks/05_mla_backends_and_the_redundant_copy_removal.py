@@ -232,11 +232,11 @@ print(rig.runner.glue_split, dict(rig.runner.replays), dict(rig.runner.glue_grap
 
 # %% [markdown]
 # The glue graph holds no plan. A device phase that reads a host value keeps the capture's: #39825's failure
-# (accept length near 1), which verdict (e) names (`tests/broken_backends.py`). H200, run 3 of seven
+# (accept length near 1), which verdict (e) names (`tests/broken_backends.py`). H200, run 3 of nine
 # (`benchmarks/results/split_hook/`):
 
 # %%
 print(mla.split_hook_table())
 
 # %% [markdown]
-# Glued, the metadata costs its plan plus 5 to 14 µs, or up to 19 on a slow host.
+# Glued, the metadata costs its plan plus 5 to 14 µs, or up to 20 on a slow host.

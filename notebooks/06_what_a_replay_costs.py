@@ -76,7 +76,7 @@ for shape, ops in costs.hook_launches().items():  # counted here, on the emulato
 # apart (`launch_cost/hook_parts_h200.txt`, bs 8, on two cores), its pieces each cost more than one op:
 # `kv_indptr[1:] = cumsum(...)` 30–44 µs (`cumsum` allocates an int64 result, then a converting copy fills the int32
 # slice), the index builder 32–56 µs, the split counts 29–53 µs (a Triton launch behind its wrapper's checks); of the
-# hook's 129–199 µs, the `[:bs]` views take 5–10 µs and about 27 µs stay unattributed. The two cores read 1.5x apart.
+# hook's 129–199 µs, the `[:bs]` views take 5–10 µs and 33–36 µs stay unattributed. The two cores read 1.5x apart.
 #
 # ## 3. Host-bound or GPU-bound
 #

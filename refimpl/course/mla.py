@@ -146,7 +146,7 @@ def glued_rig(name: str = "flashinfer_mla") -> Rig:
 
 
 def split_hook_table(run: str = "run3.json") -> str:
-    """The committed H200 cost of the split hooks (``benchmarks/split_hook.py``; run 3 of seven, on a quiet host:
+    """The committed H200 cost of the split hooks (``benchmarks/split_hook.py``; run 3 of nine, on a quiet host:
     ``benchmarks/results/split_hook/README.md``): host µs at bs 1 / 8 / 64 of the eager hook (before), the host phase
     (the plan) and the glued hook (after: host phase + glue replay)."""
     rows, parts = results(f"split_hook/{run}")["rows"], ("eager hook", "host phase", "glued hook")
