@@ -100,9 +100,8 @@ def agreement(run1: list[str], run2: list[str], tol: float = 0.15) -> str:
     """Two runs per row and bs, each point the median of the run's files: every column's two values and their
     relative difference (larger over smaller, minus 1), how many points agree within ``tol`` per column; then both runs
     pooled, each point as the median and the range over every file, and each file's host probe."""
-    runs = [pooled(files) for files in (run1, run2)]
-    if not (run1 and run2):  # a run without a file (its processes cut short): the pooled table alone
-        runs = [{}, {}]
+    # a run without a file (its processes cut short): the pooled table alone
+    runs = [pooled(files) for files in (run1, run2)] if run1 and run2 else [{}, {}]
     head = "| row | bs | " + " | ".join(f"{c}, run 1 / run 2 (µs)" for c in COLS.values()) + " |"
     lines, agree, points = [head, "|---" * (len(COLS) + 2) + "|"], dict.fromkeys(COLS, 0), 0
     for row in runs[0]:

@@ -35,6 +35,7 @@ capped() {  # capped SECONDS CMD...: CMD under timeout min(SECONDS, what is left
   if [ "$t" -le 1 ]; then echo "[not started: the gate deadline GATE_S] $*" >&2; return 124; fi
   timeout -k 10 "$t" "$@"
 }
+export -f capped  # run_files' bash -c per test file uses it too
 . scripts/gpu_env.sh  # wheels from .whl/, PYTHONPATH, MAX_JOBS=16, $out
 export REFIMPL_FUZZ_EXAMPLES=${REFIMPL_FUZZ_EXAMPLES:-1}
 tmp=$(mktemp -d)
@@ -71,13 +72,12 @@ fi
 { [ -d .sgl/0.5.23/site/sglang ] && echo "sglang 0.5.23 (carried)" || echo "sglang not carried: the adapter test skips"; } \
   >> "$out/versions.txt"
 
-run_files() {  # one pytest process per file, $1 at a time, a junit report each, each timeout cut to the deadline
+run_files() {  # one pytest process per file, $1 at a time, a junit report each, each under `capped`
   local jobs=$1; shift
   [ $# -gt 0 ] || return 0
-  printf '%s\n' "$@" | xargs -P "$jobs" -I{} sh -c '
-    f={}; b=$(basename "$f" .py); t=$((GATE_END - $(date +%s) - 20)); [ $t -gt "${SUITE_S:-330}" ] && t=${SUITE_S:-330}
-    if [ $t -le 0 ]; then echo "[$f not started: the gate deadline GATE_S]" > "'"$tmp"'/log_$b.txt"; exit 0; fi
-    timeout -k 10 "$t" python3 -m pytest -q -p no:cacheprovider -rfEs -m "not timing" "$f" \
+  printf '%s\n' "$@" | xargs -P "$jobs" -I{} bash -c '
+    f={}; b=$(basename "$f" .py)
+    capped "${SUITE_S:-330}" python3 -m pytest -q -p no:cacheprovider -rfEs -m "not timing" "$f" \
       --junitxml="'"$tmp"'/junit_$b.xml" > "'"$tmp"'/log_$b.txt" 2>&1
     echo "[$f rc=$?]" >> "'"$tmp"'/log_$b.txt"'
 }
