@@ -33,6 +33,7 @@ validated at once.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import operator
 from typing import Any
@@ -55,6 +56,9 @@ from .kernels.validation import (
 )
 from .modes import ForwardMode
 from .spec import DraftDecodeInput, DraftExtendInput, VerifyInput, verify_n
+
+_CPU = torch.device("cpu")
+_FIELDS = ("input_ids", "positions", "req_pool_indices", "seq_lens", "seq_lens_cpu", "out_cache_loc")
 
 
 class BatchRefused(ValueError):
@@ -101,11 +105,7 @@ def _check_spec(fb, mode, cfg: SpecConfig | None, multi_step: bool) -> int:
         if fb.num_tokens != bs * n:
             raise _refuse("num_tokens", fb.num_tokens, f"expected bs * N = {bs} * {n}")
         if (mask := spec.custom_mask) is not None:
-            if not isinstance(mask, torch.Tensor):
-                raise _refuse("spec_info.custom_mask", type(mask).__name__, "expected a 1-D torch.bool tensor")
-            if mask.dtype != torch.bool:
-                raise _refuse("spec_info.custom_mask.dtype", mask.dtype, "must be torch.bool")
-            _tensor("spec_info.custom_mask", mask, torch.bool, None, dev)  # its device
+            _tensor("spec_info.custom_mask", mask, torch.bool, None, dev)  # type, dtype, device (its shape: below)
         return n
     if mode.is_any_draft_extend():
         _need(spec, DraftExtendInput, mode.name)
@@ -150,32 +150,24 @@ def _launch_device_checks(fb, per: int, extra: int, row_req, draft_extend: bool,
     ``out`` / ``host`` (a deferred replay's): the result goes to ``out`` (on the CPU: one program's minima), the host's
     ``seq_lens`` (``host``: staged where the kernel reads it, pinned host memory on CUDA) are compared too, and the
     callable returns the verdict's entries instead."""
-    world, spec, bs, n, m = fb.world, fb.spec_info, fb.batch_size, fb.num_tokens, fb.out_cache_loc.numel()
+    world, bs, n, m = fb.world, fb.batch_size, fb.num_tokens, fb.out_cache_loc.numel()
     tensors = (world.req_to_token, fb.seq_lens, fb.req_pool_indices, fb.input_ids, fb.positions, fb.out_cache_loc)
-    kw = dict(
-        rows_per_req=per,
-        extra=extra,
-        vocab=world.cfg.vocab_size,
-        num_slots=world.kv_cache.num_slots,
-        row_req=row_req,
-        custom_mask=mask,
-        live_rows=world.req_to_token_pool.live,
-    )
-    copies = dict(accept_length=spec.accept_length, extend_seq_lens=spec.extend_seq_lens) if draft_extend else {}
-    if out is not None:
-        kw["host_seq_lens"] = host
-        if world.device.type == "cpu":
-            first = [NONE if i is None else i for i in batch_check_ref(*tensors, **kw).values()]
-            out[:NCAT] = torch.tensor(first, device=out.device)
-            return lambda: NCAT
-        batch_check(out, *tensors, **kw)
+    sizes, live = (per, extra, world.cfg.vocab_size, world.kv_cache.num_slots), world.req_to_token_pool.live
+    cpu, rest = world.device.type == "cpu", (row_req, mask, live, host)  # batch_check's arguments past the copies
+    if out is not None and not cpu:  # a deferred replay's (every replay): no copies
+        batch_check(out, *tensors, *sizes, None, None, *rest)
         return lambda: num_programs(bs, n, m) * NCAT
-    if world.device.type == "cpu":
-        res = {"first": batch_check_ref(*tensors, **kw), "seq_lens": fb.seq_lens.tolist()}
-        res.update({k: t.tolist() for k, t in copies.items()})
+    if out is not None:
+        first = [NONE if i is None else i for i in batch_check_ref(*tensors, *sizes, *rest).values()]
+        out[:NCAT] = torch.tensor(first, device=out.device)
+        return lambda: NCAT
+    copies = (fb.spec_info.accept_length, fb.spec_info.extend_seq_lens) if draft_extend else (None, None)
+    if cpu:
+        res = {"first": batch_check_ref(*tensors, *sizes, *rest), "seq_lens": fb.seq_lens.tolist()}
+        res.update({k: t.tolist() for k, t in zip(("accept_length", "extend_seq_lens"), copies) if t is not None})
         return lambda: res
     out = _scratch(world.device, result_size(bs, n, m))
-    batch_check(out, *tensors, **kw, **copies)
+    batch_check(out, *tensors, *sizes, *copies, *rest)
     return lambda: read_result(out, bs, n, m)
 
 
@@ -205,16 +197,15 @@ def check_batch(fb, spec=None, kind=None, for_graph=False, world=None, out=None,
     multi = (kind or fb.kind).multi_step
     if multi:
         _need(spec_info, DraftDecodeInput, "draft decode")
-    dev, i64, i32, n, bs = world.device, torch.int64, torch.int32, fb.num_tokens, _int("ForwardBatch.batch_size", fb.batch_size)
-    for name, dtype, count, device in (  # seq_lens_cpu: the host copy
-        ("input_ids", i64, None, dev),
-        ("positions", i64, n, dev),
-        ("req_pool_indices", i64, bs, dev),
-        ("seq_lens", i32, bs, dev),
-        ("seq_lens_cpu", i32, bs, torch.device("cpu")),
-        ("out_cache_loc", i64, n * _int("spec_info.num_steps", spec_info.num_steps) if multi else n, dev),
-    ):
-        _tensor(f"ForwardBatch.{name}", getattr(fb, name), dtype, count, device)
+    dev, i64, i32, bs = world.device, torch.int64, torch.int32, _int("ForwardBatch.batch_size", fb.batch_size)
+    ts = (fb.input_ids, fb.positions, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_cpu, fb.out_cache_loc)
+    n = ts[0].numel() if isinstance(ts[0], torch.Tensor) else 0  # (a non-tensor: refused first, below)
+    locs = n * _int("spec_info.num_steps", spec_info.num_steps) if multi else n
+    # (dtype, entries, device) per field of _FIELDS; seq_lens_cpu: the host copy
+    want = ((i64, None, dev), (i64, n, dev), (i64, bs, dev), (i32, bs, dev), (i32, bs, _CPU), (i64, locs, dev))
+    for name, t, (dtype, count, device) in zip(_FIELDS, ts, want):  # inline: every replay runs these (host µs)
+        if not (isinstance(t, torch.Tensor) and t.dtype is dtype and t.device == device and count in (None, t.numel())):
+            _tensor(f"ForwardBatch.{name}", t, dtype, count, device)  # the refusal, naming the field
     fb = _contiguous(fb)
     spec_info, L, seq = fb.spec_info, world.max_context_len, fb.seq_lens_cpu.tolist()
     total = _int("ForwardBatch.seq_lens_sum", fb.seq_lens_sum)
@@ -298,12 +289,34 @@ def refused_categories(out: torch.Tensor, entries: int) -> list[str]:
 
 def _contiguous(fb):
     """``fb`` with contiguous copies of its tensors (and its spec input's) that are not: the device checks, kernels and
-    ``load_inputs`` read raw memory. ``fb`` itself when every one is (the usual case: no copy)."""
-    fix = lambda o: {k: v.contiguous() for k, v in vars(o).items() if isinstance(v, torch.Tensor) and not v.is_contiguous()}
-    own, spec = fix(fb), fb.spec_info
-    if dataclasses.is_dataclass(spec) and (moved := fix(spec)):
+    ``load_inputs`` read raw memory. ``fb`` itself when every one is (the usual case: one pass, no copy)."""
+    spec = fb.spec_info
+    if all(not isinstance(t, torch.Tensor) or t.is_contiguous() for t in _tensors(fb) + _tensors(spec)):
+        return fb
+    fix = lambda o: {k: t.contiguous() for k, t in zip(_tensor_fields(type(o)), _tensors(o)) if isinstance(t, torch.Tensor)}
+    own = fix(fb)
+    if moved := fix(spec):
         own["spec_info"] = dataclasses.replace(spec, **moved)
-    return fb.replace(**own) if own else fb
+    return fb.replace(**own)
+
+
+@functools.cache
+def _tensor_fields(cls: type) -> tuple[str, ...]:
+    """The fields of dataclass ``cls`` annotated as tensors (the annotations are strings here), once per class;
+    ``tests/test_bad_inputs.py`` holds every tensor a batch of each mode carries to them."""
+    return tuple(f.name for f in dataclasses.fields(cls) if "Tensor" in str(f.type)) if dataclasses.is_dataclass(cls) else ()
+
+
+@functools.cache
+def _getter(cls: type):
+    """A function of a ``cls`` that returns its ``_tensor_fields``' values, a tuple (one C call)."""
+    names = _tensor_fields(cls)
+    get = operator.attrgetter(*names) if names else lambda o: ()
+    return get if len(names) != 1 else lambda o: (get(o),)
+
+
+def _tensors(o) -> tuple:
+    return _getter(type(o))(o)
 
 
 def _check_draft_indices(fb, seq: list[int], span: int) -> None:

@@ -28,7 +28,7 @@ from refimpl.layout import GraphKind
 from refimpl.model import MultiStepDraftProgram, TinyDecoder
 from refimpl.modes import ForwardMode
 from refimpl.spec import DraftDecodeInput, VerifyInput, make_draft_extend_input
-from refimpl.validate import BatchRefused
+from refimpl.validate import BatchRefused, _tensor_fields
 
 L, POOL = 40, 24
 SPEC = CHAIN
@@ -92,14 +92,14 @@ def _tensors(obj, seen: set[int], out: list[torch.Tensor]) -> None:
         _tensors(v, seen, out)
 
 
-# the runner's device-check scratch (the verdict, the staged host lengths, the load's record): written by every
-# validation, read by no graph
+# the runner's device-check scratch (the verdict, the staged host lengths, the load's record, and the views of them it
+# keeps in _heads): written by every validation, read by no graph
 CHECK_SCRATCH = ("_verdict", "_staged", "_record")
 
 
 def snapshot(s: Setup) -> list[tuple[torch.Tensor, torch.Tensor]]:
     out: list[torch.Tensor] = []
-    seen: set[int] = {id(getattr(s.runner, k)) for k in CHECK_SCRATCH}
+    seen: set[int] = {id(t) for t in (*(getattr(s.runner, k) for k in CHECK_SCRATCH), *s.runner._heads.values())}
     _tensors(s.runner, seen, out)
     _tensors(s.world, seen, out)
     return [(t, t.detach().clone()) for t in out if t.device.type != "meta"]
@@ -407,7 +407,7 @@ CASES = [
         "verify: custom mask of dtype uint8",
         "verify",
         lambda s, fb: _verify_with(fb, custom_mask=fb.spec_info.custom_mask.to(torch.uint8)),
-        r"custom_mask.dtype=torch.uint8: must be torch.bool",
+        r"custom_mask.dtype=torch.uint8: expected torch.bool",
     ),
     Case(
         "verify: custom mask of the wrong size",
@@ -582,7 +582,7 @@ CASES = [
         "verify: custom mask a list",
         "verify",
         lambda s, fb: _verify_with(fb, custom_mask=fb.spec_info.custom_mask.tolist()),
-        r"spec_info.custom_mask=list: expected a 1-D torch.bool tensor",
+        r"spec_info.custom_mask=list: expected a torch.bool tensor",
     ),
     Case(
         "plain decode: a DraftDecodeInput on the Triton decode runner (33 tensors written before)",
@@ -702,6 +702,20 @@ def test_non_contiguous_tensors_are_copied_not_refused(case: str):
     assert not odd.out_cache_loc.is_contiguous()
     want = s.runner.replay(fb).clone(), s.runner.eager(fb).clone()
     assert torch.equal(s.runner.replay(odd), want[0]) and torch.equal(s.runner.eager(odd), want[1])
+    s.gen.release_all()
+
+
+@pytest.mark.parametrize("case", ["decode", "verify", "draft_extend", "draft_decode"])
+def test_every_tensor_a_batch_carries_is_one_the_contiguity_pass_reads(case: str):
+    """``refimpl.validate._contiguous`` reads only the fields annotated as tensors (named once per class): every tensor a
+    batch of each mode, or its spec input, holds is one of them (a tensor in another field would reach the kernels
+    strided)."""
+    s = setup_for(case, "torch_native" if case in ("decode", "verify") else "triton")
+    fb = _batch(s, case)
+    assert fb.spec_info is not None or case == "decode"
+    for obj in (fb, fb.spec_info) if fb.spec_info is not None else (fb,):
+        held = {k for k, v in vars(obj).items() if isinstance(v, torch.Tensor)}
+        assert _tensor_fields(type(obj)) and held <= set(_tensor_fields(type(obj))), (type(obj).__name__, held)
     s.gen.release_all()
 
 

@@ -306,7 +306,7 @@ MUTANTS = [
     Mutant(
         "deferred validation: a refusal found is never raised",
         "refimpl.graphs.runner:GraphRunner.synchronize",
-        "if not int(self._record[0]):",
+        "if not self._record_np[0]:",
         "if True:",
         "out_cache_loc past the cache",
     ),

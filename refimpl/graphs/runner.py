@@ -243,8 +243,9 @@ class GraphRunner:
         self._staged = torch.empty(self.max_bs, dtype=i32, device="cpu", pin_memory=pin)
         self._record = torch.zeros(1, dtype=i32, device="cpu", pin_memory=pin)
         self._staged_np = self._staged.numpy() if pin else None
+        self._record_np = self._record.numpy()  # read as numpy: about 2 µs of host less than int(self._record[0])
         self._done = torch.cuda.Event() if pin else None
-        self._pending = None
+        self._pending, self._heads, self._streams = None, {}, {}  # _streams: _mark_done's, by raw handle
         backend._graph_runner = weakref.ref(self)
         backend.init_cuda_graph_state(self.max_bs, self.max_num_tokens)
         self.graphs, self.outputs = {}, {}  # bs -> its graph / the graph's static output (logits)
@@ -290,7 +291,7 @@ class GraphRunner:
             from tqdm import tqdm
 
             order = tqdm(order, desc=f"capture {self.mode.label}")
-        self._captured_with = self._bound()
+        self._captured_with, self._heads = self._bound(), {}
         for bs in order:
             t0, mem0 = time.perf_counter(), self.engine.memory_in_use()
             self.inputs.rest()
@@ -360,7 +361,7 @@ class GraphRunner:
         whose device checks ``validate`` left pending is loaded under their verdict: refused, as padded rows only."""
         if (p := self._pending) is None or p[0] is not fb:
             return self.inputs.load(fb, bs)
-        self.inputs.load(fb, bs, self._verdict[: p[1]], self._record, self._staged[: fb.batch_size])
+        self.inputs.load(fb, bs, self._head("_verdict", p[1]), self._record, self._head("_staged", fb.batch_size))
         self._mark_done()
         p[2] = True
 
@@ -369,15 +370,29 @@ class GraphRunner:
         in place (rewritten once the last kernel that reads it has run: ``_done``)."""
         k = seq_lens_cpu.numel()
         if self._done is None:
-            return self._staged[:k].copy_(seq_lens_cpu)
+            return self._head("_staged", k).copy_(seq_lens_cpu)
         self._done.synchronize()  # usually complete: validate's synchronize() waited for the last load
         self._staged_np[:k] = seq_lens_cpu.numpy()  # numpy: a few µs less than torch's copy_
-        return self._staged[:k]
+        return self._head("_staged", k)
+
+    def _head(self, name: str, k: int, bs: int | None = None) -> torch.Tensor:
+        """``getattr(self, name)[:k]`` (a staging buffer: ``_staged``, ``_verdict``) or ``self.outputs[bs][:k]``, made once
+        per key (``capture`` forgets them): a slice costs about 1 µs of host a call (``benchmarks/host_python.py``)."""
+        if (view := self._heads.get((name, k, bs))) is None:
+            whole = getattr(self, name) if bs is None else getattr(self, name)[bs]
+            view = self._heads[name, k, bs] = whole[:k]
+        return view
 
     def _mark_done(self):
-        """Record ``_done`` after the kernels just launched (the device checks, the load) on the runner's stream."""
+        """Record ``_done`` after the kernels just launched (the device checks, the load) on the current stream: its
+        ``torch.cuda.Stream`` made once per raw handle (``current_stream`` parses the device and builds one in Python each
+        call: its ``_get_device_index`` took 15 µs a call, profiler included, in the H200 profile of
+        ``benchmarks/results/default_path/verdict_step/``; two calls a replay)."""
         if self._done is not None:
-            self._done.record(torch.cuda.current_stream(self.device))
+            raw = torch._C._cuda_getCurrentRawStream(self._verdict.device.index)  # as _op.direct_launch reads it
+            if (stream := self._streams.get(raw)) is None:
+                stream = self._streams[raw] = torch.cuda.current_stream(self._verdict.device)
+            self._done.record(stream)
 
     def synchronize(self):
         """Raise the refusal the last replay's device checks found (``refimpl.validate``), if any: the message
@@ -390,7 +405,7 @@ class GraphRunner:
         if loaded:
             if self._done is not None:
                 self._done.synchronize()  # the load has written the record
-            if not int(self._record[0]):
+            if not self._record_np[0]:
                 return
         if not (found := refused_categories(self._verdict, entries)):
             return
@@ -462,8 +477,8 @@ class GraphRunner:
         bs = self.pick_bs(fb.batch_size)
         self.load_inputs(fb, bs)
         self.replay_hook(fb, bs)
-        out = self.launch(bs)
-        return out[: fb.num_tokens]
+        self.launch(bs)
+        return self._head("outputs", fb.num_tokens, bs)  # a view of the graph's static output
 
     def eager(self, fb: ForwardBatch) -> torch.Tensor:
         if self.validate_inputs:

@@ -17,6 +17,8 @@ On CUDA it is launched directly (``_op.direct_launch``; ``benchmarks/copies_part
 run in torch (``load_inputs_ref``).
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -117,15 +119,20 @@ def load_inputs(
     load(src, dst, bs, rows, steps, fill, pad_req, pad_slot, *judged)
 
 
+@functools.lru_cache(256)  # a few sizes per runner: host µs
+def _blocks(rows: int, requests: int, verdict: int) -> tuple[int, int]:
+    """The load's block (every static row and request in one) and its verdict step."""
+    return next_power_of_2(max(rows, requests)), min(next_power_of_2(max(verdict, 1)), VERDICT_BLOCK)
+
+
 def launch_load_inputs(src: tuple, dst: tuple, bs, rows, steps, fill, pad_req, pad_slot, verdict=None, record=None, host=None):
     """The Triton kernel over ``load_inputs``' sources and destinations (CUDA; on a CPU the interpreter takes about 9 ms
     a call, so ``load_inputs`` runs ``load_inputs_ref`` there, and a test holds this kernel to it)."""
     n, raw_bs, dev = src[0].numel(), src[3].numel(), dst[0].device
-    block = next_power_of_2(max(dst[0].numel(), dst[2].numel()))
     src = dst if raw_bs == 0 else src  # an idle batch's sources are empty and never read (every mask is off)
     judged = verdict is not None
     nv = 0 if verdict is None else verdict.numel()
-    vblock = min(next_power_of_2(max(nv, 1)), VERDICT_BLOCK)
+    block, vblock = _blocks(dst[0].numel(), dst[2].numel(), nv)
     flags = (nv, judged, NONE, steps, block, vblock)
     verdict = (verdict, record, host if raw_bs else dst[3]) if judged else dst[:3]  # (dst: never read)
     sizes = (n, raw_bs, bs, bs * rows, fill, pad_req, pad_slot, *flags)

@@ -29,6 +29,8 @@ The held rule scans the request table (``pool * L`` entries), never the KV pool:
 minimum), then copies of ``seq_lens``, ``accept_length``, ``extend_seq_lens`` (``bs`` each).
 """
 
+import functools
+import operator
 from collections import Counter
 
 import torch
@@ -60,8 +62,10 @@ TABLE_CHUNK = 1024  # the held rule's scan: table entries per iteration
 # SMs): with 4 parts, a bs-1 batch scanned a 322 x 4096 table in 1.8 ms of GPU time, ten times its decode graph
 # (the interpreter runs programs one after another: 8 there)
 MIN_SPLIT, PROGRAMS = 4, 8 if _env.INTERPRET else 256
+_NO_TENSORS = (None,) * 6  # batch_check's optional tensors, absent
 
 
+@functools.lru_cache(256)  # the replay path's sizes: a few per runner (host µs)
 def _blocks(bs: int, num_rows: int, num_writes: int) -> int:
     return cdiv(max(bs, num_rows, num_writes, 1), BLOCK)
 
@@ -71,11 +75,13 @@ def table_split(blocks: int) -> int:
     return max(MIN_SPLIT, -(-PROGRAMS // blocks))
 
 
+@functools.lru_cache(256)
 def num_programs(bs: int, num_rows: int, num_writes: int) -> int:
     """Programs (entry block, table part): rows of ``out``."""
     return (blocks := _blocks(bs, num_rows, num_writes)) * table_split(blocks)
 
 
+@functools.lru_cache(256)
 def result_size(bs: int, num_rows: int, num_writes: int) -> int:
     """int64 entries ``out`` needs: the per-program minima, then three ``[bs]`` copies; never less for larger sizes (a
     buffer sized for a runner's largest batch holds every smaller one's)."""
@@ -249,18 +255,19 @@ def batch_check(
     dtypes, devices (``out``'s) and sizes: ``seq_lens`` / ``req_pool_indices`` / ``accept_length`` / ``extend_seq_lens``
     hold ``bs`` entries, ``input_ids`` / ``positions`` ``n``, ``row_req`` ``[2, n]``, ``out_cache_loc`` ``m``,
     ``live_rows`` (bool) ``pool``, ``host_seq_lens`` (int32; on CUDA pinned host memory, read in place) ``bs``."""
+    # every replay runs this: no generator, each size computed once (host µs: benchmarks/host_python.py)
     bs, n, m = seq_lens.numel(), input_ids.numel(), out_cache_loc.numel()
-    nprog = num_programs(bs, n, m)
+    blocks, nprog = _blocks(bs, n, m), num_programs(bs, n, m)
     optional = (accept_length, extend_seq_lens, row_req, custom_mask, live_rows, host_seq_lens)
-    flags = tuple(t is not None for t in optional)
+    flags = tuple(map(operator.is_not, optional, _NO_TENSORS))
     mask_size = 0 if custom_mask is None else custom_mask.numel()
-    args = (out, req_to_token, seq_lens, req_pool_indices, input_ids, positions, out_cache_loc)
     # the optional pointers (seq_lens: a dummy, never read), then the sizes
-    args += (*(seq_lens if t is None else t for t in optional), req_to_token.stride(0), *req_to_token.shape)
-    split = table_split(nprog_blocks := _blocks(bs, n, m))
-    args += (vocab, num_slots, bs, n, m, max(rows_per_req, 1), extra, mask_size, nprog, split, *flags)
-    args += (BLOCK, CHUNK, TABLE_CHUNK, NCAT, NONE)
-    direct_launch(_batch_check_kernel, (nprog_blocks, split), args, (_batch_check_kernel, out.device, *flags), out.device)
+    pointers = [seq_lens if t is None else t for t in optional]
+    pool, L = req_to_token.shape
+    args = (out, req_to_token, seq_lens, req_pool_indices, input_ids, positions, out_cache_loc, *pointers)
+    args += (req_to_token.stride(0), pool, L, vocab, num_slots, bs, n, m, max(rows_per_req, 1), extra, mask_size)
+    args += (nprog, nprog // blocks, *flags, BLOCK, CHUNK, TABLE_CHUNK, NCAT, NONE)
+    direct_launch(_batch_check_kernel, (blocks, nprog // blocks), args, (_batch_check_kernel, out.device, *flags), out.device)
 
 
 def read_result(out: torch.Tensor, bs: int, num_rows: int, num_writes: int) -> dict:
@@ -297,7 +304,6 @@ def batch_check_ref(
     input_ids,
     positions,
     out_cache_loc,
-    *,
     rows_per_req,
     extra,
     vocab,
