@@ -92,6 +92,26 @@ def row(mode: str, bs: int, ctx: int, calls: int, rounds: int) -> dict:
     return out
 
 
+def floor(calls: int, rounds: int) -> float:
+    """The host rules' bare operations on a decode batch of one request: six type / dtype / device / size / contiguity
+    checks, the host lengths' list, sum, min and max; no names, no modes, no refusal paths."""
+    rig = Rig.build(
+        find("triton", "in_graph")[0], KINDS["decode"], CHAIN, make_engine("auto"), capture_bs=(1,), max_context_len=64
+    )
+    fb = rig.gen.for_mode(rig.kind, 1, seq_lens=[40])
+    kinds, places = (torch.int64, torch.int32), (fb.world.device, torch.device("cpu"))
+
+    def rules():
+        for t in (fb.input_ids, fb.positions, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_cpu, fb.out_cache_loc):
+            if not (isinstance(t, torch.Tensor) and t.dtype in kinds and t.device in places and t.numel() and t.is_contiguous()):
+                raise ValueError(t)
+        seq = fb.seq_lens_cpu.tolist()
+        if fb.seq_lens_sum != sum(seq) or min(seq) < 1 or max(seq) > 64:
+            raise ValueError(seq)
+
+    return median_us(rules, calls, rounds)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pin", type=int, default=None)
@@ -110,6 +130,7 @@ def main(argv=None) -> int:
     for r in rows:
         cells = (r["validate"], r["host_rules"], r["checks_launch"], r["load"])
         print(f"| {r['mode']} | {r['bs']} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
+    print(f"floor: the host rules' bare operations, {floor(args.calls, args.rounds):.2f} µs")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(environment=bench.environment(), rows=rows), f, indent=1)

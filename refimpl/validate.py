@@ -216,7 +216,7 @@ def check_batch(fb, spec=None, kind=None, for_graph=False, world=None, out=None,
     extra = _check_spec(fb, mode, cfg, multi)
     if bs == 0:
         return fb, None
-    draft_extend = mode.is_any_draft_extend()
+    verify, draft_extend = mode.is_target_verify(), mode.is_any_draft_extend()
     # rows per request: uniform in a graph and in decode / verify; an eager extend may be ragged
     # (its lengths are read first: one more device read, on the eager path only)
     row_req, rows, per = None, None, n // bs
@@ -229,7 +229,7 @@ def check_batch(fb, spec=None, kind=None, for_graph=False, world=None, out=None,
             row_req = torch.tensor(owner, dtype=i32).T.contiguous().to(dev)
     if (want := per * bs if rows is None else sum(rows)) != n:
         raise _refuse("num_tokens", n, f"expected {want} rows for the batch's {bs} requests in {mode.name}")
-    mask = spec_info.custom_mask if mode.is_target_verify() else None
+    mask = spec_info.custom_mask if verify else None
     on_device = mask if mask is None or mask.dim() == 1 else None  # (a blind mask the batch allows: not a device rule)
     defer = out is not None and for_graph and not draft_extend and result_size(bs, n, fb.out_cache_loc.numel()) <= out.numel()
     defer &= not (multi and (spec_info.kv_indptr is not None or spec_info.kv_indices is not None))
@@ -244,7 +244,7 @@ def check_batch(fb, spec=None, kind=None, for_graph=False, world=None, out=None,
         i = first_bad(seq, lambda _, s: s + extra > L)
         what = f"seq_lens[{i}] + {extra}" if extra else f"seq_lens[{i}]"
         raise _refuse(what, seq[i] + extra, f"exceeds max_context_len={L}")
-    if mask is None and for_graph and mode.is_target_verify():
+    if mask is None and for_graph and verify:
         why = "a verify graph reads its mask buffer, which still holds the last batch's mask: give this batch's (a chain's is causal)"
         raise _refuse("spec_info.custom_mask", None, why)
     if mask is not None:  # its size depends on seq_lens, checked above
