@@ -255,7 +255,7 @@ MUTANTS = [
     Mutant(
         "validation: a graph verify batch may omit its mask",
         "refimpl.validate:check_batch",
-        "if mask is None and for_graph and mode.is_target_verify():",
+        "if mask is None and for_graph and verify:",
         "if False:",
         "verify: no mask after a masked batch (the graph would read the last batch's)",
     ),
