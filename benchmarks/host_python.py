@@ -71,6 +71,7 @@ def row(mode: str, bs: int, ctx: int, calls: int, rounds: int) -> dict:
     meta.inputs = StaticInputs(runner.kind, runner.spec_cfg, bs, runner.fill_value, META)
     meta._verdict = torch.empty_like(runner._verdict, device=META)
     meta._staged, meta._record, meta._pending = runner._staged, runner._record, None  # host buffers (pinned on CUDA)
+    meta._done = None  # no CUDA event (on a GPU the runner's would wait for nothing here)
     meta._captured_with = meta._bound()  # the identity checks run, as after a capture
     meta.validate(fb)
     assert (last := meta._pending), "a graph replay's device rules are deferred"

@@ -5,8 +5,8 @@
 # Everything goes into ONE archive, ${OUT:-gpu_out}/default_path.tgz (the device tool returns at most eight files:
 # session 47 lost a run's files to that limit), with device.txt (GPU, driver, library versions), load.txt (uptime
 # before each process) and tree.txt (the carried working tree's hash, as scripts/gpu_ci.sh computes it).
-#   carry [".whl", ".fi/0.7.2"]; about 6 minutes on a fresh machine (07d7951's lease: the JIT build 73 s, a process of
-#   the seven rows 35-42 s, a split run 16 s). No process starts after STOP_S (450 s), no split run after SPLIT_STOP_S (520 s).
+#   carry [".whl", ".fi/0.7.2"]; about 6.5 minutes on a fresh machine (07d7951's lease: the JIT build 73 s, a process of
+#   the seven rows 35-42 s, a split run 16 s; host_python.py about 20 s, estimated). No process starts after STOP_S (450 s), no split run after SPLIT_STOP_S (520 s).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/gpu_env.sh
@@ -20,6 +20,10 @@ python3 -c "import torch, triton, flashinfer; print('torch', torch.__version__, 
   >> "$res/device.txt" 2>&1
 # the JIT modules first (every FlashInfer row below would otherwise build them inside its timeout)
 ( time python3 benchmarks/split_hook.py --sizes 1 --repeats 5 --warmup 2 ${SPLIT_ARGS:-} ) > "$res/jit_warmup.txt" 2>&1
+# the replay path's own Python on this host (kernels stubbed, meta tensors): beside this machine's CPU numbers in
+# benchmarks/results/host_python/, it says how much of the validation and copies columns below is Python
+timeout 60 taskset -c "${PIN:-3}" python3 benchmarks/host_python.py --pin "${PIN:-3}" --out "$res/host_python.json" \
+  > "$res/host_python.txt" 2>&1
 rows=(flashinfer/unified+glue/decode flashinfer/unified+glue/target_verify flashinfer_mla/unified+glue/decode
   flashinfer_mla/unified+glue/target_verify triton/in_graph/decode triton/unified+glue/decode triton/in_graph/target_verify)
 # PROCS processes (default 6), one after the other, each measuring every row, its own row order rotated by one (a row
