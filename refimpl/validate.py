@@ -80,7 +80,7 @@ def _tensor(field: str, t: Any, dtype: torch.dtype, n: int | None, device: torch
     """Refuse ``t`` unless it is a ``dtype`` tensor on ``device`` of ``n`` entries (None: any)."""
     if not isinstance(t, torch.Tensor):
         raise _refuse(field, type(t).__name__, f"expected a {dtype} tensor")
-    if t.dtype != dtype:  # straight-line: every replay runs these (seven fields)
+    if t.dtype != dtype:  # (a replay's batch fields reach here only to be refused: check_batch checks them inline)
         raise _refuse(f"{field}.dtype", t.dtype, f"expected {dtype}")
     if t.device != device:
         raise _refuse(f"{field}.device", t.device, f"expected {device}")
@@ -293,7 +293,11 @@ def _contiguous(fb):
     spec = fb.spec_info
     if all(not isinstance(t, torch.Tensor) or t.is_contiguous() for t in _tensors(fb) + _tensors(spec)):
         return fb
-    fix = lambda o: {k: t.contiguous() for k, t in zip(_tensor_fields(type(o)), _tensors(o)) if isinstance(t, torch.Tensor)}
+    fix = lambda o: {
+        k: t.contiguous()
+        for k, t in zip(_tensor_fields(type(o)), _tensors(o))
+        if isinstance(t, torch.Tensor) and not t.is_contiguous()
+    }
     own = fix(fb)
     if moved := fix(spec):
         own["spec_info"] = dataclasses.replace(spec, **moved)
