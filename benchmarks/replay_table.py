@@ -9,7 +9,8 @@ Triton decode / target verify, faithful (``unified``), ``fused``, ``in_graph`` a
 2-layer models, medians of ``--repeats`` iterations after warm-up, 4 rotated batches. Columns per bs: validation
 (``runner.validate``: the host rules and the device checks' launch, not waited for), the replay hook, input copies
 (under the checks' verdict), ``graph.replay()``, copies + hook + launch, the **default path** (``runner.replay(fb)`` as a
-user calls it, validation on), the graph's GPU time. Each process also times a fixed pure-Python loop before and after its
+user calls it, validation on), the graph's GPU time; then the same phases timed in sequence within one call
+(``in_sequence``). Each process also times a fixed pure-Python loop before and after its
 rows (``host_probe_us``): the host's own speed in that process, which moved by up to 1.7x from one process to the next on
 the H200 (``results/default_path/interleaved_31184d2/``). A run given to ``--agree`` may be several processes' files:
 each point is then their median. A client of ``refimpl.rig`` and ``refimpl.bench.time_replay_path``. Issue 9's before / after
@@ -62,11 +63,40 @@ def measure(row: str, sizes, repeats: int, warmup: int, ctx: int, rotate: int = 
         batches = [rig.gen.for_mode(rig.kind, bs, seq_lens=lens) for _ in range(rotate)]
         r = bench.time_replay_path(rig.runner, batches, repeats, warmup)
         out[bs] = {k: r["host_us"][k]["median"] for k in ("validate", "copies", "hook", "launch", "path", "default")}
+        out[bs] |= in_sequence(rig.runner, batches, repeats, warmup)
         if "gpu_us" in r:
             out[bs]["gpu_graph"] = r["gpu_us"]["graph"]["median"]
         rig.gen.release_all()
     out["replays"] = dict(rig.runner.replays)
     return out
+
+
+SEQ = ("validate", "copies", "hook", "launch", "total")
+
+
+def in_sequence(runner, batches, repeats: int, warmup: int) -> dict:
+    """``runner.replay(fb)``'s phases in its order within one call (``GraphRunner._replay``), each call after a
+    synchronisation as the default path's, a time stamp between phases: ``seq_<phase>`` medians, host µs. Beside the
+    phases timed alone, it says in which phase the default path's extra time sits (the 35-90 µs of it that no column
+    held on the H200: ``results/default_path/``)."""
+    sync, stamps = bench._sync(runner.device.type == "cuda"), []
+    for it in range(warmup + repeats):
+        sync()
+        t = [time.perf_counter()]
+        fb = runner.validate(batches[it % len(batches)])
+        t.append(time.perf_counter())
+        bs = runner.pick_bs(fb.batch_size)
+        runner.load_inputs(fb, bs)
+        t.append(time.perf_counter())
+        runner.replay_hook(fb, bs)
+        t.append(time.perf_counter())
+        runner.launch(bs)
+        t.append(time.perf_counter())
+        if it >= warmup:
+            stamps.append([(b - a) * 1e6 for a, b in zip(t, t[1:])] + [(t[-1] - t[0]) * 1e6])
+    sync()
+    runner.synchronize()
+    return {f"seq_{k}": statistics.median(v) for k, v in zip(SEQ, zip(*stamps))}
 
 
 COLS = {"validate": "validation", "copies": "input copies", "hook": "replay hook", "launch": "graph launch"}
@@ -91,7 +121,7 @@ def pooled(files: list[str]) -> dict:
         for row, r in json.loads(Path(f).read_text())["rows"].items():
             for bs, point in r.items():  # besides the sizes: the replay counts, a row not glued
                 if isinstance(point, dict) and "default" in point:
-                    for col in COLS:
+                    for col in (c for c in (*COLS, *(f"seq_{k}" for k in SEQ)) if c in point):  # seq_*: in_sequence's
                         out.setdefault(row, {}).setdefault(bs, {}).setdefault(col, []).append(point[col])
     return out
 
@@ -127,6 +157,14 @@ def agreement(run1: list[str], run2: list[str], tol: float = 0.15) -> str:
         for bs, p in r.items():
             cells = [f"{statistics.median(p[c]):.0f} [{min(p[c]):.0f} - {max(p[c]):.0f}]" for c in COLS]
             lines.append(f"| {row} | {bs} | " + " | ".join(cells) + " |")
+    seq = [f"seq_{k}" for k in SEQ]
+    lines += ["", "In sequence (in_sequence), pooled: median [least - most], host µs", "| row | bs | " + " | ".join(SEQ) + " |"]
+    lines.append("|---" * (len(SEQ) + 2) + "|")
+    for row, r in both.items():
+        for bs, p in r.items():
+            if all(c in p for c in seq):
+                cells = [f"{statistics.median(p[c]):.0f} [{min(p[c]):.0f} - {max(p[c]):.0f}]" for c in seq]
+                lines.append(f"| {row} | {bs} | " + " | ".join(cells) + " |")
     for f in run1 + run2:
         probe = json.loads(Path(f).read_text())["environment"].get("host_probe_us", {})
         lines.append(f"{Path(f).name}: host probe " + ", ".join(f"{k} {v:.1f} µs" for k, v in probe.items()))
@@ -172,6 +210,12 @@ def main(argv=None) -> int:
             continue
         each = lambda k: " / ".join(f"{r[b][k]:.1f}" if k in r[b] else "-" for b in sizes)  # noqa: E731
         print(f"| {row} | " + " | ".join(each(c) for c in cols) + " |")
+    print(f"\nIn sequence (in_sequence: runner.replay's phases in one call), host µs, bs {per_bs}:")
+    print("| backend / variant / mode | " + " | ".join(SEQ) + " |")
+    print("|---" * (len(SEQ) + 1) + "|")
+    for row, r in res.items():
+        if "not_glued" not in r:
+            print(f"| {row} | " + " | ".join(" / ".join(f"{r[b].get('seq_' + k, 0):.1f}" for b in sizes) for k in SEQ) + " |")
     return 0
 
 
