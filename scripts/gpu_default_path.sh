@@ -51,6 +51,8 @@ for i in $(seq 1 "${SPLITS:-2}"); do
     > "$res/split$i.txt" 2>&1
   echo "split$i rc=$?" >> "$res/load.txt"
 done
+python3 benchmarks/issue32_goals.py "$res" > "$res/goals.txt" 2>&1  # every number against issue 32's goals
 tar -C "$res" -czf "$out/default_path.tgz" .
 tail -3 "$res/load.txt"
 cat "$res/agree.txt"
+grep -E "points met" "$res/goals.txt"
