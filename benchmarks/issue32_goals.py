@@ -1,13 +1,15 @@
 """Issue 32's goals read against one archive of ``scripts/gpu_default_path.sh``: every number, met or missed.
 
-    python benchmarks/issue32_goals.py DIR       # DIR: default_path.tgz unpacked (proc*.json, split*.json)
+    python benchmarks/issue32_goals.py DIR [ROWS]   # DIR: default_path.tgz unpacked (proc*.json, split*.json)
 
 Runs 1 and 2 are the odd and the even processes, as the script pairs them; a run's point is the median of its
 processes, a verdict reads both runs pooled (the median over every process) and says whether the two runs agree
 within 15 % (issue 32's "two runs agreeing within 15 %"). The goals: validation at most 30 µs and input copies at most
 10 µs at every bs; the whole default path (``runner.replay(fb)``) at most 40 µs at bs 1 for every glue-safe shape (the
 table's rows); a split hook's glued replay at most its host phase (the plan) + 15 µs at every bs in every split run
-(``split*.json``, ``benchmarks/split_hook.py``, each its own column; agreement read on the glued hooks).
+(``split*.json``, ``benchmarks/split_hook.py``, each its own column; agreement read on the glued hooks). A row of
+ROWS (comma-separated: the rows the driver asked for) that no process measured, or that a process found not glue-safe,
+is listed as not measured and counted as missed; an unreadable split file is named and skipped.
 """
 
 from __future__ import annotations
@@ -29,12 +31,19 @@ def _agree(a: float | None, b: float | None) -> str:
     return "yes" if max(a, b) / min(a, b) - 1 <= TOL else f"no ({max(a, b) / min(a, b) - 1:.0%})"
 
 
-def default_path(folder: Path) -> list[str]:
+def default_path(folder: Path, wanted: list[str]) -> list[str]:
     procs = sorted(folder.glob("proc*.json"), key=lambda p: int(p.stem.removeprefix("proc")))
     runs = [pooled([str(p) for p in procs if int(p.stem.removeprefix("proc")) % 2 == r]) for r in (1, 0)]
     lines = ["| row | bs | goal | pooled median [least - most] | run 1 / run 2 | agree | verdict |", "|---" * 7 + "|"]
     met = total = 0
-    for row, points in pooled([str(p) for p in procs]).items():
+    measured, why = pooled([str(p) for p in procs]), {}
+    for p in procs:  # a row a process found not glue-safe: {"not_glued": reason}
+        why |= {row: r["not_glued"] for row, r in json.loads(p.read_text())["rows"].items() if "not_glued" in r}
+    for row in dict.fromkeys([*wanted, *why]):
+        if row not in measured:
+            total += 1
+            lines.append(f"| {row} | - | every goal | not measured: {why.get(row, 'in no process')} | - | - | missed |")
+    for row, points in measured.items():
         for bs, cols in points.items():
             for col, (limit, only) in GOALS.items():
                 if only not in (None, bs):
@@ -52,11 +61,16 @@ def default_path(folder: Path) -> list[str]:
 
 
 def split_hooks(folder: Path) -> list[str]:
-    runs = [json.loads(p.read_text())["rows"] for p in sorted(folder.glob("split*.json"))]
+    runs, lines = [], []
+    for p in sorted(folder.glob("split*.json")):
+        try:
+            runs.append(json.loads(p.read_text())["rows"])
+        except (ValueError, KeyError) as e:  # a run killed while writing its file
+            lines.append(f"split hooks: {p.name} unreadable ({type(e).__name__}), skipped")
     if not runs:
-        return ["split hooks: no split*.json"]
+        return lines + ["split hooks: no readable split*.json"]
     head = " | ".join(f"run {i + 1}: glued - host phase" for i in range(len(runs)))
-    lines = [f"| row | bs | {head} | glued hooks agree | verdict |", "|---" * (len(runs) + 4) + "|"]
+    lines += [f"| row | bs | {head} | glued hooks agree | verdict |", "|---" * (len(runs) + 4) + "|"]
     met = total = 0
     for row, points in runs[0].items():
         for bs in points:
@@ -73,11 +87,12 @@ def split_hooks(folder: Path) -> list[str]:
 
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or not Path(args[0]).is_dir():
+    if len(args) not in (1, 2) or not Path(args[0]).is_dir():
         print(__doc__.splitlines()[2].strip(), file=sys.stderr)
         return 2
     folder = Path(args[0])
-    print("\n".join(default_path(folder) + [""] + split_hooks(folder)))
+    print("\n".join(default_path(folder, [r for r in args[1:2] for r in r.split(",") if r]) + [""]), flush=True)
+    print("\n".join(split_hooks(folder)))  # after the table: a split file that cannot be read leaves it printed
     return 0
 
 

@@ -78,7 +78,7 @@ def in_sequence(runner, batches, repeats: int, warmup: int) -> dict:
     """``runner.replay(fb)``'s phases in its order within one call (``GraphRunner._replay``), each call after a
     synchronisation as the default path's, a time stamp between phases: ``seq_<phase>`` medians, host µs. Beside the
     phases timed alone, it says in which phase the default path's extra time sits (the 35-90 µs of it that no column
-    held on the H200: ``results/default_path/``)."""
+    held on the H200: ``results/default_path/``). Not in it: ``replay``'s ``can_run`` and the output view (a few µs)."""
     sync, stamps = bench._sync(runner.device.type == "cuda"), []
     for it in range(warmup + repeats):
         sync()
