@@ -58,7 +58,8 @@ from .modes import ForwardMode
 from .spec import DraftDecodeInput, DraftExtendInput, VerifyInput, verify_n
 
 _CPU = torch.device("cpu")
-_FIELDS = ("input_ids", "positions", "req_pool_indices", "seq_lens", "seq_lens_cpu", "out_cache_loc")
+# check_batch's six tensors, as a refusal names them
+_FIELDS = tuple(f"ForwardBatch.{k}" for k in "input_ids positions req_pool_indices seq_lens seq_lens_cpu out_cache_loc".split())
 
 
 class BatchRefused(ValueError):
@@ -80,7 +81,7 @@ def _tensor(field: str, t: Any, dtype: torch.dtype, n: int | None, device: torch
     """Refuse ``t`` unless it is a ``dtype`` tensor on ``device`` of ``n`` entries (None: any)."""
     if not isinstance(t, torch.Tensor):
         raise _refuse(field, type(t).__name__, f"expected a {dtype} tensor")
-    if t.dtype != dtype:  # (a replay's batch fields reach here only to be refused: check_batch checks them inline)
+    if t.dtype != dtype:  # straight-line: every replay runs these (check_batch's six fields, names made once)
         raise _refuse(f"{field}.dtype", t.dtype, f"expected {dtype}")
     if t.device != device:
         raise _refuse(f"{field}.device", t.device, f"expected {device}")
@@ -203,9 +204,8 @@ def check_batch(fb, spec=None, kind=None, for_graph=False, world=None, out=None,
     locs = n * _int("spec_info.num_steps", spec_info.num_steps) if multi else n
     # (dtype, entries, device) per field of _FIELDS; seq_lens_cpu: the host copy
     want = ((i64, None, dev), (i64, n, dev), (i64, bs, dev), (i32, bs, dev), (i32, bs, _CPU), (i64, locs, dev))
-    for name, t, (dtype, count, device) in zip(_FIELDS, ts, want):  # inline: every replay runs these (host µs)
-        if not (isinstance(t, torch.Tensor) and t.dtype is dtype and t.device == device and count in (None, t.numel())):
-            _tensor(f"ForwardBatch.{name}", t, dtype, count, device)  # the refusal, naming the field
+    for name, t, (dtype, count, device) in zip(_FIELDS, ts, want):  # (no f-string per call: host µs)
+        _tensor(name, t, dtype, count, device)
     fb = _contiguous(fb)
     spec_info, L, seq = fb.spec_info, world.max_context_len, fb.seq_lens_cpu.tolist()
     total = _int("ForwardBatch.seq_lens_sum", fb.seq_lens_sum)

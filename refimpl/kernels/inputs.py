@@ -120,7 +120,7 @@ def load_inputs(
 
 
 @functools.lru_cache(256)  # a few sizes per runner: host µs
-def _blocks(rows: int, requests: int, verdict: int) -> tuple[int, int]:
+def _load_blocks(rows: int, requests: int, verdict: int) -> tuple[int, int]:
     """The load's block (every static row and request in one) and its verdict step."""
     return next_power_of_2(max(rows, requests)), min(next_power_of_2(max(verdict, 1)), VERDICT_BLOCK)
 
@@ -132,7 +132,7 @@ def launch_load_inputs(src: tuple, dst: tuple, bs, rows, steps, fill, pad_req, p
     src = dst if raw_bs == 0 else src  # an idle batch's sources are empty and never read (every mask is off)
     judged = verdict is not None
     nv = 0 if verdict is None else verdict.numel()
-    block, vblock = _blocks(dst[0].numel(), dst[2].numel(), nv)
+    block, vblock = _load_blocks(dst[0].numel(), dst[2].numel(), nv)
     flags = (nv, judged, NONE, steps, block, vblock)
     verdict = (verdict, record, host if raw_bs else dst[3]) if judged else dst[:3]  # (dst: never read)
     sizes = (n, raw_bs, bs, bs * rows, fill, pad_req, pad_slot, *flags)
