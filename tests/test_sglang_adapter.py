@@ -1,16 +1,21 @@
 """``python -m refimpl check --sglang triton`` / ``wave`` / ``trtllm_mla``: the checker on SGLang 0.5.23's own backends
-(``refimpl/adapters/sglang.py``), from the wheel ``scripts/fetch_sglang.sh`` unpacks. Run in a child process: the
-stand-ins SGLang's import needs (transformers, PIL, ...) must not reach this one. Skips without the wheel, unless
-``REFIMPL_REQUIRE_SGLANG=1`` (CI sets it)."""
+(``refimpl/adapters/sglang.py``), from the wheel ``scripts/fetch_sglang.sh`` unpacks. Run in a child process
+(``tests/sglang_checks.py``, one per test file, each check a command line it runs): the stand-ins SGLang's import needs
+(transformers, PIL, ...) must not reach this one. Skips without the wheel, unless ``REFIMPL_REQUIRE_SGLANG=1`` (CI sets
+it)."""
 
 import json
 import os
+import queue
 import subprocess
 import sys
+import tempfile
+import threading
 
 import pytest
 import torch
 from helpers import gate
+from sglang_checks import REPLY
 
 from refimpl.adapters import sglang_stubs
 
@@ -26,17 +31,55 @@ def need_sglang():
         pytest.skip(f"no SGLang 0.5.23 at {SGL} (bash scripts/fetch_sglang.sh)")
 
 
-def check(name, *args):
-    """``python -m refimpl check --sglang NAME --json`` (or ``ARGS`` instead of ``--sglang NAME``) in a child process:
-    (exit code, rows by mode)."""
+_CHILD = {}  # this test file's check process: "proc", its replies ("lines"), its stderr ("log")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def check_process():
+    """The check process ends with the test file that started it (its SGLang import holds about 1 GB)."""
+    yield
+    if (proc := _CHILD.pop("proc", None)) is not None:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+
+
+def run_check(*argv, env=None, timeout=600):
+    """``python -m refimpl check ARGV`` in this test file's check process (started by the first; ``env``: variables set
+    for this command only): (exit code, stdout, stderr)."""
     need_sglang()
-    cmd = [sys.executable, "-m", "refimpl", "check", *(args or ("--sglang", name)), "--json"]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH", "")]))
-    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert res.stdout.startswith("["), res.stderr[-3000:]
-    rows = {r["mode"]: r for r in json.loads(res.stdout)}
+    if (proc := _CHILD.get("proc")) is None:
+        path = os.pathsep.join([os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH", "")])
+        log, lines = tempfile.TemporaryFile("w+"), queue.Queue()
+        cmd = [sys.executable, os.path.join(ROOT, "tests", "sglang_checks.py")]
+        env_ = dict(os.environ, PYTHONPATH=path)
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env_, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+        threading.Thread(target=lambda: [*map(lines.put, proc.stdout), lines.put("")], daemon=True).start()
+        _CHILD.update(proc=proc, lines=lines, log=log)
+    proc.stdin.write(json.dumps({"argv": ["check", *argv], "env": env or {}}) + "\n")
+    proc.stdin.flush()
+    while True:
+        try:
+            line = _CHILD["lines"].get(timeout=timeout)
+        except queue.Empty:
+            _CHILD.pop("proc").kill()
+            pytest.fail(f"check {' '.join(argv)}: no answer in {timeout} s")
+        if not line:  # the process died: its last words
+            _CHILD.pop("proc")
+            _CHILD["log"].seek(0)
+            pytest.fail(f"the check process died during check {' '.join(argv)}:\n{_CHILD['log'].read()[-3000:]}")
+        if line.startswith(REPLY):
+            reply = json.loads(line[len(REPLY) :])
+            return reply["code"], reply["stdout"], reply["stderr"]
+
+
+def check(name, *args, env=None):
+    """``python -m refimpl check --sglang NAME --json`` (or ``ARGS`` instead of ``--sglang NAME``) in the check process:
+    (exit code, rows by mode)."""
+    code, out, err = run_check(*(args or ("--sglang", name)), "--json", env=env)
+    assert out.startswith("["), err[-3000:]
+    rows = {r["mode"]: r for r in json.loads(out)}
     assert {r["variant"] for r in rows.values()} == {"sglang-0.5.23"}
-    return res.returncode, rows
+    return code, rows
 
 
 def passes(row):
@@ -69,11 +112,9 @@ def test_check_runs_sglang_s_own_triton_backend():
 def test_the_fuzzer_drives_sglang_s_own_backend(mode):
     """``check --sglang triton --fuzz``: random batches (chains and topk-2 trees, padded sizes) through SGLang's own hooks
     under refimpl's runner, each replay held to eager, the oracle, the KV guard and the padded-row invariants."""
-    need_sglang()
-    cmd = [sys.executable, "-m", "refimpl", "check", "--sglang", "triton", "--fuzz", "1", "--json", "--mode", mode]
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    out = json.loads(res.stdout)
+    code, out, err = run_check("--sglang", "triton", "--fuzz", "1", "--json", "--mode", mode)
+    assert code == 0, err[-3000:]
+    out = json.loads(out)
     assert out["mismatches"] == [] and out["skipped"] == [], out
     want = {f"triton/sglang-0.5.23/{mode}/{s}" for s in (("chain",) if mode == "decode" else ("chain", "tree"))}
     assert set(out["batches"]) == want, out  # decode: no spec input, no trees

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import torch
-from test_sglang_adapter import ROOT, check, passes
+from test_sglang_adapter import ROOT, check, check_process, passes  # noqa: F401 (check_process: this file's too)
 
 
 def test_check_runs_sglang_s_own_flashinfer_backend():
@@ -83,9 +83,9 @@ def test_check_names_sglang_s_own_flashinfer_mla_stale_bound_buffers_and_draft_w
             assert len(others) == r * (i + 1) and {q for q, _ in others} <= {r - 1}, (i, r, others)
 
 
-def test_sglang_s_opt_in_flashinfer_host_plans_are_refused_by_name(monkeypatch):
+def test_sglang_s_opt_in_flashinfer_host_plans_are_refused_by_name():
     """SGLang's opt-in host plans change the paths the adapter models (verify's packs the mask into bits, the multi-step
     one takes its indptr from seq_lens_cpu): set, every FlashInfer row names the switch instead of a wrong verdict."""
-    monkeypatch.setenv("SGLANG_OPT_FLASHINFER_DRAFT_HOST_INDPTR", "1")
-    code, rows = check("", "--sglang", "flashinfer", "--mode", "draft_decode")
+    env = {"SGLANG_OPT_FLASHINFER_DRAFT_HOST_INDPTR": "1"}
+    code, rows = check("", "--sglang", "flashinfer", "--mode", "draft_decode", env=env)
     assert code == 1 and "SGLANG_OPT_FLASHINFER_DRAFT_HOST_INDPTR is set" in rows["draft_decode"]["findings"][0], rows
