@@ -144,7 +144,7 @@ def _scratch(device: torch.device, size: int) -> torch.Tensor:
     return buf
 
 
-def _launch_device_checks(fb, per: int, extra: int, row_req, draft_extend: bool, mask, out=None, host=None):
+def _launch_device_checks(fb, per: int, extra: int, row_req, draft_extend: bool, mask, out, host):
     """The device rules: one ``batch_check`` launch now; the returned callable reads its result (the one device read), so
     the host rules run meanwhile. On the CPU: ``batch_check_ref`` (the interpreted kernel costs ms per batch;
     ``tests/test_batch_check.py`` holds the two to the same answers). The held rule reads the pool's live rows.
@@ -231,8 +231,9 @@ def check_batch(fb, spec=None, kind=None, for_graph=False, world=None, out=None,
         raise _refuse("num_tokens", n, f"expected {want} rows for the batch's {bs} requests in {mode.name}")
     mask = spec_info.custom_mask if verify else None
     on_device = mask if mask is None or mask.dim() == 1 else None  # (a blind mask the batch allows: not a device rule)
+    own_kv = multi and (spec_info.kv_indptr is not None or spec_info.kv_indices is not None)  # a batch's own kv indices
     defer = out is not None and for_graph and not draft_extend and result_size(bs, n, fb.out_cache_loc.numel()) <= out.numel()
-    defer &= not (multi and (spec_info.kv_indptr is not None or spec_info.kv_indices is not None))
+    defer &= not own_kv
     if defer and getattr(spec_info, "allow_blind_rows", False):
         on_device = None
     staged = host(fb.seq_lens_cpu) if defer else None
@@ -276,7 +277,7 @@ def check_batch(fb, spec=None, kind=None, for_graph=False, world=None, out=None,
         i = first_bad(rows, lambda r, k: seq[r] < k)
         raise _refuse(f"seq_lens[{i}]", seq[i], f"counts the request's {rows[i]} new rows")
     _report_device_findings(fb, res["first"], seq, extra, per, row_req)
-    if multi and (spec_info.kv_indptr is not None or spec_info.kv_indices is not None):
+    if own_kv:
         _check_draft_indices(fb, seq, extra)
     return fb, None
 

@@ -23,9 +23,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import importlib
 import importlib.util
 import os
+import pkgutil
 import sys
 import types
 from pathlib import Path
@@ -50,21 +50,25 @@ VERSION = "0.5.23"
 ROOT = Path(os.environ.get("REFIMPL_SGLANG", Path(__file__).resolve().parents[2] / ".sgl" / VERSION))
 
 
+# what 0.5.23's Triton and FlashInfer backends capture (0.5.23 has no draft extend v1)
+_NO_DRAFT_EXTEND_V1 = frozenset({ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2})
+
+
 class SGLangNotFound(ImportError):
     """No unpacked SGLang 0.5.23 where ``REFIMPL_SGLANG`` (default ``.sgl/0.5.23``) points."""
 
 
-def setup(root: Path = ROOT) -> None:
+def setup() -> None:
     """Put SGLang's unpacked wheel and its two real dependencies (msgspec, dill) on the path and install the stand-ins
     (on CUDA also the last-resort finder: SGLang imports GPU-only packages a CPU run never reaches)."""
     if "sglang" in sys.modules:
         return
-    if not (root / "site" / "sglang").is_dir():
+    if not (ROOT / "site" / "sglang").is_dir():
         raise SGLangNotFound(
-            f"SGLang {VERSION} not found at {root}: run `bash scripts/fetch_sglang.sh` (network, a 39 MB wheel) or set "
+            f"SGLang {VERSION} not found at {ROOT}: run `bash scripts/fetch_sglang.sh` (network, a 39 MB wheel) or set "
             "REFIMPL_SGLANG to a folder holding site/sglang and deps/"
         )
-    sys.path[:0] = [str(root / "site"), str(root / "deps")]
+    sys.path[:0] = [str(ROOT / "site"), str(ROOT / "deps")]
     real = {"tvm_ffi"} if importlib.util.find_spec("tvm_ffi") is not None else set()  # flashinfer's JIT loader's
     sglang_stubs.install(tuple(r for r in sglang_stubs.ROOTS if r not in real), fallback=torch.cuda.is_available())
 
@@ -73,8 +77,8 @@ setup()  # at import: a missing SGLang is one clear error where the class is loa
 
 
 @contextlib.contextmanager
-def _on_cpu(on: bool):
-    """While ``on`` (a CPU world: no pinned-memory allocator, no CUDA device), SGLang's device code runs as it would on a
+def _on_cpu(device: torch.device):
+    """On a CPU ``device`` (no pinned-memory allocator, no CUDA device), SGLang's device code runs as it would on a
     GPU: ``torch.zeros`` / ``torch.empty`` make a plain host tensor where it pins one (0.5.23's FlashInfer-MLA
     fast-plan host arrays) and a CPU one where it hardcodes ``device="cuda"`` (``flashinfer_mla_backend.py``:
     ``init_cuda_graph_state``, the decode plan's first ``kv_indices``; ``flashinfer_backend.py``:
@@ -90,7 +94,7 @@ def _on_cpu(on: bool):
         out = moved[0](t, *a, **k)
         return out.clone() if out is t and "cpu" in map(str, (*a, k.get("device"))) else out
 
-    if not on:
+    if device.type != "cpu":
         yield
         return
     torch.zeros, torch.empty = map(on_cpu, made)
@@ -183,7 +187,7 @@ class _SGLang:
     """The adapter, mixed into the refimpl shape whose ``forward``, eager path and reference it keeps: SGLang's class
     ``upstream`` (in ``sglang.srt.layers.attention``) owns the graph buffers and the metadata hook."""
 
-    upstream = ""  # "module.Class" under sglang.srt.layers.attention
+    upstream = ""  # "module:Class" under sglang.srt.layers.attention
     attention_backend = ""  # ServerArgs.attention_backend
     variant = f"sglang-{VERSION}"
     adopted: tuple[str, ...] = ()  # the graph buffers SGLang's init_cuda_graph_state allocates (refimpl's names)
@@ -200,9 +204,8 @@ class _SGLang:
         super().__init__(world, spec, **kw)
         self._stand_ins()
         if sglang is None:
-            module, name = self.upstream.rsplit(".", 1)
-            theirs = getattr(importlib.import_module(f"sglang.srt.layers.attention.{module}"), name)
-            with _on_cpu(world.device.type == "cpu"):
+            theirs = pkgutil.resolve_name(f"sglang.srt.layers.attention.{self.upstream}")
+            with _on_cpu(world.device):
                 sglang = theirs(self._model_runner(world, spec))
         self.sglang = sglang
 
@@ -216,14 +219,14 @@ class _SGLang:
     def init_cuda_graph_state(self, max_bs, max_num_tokens, *args) -> None:
         super().init_cuda_graph_state(max_bs, max_num_tokens)  # the sizes; its buffers are replaced by SGLang's
         if not self.in_wrapper:
-            with _on_cpu(self.device.type == "cpu"):
+            with _on_cpu(self.device):
                 self.sglang.init_cuda_graph_state(max_bs, max_num_tokens, *args)
         for name in self.adopted:
             setattr(self, name, getattr(self.sglang, name))
 
     def init_forward_metadata_out_graph(self, fb, in_capture: bool = False) -> None:
         self.check_graph_mode(fb.forward_mode)
-        with _on_cpu(self.device.type == "cpu"):
+        with _on_cpu(self.device):
             self.sglang.init_forward_metadata_out_graph(self._their_batch(fb), in_capture)
         if in_capture:
             self._take_frozen(fb.batch_size)
@@ -281,10 +284,9 @@ class _SGLangMultiStep:
         drives = issubclass(adapter, _SGLang)
         if drives:
             adapter._stand_ins(self)
-        module, name = self.upstream.rsplit(".", 1)
-        theirs = getattr(importlib.import_module(f"sglang.srt.layers.attention.{module}"), name)
+        theirs = pkgutil.resolve_name(f"sglang.srt.layers.attention.{self.upstream}")
         runner = (adapter if drives else _SGLang)._model_runner(self, world, spec)
-        with _on_cpu(world.device.type == "cpu"):
+        with _on_cpu(world.device):
             self.sglang = theirs(runner, spec.topk, spec.num_steps)
         if drives:
             steps = iter(self.sglang.attn_backends)
@@ -298,7 +300,7 @@ class _SGLangMultiStep:
             self.kv_indptr = self.sglang.kv_indptr
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        with _on_cpu(self.device.type == "cpu"):
+        with _on_cpu(self.device):
             self.sglang.init_cuda_graph_state(max_bs, max_num_tokens)  # every step's; the steps' kv_indices rows its own
         super().init_cuda_graph_state(max_bs, max_num_tokens)  # refimpl's sizes; driving steps adopt SGLang's buffers
         if isinstance(self, MultiStepDraftBackend):
@@ -354,17 +356,16 @@ def _sync_splits(ours, theirs) -> None:
 
 def _triton_metadata(md, **given) -> TritonMetadata:
     """SGLang's Triton metadata (the tensors it froze) as refimpl's kernels take it; ``given`` replaces fields."""
-    fields = ("kv_indptr", "kv_indices", "attn_logits", "attn_lse", "num_kv_splits", "max_extend_len", "qo_indptr")
-    return TritonMetadata(**{f: getattr(md, f) for f in (*fields, "custom_mask", "mask_indptr")} | given)
+    return TritonMetadata(**{f.name: getattr(md, f.name) for f in dataclasses.fields(TritonMetadata)} | given)
 
 
 class SGLangTritonAttnBackend(_SGLangTriton, TritonAttnBackend):
     """SGLang 0.5.23's ``TritonAttnBackend`` (``triton_backend.py``): decode, idle, target verify, draft extend v2; its
     multi-step draft wrapper below."""
 
-    upstream = "triton_backend.TritonAttnBackend"
+    upstream = "triton_backend:TritonAttnBackend"
     multi_step_class = "refimpl.adapters.sglang:SGLangTritonMultiStepDraftBackend"
-    graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2})
+    graph_modes = _NO_DRAFT_EXTEND_V1
 
 
 _PADDED_DRAFT_ROWS = (  # the multi-step wrappers' shared index launch (Triton's, FlashInfer's)
@@ -382,7 +383,7 @@ class SGLangTritonMultiStepDraftBackend(_SGLangMultiStep, TritonMultiStepDraftBa
     ``kv_indices`` is a view sized by the capture batch's ``seq_lens_sum``; its kernel reads by pointer past that view,
     so refimpl's steps read (and the checker compares) the step's whole row, what the captured kernel reads."""
 
-    upstream, attention_backend = "triton_backend.TritonMultiStepDraftBackend", "triton"
+    upstream, attention_backend = "triton_backend:TritonMultiStepDraftBackend", "triton"
     graph_buffer_names = ("cuda_graph_kv_indices", "cuda_graph_num_kv_splits")  # not the indptr: as _SGLangTriton
     upstream_findings = {  # what 0.5.23's own wrapper does that these findings show (docs/reference.md has the why)
         r"^step\d+\.num_kv_splits: .*capture vs replay": "0.5.23 computes split counts on replay only, "
@@ -416,7 +417,7 @@ class SGLangWaveAttnBackend(_SGLangTriton, WaveAttnBackend):
     for the mask and notes that Wave is not yet wired into the speculative draft-backend factory; merged #32920 fixed
     Triton's), named here before the copy instead of a size-mismatch error from inside SGLang."""
 
-    upstream = "wave_backend.WaveAttnBackend"
+    upstream = "wave_backend:WaveAttnBackend"
 
     def _stand_ins(self) -> None:
         sglang_stubs.install(("wave_lang", "iree"))
@@ -443,7 +444,7 @@ class SGLangTRTLLMMLABackend(_SGLang, TRTLLMMLAAttnBackendSimplified):
     what 0.5.23 runs) gives the eager path and the reference. Beyond it, 0.5.23 keeps a static int32 ``seq_lens_k`` for
     plain decode and a ``global_seq_lens_k`` (= ``seq_lens_k``, for DCP) for target verify: both in the state compared."""
 
-    upstream = "trtllm_mla_backend.TRTLLMMLABackend"
+    upstream = "trtllm_mla_backend:TRTLLMMLABackend"
     attention_backend = "trtllm_mla"
     multi_step_class = "refimpl.adapters.sglang:SGLangTRTLLMMLAMultiStepDraftBackend"
     # its block table; the FlashInfer-MLA parent's buffers (its graph modes never read them)
@@ -503,7 +504,7 @@ class SGLangTRTLLMMLAMultiStepDraftBackend(_SGLangMultiStep, TRTLLMMLAMultiStepD
     (``SGLangTRTLLMMLABackend`` over SGLang's) run ``forward`` over what each froze and give the eager path and the
     reference: step i reads the prefix and the chain's i+1 drafts, ``seq_lens + i + 1``."""
 
-    upstream, attention_backend = "trtllm_mla_backend.TRTLLMMLAMultiStepDraftBackend", "trtllm_mla"
+    upstream, attention_backend = "trtllm_mla_backend:TRTLLMMLAMultiStepDraftBackend", "trtllm_mla"
     step_cls = _SGLangTRTLLMStep
     upstream_findings = {  # what 0.5.23's own steps do that these findings show (docs/reference.md has the why)
         r"^reference: step\d+\.(seq_lens_k|block_kv_indices)": "0.5.23's draft steps take the batch's seq_lens without "
@@ -585,34 +586,38 @@ def _standin_classes() -> types.SimpleNamespace:
     )
 
 
-def _eagle_spec_inputs(backend, fb, batch):
-    """``batch`` (SGLang's) with SGLang's own spec inputs for verify and draft extend: the FlashInfer hooks call their
-    ``generate_attn_arg_prefill`` (``eagle_info.py``); the fields no hook reads are None."""
-    from sglang.srt.speculative import eagle_info
+class _SGLangFlashInfer(_SGLang):
+    """FlashInfer's and FlashInfer-MLA's: SGLang's batch with SGLang's own spec inputs for verify and draft extend (the
+    FlashInfer hooks call their ``generate_attn_arg_prefill``, ``eagle_info.py``); the fields no hook reads are None."""
 
-    mode, spec = fb.forward_mode, backend.spec
-    if mode.is_target_verify():
-        unread = ("draft_token", "positions", "retrieve_index", "retrieve_next_token", "retrieve_next_sibling")
-        batch.spec_info = eagle_info.EagleVerifyInput(
-            custom_mask=fb.spec_info.custom_mask,
-            retrieve_cum_len=None,
-            spec_steps=spec.num_steps,
-            topk=spec.topk,
-            draft_token_num=spec.num_draft_tokens,
-            capture_hidden_mode=None,
-            seq_lens_sum=fb.seq_lens_sum,
-            seq_lens_cpu=fb.seq_lens_cpu,
-            **dict.fromkeys(unread),
-        )
-    elif mode.is_any_draft_extend():
-        accepted = batch.spec_info.extend_seq_lens_tensor - 1  # per padded row, as _SGLang._their_batch fills them
-        batch.spec_info = eagle_info.EagleDraftExtendInput(
-            num_correct_drafts=accepted, num_accept_tokens=accepted + 1, num_tokens_per_req=spec.num_draft_tokens
-        )
-    return batch
+    attention_backend = "flashinfer"
+
+    def _their_batch(self, fb):
+        from sglang.srt.speculative import eagle_info
+
+        batch, mode, spec = super()._their_batch(fb), fb.forward_mode, self.spec
+        if mode.is_target_verify():
+            unread = ("draft_token", "positions", "retrieve_index", "retrieve_next_token", "retrieve_next_sibling")
+            batch.spec_info = eagle_info.EagleVerifyInput(
+                custom_mask=fb.spec_info.custom_mask,
+                retrieve_cum_len=None,
+                spec_steps=spec.num_steps,
+                topk=spec.topk,
+                draft_token_num=spec.num_draft_tokens,
+                capture_hidden_mode=None,
+                seq_lens_sum=fb.seq_lens_sum,
+                seq_lens_cpu=fb.seq_lens_cpu,
+                **dict.fromkeys(unread),
+            )
+        elif mode.is_any_draft_extend():
+            accepted = batch.spec_info.extend_seq_lens_tensor - 1  # per padded row, as _SGLang._their_batch fills them
+            batch.spec_info = eagle_info.EagleDraftExtendInput(
+                num_correct_drafts=accepted, num_accept_tokens=accepted + 1, num_tokens_per_req=spec.num_draft_tokens
+            )
+        return batch
 
 
-class SGLangFlashInferAttnBackend(_SGLang, FlashInferAttnBackend):
+class SGLangFlashInferAttnBackend(_SGLangFlashInfer, FlashInferAttnBackend):
     """SGLang 0.5.23's ``FlashInferAttnBackend`` (``flashinfer_backend.py``): decode, idle, target verify, draft extend
     v2. Its hook creates, binds and registers the per-bs wrappers at capture (Pattern B) and re-plans them on replay:
     decode through flashinfer's ``fast_decode_plan`` after the first plan, draft extend through SGLang's own
@@ -624,10 +629,9 @@ class SGLangFlashInferAttnBackend(_SGLang, FlashInferAttnBackend):
     method (SGLang's own ``UnquantizedKVCacheMethod``), an allocator with no sliding-window pool, the model's
     architectures (none), and the attention backend names."""
 
-    upstream = "flashinfer_backend.FlashInferAttnBackend"
-    attention_backend = "flashinfer"
+    upstream = "flashinfer_backend:FlashInferAttnBackend"
     multi_step_class = "refimpl.adapters.sglang:SGLangFlashInferMultiStepDraftBackend"
-    graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2})
+    graph_modes = _NO_DRAFT_EXTEND_V1
     # SGLang's (a list, one per wrapper: one here) and its mask scratch, bound to its wrappers; not the indptrs (its
     # decode hook never writes kv_indptr[0], as Triton's)
     adopted = ("cuda_graph_kv_indices", "cuda_graph_custom_mask")
@@ -659,9 +663,6 @@ class SGLangFlashInferAttnBackend(_SGLang, FlashInferAttnBackend):
         self.cuda_graph_kv_indices, self.kv_indptr = theirs.cuda_graph_kv_indices[0], theirs.kv_indptr[0]
         self.kv_last_page_len = theirs.kv_last_page_len
 
-    def _their_batch(self, fb):
-        return _eagle_spec_inputs(self, fb, super()._their_batch(fb))
-
     def forward(self, q, k, v, layer: int, fb):
         md = self.forward_metadata
         if isinstance(md, PrefillMetadata):  # SGLang's forward_extend runs its wrapper causal (a bound mask wins)
@@ -692,7 +693,7 @@ class SGLangFlashInferMultiStepDraftBackend(_SGLangMultiStep, FlashInferMultiSte
     hook on the step's rows, which plans the step's wrapper. refimpl's steps (``SGLangFlashInferAttnBackend`` over
     SGLang's) run ``forward`` over the wrappers each froze and give the eager path and the reference."""
 
-    upstream, attention_backend = "flashinfer_backend.FlashInferMultiStepDraftBackend", "flashinfer"
+    upstream, attention_backend = "flashinfer_backend:FlashInferMultiStepDraftBackend", "flashinfer"
     step_cls = _SGLangFlashInferStep
     graph_buffer_names = ("cuda_graph_kv_indices",)  # not the indptr: as SGLangFlashInferAttnBackend
     upstream_findings = {r"^reference: step\d+\.paged_kv_ind": _PADDED_DRAFT_ROWS}
@@ -705,7 +706,7 @@ _PR_37975 = (
 )
 
 
-class SGLangFlashInferMLAAttnBackend(_SGLang, FlashInferMLAAttnBackend):
+class SGLangFlashInferMLAAttnBackend(_SGLangFlashInfer, FlashInferMLAAttnBackend):
     """SGLang 0.5.23's ``FlashInferMLAAttnBackend`` (``flashinfer_mla_backend.py``): decode, idle and target verify
     (chains: its verify plans ``causal=True``, no tree mask; 0.5.23 captures no draft extend). At capture its hook
     creates, binds and registers the per-bs wrapper and plans it (then routes its ``plan`` to SGLang's
@@ -715,8 +716,7 @@ class SGLangFlashInferMLAAttnBackend(_SGLang, FlashInferMLAAttnBackend):
     ``kv_indptr`` / ``kv_len_arr`` keep the capture batch's values (open PR #37975; the MLA kernel reads its plan's work
     list, so the output does not show it)."""
 
-    upstream = "flashinfer_mla_backend.FlashInferMLAAttnBackend"
-    attention_backend = "flashinfer"
+    upstream = "flashinfer_mla_backend:FlashInferMLAAttnBackend"
     multi_step_class = "refimpl.adapters.sglang:SGLangFlashInferMLAMultiStepDraftBackend"
     graph_modes = frozenset({ForwardMode.DECODE, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY})
     # SGLang's, bound to its wrappers; not the indptrs (its hook never writes kv_indptr[0])
@@ -732,9 +732,6 @@ class SGLangFlashInferMLAAttnBackend(_SGLang, FlashInferMLAAttnBackend):
         super().init_cuda_graph_state(max_bs, max_num_tokens, *args)
         theirs = self.sglang
         self.cuda_graph_qo_indptr, self.cuda_graph_kv_indptr = theirs.cuda_graph_qo_indptr, theirs.cuda_graph_kv_indptr
-
-    def _their_batch(self, fb):
-        return _eagle_spec_inputs(self, fb, super()._their_batch(fb))
 
     def _take_frozen(self, bs: int) -> None:
         md = self.sglang.forward_metadata
@@ -765,7 +762,7 @@ class SGLangFlashInferMLAMultiStepDraftBackend(_SGLangMultiStep, FlashInferMLAMu
     refimpl's steps attend prefix + i + 1. Its steps' bound ``kv_indptr`` / ``kv_len_arr`` go stale as #37975
     describes, by another route (the wrapper's launch writes each step's eager row)."""
 
-    upstream, attention_backend = "flashinfer_mla_backend.FlashInferMLAMultiStepDraftBackend", "flashinfer"
+    upstream, attention_backend = "flashinfer_mla_backend:FlashInferMLAMultiStepDraftBackend", "flashinfer"
     step_cls = _SGLangFlashInferMLAStep
     graph_buffer_names = ("cuda_graph_kv_indices",)  # not the indptr: as SGLangFlashInferMLAAttnBackend
     upstream_findings = {  # what 0.5.23's own steps do that these findings show (docs/reference.md has the why)

@@ -16,38 +16,13 @@ import importlib.machinery
 import sys
 import types
 
-_PROBED = {
-    "__wrapped__",
-    "__signature__",
-    "__origin__",
-    "__args__",
-    "__parameters__",
-    "__module__",
-    "__qualname__",
-    "__name__",
-    "__annotations__",
-    "__dict__",
-    "__code__",
-    "__defaults__",
-    "__kwdefaults__",
-    "__func__",
-    "__self__",
-    "__set_name__",
-    "__get__",
-    "__len__",
-    "__iter__",
-    "__fspath__",
-    "__array__",
-    "__torch_function__",
-    "__torch_dispatch__",
-    "__path__",
-    "__file__",
-    "__spec__",
-    "__loader__",
-    "__all__",
-    "__getstate__",
-    "__reduce_ex__",
-}
+_PROBED = set(
+    """
+    __wrapped__ __signature__ __origin__ __args__ __parameters__ __module__ __qualname__ __name__ __annotations__ __dict__
+    __code__ __defaults__ __kwdefaults__ __func__ __self__ __set_name__ __get__ __len__ __iter__ __fspath__ __array__
+    __torch_function__ __torch_dispatch__ __path__ __file__ __spec__ __loader__ __all__ __getstate__ __reduce_ex__
+    """.split()
+)
 
 
 def _attr(name: str):
@@ -123,48 +98,14 @@ class _StubModule(types.ModuleType):
 
 # what SGLang 0.5.23's attention backends import on a CPU and never use: top-level packages, and SGLang subpackages
 # (dotted). ``tvm_ffi`` only where it is not installed: the real flashinfer's JIT loader needs the real one
-ROOTS = (
-    "orjson",
-    "pybase64",
-    "starlette",
-    "aiohttp",
-    "transformers",
-    "huggingface_hub",
-    "httpx",
-    "httpx2",
-    "fastapi",
-    "uvicorn",
-    "zmq",
-    "setproctitle",
-    "uvloop",
-    "sgl_kernel",
-    "outlines",
-    "xgrammar",
-    "llguidance",
-    "partial_json_parser",
-    "compressed_tensors",
-    "torchao",
-    "gguf",
-    "openai",
-    "tiktoken",
-    "sentencepiece",
-    "einops",
-    "prometheus_client",
-    "interegular",
-    "pynvml",
-    "datasets",
-    "requests",
-    "PIL",
-    "pydantic_core",
-    "pydantic",
-    "sglang.srt.entrypoints",
-    "sglang.srt.function_call",
-    "sglang.srt.parser",
-    "sglang.srt.constrained",
-    "torchvision",
-    "safetensors",
-    "regex",
-    "tvm_ffi",
+ROOTS = tuple(
+    """
+    orjson pybase64 starlette aiohttp transformers huggingface_hub httpx httpx2 fastapi uvicorn zmq setproctitle uvloop
+    sgl_kernel outlines xgrammar llguidance partial_json_parser compressed_tensors torchao gguf openai tiktoken
+    sentencepiece einops prometheus_client interegular pynvml datasets requests PIL pydantic_core pydantic
+    sglang.srt.entrypoints sglang.srt.function_call sglang.srt.parser sglang.srt.constrained torchvision safetensors regex
+    tvm_ffi
+    """.split()
 )
 
 FALLBACK: list[str] = []  # modules the last-resort finder stood in for

@@ -42,12 +42,16 @@ from .base import PLANS, AttentionBackend, GraphModeNotSupported
 from .multistep import MultiStepDraftBackend
 
 
-def init_wrappers(backend: AttentionBackend, prefer_real: bool) -> None:
+def init_wrappers(backend: AttentionBackend, prefer_real: bool, kv_indptr_buf) -> None:
     """FlashInfer's wrapper classes (the real library on a GPU if ``prefer_real``, else the stand-ins), their shared float
-    workspace and the per-bs registries of graph-bound wrappers (FlashInfer and FlashInfer-MLA)."""
+    workspace, the per-bs registries of graph-bound wrappers and the eager ``kv_indptr`` (``kv_indptr_buf``: a multi-step
+    step's row of its wrapper's indptr; else zeros, ``[pool + 1]``) (FlashInfer and FlashInfer-MLA)."""
     backend.fi = wrapper_classes(prefer_real and backend.device.type == "cuda", backend.cfg.dtype)
     backend.workspace = make_workspace(backend.device, real=backend.fi.real)
     backend.decode_cuda_graph_metadata, backend.prefill_cuda_graph_metadata = {}, {}  # bs -> wrapper(s)
+    if kv_indptr_buf is None:
+        kv_indptr_buf = torch.zeros(backend.world.req_to_token_pool.size + 1, dtype=torch.int32, device=backend.device)
+    backend.kv_indptr = kv_indptr_buf
 
 
 def write_kv(req_to_token, rpi, kv_lens, kv_indptr, kv_indices) -> None:
@@ -108,11 +112,9 @@ class FlashInferAttnBackend(AttentionBackend):
 
     def __init__(self, world: World, spec: SpecConfig | None = None, *, kv_indptr_buf=None, skip_prefill=False, prefer_real=True):
         super().__init__(world, spec)
-        init_wrappers(self, prefer_real)
+        init_wrappers(self, prefer_real, kv_indptr_buf)
         dev, cfg = self.device, self.cfg
-        if kv_indptr_buf is None:
-            kv_indptr_buf = torch.zeros(world.req_to_token_pool.size + 1, dtype=torch.int32, device=dev)
-        self.kv_indptr, self.skip_prefill = kv_indptr_buf, skip_prefill
+        self.skip_prefill = skip_prefill
         # rows the wrappers may plan: requests, or a multi-step step's bs * topk (its kv_indptr_buf: pool * topk + 1, as
         # upstream's multi-step wrapper sizes its kv_last_page_len [facts#flashinfer-buffers])
         self.kv_last_page_len = torch.ones(self.kv_indptr.numel() - 1, dtype=torch.int32, device=dev)
@@ -142,8 +144,10 @@ class FlashInferAttnBackend(AttentionBackend):
         if spec_info is not None and spec_info.kv_indptr is not None:
             return spec_info.kv_indptr, spec_info.kv_indices, False
         if wrapper.is_cuda_graph_enabled:  # the Triton kernel writes the bound buffer itself
-            return self.kv_indptr[: bs + 1], wrapper._paged_kv_indices_buf, True
-        return self.kv_indptr[: bs + 1], torch.empty(max(int(host_lens.sum()), 1), dtype=torch.int32, device=self.device), True
+            kv_indices = wrapper._paged_kv_indices_buf
+        else:
+            kv_indices = torch.empty(max(int(host_lens.sum()), 1), dtype=torch.int32, device=self.device)
+        return self.kv_indptr[: bs + 1], kv_indices, True
 
     def _write_decode(self, bs, rpi, seq_lens, wrapper, mode, spec_info, kv=None) -> None:
         kv_indptr, kv_indices, ours = kv or self._decode_kv(bs, wrapper, spec_info)
@@ -151,9 +155,9 @@ class FlashInferAttnBackend(AttentionBackend):
             write_kv(self.world.req_to_token, rpi, seq_lens[:bs], kv_indptr, kv_indices)
 
     def _plan_decode(self, bs, seq_lens_cpu, wrapper, mode, spec_info, kv=None) -> None:
-        kv_indptr, kv_indices, _ = kv or self._decode_kv(bs, wrapper, spec_info)
+        kv_indptr, kv_indices, ours = kv or self._decode_kv(bs, wrapper, spec_info)
         host_lens = seq_lens_cpu[:bs]
-        if spec_info is not None and spec_info.kv_indptr is not None:  # multi-step rows: bs * topk
+        if not ours:  # a multi-step step's rows (its own indptr): bs * topk
             host_lens = layout.draft_step_kv_lens(host_lens, spec_info.extra["step"], spec_info.topk)
         kw = dict(data_type=self.cfg.dtype, q_data_type=self.cfg.dtype, sm_scale=self.cfg.sm_scale, non_blocking=True)
         if is_fast_plan_installed(wrapper):  # the fast plan takes the host indptr (no device-to-host copy); a full plan

@@ -78,11 +78,8 @@ class FlashInferMLAAttnBackend(AttentionBackend):
         super().__init__(world, spec)
         if not self.cfg.is_mla:
             raise ValueError(f"{self.name} needs an MLA model, got kind={self.cfg.kind!r}")
-        init_wrappers(self, prefer_real)
-        pool, dev = world.req_to_token_pool.size, self.device
-        zeros = torch.zeros(pool + 1, dtype=torch.int32, device=dev)
-        self.kv_indptr = zeros if kv_indptr_buf is None else kv_indptr_buf  # the eager buffer
-        self.q_indptr_decode = torch.arange(pool + 1, dtype=torch.int32, device=dev)
+        init_wrappers(self, prefer_real, kv_indptr_buf)  # self.kv_indptr: the eager buffer
+        self.q_indptr_decode = torch.arange(world.req_to_token_pool.size + 1, dtype=torch.int32, device=self.device)
         self._eager = self.fi.BatchMLAPagedAttentionWrapper(self.workspace, backend="auto")
 
     def glue_refusal(self, mode: ForwardMode) -> str | None:

@@ -131,14 +131,12 @@ def launch_load_inputs(src: tuple, dst: tuple, bs, rows, steps, fill, pad_req, p
     n, raw_bs, dev = src[0].numel(), src[3].numel(), dst[0].device
     src = dst if raw_bs == 0 else src  # an idle batch's sources are empty and never read (every mask is off)
     judged = verdict is not None
-    nv = 0 if verdict is None else verdict.numel()
+    nv = verdict.numel() if judged else 0
     block, vblock = _load_blocks(dst[0].numel(), dst[2].numel(), nv)
-    flags = (nv, judged, NONE, steps, block, vblock)
     verdict = (verdict, record, host if raw_bs else dst[3]) if judged else dst[:3]  # (dst: never read)
-    sizes = (n, raw_bs, bs, bs * rows, fill, pad_req, pad_slot, *flags)
-    direct_launch(
-        _load_inputs_kernel, (1,), (*src, *dst, *verdict, *sizes), (_load_inputs_kernel, dev, judged, steps, block, vblock), dev
-    )
+    # in the kernel's order: the pointers, the sizes, the constexprs
+    args = (*src, *dst, *verdict, n, raw_bs, bs, bs * rows, fill, pad_req, pad_slot, nv, judged, NONE, steps, block, vblock)
+    direct_launch(_load_inputs_kernel, (1,), args, (_load_inputs_kernel, dev, judged, steps, block, vblock), dev)
 
 
 def load_inputs_ref(src: tuple, dst: tuple, bs, rows, steps, fill, pad_req, pad_slot, verdict=None, record=None, host=None):
