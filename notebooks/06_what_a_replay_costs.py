@@ -112,10 +112,10 @@ course.show(costs.draw_breakdown(), "06_replay_breakdown_h200")
 
 # %% [markdown]
 # The hook is long wherever a backend computes metadata on the host: FlashInfer re-plans every replay
-# ([facts](../docs/sglang_facts.md#flashinfer-wrappers-and-update-path)), 793 µs against 133 µs of GPU work for
-# target verify. TRTLLM-MLA's one-kernel decode hook is GPU-bound (72 against 141 µs). refimpl's batch validation,
-# off here (`validate_inputs=False`), added 66–87 µs of host per replay at `fbe232b`, never waiting for the GPU
-# ([docs/reference.md](../docs/reference.md#bad-input)).
+# ([facts](../docs/sglang_facts.md#flashinfer-wrappers-and-update-path)): a 793 µs host path against 133 µs of GPU
+# work for target verify. TRTLLM-MLA's decode is GPU-bound (72 against 141 µs). refimpl's batch validation, off here
+# (`validate_inputs=False`), added 66–87 µs of host per replay (`fbe232b`, `3fb0c22`), never waiting for its device
+# checks ([docs/reference.md](../docs/reference.md#bad-input)).
 #
 # Capture is paid once per batch size: 6–26 ms when warm at context 512 (`capture_s`). The memory column is not
 # drawn: a `torch.cuda.memory_reserved` difference (`refimpl/graphs/cuda.py`) counts all the process's cached blocks

@@ -1,7 +1,8 @@
 """``python -m refimpl check --sglang flashinfer`` / ``flashinfer_mla``: SGLang 0.5.23's own FlashInfer backends under the
 checker (``refimpl/adapters/sglang.py``). Apart from ``tests/test_sglang_adapter.py``: on a GPU these build FlashInfer
-modules, so the GPU gate runs them after its FlashInfer warm-up, in a file of their own (each ``--sglang`` check is a
-child process importing SGLang: one file with every adapter test ran close to the gate's per-file limit)."""
+modules, so the GPU gate runs them after its FlashInfer warm-up, in a file of their own (one file with every adapter test
+ran close to the gate's per-file limit when each ``--sglang`` check was a child process importing SGLang; now each
+file's checks share one, ``tests/sglang_checks.py``)."""
 
 import json
 import os
