@@ -258,6 +258,7 @@ def batch_check(
     # every replay runs this: no generator, each size computed once (host µs: benchmarks/host_python.py)
     bs, n, m = seq_lens.numel(), input_ids.numel(), out_cache_loc.numel()
     blocks, nprog = _blocks(bs, n, m), num_programs(bs, n, m)
+    split = nprog // blocks  # table_split(blocks): the table parts per entry block
     optional = (accept_length, extend_seq_lens, row_req, custom_mask, live_rows, host_seq_lens)
     flags = tuple(map(operator.is_not, optional, _NO_TENSORS))
     mask_size = 0 if custom_mask is None else custom_mask.numel()
@@ -266,8 +267,8 @@ def batch_check(
     pool, L = req_to_token.shape
     args = (out, req_to_token, seq_lens, req_pool_indices, input_ids, positions, out_cache_loc, *pointers)
     args += (req_to_token.stride(0), pool, L, vocab, num_slots, bs, n, m, max(rows_per_req, 1), extra, mask_size)
-    args += (nprog, nprog // blocks, *flags, BLOCK, CHUNK, TABLE_CHUNK, NCAT, NONE)
-    direct_launch(_batch_check_kernel, (blocks, nprog // blocks), args, (_batch_check_kernel, out.device, *flags), out.device)
+    args += (nprog, split, *flags, BLOCK, CHUNK, TABLE_CHUNK, NCAT, NONE)
+    direct_launch(_batch_check_kernel, (blocks, split), args, (_batch_check_kernel, out.device, *flags), out.device)
 
 
 def read_result(out: torch.Tensor, bs: int, num_rows: int, num_writes: int) -> dict:
