@@ -1,20 +1,20 @@
 """The replay-path table of issues 9 and 16: host µs of each part of the replay path, on a GPU.
 
-    python benchmarks/replay_table.py [--rows ...] [--ctx 4096] [--sizes 1,8,64] [--pin CORE] [--repeats 600] [--out F]
+    python benchmarks/replay_table.py [--rows ...] [--ctx 4096] [--sizes 1,8,64] [--pin CORE] [--repeats 600] [--rounds 10] [--out F]
     python benchmarks/replay_table.py --agree RUN1.json[,...] RUN2.json[,...]   # two runs, point by point, then pooled
 
 Rows ``backend/variant/mode``, ``+glue`` after the variant for its hook replayed from a metadata glue graph (the row is
 measured only when the checker's glue verdict passes on this engine; otherwise the table says why). Default: issue 16's
 Triton decode / target verify, faithful (``unified``), ``fused``, ``in_graph`` and glued, beside FlashInfer's; tiny
-2-layer models, medians of ``--repeats`` iterations after warm-up, 4 rotated batches. Columns per bs: validation
-(``runner.validate``: the host rules and the device checks' launch, not waited for), the replay hook, input copies
-(under the checks' verdict), ``graph.replay()``, copies + hook + launch, the **default path** (``runner.replay(fb)`` as a
-user calls it, validation on), the graph's GPU time; then the same phases timed in sequence within one call
-(``in_sequence``). Each process also times a fixed pure-Python loop before and after its
-rows (``host_probe_us``): the host's own speed in that process, which moved by up to 1.7x from one process to the next on
-the H200 (``results/default_path/interleaved_31184d2/``). A run given to ``--agree`` may be several processes' files:
-each point is then their median. A client of ``refimpl.rig`` and ``refimpl.bench.time_replay_path``. Issue 9's before / after
-numbers (context 256, 400 repeats) were measured with this file's earlier version.
+2-layer models, 4 rotated batches, ``--repeats`` calls per phase and point spread over ``--rounds`` interleaved rounds
+(``measure``). Columns per bs: validation (``runner.validate``: the host rules and the device checks' launch, not waited
+for), the replay hook, input copies (under the checks' verdict), ``graph.replay()``, copies + hook + launch, the
+**default path** (``runner.replay(fb)`` as a user calls it, validation on), the graph's GPU time; then the same phases
+timed in sequence within one call (``in_sequence``). Each process also times a fixed pure-Python loop before and after
+its rows (``host_probe_us``): the host's own speed in that process, which moved by up to 1.7x from one process to the
+next on the H200 (``results/default_path/interleaved_31184d2/``). A run given to ``--agree`` may be several processes'
+files: each point is then their median. A client of ``refimpl.rig`` and ``refimpl.bench.time_replay_path``. Issue 9's
+before / after numbers (context 256, 400 repeats) were measured with this file's earlier version.
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ ROWS += ("triton/unified+glue/decode", "triton/in_graph+glue/decode", "triton/un
 ROWS += ("flashinfer/unified/decode", "flashinfer/unified/target_verify", "trtllm_mla/in_graph/draft_extend_v2")
 
 
-def measure(row: str, sizes, repeats: int, warmup: int, ctx: int, rotate: int = 4) -> dict:
+def build(row: str, sizes, ctx: int, rotate: int = 4):
+    """``(rig, {bs: batches})`` for one row, ``rotate`` batches per bs, every bs's alive at once (``measure``
+    interleaves them); ``{"not_glued": why}`` when the row is glued and the checker's glue verdict fails on this engine."""
     from refimpl.rig.verdicts import glue_verdict
 
     name, variant, mode = row.split("/")
@@ -53,22 +55,52 @@ def measure(row: str, sizes, repeats: int, warmup: int, ctx: int, rotate: int = 
         engine,
         capture_bs=sizes,
         max_context_len=ctx,
-        pool_size=(rotate + 1) * max(sizes) + 2,
+        pool_size=rotate * sum(sizes) + 2,
         gen_seed=1,
         glue=glue,
     )
-    out = {}
-    for bs in sizes:
-        lens = [ctx - KINDS[mode].span(rig.spec) - i % 7 for i in range(bs)]
-        batches = [rig.gen.for_mode(rig.kind, bs, seq_lens=lens) for _ in range(rotate)]
-        r = bench.time_replay_path(rig.runner, batches, repeats, warmup)
-        out[bs] = {k: r["host_us"][k]["median"] for k in ("validate", "copies", "hook", "launch", "path", "default")}
-        out[bs] |= in_sequence(rig.runner, batches, repeats, warmup)
-        if "gpu_us" in r:
-            out[bs]["gpu_graph"] = r["gpu_us"]["graph"]["median"]
-        rig.gen.release_all()
-    out["replays"] = dict(rig.runner.replays)
+    lens = lambda bs: [ctx - KINDS[mode].span(rig.spec) - i % 7 for i in range(bs)]  # noqa: E731
+    return rig, {bs: [rig.gen.for_mode(rig.kind, bs, seq_lens=lens(bs)) for _ in range(rotate)] for bs in sizes}
+
+
+def time_point(runner, batches, repeats: int, warmup: int) -> dict:
+    """One point's medians, host µs: each phase alone (``bench.time_replay_path``), the default path, the phases in
+    sequence (``in_sequence``) and, on a GPU, the graph's GPU µs."""
+    r = bench.time_replay_path(runner, batches, repeats, warmup)
+    out = {k: r["host_us"][k]["median"] for k in ("validate", "copies", "hook", "launch", "path", "default")}
+    out |= in_sequence(runner, batches, repeats, warmup)
+    if "gpu_us" in r:
+        out["gpu_graph"] = r["gpu_us"]["graph"]["median"]
     return out
+
+
+def measure(rows, sizes, repeats: int, warmup: int, ctx: int, rounds: int = 10, done=None) -> dict:
+    """Every row's rig built first, then ``rounds`` rounds, each timing every (row, bs) point for ``repeats / rounds``
+    calls per phase after ``warmup``, the points' order rotated by one each round; a point's value per column is the
+    median of its rounds' medians. Why interleaved: timed one after the other, each point sat in its own second of the
+    process, and the host's speed moved within a process as well as between processes (``results/default_path/
+    h100_beee57b/``, 12 processes: one process's 21 points read 0.45-1.73x their medians over all 12, the steadiest
+    process's 1.00-1.25x); interleaved, every point samples the whole process. ``done(res)`` after each round: a process stopped early keeps the rounds it finished."""
+    res, points = {row: {} for row in rows}, []
+    for row in rows:
+        built = build(row, sizes, ctx)
+        if isinstance(built, dict):
+            res[row] = built
+        else:
+            points += [(row, built[0], bs, built[1][bs]) for bs in sizes]
+    chunk, seen = -(-repeats // rounds), {}
+    for r in range(rounds if points else 0):
+        k = r % len(points)
+        for row, rig, bs, batches in points[k:] + points[:k]:
+            for col, v in time_point(rig.runner, batches, chunk, warmup).items():
+                seen.setdefault((row, bs), {}).setdefault(col, []).append(v)
+        for row, _, bs, _ in points:
+            res[row][bs] = {col: statistics.median(v) for col, v in seen[row, bs].items()}
+        for row, rig, _, _ in points:
+            res[row]["replays"] = dict(rig.runner.replays)
+        if done is not None:
+            done(res)
+    return res
 
 
 SEQ = ("validate", "copies", "hook", "launch", "total")
@@ -165,9 +197,20 @@ def agreement(run1: list[str], run2: list[str], tol: float = 0.15) -> str:
             if all(c in p for c in seq):
                 cells = [f"{statistics.median(p[c]):.0f} [{min(p[c]):.0f} - {max(p[c]):.0f}]" for c in seq]
                 lines.append(f"| {row} | {bs} | " + " | ".join(cells) + " |")
+    # each file's default path over the pooled median, point by point: one number per file if the host's speed moved
+    # only between processes, a wide range if it moved within one too
+    lines += ["", "Per file: host probe; default path / the point's pooled median, median [least - most] over its points"]
     for f in run1 + run2:
-        probe = json.loads(Path(f).read_text())["environment"].get("host_probe_us", {})
-        lines.append(f"{Path(f).name}: host probe " + ", ".join(f"{k} {v:.1f} µs" for k, v in probe.items()))
+        data = json.loads(Path(f).read_text())
+        ratios = sorted(
+            pt["default"] / statistics.median(both[row][bs]["default"])
+            for row, r in data["rows"].items()
+            for bs, pt in r.items()
+            if isinstance(pt, dict) and "default" in pt
+        )
+        probe = ", ".join(f"{k} {v:.1f} µs" for k, v in data["environment"].get("host_probe_us", {}).items())
+        spread = f"{statistics.median(ratios):.2f} [{ratios[0]:.2f} - {ratios[-1]:.2f}]" if ratios else "-"
+        lines.append(f"{Path(f).name}: host probe {probe}; default path / pooled median {spread}")
     return "\n".join(lines)
 
 
@@ -178,7 +221,8 @@ def main(argv=None) -> int:
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--sizes", default="1,8,64")
     p.add_argument("--repeats", type=int, default=600)
-    p.add_argument("--warmup", type=int, default=50)
+    p.add_argument("--warmup", type=int, default=10, help="untimed calls before each point's calls in each round")
+    p.add_argument("--rounds", type=int, default=10, help="rounds over every point (see measure)")
     p.add_argument("--pin", type=int, default=None)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -188,17 +232,20 @@ def main(argv=None) -> int:
     pinned = bench.pin_to_core(args.pin)
     sizes = tuple(int(x) for x in args.sizes.split(","))
     env = {**bench.environment(), "pinning": pinned, "repeats": args.repeats, "context": args.ctx}
-    env["host_probe_us"], res = {"start": host_probe_us()}, {}
-    for row in args.rows.split(","):  # written as they come: a run stopped early keeps what it measured
-        t0 = time.perf_counter()
-        res[row] = measure(row, sizes, args.repeats, args.warmup, args.ctx)
-        print(f"{row}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    env |= {"rounds": args.rounds, "host_probe_us": {"start": host_probe_us()}}
+
+    def done(res):  # whole or not at all: a process killed while writing leaves the last complete file
         env["host_probe_us"]["end"] = host_probe_us()
-        if args.out:  # whole or not at all: a process killed while writing leaves the last complete file
+        if args.out:
             Path(args.out + ".tmp").write_text(json.dumps({"environment": env, "rows": res}, indent=1))
             Path(args.out + ".tmp").replace(args.out)
+        print(f"round done: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+
+    t0 = time.perf_counter()
+    res = measure(args.rows.split(","), sizes, args.repeats, args.warmup, args.ctx, args.rounds, done)
     probe = " / ".join(f"{v:.1f}" for v in env["host_probe_us"].values())
-    print(f"{env.get('device')}; {pinned}; context {args.ctx}; medians of {args.repeats}, host µs; probe {probe} µs")
+    each = f"medians of {args.rounds} rounds' medians of {-(-args.repeats // args.rounds)}"
+    print(f"{env.get('device')}; {pinned}; context {args.ctx}; {each}, host µs; probe {probe} µs")
     per_bs = " / ".join(map(str, sizes))
     cols = ("validate", "hook", "copies", "launch", "path", "default", "gpu_graph")
     names = ("validation", "replay hook", "input copies", "graph launch", "copies + hook + launch", "default path", "graph GPU")

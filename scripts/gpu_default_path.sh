@@ -28,16 +28,18 @@ rows=(flashinfer/unified+glue/decode flashinfer/unified+glue/target_verify flash
   flashinfer_mla/unified+glue/target_verify triton/in_graph/decode triton/unified+glue/decode triton/in_graph/target_verify)
 # PROCS processes (default 6), one after the other, each measuring every row, its own row order rotated by one (a row
 # is first after start-up in one process only): the host's speed changed by up to 1.7x from one process to the next
-# on one pinned core (interleaved_31184d2/), so one process is one sample. Run 1 is the odd processes, run 2 the even
-# ones, each point the median of its run's processes; `--agree` compares them and pools all. Each process also
-# times a fixed Python loop (its host probe) before and after its rows.
+# on one pinned core (interleaved_31184d2/), so one process is one sample. Within a process, replay_table.py times
+# its points in ROUNDS interleaved rounds (default 10: REPEATS / ROUNDS calls per phase and point each round), since
+# the speed also moved within a process (h100_beee57b/). Run 1 is the odd processes, run 2 the even ones, each point
+# the median of its run's processes; `--agree` compares them and pools all. Each process also times a fixed Python
+# loop (its host probe) before and after its rows.
 n=${#rows[@]} pin=${PIN:-3}  # TABLE_ARGS / SPLIT_ARGS: options appended (a CPU dry run: PIN=1 TABLE_ARGS="--sizes 1 --ctx 256")
 for p in $(seq 1 "${PROCS:-6}"); do
   [ "$SECONDS" -lt "${STOP_S:-450}" ] || { echo "process $p and later not started: STOP_S" >> "$res/load.txt"; break; }
   order=$(for k in $(seq 0 $((n - 1))); do echo "${rows[$(((k + p - 1) % n))]}"; done | paste -sd,)
   echo "$(uptime) process $p: $order" >> "$res/load.txt"
   timeout "${PROC_S:-120}" taskset -c "$pin" python3 benchmarks/replay_table.py --rows "$order" --pin "$pin" \
-    --repeats "${REPEATS:-300}" --warmup 30 --out "$res/proc$p.json" ${TABLE_ARGS:-} > "$res/proc$p.txt" 2>&1
+    --repeats "${REPEATS:-300}" --rounds "${ROUNDS:-10}" --warmup 10 --out "$res/proc$p.json" ${TABLE_ARGS:-} > "$res/proc$p.txt" 2>&1
   echo "rc=$?" >> "$res/load.txt"
   tar -C "$res" -czf "$out/default_path.tgz" .  # after every process: a call cut short returns what it measured
 done
