@@ -80,7 +80,8 @@ def measure(rows, sizes, repeats: int, warmup: int, ctx: int, rounds: int = 10, 
     median of its rounds' medians. Why interleaved: timed one after the other, each point sat in its own second of the
     process, and the host's speed moved within a process as well as between processes (``results/default_path/
     h100_beee57b/``, 12 processes: one process's 21 points read 0.45-1.73x their medians over all 12, the steadiest
-    process's 1.00-1.25x); interleaved, every point samples the whole process. ``done(res)`` after each round: a process stopped early keeps the rounds it finished."""
+    process's 1.00-1.25x); interleaved, every point samples the whole process. ``done(res)`` after each round: a
+    process stopped early keeps the rounds it finished."""
     res, points = {row: {} for row in rows}, []
     for row in rows:
         built = build(row, sizes, ctx)
