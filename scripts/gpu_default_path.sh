@@ -5,8 +5,9 @@
 # Everything goes into ONE archive, ${OUT:-gpu_out}/default_path.tgz (the device tool returns at most eight files:
 # session 47 lost a run's files to that limit), with device.txt (GPU, driver, library versions), load.txt (uptime
 # before each process) and tree.txt (the carried working tree's hash, as scripts/gpu_ci.sh computes it).
-#   carry [".whl", ".fi/0.7.2"]; about 6.5 minutes on a fresh machine (07d7951's lease: the JIT build 73 s, a process of
-#   the seven rows 35-42 s, a split run 16 s; host_python.py under 90 s, not yet timed there). No process starts after STOP_S (450 s), no split run after SPLIT_STOP_S (520 s).
+#   carry [".whl", ".fi/0.7.2"]; 438-461 s on an H100 at beee57b (the JIT build 75 s, a process of the seven rows
+#   47-53 s, points timed one after the other); the interleaved rounds since are not yet timed on a GPU. No process
+#   starts after STOP_S (450 s), no split run after SPLIT_STOP_S (520 s).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/gpu_env.sh
