@@ -59,8 +59,8 @@ def build(row: str, sizes, ctx: int, rotate: int = 4):
         gen_seed=1,
         glue=glue,
     )
-    lens = lambda bs: [ctx - KINDS[mode].span(rig.spec) - i % 7 for i in range(bs)]  # noqa: E731
-    return rig, {bs: [rig.gen.for_mode(rig.kind, bs, seq_lens=lens(bs)) for _ in range(rotate)] for bs in sizes}
+    lens = {bs: [ctx - KINDS[mode].span(rig.spec) - i % 7 for i in range(bs)] for bs in sizes}
+    return rig, {bs: [rig.gen.for_mode(rig.kind, bs, seq_lens=lens[bs]) for _ in range(rotate)] for bs in sizes}
 
 
 def time_point(runner, batches, repeats: int, warmup: int) -> dict:
