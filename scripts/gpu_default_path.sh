@@ -32,7 +32,8 @@ rows=(flashinfer/unified+glue/decode flashinfer/unified+glue/target_verify flash
 # on one pinned core (interleaved_31184d2/), so one process is one sample. Within a process, replay_table.py times
 # its points in ROUNDS interleaved rounds (default 10: REPEATS / ROUNDS calls per phase and point each round), since
 # the speed also moved within a process (h100_beee57b/). Run 1 is the odd processes, run 2 the even ones, each point
-# the median of its run's processes; `--agree` compares them and pools all. Each process also times a fixed Python
+# its run's least disturbed process's; `--agree` compares them and pools all. Issue 32's two runs are two calls of
+# this script (h200_57f9278/: odd / even within a call agreed less often than call / call). Each process also times a fixed Python
 # loop (its host probe) before and after its rows.
 n=${#rows[@]} pin=${PIN:-3}  # TABLE_ARGS / SPLIT_ARGS: options appended (a CPU dry run: PIN=1 TABLE_ARGS="--sizes 1 --ctx 256")
 for p in $(seq 1 "${PROCS:-6}"); do
