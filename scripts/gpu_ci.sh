@@ -8,7 +8,6 @@
 #   - every notebook under nbval with its `gpu` cells executed, as JupyterLab's Run All would;
 #   - the checker on the CUDA engine (`python -m refimpl check --json`), and on SGLang's own backends when SGLang is
 #     carried (`--sglang` for all five: sglang.json, a row per mode, upstream findings counted apart);
-#   - last, alone, the tests marked `timing` (they compare host timings, which busy neighbours move);
 # and ends with one line:
 #   gpu-ci: N passed, N failed, N skipped; notebooks N/N cells ok; checker N rows, N must-pass failed
 #
@@ -77,7 +76,7 @@ run_files() {  # one pytest process per file, $1 at a time, a junit report each,
   [ $# -gt 0 ] || return 0
   printf '%s\n' "$@" | xargs -P "$jobs" -I{} bash -c '
     f={}; b=$(basename "$f" .py)
-    capped "${SUITE_S:-330}" python3 -m pytest -q -p no:cacheprovider -rfEs -m "not timing" "$f" \
+    capped "${SUITE_S:-330}" python3 -m pytest -q -p no:cacheprovider -rfEs "$f" \
       --junitxml="'"$tmp"'/junit_$b.xml" > "'"$tmp"'/log_$b.txt" 2>&1
     echo "[$f rc=$?]" >> "'"$tmp"'/log_$b.txt"'
 }
@@ -154,16 +153,6 @@ for nb in ${GPU_CI_NOTEBOOKS:-notebooks/*.ipynb}; do
 done
 wait
 
-# 4. the `timing` tests (host-timing comparisons), alone on a quiet machine: at 8150ddc the bench-vs-loop
-#    ratio read 1.09 / 1.21 / 1.58 in three rounds while six test files, the checker and seven notebooks ran
-timed=$(grep -l "mark.timing" $files)
-if [ -n "$timed" ] && [ $((GATE_END - $(date +%s))) -gt 60 ]; then  # else its "not started" line: a failure
-  capped "${TIMING_S:-120}" python3 -m pytest -q -p no:cacheprovider -rfEs -m timing $timed \
-    --junitxml="$tmp/junit_zz_timing.xml" > "$tmp/log_zz_timing.txt" 2>&1
-  echo "[timing tests rc=$?]" >> "$tmp/log_zz_timing.txt"
-elif [ -n "$timed" ]; then
-  echo "[timing tests not started: the gate deadline GATE_S]" > "$tmp/log_zz_timing.txt"
-fi
 echo "wall ${SECONDS}s" >> "$out/versions.txt"
 
 for f in "$tmp"/log_*.txt; do echo "=== $(basename "$f")"; cat "$f"; done > "$out/suite.log"
