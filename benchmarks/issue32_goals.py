@@ -3,8 +3,8 @@
     python benchmarks/issue32_goals.py DIR [ROWS]   # DIR: default_path.tgz unpacked (proc*.json, split*.json)
 
 Runs 1 and 2 are the odd and the even processes, as the script pairs them; a run's point is its least disturbed
-process's (the smallest: ``replay_table.agreement``), a verdict reads both runs pooled (the median over every process) and says whether the two runs agree
-within 15 % (issue 32's "two runs agreeing within 15 %"). The goals: validation at most 30 µs and input copies at most
+process's (the smallest: ``replay_table.agreement``), a verdict reads both runs pooled (the median over every process)
+and says whether the two runs agree within 15 % (issue 32's "two runs agreeing within 15 %"). The goals: validation at most 30 µs and input copies at most
 10 µs at every bs; the whole default path (``runner.replay(fb)``) at most 40 µs at bs 1 for every glue-safe shape (the
 table's rows); a split hook's glued replay at most its host phase (the plan) + 15 µs at every bs in every split run
 (``split*.json``, ``benchmarks/split_hook.py``, each its own column; agreement read on the glued hooks). A row of

@@ -13,8 +13,9 @@ for), the replay hook, input copies (under the checks' verdict), ``graph.replay(
 timed in sequence within one call (``in_sequence``). Each process also times a fixed pure-Python loop before and after
 its rows (``host_probe_us``): the host's own speed in that process, which moved by up to 1.7x from one process to the
 next on the H200 (``results/default_path/interleaved_31184d2/``). A run given to ``--agree`` may be several processes'
-files: each point is then the least disturbed one's (``agreement``). A client of ``refimpl.rig`` and ``refimpl.bench.time_replay_path``. Issue 9's
-before / after numbers (context 256, 400 repeats) were measured with this file's earlier version.
+files: each point is then the least disturbed one's (``agreement``). A client of ``refimpl.rig`` and
+``refimpl.bench.time_replay_path``. Issue 9's before / after numbers (context 256, 400 repeats) were measured with this
+file's earlier version.
 """
 
 from __future__ import annotations
@@ -181,9 +182,10 @@ def agreement(run1: list[str], run2: list[str], tol: float = 0.15) -> str:
             points, cells = points + 1, []
             for col in COLS:
                 x, y = min(a[col]), min(b[col])
-                agree["least"][col] += differ(x, y) <= tol
+                d = differ(x, y)
+                agree["least"][col] += d <= tol
                 agree["median"][col] += differ(statistics.median(a[col]), statistics.median(b[col])) <= tol
-                cells.append(f"{x:.0f} / {y:.0f} ({differ(x, y):.0%}{'' if differ(x, y) <= tol else ' *'})")
+                cells.append(f"{x:.0f} / {y:.0f} ({d:.0%}{'' if d <= tol else ' *'})")
             lines.append(f"| {row} | {bs} | " + " | ".join(cells) + " |")
     lines += [
         f"{COLS[c]}: {n} of {points} points agree within {tol:.0%} (* : outside); by the median of each run's files: "
