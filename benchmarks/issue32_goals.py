@@ -4,12 +4,13 @@
 
 Runs 1 and 2 are the odd and the even processes, as the script pairs them; a run's point is its least disturbed
 process's (the smallest: ``replay_table.agreement``), a verdict reads both runs pooled (the median over every process)
-and says whether the two runs agree within 15 % (issue 32's "two runs agreeing within 15 %"). The goals: validation at most 30 µs and input copies at most
-10 µs at every bs; the whole default path (``runner.replay(fb)``) at most 40 µs at bs 1 for every glue-safe shape (the
-table's rows); a split hook's glued replay at most its host phase (the plan) + 15 µs at every bs in every split run
-(``split*.json``, ``benchmarks/split_hook.py``, each its own column; agreement read on the glued hooks). A row of
-ROWS (comma-separated: the rows the driver asked for) that no process measured, or that a process found not glue-safe,
-is listed as not measured and counted as missed; an unreadable split file is named and skipped.
+and says whether the two runs agree within 15 % (issue 32's "two runs agreeing within 15 %"). The goals: validation at
+most 30 µs and input copies at most 10 µs at every bs; the whole default path (``runner.replay(fb)``) at most 40 µs at
+bs 1 for every glue-safe shape (the table's rows); a split hook's glued replay at most its host phase (the plan) + 15 µs
+at every bs in every split run (``split*.json``, ``benchmarks/split_hook.py``, each its own column; agreement read on
+the glued hooks). A row of ROWS (comma-separated: the rows the driver asked for) that no process measured, or that a
+process found not glue-safe, is listed as not measured and counted as missed; an unreadable split file is named and
+skipped.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ SPLIT_GOAL, TOL = 15.0, 0.15
 def _agree(a: float | None, b: float | None) -> str:
     if a is None or b is None:
         return "one run only"
-    return "yes" if differ(a, b) <= TOL else f"no ({differ(a, b):.0%})"
+    d = differ(a, b)
+    return "yes" if d <= TOL else f"no ({d:.0%})"
 
 
 def default_path(folder: Path, wanted: list[str]) -> list[str]:

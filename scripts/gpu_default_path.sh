@@ -5,9 +5,9 @@
 # Everything goes into ONE archive, ${OUT:-gpu_out}/default_path.tgz (the device tool returns at most eight files:
 # session 47 lost a run's files to that limit), with device.txt (GPU, driver, library versions), load.txt (uptime
 # before each process) and tree.txt (the carried working tree's hash, as scripts/gpu_ci.sh computes it).
-#   carry [".whl", ".fi/0.7.2"]; 438-461 s on an H100 at beee57b (the JIT build 75 s, a process of the seven rows
-#   47-53 s, points timed one after the other); the interleaved rounds since are not yet timed on a GPU. No process
-#   starts after STOP_S (450 s), no split run after SPLIT_STOP_S (520 s).
+#   carry [".whl", ".fi/0.7.2"]; 398-462 s on the H200 in four calls at 57f9278 and 4459c8a (a process of the seven
+#   rows in ten interleaved rounds 43-54 s). No process starts after STOP_S (450 s), no split run after
+#   SPLIT_STOP_S (520 s).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/gpu_env.sh
@@ -33,8 +33,9 @@ rows=(flashinfer/unified+glue/decode flashinfer/unified+glue/target_verify flash
 # its points in ROUNDS interleaved rounds (default 10: REPEATS / ROUNDS calls per phase and point each round), since
 # the speed also moved within a process (h100_beee57b/). Run 1 is the odd processes, run 2 the even ones, each point
 # its run's least disturbed process's; `--agree` compares them and pools all. Issue 32's two runs are two calls of
-# this script (h200_57f9278/: odd / even within a call agreed less often than call / call). Each process also times a fixed Python
-# loop (its host probe) before and after its rows.
+# this script (h200_57f9278/: odd / even within a call agreed less often than call / call; h200_4459c8a/: a call on a
+# host 10 % slower throughout moved every point with it). Each process also times a fixed Python loop (its host
+# probe) before and after its rows.
 n=${#rows[@]} pin=${PIN:-3}  # TABLE_ARGS / SPLIT_ARGS: options appended (a CPU dry run: PIN=1 TABLE_ARGS="--sizes 1 --ctx 256")
 for p in $(seq 1 "${PROCS:-6}"); do
   [ "$SECONDS" -lt "${STOP_S:-450}" ] || { echo "process $p and later not started: STOP_S" >> "$res/load.txt"; break; }
